@@ -1,0 +1,300 @@
+/* kvdrift: `bench kernels`. Every kernel is validated against a plain
+ * double-precision reference first, then timed; speeds are reported as ratios
+ * to figures measured in the same run (copy bandwidth, BF16, OpenBLAS peak). */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "../kernels/kernels.h"
+#include "../runners/config.h"
+#include "../runners/weights.h"
+#include "commands.h"
+#include "util.h"
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* STREAM-style copy: bytes read + bytes written per second, all threads. */
+static double copy_bandwidth(size_t bytes, int reps) {
+    char *a = malloc(bytes), *b = malloc(bytes);
+    memset(a, 1, bytes);
+    memset(b, 2, bytes);
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        double t0 = kvd_now();
+#pragma omp parallel
+        {
+#ifdef _OPENMP
+            int nt = omp_get_num_threads(), id = omp_get_thread_num();
+#else
+            int nt = 1, id = 0;
+#endif
+            size_t chunk = bytes / (size_t)nt, off = chunk * (size_t)id;
+            memcpy(b + off, a + off, id == nt - 1 ? bytes - off : chunk);
+        }
+        double dt = kvd_now() - t0, bw = 2.0 * (double)bytes / dt;
+        best = bw > best ? bw : best;
+    }
+    volatile char sink = b[bytes / 2];
+    (void)sink;
+    free(a);
+    free(b);
+    return best;
+}
+
+typedef struct {
+    kvd_fmt fmt;
+    int n_ctx, kvh, hd, nh, bs;
+    uint8_t *k, *v;
+    int32_t *blocks;
+    float kscale[16], vscale[16];
+} bench_cache;
+
+static void cache_fill(bench_cache *c, kvd_fmt fmt, int n_ctx) {
+    c->fmt = fmt;
+    c->n_ctx = n_ctx;
+    int nb = (n_ctx + c->bs - 1) / c->bs;
+    size_t n = (size_t)nb * c->kvh * c->bs * c->hd, esz = kvd_fmt_bytes(fmt);
+    c->k = malloc(n * esz);
+    c->v = malloc(n * esz);
+    c->blocks = malloc(sizeof(int32_t) * (size_t)nb);
+    /* blocks scattered through the pool, as after a serving engine's churn */
+    for (int i = 0; i < nb; i++) c->blocks[i] = (int32_t)(((int64_t)i * 7919) % nb);
+    uint64_t key = kvd_rng_key(7, "bench.kv");
+    float *tmp = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) tmp[i] = kvd_rng_normal(key, i);
+    for (int h = 0; h < c->kvh; h++)
+        c->kscale[h] = c->vscale[h] = fmt == KVD_FMT_BF16 ? 1.0f : 0.01f;
+    if (fmt == KVD_FMT_BF16) {
+        kvd_quant_bf16(tmp, (uint16_t *)c->k, n);
+        kvd_quant_bf16(tmp, (uint16_t *)c->v, n);
+    } else if (fmt == KVD_FMT_E4M3) {
+        kvd_quant_e4m3(tmp, c->k, n, 0.01f, 1, NULL);
+        kvd_quant_e4m3(tmp, c->v, n, 0.01f, 1, NULL);
+    } else {
+        kvd_quant_e5m2(tmp, c->k, n, 0.01f, 1, NULL);
+        kvd_quant_e5m2(tmp, c->v, n, 0.01f, 1, NULL);
+    }
+    free(tmp);
+}
+
+static void cache_free(bench_cache *c) {
+    free(c->k);
+    free(c->v);
+    free(c->blocks);
+}
+
+static kvd_kv_view cache_view(const bench_cache *c) {
+    kvd_kv_view v = {c->fmt, c->bs, c->kvh, c->hd, c->k, c->v, c->kscale, c->vscale};
+    return v;
+}
+
+/* One decode query over the whole cache, KV heads across threads. */
+static void decode_once(const bench_cache *c, const float *q, float *out, float *probs) {
+    kvd_kv_view v = cache_view(c);
+    int g = c->nh / c->kvh;
+#pragma omp parallel for schedule(static)
+    for (int h = 0; h < c->kvh; h++)
+        kvd_attn_paged_group(&v, c->blocks, c->n_ctx, q + (size_t)h * g * c->hd, g, h,
+                             1.0f / sqrtf((float)c->hd), out + (size_t)h * g * c->hd,
+                             probs + (size_t)h * g * c->n_ctx);
+}
+
+/* Reference: every row decoded by the scalar codec, softmax in double. */
+static double decode_check(const bench_cache *c, const float *q, const float *out) {
+    kvd_kv_view v = cache_view(c);
+    int g = c->nh / c->kvh, hd = c->hd, n = c->n_ctx;
+    double *s = malloc(sizeof(double) * (size_t)n), worst = 0;
+    float *row = malloc(sizeof(float) * (size_t)hd);
+    double *acc = malloc(sizeof(double) * (size_t)hd);
+    for (int hq = 0; hq < c->nh; hq++) {
+        int h = hq / g;
+        double m = -INFINITY, sum = 0;
+        for (int t = 0; t < n; t++) {
+            kvd_kv_row(&v, 0, c->blocks, t, h, row);
+            double d = 0;
+            for (int i = 0; i < hd; i++) d += (double)q[(size_t)hq * hd + i] * row[i];
+            s[t] = d / sqrt((double)hd);
+            m = s[t] > m ? s[t] : m;
+        }
+        for (int t = 0; t < n; t++) sum += (s[t] = exp(s[t] - m));
+        memset(acc, 0, sizeof(double) * (size_t)hd);
+        for (int t = 0; t < n; t++) {
+            kvd_kv_row(&v, 1, c->blocks, t, h, row);
+            for (int i = 0; i < hd; i++) acc[i] += s[t] / sum * row[i];
+        }
+        double num = 0, den = 0;
+        for (int i = 0; i < hd; i++) {
+            double e = out[(size_t)hq * hd + i] - acc[i];
+            num += e * e;
+            den += acc[i] * acc[i];
+        }
+        double rel = sqrt(num / (den > 0 ? den : 1));
+        worst = rel > worst ? rel : worst;
+    }
+    free(s);
+    free(row);
+    free(acc);
+    return worst;
+}
+
+static int bench_kernels(int reps) {
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    printf("kvdrift bench kernels: %d threads\n\n", threads);
+    double bw = copy_bandwidth((size_t)512 << 20, reps < 5 ? 5 : reps);
+    printf("memory copy bandwidth (read + write, 512 MiB): %.2f GB/s\n\n", bw / 1e9);
+
+    kvd_config cfg;
+    char err[KVD_ERR_LEN];
+    kvd_config_preset("small", &cfg, err);
+    printf("decode attention, one query over the cache of one layer, shape of 'small' (%d query "
+           "heads, %d KV heads, head_dim %d, block 16):\n",
+           cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+    printf("%8s %-6s %10s %10s %12s %12s %10s %12s\n", "context", "cache", "max_rel_err", "time_us",
+           "cache_MB", "read_GB_s", "of_copy", "vs_bf16");
+    int ctxs[2] = {4096, 32768};
+    kvd_fmt fmts[3] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E5M2};
+    const char *fn[3] = {"bf16", "e4m3", "e5m2"};
+    int fail = 0;
+    for (int ci = 0; ci < 2; ci++) {
+        double t_bf16 = 0;
+        for (int fi = 0; fi < 3; fi++) {
+            bench_cache c = {0};
+            c.kvh = cfg.num_key_value_heads;
+            c.hd = cfg.head_dim;
+            c.nh = cfg.num_attention_heads;
+            c.bs = 16;
+            cache_fill(&c, fmts[fi], ctxs[ci]);
+            float *q = malloc(sizeof(float) * (size_t)c.nh * c.hd);
+            float *out = malloc(sizeof(float) * (size_t)c.nh * c.hd);
+            float *probs = malloc(sizeof(float) * (size_t)c.nh * c.n_ctx);
+            uint64_t key = kvd_rng_key(9, "bench.q");
+            for (int i = 0; i < c.nh * c.hd; i++) q[i] = kvd_rng_normal(key, (uint64_t)i);
+            decode_once(&c, q, out, probs);
+            double rel = decode_check(&c, q, out);
+            /* fp32 accumulation over up to 32K terms against a double reference */
+            if (rel > 1e-4) {
+                fprintf(stderr, "decode attention %s at %d: relative error %.3g above 1e-4\n",
+                        fn[fi], c.n_ctx, rel);
+                fail = 1;
+            }
+            int n = reps * (ctxs[ci] <= 4096 ? 8 : 1);
+            double *ts = malloc(sizeof(double) * (size_t)n);
+            for (int r = 0; r < n; r++) {
+                double t0 = kvd_now();
+                decode_once(&c, q, out, probs);
+                ts[r] = kvd_now() - t0;
+            }
+            double t = median(ts, n);
+            double bytes = 2.0 * c.n_ctx * c.kvh * c.hd * (double)kvd_fmt_bytes(c.fmt);
+            if (fi == 0) t_bf16 = t;
+            printf("%8d %-6s %10.2e %10.1f %12.2f %12.2f %9.1f%% %11.2fx\n", c.n_ctx, fn[fi], rel,
+                   t * 1e6, bytes / 1e6, bytes / t / 1e9, 100.0 * bytes / t / bw, t_bf16 / t);
+            free(ts);
+            free(q);
+            free(out);
+            free(probs);
+            cache_free(&c);
+        }
+    }
+
+    /* GEMM: the model's projections through kvd_linear against OpenBLAS's
+     * own sgemm at a large square shape (its practical peak here) */
+    printf("\nGEMM (fp32, OpenBLAS), the 'small' model's shapes against OpenBLAS sgemm at "
+           "2048^3:\n");
+    int N0 = 2048;
+    float *A = malloc(sizeof(float) * (size_t)N0 * N0),
+          *B = malloc(sizeof(float) * (size_t)N0 * N0),
+          *C = malloc(sizeof(float) * (size_t)N0 * N0);
+    uint64_t key = kvd_rng_key(3, "bench.gemm");
+    for (size_t i = 0; i < (size_t)N0 * N0; i++) {
+        A[i] = kvd_rng_normal(key, i);
+        B[i] = kvd_rng_normal(key, i + 99999999u);
+    }
+    double peak = 0;
+    for (int r = 0; r < 3; r++) {
+        double t0 = kvd_now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N0, N0, N0, 1.0f, A, N0, B, N0, 0.0f,
+                    C, N0);
+        double g = 2.0 * N0 * N0 * (double)N0 / (kvd_now() - t0) / 1e9;
+        peak = g > peak ? g : peak;
+    }
+    printf("  sgemm 2048 x 2048 x 2048: %.1f GFLOP/s\n", peak);
+    struct {
+        const char *what;
+        int N, K;
+    } shapes[] = {
+        {"q_proj (query + gate)", 2 * cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size},
+        {"k_proj / v_proj", cfg.num_key_value_heads * cfg.head_dim, cfg.hidden_size},
+        {"in_proj_qkvz", 2 * kvd_key_dim(&cfg) + 2 * kvd_value_dim(&cfg), cfg.hidden_size},
+        {"expert gate/up", cfg.moe_intermediate_size, cfg.hidden_size},
+        {"lm_head", cfg.vocab_size, cfg.hidden_size},
+    };
+    printf("  %-24s %6s %6s %6s %12s %10s\n", "shape", "M", "N", "K", "GFLOP/s", "of_peak");
+    int Ms[2] = {512, 1};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int mi = 0; mi < 2; mi++) {
+            int M = Ms[mi], N = shapes[si].N, K = shapes[si].K;
+            float *x = malloc(sizeof(float) * (size_t)M * K),
+                  *wt = malloc(sizeof(float) * (size_t)N * K),
+                  *y = malloc(sizeof(float) * (size_t)M * N);
+            for (size_t i = 0; i < (size_t)M * K; i++) x[i] = kvd_rng_normal(key, i);
+            for (size_t i = 0; i < (size_t)N * K; i++) wt[i] = kvd_rng_normal(key, i + 7);
+            int n = M == 1 ? 20 * reps : reps;
+            double *ts = malloc(sizeof(double) * (size_t)n);
+            kvd_linear(x, wt, y, M, N, K);
+            for (int r = 0; r < n; r++) {
+                double t0 = kvd_now();
+                kvd_linear(x, wt, y, M, N, K);
+                ts[r] = kvd_now() - t0;
+            }
+            double g = 2.0 * M * N * (double)K / median(ts, n) / 1e9;
+            printf("  %-24s %6d %6d %6d %12.1f %9.1f%%\n", shapes[si].what, M, N, K, g,
+                   100.0 * g / peak);
+            free(ts);
+            free(x);
+            free(wt);
+            free(y);
+        }
+    free(A);
+    free(B);
+    free(C);
+    printf("\nof_copy: cache bytes read per second over the copy bandwidth above; vs_bf16: "
+           "speed-up over the BF16 cache at the same context.\n");
+    return fail;
+}
+
+int kvd_cmd_bench(int argc, char **argv) {
+    const char *cmd = "bench";
+    if (argc < 1 || strcmp(argv[0], "kernels") != 0)
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "expected 'kernels' (usage: kvdrift bench kernels [--reps N] [--threads N])");
+    kvd_args a = {argc - 1, argv + 1, 0, cmd};
+    int reps = 10;
+    const char *f;
+    while ((f = kvd_args_next(&a))) {
+        if (!strcmp(f, "--reps")) {
+            reps = (int)kvd_args_long(&a, f, 1, 1000);
+        } else if (!strcmp(f, "--threads")) {
+            kvd_set_threads((int)kvd_args_long(&a, f, 1, 4096));
+        } else {
+            kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
+        }
+    }
+    return bench_kernels(reps) ? 1 : 0;
+}

@@ -1,0 +1,400 @@
+/* kvdrift: `forward`, `calibrate` and `export`: the model end to end over a
+ * synthetic trace, the scales file, and the checkpoint export. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../datasets/tokens.h"
+#include "../runners/calibrate.h"
+#include "../runners/export.h"
+#include "../runners/fileio.h"
+#include "../runners/model.h"
+#include "commands.h"
+#include "util.h"
+
+#define CALIB_SEED_OFFSET 1000003u /* the calibration trace is held out from the evaluation one */
+
+/* ---- shared: calibrated scales from a file or a fresh calibration ---- */
+
+typedef struct {
+    const char *scales_path;
+    kvd_cal_recipe recipe;
+    int per_head;
+    int calib_tokens;
+} cal_opts;
+
+static int cal_flag(cal_opts *o, kvd_args *a, const char *f) {
+    if (!strcmp(f, "--scales")) {
+        o->scales_path = kvd_args_value(a, f);
+    } else if (!strcmp(f, "--calibration")) {
+        const char *v = kvd_args_value(a, f);
+        if (kvd_cal_recipe_parse(v, &o->recipe))
+            kvd_die(KVD_EXIT_USAGE, a->cmd,
+                    "--calibration: expected absmax, modelopt or vllm-dynamic, got '%s'", v);
+    } else if (!strcmp(f, "--per-head")) {
+        o->per_head = 1;
+    } else if (!strcmp(f, "--calib-tokens")) {
+        o->calib_tokens = (int)kvd_args_long(a, f, 1, 1 << 24);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+static void get_scales(const cal_opts *o, const kvd_weights *w, uint64_t seed, const char *cmd,
+                       kvd_kv_scales *sc, kvd_kv_scales *am, int verbose) {
+    char err[KVD_ERR_LEN];
+    const kvd_config *c = &w->cfg;
+    int nf = kvd_config_n_full(c);
+    if (o->scales_path) {
+        if (kvd_scales_load(o->scales_path, sc, nf, c->num_key_value_heads, err))
+            kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+        am->k = am->v = NULL;
+        return;
+    }
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)o->calib_tokens);
+    kvd_tokens_synth(seed + CALIB_SEED_OFFSET, o->calib_tokens, c->vocab_size, tok);
+    double t0 = kvd_now();
+    if (kvd_calibrate(w, tok, o->calib_tokens, o->recipe, o->per_head, sc, am, err))
+        kvd_die(1, cmd, "%s", err);
+    if (verbose)
+        printf("calibration: %s recipe, %s, %d held-out tokens (seed %llu), %.2f s\n",
+               kvd_cal_recipe_name(o->recipe), o->per_head ? "per KV head" : "per layer",
+               o->calib_tokens, (unsigned long long)(seed + CALIB_SEED_OFFSET), kvd_now() - t0);
+    free(tok);
+}
+
+/* ---- forward ---- */
+
+typedef struct {
+    int T, nf, kvh, hd;
+    float *k, *v; /* [nf][T][kvh][hd] as computed, before the cache */
+} kv_capture;
+
+static void capture_kv(void *ctx, int al, int seq, int pos, const float *k, const float *v) {
+    (void)seq;
+    kv_capture *c = ctx;
+    size_t row = (size_t)c->kvh * (size_t)c->hd, off = ((size_t)al * c->T + (size_t)pos) * row;
+    memcpy(c->k + off, k, row * sizeof(float));
+    memcpy(c->v + off, v, row * sizeof(float));
+}
+
+typedef struct {
+    double kl_mean, kl_max, top1;
+} logit_cmp;
+
+static logit_cmp compare_logits(const float *ref, const float *x, int T, int V) {
+    logit_cmp r = {0, 0, 0};
+    for (int t = 0; t < T; t++) {
+        const float *a = ref + (size_t)t * V, *b = x + (size_t)t * V;
+        double ma = -INFINITY, mb = -INFINITY;
+        int ia = 0, ib = 0;
+        for (int i = 0; i < V; i++) {
+            if (a[i] > ma) ma = a[i], ia = i;
+            if (b[i] > mb) mb = b[i], ib = i;
+        }
+        double sa = 0, sb = 0;
+        for (int i = 0; i < V; i++) sa += exp(a[i] - ma), sb += exp(b[i] - mb);
+        double la = ma + log(sa), lb = mb + log(sb), kl = 0;
+        for (int i = 0; i < V; i++) {
+            double lpa = a[i] - la, lpb = b[i] - lb;
+            kl += exp(lpa) * (lpa - lpb);
+        }
+        kl = kl > 0 ? kl : 0; /* rounding can leave -1e-17 */
+        r.kl_mean += kl / T;
+        r.kl_max = kl > r.kl_max ? kl : r.kl_max;
+        r.top1 += (ia == ib) / (double)T;
+    }
+    return r;
+}
+
+static void dump_mode(const char *dir, kvd_kv_mode mode, const kvd_kvcache *kv, int seq,
+                      const kv_capture *cap, const float *logits, int V, const char *cmd) {
+    char path[4400], err[KVD_ERR_LEN];
+    snprintf(path, sizeof path, "%s/%s", dir, kvd_kv_mode_name(mode));
+    if (kvd_mkdirs(path, err)) kvd_die(1, cmd, "%s", err);
+    int T = cap->T;
+    snprintf(path, sizeof path, "%s/%s/logits.f32", dir, kvd_kv_mode_name(mode));
+    if (kvd_write_file_atomic(path, logits, sizeof(float) * (size_t)T * V, err))
+        kvd_die(1, cmd, "%s", err);
+    size_t row = (size_t)cap->kvh * cap->hd, esz = kvd_fmt_bytes(kv->fmt);
+    uint8_t *codes = malloc((size_t)T * row * esz);
+    for (int l = 0; l < cap->nf; l++) {
+        for (int w = 0; w < 2; w++) {
+            const char *nm = w ? "v" : "k";
+            snprintf(path, sizeof path, "%s/%s/%s_pre.%d.f32", dir, kvd_kv_mode_name(mode), nm, l);
+            const float *src = (w ? cap->v : cap->k) + (size_t)l * T * row;
+            if (kvd_write_file_atomic(path, src, sizeof(float) * (size_t)T * row, err))
+                kvd_die(1, cmd, "%s", err);
+            /* the stored codes in token order, gathered through the block table */
+            const uint8_t *pool = w ? kv->v[l] : kv->k[l];
+            for (int t = 0; t < T; t++)
+                for (int h = 0; h < cap->kvh; h++) {
+                    size_t blk = (size_t)kv->seqs[seq].blocks[t / kv->block_size];
+                    size_t idx = ((blk * (size_t)kv->kv_heads + (size_t)h) * kv->block_size +
+                                  (size_t)(t % kv->block_size)) *
+                                 (size_t)cap->hd * esz;
+                    memcpy(codes + ((size_t)t * row + (size_t)h * cap->hd) * esz, pool + idx,
+                           (size_t)cap->hd * esz);
+                }
+            snprintf(path, sizeof path, "%s/%s/%s_cache.%d.bin", dir, kvd_kv_mode_name(mode), nm,
+                     l);
+            if (kvd_write_file_atomic(path, codes, (size_t)T * row * esz, err))
+                kvd_die(1, cmd, "%s", err);
+        }
+    }
+    free(codes);
+}
+
+static const char *const forward_help =
+    "usage: kvdrift forward [flags]\n"
+    "Runs the model over a synthetic trace once per KV mode (BF16 first: the reference)\n"
+    "and prints, per mode, prefill speed, cache size, what quantization did to K and V,\n"
+    "and how far the next-token distribution moved from BF16.\n"
+    "  --kv LIST               modes, comma separated (default "
+    "bf16,fp8-cal,fp8-unscaled,fp8-e5m2)\n"
+    "  --tokens N              trace length (default 1024)\n"
+    "  --seed N                trace seed (default 1)\n"
+    "  --threads N             worker threads (default: every core)\n"
+    "  --fp8-overflow sat|nan  E4M3 overflow: saturate to 448 (default) or NaN\n"
+    "  --scales FILE           calibrated scales for fp8-cal (default: calibrate now)\n"
+    "  --calibration RECIPE    absmax | modelopt | vllm-dynamic (default absmax)\n"
+    "  --per-head              calibrate per KV head instead of per layer\n"
+    "  --calib-tokens N        length of the held-out calibration trace (default 1024)\n"
+    "  --dump DIR              write tokens, logits, K/V and cache bytes per mode to DIR\n";
+
+int kvd_cmd_forward(int argc, char **argv) {
+    const char *cmd = "forward";
+    kvd_args a = {argc, argv, 0, cmd};
+    kvd_model_opts mo;
+    kvd_model_opts_init(&mo);
+    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024};
+    const char *kv_list = "bf16,fp8-cal,fp8-unscaled,fp8-e5m2", *dump = NULL;
+    int T = 1024, saturate = 1;
+    uint64_t seed = 1;
+    const char *f;
+    while ((f = kvd_args_next(&a))) {
+        if (kvd_model_opts_flag(&mo, &a, f) || cal_flag(&co, &a, f)) continue;
+        if (!strcmp(f, "--kv")) {
+            kv_list = kvd_args_value(&a, f);
+        } else if (!strcmp(f, "--tokens")) {
+            T = (int)kvd_args_long(&a, f, 1, 1 << 24);
+        } else if (!strcmp(f, "--seed")) {
+            seed = (uint64_t)kvd_args_long(&a, f, 0, 2147483647L);
+        } else if (!strcmp(f, "--threads")) {
+            kvd_set_threads((int)kvd_args_long(&a, f, 1, 4096));
+        } else if (!strcmp(f, "--fp8-overflow")) {
+            const char *v = kvd_args_value(&a, f);
+            if (strcmp(v, "sat") && strcmp(v, "nan"))
+                kvd_die(KVD_EXIT_USAGE, cmd, "--fp8-overflow: expected sat or nan, got '%s'", v);
+            saturate = !strcmp(v, "sat");
+        } else if (!strcmp(f, "--dump")) {
+            dump = kvd_args_value(&a, f);
+        } else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            printf("%s%s", forward_help, kvd_model_opts_help);
+            return 0;
+        } else {
+            kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s' (see kvdrift forward --help)", f);
+        }
+    }
+    /* modes: bf16 always runs first, as the reference */
+    int want[KVD_KV_N_MODES] = {0};
+    char list[256];
+    snprintf(list, sizeof list, "%s", kv_list);
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        kvd_kv_mode m;
+        if (kvd_kv_mode_parse(tok, &m))
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--kv: unknown mode '%s', expected bf16, fp8-cal, fp8-unscaled or fp8-e5m2",
+                    tok);
+        want[m] = 1;
+    }
+    want[KVD_KV_BF16] = 1;
+
+    kvd_weights w;
+    double t0 = kvd_now();
+    kvd_model_opts_build(&mo, cmd, &w);
+    const kvd_config *c = &w.cfg;
+    char desc[512], err[KVD_ERR_LEN];
+    printf("model %s\n", kvd_describe_model(c, desc, sizeof desc));
+    printf("weights: synthetic, seed %llu, BF16 (%d tensors, built in %.2f s)\n",
+           (unsigned long long)mo.synth.seed, w.n_tensors, kvd_now() - t0);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)T);
+    kvd_tokens_synth(seed, T, c->vocab_size, tok);
+    printf("trace: %d synthetic tokens, seed %llu\n", T, (unsigned long long)seed);
+
+    int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads, V = c->vocab_size;
+    kvd_kv_scales sc = {0}, am = {0};
+    if (want[KVD_KV_FP8_CAL]) {
+        get_scales(&co, &w, seed, cmd, &sc, &am, 1);
+        for (int l = 0; l < nf; l++)
+            for (int h = 0; h < (sc.per_head ? kvh : 1); h++)
+                printf("  attention layer %d%s: k_scale %.6g  v_scale %.6g\n", l,
+                       sc.per_head ? (h ? " (head 1+)" : " (head 0)") : "", sc.k[l * kvh + h],
+                       sc.v[l * kvh + h]);
+    }
+    if (dump) {
+        if (kvd_mkdirs(dump, err)) kvd_die(1, cmd, "%s", err);
+        char path[4200];
+        snprintf(path, sizeof path, "%s/tokens.i32", dump);
+        if (kvd_write_file_atomic(path, tok, sizeof(int32_t) * (size_t)T, err))
+            kvd_die(1, cmd, "%s", err);
+        if (want[KVD_KV_FP8_CAL]) {
+            snprintf(path, sizeof path, "%s/scales.json", dump);
+            if (kvd_scales_save(path, &sc, am.k ? &am : NULL, co.recipe, c->name, co.calib_tokens,
+                                seed + CALIB_SEED_OFFSET, err))
+                kvd_die(1, cmd, "%s", err);
+        }
+    }
+
+    float *ref = malloc(sizeof(float) * (size_t)T * V), *lg = malloc(sizeof(float) * (size_t)T * V);
+    kv_capture cap = {T, nf, kvh, c->head_dim, NULL, NULL};
+    if (dump) {
+        cap.k = malloc(sizeof(float) * (size_t)nf * T * kvh * c->head_dim);
+        cap.v = malloc(sizeof(float) * (size_t)nf * T * kvh * c->head_dim);
+    }
+    if (!ref || !lg || (dump && (!cap.k || !cap.v)))
+        kvd_die(1, cmd, "out of memory for %d x %d logits", T, V);
+    printf("\n%-13s %12s %10s %8s %8s %8s %8s %9s %11s %10s\n", "kv_mode", "prefill_tok_s",
+           "kv_B_tok", "k_sat_%", "k_ftz_%", "v_sat_%", "v_ftz_%", "v_subn_%", "kl_mean",
+           "top1_agree");
+    int rc = 0;
+    for (int mi = 0; mi < KVD_KV_N_MODES; mi++) {
+        if (!want[mi]) continue;
+        kvd_kv_mode mode = (kvd_kv_mode)mi;
+        kvd_kvcache kv;
+        if (kvd_kvcache_init(&kv, mode, nf, kvh, c->head_dim, 16, T,
+                             mode == KVD_KV_FP8_CAL ? &sc : NULL, saturate, err))
+            kvd_die(1, cmd, "%s", err);
+        kvd_model *m = kvd_model_new(&w, T < 512 ? T : 512, 1, err);
+        if (!m) kvd_die(1, cmd, "%s", err);
+        kvd_hooks hk = {&cap, NULL, capture_kv, NULL, NULL};
+        if (dump) kvd_model_set_hooks(m, &hk);
+        int seq = kvd_kvcache_add_seq(&kv);
+        float *out = mode == KVD_KV_BF16 ? ref : lg;
+        double ts = kvd_now();
+        if (kvd_prefill(m, &kv, seq, tok, T, out, 1, err)) {
+            fprintf(stderr, "kvdrift forward: kv mode %s: %s\n", kvd_kv_mode_name(mode), err);
+            rc = 1;
+            kvd_model_free(m);
+            kvd_kvcache_free(&kv);
+            continue;
+        }
+        double dt = kvd_now() - ts;
+        uint64_t ks = 0, kf = 0, vs = 0, vf = 0, vsub = 0, kn = 0, vn = 0;
+        for (int l = 0; l < nf; l++) {
+            ks += kv.k_stats[l].saturated, kf += kv.k_stats[l].flushed, kn += kv.k_stats[l].n;
+            vs += kv.v_stats[l].saturated, vf += kv.v_stats[l].flushed, vn += kv.v_stats[l].n;
+            vsub += kv.v_stats[l].subnormal;
+        }
+        logit_cmp lc = compare_logits(ref, out, T, V);
+        printf("%-13s %12.1f %10lld %8.3f %8.3f %8.3f %8.3f %9.3f %11.3e %10.4f\n",
+               kvd_kv_mode_name(mode), T / dt,
+               (long long)kvd_kvcache_bytes_per_token(mode, nf, kvh, c->head_dim), 100.0 * ks / kn,
+               100.0 * kf / kn, 100.0 * vs / vn, 100.0 * vf / vn, 100.0 * vsub / vn, lc.kl_mean,
+               lc.top1);
+        if (dump) dump_mode(dump, mode, &kv, seq, &cap, out, V, cmd);
+        kvd_model_free(m);
+        kvd_kvcache_free(&kv);
+    }
+    printf("\nkl_mean: mean over positions of KL(P_bf16 || P_mode) of the next-token "
+           "distribution (nats);\ntop1_agree: fraction of positions whose argmax matches BF16; "
+           "sat/ftz/subn: share of\nK or V values that saturated, flushed to zero, or landed "
+           "on a subnormal code.\n");
+    free(ref);
+    free(lg);
+    free(cap.k);
+    free(cap.v);
+    free(tok);
+    kvd_kv_scales_free(&sc);
+    kvd_kv_scales_free(&am);
+    kvd_weights_free(&w);
+    return rc;
+}
+
+/* ---- calibrate ---- */
+
+int kvd_cmd_calibrate(int argc, char **argv) {
+    const char *cmd = "calibrate";
+    kvd_args a = {argc, argv, 0, cmd};
+    kvd_model_opts mo;
+    kvd_model_opts_init(&mo);
+    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024};
+    const char *out = NULL, *f;
+    uint64_t seed = 1;
+    while ((f = kvd_args_next(&a))) {
+        if (kvd_model_opts_flag(&mo, &a, f) || cal_flag(&co, &a, f)) continue;
+        if (!strcmp(f, "-o") || !strcmp(f, "--output")) {
+            out = kvd_args_value(&a, f);
+        } else if (!strcmp(f, "--seed")) {
+            seed = (uint64_t)kvd_args_long(&a, f, 0, 2147483647L);
+        } else if (!strcmp(f, "--threads")) {
+            kvd_set_threads((int)kvd_args_long(&a, f, 1, 4096));
+        } else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            printf("usage: kvdrift calibrate [flags] -o scales.json\n"
+                   "  --calibration RECIPE  absmax | modelopt | vllm-dynamic (default absmax)\n"
+                   "  --per-head            one scale per KV head instead of per layer\n"
+                   "  --calib-tokens N      calibration trace length (default 1024)\n"
+                   "  --seed N              seed; the calibration trace uses seed + %u\n%s",
+                   CALIB_SEED_OFFSET, kvd_model_opts_help);
+            return 0;
+        } else {
+            kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s' (see kvdrift calibrate --help)", f);
+        }
+    }
+    if (!out) kvd_die(KVD_EXIT_USAGE, cmd, "expected -o FILE for the scales");
+    if (co.scales_path) kvd_die(KVD_EXIT_USAGE, cmd, "--scales is an input of other commands");
+    kvd_weights w;
+    kvd_model_opts_build(&mo, cmd, &w);
+    kvd_kv_scales sc, am;
+    get_scales(&co, &w, seed, cmd, &sc, &am, 1);
+    char err[KVD_ERR_LEN];
+    if (kvd_scales_save(out, &sc, &am, co.recipe, w.cfg.name, co.calib_tokens,
+                        seed + CALIB_SEED_OFFSET, err))
+        kvd_die(1, cmd, "%s", err);
+    int kvh = w.cfg.num_key_value_heads;
+    for (int l = 0; l < sc.n_layers; l++)
+        printf("attention layer %d: k_absmax %.6g -> k_scale %.6g, v_absmax %.6g -> v_scale %.6g\n",
+               l, am.k[l * kvh], sc.k[l * kvh], am.v[l * kvh], sc.v[l * kvh]);
+    printf("wrote %s\n", out);
+    kvd_kv_scales_free(&sc);
+    kvd_kv_scales_free(&am);
+    kvd_weights_free(&w);
+    return 0;
+}
+
+/* ---- export ---- */
+
+int kvd_cmd_export(int argc, char **argv) {
+    const char *cmd = "export";
+    kvd_args a = {argc, argv, 0, cmd};
+    kvd_model_opts mo;
+    kvd_model_opts_init(&mo);
+    const char *out = NULL, *f;
+    while ((f = kvd_args_next(&a))) {
+        if (kvd_model_opts_flag(&mo, &a, f)) continue;
+        if (!strcmp(f, "-o") || !strcmp(f, "--output")) {
+            out = kvd_args_value(&a, f);
+        } else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            printf("usage: kvdrift export [flags] -o DIR\n"
+                   "Writes DIR/config.json and DIR/model.safetensors (BF16, Hugging Face\n"
+                   "Qwen3-Next tensor names).\n%s",
+                   kvd_model_opts_help);
+            return 0;
+        } else {
+            kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s' (see kvdrift export --help)", f);
+        }
+    }
+    if (!out) kvd_die(KVD_EXIT_USAGE, cmd, "expected -o DIR");
+    kvd_weights w;
+    kvd_model_opts_build(&mo, cmd, &w);
+    char err[KVD_ERR_LEN];
+    if (kvd_export(&w, out, err)) kvd_die(1, cmd, "%s", err);
+    int64_t n = 0;
+    for (int i = 0; i < w.n_tensors; i++) n += w.tensors[i].numel;
+    printf("wrote %s/config.json and %s/model.safetensors: %d tensors, %lld parameters (BF16)\n",
+           out, out, w.n_tensors, (long long)n);
+    kvd_weights_free(&w);
+    return 0;
+}

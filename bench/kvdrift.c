@@ -1,0 +1,43 @@
+/* kvdrift: the command line. One binary, one subcommand per job. */
+#include <stdio.h>
+#include <string.h>
+
+#include "../kernels/backend.h"
+#include "commands.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "kvdrift %s (%s): precision drift of FP8 KV caches in hybrid LLMs\n"
+            "\n"
+            "usage: kvdrift COMMAND [flags]   (kvdrift COMMAND --help for its flags)\n"
+            "\n"
+            "  forward     run the hybrid model over a synthetic trace in each KV mode and\n"
+            "              print what every mode did to the cache and the logits\n"
+            "  calibrate   measure K/V absmax on a held-out trace and write a scales file\n"
+            "  export      write a model as a Hugging Face checkpoint (config.json,\n"
+            "              model.safetensors)\n"
+            "  bench       kernel benchmarks (kvdrift bench kernels)\n"
+            "  version     version, revision and back ends\n",
+            KVD_VERSION, KVD_GIT_REV);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "forward")) return kvd_cmd_forward(argc - 2, argv + 2);
+    if (!strcmp(cmd, "calibrate")) return kvd_cmd_calibrate(argc - 2, argv + 2);
+    if (!strcmp(cmd, "export")) return kvd_cmd_export(argc - 2, argv + 2);
+    if (!strcmp(cmd, "bench")) return kvd_cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(cmd, "version")) {
+        kvd_cuda_info ci;
+        kvd_cuda_probe(&ci);
+        printf("kvdrift %s (%s)\nback ends: cpu%s\ncuda: %s%s\n", KVD_VERSION, KVD_GIT_REV,
+               ci.compiled ? ", cuda" : "", ci.devices ? "" : "", ci.name);
+        return 0;
+    }
+    fprintf(stderr, "kvdrift: unknown command '%s' (kvdrift --help lists them)\n", cmd);
+    return 2;
+}

@@ -1,0 +1,136 @@
+/* kvdrift: command-line plumbing (see util.h). */
+#include "util.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+_Noreturn void kvd_die(int code, const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kvdrift %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(code);
+}
+
+const char *kvd_args_next(kvd_args *a) {
+    if (a->i >= a->argc) return NULL;
+    return a->argv[a->i++];
+}
+
+const char *kvd_args_value(kvd_args *a, const char *flag) {
+    if (a->i >= a->argc) kvd_die(KVD_EXIT_USAGE, a->cmd, "%s: expected a value", flag);
+    return a->argv[a->i++];
+}
+
+long kvd_args_long(kvd_args *a, const char *flag, long lo, long hi) {
+    const char *v = kvd_args_value(a, flag);
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        kvd_die(KVD_EXIT_USAGE, a->cmd, "%s: expected an integer in %ld..%ld, got '%s'", flag, lo,
+                hi, v);
+    return x;
+}
+
+double kvd_args_double(kvd_args *a, const char *flag, double lo, double hi) {
+    const char *v = kvd_args_value(a, flag);
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x >= lo && x <= hi))
+        kvd_die(KVD_EXIT_USAGE, a->cmd, "%s: expected a number in [%g, %g], got '%s'", flag, lo, hi,
+                v);
+    return x;
+}
+
+const char *const kvd_model_opts_help =
+    "  --model PRESET          tiny | small | qwen3-next-80b-a3b | qwen3.5-397b-a17b (default "
+    "small)\n"
+    "  --config FILE           a Hugging Face config.json instead of a preset\n"
+    "  --weight-seed N         seed of the synthetic weights (default 1234)\n"
+    "  --k-outlier-scale X     |K| of the key outlier channels (default 320)\n"
+    "  --k-outlier-channels N  key outlier channels per layer (default 2.5)\n"
+    "  --v-rms X               rms of V entries (default 0.005)\n"
+    "  --sink X                attention-sink strength (default 2.5)\n"
+    "  --retrieval X           same-token retrieval strength (default 1.5)\n";
+
+void kvd_model_opts_init(kvd_model_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->preset = "small";
+    kvd_synth_defaults(&o->synth);
+}
+
+int kvd_model_opts_flag(kvd_model_opts *o, kvd_args *a, const char *f) {
+    if (!strcmp(f, "--model")) {
+        o->preset = kvd_args_value(a, f);
+    } else if (!strcmp(f, "--config")) {
+        o->config_path = kvd_args_value(a, f);
+    } else if (!strcmp(f, "--weight-seed")) {
+        o->synth.seed = (uint64_t)kvd_args_long(a, f, 0, 2147483647L);
+    } else if (!strcmp(f, "--k-outlier-scale")) {
+        o->synth.k_outlier_scale = (float)kvd_args_double(a, f, 1.0, 1e5);
+    } else if (!strcmp(f, "--k-outlier-channels")) {
+        o->synth.k_outlier_channels = (int)kvd_args_long(a, f, 0, 1024);
+    } else if (!strcmp(f, "--v-rms")) {
+        o->synth.v_rms = (float)kvd_args_double(a, f, 1e-6, 1e4);
+    } else if (!strcmp(f, "--sink")) {
+        o->synth.sink_strength = (float)kvd_args_double(a, f, 0.0, 100.0);
+    } else if (!strcmp(f, "--retrieval")) {
+        o->synth.retrieval_strength = (float)kvd_args_double(a, f, 0.0, 100.0);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, kvd_weights *w) {
+    kvd_config cfg;
+    char err[KVD_ERR_LEN];
+    int rc = o->config_path ? kvd_config_load(o->config_path, &cfg, err)
+                            : kvd_config_preset(o->preset, &cfg, err);
+    if (rc) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    if (kvd_weights_synth(w, &cfg, &o->synth, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+}
+
+void kvd_set_threads(int n) {
+    if (n <= 0) return;
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#endif
+}
+
+double kvd_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+const char *kvd_describe_model(const kvd_config *c, char *buf, int len) {
+    int nf = kvd_config_n_full(c);
+    if (c->num_experts > 0) {
+        snprintf(buf, (size_t)len,
+                 "%s: hidden %d, %d layers (%d gated attention, %d Gated DeltaNet), "
+                 "attention %d/%d heads x %d, MoE %d experts top-%d, vocab %d",
+                 c->name, c->hidden_size, c->num_hidden_layers, nf, c->num_hidden_layers - nf,
+                 c->num_attention_heads, c->num_key_value_heads, c->head_dim, c->num_experts,
+                 c->num_experts_per_tok, c->vocab_size);
+    } else {
+        snprintf(buf, (size_t)len,
+                 "%s: hidden %d, %d layers (%d gated attention, %d Gated DeltaNet), "
+                 "attention %d/%d heads x %d, dense SwiGLU %d, vocab %d",
+                 c->name, c->hidden_size, c->num_hidden_layers, nf, c->num_hidden_layers - nf,
+                 c->num_attention_heads, c->num_key_value_heads, c->head_dim, c->intermediate_size,
+                 c->vocab_size);
+    }
+    return buf;
+}

@@ -1,0 +1,50 @@
+/* kvdrift: command-line plumbing shared by the subcommands: flag parsing,
+ * model set-up from --model/--config and the synthetic-weight knobs, timing. */
+#ifndef KVD_UTIL_H
+#define KVD_UTIL_H
+
+#include <stdint.h>
+
+#include "../runners/config.h"
+#include "../runners/weights.h"
+
+/* Exit codes: 0 ok, 1 failure of the measured thing (regression, --strict), 2 usage or input. */
+#define KVD_EXIT_USAGE 2
+
+typedef struct {
+    int argc;
+    char **argv;
+    int i;
+    const char *cmd;
+} kvd_args;
+
+/* Iterate flags: returns the flag name (without value) or NULL at the end. */
+const char *kvd_args_next(kvd_args *a);
+/* The value of the current flag; exits with a usage error when missing. */
+const char *kvd_args_value(kvd_args *a, const char *flag);
+long kvd_args_long(kvd_args *a, const char *flag, long lo, long hi);
+double kvd_args_double(kvd_args *a, const char *flag, double lo, double hi);
+
+/* Print "kvdrift CMD: msg" to stderr and exit with code. */
+_Noreturn void kvd_die(int code, const char *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Model selection shared by every subcommand that builds a model. */
+typedef struct {
+    const char *preset;
+    const char *config_path;
+    kvd_synth synth;
+} kvd_model_opts;
+
+void kvd_model_opts_init(kvd_model_opts *o);
+/* Consume a model flag if `flag` is one; returns 1 when consumed. */
+int kvd_model_opts_flag(kvd_model_opts *o, kvd_args *a, const char *flag);
+/* Resolve config and synthesize weights; exits with a clear message on error. */
+void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, kvd_weights *w);
+extern const char *const kvd_model_opts_help;
+
+void kvd_set_threads(int n);
+double kvd_now(void);
+const char *kvd_describe_model(const kvd_config *c, char *buf, int len);
+
+#endif

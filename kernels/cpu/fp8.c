@@ -1,0 +1,188 @@
+/* kvdrift: scalar and vector FP8/BF16 codecs on the CPU.
+ * Rounding follows CUDA's host conversions exactly; tests/oracle holds us to them. */
+#include "../fp8.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+static inline uint32_t f2u(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+static inline float u2f(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* Round a non-negative float below 2^23 to the nearest integer, ties to even,
+ * without depending on the current rounding mode's library call. */
+static inline float rne_small(float y) {
+    return (y + 8388608.0f) - 8388608.0f;
+}
+
+/* Encoders are written as selects over both paths so the vector loops below
+ * compile to straight-line SIMD; the scalar entry points share them. */
+static inline uint8_t enc_e4m3(float x, int saturate) {
+    uint32_t b = f2u(x);
+    uint32_t sign = (b >> 24) & 0x80u;
+    uint32_t a = b & 0x7fffffffu;
+    /* normal range (>= 2^-6): round the float mantissa to 3 bits, RNE */
+    uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+    uint32_t normal = (r >> 20) - (120u << 3);
+    /* subnormal range: multiples of 2^-9; 8 lands exactly on the smallest normal */
+    uint32_t sub = (uint32_t)rne_small(u2f(a < 0x3c800000u ? a : 0u) * 512.0f);
+    uint32_t mag = a >= 0x3c800000u ? normal : sub;
+    uint32_t over = saturate ? 0x7eu : 0x7fu;
+    mag = a > 0x43e80000u ? over : mag; /* beyond 464 = 448 + half an ulp, Inf too */
+    uint32_t res = sign | mag;
+    return (uint8_t)(a > 0x7f800000u ? 0x7fu : res); /* NaN: canonical, sign dropped */
+}
+
+static inline uint8_t enc_e5m2(float x, int saturate) {
+    uint32_t b = f2u(x);
+    uint32_t sign = (b >> 24) & 0x80u;
+    uint32_t a = b & 0x7fffffffu;
+    uint32_t r = a + 0xfffffu + ((a >> 21) & 1u);
+    uint32_t normal = (r >> 21) - (112u << 2);
+    uint32_t sub = (uint32_t)rne_small(u2f(a < 0x38800000u ? a : 0u) * 65536.0f);
+    uint32_t mag = a >= 0x38800000u ? normal : sub;
+    uint32_t over = saturate ? 0x7bu : 0x7cu;
+    mag = a >= 0x47700000u ? over : mag; /* from 61440 = 57344 + half an ulp */
+    uint32_t res = sign | mag;
+    return (uint8_t)(a > 0x7f800000u ? 0x7fu : res);
+}
+
+static inline uint16_t enc_bf16(float x) {
+    uint32_t b = f2u(x);
+    uint32_t r = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+    return (uint16_t)((b & 0x7fffffffu) > 0x7f800000u ? 0x7fffu : r);
+}
+
+uint8_t kvd_f32_to_e4m3(float x, int saturate) {
+    return enc_e4m3(x, saturate);
+}
+uint8_t kvd_f32_to_e5m2(float x, int saturate) {
+    return enc_e5m2(x, saturate);
+}
+uint16_t kvd_f32_to_bf16(float x) {
+    return enc_bf16(x);
+}
+float kvd_bf16_to_f32(uint16_t v) {
+    return u2f((uint32_t)v << 16);
+}
+
+static float e4m3_tab[256], e5m2_tab[256];
+static pthread_once_t tab_once = PTHREAD_ONCE_INIT;
+
+static float dec_e4m3(unsigned c) {
+    unsigned e = (c >> 3) & 15u, m = c & 7u;
+    float v;
+    if (e == 15u && m == 7u) return NAN;
+    v = e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8u + m), (int)e - 10);
+    return (c & 0x80u) ? -v : v;
+}
+
+static float dec_e5m2(unsigned c) {
+    unsigned e = (c >> 2) & 31u, m = c & 3u;
+    float v;
+    if (e == 31u) {
+        if (m != 0) return NAN;
+        v = INFINITY;
+    } else {
+        v = e == 0 ? ldexpf((float)m, -16) : ldexpf((float)(4u + m), (int)e - 17);
+    }
+    return (c & 0x80u) ? -v : v;
+}
+
+static void build_tables(void) {
+    for (unsigned c = 0; c < 256; c++) {
+        e4m3_tab[c] = dec_e4m3(c);
+        e5m2_tab[c] = dec_e5m2(c);
+    }
+}
+
+const float *kvd_e4m3_table(void) {
+    pthread_once(&tab_once, build_tables);
+    return e4m3_tab;
+}
+const float *kvd_e5m2_table(void) {
+    pthread_once(&tab_once, build_tables);
+    return e5m2_tab;
+}
+float kvd_e4m3_to_f32(uint8_t v) {
+    return kvd_e4m3_table()[v];
+}
+float kvd_e5m2_to_f32(uint8_t v) {
+    return kvd_e5m2_table()[v];
+}
+
+/* Block size for the vector loops: encode a block with no branches, then
+ * count what happened to it in a second pass over the same cache lines. */
+#define QBLK 256
+
+static void count_block(const float *x, const uint8_t *q, size_t n, float scale, float maxv,
+                        uint8_t exp_mask, kvd_qstats *st) {
+    uint64_t sat = 0, ftz = 0, sub = 0;
+    for (size_t i = 0; i < n; i++) {
+        float y = fabsf(x[i] / scale);
+        unsigned mag = q[i] & 0x7fu;
+        sat += y > maxv;
+        ftz += (mag == 0) & (x[i] != 0.0f);
+        sub += ((mag & exp_mask) == 0) & (mag != 0);
+    }
+    st->n += n;
+    st->saturated += sat;
+    st->flushed += ftz;
+    st->subnormal += sub;
+}
+
+void kvd_quant_e4m3(const float *x, uint8_t *out, size_t n, float scale, int saturate,
+                    kvd_qstats *stats) {
+    for (size_t i0 = 0; i0 < n; i0 += QBLK) {
+        size_t m = n - i0 < QBLK ? n - i0 : QBLK;
+        if (saturate) {
+            for (size_t i = 0; i < m; i++) out[i0 + i] = enc_e4m3(x[i0 + i] / scale, 1);
+        } else {
+            for (size_t i = 0; i < m; i++) out[i0 + i] = enc_e4m3(x[i0 + i] / scale, 0);
+        }
+        if (stats) count_block(x + i0, out + i0, m, scale, KVD_E4M3_MAX, 0x78u, stats);
+    }
+}
+
+void kvd_quant_e5m2(const float *x, uint8_t *out, size_t n, float scale, int saturate,
+                    kvd_qstats *stats) {
+    for (size_t i0 = 0; i0 < n; i0 += QBLK) {
+        size_t m = n - i0 < QBLK ? n - i0 : QBLK;
+        if (saturate) {
+            for (size_t i = 0; i < m; i++) out[i0 + i] = enc_e5m2(x[i0 + i] / scale, 1);
+        } else {
+            for (size_t i = 0; i < m; i++) out[i0 + i] = enc_e5m2(x[i0 + i] / scale, 0);
+        }
+        if (stats) count_block(x + i0, out + i0, m, scale, KVD_E5M2_MAX, 0x7cu, stats);
+    }
+}
+
+void kvd_quant_bf16(const float *x, uint16_t *out, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = enc_bf16(x[i]);
+}
+
+void kvd_round_bf16(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = u2f((uint32_t)enc_bf16(x[i]) << 16);
+}
+
+void kvd_dequant_e4m3(const uint8_t *v, float *out, size_t n, float scale) {
+    const float *t = kvd_e4m3_table();
+    for (size_t i = 0; i < n; i++) out[i] = t[v[i]] * scale;
+}
+
+void kvd_dequant_e5m2(const uint8_t *v, float *out, size_t n, float scale) {
+    const float *t = kvd_e5m2_table();
+    for (size_t i = 0; i < n; i++) out[i] = t[v[i]] * scale;
+}
+
+void kvd_dequant_bf16(const uint16_t *v, float *out, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = u2f((uint32_t)v[i] << 16);
+}

@@ -1,0 +1,100 @@
+/* kvdrift: dense building blocks on the CPU: GEMM through OpenBLAS, norms,
+ * RoPE, softmax, top-k. */
+#include "../kernels.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* One thread pool, ours: OpenBLAS runs single-threaded inside OpenMP regions
+ * that split the output features. Two pools spinning on the same cores cost
+ * more than either saves, and a split over N keeps every output element's
+ * reduction order the same whatever the thread count. */
+static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static void blas_single(void) {
+    openblas_set_num_threads(1);
+}
+
+static void linear_cols(const float *x, const float *w, float *y, int M, int N, int K, int n0,
+                        int n1) {
+    if (n1 <= n0) return;
+    if (M == 1) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n1 - n0, K, 1.0f, w + (size_t)n0 * K, K, x, 1,
+                    0.0f, y + n0, 1);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n1 - n0, K, 1.0f, x, K,
+                    w + (size_t)n0 * K, K, 0.0f, y + n0, N);
+    }
+}
+
+void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K) {
+    if (M <= 0 || N <= 0) return;
+    pthread_once(&blas_once, blas_single);
+    int nt = 1;
+#ifdef _OPENMP
+    if (!omp_in_parallel()) nt = omp_get_max_threads();
+#endif
+    /* below ~1 MFLOP a fork costs more than it saves */
+    if (nt <= 1 || (double)M * N * K < 1e6 || N < 32) {
+        linear_cols(x, w, y, M, N, K, 0, N);
+        return;
+    }
+    int chunk = ((N + nt - 1) / nt + 15) / 16 * 16;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int t = 0; t < nt; t++) {
+        int n0 = t * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+        linear_cols(x, w, y, M, N, K, n0, n1);
+    }
+}
+
+void kvd_rmsnorm(float *out, const float *x, const float *w, int n, float eps, int one_plus) {
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / n + eps));
+    if (one_plus) {
+        for (int i = 0; i < n; i++) out[i] = x[i] * r * (1.0f + w[i]);
+    } else {
+        for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+    }
+}
+
+void kvd_rope(float *v, int pos, int rot_dim, const float *inv_freq) {
+    int half = rot_dim / 2;
+    for (int i = 0; i < half; i++) {
+        /* angle in double: at 256K positions a float angle loses ~5 bits */
+        double a = (double)pos * inv_freq[i];
+        float c = (float)cos(a), s = (float)sin(a);
+        float x1 = v[i], x2 = v[i + half];
+        v[i] = x1 * c - x2 * s;
+        v[i + half] = x2 * c + x1 * s;
+    }
+}
+
+void kvd_softmax(float *x, int n) {
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - m);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+void kvd_topk(const float *x, int n, int k, int *idx) {
+    /* k is small (<= 16 in every preset): insertion into a sorted prefix */
+    int have = 0;
+    for (int i = 0; i < n; i++) {
+        if (have == k && !(x[i] > x[idx[k - 1]])) continue;
+        int j = have < k ? have++ : k - 1;
+        while (j > 0 && x[i] > x[idx[j - 1]]) {
+            idx[j] = idx[j - 1];
+            j--;
+        }
+        idx[j] = i;
+    }
+}

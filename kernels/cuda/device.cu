@@ -1,0 +1,23 @@
+// kvdrift: CUDA runtime entry points of the GPU back end: device discovery and
+// a cuBLASLt handle check. The kernels themselves come with the CUDA issue.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+extern "C" int kvd_cuda_device_count(char *name, int len) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        std::snprintf(name, (size_t)len, "no CUDA device visible (%s)",
+                      e == cudaSuccess ? "none found" : cudaGetErrorString(e));
+        return 0;
+    }
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, 0) == cudaSuccess) {
+        std::snprintf(name, (size_t)len, "%s (sm_%d%d)", p.name, p.major, p.minor);
+    }
+    cublasLtHandle_t h;
+    if (cublasLtCreate(&h) == CUBLAS_STATUS_SUCCESS) cublasLtDestroy(h);
+    return n;
+}

@@ -1,0 +1,57 @@
+/* kvdrift: FP8 (E4M3, E5M2) and BF16 codecs, bit-exact with CUDA 13's
+ * __nv_cvt_float_to_fp8 / __nv_cvt_fp8_to_halfraw and __float2bfloat16_rn. */
+#ifndef KVD_FP8_H
+#define KVD_FP8_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVD_E4M3_MAX 448.0f
+#define KVD_E5M2_MAX 57344.0f
+
+/* Scalar codecs. saturate = 1 is __NV_SATFINITE (overflow clamps to the
+ * largest finite value), 0 is __NV_NOSAT (E4M3 overflow -> NaN, E5M2 -> Inf). */
+uint8_t kvd_f32_to_e4m3(float x, int saturate);
+uint8_t kvd_f32_to_e5m2(float x, int saturate);
+float kvd_e4m3_to_f32(uint8_t v);
+float kvd_e5m2_to_f32(uint8_t v);
+uint16_t kvd_f32_to_bf16(float x);
+float kvd_bf16_to_f32(uint16_t v);
+
+/* Decode tables, one entry per code (256 floats each). */
+const float *kvd_e4m3_table(void);
+const float *kvd_e5m2_table(void);
+
+/* What a quantized write did to its input: values clamped to the format's
+ * maximum (or turned to NaN/Inf under NOSAT), and non-zero values that came
+ * out as zero. */
+typedef struct {
+    uint64_t n;         /* values written */
+    uint64_t saturated; /* |x / scale| beyond the largest finite value */
+    uint64_t flushed;   /* x != 0 but encoded as +-0 */
+    uint64_t subnormal; /* encoded as a subnormal code */
+} kvd_qstats;
+
+typedef enum { KVD_FMT_BF16 = 0, KVD_FMT_E4M3 = 1, KVD_FMT_E5M2 = 2 } kvd_fmt;
+
+/* Vector codecs. Quantize writes cvt(x[i] / scale), exactly the engines'
+ * expression (a reciprocal multiply rounds differently); stats may be NULL. */
+void kvd_quant_e4m3(const float *x, uint8_t *out, size_t n, float scale, int saturate,
+                    kvd_qstats *stats);
+void kvd_quant_e5m2(const float *x, uint8_t *out, size_t n, float scale, int saturate,
+                    kvd_qstats *stats);
+void kvd_quant_bf16(const float *x, uint16_t *out, size_t n);
+void kvd_dequant_e4m3(const uint8_t *v, float *out, size_t n, float scale);
+void kvd_dequant_e5m2(const uint8_t *v, float *out, size_t n, float scale);
+void kvd_dequant_bf16(const uint16_t *v, float *out, size_t n);
+/* Round every value to the nearest BF16, in place. */
+void kvd_round_bf16(float *x, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

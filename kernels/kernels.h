@@ -1,0 +1,88 @@
+/* kvdrift: the numerics contract. Every function here has a CPU implementation
+ * in kernels/cpu/ (the reference) and, where it pays, a CUDA twin in kernels/cuda/. */
+#ifndef KVD_KERNELS_H
+#define KVD_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fp8.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* y[M,N] = x[M,K] * W[N,K]^T: a Hugging Face Linear with W stored [out, in]. */
+void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K);
+
+/* RMSNorm over n values in fp32: x * rsqrt(mean(x^2) + eps) * g, where
+ * g = 1 + w (Qwen3-Next's zero-centred norms) when one_plus is set, else w. */
+void kvd_rmsnorm(float *out, const float *x, const float *w, int n, float eps, int one_plus);
+
+/* Rotate-half RoPE on the first rot_dim of head_dim values (the rest pass
+ * through); inv_freq has rot_dim / 2 entries. */
+void kvd_rope(float *v, int pos, int rot_dim, const float *inv_freq);
+
+/* A view of one layer's paged KV cache. Pools are laid out
+ * [block][kv_head][slot][head_dim] so one head's keys stream contiguously. */
+typedef struct {
+    kvd_fmt fmt;
+    int block_size;
+    int kv_heads;
+    int head_dim;
+    const void *k;
+    const void *v;
+    const float *k_scale; /* [kv_heads] dequantization scales (1.0 for BF16) */
+    const float *v_scale;
+} kvd_kv_view;
+
+/* Bytes of one element in a cache of this format. */
+static inline size_t kvd_fmt_bytes(kvd_fmt f) {
+    return f == KVD_FMT_BF16 ? 2 : 1;
+}
+
+/* Decode one K or V row (head_dim values) of the cache into floats. */
+void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int pos, int head,
+                float *out);
+
+/* Attention for one query token over positions [0, n_ctx) of a sequence's
+ * paged cache. q is [n_heads][head_dim] (GQA: n_heads / kv_heads query heads
+ * per KV head), out the same shape. If probs is not NULL it receives the
+ * attention distribution [n_heads][n_ctx]; otherwise work must hold
+ * n_heads * n_ctx floats. Softmax normalisers accumulate in double. */
+void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
+                    int n_heads, float sm_scale, float *out, float *probs, float *work);
+
+/* The same for the g query heads of one KV head only (q, out [g][head_dim],
+ * probs [g][n_ctx], required): the unit the model parallelises over. */
+void kvd_attn_paged_group(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
+                          int g, int kv_head, float sm_scale, float *out, float *probs);
+
+/* One step of the gated delta rule for one head. S is [dk][dv] (fp32),
+ * q and k are already L2-normalised (q also scaled by dk^-0.5):
+ *   S = exp(g) S;  S += k (x) beta (v - S^T k);  o = S^T q. */
+void kvd_gdn_step(float *S, const float *q, const float *k, const float *v, float g, float beta,
+                  float *o, int dk, int dv);
+
+/* Softmax over n logits in place (fp32 values, double normaliser). */
+void kvd_softmax(float *x, int n);
+
+/* Indices of the k largest of x[0..n) in descending order (ties: lower index first). */
+void kvd_topk(const float *x, int n, int k, int *idx);
+
+static inline float kvd_sigmoidf(float x);
+static inline float kvd_siluf(float x);
+
+#ifdef __cplusplus
+}
+#endif
+
+#include <math.h>
+static inline float kvd_sigmoidf(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+static inline float kvd_siluf(float x) {
+    return x / (1.0f + expf(-x));
+}
+
+#endif

@@ -1,0 +1,84 @@
+/* kvdrift: the hybrid model's configuration, with Hugging Face config.json
+ * field names, its presets, and the checks that refuse impossible shapes. */
+#ifndef KVD_CONFIG_H
+#define KVD_CONFIG_H
+
+#include <stddef.h>
+
+#define KVD_MAX_LAYERS 256
+#define KVD_ERR_LEN 512
+
+typedef enum { KVD_LAYER_LINEAR = 0, KVD_LAYER_FULL = 1 } kvd_layer_type;
+
+typedef struct {
+    char name[64];
+    int hidden_size;
+    int num_hidden_layers;
+    int full_attention_interval;
+    kvd_layer_type layer_types[KVD_MAX_LAYERS];
+    /* gated full attention */
+    int num_attention_heads;
+    int num_key_value_heads;
+    int head_dim;
+    double partial_rotary_factor;
+    double rope_theta;
+    /* Gated DeltaNet */
+    int linear_num_key_heads;
+    int linear_num_value_heads;
+    int linear_key_head_dim;
+    int linear_value_head_dim;
+    int linear_conv_kernel_dim;
+    /* feed-forward: sparse MoE, or dense SwiGLU when num_experts == 0 */
+    int num_experts;
+    int num_experts_per_tok;
+    int moe_intermediate_size;
+    int shared_expert_intermediate_size;
+    int intermediate_size;
+    int norm_topk_prob;
+    int vocab_size;
+    double rms_norm_eps;
+    int max_position_embeddings;
+    /* how this preset differs from the published model, for the reader */
+    char note[256];
+} kvd_config;
+
+/* Fill cfg from a preset name ("tiny", "small", "qwen3-next-80b-a3b",
+ * "qwen3.5-397b-a17b"). Returns 0, or -1 with err filled. */
+int kvd_config_preset(const char *name, kvd_config *cfg, char *err);
+
+/* Names of the presets, NULL-terminated. */
+const char *const *kvd_config_preset_names(void);
+
+/* Load a Hugging Face style config.json. Unknown fields are ignored, missing
+ * ones take Qwen3-Next defaults where the HF class has one. */
+int kvd_config_load(const char *path, kvd_config *cfg, char *err);
+
+/* Check the shapes; err names the first bad field and what was expected. */
+int kvd_config_validate(const kvd_config *cfg, char *err);
+
+/* Write cfg as a config.json a Hugging Face Qwen3-Next loader accepts. */
+char *kvd_config_to_json(const kvd_config *cfg);
+
+/* Parse a JSON file (a json_t *, to be json_decref'd); NULL with err naming
+ * the file and, for bad JSON, the line and column. */
+void *kvd_json_load(const char *path, char *err);
+
+/* Put "prefix: " in front of the message in err (KVD_ERR_LEN bytes). */
+void kvd_err_prefix(char *err, const char *prefix);
+
+/* Derived sizes. */
+int kvd_config_n_full(const kvd_config *cfg);
+static inline int kvd_rot_dim(const kvd_config *c) {
+    return (int)(c->head_dim * c->partial_rotary_factor) / 2 * 2;
+}
+static inline int kvd_key_dim(const kvd_config *c) {
+    return c->linear_num_key_heads * c->linear_key_head_dim;
+}
+static inline int kvd_value_dim(const kvd_config *c) {
+    return c->linear_num_value_heads * c->linear_value_head_dim;
+}
+static inline int kvd_conv_dim(const kvd_config *c) {
+    return 2 * kvd_key_dim(c) + kvd_value_dim(c);
+}
+
+#endif

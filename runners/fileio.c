@@ -1,0 +1,106 @@
+/* kvdrift: atomic writes (temp file + fsync + rename) and small file helpers. */
+#include "fileio.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "config.h"
+
+int kvd_afile_open(kvd_afile *a, const char *path, char *err) {
+    memset(a, 0, sizeof *a);
+    snprintf(a->path, sizeof a->path, "%s", path);
+    snprintf(a->tmp, sizeof a->tmp, "%s.tmp.%ld", path, (long)getpid());
+    a->f = fopen(a->tmp, "wb");
+    if (!a->f) {
+        snprintf(err, KVD_ERR_LEN, "%s: cannot create: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int kvd_afile_write(kvd_afile *a, const void *p, size_t n) {
+    if (a->failed) return -1;
+    if (n && fwrite(p, 1, n, a->f) != n) a->failed = errno ? errno : EIO;
+    return a->failed ? -1 : 0;
+}
+
+int kvd_afile_commit(kvd_afile *a, char *err) {
+    int e = a->failed;
+    if (!e && fflush(a->f) != 0) e = errno;
+    if (!e && fsync(fileno(a->f)) != 0) e = errno;
+    if (fclose(a->f) != 0 && !e) e = errno;
+    a->f = NULL;
+    if (!e && rename(a->tmp, a->path) != 0) e = errno;
+    if (e) {
+        unlink(a->tmp);
+        snprintf(err, KVD_ERR_LEN, "%s: write failed: %s", a->path, strerror(e));
+        return -1;
+    }
+    return 0;
+}
+
+void kvd_afile_abort(kvd_afile *a) {
+    if (a->f) fclose(a->f);
+    a->f = NULL;
+    unlink(a->tmp);
+}
+
+int kvd_write_file_atomic(const char *path, const void *data, size_t n, char *err) {
+    kvd_afile a;
+    if (kvd_afile_open(&a, path, err)) return -1;
+    kvd_afile_write(&a, data, n);
+    return kvd_afile_commit(&a, err);
+}
+
+char *kvd_read_file(const char *path, size_t *n, char *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, KVD_ERR_LEN, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    size_t got;
+    while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0) {
+        len += got;
+        if (len == cap) {
+            char *nb = realloc(buf, 2 * cap + 1);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        snprintf(err, KVD_ERR_LEN, "%s: read failed", path);
+        return NULL;
+    }
+    buf[len] = 0;
+    if (n) *n = len;
+    return buf;
+}
+
+int kvd_mkdirs(const char *path, char *err) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, 0777) != 0 && errno != EEXIST) goto fail;
+        *p = '/';
+    }
+    if (mkdir(tmp, 0777) != 0 && errno != EEXIST) goto fail;
+    return 0;
+fail:
+    snprintf(err, KVD_ERR_LEN, "%s: cannot create directory: %s", tmp, strerror(errno));
+    return -1;
+}

@@ -1,0 +1,30 @@
+/* kvdrift: output files that are never left half-written. Writers go to a
+ * temporary file beside the target and rename it into place on commit. */
+#ifndef KVD_FILEIO_H
+#define KVD_FILEIO_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+typedef struct {
+    FILE *f;
+    char path[4096];
+    char tmp[4096];
+    int failed;
+} kvd_afile;
+
+int kvd_afile_open(kvd_afile *a, const char *path, char *err);
+int kvd_afile_write(kvd_afile *a, const void *p, size_t n);
+/* Flush, fsync and rename into place; 0 on success, -1 (file removed) on error. */
+int kvd_afile_commit(kvd_afile *a, char *err);
+void kvd_afile_abort(kvd_afile *a);
+
+int kvd_write_file_atomic(const char *path, const void *data, size_t n, char *err);
+
+/* Whole file into memory (NUL-terminated); NULL with err on failure. */
+char *kvd_read_file(const char *path, size_t *n, char *err);
+
+/* mkdir -p */
+int kvd_mkdirs(const char *path, char *err);
+
+#endif

@@ -1,0 +1,240 @@
+/* kvdrift: paged KV cache. Blocks come from one fixed pool per layer, handed
+ * out from a free list, so sequences of any length share the memory the way a
+ * serving engine's cache does. */
+#include "kvcache.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const mode_names[KVD_KV_N_MODES] = {"bf16", "fp8-cal", "fp8-unscaled",
+                                                       "fp8-e5m2"};
+
+const char *kvd_kv_mode_name(kvd_kv_mode m) {
+    return (unsigned)m < KVD_KV_N_MODES ? mode_names[m] : "?";
+}
+
+int kvd_kv_mode_parse(const char *s, kvd_kv_mode *m) {
+    for (int i = 0; i < KVD_KV_N_MODES; i++)
+        if (strcmp(s, mode_names[i]) == 0) {
+            *m = (kvd_kv_mode)i;
+            return 0;
+        }
+    return -1;
+}
+
+int kvd_kv_scales_init(kvd_kv_scales *s, int n_layers, int kv_heads) {
+    s->n_layers = n_layers;
+    s->kv_heads = kv_heads;
+    s->per_head = 0;
+    size_t n = (size_t)n_layers * (size_t)kv_heads;
+    s->k = malloc(n * sizeof(float));
+    s->v = malloc(n * sizeof(float));
+    if (!s->k || !s->v) return -1;
+    for (size_t i = 0; i < n; i++) s->k[i] = s->v[i] = 1.0f;
+    return 0;
+}
+
+void kvd_kv_scales_free(kvd_kv_scales *s) {
+    free(s->k);
+    free(s->v);
+    s->k = s->v = NULL;
+}
+
+int64_t kvd_kvcache_bytes_per_token(kvd_kv_mode mode, int n_layers, int kv_heads, int head_dim) {
+    int64_t e = mode == KVD_KV_BF16 ? 2 : 1;
+    return 2 * e * n_layers * kv_heads * head_dim;
+}
+
+int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_heads, int head_dim,
+                     int block_size, int64_t capacity_tokens, const kvd_kv_scales *scales,
+                     int saturate, char *err) {
+    memset(c, 0, sizeof *c);
+    if (n_layers <= 0 || kv_heads <= 0 || head_dim <= 0 || block_size <= 0 ||
+        capacity_tokens <= 0) {
+        snprintf(err, KVD_ERR_LEN,
+                 "KV cache: expected positive layers, heads, head_dim, block size and capacity");
+        return -1;
+    }
+    if (mode == KVD_KV_FP8_CAL && !scales) {
+        snprintf(err, KVD_ERR_LEN,
+                 "KV cache mode fp8-cal: expected calibrated scales (run `kvdrift calibrate` "
+                 "or pass --scales FILE)");
+        return -1;
+    }
+    if (scales && (scales->n_layers != n_layers || scales->kv_heads != kv_heads)) {
+        snprintf(err, KVD_ERR_LEN,
+                 "KV scales: expected %d full-attention layers x %d KV heads, got %d x %d",
+                 n_layers, kv_heads, scales->n_layers, scales->kv_heads);
+        return -1;
+    }
+    c->mode = mode;
+    c->fmt = mode == KVD_KV_BF16       ? KVD_FMT_BF16
+             : mode == KVD_KV_FP8_E5M2 ? KVD_FMT_E5M2
+                                       : KVD_FMT_E4M3;
+    c->saturate = saturate;
+    c->n_layers = n_layers;
+    c->kv_heads = kv_heads;
+    c->head_dim = head_dim;
+    c->block_size = block_size;
+    int64_t nb = (capacity_tokens + block_size - 1) / block_size;
+    if (nb > INT32_MAX) nb = INT32_MAX;
+    c->n_blocks = (int)nb;
+    size_t lk = (size_t)n_layers * (size_t)kv_heads;
+    size_t pool = (size_t)nb * (size_t)kv_heads * (size_t)block_size * (size_t)head_dim *
+                  kvd_fmt_bytes(c->fmt);
+    c->k = calloc((size_t)n_layers, sizeof *c->k);
+    c->v = calloc((size_t)n_layers, sizeof *c->v);
+    c->k_scale = malloc(lk * sizeof(float));
+    c->v_scale = malloc(lk * sizeof(float));
+    c->k_absmax = calloc(lk, sizeof(float));
+    c->v_absmax = calloc(lk, sizeof(float));
+    c->k_stats = calloc((size_t)n_layers, sizeof *c->k_stats);
+    c->v_stats = calloc((size_t)n_layers, sizeof *c->v_stats);
+    c->free_list = malloc((size_t)nb * sizeof(int32_t));
+    int ok = c->k && c->v && c->k_scale && c->v_scale && c->k_absmax && c->v_absmax && c->k_stats &&
+             c->v_stats && c->free_list;
+    for (int l = 0; ok && l < n_layers; l++) {
+        c->k[l] = calloc(pool, 1);
+        c->v[l] = calloc(pool, 1);
+        ok = c->k[l] && c->v[l];
+    }
+    if (!ok) {
+        snprintf(err, KVD_ERR_LEN, "KV cache: out of memory for %lld tokens (%zu bytes a layer)",
+                 (long long)capacity_tokens, 2 * pool);
+        kvd_kvcache_free(c);
+        return -1;
+    }
+    for (size_t i = 0; i < lk; i++) {
+        /* bf16 and the unscaled FP8 modes ignore any scales they are given:
+         * that is what those modes mean */
+        int use = scales && mode == KVD_KV_FP8_CAL;
+        c->k_scale[i] = use ? scales->k[i] : 1.0f;
+        c->v_scale[i] = use ? scales->v[i] : 1.0f;
+        if (!(c->k_scale[i] > 0.0f) || !(c->v_scale[i] > 0.0f) || !isfinite(c->k_scale[i]) ||
+            !isfinite(c->v_scale[i])) {
+            snprintf(err, KVD_ERR_LEN,
+                     "KV scales: layer %zu head %zu: expected positive finite scales, got k=%g "
+                     "v=%g",
+                     i / (size_t)kv_heads, i % (size_t)kv_heads, c->k_scale[i], c->v_scale[i]);
+            kvd_kvcache_free(c);
+            return -1;
+        }
+    }
+    /* lowest block ids come out first: the same run gives the same tables */
+    for (int i = 0; i < c->n_blocks; i++) c->free_list[i] = c->n_blocks - 1 - i;
+    c->n_free = c->n_blocks;
+    return 0;
+}
+
+void kvd_kvcache_free(kvd_kvcache *c) {
+    for (int l = 0; c->k && l < c->n_layers; l++) free(c->k[l]);
+    for (int l = 0; c->v && l < c->n_layers; l++) free(c->v[l]);
+    for (int s = 0; s < c->n_seqs; s++) free(c->seqs[s].blocks);
+    free(c->k);
+    free(c->v);
+    free(c->k_scale);
+    free(c->v_scale);
+    free(c->k_absmax);
+    free(c->v_absmax);
+    free(c->k_stats);
+    free(c->v_stats);
+    free(c->free_list);
+    free(c->seqs);
+    memset(c, 0, sizeof *c);
+}
+
+int kvd_kvcache_add_seq(kvd_kvcache *c) {
+    for (int s = 0; s < c->n_seqs; s++)
+        if (!c->seqs[s].live) {
+            c->seqs[s].live = 1;
+            c->seqs[s].len = 0;
+            return s;
+        }
+    if (c->n_seqs == c->seq_cap) {
+        int cap = c->seq_cap ? 2 * c->seq_cap : 16;
+        kvd_kv_seq *n = realloc(c->seqs, (size_t)cap * sizeof *n);
+        if (!n) return -1;
+        c->seqs = n;
+        c->seq_cap = cap;
+    }
+    kvd_kv_seq *q = &c->seqs[c->n_seqs];
+    memset(q, 0, sizeof *q);
+    q->live = 1;
+    return c->n_seqs++;
+}
+
+int kvd_kvcache_reserve(kvd_kvcache *c, int seq, int len) {
+    kvd_kv_seq *q = &c->seqs[seq];
+    int need = (len + c->block_size - 1) / c->block_size;
+    if (need - q->n_blocks > c->n_free) return -1;
+    if (need > q->cap) {
+        int cap = q->cap ? q->cap : 16;
+        while (cap < need) cap *= 2;
+        int32_t *b = realloc(q->blocks, (size_t)cap * sizeof(int32_t));
+        if (!b) return -1;
+        q->blocks = b;
+        q->cap = cap;
+    }
+    while (q->n_blocks < need) q->blocks[q->n_blocks++] = c->free_list[--c->n_free];
+    return 0;
+}
+
+void kvd_kvcache_release(kvd_kvcache *c, int seq) {
+    kvd_kv_seq *q = &c->seqs[seq];
+    while (q->n_blocks > 0) c->free_list[c->n_free++] = q->blocks[--q->n_blocks];
+    q->len = 0;
+    q->live = 0;
+}
+
+static void put(const kvd_kvcache *c, uint8_t *dst, const float *x, float scale, kvd_qstats *st) {
+    size_t n = (size_t)c->head_dim;
+    switch (c->fmt) {
+    case KVD_FMT_BF16:
+        kvd_quant_bf16(x, (uint16_t *)dst, n);
+        st->n += n;
+        break;
+    case KVD_FMT_E4M3:
+        kvd_quant_e4m3(x, dst, n, scale, c->saturate, st);
+        break;
+    case KVD_FMT_E5M2:
+        kvd_quant_e5m2(x, dst, n, scale, c->saturate, st);
+        break;
+    }
+}
+
+void kvd_kvcache_write(kvd_kvcache *c, int layer, int seq, int pos, const float *k,
+                       const float *v) {
+    kvd_kv_seq *q = &c->seqs[seq];
+    int bs = c->block_size;
+    size_t esz = kvd_fmt_bytes(c->fmt), hd = (size_t)c->head_dim;
+    size_t blk = (size_t)q->blocks[pos / bs];
+    for (int h = 0; h < c->kv_heads; h++) {
+        size_t idx =
+            ((blk * (size_t)c->kv_heads + (size_t)h) * (size_t)bs + (size_t)(pos % bs)) * hd * esz;
+        size_t li = (size_t)layer * (size_t)c->kv_heads + (size_t)h;
+        const float *kh = k + (size_t)h * hd, *vh = v + (size_t)h * hd;
+        for (size_t i = 0; i < hd; i++) {
+            float ak = fabsf(kh[i]), av = fabsf(vh[i]);
+            if (ak > c->k_absmax[li]) c->k_absmax[li] = ak;
+            if (av > c->v_absmax[li]) c->v_absmax[li] = av;
+        }
+        put(c, c->k[layer] + idx, kh, c->k_scale[li], &c->k_stats[layer]);
+        put(c, c->v[layer] + idx, vh, c->v_scale[li], &c->v_stats[layer]);
+    }
+    if (pos + 1 > q->len) q->len = pos + 1;
+}
+
+kvd_kv_view kvd_kvcache_view(const kvd_kvcache *c, int layer) {
+    kvd_kv_view v;
+    v.fmt = c->fmt;
+    v.block_size = c->block_size;
+    v.kv_heads = c->kv_heads;
+    v.head_dim = c->head_dim;
+    v.k = c->k[layer];
+    v.v = c->v[layer];
+    v.k_scale = c->k_scale + (size_t)layer * (size_t)c->kv_heads;
+    v.v_scale = c->v_scale + (size_t)layer * (size_t)c->kv_heads;
+    return v;
+}

@@ -1,0 +1,81 @@
+/* kvdrift: the paged KV cache of the full-attention layers and its precision
+ * modes. Quantize on write, dequantize in the attention kernel; every write
+ * counts saturated and flushed-to-zero values per layer, for K and V. */
+#ifndef KVD_KVCACHE_H
+#define KVD_KVCACHE_H
+
+#include <stdint.h>
+
+#include "../kernels/kernels.h"
+#include "config.h"
+
+typedef enum {
+    KVD_KV_BF16 = 0,
+    KVD_KV_FP8_CAL,      /* E4M3, calibrated scales */
+    KVD_KV_FP8_UNSCALED, /* E4M3, scale 1.0: a checkpoint that asks for FP8 and gives none */
+    KVD_KV_FP8_E5M2,     /* E5M2, scale 1.0 */
+    KVD_KV_N_MODES
+} kvd_kv_mode;
+
+const char *kvd_kv_mode_name(kvd_kv_mode m);
+int kvd_kv_mode_parse(const char *s, kvd_kv_mode *m); /* 0 ok, -1 unknown */
+
+typedef struct {
+    int n_layers; /* full-attention layers */
+    int kv_heads;
+    int per_head; /* 1 when scales differ by KV head */
+    float *k;     /* [n_layers][kv_heads] */
+    float *v;
+} kvd_kv_scales;
+
+int kvd_kv_scales_init(kvd_kv_scales *s, int n_layers, int kv_heads); /* all 1.0 */
+void kvd_kv_scales_free(kvd_kv_scales *s);
+
+typedef struct {
+    int len;      /* tokens written */
+    int n_blocks; /* blocks held */
+    int cap;      /* capacity of blocks[] */
+    int32_t *blocks;
+    int live;
+} kvd_kv_seq;
+
+typedef struct {
+    kvd_kv_mode mode;
+    kvd_fmt fmt;
+    int saturate; /* SATFINITE (1) or NOSAT (0) */
+    int n_layers, kv_heads, head_dim, block_size;
+    int n_blocks, n_free;
+    int32_t *free_list;
+    uint8_t **k, **v;              /* per layer pools, [block][kv_head][slot][head_dim] */
+    float *k_scale, *v_scale;      /* [n_layers][kv_heads] */
+    kvd_qstats *k_stats, *v_stats; /* [n_layers] */
+    float *k_absmax, *v_absmax;    /* pre-quantization, [n_layers][kv_heads] */
+    int n_seqs, seq_cap;
+    kvd_kv_seq *seqs;
+} kvd_kvcache;
+
+/* A cache for capacity_tokens tokens (rounded up to whole blocks) over
+ * n_layers full-attention layers. scales may be NULL (all 1.0); fp8-cal
+ * needs them. */
+int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_heads, int head_dim,
+                     int block_size, int64_t capacity_tokens, const kvd_kv_scales *scales,
+                     int saturate, char *err);
+void kvd_kvcache_free(kvd_kvcache *c);
+
+/* Sequences: add returns an id >= 0 (or -1 when full); reserve makes room for
+ * len tokens (0 ok, -1 when the pool is out of blocks); release returns the
+ * sequence's blocks to the pool. */
+int kvd_kvcache_add_seq(kvd_kvcache *c);
+int kvd_kvcache_reserve(kvd_kvcache *c, int seq, int len);
+void kvd_kvcache_release(kvd_kvcache *c, int seq);
+
+/* Quantize and store one token's K and V ([kv_heads][head_dim] each) at pos. */
+void kvd_kvcache_write(kvd_kvcache *c, int layer, int seq, int pos, const float *k, const float *v);
+
+/* The attention kernel's view of a layer. */
+kvd_kv_view kvd_kvcache_view(const kvd_kvcache *c, int layer);
+
+/* Bytes of cache per token (all layers, K and V) and in the pool in all. */
+int64_t kvd_kvcache_bytes_per_token(kvd_kv_mode mode, int n_layers, int kv_heads, int head_dim);
+
+#endif

@@ -1,0 +1,587 @@
+/* kvdrift: the hybrid model's forward pass. Read it top to bottom: embed,
+ * then per layer a token mixer (gated attention or Gated DeltaNet) and an MoE
+ * feed-forward, both pre-norm with a residual, then the final norm and the
+ * LM head. Buffers are sized once; nothing is allocated on the hot path. */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "../kernels/kernels.h"
+
+struct kvd_model {
+    const kvd_weights *w;
+    kvd_config c;
+    int max_rows, max_seqs;
+    int attn_index[KVD_MAX_LAYERS], lin_index[KVD_MAX_LAYERS];
+    int n_full, n_lin;
+    float *inv_freq;
+    kvd_hooks hooks;
+    /* activations, [max_rows][...] */
+    float *x, *xn, *mix;
+    float *qg, *kb, *vb, *att;
+    float *qkvz, *ba, *conv, *z, *beta, *gdec, *gdn_o;
+    float *rlogit, *topw, *gx, *g1, *g2, *gy, *sh1, *sh2, *shg;
+    int *topi, *rows_of;
+    int *pos, *row_seq;
+    /* attention probabilities, one [group][max_ctx] scratch per thread */
+    float *probs;
+    size_t probs_cap;
+    int n_threads;
+    /* recurrent state per sequence slot and DeltaNet layer */
+    float *conv_state; /* [seq][n_lin][conv_dim][K-1] */
+    float *ssm;        /* [seq][n_lin][nv][dk][dv] */
+};
+
+const kvd_config *kvd_model_config(const kvd_model *m) {
+    return &m->c;
+}
+int kvd_model_attn_index(const kvd_model *m, int l) {
+    return m->attn_index[l];
+}
+void kvd_model_set_hooks(kvd_model *m, const kvd_hooks *h) {
+    if (h) {
+        m->hooks = *h;
+    } else {
+        memset(&m->hooks, 0, sizeof m->hooks);
+    }
+}
+
+static size_t conv_state_len(const kvd_config *c) {
+    return (size_t)kvd_conv_dim(c) * (size_t)(c->linear_conv_kernel_dim - 1);
+}
+static size_t ssm_len(const kvd_config *c) {
+    return (size_t)c->linear_num_value_heads * (size_t)c->linear_key_head_dim *
+           (size_t)c->linear_value_head_dim;
+}
+
+void kvd_model_free(kvd_model *m) {
+    if (!m) return;
+    float *bufs[] = {m->inv_freq, m->x,      m->xn,   m->mix,   m->qg,         m->kb,   m->vb,
+                     m->att,      m->qkvz,   m->ba,   m->conv,  m->z,          m->beta, m->gdec,
+                     m->gdn_o,    m->rlogit, m->topw, m->gx,    m->g1,         m->g2,   m->gy,
+                     m->sh1,      m->sh2,    m->shg,  m->probs, m->conv_state, m->ssm};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(m->topi);
+    free(m->rows_of);
+    free(m->pos);
+    free(m->row_seq);
+    free(m);
+}
+
+kvd_model *kvd_model_new(const kvd_weights *w, int max_rows, int max_seqs, char *err) {
+    const kvd_config *c = &w->cfg;
+    if (max_rows <= 0 || max_seqs <= 0) {
+        snprintf(err, KVD_ERR_LEN, "model: expected positive max_rows and max_seqs");
+        return NULL;
+    }
+    kvd_model *m = calloc(1, sizeof *m);
+    if (!m) goto oom;
+    m->w = w;
+    m->c = *c;
+    m->max_rows = max_rows;
+    m->max_seqs = max_seqs;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        m->attn_index[l] = m->lin_index[l] = -1;
+        if (c->layer_types[l] == KVD_LAYER_FULL) {
+            m->attn_index[l] = m->n_full++;
+        } else {
+            m->lin_index[l] = m->n_lin++;
+        }
+    }
+    int rot = kvd_rot_dim(c);
+    m->inv_freq = malloc(sizeof(float) * (size_t)(rot / 2));
+    if (!m->inv_freq) goto oom;
+    for (int i = 0; i < rot / 2; i++)
+        m->inv_freq[i] = (float)(1.0 / pow(c->rope_theta, (double)(2 * i) / rot));
+
+    size_t R = (size_t)max_rows, H = (size_t)c->hidden_size, hd = (size_t)c->head_dim;
+    size_t nh = (size_t)c->num_attention_heads, kvh = (size_t)c->num_key_value_heads;
+    size_t kd = (size_t)kvd_key_dim(c), vd = (size_t)kvd_value_dim(c);
+    size_t nv = (size_t)c->linear_num_value_heads;
+    size_t E = (size_t)(c->num_experts > 0 ? c->num_experts : 1);
+    size_t K = (size_t)(c->num_experts > 0 ? c->num_experts_per_tok : 1);
+    size_t I = (size_t)(c->num_experts > 0 ? c->moe_intermediate_size : c->intermediate_size);
+    size_t Is =
+        (size_t)(c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size : 1);
+#define ALLOC(p, n)                                                                                \
+    do {                                                                                           \
+        (p) = malloc(sizeof(*(p)) * (n));                                                          \
+        if (!(p)) goto oom;                                                                        \
+    } while (0)
+    ALLOC(m->x, R * H);
+    ALLOC(m->xn, R * H);
+    ALLOC(m->mix, R * H);
+    ALLOC(m->qg, R * nh * hd * 2);
+    ALLOC(m->kb, R * kvh * hd);
+    ALLOC(m->vb, R * kvh * hd);
+    ALLOC(m->att, R * nh * hd);
+    ALLOC(m->qkvz, R * (2 * kd + 2 * vd));
+    ALLOC(m->ba, R * 2 * nv);
+    ALLOC(m->conv, R * (2 * kd + vd));
+    ALLOC(m->z, R * vd);
+    ALLOC(m->beta, R * nv);
+    ALLOC(m->gdec, R * nv);
+    ALLOC(m->gdn_o, R * vd);
+    ALLOC(m->rlogit, R * E);
+    ALLOC(m->topw, R * K);
+    ALLOC(m->topi, R * K);
+    ALLOC(m->rows_of, R * K);
+    ALLOC(m->gx, R * H);
+    ALLOC(m->g1, R * I);
+    ALLOC(m->g2, R * I);
+    ALLOC(m->gy, R * H);
+    ALLOC(m->sh1, R * Is);
+    ALLOC(m->sh2, R * Is);
+    ALLOC(m->shg, R);
+    ALLOC(m->pos, R);
+    ALLOC(m->row_seq, R);
+    m->conv_state =
+        calloc((size_t)max_seqs * (size_t)m->n_lin * conv_state_len(c) + 1, sizeof(float));
+    m->ssm = calloc((size_t)max_seqs * (size_t)m->n_lin * ssm_len(c) + 1, sizeof(float));
+    if (!m->conv_state || !m->ssm) goto oom;
+#undef ALLOC
+#ifdef _OPENMP
+    m->n_threads = omp_get_max_threads();
+#else
+    m->n_threads = 1;
+#endif
+    return m;
+oom:
+    snprintf(err, KVD_ERR_LEN, "model: out of memory for %d rows x %d sequences", max_rows,
+             max_seqs);
+    kvd_model_free(m);
+    return NULL;
+}
+
+void kvd_model_reset_seq(kvd_model *m, int seq) {
+    size_t cl = conv_state_len(&m->c) * (size_t)m->n_lin, sl = ssm_len(&m->c) * (size_t)m->n_lin;
+    memset(m->conv_state + (size_t)seq * cl, 0, cl * sizeof(float));
+    memset(m->ssm + (size_t)seq * sl, 0, sl * sizeof(float));
+}
+
+/* ---- gated full attention ---- */
+
+static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *err) {
+    const kvd_config *c = &m->c;
+    const kvd_layer_weights *lw = &m->w->layers[layer];
+    const int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads;
+    const int kvh = c->num_key_value_heads, grp = nh / kvh, rot = kvd_rot_dim(c);
+    const int al = m->attn_index[layer];
+    const float eps = (float)c->rms_norm_eps, sm_scale = 1.0f / sqrtf((float)hd);
+
+    /* projections: q carries [query | gate] per head */
+    kvd_linear(m->xn, lw->q_proj, m->qg, rows, nh * hd * 2, H);
+    kvd_linear(m->xn, lw->k_proj, m->kb, rows, kvh * hd, H);
+    kvd_linear(m->xn, lw->v_proj, m->vb, rows, kvh * hd, H);
+
+    /* per-head q/k RMSNorm, then RoPE on the first rot dims */
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        for (int h = 0; h < nh; h++) {
+            float *q = m->qg + ((size_t)r * nh + h) * 2 * hd;
+            kvd_rmsnorm(q, q, lw->q_norm, hd, eps, 1);
+            kvd_rope(q, m->pos[r], rot, m->inv_freq);
+        }
+        for (int h = 0; h < kvh; h++) {
+            float *k = m->kb + ((size_t)r * kvh + h) * hd;
+            kvd_rmsnorm(k, k, lw->k_norm, hd, eps, 1);
+            kvd_rope(k, m->pos[r], rot, m->inv_freq);
+        }
+    }
+
+    /* the cache stores K after norm and RoPE, V as projected */
+    for (int r = 0; r < rows; r++) {
+        const float *k = m->kb + (size_t)r * kvh * hd, *v = m->vb + (size_t)r * kvh * hd;
+        if (m->hooks.kv) m->hooks.kv(m->hooks.ctx, al, m->row_seq[r], m->pos[r], k, v);
+        kvd_kvcache_write(kv, al, m->row_seq[r], m->pos[r], k, v);
+    }
+
+    /* attention over the cache: each row sees positions 0 .. its own */
+    int max_ctx = 0;
+    for (int r = 0; r < rows; r++) max_ctx = m->pos[r] + 1 > max_ctx ? m->pos[r] + 1 : max_ctx;
+    int want_probs = m->hooks.attn != NULL;
+    size_t per_thread = (size_t)(want_probs ? nh : grp) * (size_t)max_ctx;
+    size_t need = per_thread * (size_t)m->n_threads;
+    if (need > m->probs_cap) {
+        float *p = realloc(m->probs, need * sizeof(float));
+        if (!p) {
+            snprintf(err, KVD_ERR_LEN, "attention: out of memory for %d-token context", max_ctx);
+            return -1;
+        }
+        m->probs = p;
+        m->probs_cap = need;
+    }
+    kvd_kv_view view = kvd_kvcache_view(kv, al);
+    if (want_probs) {
+        /* whole rows per thread so the hook sees every head of a row at once */
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int r = 0; r < rows; r++) {
+#ifdef _OPENMP
+            float *pr = m->probs + (size_t)omp_get_thread_num() * per_thread;
+#else
+            float *pr = m->probs;
+#endif
+            const kvd_kv_seq *s = &kv->seqs[m->row_seq[r]];
+            int n_ctx = m->pos[r] + 1;
+            for (int h = 0; h < kvh; h++) {
+                float *q = m->qg + (size_t)r * nh * 2 * hd;
+                float qh[grp * hd];
+                for (int j = 0; j < grp; j++)
+                    memcpy(qh + (size_t)j * hd, q + (size_t)(h * grp + j) * 2 * hd,
+                           sizeof(float) * (size_t)hd);
+                kvd_attn_paged_group(&view, s->blocks, n_ctx, qh, grp, h, sm_scale,
+                                     m->att + ((size_t)r * nh + (size_t)h * grp) * hd,
+                                     pr + (size_t)h * grp * (size_t)n_ctx);
+            }
+#pragma omp critical(kvd_attn_hook)
+            m->hooks.attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r], pr, n_ctx);
+        }
+    } else {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int i = 0; i < rows * kvh; i++) {
+            int r = i / kvh, h = i % kvh;
+#ifdef _OPENMP
+            float *pr = m->probs + (size_t)omp_get_thread_num() * per_thread;
+#else
+            float *pr = m->probs;
+#endif
+            const kvd_kv_seq *s = &kv->seqs[m->row_seq[r]];
+            float *q = m->qg + (size_t)r * nh * 2 * hd;
+            float qh[grp * hd];
+            for (int j = 0; j < grp; j++)
+                memcpy(qh + (size_t)j * hd, q + (size_t)(h * grp + j) * 2 * hd,
+                       sizeof(float) * (size_t)hd);
+            kvd_attn_paged_group(&view, s->blocks, m->pos[r] + 1, qh, grp, h, sm_scale,
+                                 m->att + ((size_t)r * nh + (size_t)h * grp) * hd, pr);
+        }
+    }
+
+    /* output gate, then o_proj */
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < nh; h++) {
+            float *o = m->att + ((size_t)r * nh + h) * hd;
+            const float *g = m->qg + ((size_t)r * nh + h) * 2 * hd + hd;
+            for (int d = 0; d < hd; d++) o[d] *= kvd_sigmoidf(g[d]);
+        }
+    kvd_linear(m->att, lw->o_proj, m->mix, rows, H, nh * hd);
+    return 0;
+}
+
+/* ---- Gated DeltaNet ---- */
+
+static void deltanet(kvd_model *m, int layer, const kvd_batch *b, int rows) {
+    const kvd_config *c = &m->c;
+    const kvd_layer_weights *lw = &m->w->layers[layer];
+    const int H = c->hidden_size, nk = c->linear_num_key_heads, nv = c->linear_num_value_heads;
+    const int dk = c->linear_key_head_dim, dv = c->linear_value_head_dim, r_ = nv / nk;
+    const int kd = kvd_key_dim(c), vd = kvd_value_dim(c), cd = kvd_conv_dim(c);
+    const int K = c->linear_conv_kernel_dim, li = m->lin_index[layer];
+    const float eps = (float)c->rms_norm_eps, qscale = 1.0f / sqrtf((float)dk);
+    const int pw = 2 * kd + 2 * vd;
+
+    kvd_linear(m->xn, lw->in_proj_qkvz, m->qkvz, rows, pw, H);
+    kvd_linear(m->xn, lw->in_proj_ba, m->ba, rows, 2 * nv, H);
+
+    /* un-group the fused projections (per key head: q, k, r v's, r z's; and
+     * r b's, r a's) into plain [q | k | v], z, beta and the log decay g */
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const float *p = m->qkvz + (size_t)r * pw, *pba = m->ba + (size_t)r * 2 * nv;
+        float *mixd = m->conv + (size_t)r * cd, *z = m->z + (size_t)r * vd;
+        for (int h = 0; h < nk; h++) {
+            const float *g = p + (size_t)h * (2 * dk + 2 * r_ * dv);
+            memcpy(mixd + h * dk, g, sizeof(float) * (size_t)dk);
+            memcpy(mixd + kd + h * dk, g + dk, sizeof(float) * (size_t)dk);
+            memcpy(mixd + 2 * kd + h * r_ * dv, g + 2 * dk, sizeof(float) * (size_t)(r_ * dv));
+            memcpy(z + h * r_ * dv, g + 2 * dk + r_ * dv, sizeof(float) * (size_t)(r_ * dv));
+            for (int j = 0; j < r_; j++) {
+                int vh = h * r_ + j;
+                float bb = pba[h * 2 * r_ + j], aa = pba[h * 2 * r_ + r_ + j];
+                float sp = aa + lw->dt_bias[vh];
+                sp = sp > 20.0f ? sp : log1pf(expf(sp)); /* softplus, torch's threshold */
+                m->beta[(size_t)r * nv + vh] = kvd_sigmoidf(bb);
+                m->gdec[(size_t)r * nv + vh] = -expf(lw->A_log[vh]) * sp;
+            }
+        }
+    }
+
+    /* causal depthwise conv1d + SiLU, carried across steps by the conv state;
+     * then L2-normalised q, k per key head (q also scaled by dk^-0.5) */
+    int row0 = 0;
+    for (int s = 0; s < b->n; s++) {
+        float *st =
+            m->conv_state + ((size_t)b->seq[s] * (size_t)m->n_lin + (size_t)li) * conv_state_len(c);
+        int nt = b->n_tok[s];
+#pragma omp parallel for schedule(static)
+        for (int ch = 0; ch < cd; ch++) {
+            const float *w = lw->conv1d + (size_t)ch * K;
+            float *hist = st + (size_t)ch * (K - 1); /* oldest first */
+            for (int t = 0; t < nt; t++) {
+                float *x = m->conv + (size_t)(row0 + t) * cd + ch;
+                float in = *x, acc = w[K - 1] * in;
+                for (int j = 0; j < K - 1; j++) acc += w[j] * hist[j];
+                for (int j = 0; j < K - 2; j++) hist[j] = hist[j + 1];
+                if (K > 1) hist[K - 2] = in;
+                *x = kvd_siluf(acc);
+            }
+        }
+        row0 += nt;
+    }
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        float *x = m->conv + (size_t)r * cd;
+        for (int h = 0; h < 2 * nk; h++) {
+            float *v = x + (size_t)h * dk;
+            double ss = 0.0;
+            for (int i = 0; i < dk; i++) ss += (double)v[i] * v[i];
+            float inv = (float)(1.0 / sqrt(ss + 1e-6));
+            if (h < nk) inv *= qscale;
+            for (int i = 0; i < dk; i++) v[i] *= inv;
+        }
+    }
+
+    /* the recurrence: independent per (sequence, value head), serial in time */
+    int npairs = b->n * nv;
+    int starts[b->n];
+    row0 = 0;
+    for (int s = 0; s < b->n; s++) {
+        starts[s] = row0;
+        row0 += b->n_tok[s];
+    }
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int i = 0; i < npairs; i++) {
+        int s = i / nv, vh = i % nv, kh = vh / r_;
+        float *S = m->ssm + (((size_t)b->seq[s] * (size_t)m->n_lin + (size_t)li) * nv + vh) *
+                                (size_t)dk * dv;
+        for (int t = 0; t < b->n_tok[s]; t++) {
+            size_t r = (size_t)(starts[s] + t);
+            const float *x = m->conv + r * cd;
+            kvd_gdn_step(S, x + kh * dk, x + kd + kh * dk, x + 2 * kd + vh * dv,
+                         m->gdec[r * nv + vh], m->beta[r * nv + vh], m->gdn_o + r * vd + vh * dv,
+                         dk, dv);
+        }
+    }
+
+    /* gated RMSNorm per value head: rmsnorm(o) * w * silu(z) */
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++)
+        for (int vh = 0; vh < nv; vh++) {
+            float *o = m->gdn_o + (size_t)r * vd + vh * dv;
+            const float *z = m->z + (size_t)r * vd + vh * dv;
+            kvd_rmsnorm(o, o, lw->gdn_norm, dv, eps, 0);
+            for (int d = 0; d < dv; d++) o[d] *= kvd_siluf(z[d]);
+        }
+    kvd_linear(m->gdn_o, lw->out_proj, m->mix, rows, H, vd);
+}
+
+/* ---- feed-forward ---- */
+
+static void swiglu(float *g1, const float *g2, size_t n) {
+    for (size_t i = 0; i < n; i++) g1[i] = kvd_siluf(g1[i]) * g2[i];
+}
+
+static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
+    const kvd_config *c = &m->c;
+    const kvd_layer_weights *lw = &m->w->layers[layer];
+    const int H = c->hidden_size;
+    if (c->num_experts == 0) {
+        const int I = c->intermediate_size;
+        kvd_linear(m->xn, lw->dense_gate, m->g1, rows, I, H);
+        kvd_linear(m->xn, lw->dense_up, m->g2, rows, I, H);
+        swiglu(m->g1, m->g2, (size_t)rows * I);
+        kvd_linear(m->g1, lw->dense_down, m->mix, rows, H, I);
+        return;
+    }
+    const int E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size;
+
+    /* router: softmax over all experts in fp32, top-k, optional renormalise */
+    kvd_linear(m->xn, lw->router, m->rlogit, rows, E, H);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        float *p = m->rlogit + (size_t)r * E;
+        int *idx = m->topi + (size_t)r * K;
+        kvd_softmax(p, E);
+        kvd_topk(p, E, K, idx);
+        double sum = 0.0;
+        for (int j = 0; j < K; j++) sum += p[idx[j]];
+        for (int j = 0; j < K; j++)
+            m->topw[(size_t)r * K + j] = c->norm_topk_prob ? (float)(p[idx[j]] / sum) : p[idx[j]];
+    }
+    if (m->hooks.router) m->hooks.router(m->hooks.ctx, layer, b, m->topi);
+
+    /* routed experts: gather each expert's rows, run its SwiGLU as GEMMs,
+     * scatter back weighted; experts in order, so sums are deterministic */
+    memset(m->mix, 0, sizeof(float) * (size_t)rows * H);
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < K; j++)
+                if (m->topi[(size_t)r * K + j] == e) m->rows_of[n++] = r * K + j;
+        if (n == 0) continue;
+        for (int i = 0; i < n; i++)
+            memcpy(m->gx + (size_t)i * H, m->xn + (size_t)(m->rows_of[i] / K) * H,
+                   sizeof(float) * (size_t)H);
+        kvd_linear(m->gx, lw->exp_gate[e], m->g1, n, I, H);
+        kvd_linear(m->gx, lw->exp_up[e], m->g2, n, I, H);
+        swiglu(m->g1, m->g2, (size_t)n * I);
+        kvd_linear(m->g1, lw->exp_down[e], m->gy, n, H, I);
+        for (int i = 0; i < n; i++) {
+            int r = m->rows_of[i] / K;
+            float wgt = m->topw[m->rows_of[i]];
+            float *dst = m->mix + (size_t)r * H;
+            const float *y = m->gy + (size_t)i * H;
+            for (int d = 0; d < H; d++) dst[d] += wgt * y[d];
+        }
+    }
+
+    /* shared expert behind a sigmoid gate */
+    const int Is = c->shared_expert_intermediate_size;
+    if (Is > 0) {
+        kvd_linear(m->xn, lw->sh_gate, m->sh1, rows, Is, H);
+        kvd_linear(m->xn, lw->sh_up, m->sh2, rows, Is, H);
+        swiglu(m->sh1, m->sh2, (size_t)rows * Is);
+        kvd_linear(m->sh1, lw->sh_down, m->gx, rows, H, Is);
+        kvd_linear(m->xn, lw->sh_expert_gate, m->shg, rows, 1, H);
+        for (int r = 0; r < rows; r++) {
+            float g = kvd_sigmoidf(m->shg[r]);
+            for (int d = 0; d < H; d++) m->mix[(size_t)r * H + d] += g * m->gx[(size_t)r * H + d];
+        }
+    }
+}
+
+/* ---- the layer loop ---- */
+
+static int check_finite(const kvd_model *m, const float *x, int rows, int layer, const char *where,
+                        char *err) {
+    const int H = m->c.hidden_size;
+    for (int r = 0; r < rows; r++)
+        for (int d = 0; d < H; d++)
+            if (!isfinite(x[(size_t)r * H + d])) {
+                snprintf(err, KVD_ERR_LEN,
+                         "non-finite activation (%g) in %s of layer %d (%s) at sequence %d, "
+                         "position %d, hidden dim %d",
+                         x[(size_t)r * H + d], where, layer,
+                         m->c.layer_types[layer] == KVD_LAYER_FULL ? "full_attention"
+                                                                   : "linear_attention",
+                         m->row_seq[r], m->pos[r], d);
+                return -1;
+            }
+    return 0;
+}
+
+int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits, int last_only,
+                char *err) {
+    const kvd_config *c = &m->c;
+    const int H = c->hidden_size, V = c->vocab_size;
+    int rows = 0;
+    for (int s = 0; s < b->n; s++) rows += b->n_tok[s];
+    if (rows > m->max_rows) {
+        snprintf(err, KVD_ERR_LEN, "forward: %d tokens in one step, expected at most %d", rows,
+                 m->max_rows);
+        return -1;
+    }
+    /* positions continue each sequence; make room in the cache first */
+    int r = 0;
+    for (int s = 0; s < b->n; s++) {
+        int seq = b->seq[s];
+        if (seq < 0 || seq >= m->max_seqs || seq >= kv->n_seqs || !kv->seqs[seq].live) {
+            snprintf(err, KVD_ERR_LEN, "forward: sequence %d is not live in the KV cache", seq);
+            return -1;
+        }
+        int start = kv->seqs[seq].len;
+        if (start + b->n_tok[s] > c->max_position_embeddings) {
+            snprintf(err, KVD_ERR_LEN,
+                     "forward: sequence %d would reach position %d, beyond "
+                     "max_position_embeddings %d",
+                     seq, start + b->n_tok[s], c->max_position_embeddings);
+            return -1;
+        }
+        if (kvd_kvcache_reserve(kv, seq, start + b->n_tok[s])) {
+            snprintf(err, KVD_ERR_LEN,
+                     "forward: KV cache out of blocks for sequence %d at %d tokens (pool of %d "
+                     "blocks x %d tokens)",
+                     seq, start + b->n_tok[s], kv->n_blocks, kv->block_size);
+            return -1;
+        }
+        for (int t = 0; t < b->n_tok[s]; t++, r++) {
+            m->pos[r] = start + t;
+            m->row_seq[r] = seq;
+            int32_t tok = b->tok[r];
+            if (tok < 0 || tok >= V) {
+                snprintf(err, KVD_ERR_LEN,
+                         "forward: token id %d at sequence %d position %d, expected 0..%d", tok,
+                         seq, start + t, V - 1);
+                return -1;
+            }
+        }
+    }
+
+    /* embed */
+    for (r = 0; r < rows; r++)
+        memcpy(m->x + (size_t)r * H, m->w->embed + (size_t)b->tok[r] * H, sizeof(float) * H);
+
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const kvd_layer_weights *lw = &m->w->layers[l];
+        /* token mixer: h = x + mixer(input_layernorm(x)) */
+        for (r = 0; r < rows; r++)
+            kvd_rmsnorm(m->xn + (size_t)r * H, m->x + (size_t)r * H, lw->input_norm, H,
+                        (float)c->rms_norm_eps, 1);
+        if (c->layer_types[l] == KVD_LAYER_FULL) {
+            if (attention(m, l, kv, rows, err)) return -1;
+        } else {
+            deltanet(m, l, b, rows);
+        }
+        if (check_finite(m, m->mix, rows, l, "the token mixer output", err)) return -1;
+        for (size_t i = 0; i < (size_t)rows * H; i++) m->x[i] += m->mix[i];
+
+        /* feed-forward: out = h + moe(post_attention_layernorm(h)) */
+        for (r = 0; r < rows; r++)
+            kvd_rmsnorm(m->xn + (size_t)r * H, m->x + (size_t)r * H, lw->post_norm, H,
+                        (float)c->rms_norm_eps, 1);
+        moe(m, l, b, rows);
+        for (size_t i = 0; i < (size_t)rows * H; i++) m->x[i] += m->mix[i];
+        if (check_finite(m, m->x, rows, l, "the residual stream", err)) return -1;
+        if (m->hooks.hidden) m->hooks.hidden(m->hooks.ctx, l, b, m->pos, m->x);
+    }
+
+    if (!logits) return 0;
+    for (r = 0; r < rows; r++)
+        kvd_rmsnorm(m->xn + (size_t)r * H, m->x + (size_t)r * H, m->w->final_norm, H,
+                    (float)c->rms_norm_eps, 1);
+    if (!last_only) {
+        kvd_linear(m->xn, m->w->lm_head, logits, rows, V, H);
+    } else {
+        int last = -1;
+        for (int s = 0; s < b->n; s++) {
+            last += b->n_tok[s];
+            kvd_linear(m->xn + (size_t)last * H, m->w->lm_head, logits + (size_t)s * V, 1, V, H);
+        }
+    }
+    return 0;
+}
+
+int kvd_prefill(kvd_model *m, kvd_kvcache *kv, int seq, const int32_t *tok, int n, float *logits,
+                int all_logits, char *err) {
+    const int V = m->c.vocab_size;
+    for (int i = 0; i < n; i += m->max_rows) {
+        int nt = n - i < m->max_rows ? n - i : m->max_rows;
+        kvd_batch b = {1, &seq, &nt, tok + i};
+        float *lg = NULL;
+        int last_only = 0;
+        if (logits && all_logits) {
+            lg = logits + (size_t)i * V;
+        } else if (logits && i + nt == n) {
+            lg = logits;
+            last_only = 1;
+        }
+        if (kvd_forward(m, kv, &b, lg, last_only, err)) return -1;
+    }
+    return 0;
+}

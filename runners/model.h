@@ -1,0 +1,63 @@
+/* kvdrift: the Qwen3-Next / Qwen3.5-style hybrid decoder on the CPU: gated
+ * full attention over the paged KV cache every few layers, Gated DeltaNet
+ * in between, sparse MoE feed-forward. */
+#ifndef KVD_MODEL_H
+#define KVD_MODEL_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "kvcache.h"
+#include "weights.h"
+
+/* One forward step: n sequences (KV cache ids seq[i]) each advance by
+ * n_tok[i] tokens, taken in order from tok. Prefill is one sequence with many
+ * tokens, decode many sequences with one each; any mix works. */
+typedef struct {
+    int n;
+    const int *seq;
+    const int *n_tok;
+    const int32_t *tok;
+} kvd_batch;
+
+/* Observation points for drift measurement and tests; any may be NULL. */
+typedef struct {
+    void *ctx;
+    /* the residual stream after layer `layer`, [rows][hidden] */
+    void (*hidden)(void *ctx, int layer, const kvd_batch *b, const int *pos, const float *h);
+    /* K (after k_norm and RoPE) and V as computed, before the cache stores them */
+    void (*kv)(void *ctx, int attn_layer, int seq, int pos, const float *k, const float *v);
+    /* attention distributions of a full-attention layer for one row, [heads][n_ctx] */
+    void (*attn)(void *ctx, int attn_layer, int seq, int pos, const float *probs, int n_ctx);
+    /* top-k experts chosen for each row of an MoE layer, [rows][k] */
+    void (*router)(void *ctx, int layer, const kvd_batch *b, const int *experts);
+} kvd_hooks;
+
+typedef struct kvd_model kvd_model;
+
+/* A model over weights w (borrowed, must outlive it) with room for max_rows
+ * tokens in one step and the recurrent state of max_seqs sequences. */
+kvd_model *kvd_model_new(const kvd_weights *w, int max_rows, int max_seqs, char *err);
+void kvd_model_free(kvd_model *m);
+void kvd_model_set_hooks(kvd_model *m, const kvd_hooks *h);
+
+/* Clear the recurrent state (conv and DeltaNet) of one sequence slot. */
+void kvd_model_reset_seq(kvd_model *m, int seq);
+
+/* Run one step. logits, when not NULL, receives [rows][vocab] for every row
+ * (last_only = 0) or [n][vocab] for each sequence's last token (last_only = 1).
+ * Returns 0, or -1 with err set (cache full, non-finite activation, ...). */
+int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits, int last_only,
+                char *err);
+
+/* Prefill one sequence in steps of at most max_rows tokens. logits as in
+ * kvd_forward with last_only = 0 when all_logits, else the last token's only. */
+int kvd_prefill(kvd_model *m, kvd_kvcache *kv, int seq, const int32_t *tok, int n, float *logits,
+                int all_logits, char *err);
+
+const kvd_config *kvd_model_config(const kvd_model *m);
+
+/* The index among full-attention layers of layer l, or -1. */
+int kvd_model_attn_index(const kvd_model *m, int layer);
+
+#endif

@@ -1,0 +1,68 @@
+/* kvdrift: the model's tensors, by their Hugging Face Qwen3-Next names, and
+ * the synthetic generator that fills them as a pure function of (seed, name). */
+#ifndef KVD_WEIGHTS_H
+#define KVD_WEIGHTS_H
+
+#include <stdint.h>
+
+#include "config.h"
+
+typedef struct {
+    char name[96];
+    int ndim;
+    int64_t shape[3];
+    int64_t numel;
+    float *data; /* BF16 values held as fp32 (exact) */
+} kvd_tensor;
+
+/* The activation statistics that decide how much FP8 loses. See
+ * docs/synthetic-weights.md for the defaults and why they are what they are. */
+typedef struct {
+    uint64_t seed;
+    int k_outlier_channels;   /* per layer, among the non-rotary dims of each head */
+    float k_outlier_scale;    /* |K| gain of those channels (k_norm's 1 + w) */
+    float k_rms;              /* gain of the ordinary key channels */
+    float v_rms;              /* rms of V entries */
+    float layer_spread;       /* per-layer K and V magnitudes vary by exp(+-spread) */
+    float sink_strength;      /* how strongly every query attends to token 0 */
+    float retrieval_strength; /* one head per KV group prefers earlier copies of its token */
+    /* optional per-layer overrides (index: layer), 0 = use the knobs above */
+    float layer_k_scale[KVD_MAX_LAYERS];
+    float layer_v_rms[KVD_MAX_LAYERS];
+} kvd_synth;
+
+void kvd_synth_defaults(kvd_synth *s);
+
+typedef struct {
+    /* gated full attention */
+    const float *q_proj, *k_proj, *v_proj, *o_proj, *q_norm, *k_norm;
+    /* Gated DeltaNet */
+    const float *in_proj_qkvz, *in_proj_ba, *conv1d, *A_log, *dt_bias, *gdn_norm, *out_proj;
+    /* feed-forward */
+    const float *input_norm, *post_norm;
+    const float *router;
+    const float **exp_gate, **exp_up, **exp_down; /* [num_experts] */
+    const float *sh_gate, *sh_up, *sh_down, *sh_expert_gate;
+    const float *dense_gate, *dense_up, *dense_down;
+} kvd_layer_weights;
+
+typedef struct {
+    kvd_config cfg;
+    int n_tensors;
+    kvd_tensor *tensors;
+    const float *embed, *final_norm, *lm_head;
+    kvd_layer_weights layers[KVD_MAX_LAYERS];
+    const float **expert_ptrs; /* backing store of the per-layer expert arrays */
+} kvd_weights;
+
+/* Allocate every tensor of cfg and fill it synthetically. */
+int kvd_weights_synth(kvd_weights *w, const kvd_config *cfg, const kvd_synth *s, char *err);
+void kvd_weights_free(kvd_weights *w);
+const kvd_tensor *kvd_weights_find(const kvd_weights *w, const char *name);
+
+/* Deterministic standard normal for (key, index): the counter-based generator. */
+float kvd_rng_normal(uint64_t key, uint64_t i);
+float kvd_rng_uniform(uint64_t key, uint64_t i);
+uint64_t kvd_rng_key(uint64_t seed, const char *name);
+
+#endif

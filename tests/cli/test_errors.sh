@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# kvdrift: bad input on the command line gets one clear line on stderr that
+# names the file, field or flag and what was expected, and exit status 2.
+set -u
+bin="$1"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+pass=0
+fail=0
+
+# expect CODE PATTERN -- ARGS...: exit status CODE, a single stderr line matching PATTERN
+expect() {
+  local code="$1" pat="$2"
+  shift 3
+  "$bin" "$@" >"$work/out" 2>"$work/err"
+  local rc=$? lines
+  lines=$(wc -l <"$work/err")
+  if [ "$rc" -eq "$code" ] && [ "$lines" -eq 1 ] && grep -qE -- "$pat" "$work/err"; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL: kvdrift $* -> exit $rc (want $code), $lines stderr lines, want /$pat/:"
+    sed 's/^/  | /' "$work/err"
+  fi
+}
+
+cat >"$work/heads.json" <<'J'
+{"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 6, "num_key_value_heads": 4,
+ "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 300}
+J
+cat >"$work/layer.json" <<'J'
+{"hidden_size": 256, "num_hidden_layers": 2, "layer_types": ["linear_attention", "mamba"],
+ "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 300}
+J
+cat >"$work/zero.json" <<'J'
+{"hidden_size": 0, "num_hidden_layers": 4}
+J
+printf '{"hidden_size": 256,\n  "num_hidden_layers": 4,,\n}\n' >"$work/broken.json"
+printf '{"format": "kvdrift-kv-scales", "layers": [{"k_scale": [1, 1], "v_scale": [1]}]}' >"$work/scales.json"
+
+expect 2 "unknown model preset 'huge'" -- forward --model huge
+expect 2 "heads.json: field 'num_key_value_heads': expected a divisor of num_attention_heads \(6\), got 4" -- forward --config "$work/heads.json"
+expect 2 "layer.json: field 'layer_types\[1\]': expected \"linear_attention\" or \"full_attention\", got \"mamba\"" -- forward --config "$work/layer.json"
+expect 2 "zero.json: field 'hidden_size': expected a positive integer, got 0" -- forward --config "$work/zero.json"
+expect 2 "broken.json: line 2, column" -- forward --config "$work/broken.json"
+expect 2 "--tokens: expected an integer in 1\.\." -- forward --model tiny --tokens 0
+expect 2 "--tokens: expected an integer in 1\.\..*got '-5'" -- forward --model tiny --tokens -5
+expect 2 "--kv: unknown mode 'fp4'" -- forward --model tiny --kv bf16,fp4
+expect 2 "--fp8-overflow: expected sat or nan" -- forward --model tiny --fp8-overflow wrap
+expect 2 "scales.json: field 'layers': expected 2 entries" -- forward --model tiny --tokens 8 --scales "$work/scales.json"
+expect 2 "nope.json: cannot open" -- forward --model tiny --tokens 8 --scales "$work/nope.json"
+expect 2 "expected -o DIR" -- export --model tiny
+expect 2 "unknown flag '--bogus'" -- calibrate --bogus
+expect 2 "unknown command 'frobnicate'" -- frobnicate
+
+# no output file is left behind by a refused command
+"$bin" calibrate --model huge -o "$work/s.json" 2>/dev/null
+if [ -e "$work/s.json" ] || ls "$work"/s.json.tmp* >/dev/null 2>&1; then
+  fail=$((fail + 1)); echo "FAIL: a refused calibrate left a file behind"
+else
+  pass=$((pass + 1))
+fi
+
+echo "cli errors: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,103 @@
+"""Holds kvdrift's C forward pass to the NumPy reference (qwen3next_ref.py).
+
+usage: check.py CKPT_DIR DUMP_DIR
+
+CKPT_DIR is `kvdrift export` output, DUMP_DIR `kvdrift forward --dump` output
+for modes bf16, fp8-cal and fp8-unscaled. Checks, per mode:
+  - logits: relative L2 error against the reference below 1e-3;
+  - the cache bytes: the reference's own E4M3 codec applied to the K/V the C
+    computed gives exactly the bytes the C cache stored (every byte);
+  - K and V themselves agree with the reference's to 1e-4 relative L2, and the
+    reference's own codes equal the C's except (at most 1 in 1000) where the
+    two computations' values straddle a rounding midpoint, closer together
+    than 1e-4 of the tensor's rms: there neither code is wrong, the two
+    float32 computations differ in their last bits.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from qwen3next_ref import Qwen3NextRef, e4m3_encode, e4m3_decode, round_bf16  # noqa: E402
+
+
+def rel_l2(a, b):
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def main():
+    ckpt, dump = sys.argv[1], sys.argv[2]
+    model = Qwen3NextRef(ckpt)
+    c = model.cfg
+    tokens = np.fromfile(os.path.join(dump, "tokens.i32"), dtype="<i4")
+    T, V = len(tokens), c["vocab_size"]
+    kvh, hd = c["num_key_value_heads"], c["head_dim"]
+    with open(os.path.join(dump, "scales.json")) as f:
+        sj = json.load(f)
+    scales = {"k": [np.array(l["k_scale"], dtype=np.float32) for l in sj["layers"]],
+              "v": [np.array(l["v_scale"], dtype=np.float32) for l in sj["layers"]]}
+    failures, checks = [], 0
+
+    def check(ok, what):
+        nonlocal checks
+        checks += 1
+        print(("ok   " if ok else "FAIL ") + what)
+        if not ok:
+            failures.append(what)
+
+    for mode in ("bf16", "fp8-cal", "fp8-unscaled"):
+        d = os.path.join(dump, mode)
+        logits_c = np.fromfile(os.path.join(d, "logits.f32"), dtype="<f4").reshape(T, V)
+        logits_r, caches = model.forward(tokens, mode, scales)
+        e = rel_l2(logits_c, logits_r)
+        check(e < 1e-3, f"{mode}: logits over {T} tokens, relative L2 {e:.2e} < 1e-3")
+        for al, (k_r, v_r, kc_r, vc_r) in enumerate(caches):
+            for which, x_r, codes_r in (("k", k_r, kc_r), ("v", v_r, vc_r)):
+                pre = np.fromfile(os.path.join(d, f"{which}_pre.{al}.f32"), dtype="<f4").reshape(T, kvh, hd)
+                raw = np.fromfile(os.path.join(d, f"{which}_cache.{al}.bin"), dtype=np.uint8)
+                e = rel_l2(pre.astype(np.float64), x_r)
+                check(e < 1e-4, f"{mode}: layer {al} {which.upper()} before the cache, relative L2 {e:.2e} < 1e-4")
+                if mode == "bf16":
+                    stored = raw.view("<u2").reshape(T, kvh, hd)
+                    mine = round_bf16(pre).view(np.uint32) >> 16
+                    check(np.array_equal(stored, mine.astype(np.uint16)),
+                          f"{mode}: layer {al} {which.upper()} cache bytes = BF16 of the C values ({stored.size} values)")
+                    continue
+                stored = raw.reshape(T, kvh, hd)
+                sc = scales[which][al] if mode == "fp8-cal" else np.ones(kvh, dtype=np.float32)
+                mine = e4m3_encode(np.divide(pre, sc[None, :, None], dtype=np.float32))
+                check(np.array_equal(stored, mine),
+                      f"{mode}: layer {al} {which.upper()} cache bytes = E4M3(C value / scale), every one of {stored.size}")
+                # the reference's own values through its own codec
+                diff = codes_r != stored
+                n = int(diff.sum())
+                step_ok = True
+                if n:
+                    # a flipped code is fine only where the C value and the
+                    # reference value fall on either side of the rounding
+                    # midpoint between the two codes, within float32 noise
+                    # compare in the codec's own domain, x / scale, where the
+                    # C rounded its float32 quotient
+                    hs = sc[np.nonzero(diff)[1]]
+                    mid = 0.5 * (e4m3_decode(codes_r[diff]) + e4m3_decode(stored[diff]))
+                    yr = x_r[diff] / hs.astype(np.float64)
+                    yc = np.divide(pre[diff], hs, dtype=np.float32).astype(np.float64)
+                    straddle = (yr - mid) * (yc - mid) <= 0
+                    # float32 noise is relative to the tensor's magnitude,
+                    # not to one small element of it
+                    rms = float(np.sqrt(np.mean((x_r / sc[None, :, None].astype(np.float64)) ** 2)))
+                    close = np.abs(yr - yc) <= 1e-4 * rms
+                    step_ok = bool(np.all(straddle & close))
+                    if not step_ok:
+                        print("   flips (ref, C, midpoint):", list(zip(yr, yc, mid)))
+                check(n <= max(1, stored.size // 1000) and step_ok,
+                      f"{mode}: layer {al} {which.upper()} reference's own codes: {stored.size - n} of {stored.size} identical, "
+                      f"{n} at a rounding boundary")
+    print(f"reference: {checks - len(failures)} passed, {len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""Independent NumPy reference of the Qwen3-Next hybrid decoder.
+
+Written from the model's definition (Hugging Face transformers'
+modeling_qwen3_next.py and the Gated DeltaNet paper), not from kvdrift's C:
+it reads a Hugging Face checkpoint directory (config.json + safetensors) and
+computes the whole sequence at once in float64, with the KV cache's storage
+precision (BF16 rounding or FP8 E4M3 quantize/dequantize) applied to K and V
+exactly where an engine applies it.
+"""
+import json
+import os
+
+import numpy as np
+
+
+# ---- safetensors ----
+
+def load_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = meta["data_offsets"]
+        buf = raw[base + a:base + b]
+        if meta["dtype"] == "BF16":
+            u = np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16
+            arr = u.view(np.float32)
+        elif meta["dtype"] == "F32":
+            arr = np.frombuffer(buf, dtype="<f4")
+        else:
+            raise ValueError(f"{path}: tensor {name}: dtype {meta['dtype']} not handled")
+        out[name] = arr.reshape(meta["shape"]).astype(np.float64)
+    return out
+
+
+# ---- number formats ----
+
+def round_bf16(x):
+    """float32 -> nearest BF16 (ties to even), returned as float32."""
+    x = np.asarray(x, dtype=np.float32)
+    u = x.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return r.astype(np.uint32).view(np.float32)
+
+
+def e4m3_encode(x):
+    """float32 -> E4M3 codes, round to nearest even, saturating at +-448."""
+    x = np.asarray(x, dtype=np.float32).astype(np.float64)
+    sign = (np.signbit(x)).astype(np.uint8) << 7
+    a = np.abs(x)
+    _, e2 = np.frexp(np.where(a > 0, a, 1.0))
+    step = np.exp2(np.maximum(e2 - 1 - 3, -9).astype(np.float64))
+    q = np.rint(a / step) * step  # numpy rint rounds half to even
+    q = np.minimum(q, 448.0)
+    code = np.zeros(x.shape, dtype=np.uint8)
+    sub = q < 2.0 ** -6
+    code[sub] = (q[sub] / 2.0 ** -9).astype(np.uint8)
+    nq = q[~sub]
+    _, e = np.frexp(nq)
+    E = e - 1
+    mant = (nq / np.exp2(E.astype(np.float64)) - 1.0) * 8
+    code[~sub] = (((E + 7) << 3) + mant.astype(np.int64)).astype(np.uint8)
+    return code | sign
+
+
+def e4m3_decode(c):
+    c = np.asarray(c, dtype=np.uint8)
+    e = (c >> 3) & 15
+    m = (c & 7).astype(np.float64)
+    v = np.where(e == 0, m * 2.0 ** -9, (1 + m / 8) * np.exp2(e.astype(np.float64) - 7))
+    return np.where(c & 0x80, -v, v)
+
+
+def store(x, mode, scale):
+    """What the cache holds and gives back for x ([..., head_dim], float64),
+    with per-KV-head scales, and the stored codes (None for BF16)."""
+    x32 = x.astype(np.float32)
+    if mode == "bf16":
+        return round_bf16(x32).astype(np.float64), None
+    s = np.asarray(scale, dtype=np.float32)[:, None]
+    codes = e4m3_encode(np.divide(x32, s, dtype=np.float32))
+    return e4m3_decode(codes) * s.astype(np.float64), codes
+
+
+# ---- the model ----
+
+def rms_norm(x, w, eps, one_plus):
+    r = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return r * ((1.0 + w) if one_plus else w)
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def softplus(x):
+    return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+
+
+def rope(x, pos, rot, theta):
+    """rotate-half RoPE on the first rot dims of x [T, heads, head_dim]."""
+    inv = 1.0 / theta ** (np.arange(0, rot, 2, dtype=np.float64) / rot)
+    ang = pos[:, None] * inv[None, :]
+    cos = np.cos(np.concatenate([ang, ang], -1))[:, None, :]
+    sin = np.sin(np.concatenate([ang, ang], -1))[:, None, :]
+    xr, xp = x[..., :rot], x[..., rot:]
+    h = rot // 2
+    rh = np.concatenate([-xr[..., h:], xr[..., :h]], -1)
+    return np.concatenate([xr * cos + rh * sin, xp], -1)
+
+
+class Qwen3NextRef:
+    def __init__(self, ckpt):
+        with open(os.path.join(ckpt, "config.json")) as f:
+            self.cfg = json.load(f)
+        self.w = load_safetensors(os.path.join(ckpt, "model.safetensors"))
+
+    def forward(self, tokens, kv_mode="bf16", scales=None):
+        """Logits [T, vocab] and, per full-attention layer, (K, V, K codes,
+        V codes) with K/V as computed before the cache stored them."""
+        c, W = self.cfg, self.w
+        T = len(tokens)
+        eps = c["rms_norm_eps"]
+        pos = np.arange(T, dtype=np.float64)
+        x = W["model.embed_tokens.weight"][tokens]
+        caches = []
+        for i, kind in enumerate(c["layer_types"]):
+            p = f"model.layers.{i}."
+            xn = rms_norm(x, W[p + "input_layernorm.weight"], eps, True)
+            if kind == "full_attention":
+                al = len(caches)
+                sc = None if scales is None else (scales["k"][al], scales["v"][al])
+                mix, kvrec = self.attention(xn, p, pos, kv_mode, sc)
+                caches.append(kvrec)
+            else:
+                mix = self.deltanet(xn, p)
+            h = x + mix
+            hn = rms_norm(h, W[p + "post_attention_layernorm.weight"], eps, True)
+            x = h + self.moe(hn, p)
+        x = rms_norm(x, W["model.norm.weight"], eps, True)
+        return x @ W["lm_head.weight"].T, caches
+
+    def attention(self, xn, p, pos, kv_mode, sc):
+        c, W = self.cfg, self.w
+        T = xn.shape[0]
+        nh, kvh, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+        rot = int(hd * c["partial_rotary_factor"])
+        eps = c["rms_norm_eps"]
+        qg = (xn @ W[p + "self_attn.q_proj.weight"].T).reshape(T, nh, 2 * hd)
+        q, gate = qg[..., :hd], qg[..., hd:]
+        k = (xn @ W[p + "self_attn.k_proj.weight"].T).reshape(T, kvh, hd)
+        v = (xn @ W[p + "self_attn.v_proj.weight"].T).reshape(T, kvh, hd)
+        q = rope(rms_norm(q, W[p + "self_attn.q_norm.weight"], eps, True), pos, rot, c["rope_theta"])
+        k = rope(rms_norm(k, W[p + "self_attn.k_norm.weight"], eps, True), pos, rot, c["rope_theta"])
+        if kv_mode == "fp8-unscaled":
+            ks = vs = np.ones(kvh)
+        elif kv_mode == "fp8-cal":
+            ks, vs = sc
+        else:
+            ks = vs = None
+        mode = "bf16" if kv_mode == "bf16" else "fp8"
+        kq, kc = store(k, mode, ks)
+        vq, vc = store(v, mode, vs)
+        grp = nh // kvh
+        kr = np.repeat(kq, grp, axis=1)  # [T, nh, hd]
+        vr = np.repeat(vq, grp, axis=1)
+        s = np.einsum("thd,uhd->htu", q, kr) / np.sqrt(hd)
+        s = np.where(np.tril(np.ones((T, T), dtype=bool))[None], s, -np.inf)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        pr = s / s.sum(-1, keepdims=True)
+        o = np.einsum("htu,uhd->thd", pr, vr) * sigmoid(gate)
+        return o.reshape(T, nh * hd) @ W[p + "self_attn.o_proj.weight"].T, (k, v, kc, vc)
+
+    def deltanet(self, xn, p):
+        c, W = self.cfg, self.w
+        T = xn.shape[0]
+        nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+        dk, dv, K = c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"]
+        r = nv // nk
+        qkvz = (xn @ W[p + "linear_attn.in_proj_qkvz.weight"].T).reshape(T, nk, 2 * dk + 2 * r * dv)
+        ba = (xn @ W[p + "linear_attn.in_proj_ba.weight"].T).reshape(T, nk, 2 * r)
+        q, k = qkvz[..., :dk], qkvz[..., dk:2 * dk]
+        v = qkvz[..., 2 * dk:2 * dk + r * dv].reshape(T, nv, dv)
+        z = qkvz[..., 2 * dk + r * dv:].reshape(T, nv, dv)
+        b, a = ba[..., :r].reshape(T, nv), ba[..., r:].reshape(T, nv)
+        mixed = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], -1)
+        w = W[p + "linear_attn.conv1d.weight"][:, 0, :]  # [channels, K]
+        padded = np.concatenate([np.zeros((K - 1, mixed.shape[1])), mixed], 0)
+        conv = sum(padded[j:j + T] * w[:, j] for j in range(K))
+        conv = silu(conv)
+        kd = nk * dk
+        q = conv[:, :kd].reshape(T, nk, dk)
+        k = conv[:, kd:2 * kd].reshape(T, nk, dk)
+        v = conv[:, 2 * kd:].reshape(T, nv, dv)
+        q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) / np.sqrt(dk)
+        k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+        q, k = np.repeat(q, r, axis=1), np.repeat(k, r, axis=1)
+        beta = sigmoid(b)
+        g = -np.exp(W[p + "linear_attn.A_log"]) * softplus(a + W[p + "linear_attn.dt_bias"])
+        S = np.zeros((nv, dk, dv))
+        o = np.zeros((T, nv, dv))
+        for t in range(T):
+            S = S * np.exp(g[t])[:, None, None]
+            mem = np.einsum("hkv,hk->hv", S, k[t])
+            S = S + k[t][:, :, None] * ((v[t] - mem) * beta[t][:, None])[:, None, :]
+            o[t] = np.einsum("hkv,hk->hv", S, q[t])
+        o = rms_norm(o, W[p + "linear_attn.norm.weight"], c["rms_norm_eps"], False) * silu(z)
+        return o.reshape(T, nv * dv) @ W[p + "linear_attn.out_proj.weight"].T
+
+    def moe(self, hn, p):
+        c, W = self.cfg, self.w
+        E, k = c["num_experts"], c["num_experts_per_tok"]
+        logits = hn @ W[p + "mlp.gate.weight"].T
+        pr = np.exp(logits - logits.max(-1, keepdims=True))
+        pr /= pr.sum(-1, keepdims=True)
+        top = np.argsort(-pr, axis=-1, kind="stable")[:, :k]
+        tw = np.take_along_axis(pr, top, -1)
+        if c["norm_topk_prob"]:
+            tw = tw / tw.sum(-1, keepdims=True)
+        out = np.zeros_like(hn)
+        for e in range(E):
+            rows, slot = np.nonzero(top == e)
+            if len(rows) == 0:
+                continue
+            xe = hn[rows]
+            q = f"{p}mlp.experts.{e}."
+            y = (silu(xe @ W[q + "gate_proj.weight"].T) * (xe @ W[q + "up_proj.weight"].T)) @ W[q + "down_proj.weight"].T
+            out[rows] += tw[rows, slot][:, None] * y
+        if c.get("shared_expert_intermediate_size", 0) > 0:
+            q = p + "mlp.shared_expert."
+            y = (silu(hn @ W[q + "gate_proj.weight"].T) * (hn @ W[q + "up_proj.weight"].T)) @ W[q + "down_proj.weight"].T
+            out += sigmoid(hn @ W[p + "mlp.shared_expert_gate.weight"].T) * y
+        return out

@@ -1,0 +1,158 @@
+/* kvdrift: FP8/BF16 codec unit tests: decode tables against an independent
+ * formula, fixed points of each format, rounding at ties and edges, vector
+ * codecs against the scalar ones, and the saturation/flush counters. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "fp8.h"
+
+/* value of an fp8 code from its fields, in double, written independently of
+ * the library: (-1)^s * 2^(e - bias) * (1 + m / 2^mb), subnormal when e == 0 */
+static double ref_decode(unsigned c, int eb, int mb) {
+    int bias = (1 << (eb - 1)) - 1;
+    unsigned s = c >> 7, e = (c >> mb) & ((1u << eb) - 1), m = c & ((1u << mb) - 1);
+    double v = e == 0 ? ldexp((double)m / (1 << mb), 1 - bias)
+                      : ldexp(1.0 + (double)m / (1 << mb), (int)e - bias);
+    return s ? -v : v;
+}
+
+static void decode_tables(void **st) {
+    (void)st;
+    for (unsigned c = 0; c < 256; c++) {
+        float a = kvd_e4m3_to_f32((uint8_t)c);
+        if ((c & 0x7f) == 0x7f) {
+            assert_true(isnan(a));
+        } else {
+            assert_true(a == (float)ref_decode(c, 4, 3));
+        }
+        float b = kvd_e5m2_to_f32((uint8_t)c);
+        unsigned e = (c >> 2) & 31, m = c & 3;
+        if (e == 31 && m) {
+            assert_true(isnan(b));
+        } else if (e == 31) {
+            assert_true(isinf(b) && (b < 0) == (c >> 7));
+        } else {
+            assert_true(b == (float)ref_decode(c, 5, 2));
+        }
+    }
+    assert_true(kvd_e4m3_to_f32(0x7e) == 448.0f);
+    assert_true(kvd_e4m3_to_f32(0xfe) == -448.0f);
+    assert_true(kvd_e4m3_to_f32(0x01) == 0x1p-9f);
+    assert_true(kvd_e4m3_to_f32(0x08) == 0x1p-6f);
+    assert_true(kvd_e5m2_to_f32(0x7b) == 57344.0f);
+    assert_true(kvd_e5m2_to_f32(0x01) == 0x1p-16f);
+    assert_true(kvd_e5m2_to_f32(0x04) == 0x1p-14f);
+    assert_true(kvd_bf16_to_f32(0x3f80) == 1.0f);
+    assert_true(kvd_bf16_to_f32(0xc000) == -2.0f);
+}
+
+static void round_trips(void **st) {
+    (void)st;
+    for (unsigned c = 0; c < 256; c++) {
+        float a = kvd_e4m3_to_f32((uint8_t)c), b = kvd_e5m2_to_f32((uint8_t)c);
+        if (!isnan(a)) assert_int_equal(kvd_f32_to_e4m3(a, 1), c);
+        if (!isnan(b)) assert_int_equal(kvd_f32_to_e5m2(b, 0), c);
+    }
+    for (unsigned c = 0; c < 65536; c++) {
+        float a = kvd_bf16_to_f32((uint16_t)c);
+        if (!isnan(a)) assert_int_equal(kvd_f32_to_bf16(a), c);
+    }
+}
+
+static void edges(void **st) {
+    (void)st;
+    /* E4M3: 448 + half an ulp (464) ties to the even 448; above it overflows */
+    assert_int_equal(kvd_f32_to_e4m3(464.0f, 1), 0x7e);
+    assert_int_equal(kvd_f32_to_e4m3(464.0f, 0), 0x7e);
+    assert_int_equal(kvd_f32_to_e4m3(464.001f, 1), 0x7e);
+    assert_int_equal(kvd_f32_to_e4m3(464.001f, 0), 0x7f);
+    assert_int_equal(kvd_f32_to_e4m3(-1e9f, 1), 0xfe);
+    assert_int_equal(kvd_f32_to_e4m3(-1e9f, 0), 0xff);
+    assert_int_equal(kvd_f32_to_e4m3(INFINITY, 1), 0x7e);
+    assert_int_equal(kvd_f32_to_e4m3(NAN, 1), 0x7f);
+    assert_int_equal(kvd_f32_to_e4m3(-NAN, 0), 0x7f);
+    /* subnormals: 2^-10 is half the smallest subnormal and ties to zero */
+    assert_int_equal(kvd_f32_to_e4m3(0x1p-10f, 1), 0x00);
+    assert_int_equal(kvd_f32_to_e4m3(-0x1p-10f, 1), 0x80);
+    assert_int_equal(kvd_f32_to_e4m3(0x1.000002p-10f, 1), 0x01);
+    assert_int_equal(kvd_f32_to_e4m3(0x1.8p-9f, 1), 0x02); /* 1.5 ulps ties to even 2 */
+    assert_int_equal(kvd_f32_to_e4m3(0x1.4p-9f, 1), 0x01);
+    assert_int_equal(kvd_f32_to_e4m3(0x1.fp-7f, 1), 0x08); /* rounds up into the normals */
+    /* normal ties: 1 + 1/16 lies between 1 and 1.125 and ties to even (1.0) */
+    assert_int_equal(kvd_f32_to_e4m3(1.0625f, 1), 0x38);
+    assert_int_equal(kvd_f32_to_e4m3(1.1875f, 1), 0x3a);
+    /* E5M2: 57344 + half an ulp = 61440 overflows (ties away into Inf) */
+    assert_int_equal(kvd_f32_to_e5m2(61439.0f, 0), 0x7b);
+    assert_int_equal(kvd_f32_to_e5m2(61440.0f, 0), 0x7c);
+    assert_int_equal(kvd_f32_to_e5m2(61440.0f, 1), 0x7b);
+    assert_int_equal(kvd_f32_to_e5m2(-INFINITY, 0), 0xfc);
+    assert_int_equal(kvd_f32_to_e5m2(-INFINITY, 1), 0xfb);
+    assert_int_equal(kvd_f32_to_e5m2(NAN, 1), 0x7f);
+    assert_int_equal(kvd_f32_to_e5m2(0x1p-17f, 1), 0x00);
+    assert_int_equal(kvd_f32_to_e5m2(0x1.8p-16f, 1), 0x02);
+    /* BF16: round to nearest even on the dropped 16 bits, NaN canonical */
+    assert_int_equal(kvd_f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(kvd_f32_to_bf16(0x1.01p0f), 0x3f80);   /* tie, even stays */
+    assert_int_equal(kvd_f32_to_bf16(0x1.03p0f), 0x3f82);   /* tie, odd rounds up */
+    assert_int_equal(kvd_f32_to_bf16(0x1.0101p0f), 0x3f81); /* above the tie */
+    assert_int_equal(kvd_f32_to_bf16(NAN), 0x7fff);
+    assert_int_equal(kvd_f32_to_bf16(3.4028235e38f), 0x7f80); /* rounds to Inf */
+}
+
+static void vectors_and_stats(void **st) {
+    (void)st;
+    enum { N = 1000 };
+    float x[N];
+    uint8_t q[N];
+    uint16_t h[N];
+    float back[N];
+    /* known content: 10 above E4M3's range, 20 that flush to zero, 30 subnormal */
+    for (int i = 0; i < N; i++) x[i] = (float)(1 + i % 97) * 0.37f * (i % 2 ? -1.0f : 1.0f);
+    for (int i = 0; i < 10; i++) x[i] = 500.0f + i;
+    for (int i = 10; i < 30; i++) x[i] = 1e-4f;
+    for (int i = 30; i < 60; i++) x[i] = 0x1p-8f;
+    x[60] = 0.0f;
+    kvd_qstats s = {0};
+    kvd_quant_e4m3(x, q, N, 1.0f, 1, &s);
+    assert_int_equal(s.n, N);
+    assert_int_equal(s.saturated, 10);
+    assert_int_equal(s.flushed, 20);
+    assert_int_equal(s.subnormal, 30);
+    for (int i = 0; i < N; i++) assert_int_equal(q[i], kvd_f32_to_e4m3(x[i], 1));
+    /* scaled: stored cvt(x / scale), read back code * scale */
+    kvd_qstats s2 = {0};
+    kvd_quant_e4m3(x, q, N, 2.0f, 1, &s2);
+    assert_int_equal(s2.saturated, 0);
+    kvd_dequant_e4m3(q, back, N, 2.0f);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(q[i], kvd_f32_to_e4m3(x[i] / 2.0f, 1));
+        assert_true(back[i] == kvd_e4m3_to_f32(q[i]) * 2.0f);
+    }
+    kvd_quant_e5m2(x, q, N, 0.5f, 0, NULL);
+    for (int i = 0; i < N; i++) assert_int_equal(q[i], kvd_f32_to_e5m2(x[i] / 0.5f, 0));
+    kvd_quant_bf16(x, h, N);
+    kvd_dequant_bf16(h, back, N);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(h[i], kvd_f32_to_bf16(x[i]));
+        assert_true(fabsf(back[i] - x[i]) <= fabsf(x[i]) * 0x1p-8f);
+    }
+    memcpy(back, x, sizeof x);
+    kvd_round_bf16(back, N);
+    for (int i = 0; i < N; i++) assert_true(back[i] == kvd_bf16_to_f32(kvd_f32_to_bf16(x[i])));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(decode_tables),
+        cmocka_unit_test(round_trips),
+        cmocka_unit_test(edges),
+        cmocka_unit_test(vectors_and_stats),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

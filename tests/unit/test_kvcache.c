@@ -1,0 +1,210 @@
+/* kvdrift: paged KV cache and attention kernel tests: block tables across
+ * interleaved sequences, quantize-on-write bytes and counters in every mode,
+ * and the paged attention kernel against a double-precision reference. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../runners/kvcache.h"
+#include "../../runners/weights.h"
+
+enum { L = 2, KVH = 2, HD = 64, BS = 16 };
+
+static void fill(float *x, int n, uint64_t key, float scale) {
+    for (int i = 0; i < n; i++) x[i] = scale * kvd_rng_normal(key, (uint64_t)i);
+}
+
+static void paging(void **st) {
+    (void)st;
+    kvd_kvcache c;
+    char err[KVD_ERR_LEN];
+    assert_int_equal(kvd_kvcache_init(&c, KVD_KV_BF16, L, KVH, HD, BS, 100, NULL, 1, err), 0);
+    assert_int_equal(c.n_blocks, 7); /* 100 tokens in blocks of 16 */
+    int a = kvd_kvcache_add_seq(&c), b = kvd_kvcache_add_seq(&c);
+    assert_int_equal(kvd_kvcache_reserve(&c, a, 40), 0); /* 3 blocks */
+    assert_int_equal(kvd_kvcache_reserve(&c, b, 60), 0); /* 4 blocks */
+    assert_int_equal(c.n_free, 0);
+    assert_int_equal(kvd_kvcache_reserve(&c, a, 49), -1); /* would need a 4th */
+    /* interleaved writes land in each sequence's own blocks */
+    float k[KVH * HD], v[KVH * HD], row[HD];
+    for (int t = 0; t < 40; t++) {
+        fill(k, KVH * HD, 100 + (uint64_t)t, 1.0f);
+        fill(v, KVH * HD, 200 + (uint64_t)t, 1.0f);
+        kvd_kvcache_write(&c, 1, a, t, k, v);
+        fill(k, KVH * HD, 300 + (uint64_t)t, 1.0f);
+        kvd_kvcache_write(&c, 1, b, t, k, v);
+    }
+    kvd_kv_view view = kvd_kvcache_view(&c, 1);
+    for (int t = 0; t < 40; t++) {
+        fill(k, KVH * HD, 100 + (uint64_t)t, 1.0f);
+        fill(v, KVH * HD, 200 + (uint64_t)t, 1.0f);
+        for (int h = 0; h < KVH; h++) {
+            kvd_kv_row(&view, 0, c.seqs[a].blocks, t, h, row);
+            for (int i = 0; i < HD; i++)
+                assert_true(row[i] == kvd_bf16_to_f32(kvd_f32_to_bf16(k[h * HD + i])));
+            kvd_kv_row(&view, 1, c.seqs[a].blocks, t, h, row);
+            for (int i = 0; i < HD; i++)
+                assert_true(row[i] == kvd_bf16_to_f32(kvd_f32_to_bf16(v[h * HD + i])));
+        }
+    }
+    assert_int_equal(c.seqs[a].len, 40);
+    kvd_kvcache_release(&c, a);
+    assert_int_equal(c.n_free, 3);
+    int d = kvd_kvcache_add_seq(&c);
+    assert_int_equal(d, a); /* the slot is reused */
+    assert_int_equal(kvd_kvcache_reserve(&c, d, 48), 0);
+    kvd_kvcache_free(&c);
+}
+
+static void modes(void **st) {
+    (void)st;
+    char err[KVD_ERR_LEN];
+    kvd_kv_scales sc;
+    kvd_kv_scales_init(&sc, L, KVH);
+    for (int i = 0; i < L * KVH; i++) sc.k[i] = 0.5f + (float)i, sc.v[i] = 0.001f * (float)(i + 1);
+    float k[KVH * HD], v[KVH * HD], row[HD];
+    fill(k, KVH * HD, 1, 30.0f);
+    k[5] = 600.0f, k[70] = -900.0f; /* key outliers beyond 448 at scale 1 */
+    fill(v, KVH * HD, 2, 0.004f);   /* V mostly below E4M3's smallest normal, 2^-6 */
+    for (int mi = 0; mi < KVD_KV_N_MODES; mi++) {
+        kvd_kv_mode mode = (kvd_kv_mode)mi;
+        kvd_kvcache c;
+        assert_int_equal(kvd_kvcache_init(&c, mode, L, KVH, HD, BS, 32, &sc, 1, err), 0);
+        int s = kvd_kvcache_add_seq(&c);
+        kvd_kvcache_reserve(&c, s, 1);
+        kvd_kvcache_write(&c, 0, s, 0, k, v);
+        kvd_kv_view view = kvd_kvcache_view(&c, 0);
+        uint64_t sat = 0, sub = 0;
+        for (int h = 0; h < KVH; h++) {
+            float ks = mode == KVD_KV_FP8_CAL ? sc.k[h] : 1.0f;
+            float vs = mode == KVD_KV_FP8_CAL ? sc.v[h] : 1.0f;
+            kvd_kv_row(&view, 0, c.seqs[s].blocks, 0, h, row);
+            for (int i = 0; i < HD; i++) {
+                float x = k[h * HD + i], want;
+                if (mode == KVD_KV_BF16) {
+                    want = kvd_bf16_to_f32(kvd_f32_to_bf16(x));
+                } else if (mode == KVD_KV_FP8_E5M2) {
+                    want = kvd_e5m2_to_f32(kvd_f32_to_e5m2(x, 1));
+                } else {
+                    want = kvd_e4m3_to_f32(kvd_f32_to_e4m3(x / ks, 1)) * ks;
+                    sat += fabsf(x / ks) > 448.0f;
+                }
+                assert_true(row[i] == want);
+            }
+            kvd_kv_row(&view, 1, c.seqs[s].blocks, 0, h, row);
+            for (int i = 0; i < HD; i++) {
+                float x = v[h * HD + i];
+                if (mode == KVD_KV_FP8_CAL || mode == KVD_KV_FP8_UNSCALED) {
+                    uint8_t q = kvd_f32_to_e4m3(x / vs, 1);
+                    assert_true(row[i] == kvd_e4m3_to_f32(q) * vs);
+                    sub += (q & 0x78) == 0 && (q & 7) != 0;
+                }
+            }
+        }
+        if (mode == KVD_KV_FP8_UNSCALED) {
+            assert_true(sat > 0);
+            assert_int_equal(c.k_stats[0].saturated, sat);
+            assert_int_equal(c.v_stats[0].subnormal, sub);
+            assert_true(sub > HD / 2); /* the failure the project exists to show */
+        }
+        if (mode == KVD_KV_FP8_CAL) assert_int_equal(c.k_stats[0].saturated, sat);
+        assert_int_equal(c.k_stats[0].n, KVH * HD);
+        kvd_kvcache_free(&c);
+    }
+    /* fp8-cal without scales is refused */
+    kvd_kvcache c;
+    assert_int_equal(kvd_kvcache_init(&c, KVD_KV_FP8_CAL, L, KVH, HD, BS, 32, NULL, 1, err), -1);
+    assert_non_null(strstr(err, "fp8-cal"));
+    sc.v[1] = -1.0f;
+    assert_int_equal(kvd_kvcache_init(&c, KVD_KV_FP8_CAL, L, KVH, HD, BS, 32, &sc, 1, err), -1);
+    assert_non_null(strstr(err, "expected positive finite scales"));
+    kvd_kv_scales_free(&sc);
+}
+
+/* attention against a straightforward double reference, every format, GQA 4:1 */
+static void attention_kernel(void **st) {
+    (void)st;
+    enum { NH = 8, KH = 2, D = 64, T = 300 };
+    char err[KVD_ERR_LEN];
+    kvd_kv_scales sc;
+    kvd_kv_scales_init(&sc, 1, KH);
+    sc.k[0] = 0.02f, sc.k[1] = 0.03f, sc.v[0] = 0.004f, sc.v[1] = 0.005f;
+    float k[KH * D], v[KH * D], q[NH * D], out[NH * D], probs[NH * T], row[D];
+    fill(q, NH * D, 77, 1.0f);
+    for (int mi = 0; mi < KVD_KV_N_MODES; mi++) {
+        kvd_kvcache c;
+        assert_int_equal(kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, D, BS, 2 * T, &sc, 1, err),
+                         0);
+        int pad = kvd_kvcache_add_seq(&c), s = kvd_kvcache_add_seq(&c);
+        /* interleave with another sequence so the blocks are not contiguous */
+        for (int t = 0; t < T; t++) {
+            kvd_kvcache_reserve(&c, pad, t + 1);
+            kvd_kvcache_reserve(&c, s, t + 1);
+            fill(k, KH * D, 1000 + (uint64_t)t, 2.0f);
+            fill(v, KH * D, 5000 + (uint64_t)t, 0.5f);
+            kvd_kvcache_write(&c, 0, pad, t, v, k);
+            kvd_kvcache_write(&c, 0, s, t, k, v);
+        }
+        kvd_kv_view view = kvd_kvcache_view(&c, 0);
+        float sm = 1.0f / sqrtf((float)D);
+        kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, out, probs, NULL);
+        for (int hq = 0; hq < NH; hq++) {
+            int h = hq / (NH / KH);
+            double sc_[T], mx = -INFINITY, sum = 0, acc[D] = {0};
+            for (int t = 0; t < T; t++) {
+                kvd_kv_row(&view, 0, c.seqs[s].blocks, t, h, row);
+                double d = 0;
+                for (int i = 0; i < D; i++) d += (double)q[hq * D + i] * row[i];
+                sc_[t] = d * sm;
+                mx = sc_[t] > mx ? sc_[t] : mx;
+            }
+            for (int t = 0; t < T; t++) sum += (sc_[t] = exp(sc_[t] - mx));
+            for (int t = 0; t < T; t++) {
+                assert_true(fabs(probs[hq * T + t] - sc_[t] / sum) <= 1e-6 + 1e-5 * sc_[t] / sum);
+                kvd_kv_row(&view, 1, c.seqs[s].blocks, t, h, row);
+                for (int i = 0; i < D; i++) acc[i] += sc_[t] / sum * row[i];
+            }
+            /* fp32 accumulation over 300 terms: 1e-5 relative is generous */
+            for (int i = 0; i < D; i++)
+                assert_true(fabs(out[hq * D + i] - acc[i]) <= 1e-6 + 1e-5 * fabs(acc[i]) * 10);
+        }
+        kvd_kvcache_free(&c);
+    }
+    kvd_kv_scales_free(&sc);
+}
+
+/* Under --fp8-overflow nan an overflowing value is stored as E4M3's NaN code;
+ * the attention kernel must read it as NaN, not as 480. */
+static void nosat_nan(void **st) {
+    (void)st;
+    char err[KVD_ERR_LEN];
+    kvd_kvcache c;
+    assert_int_equal(kvd_kvcache_init(&c, KVD_KV_FP8_UNSCALED, 1, 1, 16, BS, 16, NULL, 0, err), 0);
+    int s = kvd_kvcache_add_seq(&c);
+    kvd_kvcache_reserve(&c, s, 1);
+    float k[16] = {0}, v[16] = {0}, q[16], out[16], p[1];
+    k[3] = 1000.0f;
+    for (int i = 0; i < 16; i++) q[i] = 1.0f;
+    kvd_kvcache_write(&c, 0, s, 0, k, v);
+    assert_int_equal(c.k_stats[0].saturated, 1);
+    kvd_kv_view view = kvd_kvcache_view(&c, 0);
+    kvd_attn_paged(&view, c.seqs[s].blocks, 1, q, 1, 0.25f, out, p, NULL);
+    assert_true(isnan(out[0]));
+    kvd_kvcache_free(&c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(paging),
+        cmocka_unit_test(modes),
+        cmocka_unit_test(attention_kernel),
+        cmocka_unit_test(nosat_nan),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

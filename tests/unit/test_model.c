@@ -1,0 +1,312 @@
+/* kvdrift: model tests on the tiny preset: synthetic weights are a pure
+ * function of (seed, name) whatever the thread count; prefill, token-by-token
+ * decode and batched decode agree; NaN is caught with layer and position;
+ * the sink and retrieval knobs do what they say; calibration recipes. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../datasets/tokens.h"
+#include "../../runners/calibrate.h"
+#include "../../runners/model.h"
+
+static kvd_weights W;
+static kvd_config C;
+
+static int setup(void **st) {
+    (void)st;
+    char err[KVD_ERR_LEN];
+    kvd_synth s;
+    kvd_synth_defaults(&s);
+    if (kvd_config_preset("tiny", &C, err)) return -1;
+    return kvd_weights_synth(&W, &C, &s, err);
+}
+
+static int teardown(void **st) {
+    (void)st;
+    kvd_weights_free(&W);
+    return 0;
+}
+
+static void weights_pure(void **st) {
+    (void)st;
+    char err[KVD_ERR_LEN];
+    kvd_synth s;
+    kvd_synth_defaults(&s);
+    kvd_weights a, b;
+    omp_set_num_threads(1);
+    assert_int_equal(kvd_weights_synth(&a, &C, &s, err), 0);
+    omp_set_num_threads(2);
+    s.seed = 99;
+    assert_int_equal(kvd_weights_synth(&b, &C, &s, err), 0);
+    assert_int_equal(a.n_tensors, W.n_tensors);
+    int differ = 0;
+    for (int i = 0; i < a.n_tensors; i++) {
+        const kvd_tensor *t = &a.tensors[i];
+        assert_string_equal(t->name, W.tensors[i].name);
+        assert_memory_equal(t->data, W.tensors[i].data, (size_t)t->numel * sizeof(float));
+        differ += memcmp(t->data, b.tensors[i].data, (size_t)t->numel * sizeof(float)) != 0;
+        for (int64_t j = 0; j < t->numel; j++)
+            assert_true(t->data[j] == kvd_bf16_to_f32(kvd_f32_to_bf16(t->data[j])));
+    }
+    assert_true(differ > a.n_tensors / 2); /* another seed, another model */
+    assert_non_null(kvd_weights_find(&a, "model.layers.3.self_attn.q_proj.weight"));
+    assert_non_null(kvd_weights_find(&a, "model.layers.0.linear_attn.in_proj_qkvz.weight"));
+    assert_non_null(kvd_weights_find(&a, "model.layers.7.mlp.experts.7.down_proj.weight"));
+    assert_null(kvd_weights_find(&a, "model.layers.0.self_attn.q_proj.weight"));
+    kvd_weights_free(&a);
+    kvd_weights_free(&b);
+}
+
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+typedef struct {
+    kvd_kvcache kv;
+    kvd_model *m;
+} runner;
+
+static void runner_init(runner *r, kvd_kv_mode mode, int cap, int max_rows, int seqs,
+                        const kvd_kv_scales *sc) {
+    char err[KVD_ERR_LEN];
+    assert_int_equal(kvd_kvcache_init(&r->kv, mode, kvd_config_n_full(&C), C.num_key_value_heads,
+                                      C.head_dim, 16, cap, sc, 1, err),
+                     0);
+    r->m = kvd_model_new(&W, max_rows, seqs, err);
+    assert_non_null(r->m);
+}
+
+static void runner_free(runner *r) {
+    kvd_model_free(r->m);
+    kvd_kvcache_free(&r->kv);
+}
+
+static void prefill_decode_batch(void **st) {
+    (void)st;
+    enum { T = 96, V = 512 };
+    char err[KVD_ERR_LEN];
+    int32_t tok[3][T];
+    for (int s = 0; s < 3; s++) kvd_tokens_synth(10 + (uint64_t)s, T, C.vocab_size, tok[s]);
+    float *pre = malloc(sizeof(float) * T * V), *dec = malloc(sizeof(float) * T * V);
+
+    /* prefill in one step (and in chunks of 40) against one token at a time */
+    runner a, b, c2;
+    runner_init(&a, KVD_KV_BF16, T, T, 1, NULL);
+    runner_init(&b, KVD_KV_BF16, T, 1, 1, NULL);
+    runner_init(&c2, KVD_KV_BF16, T, 40, 1, NULL);
+    int sa = kvd_kvcache_add_seq(&a.kv), sb = kvd_kvcache_add_seq(&b.kv),
+        sc = kvd_kvcache_add_seq(&c2.kv);
+    assert_int_equal(kvd_prefill(a.m, &a.kv, sa, tok[0], T, pre, 1, err), 0);
+    assert_int_equal(kvd_prefill(b.m, &b.kv, sb, tok[0], T, dec, 1, err), 0);
+    /* sgemm (many rows) and sgemv (one row) sum in different orders; a 1e-7
+     * difference can flip a BF16 rounding of K or V in the cache, which the
+     * layers above carry: 1e-4 relative bounds that, a real bug is >= 1e-2 */
+    assert_true(rel_l2(dec, pre, (size_t)T * V) < 1e-4);
+    assert_int_equal(kvd_prefill(c2.m, &c2.kv, sc, tok[0], T, dec, 1, err), 0);
+    assert_true(rel_l2(dec, pre, (size_t)T * V) < 1e-4);
+    runner_free(&a);
+    runner_free(&b);
+    runner_free(&c2);
+
+    /* three sequences of different lengths decoding as one batch against
+     * each alone: rows of a batch must not see each other */
+    float alone[3][V], batched[3 * V];
+    int lens[3] = {20, 57, 33};
+    runner r;
+    runner_init(&r, KVD_KV_BF16, 3 * T, T, 3, NULL);
+    for (int s = 0; s < 3; s++) {
+        runner one;
+        runner_init(&one, KVD_KV_BF16, T, T, 1, NULL);
+        int id = kvd_kvcache_add_seq(&one.kv);
+        assert_int_equal(kvd_prefill(one.m, &one.kv, id, tok[s], lens[s] + 1, NULL, 0, err), 0);
+        int rs = kvd_kvcache_add_seq(&r.kv);
+        assert_int_equal(rs, s);
+        assert_int_equal(kvd_prefill(r.m, &r.kv, rs, tok[s], lens[s], NULL, 0, err), 0);
+        /* the last token alone, through the same decode path */
+        runner_free(&one);
+        runner_init(&one, KVD_KV_BF16, T, T, 1, NULL);
+        id = kvd_kvcache_add_seq(&one.kv);
+        assert_int_equal(kvd_prefill(one.m, &one.kv, id, tok[s], lens[s], NULL, 0, err), 0);
+        int nt = 1;
+        kvd_batch b1 = {1, &id, &nt, &tok[s][lens[s]]};
+        assert_int_equal(kvd_forward(one.m, &one.kv, &b1, alone[s], 1, err), 0);
+        runner_free(&one);
+    }
+    int seqs[3] = {0, 1, 2}, nts[3] = {1, 1, 1};
+    int32_t last[3] = {tok[0][20], tok[1][57], tok[2][33]};
+    kvd_batch bb = {3, seqs, nts, last};
+    assert_int_equal(kvd_forward(r.m, &r.kv, &bb, batched, 1, err), 0);
+    for (int s = 0; s < 3; s++) assert_true(rel_l2(batched + s * V, alone[s], V) < 1e-4);
+    runner_free(&r);
+    free(pre);
+    free(dec);
+}
+
+static void thread_count_invariance(void **st) {
+    (void)st;
+    enum { T = 80, V = 512 };
+    char err[KVD_ERR_LEN];
+    int32_t tok[T];
+    kvd_tokens_synth(5, T, C.vocab_size, tok);
+    float *a = malloc(sizeof(float) * T * V), *b = malloc(sizeof(float) * T * V);
+    for (int i = 0; i < 2; i++) {
+        omp_set_num_threads(i ? 2 : 1);
+        runner r;
+        runner_init(&r, KVD_KV_FP8_UNSCALED, T, T, 1, NULL);
+        int s = kvd_kvcache_add_seq(&r.kv);
+        assert_int_equal(kvd_prefill(r.m, &r.kv, s, tok, T, i ? b : a, 1, err), 0);
+        runner_free(&r);
+    }
+    assert_memory_equal(a, b, sizeof(float) * T * V);
+    free(a);
+    free(b);
+}
+
+static void nan_is_caught(void **st) {
+    (void)st;
+    char err[KVD_ERR_LEN];
+    int32_t tok[16];
+    kvd_tokens_synth(3, 16, C.vocab_size, tok);
+    tok[9] = 77;
+    /* poison one embedding row: the token at position 9 */
+    const kvd_tensor *e = kvd_weights_find(&W, "model.embed_tokens.weight");
+    float saved = e->data[77 * C.hidden_size + 5];
+    e->data[77 * C.hidden_size + 5] = NAN;
+    for (int i = 0; i < 16; i++)
+        if (i != 9 && tok[i] == 77) tok[i] = 78;
+    runner r;
+    runner_init(&r, KVD_KV_BF16, 16, 16, 1, NULL);
+    int s = kvd_kvcache_add_seq(&r.kv);
+    assert_int_equal(kvd_prefill(r.m, &r.kv, s, tok, 16, NULL, 0, err), -1);
+    e->data[77 * C.hidden_size + 5] = saved;
+    assert_non_null(strstr(err, "non-finite activation"));
+    assert_non_null(strstr(err, "layer 0 (linear_attention)"));
+    assert_non_null(strstr(err, "position 9"));
+    runner_free(&r);
+    /* a token id outside the vocabulary is refused, not read out of bounds */
+    runner_init(&r, KVD_KV_BF16, 16, 16, 1, NULL);
+    s = kvd_kvcache_add_seq(&r.kv);
+    tok[3] = 512;
+    assert_int_equal(kvd_prefill(r.m, &r.kv, s, tok, 16, NULL, 0, err), -1);
+    assert_non_null(strstr(err, "token id 512 at sequence 0 position 3, expected 0..511"));
+    runner_free(&r);
+}
+
+/* attention statistics from the hook: mass on the sink, and on earlier
+ * positions holding the query's own token (retrieval) */
+typedef struct {
+    const int32_t *tok;
+    int heads;
+    double sink[16], same[16];
+    int n;
+} attn_stats;
+
+static void on_attn(void *ctx, int al, int seq, int pos, const float *p, int n_ctx) {
+    (void)seq;
+    attn_stats *a = ctx;
+    if (al != 0 || pos < 64) return;
+    int have_same = 0;
+    for (int t = 1; t < pos; t++) have_same |= a->tok[t] == a->tok[pos];
+    if (!have_same) return;
+    for (int h = 0; h < a->heads; h++) {
+        a->sink[h] += p[h * n_ctx + 0];
+        for (int t = 1; t < pos; t++)
+            if (a->tok[t] == a->tok[pos]) a->same[h] += p[h * n_ctx + t];
+    }
+    a->n++;
+}
+
+static void sink_and_retrieval(void **st) {
+    (void)st;
+    enum { T = 256 };
+    char err[KVD_ERR_LEN];
+    int32_t tok[T];
+    kvd_tokens_synth(8, T, C.vocab_size, tok);
+    attn_stats a = {tok, C.num_attention_heads, {0}, {0}, 0};
+    runner r;
+    runner_init(&r, KVD_KV_BF16, T, 64, 1, NULL);
+    kvd_hooks h = {&a, NULL, NULL, on_attn, NULL};
+    kvd_model_set_hooks(r.m, &h);
+    int s = kvd_kvcache_add_seq(&r.kv);
+    assert_int_equal(kvd_prefill(r.m, &r.kv, s, tok, T, NULL, 0, err), 0);
+    runner_free(&r);
+    assert_true(a.n > 20);
+    int grp = C.num_attention_heads / C.num_key_value_heads;
+    for (int hq = 0; hq < C.num_attention_heads; hq++) {
+        double sink = a.sink[hq] / a.n, same = a.same[hq] / a.n;
+        /* uniform attention over >= 64 positions would give the sink < 1/64 */
+        assert_true(sink > 4.0 / 64);
+        if (hq % grp == 0) {
+            /* the retrieval head of each group puts more mass on copies of its
+             * token than the other heads of the group */
+            assert_true(same > 2.0 * a.same[hq + 1] / a.n);
+        }
+    }
+}
+
+static void calibration(void **st) {
+    (void)st;
+    char err[KVD_ERR_LEN];
+    enum { T = 200 };
+    int32_t tok[T];
+    kvd_tokens_synth(4, T, C.vocab_size, tok);
+    kvd_kv_scales s[KVD_CAL_N], am[KVD_CAL_N];
+    for (int r = 0; r < KVD_CAL_N; r++)
+        assert_int_equal(kvd_calibrate(&W, tok, T, (kvd_cal_recipe)r, r == 0, &s[r], &am[r], err),
+                         0);
+    int nf = kvd_config_n_full(&C), kvh = C.num_key_value_heads;
+    for (int i = 0; i < nf * kvh; i++) {
+        /* per-head absmax never exceeds the per-layer one used by the others */
+        assert_true(am[0].k[i] <= am[1].k[i] && am[0].v[i] <= am[1].v[i]);
+        assert_true(s[0].k[i] == am[0].k[i] / 448.0f);
+        assert_true(s[0].v[i] == am[0].v[i] / 448.0f);
+        assert_true(s[1].k[i] == fmaxf(am[1].k[i] / 448.0f, 1.0f));
+        assert_true(s[1].v[i] == 1.0f); /* V absmax is far below 448 */
+        assert_true(s[2].k[i] == am[2].k[i] / 200.0f);
+        assert_true(s[2].v[i] == am[2].v[i] / 100.0f);
+    }
+    /* the scales file round-trips every float exactly */
+    char path[] = "/tmp/kvd_scales_XXXXXX";
+    int fd = mkstemp(path);
+    close(fd);
+    assert_int_equal(kvd_scales_save(path, &s[0], &am[0], KVD_CAL_ABSMAX, "tiny", T, 4, err), 0);
+    kvd_kv_scales back;
+    assert_int_equal(kvd_scales_load(path, &back, nf, kvh, err), 0);
+    assert_memory_equal(back.k, s[0].k, sizeof(float) * (size_t)(nf * kvh));
+    assert_memory_equal(back.v, s[0].v, sizeof(float) * (size_t)(nf * kvh));
+    assert_int_equal(back.per_head, 1);
+    kvd_kv_scales_free(&back);
+    assert_int_equal(kvd_scales_load(path, &back, nf + 1, kvh, err), -1);
+    assert_non_null(strstr(err, "expected 3 entries"));
+    unlink(path);
+    for (int r = 0; r < KVD_CAL_N; r++) {
+        kvd_kv_scales_free(&s[r]);
+        kvd_kv_scales_free(&am[r]);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(weights_pure),
+        cmocka_unit_test(prefill_decode_batch),
+        cmocka_unit_test(thread_count_invariance),
+        cmocka_unit_test(nan_is_caught),
+        cmocka_unit_test(sink_and_retrieval),
+        cmocka_unit_test(calibration),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
