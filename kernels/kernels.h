@@ -34,6 +34,7 @@ typedef struct {
     const void *v;
     const float *k_scale; /* [kv_heads] dequantization scales (1.0 for BF16) */
     const float *v_scale;
+    int nan_codes; /* the cache may hold E4M3 NaN codes (written with NOSAT) */
 } kvd_kv_view;
 
 /* Bytes of one element in a cache of this format. */
@@ -63,6 +64,10 @@ void kvd_attn_paged_group(const kvd_kv_view *kv, const int32_t *blocks, int n_ct
  *   S = exp(g) S;  S += k (x) beta (v - S^T k);  o = S^T q. */
 void kvd_gdn_step(float *S, const float *q, const float *k, const float *v, float g, float beta,
                   float *o, int dk, int dv);
+
+/* Zeroed memory for large pools, on huge pages where available. */
+void *kvd_alloc_pool(size_t bytes);
+void kvd_free_pool(void *p);
 
 /* Softmax over n logits in place (fp32 values, double normaliser). */
 void kvd_softmax(float *x, int n);

@@ -96,8 +96,8 @@ int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_head
     int ok = c->k && c->v && c->k_scale && c->v_scale && c->k_absmax && c->v_absmax && c->k_stats &&
              c->v_stats && c->free_list;
     for (int l = 0; ok && l < n_layers; l++) {
-        c->k[l] = calloc(pool, 1);
-        c->v[l] = calloc(pool, 1);
+        c->k[l] = kvd_alloc_pool(pool);
+        c->v[l] = kvd_alloc_pool(pool);
         ok = c->k[l] && c->v[l];
     }
     if (!ok) {
@@ -129,8 +129,8 @@ int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_head
 }
 
 void kvd_kvcache_free(kvd_kvcache *c) {
-    for (int l = 0; c->k && l < c->n_layers; l++) free(c->k[l]);
-    for (int l = 0; c->v && l < c->n_layers; l++) free(c->v[l]);
+    for (int l = 0; c->k && l < c->n_layers; l++) kvd_free_pool(c->k[l]);
+    for (int l = 0; c->v && l < c->n_layers; l++) kvd_free_pool(c->v[l]);
     for (int s = 0; s < c->n_seqs; s++) free(c->seqs[s].blocks);
     free(c->k);
     free(c->v);
@@ -236,5 +236,6 @@ kvd_kv_view kvd_kvcache_view(const kvd_kvcache *c, int layer) {
     v.v = c->v[layer];
     v.k_scale = c->k_scale + (size_t)layer * (size_t)c->kv_heads;
     v.v_scale = c->v_scale + (size_t)layer * (size_t)c->kv_heads;
+    v.nan_codes = !c->saturate;
     return v;
 }
