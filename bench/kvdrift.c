@@ -16,6 +16,7 @@ static void usage(FILE *f) {
             "  calibrate   measure K/V absmax on a held-out trace and write a scales file\n"
             "  export      write a model as a Hugging Face checkpoint (config.json,\n"
             "              model.safetensors)\n"
+            "  trace       synthetic agentic-coding traces: gen, stats, import\n"
             "  bench       kernel benchmarks (kvdrift bench kernels)\n"
             "  version     version, revision and back ends\n",
             KVD_VERSION, KVD_GIT_REV);
@@ -31,6 +32,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "calibrate")) return kvd_cmd_calibrate(argc - 2, argv + 2);
     if (!strcmp(cmd, "export")) return kvd_cmd_export(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return kvd_cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(cmd, "trace")) return kvd_cmd_trace(argc - 2, argv + 2);
     if (!strcmp(cmd, "version")) {
         kvd_cuda_info ci;
         kvd_cuda_probe(&ci);

@@ -53,6 +53,52 @@ expect 2 "expected -o DIR" -- export --model tiny
 expect 2 "unknown flag '--bogus'" -- calibrate --bogus
 expect 2 "unknown command 'frobnicate'" -- frobnicate
 
+# traces: bad lengths, truncated files, bad CSV rows
+expect 2 "--length: expected an integer in 1\.\." -- trace gen --length 0 -o "$work/t.h5"
+expect 2 "--length: expected an integer in 1\.\..*got '-3'" -- trace gen --length -3 -o "$work/t.h5"
+expect 2 "--kind: expected agentic-coding" -- trace gen --length 100 --kind chat -o "$work/t.h5"
+"$bin" trace gen --length 5000 --seed 4 -o "$work/good.h5" >/dev/null
+head -c 3000 "$work/good.h5" >"$work/cut.h5"
+expect 2 "cut.h5: not a readable HDF5 file" -- trace stats "$work/cut.h5"
+printf 'id,segment\n1,user\n2.5,user\n' >"$work/bad.csv"
+expect 2 "bad.csv:3: column 'id': expected a non-negative integer token id, got '2.5'" -- trace import --csv "$work/bad.csv" -o "$work/i.h5"
+printf '1\n70000\n' >"$work/big.csv"
+expect 2 "big.csv:2: token id 70000: expected < vocab size 65536" -- trace import --csv "$work/big.csv" --vocab 65536 -o "$work/i.h5"
+
+# a written trace file reads back through h5py (Debian's python3-h5py) and h5dump
+if /usr/bin/python3 -c "import h5py" 2>/dev/null; then
+  if /usr/bin/python3 - "$work/good.h5" <<'PY'
+import h5py, json, sys
+f = h5py.File(sys.argv[1], "r")
+assert f.attrs["format"] in (b"kvdrift-trace", "kvdrift-trace")
+(name,) = list(f["traces"])
+g = f["traces"][name]
+tok = g["tokens"][:]
+assert len(tok) == 5000 and tok.dtype == "uint32"
+spec = json.loads(g.attrs["spec"])
+assert spec["length"] == 5000 and spec["seed"] == 4
+seg = g["segments"][:]
+assert seg["length"].sum() == 5000
+ref = g["references"][:]
+assert (tok[ref["pos"]] == tok[ref["src"]]).all() and (ref["src"] < ref["pos"]).all()
+PY
+  then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: h5py could not read the trace file back"; fi
+else
+  echo "SKIP: /usr/bin/python3 has no h5py"
+fi
+if command -v h5dump >/dev/null && h5dump -H "$work/good.h5" | grep -q 'DATASET "tokens"'; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL: h5dump does not show the tokens dataset"
+fi
+"$bin" trace stats --format csv "$work/good.h5" >"$work/stats.csv"
+if head -1 "$work/stats.csv" | grep -qx '"trace","table","key","count","tokens","share"' &&
+   grep -q '"reuse_distance","16-31",' "$work/stats.csv"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL: trace stats --format csv"
+fi
+
 # no output file is left behind by a refused command
 "$bin" calibrate --model huge -o "$work/s.json" 2>/dev/null
 if [ -e "$work/s.json" ] || ls "$work"/s.json.tmp* >/dev/null 2>&1; then
