@@ -121,15 +121,12 @@ static kvd_kv_view cache_view(const bench_cache *c) {
     return v;
 }
 
-/* One decode query over the whole cache, KV heads across threads. */
-static void decode_once(const bench_cache *c, const float *q, float *out, float *probs) {
+/* One decode query over the whole cache, its context split across the threads. */
+static void decode_once(const bench_cache *c, const float *q, float *out, float *probs, void *work,
+                        int parts) {
     kvd_kv_view v = cache_view(c);
-    int g = c->nh / c->kvh;
-#pragma omp parallel for schedule(static)
-    for (int h = 0; h < c->kvh; h++)
-        kvd_attn_paged_group(&v, c->blocks, c->n_ctx, q + (size_t)h * g * c->hd, g, h,
-                             1.0f / sqrtf((float)c->hd), out + (size_t)h * g * c->hd,
-                             probs + (size_t)h * g * c->n_ctx);
+    kvd_attn_paged(&v, c->blocks, c->n_ctx, q, c->nh, 1.0f / sqrtf((float)c->hd), out, probs, work,
+                   parts);
 }
 
 /* Reference: every row decoded by the scalar codec, softmax in double. */
@@ -187,8 +184,8 @@ static int bench_kernels(int reps) {
     printf("decode attention, one query over the cache of one layer, shape of 'small' (%d query "
            "heads, %d KV heads, head_dim %d, block 16):\n",
            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
-    printf("%8s %-6s %10s %10s %12s %12s %10s %12s\n", "context", "cache", "max_rel_err", "time_us",
-           "cache_MB", "read_GB_s", "of_copy", "vs_bf16");
+    printf("%8s %-6s %10s %10s %10s %10s %8s %8s %8s\n", "context", "cache", "max_rel_err",
+           "time_us", "cache_MB", "read_GB_s", "of_copy", "of_read", "vs_bf16");
     int ctxs[2] = {4096, 32768};
     kvd_fmt fmts[3] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E5M2};
     const char *fn[3] = {"bf16", "e4m3", "e5m2"};
@@ -207,7 +204,9 @@ static int bench_kernels(int reps) {
             float *probs = malloc(sizeof(float) * (size_t)c.nh * c.n_ctx);
             uint64_t key = kvd_rng_key(9, "bench.q");
             for (int i = 0; i < c.nh * c.hd; i++) q[i] = kvd_rng_normal(key, (uint64_t)i);
-            decode_once(&c, q, out, probs);
+            int parts = threads;
+            void *work = malloc(kvd_attn_work_bytes(c.nh, c.hd, c.n_ctx, parts));
+            decode_once(&c, q, out, probs, work, parts);
             double rel = decode_check(&c, q, out);
             /* fp32 accumulation over up to 32K terms against a double reference */
             if (rel > 1e-4) {
@@ -219,7 +218,7 @@ static int bench_kernels(int reps) {
             double *ts = malloc(sizeof(double) * (size_t)n);
             for (int r = 0; r < n; r++) {
                 double t0 = kvd_now();
-                decode_once(&c, q, out, probs);
+                decode_once(&c, q, out, probs, work, parts);
                 ts[r] = kvd_now() - t0;
             }
             double t = median(ts, n);
@@ -229,6 +228,7 @@ static int bench_kernels(int reps) {
                    rel, t * 1e6, bytes / 1e6, bytes / t / 1e9, 100.0 * bytes / t / bw,
                    100.0 * bytes / t / rbw, t_bf16 / t);
             free(ts);
+            free(work);
             free(q);
             free(out);
             free(probs);
@@ -238,8 +238,8 @@ static int bench_kernels(int reps) {
 
     /* GEMM: the model's projections through kvd_linear against OpenBLAS's
      * own sgemm at a large square shape (its practical peak here) */
-    printf("\nGEMM (fp32, OpenBLAS), the 'small' model's shapes against OpenBLAS sgemm at "
-           "2048^3:\n");
+    printf("\nGEMM (fp32): kvd_linear at the 'small' model's shapes against OpenBLAS's own\n"
+           "threaded sgemm/sgemv at the same shape, and against its sgemm at 2048^3 (peak):\n");
     int N0 = 2048;
     float *A = malloc(sizeof(float) * (size_t)N0 * N0),
           *B = malloc(sizeof(float) * (size_t)N0 * N0),
@@ -250,7 +250,8 @@ static int bench_kernels(int reps) {
         B[i] = kvd_rng_normal(key, i + 99999999u);
     }
     double peak = 0;
-    for (int r = 0; r < 3; r++) {
+    openblas_set_num_threads(threads);
+    for (int r = 0; r < 6; r++) { /* the first is a warm-up */
         double t0 = kvd_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N0, N0, N0, 1.0f, A, N0, B, N0, 0.0f,
                     C, N0);
@@ -268,7 +269,8 @@ static int bench_kernels(int reps) {
         {"expert gate/up", cfg.moe_intermediate_size, cfg.hidden_size},
         {"lm_head", cfg.vocab_size, cfg.hidden_size},
     };
-    printf("  %-24s %6s %6s %6s %12s %10s\n", "shape", "M", "N", "K", "GFLOP/s", "of_peak");
+    printf("  %-24s %6s %6s %6s %12s %12s %9s %10s\n", "shape", "M", "N", "K", "kvd_GFLOP_s",
+           "blas_GFLOP_s", "vs_blas", "of_peak");
     int Ms[2] = {512, 1};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int mi = 0; mi < 2; mi++) {
@@ -280,6 +282,21 @@ static int bench_kernels(int reps) {
             for (size_t i = 0; i < (size_t)N * K; i++) wt[i] = kvd_rng_normal(key, i + 7);
             int n = M == 1 ? 20 * reps : reps;
             double *ts = malloc(sizeof(double) * (size_t)n);
+            /* OpenBLAS's own sgemm/sgemv, its own threads */
+            openblas_set_num_threads(threads);
+            for (int r = 0; r <= n; r++) {
+                double t0 = kvd_now();
+                if (M == 1) {
+                    cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, wt, K, x, 1, 0.0f, y, 1);
+                } else {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, wt, K,
+                                0.0f, y, N);
+                }
+                if (r) ts[r - 1] = kvd_now() - t0; /* the first is a warm-up */
+            }
+            double g_blas = 2.0 * M * N * (double)K / median(ts, n) / 1e9;
+            /* kvdrift's kvd_linear: OpenBLAS single-threaded under our OpenMP split */
+            openblas_set_num_threads(1);
             kvd_linear(x, wt, y, M, N, K);
             for (int r = 0; r < n; r++) {
                 double t0 = kvd_now();
@@ -287,8 +304,8 @@ static int bench_kernels(int reps) {
                 ts[r] = kvd_now() - t0;
             }
             double g = 2.0 * M * N * (double)K / median(ts, n) / 1e9;
-            printf("  %-24s %6d %6d %6d %12.1f %9.1f%%\n", shapes[si].what, M, N, K, g,
-                   100.0 * g / peak);
+            printf("  %-24s %6d %6d %6d %12.1f %12.1f %8.2fx %9.1f%%\n", shapes[si].what, M, N, K,
+                   g, g_blas, g / g_blas, 100.0 * g / peak);
             free(ts);
             free(x);
             free(wt);

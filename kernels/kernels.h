@@ -48,16 +48,14 @@ void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int p
 
 /* Attention for one query token over positions [0, n_ctx) of a sequence's
  * paged cache. q is [n_heads][head_dim] (GQA: n_heads / kv_heads query heads
- * per KV head), out the same shape. If probs is not NULL it receives the
- * attention distribution [n_heads][n_ctx]; otherwise work must hold
- * n_heads * n_ctx floats. Softmax normalisers accumulate in double. */
+ * per KV head, consecutive), out the same shape. probs, when not NULL,
+ * receives the attention distribution [n_heads][n_ctx]. The context is split
+ * into n_parts parts that run in parallel (OpenMP) and are merged by their
+ * softmax maxima and sums; work holds kvd_attn_work_bytes(...) bytes. Softmax
+ * sums accumulate in double. */
+size_t kvd_attn_work_bytes(int n_heads, int head_dim, int n_ctx, int n_parts);
 void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
-                    int n_heads, float sm_scale, float *out, float *probs, float *work);
-
-/* The same for the g query heads of one KV head only (q, out [g][head_dim],
- * probs [g][n_ctx], required): the unit the model parallelises over. */
-void kvd_attn_paged_group(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
-                          int g, int kv_head, float sm_scale, float *out, float *probs);
+                    int n_heads, float sm_scale, float *out, float *probs, void *work, int n_parts);
 
 /* One step of the gated delta rule for one head. S is [dk][dv] (fp32),
  * q and k are already L2-normalised (q also scaled by dk^-0.5):

@@ -29,8 +29,8 @@ struct kvd_model {
     float *rlogit, *topw, *gx, *g1, *g2, *gy, *sh1, *sh2, *shg;
     int *topi, *rows_of;
     int *pos, *row_seq;
-    /* attention probabilities, one [group][max_ctx] scratch per thread */
-    float *probs;
+    /* attention scratch (query, probabilities, merge state), one arena per thread */
+    void *probs;
     size_t probs_cap;
     int n_threads;
     /* recurrent state per sequence slot and DeltaNet layer */
@@ -171,7 +171,7 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
     const kvd_config *c = &m->c;
     const kvd_layer_weights *lw = &m->w->layers[layer];
     const int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads;
-    const int kvh = c->num_key_value_heads, grp = nh / kvh, rot = kvd_rot_dim(c);
+    const int kvh = c->num_key_value_heads, rot = kvd_rot_dim(c);
     const int al = m->attn_index[layer];
     const float eps = (float)c->rms_norm_eps, sm_scale = 1.0f / sqrtf((float)hd);
 
@@ -202,14 +202,18 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
         kvd_kvcache_write(kv, al, m->row_seq[r], m->pos[r], k, v);
     }
 
-    /* attention over the cache: each row sees positions 0 .. its own */
+    /* attention over the cache: each row sees positions 0 .. its own. Many
+     * rows: one row per thread. Few rows over long contexts (decode): each
+     * row's context split across the threads. */
     int max_ctx = 0;
     for (int r = 0; r < rows; r++) max_ctx = m->pos[r] + 1 > max_ctx ? m->pos[r] + 1 : max_ctx;
-    int want_probs = m->hooks.attn != NULL;
-    size_t per_thread = (size_t)(want_probs ? nh : grp) * (size_t)max_ctx;
+    int split = rows < m->n_threads && max_ctx >= 1024 ? m->n_threads : 1;
+    size_t qb = sizeof(float) * (size_t)nh * hd, pb = sizeof(float) * (size_t)nh * max_ctx;
+    size_t wb = kvd_attn_work_bytes(nh, hd, max_ctx, split);
+    size_t per_thread = (qb + pb + wb + 63) / 64 * 64;
     size_t need = per_thread * (size_t)m->n_threads;
     if (need > m->probs_cap) {
-        float *p = realloc(m->probs, need * sizeof(float));
+        void *p = realloc(m->probs, need);
         if (!p) {
             snprintf(err, KVD_ERR_LEN, "attention: out of memory for %d-token context", max_ctx);
             return -1;
@@ -218,47 +222,23 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
         m->probs_cap = need;
     }
     kvd_kv_view view = kvd_kvcache_view(kv, al);
-    if (want_probs) {
-        /* whole rows per thread so the hook sees every head of a row at once */
-#pragma omp parallel for schedule(dynamic, 1)
-        for (int r = 0; r < rows; r++) {
+#pragma omp parallel for schedule(dynamic, 1) if (split == 1)
+    for (int r = 0; r < rows; r++) {
 #ifdef _OPENMP
-            float *pr = m->probs + (size_t)omp_get_thread_num() * per_thread;
+        int tid = split == 1 ? omp_get_thread_num() : 0;
 #else
-            float *pr = m->probs;
+        int tid = 0;
 #endif
-            const kvd_kv_seq *s = &kv->seqs[m->row_seq[r]];
-            int n_ctx = m->pos[r] + 1;
-            for (int h = 0; h < kvh; h++) {
-                float *q = m->qg + (size_t)r * nh * 2 * hd;
-                float qh[grp * hd];
-                for (int j = 0; j < grp; j++)
-                    memcpy(qh + (size_t)j * hd, q + (size_t)(h * grp + j) * 2 * hd,
-                           sizeof(float) * (size_t)hd);
-                kvd_attn_paged_group(&view, s->blocks, n_ctx, qh, grp, h, sm_scale,
-                                     m->att + ((size_t)r * nh + (size_t)h * grp) * hd,
-                                     pr + (size_t)h * grp * (size_t)n_ctx);
-            }
+        char *arena = (char *)m->probs + (size_t)tid * per_thread;
+        float *qh = (float *)arena, *pr = (float *)(arena + qb);
+        const float *q = m->qg + (size_t)r * nh * 2 * hd;
+        for (int h = 0; h < nh; h++)
+            memcpy(qh + (size_t)h * hd, q + (size_t)h * 2 * hd, sizeof(float) * (size_t)hd);
+        kvd_attn_paged(&view, kv->seqs[m->row_seq[r]].blocks, m->pos[r] + 1, qh, nh, sm_scale,
+                       m->att + (size_t)r * nh * hd, pr, arena + qb + pb, split);
+        if (m->hooks.attn) {
 #pragma omp critical(kvd_attn_hook)
-            m->hooks.attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r], pr, n_ctx);
-        }
-    } else {
-#pragma omp parallel for schedule(dynamic, 1)
-        for (int i = 0; i < rows * kvh; i++) {
-            int r = i / kvh, h = i % kvh;
-#ifdef _OPENMP
-            float *pr = m->probs + (size_t)omp_get_thread_num() * per_thread;
-#else
-            float *pr = m->probs;
-#endif
-            const kvd_kv_seq *s = &kv->seqs[m->row_seq[r]];
-            float *q = m->qg + (size_t)r * nh * 2 * hd;
-            float qh[grp * hd];
-            for (int j = 0; j < grp; j++)
-                memcpy(qh + (size_t)j * hd, q + (size_t)(h * grp + j) * 2 * hd,
-                       sizeof(float) * (size_t)hd);
-            kvd_attn_paged_group(&view, s->blocks, m->pos[r] + 1, qh, grp, h, sm_scale,
-                                 m->att + ((size_t)r * nh + (size_t)h * grp) * hd, pr);
+            m->hooks.attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r], pr, m->pos[r] + 1);
         }
     }
 

@@ -37,8 +37,9 @@ void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K) {
 #ifdef _OPENMP
     if (!omp_in_parallel()) nt = omp_get_max_threads();
 #endif
-    /* below ~1 MFLOP a fork costs more than it saves */
-    if (nt <= 1 || (double)M * N * K < 1e6 || N < 32) {
+    /* below ~0.2 MFLOP (a 256 KiB matrix-vector product) a fork costs more
+     * than it saves */
+    if (nt <= 1 || (double)M * N * K < 2e5 || N < 32) {
         linear_cols(x, w, y, M, N, K, 0, N);
         return;
     }

@@ -153,7 +153,16 @@ static void attention_kernel(void **st) {
         }
         kvd_kv_view view = kvd_kvcache_view(&c, 0);
         float sm = 1.0f / sqrtf((float)D);
-        kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, out, probs, NULL);
+        /* whole context in one part, then split in three: the same result */
+        float out3[NH * D], probs3[NH * T];
+        char work[1 << 16];
+        assert_true(kvd_attn_work_bytes(NH, D, T, 3) <= sizeof work);
+        kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, out3, probs3, work, 3);
+        kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, out, probs, work, 1);
+        for (int i = 0; i < NH * D; i++)
+            assert_true(fabsf(out3[i] - out[i]) <= 1e-6f + 1e-5f * fabsf(out[i]));
+        for (int i = 0; i < NH * T; i++)
+            assert_true(fabsf(probs3[i] - probs[i]) <= 1e-7f + 1e-5f * probs[i]);
         for (int hq = 0; hq < NH; hq++) {
             int h = hq / (NH / KH);
             double sc_[T], mx = -INFINITY, sum = 0, acc[D] = {0};
@@ -194,7 +203,8 @@ static void nosat_nan(void **st) {
     kvd_kvcache_write(&c, 0, s, 0, k, v);
     assert_int_equal(c.k_stats[0].saturated, 1);
     kvd_kv_view view = kvd_kvcache_view(&c, 0);
-    kvd_attn_paged(&view, c.seqs[s].blocks, 1, q, 1, 0.25f, out, p, NULL);
+    char work[4096];
+    kvd_attn_paged(&view, c.seqs[s].blocks, 1, q, 1, 0.25f, out, p, work, 1);
     assert_true(isnan(out[0]));
     kvd_kvcache_free(&c);
 }
