@@ -204,7 +204,7 @@ static int bench_kernels(int reps) {
             float *probs = malloc(sizeof(float) * (size_t)c.nh * c.n_ctx);
             uint64_t key = kvd_rng_key(9, "bench.q");
             for (int i = 0; i < c.nh * c.hd; i++) q[i] = kvd_rng_normal(key, (uint64_t)i);
-            int parts = threads;
+            int parts = kvd_attn_parts(c.n_ctx, c.bs);
             void *work = malloc(kvd_attn_work_bytes(c.nh, c.hd, c.n_ctx, parts));
             decode_once(&c, q, out, probs, work, parts);
             double rel = decode_check(&c, q, out);

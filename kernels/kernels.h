@@ -54,6 +54,12 @@ void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int p
  * softmax maxima and sums; work holds kvd_attn_work_bytes(...) bytes. Softmax
  * sums accumulate in double. */
 size_t kvd_attn_work_bytes(int n_heads, int head_dim, int n_ctx, int n_parts);
+/* Parts for a context: one per 1024 tokens, at most 32 (a function of the
+ * context alone, so a result never depends on the thread count). */
+static inline int kvd_attn_parts(int n_ctx, int block_size) {
+    int nb = (n_ctx + block_size - 1) / block_size, p = nb / (1024 / block_size);
+    return p < 1 ? 1 : p > 32 ? 32 : p;
+}
 void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
                     int n_heads, float sm_scale, float *out, float *probs, void *work, int n_parts);
 

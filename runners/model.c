@@ -207,7 +207,10 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
      * row's context split across the threads. */
     int max_ctx = 0;
     for (int r = 0; r < rows; r++) max_ctx = m->pos[r] + 1 > max_ctx ? m->pos[r] + 1 : max_ctx;
-    int split = rows < m->n_threads && max_ctx >= 1024 ? m->n_threads : 1;
+    /* the number of parts depends on the context only (so results do not
+     * depend on the thread count); threads take rows, or a row's parts */
+    int split = kvd_attn_parts(max_ctx, kv->block_size);
+    int by_rows = rows >= m->n_threads || split == 1;
     size_t qb = sizeof(float) * (size_t)nh * hd, pb = sizeof(float) * (size_t)nh * max_ctx;
     size_t wb = kvd_attn_work_bytes(nh, hd, max_ctx, split);
     size_t per_thread = (qb + pb + wb + 63) / 64 * 64;
@@ -222,10 +225,10 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
         m->probs_cap = need;
     }
     kvd_kv_view view = kvd_kvcache_view(kv, al);
-#pragma omp parallel for schedule(dynamic, 1) if (split == 1)
+#pragma omp parallel for schedule(dynamic, 1) if (by_rows)
     for (int r = 0; r < rows; r++) {
 #ifdef _OPENMP
-        int tid = split == 1 ? omp_get_thread_num() : 0;
+        int tid = by_rows ? omp_get_thread_num() : 0;
 #else
         int tid = 0;
 #endif
@@ -235,7 +238,8 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
         for (int h = 0; h < nh; h++)
             memcpy(qh + (size_t)h * hd, q + (size_t)h * 2 * hd, sizeof(float) * (size_t)hd);
         kvd_attn_paged(&view, kv->seqs[m->row_seq[r]].blocks, m->pos[r] + 1, qh, nh, sm_scale,
-                       m->att + (size_t)r * nh * hd, pr, arena + qb + pb, split);
+                       m->att + (size_t)r * nh * hd, pr, arena + qb + pb,
+                       kvd_attn_parts(m->pos[r] + 1, kv->block_size));
         if (m->hooks.attn) {
 #pragma omp critical(kvd_attn_hook)
             m->hooks.attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r], pr, m->pos[r] + 1);

@@ -319,7 +319,7 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
     if (n_parts == 1) {
         attn_part(kv, blocks, n_ctx, 0, nb, q, n_heads, sm_scale, s, pout, m, l);
     } else {
-#pragma omp parallel for schedule(static) num_threads(n_parts)
+#pragma omp parallel for schedule(static)
         for (int p = 0; p < n_parts; p++) {
             int b0 = p * per, b1 = b0 + per < nb ? b0 + per : nb;
             if (b0 < b1)

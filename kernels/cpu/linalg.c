@@ -11,12 +11,16 @@
 
 /* One thread pool, ours: OpenBLAS runs single-threaded inside OpenMP regions
  * that split the output features. Two pools spinning on the same cores cost
- * more than either saves, and a split over N keeps every output element's
- * reduction order the same whatever the thread count. */
+ * more than either saves. The split is into fixed 256-column chunks whatever
+ * the thread count, so every output element comes from the same BLAS call
+ * shape, and results are bit-identical on 1 or 64 threads (OpenBLAS picks
+ * kernels by shape). */
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 static void blas_single(void) {
     openblas_set_num_threads(1);
 }
+
+#define KVD_LINEAR_CHUNK 256
 
 static void linear_cols(const float *x, const float *w, float *y, int M, int N, int K, int n0,
                         int n1) {
@@ -33,20 +37,16 @@ static void linear_cols(const float *x, const float *w, float *y, int M, int N, 
 void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K) {
     if (M <= 0 || N <= 0) return;
     pthread_once(&blas_once, blas_single);
-    int nt = 1;
-#ifdef _OPENMP
-    if (!omp_in_parallel()) nt = omp_get_max_threads();
-#endif
+    int chunks = (N + KVD_LINEAR_CHUNK - 1) / KVD_LINEAR_CHUNK;
     /* below ~0.2 MFLOP (a 256 KiB matrix-vector product) a fork costs more
      * than it saves */
-    if (nt <= 1 || (double)M * N * K < 2e5 || N < 32) {
-        linear_cols(x, w, y, M, N, K, 0, N);
-        return;
-    }
-    int chunk = ((N + nt - 1) / nt + 15) / 16 * 16;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int t = 0; t < nt; t++) {
-        int n0 = t * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
+    int fork = chunks > 1 && (double)M * N * K >= 2e5;
+#ifdef _OPENMP
+    fork = fork && !omp_in_parallel() && omp_get_max_threads() > 1;
+#endif
+#pragma omp parallel for schedule(static) if (fork)
+    for (int c = 0; c < chunks; c++) {
+        int n0 = c * KVD_LINEAR_CHUNK, n1 = n0 + KVD_LINEAR_CHUNK < N ? n0 + KVD_LINEAR_CHUNK : N;
         linear_cols(x, w, y, M, N, K, n0, n1);
     }
 }
