@@ -269,7 +269,7 @@ int kvd_cmd_forward(int argc, char **argv) {
             kvd_die(1, cmd, "%s", err);
         kvd_model *m = kvd_model_new(&w, T < 512 ? T : 512, 1, err);
         if (!m) kvd_die(1, cmd, "%s", err);
-        kvd_hooks hk = {&cap, NULL, capture_kv, NULL, NULL};
+        kvd_hooks hk = {&cap, NULL, capture_kv, NULL, NULL, NULL};
         if (dump) kvd_model_set_hooks(m, &hk);
         int seq = kvd_kvcache_add_seq(&kv);
         float *out = mode == KVD_KV_BF16 ? ref : lg;

@@ -8,5 +8,6 @@ int kvd_cmd_export(int argc, char **argv);
 int kvd_cmd_calibrate(int argc, char **argv);
 int kvd_cmd_bench(int argc, char **argv);
 int kvd_cmd_trace(int argc, char **argv);
+int kvd_cmd_run(int argc, char **argv);
 
 #endif

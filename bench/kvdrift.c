@@ -11,6 +11,8 @@ static void usage(FILE *f) {
             "\n"
             "usage: kvdrift COMMAND [flags]   (kvdrift COMMAND --help for its flags)\n"
             "\n"
+            "  run         the sweep: drift against BF16 and throughput per KV mode,\n"
+            "              concurrency and context, to an HDF5 results file\n"
             "  forward     run the hybrid model over a synthetic trace in each KV mode and\n"
             "              print what every mode did to the cache and the logits\n"
             "  calibrate   measure K/V absmax on a held-out trace and write a scales file\n"
@@ -33,6 +35,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "export")) return kvd_cmd_export(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return kvd_cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "trace")) return kvd_cmd_trace(argc - 2, argv + 2);
+    if (!strcmp(cmd, "run")) return kvd_cmd_run(argc - 2, argv + 2);
     if (!strcmp(cmd, "version")) {
         kvd_cuda_info ci;
         kvd_cuda_probe(&ci);

@@ -59,9 +59,9 @@ const char *const kvd_model_opts_help =
     "  --config FILE           a Hugging Face config.json instead of a preset\n"
     "  --weight-seed N         seed of the synthetic weights (default 1234)\n"
     "  --k-outlier-scale X     |K| of the key outlier channels (default 320)\n"
-    "  --k-outlier-channels N  key outlier channels per layer (default 2.5)\n"
+    "  --k-outlier-channels N  key outlier channels per layer (default 3.5)\n"
     "  --v-rms X               rms of V entries (default 0.005)\n"
-    "  --sink X                attention-sink strength (default 2.5)\n"
+    "  --sink X                attention-sink strength (default 3.5)\n"
     "  --retrieval X           same-token retrieval strength (default 1.5)\n";
 
 void kvd_model_opts_init(kvd_model_opts *o) {
@@ -106,6 +106,14 @@ void kvd_set_threads(int n) {
     if (n <= 0) return;
 #ifdef _OPENMP
     omp_set_num_threads(n);
+#endif
+}
+
+int kvd_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
 #endif
 }
 

@@ -44,6 +44,7 @@ void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, kvd_weights 
 extern const char *const kvd_model_opts_help;
 
 void kvd_set_threads(int n);
+int kvd_threads(void);
 double kvd_now(void);
 const char *kvd_describe_model(const kvd_config *c, char *buf, int len);
 

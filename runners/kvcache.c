@@ -239,3 +239,24 @@ kvd_kv_view kvd_kvcache_view(const kvd_kvcache *c, int layer) {
     v.nan_codes = !c->saturate;
     return v;
 }
+
+int kvd_kvcache_fork(kvd_kvcache *c, int seq) {
+    int len = c->seqs[seq].len;
+    int to = kvd_kvcache_add_seq(c);
+    if (to < 0) return -1;
+    if (kvd_kvcache_reserve(c, to, len)) {
+        kvd_kvcache_release(c, to);
+        return -1;
+    }
+    size_t bb =
+        (size_t)c->kv_heads * (size_t)c->block_size * (size_t)c->head_dim * kvd_fmt_bytes(c->fmt);
+    const kvd_kv_seq *s = &c->seqs[seq];
+    kvd_kv_seq *d = &c->seqs[to];
+    for (int l = 0; l < c->n_layers; l++)
+        for (int b = 0; b < s->n_blocks && b < d->n_blocks; b++) {
+            memcpy(c->k[l] + (size_t)d->blocks[b] * bb, c->k[l] + (size_t)s->blocks[b] * bb, bb);
+            memcpy(c->v[l] + (size_t)d->blocks[b] * bb, c->v[l] + (size_t)s->blocks[b] * bb, bb);
+        }
+    d->len = len;
+    return to;
+}

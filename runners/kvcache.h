@@ -68,6 +68,8 @@ void kvd_kvcache_free(kvd_kvcache *c);
 int kvd_kvcache_add_seq(kvd_kvcache *c);
 int kvd_kvcache_reserve(kvd_kvcache *c, int seq, int len);
 void kvd_kvcache_release(kvd_kvcache *c, int seq);
+/* A new sequence holding a copy of seq's cache (for branching generation). */
+int kvd_kvcache_fork(kvd_kvcache *c, int seq);
 
 /* Quantize and store one token's K and V ([kv_heads][head_dim] each) at pos. */
 void kvd_kvcache_write(kvd_kvcache *c, int layer, int seq, int pos, const float *k, const float *v);

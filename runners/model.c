@@ -22,6 +22,7 @@ struct kvd_model {
     int n_full, n_lin;
     float *inv_freq;
     kvd_hooks hooks;
+    kvd_kvcache *shadow;
     /* activations, [max_rows][...] */
     float *x, *xn, *mix;
     float *qg, *kb, *vb, *att;
@@ -38,6 +39,9 @@ struct kvd_model {
     float *ssm;        /* [seq][n_lin][nv][dk][dv] */
 };
 
+void kvd_model_set_shadow(kvd_model *m, kvd_kvcache *shadow) {
+    m->shadow = shadow;
+}
 const kvd_config *kvd_model_config(const kvd_model *m) {
     return &m->c;
 }
@@ -165,6 +169,12 @@ void kvd_model_reset_seq(kvd_model *m, int seq) {
     memset(m->ssm + (size_t)seq * sl, 0, sl * sizeof(float));
 }
 
+void kvd_model_copy_seq(kvd_model *m, int from, int to) {
+    size_t cl = conv_state_len(&m->c) * (size_t)m->n_lin, sl = ssm_len(&m->c) * (size_t)m->n_lin;
+    memcpy(m->conv_state + (size_t)to * cl, m->conv_state + (size_t)from * cl, cl * sizeof(float));
+    memcpy(m->ssm + (size_t)to * sl, m->ssm + (size_t)from * sl, sl * sizeof(float));
+}
+
 /* ---- gated full attention ---- */
 
 static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *err) {
@@ -200,6 +210,13 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
         const float *k = m->kb + (size_t)r * kvh * hd, *v = m->vb + (size_t)r * kvh * hd;
         if (m->hooks.kv) m->hooks.kv(m->hooks.ctx, al, m->row_seq[r], m->pos[r], k, v);
         kvd_kvcache_write(kv, al, m->row_seq[r], m->pos[r], k, v);
+        if (m->shadow) {
+            if (kvd_kvcache_reserve(m->shadow, m->row_seq[r], m->pos[r] + 1)) {
+                snprintf(err, KVD_ERR_LEN, "attention: shadow KV cache out of blocks");
+                return -1;
+            }
+            kvd_kvcache_write(m->shadow, al, m->row_seq[r], m->pos[r], k, v);
+        }
     }
 
     /* attention over the cache: each row sees positions 0 .. its own. Many
@@ -213,7 +230,8 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
     int by_rows = rows >= m->n_threads || split == 1;
     size_t qb = sizeof(float) * (size_t)nh * hd, pb = sizeof(float) * (size_t)nh * max_ctx;
     size_t wb = kvd_attn_work_bytes(nh, hd, max_ctx, split);
-    size_t per_thread = (qb + pb + wb + 63) / 64 * 64;
+    size_t sb = m->shadow && m->hooks.attn ? pb + qb : 0; /* shadow probs and output */
+    size_t per_thread = (qb + pb + sb + wb + 63) / 64 * 64;
     size_t need = per_thread * (size_t)m->n_threads;
     if (need > m->probs_cap) {
         void *p = realloc(m->probs, need);
@@ -237,12 +255,23 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
         const float *q = m->qg + (size_t)r * nh * 2 * hd;
         for (int h = 0; h < nh; h++)
             memcpy(qh + (size_t)h * hd, q + (size_t)h * 2 * hd, sizeof(float) * (size_t)hd);
-        kvd_attn_paged(&view, kv->seqs[m->row_seq[r]].blocks, m->pos[r] + 1, qh, nh, sm_scale,
-                       m->att + (size_t)r * nh * hd, pr, arena + qb + pb,
-                       kvd_attn_parts(m->pos[r] + 1, kv->block_size));
-        if (m->hooks.attn) {
+        int n_ctx = m->pos[r] + 1, parts = kvd_attn_parts(n_ctx, kv->block_size);
+        void *work = arena + qb + pb + sb;
+        float *out = m->att + (size_t)r * nh * hd;
+        kvd_attn_paged(&view, kv->seqs[m->row_seq[r]].blocks, n_ctx, qh, nh, sm_scale, out, pr,
+                       work, parts);
+        if (m->hooks.attn && (!m->hooks.want_attn ||
+                              m->hooks.want_attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r]))) {
+            float *sp = NULL, *so = NULL;
+            if (m->shadow) {
+                sp = (float *)(arena + qb + pb);
+                so = (float *)(arena + qb + 2 * pb);
+                kvd_kv_view sv = kvd_kvcache_view(m->shadow, al);
+                kvd_attn_paged(&sv, m->shadow->seqs[m->row_seq[r]].blocks, n_ctx, qh, nh, sm_scale,
+                               so, sp, work, parts);
+            }
 #pragma omp critical(kvd_attn_hook)
-            m->hooks.attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r], pr, m->pos[r] + 1);
+            m->hooks.attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r], n_ctx, pr, out, sp, so);
         }
     }
 

@@ -27,8 +27,13 @@ typedef struct {
     void (*hidden)(void *ctx, int layer, const kvd_batch *b, const int *pos, const float *h);
     /* K (after k_norm and RoPE) and V as computed, before the cache stores them */
     void (*kv)(void *ctx, int attn_layer, int seq, int pos, const float *k, const float *v);
-    /* attention distributions of a full-attention layer for one row, [heads][n_ctx] */
-    void (*attn)(void *ctx, int attn_layer, int seq, int pos, const float *probs, int n_ctx);
+    /* attention of a full-attention layer for one row: the distribution
+     * [heads][n_ctx] and the output before the gate [heads][head_dim]; with a
+     * shadow cache set, the same for this row's query over the shadow cache
+     * (else NULL). Called for the rows want_attn accepts (all when NULL). */
+    void (*attn)(void *ctx, int attn_layer, int seq, int pos, int n_ctx, const float *probs,
+                 const float *out, const float *shadow_probs, const float *shadow_out);
+    int (*want_attn)(void *ctx, int attn_layer, int seq, int pos);
     /* top-k experts chosen for each row of an MoE layer, [rows][k] */
     void (*router)(void *ctx, int layer, const kvd_batch *b, const int *experts);
 } kvd_hooks;
@@ -41,8 +46,16 @@ kvd_model *kvd_model_new(const kvd_weights *w, int max_rows, int max_seqs, char 
 void kvd_model_free(kvd_model *m);
 void kvd_model_set_hooks(kvd_model *m, const kvd_hooks *h);
 
-/* Clear the recurrent state (conv and DeltaNet) of one sequence slot. */
+/* A second cache that receives every K/V this model writes, in its own mode;
+ * the attn hook then also sees this row's query attending over it. That is
+ * the isolated view of a candidate mode: the reference's own query and
+ * reference K/V, passed through the candidate's codec. NULL to stop. */
+void kvd_model_set_shadow(kvd_model *m, kvd_kvcache *shadow);
+
+/* Clear the recurrent state (conv and DeltaNet) of one sequence slot, or
+ * copy one slot's into another (with kvd_kvcache_fork: a branch). */
 void kvd_model_reset_seq(kvd_model *m, int seq);
+void kvd_model_copy_seq(kvd_model *m, int from, int to);
 
 /* Run one step. logits, when not NULL, receives [rows][vocab] for every row
  * (last_only = 0) or [n][vocab] for each sequence's last token (last_only = 1).

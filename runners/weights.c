@@ -45,7 +45,7 @@ void kvd_synth_defaults(kvd_synth *s) {
     s->k_rms = 1.5f;
     s->v_rms = 0.005f;
     s->layer_spread = 0.7f;
-    s->sink_strength = 2.5f;
+    s->sink_strength = 3.5f;
     s->retrieval_strength = 1.5f;
 }
 
@@ -251,10 +251,11 @@ static void fill(kvd_tensor *t, const kvd_config *c, const kvd_synth *s) {
         fill_normal(t, key, 0.05f); /* zero-centred: the norm applies 1 + w */
     } else if (ENDS("q_norm.weight")) {
         fill_normal(t, key, 0.1f);
-        /* queries barely read the outlier channels, as in real models where
-         * those channels carry a bias-like offset rather than content */
+        /* queries read the outlier channels at a gain of 12 / |K|: each such
+         * channel moves a logit by about one unit (std), so what saturation
+         * does to those keys reaches the attention distribution */
         for (int d = 0; d < hd; d++)
-            if (is_outlier(c, s, layer, d)) x[d] = 2.0f / kmag - 1.0f;
+            if (is_outlier(c, s, layer, d)) x[d] = 12.0f / kmag - 1.0f;
     } else if (ENDS("k_norm.weight")) {
         float g = s->k_rms * layer_factor(s, "kg", layer);
         for (int d = 0; d < hd; d++) {

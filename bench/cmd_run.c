@@ -1,0 +1,778 @@
+/* kvdrift: `run`, the sweep. Cells are (kind, KV mode, concurrency, context,
+ * trace): drift cells run the candidate in lock step with the BF16 reference
+ * at concurrency 1; throughput cells time prefill and batched decode at each
+ * concurrency. After every finished cell the results file is rewritten
+ * whole (atomically), so a sweep that dies keeps every finished cell and a
+ * rerun of the same command resumes. */
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../datasets/trace.h"
+#include "../kernels/backend.h"
+#include "../runners/calibrate.h"
+#include "../runners/drift.h"
+#include "../runners/model.h"
+#include "commands.h"
+#include "results.h"
+#include "util.h"
+
+#define MAX_LIST 16
+#define CALIB_SEED_OFFSET 1000003u
+
+typedef struct {
+    kvd_model_opts mo;
+    int modes[KVD_KV_N_MODES], n_modes;
+    int conc[MAX_LIST], n_conc;
+    int64_t ctx[MAX_LIST];
+    int n_ctx;
+    int traces;
+    uint64_t seed;
+    const char *out, *spec_path, *backend;
+    kvd_cal_recipe recipe;
+    int per_head, calib_tokens;
+    double kv_budget;
+    kvd_drift_opts dopt;
+    int gen_prefix_frac; /* generation prefixes at 1/4, 1/2 and all of the context */
+    int decode_tokens;
+} run_opts;
+
+static int parse_list(const char *s, int64_t *out, int max, int64_t lo, int64_t hi) {
+    int n = 0;
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+        char *end;
+        long long v = strtoll(t, &end, 10);
+        if (end == t || *end || v < lo || v > hi || n == max) return -1;
+        out[n++] = v;
+    }
+    return n;
+}
+
+static int parse_modes(const char *s, run_opts *o) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    o->n_modes = 0;
+    for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+        kvd_kv_mode m;
+        if (kvd_kv_mode_parse(t, &m)) return -1;
+        o->modes[o->n_modes++] = m;
+    }
+    return o->n_modes > 0 ? 0 : -1;
+}
+
+static double parse_bytes(const char *s, int *ok) {
+    char *end;
+    double v = strtod(s, &end);
+    double mul = 1;
+    if (!strcmp(end, "GiB"))
+        mul = 1073741824.0;
+    else if (!strcmp(end, "MiB"))
+        mul = 1048576.0;
+    else if (!strcmp(end, "GB"))
+        mul = 1e9;
+    else if (!strcmp(end, "MB"))
+        mul = 1e6;
+    else if (*end)
+        mul = 0;
+    *ok = end != s && mul > 0 && v > 0;
+    return v * mul;
+}
+
+static void set_flag(run_opts *o, const char *cmd, const char *flag, const char *val) {
+    int64_t tmp[MAX_LIST];
+    int n, ok;
+    if (!strcmp(flag, "--kv")) {
+        if (parse_modes(val, o))
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--kv: expected a list of bf16, fp8-cal, fp8-unscaled, fp8-e5m2, got '%s'",
+                    val);
+    } else if (!strcmp(flag, "--concurrency")) {
+        if ((n = parse_list(val, tmp, MAX_LIST, 1, 1024)) <= 0)
+            kvd_die(KVD_EXIT_USAGE, cmd, "--concurrency: expected a list of 1..1024, got '%s'",
+                    val);
+        o->n_conc = n;
+        for (int i = 0; i < n; i++) o->conc[i] = (int)tmp[i];
+    } else if (!strcmp(flag, "--context")) {
+        if ((n = parse_list(val, tmp, MAX_LIST, 16, 1 << 24)) <= 0)
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--context: expected a list of token counts >= 16, got '%s'", val);
+        o->n_ctx = n;
+        for (int i = 0; i < n; i++) o->ctx[i] = tmp[i];
+    } else if (!strcmp(flag, "--kv-budget")) {
+        o->kv_budget = parse_bytes(val, &ok);
+        if (!ok)
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--kv-budget: expected a size like 40GiB or 512MiB, got '%s'", val);
+    } else if (!strcmp(flag, "--calibration")) {
+        if (kvd_cal_recipe_parse(val, &o->recipe))
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--calibration: expected absmax, modelopt or vllm-dynamic, got '%s'", val);
+    } else if (!strcmp(flag, "--backend")) {
+        if (strcmp(val, "cpu") && strcmp(val, "cuda"))
+            kvd_die(KVD_EXIT_USAGE, cmd, "--backend: expected cpu or cuda, got '%s'", val);
+        o->backend = val;
+    } else {
+        kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s' (see kvdrift run --help)", flag);
+    }
+}
+
+/* A JSON spec holds the same settings as the flags, by the flags' names. */
+static void load_spec(run_opts *o, const char *cmd, const char *path) {
+    char err[KVD_ERR_LEN];
+    json_t *j = kvd_json_load(path, err);
+    if (!j) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    if (!json_is_object(j)) kvd_die(KVD_EXIT_USAGE, cmd, "%s: expected a JSON object", path);
+    const char *key;
+    json_t *v;
+    json_object_foreach(j, key, v) {
+        char flag[64], val[512];
+        snprintf(flag, sizeof flag, "--%s", key);
+        for (char *p = flag; *p; p++)
+            if (*p == '_') *p = '-';
+        if (json_is_string(v)) {
+            snprintf(val, sizeof val, "%s", json_string_value(v));
+        } else if (json_is_integer(v)) {
+            snprintf(val, sizeof val, "%lld", (long long)json_integer_value(v));
+        } else if (json_is_real(v)) {
+            snprintf(val, sizeof val, "%.17g", json_real_value(v));
+        } else if (json_is_array(v)) {
+            val[0] = 0;
+            size_t i;
+            json_t *e;
+            json_array_foreach(v, i, e) {
+                char one[64];
+                if (json_is_string(e))
+                    snprintf(one, sizeof one, "%s", json_string_value(e));
+                else if (json_is_integer(e))
+                    snprintf(one, sizeof one, "%lld", (long long)json_integer_value(e));
+                else
+                    kvd_die(KVD_EXIT_USAGE, cmd, "%s: field '%s': expected strings or integers",
+                            path, key);
+                if (i) strncat(val, ",", sizeof val - strlen(val) - 1);
+                strncat(val, one, sizeof val - strlen(val) - 1);
+            }
+        } else if (json_is_boolean(v)) {
+            snprintf(val, sizeof val, "%s", json_is_true(v) ? "1" : "0");
+        } else {
+            kvd_die(KVD_EXIT_USAGE, cmd, "%s: field '%s': unsupported value", path, key);
+        }
+        /* route through the same parsers as the command line */
+        char *argv2[2] = {flag, val};
+        kvd_args a = {2, argv2, 1, cmd};
+        if (kvd_model_opts_flag(&o->mo, &a, flag)) continue;
+        if (!strcmp(flag, "--traces"))
+            o->traces = (int)strtol(val, NULL, 10);
+        else if (!strcmp(flag, "--seed"))
+            o->seed = strtoull(val, NULL, 10);
+        else if (!strcmp(flag, "--per-head"))
+            o->per_head = strcmp(val, "0") != 0;
+        else if (!strcmp(flag, "--calib-tokens"))
+            o->calib_tokens = (int)strtol(val, NULL, 10);
+        else if (!strcmp(flag, "--sample-every"))
+            o->dopt.sample_every = (int)strtol(val, NULL, 10);
+        else if (!strcmp(flag, "--gen-tokens"))
+            o->dopt.gen_tokens = (int)strtol(val, NULL, 10);
+        else if (!strcmp(flag, "--decode-tokens"))
+            o->decode_tokens = (int)strtol(val, NULL, 10);
+        else if (!strcmp(flag, "--output"))
+            o->out = strdup(val);
+        else
+            set_flag(o, cmd, flag, val);
+    }
+    if (o->traces < 1 || o->calib_tokens < 1 || o->dopt.sample_every < 1 ||
+        o->dopt.gen_tokens < 0 || o->decode_tokens < 2)
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "%s: expected traces, calib_tokens, sample_every >= 1, gen_tokens >= 0 and "
+                "decode_tokens >= 2",
+                path);
+    json_decref(j);
+}
+
+/* ---- progress ---- */
+
+typedef struct {
+    int total, done;
+    double t0;
+    int tty;
+} progress;
+
+static void progress_show(progress *p, const char *what) {
+    if (!p->tty) return;
+    double el = kvd_now() - p->t0;
+    double eta = p->done ? el / p->done * (p->total - p->done) : 0;
+    fprintf(stderr, "\r\033[K[%d/%d] %s  elapsed %.0fs  ETA %.0fs", p->done, p->total, what, el,
+            eta);
+    fflush(stderr);
+}
+
+/* ---- cells ---- */
+
+static void utc_now(char *buf, size_t n) {
+    time_t t = time(NULL);
+    strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
+}
+
+static void mark_cell(kvd_results *r, const char *cell, const char *kind, kvd_kv_mode m, int c,
+                      int64_t ctx, int trace, double secs) {
+    kvd_row_cell *row = kvd_results_add(r, KVD_T_CELLS);
+    snprintf(row->cell, sizeof row->cell, "%s", cell);
+    snprintf(row->kind, sizeof row->kind, "%s", kind);
+    snprintf(row->mode, sizeof row->mode, "%s", kvd_kv_mode_name(m));
+    row->concurrency = c;
+    row->context = ctx;
+    row->trace = trace;
+    utc_now(row->completed_utc, sizeof row->completed_utc);
+    row->seconds = secs;
+}
+
+static void bucket_range(int b, int64_t *lo, int64_t *hi) {
+    *lo = b == 0 ? 0 : (int64_t)1 << b;
+    *hi = ((int64_t)1 << (b + 1)) - 1;
+}
+
+#define KEYS(row, mode, ctx, tr)                                                                   \
+    do {                                                                                           \
+        snprintf((row)->mode, sizeof(row)->mode, "%s", kvd_kv_mode_name(mode));                    \
+        (row)->concurrency = 1;                                                                    \
+        (row)->context = (ctx);                                                                    \
+        (row)->trace = (tr);                                                                       \
+    } while (0)
+
+static void summary(kvd_results *r, kvd_kv_mode mode, int64_t ctx, int tr, int sub,
+                    const char *metric, double value, double n) {
+    kvd_row_summary *s = kvd_results_add(r, KVD_T_SUMMARY);
+    KEYS(s, mode, ctx, tr);
+    snprintf(s->subset, sizeof s->subset, "%s", kvd_subset_names[sub]);
+    snprintf(s->metric, sizeof s->metric, "%s", metric);
+    s->value = value;
+    s->n = n;
+}
+
+static void drift_rows(kvd_results *r, kvd_drift *d, const kvd_config *c, kvd_kv_mode mode,
+                       int64_t ctx, int tr, const char *cell) {
+    for (int m = 0; m < KVD_OUT_N; m++)
+        for (int s = 0; s < KVD_NSUB; s++)
+            for (int b = 0; b < KVD_NB; b++) {
+                const kvd_stat *st = &d->out[m][s][b];
+                if (st->n == 0) continue;
+                kvd_row_output *row = kvd_results_add(r, KVD_T_OUTPUT);
+                KEYS(row, mode, ctx, tr);
+                snprintf(row->subset, sizeof row->subset, "%s", kvd_subset_names[s]);
+                snprintf(row->metric, sizeof row->metric, "%s", kvd_out_names[m]);
+                row->bucket = b;
+                bucket_range(b, &row->pos_lo, &row->pos_hi);
+                row->n = st->n, row->mean = kvd_stat_mean(st), row->ci95 = kvd_stat_ci95(st);
+            }
+    double *mat = calloc((size_t)c->num_hidden_layers * KVD_NB, sizeof(double));
+    int nb_used = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        for (int m = 0; m < KVD_HID_N; m++)
+            for (int s = 0; s < KVD_NSUB; s++)
+                for (int b = 0; b < KVD_NB; b++) {
+                    const kvd_stat *st = kvd_drift_hid(d, l, m, s, b);
+                    if (st->n == 0) continue;
+                    kvd_row_layer *row = kvd_results_add(r, KVD_T_LAYER);
+                    KEYS(row, mode, ctx, tr);
+                    row->layer = l;
+                    snprintf(row->layer_type, sizeof row->layer_type, "%s",
+                             c->layer_types[l] == KVD_LAYER_FULL ? "full_attention"
+                                                                 : "linear_attention");
+                    snprintf(row->subset, sizeof row->subset, "%s", kvd_subset_names[s]);
+                    snprintf(row->metric, sizeof row->metric, "%s", kvd_hid_names[m]);
+                    row->bucket = b;
+                    bucket_range(b, &row->pos_lo, &row->pos_hi);
+                    row->n = st->n, row->mean = kvd_stat_mean(st), row->ci95 = kvd_stat_ci95(st);
+                    if (m == KVD_HID_REL_L2 && s == KVD_SUB_ALL) {
+                        mat[(size_t)l * KVD_NB + b] = row->mean;
+                        nb_used = b + 1 > nb_used ? b + 1 : nb_used;
+                    }
+                }
+    /* dense layer x bucket matrix of the hidden-state drift */
+    double *dense = malloc(sizeof(double) * (size_t)c->num_hidden_layers * (nb_used ? nb_used : 1));
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        for (int b = 0; b < nb_used; b++)
+            dense[(size_t)l * nb_used + b] = mat[(size_t)l * KVD_NB + b];
+    char name[128];
+    snprintf(name, sizeof name, "%s/hidden_rel_l2", cell);
+    for (char *p = name; *p; p++)
+        if (*p == '.') *p = '_';
+    if (nb_used) kvd_results_add_matrix(r, name, "layer", c->num_hidden_layers, nb_used, dense);
+    free(dense);
+    free(mat);
+    int al = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if (c->layer_types[l] != KVD_LAYER_FULL) continue;
+        for (int v = 0; v < KVD_VIEW_N; v++)
+            for (int m = 0; m < KVD_ATT_N; m++)
+                for (int s = 0; s < KVD_NSUB; s++)
+                    for (int b = 0; b < KVD_NB; b++) {
+                        const kvd_stat *st = kvd_drift_att(d, al, v, m, s, b);
+                        if (st->n == 0) continue;
+                        kvd_row_attn *row = kvd_results_add(r, KVD_T_ATTN);
+                        KEYS(row, mode, ctx, tr);
+                        row->attn_layer = al, row->layer = l;
+                        snprintf(row->view, sizeof row->view, "%s", kvd_view_names[v]);
+                        snprintf(row->subset, sizeof row->subset, "%s", kvd_subset_names[s]);
+                        snprintf(row->metric, sizeof row->metric, "%s", kvd_att_names[m]);
+                        row->bucket = b;
+                        bucket_range(b, &row->pos_lo, &row->pos_hi);
+                        row->n = st->n, row->mean = kvd_stat_mean(st),
+                        row->ci95 = kvd_stat_ci95(st);
+                    }
+        for (int h = 0; h < d->kv_heads; h++) {
+            kvd_row_kv *row = kvd_results_add(r, KVD_T_KV);
+            KEYS(row, mode, ctx, tr);
+            row->attn_layer = al, row->layer = l, row->kv_head = h;
+            row->k_scale = d->k_scale[al * d->kv_heads + h];
+            row->v_scale = d->v_scale[al * d->kv_heads + h];
+            const kvd_qstats *ks = &d->k_stats[al], *vs = &d->v_stats[al];
+            double nk = ks->n ? (double)ks->n : 1, nv = vs->n ? (double)vs->n : 1;
+            row->k_saturated_frac = ks->saturated / nk, row->k_flushed_frac = ks->flushed / nk;
+            row->k_subnormal_frac = ks->subnormal / nk;
+            row->v_saturated_frac = vs->saturated / nv, row->v_flushed_frac = vs->flushed / nv;
+            row->v_subnormal_frac = vs->subnormal / nv;
+            row->n_values = (double)ks->n;
+        }
+        al++;
+    }
+    /* one figure per cell: llama.cpp's --kl-divergence set, and the rest */
+    static const struct {
+        const char *name;
+        double q;
+    } pct[] = {{"kl_max", 1.0},  {"kl_p99_9", 0.999}, {"kl_p99", 0.99}, {"kl_p95", 0.95},
+               {"kl_p90", 0.90}, {"kl_median", 0.5},  {"kl_p10", 0.10}, {"kl_p05", 0.05},
+               {"kl_p01", 0.01}, {"kl_p00_1", 0.001}, {"kl_min", 0.0}};
+    for (int s = 0; s < KVD_NSUB; s++) {
+        kvd_stat tot[KVD_OUT_N];
+        memset(tot, 0, sizeof tot);
+        double dp2 = 0;
+        for (int m = 0; m < KVD_OUT_N; m++)
+            for (int b = 0; b < KVD_NB; b++) {
+                const kvd_stat *st = &d->out[m][s][b];
+                tot[m].n += st->n, tot[m].sum += st->sum, tot[m].sumsq += st->sumsq;
+            }
+        double n = tot[KVD_OUT_KL].n;
+        if (n == 0) continue;
+        dp2 = tot[KVD_OUT_DP].sumsq;
+        summary(r, mode, ctx, tr, s, "kl_mean", kvd_stat_mean(&tot[KVD_OUT_KL]), n);
+        summary(r, mode, ctx, tr, s, "kl_mean_err", kvd_stat_ci95(&tot[KVD_OUT_KL]) / 1.96, n);
+        for (size_t i = 0; i < sizeof pct / sizeof pct[0]; i++)
+            summary(r, mode, ctx, tr, s, pct[i].name, kvd_drift_kl_percentile(d, s, pct[i].q), n);
+        double p = kvd_stat_mean(&tot[KVD_OUT_TOP1]);
+        summary(r, mode, ctx, tr, s, "same_top_p", p, n);
+        summary(r, mode, ctx, tr, s, "same_top_p_err", n > 1 ? sqrt(p * (1 - p) / (n - 1)) : NAN,
+                n);
+        summary(r, mode, ctx, tr, s, "delta_p_mean", kvd_stat_mean(&tot[KVD_OUT_DP]), n);
+        summary(r, mode, ctx, tr, s, "delta_p_rms", sqrt(dp2 / n), n);
+        summary(r, mode, ctx, tr, s, "ln_ppl_ratio", kvd_stat_mean(&tot[KVD_OUT_DNLL]), n);
+    }
+    kvd_stat rf = {0, 0, 0};
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        for (int b = 0; b < KVD_NB; b++) {
+            const kvd_stat *st = &d->router[(size_t)l * KVD_NB + b];
+            rf.n += st->n, rf.sum += st->sum, rf.sumsq += st->sumsq;
+        }
+    if (rf.n > 0)
+        summary(r, mode, ctx, tr, KVD_SUB_ALL, "router_flip_rate", kvd_stat_mean(&rf), rf.n);
+    for (int g = 0; g < d->n_gen; g++) {
+        kvd_row_gen *row = kvd_results_add(r, KVD_T_GEN);
+        KEYS(row, mode, ctx, tr);
+        row->prefix = d->gen[g].prefix;
+        row->tokens = d->gen[g].tokens;
+        row->first_divergence = d->gen[g].first_divergence;
+        row->agree_rate = d->gen[g].tokens ? (double)d->gen[g].agree / d->gen[g].tokens : NAN;
+    }
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double pctl(double *v, int n, double q) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    double x = q * (n - 1);
+    int i = (int)x;
+    return i + 1 < n ? v[i] + (x - i) * (v[i + 1] - v[i]) : v[n - 1];
+}
+
+/* Throughput at concurrency C: C requests with their own traces and lengths
+ * arrive together, are prefilled one after another, then decode as one batch
+ * for decode_tokens steps. The first steps are replayed one sequence at a
+ * time to measure what batching did to the logits. */
+static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces, kvd_kv_mode mode,
+                           const kvd_kv_scales *sc, int C, int64_t ctx, const run_opts *o,
+                           kvd_row_tput *row, char *err) {
+    const kvd_config *c = &w->cfg;
+    int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads, V = c->vocab_size;
+    int steps = o->decode_tokens;
+    int64_t *len = malloc(sizeof(int64_t) * (size_t)C), total = 0;
+    for (int i = 0; i < C; i++) {
+        /* lengths spread over the upper half of the context */
+        len[i] = ctx - (C > 1 ? (int64_t)i * (ctx / 2) / (C - 1) : 0);
+        total += len[i] + steps;
+    }
+    kvd_kvcache kv;
+    /* room for every request and a branch of each (the batch-invariance replay) */
+    if (kvd_kvcache_init(&kv, mode, nf, kvh, c->head_dim, 16, 2 * (total + 16 * C), sc,
+                         o->dopt.saturate, err)) {
+        free(len);
+        return -1;
+    }
+    kvd_model *m = kvd_model_new(w, 256 > C ? 256 : C, 2 * C, err);
+    if (!m) {
+        kvd_kvcache_free(&kv);
+        free(len);
+        return -1;
+    }
+    int *seqs = malloc(sizeof(int) * (size_t)C), *ones = malloc(sizeof(int) * (size_t)C);
+    int32_t *next = malloc(sizeof(int32_t) * (size_t)C);
+    float *logits = malloc(sizeof(float) * (size_t)C * V), *lg1 = malloc(sizeof(float) * (size_t)V);
+    double *ttft = malloc(sizeof(double) * (size_t)C),
+           *itl = malloc(sizeof(double) * (size_t)steps);
+    double t_start = kvd_now(), prefill_s = 0;
+    int rc = -1;
+    int64_t prefill_tokens = 0;
+    for (int i = 0; i < C; i++) {
+        seqs[i] = kvd_kvcache_add_seq(&kv);
+        ones[i] = 1;
+        const kvd_trace *t = &traces[i % n_traces];
+        double t0 = kvd_now();
+        if (kvd_prefill(m, &kv, seqs[i], (const int32_t *)t->tokens, (int)len[i],
+                        logits + (size_t)i * V, 0, err))
+            goto out;
+        prefill_s += kvd_now() - t0;
+        prefill_tokens += len[i];
+        ttft[i] = (kvd_now() - t_start) * 1e3;
+    }
+    for (int i = 0; i < C; i++) {
+        int a = 0;
+        for (int v = 1; v < V; v++)
+            if (logits[(size_t)i * V + v] > logits[(size_t)i * V + a]) a = v;
+        next[i] = a;
+    }
+    /* batch invariance: each sequence branched before decoding, to replay
+     * the first step alone afterwards (the copy is not timed) */
+    double t_fork = kvd_now(), batch_drift = 0;
+    int *alone = malloc(sizeof(int) * (size_t)C);
+    int32_t *first = malloc(sizeof(int32_t) * (size_t)C);
+    float *first_logits = malloc(sizeof(float) * (size_t)C * V);
+    memcpy(first, next, sizeof(int32_t) * (size_t)C);
+    for (int i = 0; i < C && C > 1; i++) {
+        alone[i] = kvd_kvcache_fork(&kv, seqs[i]);
+        if (alone[i] < 0) {
+            snprintf(err, KVD_ERR_LEN, "throughput: no room to branch sequence %d", i);
+            free(alone), free(first), free(first_logits);
+            goto out;
+        }
+        kvd_model_copy_seq(m, seqs[i], alone[i]);
+    }
+    t_fork = kvd_now() - t_fork;
+    double td = kvd_now();
+    for (int s = 0; s < steps - 1; s++) {
+        kvd_batch b = {C, seqs, ones, next};
+        double t0 = kvd_now();
+        if (kvd_forward(m, &kv, &b, logits, 1, err)) goto out;
+        itl[s] = (kvd_now() - t0) * 1e3;
+        if (s == 0) memcpy(first_logits, logits, sizeof(float) * (size_t)C * V);
+        for (int i = 0; i < C; i++) {
+            int a = 0;
+            for (int v = 1; v < V; v++)
+                if (logits[(size_t)i * V + v] > logits[(size_t)i * V + a]) a = v;
+            next[i] = a;
+        }
+    }
+    double decode_s = kvd_now() - td, e2e_end = (kvd_now() - t_start - t_fork) * 1e3;
+    for (int i = 0; i < C && C > 1; i++) {
+        int one = 1;
+        kvd_batch b1 = {1, &alone[i], &one, &first[i]};
+        if (kvd_forward(m, &kv, &b1, lg1, 1, err)) goto out;
+        double num = 0, den = 0;
+        for (int v = 0; v < V; v++) {
+            double e = (double)lg1[v] - first_logits[(size_t)i * V + v];
+            num += e * e;
+            den += (double)lg1[v] * lg1[v];
+        }
+        double rel = sqrt(num / (den > 0 ? den : 1));
+        batch_drift = rel > batch_drift ? rel : batch_drift;
+    }
+    free(alone), free(first), free(first_logits);
+    row->prefill_tok_s = prefill_tokens / prefill_s;
+    row->decode_tok_s = (double)C * (steps - 1) / decode_s;
+    row->total_tok_s = (prefill_tokens + (double)C * steps) / (e2e_end / 1e3);
+    /* every request finishes with the last step: e2e is the same for all */
+    double sum = 0;
+    for (int i = 0; i < C; i++) sum += ttft[i];
+    row->ttft_ms_mean = sum / C;
+    sum = 0;
+    for (int i = 0; i < C; i++) sum += (e2e_end - ttft[i]) / (steps - 1);
+    row->tpot_ms_mean = sum / C;
+    row->e2e_ms_mean = e2e_end;
+    sum = 0;
+    for (int s = 0; s < steps - 1; s++) sum += itl[s];
+    row->itl_ms_mean = sum / (steps - 1);
+    row->itl_ms_p50 = pctl(itl, steps - 1, 0.5);
+    row->itl_ms_p90 = pctl(itl, steps - 1, 0.9);
+    row->itl_ms_p99 = pctl(itl, steps - 1, 0.99);
+    row->ttft_ms_p50 = pctl(ttft, C, 0.5);
+    row->ttft_ms_p90 = pctl(ttft, C, 0.9);
+    row->ttft_ms_p99 = pctl(ttft, C, 0.99);
+    row->e2e_ms_p50 = row->e2e_ms_p90 = row->e2e_ms_p99 = e2e_end;
+    row->kv_bytes_per_token = (double)kvd_kvcache_bytes_per_token(mode, nf, kvh, c->head_dim);
+    row->peak_kv_bytes = row->kv_bytes_per_token * (double)total;
+    row->budget_bytes = o->kv_budget;
+    row->budget_tokens = floor(o->kv_budget / row->kv_bytes_per_token);
+    row->batch_drift_max_rel = batch_drift;
+    row->output_tokens = steps;
+    rc = 0;
+out:
+    kvd_model_free(m);
+    kvd_kvcache_free(&kv);
+    free(len), free(seqs), free(ones), free(next), free(logits), free(lg1), free(ttft), free(itl);
+    return rc;
+}
+
+static const char *const run_help =
+    "usage: kvdrift run [flags] -o run.h5        (or: kvdrift run --spec sweep.json)\n"
+    "Runs each KV mode in lock step with the BF16 reference over synthetic agentic-coding\n"
+    "traces and records drift per layer and position bucket, and throughput per concurrency,\n"
+    "to an HDF5 results file (docs/results-schema.md). Rerunning the same command resumes.\n"
+    "  --kv LIST            modes (default bf16,fp8-cal,fp8-unscaled,fp8-e5m2)\n"
+    "  --concurrency LIST   throughput concurrency levels (default 1,2,4,8,16,32)\n"
+    "  --context LIST       context lengths in tokens (default 4096)\n"
+    "  --traces N           evaluation traces per context (default 1)\n"
+    "  --seed S             trace seed; traces use S .. S+N-1 (default 1)\n"
+    "  --calibration R      absmax | modelopt | vllm-dynamic (default absmax)\n"
+    "  --per-head           calibrate per KV head\n"
+    "  --calib-tokens N     held-out calibration trace length (default 2048)\n"
+    "  --sample-every K     attention figures every K positions and at copy starts (default 16)\n"
+    "  --gen-tokens N       greedy tokens from prefixes of 1/4, 1/2 and all of the context "
+    "(default 32)\n"
+    "  --decode-tokens N    output tokens per request in throughput cells (default 16)\n"
+    "  --kv-budget SIZE     memory for the KV cache, e.g. 40GiB (default 40GiB)\n"
+    "  --threads N          worker threads (default: every core)\n"
+    "  --backend cpu|cuda   numeric back end (default cpu)\n"
+    "  --spec FILE          the same settings as JSON, keys named like the flags\n";
+
+int kvd_cmd_run(int argc, char **argv) {
+    const char *cmd = "run";
+    run_opts o;
+    memset(&o, 0, sizeof o);
+    kvd_model_opts_init(&o.mo);
+    parse_modes("bf16,fp8-cal,fp8-unscaled,fp8-e5m2", &o);
+    int defc[] = {1, 2, 4, 8, 16, 32};
+    o.n_conc = 6;
+    memcpy(o.conc, defc, sizeof defc);
+    o.ctx[0] = 4096;
+    o.n_ctx = 1;
+    o.traces = 1;
+    o.seed = 1;
+    o.backend = "cpu";
+    o.recipe = KVD_CAL_ABSMAX;
+    o.calib_tokens = 2048;
+    o.kv_budget = 40.0 * 1073741824.0;
+    o.decode_tokens = 16;
+    kvd_drift_opts_defaults(&o.dopt);
+    kvd_args a = {argc, argv, 0, cmd};
+    const char *f;
+    while ((f = kvd_args_next(&a))) {
+        if (kvd_model_opts_flag(&o.mo, &a, f)) continue;
+        if (!strcmp(f, "-o") || !strcmp(f, "--output"))
+            o.out = kvd_args_value(&a, f);
+        else if (!strcmp(f, "--spec"))
+            load_spec(&o, cmd, kvd_args_value(&a, f));
+        else if (!strcmp(f, "--traces"))
+            o.traces = (int)kvd_args_long(&a, f, 1, 10000);
+        else if (!strcmp(f, "--seed"))
+            o.seed = (uint64_t)kvd_args_long(&a, f, 0, 2147483647L);
+        else if (!strcmp(f, "--per-head"))
+            o.per_head = 1;
+        else if (!strcmp(f, "--calib-tokens"))
+            o.calib_tokens = (int)kvd_args_long(&a, f, 1, 1 << 24);
+        else if (!strcmp(f, "--sample-every"))
+            o.dopt.sample_every = (int)kvd_args_long(&a, f, 1, 1 << 20);
+        else if (!strcmp(f, "--gen-tokens"))
+            o.dopt.gen_tokens = (int)kvd_args_long(&a, f, 0, 1 << 16);
+        else if (!strcmp(f, "--decode-tokens"))
+            o.decode_tokens = (int)kvd_args_long(&a, f, 2, 1 << 16);
+        else if (!strcmp(f, "--threads"))
+            kvd_set_threads((int)kvd_args_long(&a, f, 1, 4096));
+        else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            printf("%s%s", run_help, kvd_model_opts_help);
+            return 0;
+        } else
+            set_flag(&o, cmd, f, kvd_args_value(&a, f));
+    }
+    if (!o.out) kvd_die(KVD_EXIT_USAGE, cmd, "expected -o FILE (or \"output\" in the spec)");
+    if (!strcmp(o.backend, "cuda")) {
+        kvd_cuda_info ci;
+        kvd_cuda_probe(&ci);
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "--backend cuda: the CUDA back end runs no model yet in this version (%s); use "
+                "--backend cpu",
+                ci.name);
+    }
+    char err[KVD_ERR_LEN];
+    kvd_weights w;
+    kvd_model_opts_build(&o.mo, cmd, &w);
+    const kvd_config *c = &w.cfg;
+    int64_t max_ctx = 0;
+    for (int i = 0; i < o.n_ctx; i++) max_ctx = o.ctx[i] > max_ctx ? o.ctx[i] : max_ctx;
+    if (max_ctx > c->max_position_embeddings)
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "--context: %lld is beyond the model's max_position_embeddings %d",
+                (long long)max_ctx, c->max_position_embeddings);
+
+    kvd_results res;
+    kvd_results_init(&res);
+    if (access(o.out, F_OK) == 0) {
+        if (kvd_results_load(&res, o.out, err))
+            kvd_die(KVD_EXIT_USAGE, cmd, "%s (remove it to start over)", err);
+        fprintf(stderr, "kvdrift run: resuming %s: %lld cells already finished\n", o.out,
+                (long long)res.t[KVD_T_CELLS].n);
+    }
+    res.model_json = kvd_config_to_json(c);
+    snprintf(res.backend, sizeof res.backend, "%s", o.backend);
+    snprintf(res.device, sizeof res.device, "cpu (%d threads)", kvd_threads());
+    res.seed = o.seed;
+    res.weight_seed = o.mo.synth.seed;
+    char cmdline[2048] = "kvdrift run";
+    for (int i = 0; i < argc; i++) {
+        strncat(cmdline, " ", sizeof cmdline - strlen(cmdline) - 1);
+        strncat(cmdline, argv[i], sizeof cmdline - strlen(cmdline) - 1);
+    }
+    free(res.command);
+    res.command = strdup(cmdline);
+
+    /* traces: the evaluation set, and a held-out calibration trace */
+    kvd_trace *tr = calloc((size_t)o.traces, sizeof *tr);
+    kvd_trace_spec sp;
+    kvd_trace_spec_defaults(&sp);
+    sp.length = max_ctx + o.dopt.gen_tokens + 1;
+    sp.vocab_size = c->vocab_size;
+    for (int i = 0; i < o.traces; i++) {
+        sp.seed = o.seed + (uint64_t)i;
+        if (kvd_trace_generate(&sp, &tr[i], err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    }
+    sp.seed = o.seed;
+    free(res.trace_json);
+    res.trace_json = kvd_trace_spec_json(&sp);
+
+    kvd_kv_scales sc = {0}, am = {0};
+    int need_cal = 0;
+    for (int i = 0; i < o.n_modes; i++) need_cal |= o.modes[i] == KVD_KV_FP8_CAL;
+    if (need_cal) {
+        kvd_trace cal;
+        kvd_trace_spec cs = sp;
+        cs.length = o.calib_tokens;
+        cs.seed = o.seed + CALIB_SEED_OFFSET;
+        if (kvd_trace_generate(&cs, &cal, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+        if (kvd_calibrate(&w, (const int32_t *)cal.tokens, (int)cal.n, o.recipe, o.per_head, &sc,
+                          &am, err))
+            kvd_die(1, cmd, "%s", err);
+        kvd_trace_free(&cal);
+        free(res.k_scale), free(res.v_scale);
+        res.cal_layers = sc.n_layers, res.cal_heads = sc.kv_heads;
+        res.k_scale = malloc(sizeof(float) * (size_t)sc.n_layers * sc.kv_heads);
+        res.v_scale = malloc(sizeof(float) * (size_t)sc.n_layers * sc.kv_heads);
+        memcpy(res.k_scale, sc.k, sizeof(float) * (size_t)sc.n_layers * sc.kv_heads);
+        memcpy(res.v_scale, sc.v, sizeof(float) * (size_t)sc.n_layers * sc.kv_heads);
+    }
+
+    progress pr = {o.n_ctx * o.n_modes * (o.traces + o.n_conc), 0, kvd_now(), isatty(2)};
+    int failed = 0;
+    for (int ci = 0; ci < o.n_ctx; ci++) {
+        int64_t ctx = o.ctx[ci];
+        for (int mi = 0; mi < o.n_modes; mi++) {
+            kvd_kv_mode mode = (kvd_kv_mode)o.modes[mi];
+            const kvd_kv_scales *msc = mode == KVD_KV_FP8_CAL ? &sc : NULL;
+            for (int t = 0; t < o.traces; t++) {
+                char cell[64];
+                snprintf(cell, sizeof cell, "drift_%s_c1_ctx%lld_t%d", kvd_kv_mode_name(mode),
+                         (long long)ctx, t);
+                progress_show(&pr, cell);
+                if (kvd_results_has_cell(&res, cell)) {
+                    pr.done++;
+                    continue;
+                }
+                double t0 = kvd_now();
+                uint8_t *is_copy = calloc((size_t)ctx + 1, 1), *start = calloc((size_t)ctx + 1, 1);
+                for (int64_t r = 0; r < tr[t].n_refs; r++) {
+                    int64_t p = tr[t].refs[r].pos;
+                    if (p > ctx) break;
+                    is_copy[p] = 1;
+                    int cont = r > 0 && tr[t].refs[r - 1].pos == p - 1 &&
+                               tr[t].refs[r - 1].src == tr[t].refs[r].src - 1;
+                    start[p] = !cont;
+                }
+                kvd_drift_opts dop = o.dopt;
+                dop.n_gen = 0;
+                if (dop.gen_tokens > 0) {
+                    int64_t pre[3] = {ctx / 4, ctx / 2, ctx};
+                    for (int g = 0; g < 3; g++)
+                        if (pre[g] >= 16 &&
+                            (dop.n_gen == 0 || pre[g] > dop.gen_prefix[dop.n_gen - 1]))
+                            dop.gen_prefix[dop.n_gen++] = pre[g];
+                }
+                kvd_drift d;
+                if (kvd_drift_init(&d, c, ctx)) kvd_die(1, cmd, "out of memory");
+                if (kvd_drift_run(&w, tr[t].tokens, is_copy, start, ctx, mode, msc, &dop, &d,
+                                  err)) {
+                    fprintf(stderr, "\nkvdrift run: cell %s: %s\n", cell, err);
+                    failed = 1;
+                } else {
+                    drift_rows(&res, &d, c, mode, ctx, t, cell);
+                    mark_cell(&res, cell, "drift", mode, 1, ctx, t, kvd_now() - t0);
+                    if (kvd_results_save(&res, o.out, err)) kvd_die(1, cmd, "%s", err);
+                }
+                kvd_drift_free(&d);
+                free(is_copy), free(start);
+                pr.done++;
+            }
+            for (int k = 0; k < o.n_conc; k++) {
+                char cell[64];
+                snprintf(cell, sizeof cell, "tput_%s_c%d_ctx%lld", kvd_kv_mode_name(mode),
+                         o.conc[k], (long long)ctx);
+                progress_show(&pr, cell);
+                if (kvd_results_has_cell(&res, cell)) {
+                    pr.done++;
+                    continue;
+                }
+                double t0 = kvd_now();
+                kvd_row_tput row;
+                memset(&row, 0, sizeof row);
+                if (throughput_cell(&w, tr, o.traces, mode, msc, o.conc[k], ctx, &o, &row, err)) {
+                    fprintf(stderr, "\nkvdrift run: cell %s: %s\n", cell, err);
+                    failed = 1;
+                } else {
+                    snprintf(row.mode, sizeof row.mode, "%s", kvd_kv_mode_name(mode));
+                    row.concurrency = o.conc[k];
+                    row.context = ctx;
+                    *(kvd_row_tput *)kvd_results_add(&res, KVD_T_TPUT) = row;
+                    mark_cell(&res, cell, "throughput", mode, o.conc[k], ctx, -1, kvd_now() - t0);
+                    if (kvd_results_save(&res, o.out, err)) kvd_die(1, cmd, "%s", err);
+                }
+                pr.done++;
+            }
+        }
+    }
+    if (pr.tty) fprintf(stderr, "\n");
+    /* an empty sweep (everything resumed) still leaves a complete file */
+    if (kvd_results_save(&res, o.out, err)) kvd_die(1, cmd, "%s", err);
+    printf("wrote %s: %lld cells (%lld drift rows, %lld throughput rows)\n", o.out,
+           (long long)res.t[KVD_T_CELLS].n, (long long)res.t[KVD_T_OUTPUT].n,
+           (long long)res.t[KVD_T_TPUT].n);
+    for (int i = 0; i < o.traces; i++) kvd_trace_free(&tr[i]);
+    free(tr);
+    kvd_kv_scales_free(&sc), kvd_kv_scales_free(&am);
+    kvd_results_free(&res);
+    kvd_weights_free(&w);
+    return failed;
+}

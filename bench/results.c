@@ -1,0 +1,391 @@
+/* kvdrift: results tables and their HDF5 file (see results.h). */
+#include "results.h"
+
+#include <hdf5.h>
+#include <hdf5_hl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../runners/config.h"
+
+#define S(T, f, n)                                                                                 \
+    { #f, KVD_COL_STR, offsetof(T, f), n }
+#define I32(T, f)                                                                                  \
+    { #f, KVD_COL_I32, offsetof(T, f), 4 }
+#define I64(T, f)                                                                                  \
+    { #f, KVD_COL_I64, offsetof(T, f), 8 }
+#define F64(T, f)                                                                                  \
+    { #f, KVD_COL_F64, offsetof(T, f), 8 }
+#define CELL_KEYS(T) S(T, mode, 16), I32(T, concurrency), I64(T, context)
+
+static const kvd_coldef c_output[] = {CELL_KEYS(kvd_row_output),    I32(kvd_row_output, trace),
+                                      S(kvd_row_output, subset, 8), S(kvd_row_output, metric, 16),
+                                      I32(kvd_row_output, bucket),  I64(kvd_row_output, pos_lo),
+                                      I64(kvd_row_output, pos_hi),  F64(kvd_row_output, n),
+                                      F64(kvd_row_output, mean),    F64(kvd_row_output, ci95)};
+static const kvd_coldef c_layer[] = {CELL_KEYS(kvd_row_layer),    I32(kvd_row_layer, trace),
+                                     I32(kvd_row_layer, layer),   S(kvd_row_layer, layer_type, 20),
+                                     S(kvd_row_layer, subset, 8), S(kvd_row_layer, metric, 16),
+                                     I32(kvd_row_layer, bucket),  I64(kvd_row_layer, pos_lo),
+                                     I64(kvd_row_layer, pos_hi),  F64(kvd_row_layer, n),
+                                     F64(kvd_row_layer, mean),    F64(kvd_row_layer, ci95)};
+static const kvd_coldef c_attn[] = {
+    CELL_KEYS(kvd_row_attn),     I32(kvd_row_attn, trace),  I32(kvd_row_attn, attn_layer),
+    I32(kvd_row_attn, layer),    S(kvd_row_attn, view, 12), S(kvd_row_attn, subset, 8),
+    S(kvd_row_attn, metric, 16), I32(kvd_row_attn, bucket), I64(kvd_row_attn, pos_lo),
+    I64(kvd_row_attn, pos_hi),   F64(kvd_row_attn, n),      F64(kvd_row_attn, mean),
+    F64(kvd_row_attn, ci95)};
+static const kvd_coldef c_summary[] = {
+    CELL_KEYS(kvd_row_summary),     I32(kvd_row_summary, trace), S(kvd_row_summary, subset, 8),
+    S(kvd_row_summary, metric, 24), F64(kvd_row_summary, value), F64(kvd_row_summary, n)};
+static const kvd_coldef c_kv[] = {CELL_KEYS(kvd_row_kv),
+                                  I32(kvd_row_kv, trace),
+                                  I32(kvd_row_kv, attn_layer),
+                                  I32(kvd_row_kv, layer),
+                                  I32(kvd_row_kv, kv_head),
+                                  F64(kvd_row_kv, k_scale),
+                                  F64(kvd_row_kv, v_scale),
+                                  F64(kvd_row_kv, k_saturated_frac),
+                                  F64(kvd_row_kv, k_flushed_frac),
+                                  F64(kvd_row_kv, k_subnormal_frac),
+                                  F64(kvd_row_kv, v_saturated_frac),
+                                  F64(kvd_row_kv, v_flushed_frac),
+                                  F64(kvd_row_kv, v_subnormal_frac),
+                                  F64(kvd_row_kv, n_values)};
+static const kvd_coldef c_gen[] = {CELL_KEYS(kvd_row_gen),
+                                   I32(kvd_row_gen, trace),
+                                   I64(kvd_row_gen, prefix),
+                                   I32(kvd_row_gen, tokens),
+                                   I32(kvd_row_gen, first_divergence),
+                                   F64(kvd_row_gen, agree_rate)};
+static const kvd_coldef c_tput[] = {
+    CELL_KEYS(kvd_row_tput),          F64(kvd_row_tput, prefill_tok_s),
+    F64(kvd_row_tput, decode_tok_s),  F64(kvd_row_tput, total_tok_s),
+    F64(kvd_row_tput, ttft_ms_mean),  F64(kvd_row_tput, ttft_ms_p50),
+    F64(kvd_row_tput, ttft_ms_p90),   F64(kvd_row_tput, ttft_ms_p99),
+    F64(kvd_row_tput, itl_ms_mean),   F64(kvd_row_tput, itl_ms_p50),
+    F64(kvd_row_tput, itl_ms_p90),    F64(kvd_row_tput, itl_ms_p99),
+    F64(kvd_row_tput, tpot_ms_mean),  F64(kvd_row_tput, e2e_ms_mean),
+    F64(kvd_row_tput, e2e_ms_p50),    F64(kvd_row_tput, e2e_ms_p90),
+    F64(kvd_row_tput, e2e_ms_p99),    F64(kvd_row_tput, kv_bytes_per_token),
+    F64(kvd_row_tput, peak_kv_bytes), F64(kvd_row_tput, budget_bytes),
+    F64(kvd_row_tput, budget_tokens), F64(kvd_row_tput, batch_drift_max_rel),
+    I32(kvd_row_tput, output_tokens)};
+static const kvd_coldef c_cells[] = {
+    S(kvd_row_cell, cell, 64),          S(kvd_row_cell, kind, 12),  S(kvd_row_cell, mode, 16),
+    I32(kvd_row_cell, concurrency),     I64(kvd_row_cell, context), I32(kvd_row_cell, trace),
+    S(kvd_row_cell, completed_utc, 24), F64(kvd_row_cell, seconds)};
+
+#define TABLE(p, d, T, c)                                                                          \
+    { p, d, sizeof(T), c, (int)(sizeof c / sizeof c[0]), NULL, 0, 0 }
+
+void kvd_results_init(kvd_results *r) {
+    memset(r, 0, sizeof *r);
+    kvd_table t[KVD_T_N] = {
+        TABLE("/drift/output", "next-token figures per position bucket and subset", kvd_row_output,
+              c_output),
+        TABLE("/drift/layers", "hidden-state drift after every layer, per bucket and subset",
+              kvd_row_layer, c_layer),
+        TABLE("/drift/attention",
+              "attention drift per full-attention layer, isolated and propagated views",
+              kvd_row_attn, c_attn),
+        TABLE("/drift/summary",
+              "one figure per cell: KL percentiles, agreement, ln(PPL ratio), "
+              "router flips",
+              kvd_row_summary, c_summary),
+        TABLE("/drift/kv",
+              "the candidate cache per layer and KV head: scales, saturation, "
+              "flush-to-zero, subnormals",
+              kvd_row_kv, c_kv),
+        TABLE("/drift/generation",
+              "greedy continuation from a prefix: first divergent token "
+              "and agreement",
+              kvd_row_gen, c_gen),
+        TABLE("/throughput", "speed per mode, concurrency and context", kvd_row_tput, c_tput),
+        TABLE("/cells", "completion marker of every finished cell", kvd_row_cell, c_cells),
+    };
+    memcpy(r->t, t, sizeof t);
+}
+
+void kvd_results_free(kvd_results *r) {
+    for (int i = 0; i < KVD_T_N; i++) free(r->t[i].rows);
+    for (int i = 0; i < r->n_mats; i++) free(r->mats[i].data);
+    free(r->mats);
+    free(r->model_json);
+    free(r->trace_json);
+    free(r->command);
+    free(r->k_scale);
+    free(r->v_scale);
+    memset(r, 0, sizeof *r);
+}
+
+void *kvd_results_add(kvd_results *r, int ti) {
+    kvd_table *t = &r->t[ti];
+    if (t->n == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 256;
+        t->rows = realloc(t->rows, (size_t)t->cap * t->row_size);
+    }
+    void *row = t->rows + (size_t)t->n++ * t->row_size;
+    memset(row, 0, t->row_size);
+    return row;
+}
+
+int kvd_results_has_cell(const kvd_results *r, const char *cell) {
+    const kvd_table *t = &r->t[KVD_T_CELLS];
+    for (int64_t i = 0; i < t->n; i++)
+        if (!strcmp(((const kvd_row_cell *)(t->rows + (size_t)i * t->row_size))->cell, cell))
+            return 1;
+    return 0;
+}
+
+void kvd_results_add_matrix(kvd_results *r, const char *name, const char *row_label, int rows,
+                            int cols, const double *data) {
+    if (r->n_mats == r->cap_mats) {
+        r->cap_mats = r->cap_mats ? 2 * r->cap_mats : 16;
+        r->mats = realloc(r->mats, (size_t)r->cap_mats * sizeof *r->mats);
+    }
+    struct kvd_matrix *m = &r->mats[r->n_mats++];
+    snprintf(m->name, sizeof m->name, "%s", name);
+    snprintf(m->row_label, sizeof m->row_label, "%s", row_label);
+    m->rows = rows;
+    m->cols = cols;
+    m->data = malloc(sizeof(double) * (size_t)rows * cols);
+    memcpy(m->data, data, sizeof(double) * (size_t)rows * cols);
+}
+
+static hid_t col_type(const kvd_coldef *c) {
+    switch (c->type) {
+    case KVD_COL_STR: {
+        hid_t s = H5Tcopy(H5T_C_S1);
+        H5Tset_size(s, c->len);
+        H5Tset_strpad(s, H5T_STR_NULLPAD);
+        return s;
+    }
+    case KVD_COL_I32:
+        return H5Tcopy(H5T_NATIVE_INT32);
+    case KVD_COL_I64:
+        return H5Tcopy(H5T_NATIVE_INT64);
+    default:
+        return H5Tcopy(H5T_NATIVE_DOUBLE);
+    }
+}
+
+static hid_t table_type(const kvd_table *t) {
+    hid_t ct = H5Tcreate(H5T_COMPOUND, t->row_size);
+    for (int i = 0; i < t->ncols; i++) {
+        hid_t c = col_type(&t->cols[i]);
+        H5Tinsert(ct, t->cols[i].name, t->cols[i].off, c);
+        H5Tclose(c);
+    }
+    return ct;
+}
+
+/* Intermediate groups of a path like /drift/output. */
+static void make_groups(hid_t f, const char *path) {
+    char buf[256];
+    for (const char *p = strchr(path + 1, '/'); p; p = strchr(p + 1, '/')) {
+        snprintf(buf, sizeof buf, "%.*s", (int)(p - path), path);
+        if (H5Lexists(f, buf, H5P_DEFAULT) <= 0) {
+            hid_t g = H5Gcreate2(f, buf, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+            if (g >= 0) H5Gclose(g);
+        }
+    }
+}
+
+static int write_table(hid_t f, const kvd_table *t) {
+    make_groups(f, t->path);
+    hid_t ct = table_type(t);
+    hsize_t dims[1] = {(hsize_t)t->n};
+    hid_t sp = H5Screate_simple(1, dims, NULL);
+    hid_t ds = H5Dcreate2(f, t->path, ct, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    int rc = ds < 0 || (t->n && H5Dwrite(ds, ct, H5S_ALL, H5S_ALL, H5P_DEFAULT, t->rows) < 0);
+    if (ds >= 0) {
+        rc |= H5LTset_attribute_string(f, t->path, "description", t->doc) < 0;
+        H5Dclose(ds);
+    }
+    H5Sclose(sp);
+    H5Tclose(ct);
+    return rc ? -1 : 0;
+}
+
+static int write_2d(hid_t f, const char *path, hsize_t r, hsize_t c, hid_t type, const void *d) {
+    make_groups(f, path);
+    hsize_t dims[2] = {r, c};
+    hid_t sp = H5Screate_simple(2, dims, NULL);
+    hid_t ds = H5Dcreate2(f, path, type, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    int rc = ds < 0 || H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, d) < 0;
+    if (ds >= 0) H5Dclose(ds);
+    H5Sclose(sp);
+    return rc ? -1 : 0;
+}
+
+int kvd_results_save(const kvd_results *r, const char *path, char *err) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (f < 0) {
+        snprintf(err, KVD_ERR_LEN, "%s: cannot create", path);
+        return -1;
+    }
+    int rc = 0, ver = KVD_SCHEMA_VERSION;
+    rc |= H5LTset_attribute_string(f, "/", "format", "kvdrift-results") < 0;
+    rc |= H5LTset_attribute_int(f, "/", "schema_version", &ver, 1) < 0;
+    rc |= H5LTset_attribute_string(f, "/", "kvdrift_version", KVD_VERSION) < 0;
+    rc |= H5LTset_attribute_string(f, "/", "git_revision", KVD_GIT_REV) < 0;
+    char when[32], host[256] = "";
+    time_t now = time(NULL);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    gethostname(host, sizeof host - 1);
+    rc |= H5LTset_attribute_string(f, "/", "written_utc", when) < 0;
+    rc |= H5LTset_attribute_string(f, "/", "host", host) < 0;
+    rc |= H5LTset_attribute_string(f, "/", "backend", r->backend) < 0;
+    rc |= H5LTset_attribute_string(f, "/", "device", r->device) < 0;
+    rc |=
+        H5LTset_attribute_string(f, "/", "model_config", r->model_json ? r->model_json : "{}") < 0;
+    rc |= H5LTset_attribute_string(f, "/", "trace_spec", r->trace_json ? r->trace_json : "{}") < 0;
+    rc |= H5LTset_attribute_string(f, "/", "command", r->command ? r->command : "") < 0;
+    unsigned long long seeds[2] = {r->seed, r->weight_seed};
+    rc |= H5LTset_attribute_ulong(f, "/", "seeds", (unsigned long *)seeds, 2) < 0;
+    for (int i = 0; i < KVD_T_N; i++) rc |= write_table(f, &r->t[i]);
+    if (r->k_scale) {
+        rc |= write_2d(f, "/calibration/k_scale", (hsize_t)r->cal_layers, (hsize_t)r->cal_heads,
+                       H5T_NATIVE_FLOAT, r->k_scale);
+        rc |= write_2d(f, "/calibration/v_scale", (hsize_t)r->cal_layers, (hsize_t)r->cal_heads,
+                       H5T_NATIVE_FLOAT, r->v_scale);
+    }
+    /* dense matrices with dimension scales: rows (layers) x position buckets */
+    for (int i = 0; i < r->n_mats; i++) {
+        const struct kvd_matrix *m = &r->mats[i];
+        char p[160], ps[200];
+        snprintf(p, sizeof p, "/matrices/%s", m->name);
+        rc |= write_2d(f, p, (hsize_t)m->rows, (hsize_t)m->cols, H5T_NATIVE_DOUBLE, m->data);
+        hid_t ds = H5Dopen2(f, p, H5P_DEFAULT);
+        int32_t idx[KVD_MAX_LAYERS];
+        int64_t lo[64];
+        for (int j = 0; j < m->rows && j < KVD_MAX_LAYERS; j++) idx[j] = j;
+        for (int j = 0; j < m->cols && j < 64; j++) lo[j] = j == 0 ? 0 : (int64_t)1 << j;
+        const char *slash = strrchr(m->name, '/');
+        int dlen = slash ? (int)(slash - m->name) : 0;
+        snprintf(ps, sizeof ps, "/matrices/%.*s/%s", dlen, m->name, m->row_label);
+        if (H5Lexists(f, ps, H5P_DEFAULT) <= 0) {
+            hsize_t n = (hsize_t)m->rows;
+            H5LTmake_dataset(f, ps, 1, &n, H5T_NATIVE_INT32, idx);
+            hid_t s = H5Dopen2(f, ps, H5P_DEFAULT);
+            H5DSset_scale(s, m->row_label);
+            H5Dclose(s);
+        }
+        char bs[200];
+        snprintf(bs, sizeof bs, "/matrices/%.*s/bucket_lo", dlen, m->name);
+        if (H5Lexists(f, bs, H5P_DEFAULT) <= 0) {
+            hsize_t n = (hsize_t)m->cols;
+            H5LTmake_dataset(f, bs, 1, &n, H5T_NATIVE_INT64, lo);
+            hid_t s = H5Dopen2(f, bs, H5P_DEFAULT);
+            H5DSset_scale(s, "bucket_lo");
+            H5Dclose(s);
+        }
+        char rsp[200];
+        snprintf(rsp, sizeof rsp, "/matrices/%.*s/%s", dlen, m->name, m->row_label);
+        hid_t s0 = H5Dopen2(f, rsp, H5P_DEFAULT), s1 = H5Dopen2(f, bs, H5P_DEFAULT);
+        rc |= H5DSattach_scale(ds, s0, 0) < 0;
+        rc |= H5DSattach_scale(ds, s1, 1) < 0;
+        H5Dclose(s0);
+        H5Dclose(s1);
+        H5Dclose(ds);
+    }
+    rc |= H5Fclose(f) < 0;
+    if (rc || rename(tmp, path) != 0) {
+        unlink(tmp);
+        snprintf(err, KVD_ERR_LEN, "%s: write failed", path);
+        return -1;
+    }
+    return 0;
+}
+
+static int read_table(hid_t f, kvd_table *t, const char *path, char *err) {
+    hid_t ds = H5Dopen2(f, t->path, H5P_DEFAULT);
+    if (ds < 0) {
+        snprintf(err, KVD_ERR_LEN, "%s: dataset %s: missing (expected schema version %d)", path,
+                 t->path, KVD_SCHEMA_VERSION);
+        return -1;
+    }
+    hid_t sp = H5Dget_space(ds), ct = table_type(t);
+    hsize_t n = 0;
+    H5Sget_simple_extent_dims(sp, &n, NULL);
+    free(t->rows);
+    t->cap = (int64_t)(n ? n : 1);
+    t->rows = calloc((size_t)t->cap, t->row_size);
+    t->n = (int64_t)n;
+    int rc = n && H5Dread(ds, ct, H5S_ALL, H5S_ALL, H5P_DEFAULT, t->rows) < 0;
+    H5Tclose(ct);
+    H5Sclose(sp);
+    H5Dclose(ds);
+    if (rc) snprintf(err, KVD_ERR_LEN, "%s: dataset %s: unreadable", path, t->path);
+    return rc ? -1 : 0;
+}
+
+static int read_2d_float(hid_t f, const char *p, int *rows, int *cols, float **out) {
+    if (H5Lexists(f, "/calibration", H5P_DEFAULT) <= 0 || H5Lexists(f, p, H5P_DEFAULT) <= 0)
+        return 0;
+    hsize_t d[2];
+    if (H5LTget_dataset_info(f, p, d, NULL, NULL) < 0) return -1;
+    *rows = (int)d[0];
+    *cols = (int)d[1];
+    *out = malloc(sizeof(float) * d[0] * d[1]);
+    return H5LTread_dataset_float(f, p, *out) < 0 ? -1 : 0;
+}
+
+int kvd_results_load(kvd_results *r, const char *path, char *err) {
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) {
+        snprintf(err, KVD_ERR_LEN, "%s: not a readable HDF5 file (truncated or corrupt?)", path);
+        return -1;
+    }
+    int ver = 0, rc = 0;
+    if (H5LTget_attribute_int(f, "/", "schema_version", &ver) < 0 || ver != KVD_SCHEMA_VERSION) {
+        snprintf(err, KVD_ERR_LEN, "%s: attribute schema_version: expected %d, got %d", path,
+                 KVD_SCHEMA_VERSION, ver);
+        H5Fclose(f);
+        return -1;
+    }
+    for (int i = 0; i < KVD_T_N && !rc; i++) rc = read_table(f, &r->t[i], path, err);
+    int hr = 0, hc = 0;
+    if (!rc && read_2d_float(f, "/calibration/k_scale", &r->cal_layers, &r->cal_heads, &r->k_scale))
+        rc = -1;
+    if (!rc && read_2d_float(f, "/calibration/v_scale", &hr, &hc, &r->v_scale)) rc = -1;
+    /* matrices are rebuilt from the layer tables by whoever resumes */
+    H5Fclose(f);
+    return rc;
+}
+
+static const char *type_name(const kvd_coldef *c) {
+    static char buf[16];
+    switch (c->type) {
+    case KVD_COL_STR:
+        snprintf(buf, sizeof buf, "S%zu", c->len);
+        return buf;
+    case KVD_COL_I32:
+        return "int32";
+    case KVD_COL_I64:
+        return "int64";
+    default:
+        return "float64";
+    }
+}
+
+void kvd_results_schema_md(FILE *f) {
+    kvd_results r;
+    kvd_results_init(&r);
+    fprintf(f, "## Tables (schema version %d)\n\n", KVD_SCHEMA_VERSION);
+    for (int i = 0; i < KVD_T_N; i++) {
+        const kvd_table *t = &r.t[i];
+        fprintf(f, "### `%s`\n\n%s.\n\n| column | type |\n| --- | --- |\n", t->path, t->doc);
+        for (int c = 0; c < t->ncols; c++)
+            fprintf(f, "| `%s` | %s |\n", t->cols[c].name, type_name(&t->cols[c]));
+        fprintf(f, "\n");
+    }
+    kvd_results_free(&r);
+}

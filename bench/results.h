@@ -1,0 +1,175 @@
+/* kvdrift: the results file. Everything a sweep measures is a row of a tidy
+ * table held in memory; after each finished cell the whole file is written
+ * to a temporary name and renamed into place, so the file on disk is always
+ * complete (the last finished cell's state), and a rerun reads it back and
+ * resumes. Schema: docs/results-schema.md. */
+#ifndef KVD_RESULTS_H
+#define KVD_RESULTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define KVD_SCHEMA_VERSION 1
+
+typedef enum { KVD_COL_STR, KVD_COL_I32, KVD_COL_I64, KVD_COL_F64 } kvd_coltype;
+
+typedef struct {
+    const char *name;
+    kvd_coltype type;
+    size_t off;
+    size_t len; /* strings: fixed length, NUL-padded */
+} kvd_coldef;
+
+typedef struct {
+    const char *path; /* dataset path in the file */
+    const char *doc;  /* one line for the schema document */
+    size_t row_size;
+    const kvd_coldef *cols;
+    int ncols;
+    char *rows;
+    int64_t n, cap;
+} kvd_table;
+
+/* Row structs, one per table. */
+typedef struct {
+    char mode[16];
+    int32_t concurrency;
+    int64_t context;
+    int32_t trace;
+    char subset[8];
+    char metric[16];
+    int32_t bucket;
+    int64_t pos_lo, pos_hi;
+    double n, mean, ci95;
+} kvd_row_output;
+
+typedef struct {
+    char mode[16];
+    int32_t concurrency;
+    int64_t context;
+    int32_t trace;
+    int32_t layer;
+    char layer_type[20];
+    char subset[8];
+    char metric[16];
+    int32_t bucket;
+    int64_t pos_lo, pos_hi;
+    double n, mean, ci95;
+} kvd_row_layer;
+
+typedef struct {
+    char mode[16];
+    int32_t concurrency;
+    int64_t context;
+    int32_t trace;
+    int32_t attn_layer, layer;
+    char view[12];
+    char subset[8];
+    char metric[16];
+    int32_t bucket;
+    int64_t pos_lo, pos_hi;
+    double n, mean, ci95;
+} kvd_row_attn;
+
+typedef struct {
+    char mode[16];
+    int32_t concurrency;
+    int64_t context;
+    int32_t trace;
+    char subset[8];
+    char metric[24];
+    double value, n;
+} kvd_row_summary;
+
+typedef struct {
+    char mode[16];
+    int32_t concurrency;
+    int64_t context;
+    int32_t trace;
+    int32_t attn_layer, layer, kv_head;
+    double k_scale, v_scale;
+    double k_saturated_frac, k_flushed_frac, k_subnormal_frac;
+    double v_saturated_frac, v_flushed_frac, v_subnormal_frac;
+    double n_values;
+} kvd_row_kv;
+
+typedef struct {
+    char mode[16];
+    int32_t concurrency;
+    int64_t context;
+    int32_t trace;
+    int64_t prefix;
+    int32_t tokens, first_divergence;
+    double agree_rate;
+} kvd_row_gen;
+
+typedef struct {
+    char mode[16];
+    int32_t concurrency;
+    int64_t context;
+    double prefill_tok_s, decode_tok_s, total_tok_s;
+    double ttft_ms_mean, ttft_ms_p50, ttft_ms_p90, ttft_ms_p99;
+    double itl_ms_mean, itl_ms_p50, itl_ms_p90, itl_ms_p99;
+    double tpot_ms_mean, e2e_ms_mean, e2e_ms_p50, e2e_ms_p90, e2e_ms_p99;
+    double kv_bytes_per_token, peak_kv_bytes, budget_bytes, budget_tokens;
+    double batch_drift_max_rel;
+    int32_t output_tokens;
+} kvd_row_tput;
+
+typedef struct {
+    char cell[64];
+    char kind[12];
+    char mode[16];
+    int32_t concurrency;
+    int64_t context;
+    int32_t trace;
+    char completed_utc[24];
+    double seconds;
+} kvd_row_cell;
+
+enum {
+    KVD_T_OUTPUT = 0,
+    KVD_T_LAYER,
+    KVD_T_ATTN,
+    KVD_T_SUMMARY,
+    KVD_T_KV,
+    KVD_T_GEN,
+    KVD_T_TPUT,
+    KVD_T_CELLS,
+    KVD_T_N
+};
+
+typedef struct {
+    kvd_table t[KVD_T_N];
+    /* provenance, root attributes */
+    char *model_json, *trace_json, *command;
+    char backend[16], device[128];
+    uint64_t seed, weight_seed;
+    /* calibration scales, when a mode used them: [attn layers][kv heads] */
+    int cal_layers, cal_heads;
+    float *k_scale, *v_scale;
+    /* dense per-cell matrices: name -> [rows][buckets] */
+    int n_mats, cap_mats;
+    struct kvd_matrix {
+        char name[96], row_label[16];
+        int rows, cols;
+        double *data;
+    } * mats;
+} kvd_results;
+
+void kvd_results_init(kvd_results *r);
+void kvd_results_free(kvd_results *r);
+void *kvd_results_add(kvd_results *r, int table); /* a zeroed new row */
+int kvd_results_has_cell(const kvd_results *r, const char *cell);
+void kvd_results_add_matrix(kvd_results *r, const char *name, const char *row_label, int rows,
+                            int cols, const double *data);
+
+/* Write the whole file atomically; read one back (for resume). */
+int kvd_results_save(const kvd_results *r, const char *path, char *err);
+int kvd_results_load(kvd_results *r, const char *path, char *err);
+
+/* The schema as Markdown (docs/results-schema.md is this, checked by a test). */
+void kvd_results_schema_md(FILE *f);
+
+#endif

@@ -1,0 +1,413 @@
+/* kvdrift: lock-step drift. The trace goes through both models in the same
+ * chunks; hooks capture what each computes (hidden states after every layer,
+ * routed experts, attention at sampled positions) and the chunk's figures are
+ * accumulated before the next chunk, so no whole-run state is kept. */
+#include "drift.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+const char *const kvd_subset_names[KVD_NSUB] = {"all", "copy", "other"};
+const char *const kvd_out_names[KVD_OUT_N] = {"kl", "top1_agree", "delta_p", "delta_nll"};
+const char *const kvd_hid_names[KVD_HID_N] = {"rel_l2", "cosine"};
+const char *const kvd_att_names[KVD_ATT_N] = {"kl", "out_rel_l2", "argmax_agree"};
+const char *const kvd_view_names[KVD_VIEW_N] = {"isolated", "propagated"};
+
+double kvd_stat_mean(const kvd_stat *s) {
+    return s->n > 0 ? s->sum / s->n : NAN;
+}
+
+double kvd_stat_ci95(const kvd_stat *s) {
+    if (s->n < 2) return NAN;
+    double m = s->sum / s->n, var = (s->sumsq - s->n * m * m) / (s->n - 1);
+    return 1.959963984540054 * sqrt(var > 0 ? var : 0) / sqrt(s->n);
+}
+
+void kvd_drift_opts_defaults(kvd_drift_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->sample_every = 16;
+    o->gen_tokens = 32;
+    o->saturate = 1;
+}
+
+int kvd_drift_init(kvd_drift *d, const kvd_config *c, int64_t max_tokens) {
+    memset(d, 0, sizeof *d);
+    d->n_layers = c->num_hidden_layers;
+    d->n_attn = kvd_config_n_full(c);
+    d->kv_heads = c->num_key_value_heads;
+    d->hid = calloc((size_t)d->n_layers * KVD_HID_N * KVD_NSUB * KVD_NB, sizeof(kvd_stat));
+    d->att =
+        calloc((size_t)d->n_attn * KVD_VIEW_N * KVD_ATT_N * KVD_NSUB * KVD_NB, sizeof(kvd_stat));
+    d->router = calloc((size_t)d->n_layers * KVD_NB, sizeof(kvd_stat));
+    d->kl = malloc(sizeof(float) * (size_t)(max_tokens > 0 ? max_tokens : 1));
+    d->kl_copy = malloc((size_t)(max_tokens > 0 ? max_tokens : 1));
+    d->k_stats = calloc((size_t)d->n_attn, sizeof(kvd_qstats));
+    d->v_stats = calloc((size_t)d->n_attn, sizeof(kvd_qstats));
+    d->k_scale = calloc((size_t)d->n_attn * d->kv_heads, sizeof(float));
+    d->v_scale = calloc((size_t)d->n_attn * d->kv_heads, sizeof(float));
+    return d->hid && d->att && d->router && d->kl && d->kl_copy && d->k_stats && d->v_stats &&
+                   d->k_scale && d->v_scale
+               ? 0
+               : -1;
+}
+
+void kvd_drift_free(kvd_drift *d) {
+    free(d->hid);
+    free(d->att);
+    free(d->router);
+    free(d->kl);
+    free(d->kl_copy);
+    free(d->k_stats);
+    free(d->v_stats);
+    free(d->k_scale);
+    free(d->v_scale);
+    memset(d, 0, sizeof *d);
+}
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+double kvd_drift_kl_percentile(const kvd_drift *d, kvd_subset s, double q) {
+    float *v = malloc(sizeof(float) * (size_t)(d->n_kl ? d->n_kl : 1));
+    int64_t n = 0;
+    for (int64_t i = 0; i < d->n_kl; i++)
+        if (s == KVD_SUB_ALL || (s == KVD_SUB_COPY) == (d->kl_copy[i] != 0)) v[n++] = d->kl[i];
+    double r = NAN;
+    if (n > 0) {
+        qsort(v, (size_t)n, sizeof(float), cmp_f);
+        /* linear interpolation between closest ranks */
+        double x = q * (double)(n - 1);
+        int64_t i = (int64_t)x;
+        r = i + 1 < n ? v[i] + (x - (double)i) * (v[i + 1] - v[i]) : v[n - 1];
+    }
+    free(v);
+    return r;
+}
+
+/* ---- what the hooks capture, per side (0 reference, 1 candidate) ---- */
+
+typedef struct {
+    float *probs, *out; /* the reference's, kept for the propagated comparison */
+    int n_ctx;
+} att_slot;
+
+typedef struct {
+    const kvd_config *c;
+    kvd_drift *d;
+    const uint8_t *is_copy, *copy_start;
+    int sample_every;
+    int side;
+    int64_t p0;      /* first position of the chunk */
+    int rows;        /* rows of the chunk */
+    float *hid[2];   /* [layer][rows][H] */
+    int *router[2];  /* [layer][rows][k] */
+    att_slot *slots; /* [attn layer][rows] */
+} lockstep;
+
+static void on_hidden(void *ctx, int layer, const kvd_batch *b, const int *pos, const float *h) {
+    (void)b, (void)pos;
+    lockstep *L = ctx;
+    size_t n = (size_t)L->rows * L->c->hidden_size;
+    memcpy(L->hid[L->side] + (size_t)layer * n, h, n * sizeof(float));
+}
+
+static void on_router(void *ctx, int layer, const kvd_batch *b, const int *experts) {
+    (void)b;
+    lockstep *L = ctx;
+    size_t n = (size_t)L->rows * L->c->num_experts_per_tok;
+    memcpy(L->router[L->side] + (size_t)layer * n, experts, n * sizeof(int));
+}
+
+static int want_attn(void *ctx, int al, int seq, int pos) {
+    (void)al, (void)seq;
+    lockstep *L = ctx;
+    return pos % L->sample_every == 0 || L->copy_start[pos];
+}
+
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)a[i] - b[i];
+        num += e * e;
+        den += (double)b[i] * b[i];
+    }
+    return num == 0 ? 0 : sqrt(num / (den > 0 ? den : 1e-300));
+}
+
+/* KL(P||Q) per head, averaged over heads; argmax agreement over heads. */
+static void att_compare(const kvd_config *c, const float *p, const float *q, const float *po,
+                        const float *qo, int n_ctx, double *kl, double *rel, double *agree) {
+    int nh = c->num_attention_heads, hd = c->head_dim;
+    double k = 0, a = 0;
+    for (int h = 0; h < nh; h++) {
+        const float *ph = p + (size_t)h * n_ctx, *qh = q + (size_t)h * n_ctx;
+        double s = 0;
+        int ap = 0, aq = 0;
+        for (int t = 0; t < n_ctx; t++) {
+            if (ph[t] > 0) s += ph[t] * (log((double)ph[t]) - log(fmax((double)qh[t], 1e-300)));
+            if (ph[t] > ph[ap]) ap = t;
+            if (qh[t] > qh[aq]) aq = t;
+        }
+        k += s > 0 ? s : 0;
+        a += ap == aq;
+    }
+    *kl = k / nh;
+    *agree = a / nh;
+    *rel = rel_l2(qo, po, (size_t)nh * hd);
+}
+
+static void accumulate_att(lockstep *L, int al, int view, int64_t pos, double kl, double rel,
+                           double agree) {
+    int b = kvd_bucket(pos), sub = L->is_copy[pos] ? KVD_SUB_COPY : KVD_SUB_OTHER;
+    double v[KVD_ATT_N] = {kl, rel, agree};
+    for (int m = 0; m < KVD_ATT_N; m++) {
+        kvd_stat_add(kvd_drift_att(L->d, al, view, m, KVD_SUB_ALL, b), v[m]);
+        kvd_stat_add(kvd_drift_att(L->d, al, view, m, sub, b), v[m]);
+    }
+}
+
+static void on_attn(void *ctx, int al, int seq, int pos, int n_ctx, const float *probs,
+                    const float *out, const float *sp, const float *so) {
+    (void)seq;
+    lockstep *L = ctx;
+    const kvd_config *c = L->c;
+    size_t np = (size_t)c->num_attention_heads * n_ctx,
+           no = (size_t)c->num_attention_heads * c->head_dim;
+    att_slot *s = &L->slots[(size_t)al * L->rows + (size_t)(pos - L->p0)];
+    double kl, rel, agree;
+    if (L->side == 0) {
+        /* isolated: the reference query over the candidate-coded reference K/V */
+        if (sp) {
+            att_compare(c, probs, sp, out, so, n_ctx, &kl, &rel, &agree);
+            accumulate_att(L, al, KVD_VIEW_ISOLATED, pos, kl, rel, agree);
+        }
+        s->probs = realloc(s->probs, np * sizeof(float));
+        s->out = realloc(s->out, no * sizeof(float));
+        memcpy(s->probs, probs, np * sizeof(float));
+        memcpy(s->out, out, no * sizeof(float));
+        s->n_ctx = n_ctx;
+    } else if (s->probs && s->n_ctx == n_ctx) {
+        /* propagated: the candidate's own query over its own cache */
+        att_compare(c, s->probs, probs, s->out, out, n_ctx, &kl, &rel, &agree);
+        accumulate_att(L, al, KVD_VIEW_PROPAGATED, pos, kl, rel, agree);
+    }
+}
+
+/* ---- per-chunk comparisons ---- */
+
+static void compare_chunk(lockstep *L, const float *lr, const float *lc, const uint32_t *tok,
+                          int64_t n) {
+    const kvd_config *c = L->c;
+    kvd_drift *d = L->d;
+    const int H = c->hidden_size, V = c->vocab_size, K = c->num_experts_per_tok;
+    for (int r = 0; r < L->rows; r++) {
+        int64_t pos = L->p0 + r;
+        int b = kvd_bucket(pos), sub = L->is_copy[pos] ? KVD_SUB_COPY : KVD_SUB_OTHER;
+        for (int l = 0; l < c->num_hidden_layers; l++) {
+            const float *a = L->hid[0] + ((size_t)l * L->rows + r) * H;
+            const float *x = L->hid[1] + ((size_t)l * L->rows + r) * H;
+            double rel = rel_l2(x, a, (size_t)H), cs = 1.0;
+            if (rel != 0) {
+                double dot = 0, na = 0, nx = 0;
+                for (int i = 0; i < H; i++)
+                    dot += (double)a[i] * x[i], na += (double)a[i] * a[i],
+                        nx += (double)x[i] * x[i];
+                cs = dot / sqrt(na * nx);
+            }
+            kvd_stat_add(kvd_drift_hid(d, l, KVD_HID_REL_L2, KVD_SUB_ALL, b), rel);
+            kvd_stat_add(kvd_drift_hid(d, l, KVD_HID_REL_L2, sub, b), rel);
+            kvd_stat_add(kvd_drift_hid(d, l, KVD_HID_COS, KVD_SUB_ALL, b), cs);
+            kvd_stat_add(kvd_drift_hid(d, l, KVD_HID_COS, sub, b), cs);
+            if (c->num_experts > 0) {
+                const int *ea = L->router[0] + ((size_t)l * L->rows + r) * K;
+                const int *ex = L->router[1] + ((size_t)l * L->rows + r) * K;
+                int same = 1;
+                for (int i = 0; i < K && same; i++) {
+                    int found = 0;
+                    for (int j = 0; j < K; j++) found |= ea[i] == ex[j];
+                    same = found;
+                }
+                kvd_stat_add(&d->router[(size_t)l * KVD_NB + b], !same);
+            }
+        }
+        /* output: the prediction at pos is of token pos + 1 */
+        if (pos + 1 >= n) continue;
+        const float *a = lr + (size_t)r * V, *x = lc + (size_t)r * V;
+        double ma = -INFINITY, mx = -INFINITY;
+        int ia = 0, ix = 0;
+        for (int i = 0; i < V; i++) {
+            if (a[i] > ma) ma = a[i], ia = i;
+            if (x[i] > mx) mx = x[i], ix = i;
+        }
+        double sa = 0, sx = 0;
+        for (int i = 0; i < V; i++) sa += exp(a[i] - ma), sx += exp(x[i] - mx);
+        double la = ma + log(sa), lx = mx + log(sx), kl = 0;
+        for (int i = 0; i < V; i++) {
+            double pa = a[i] - la, px = x[i] - lx;
+            kl += exp(pa) * (pa - px);
+        }
+        kl = kl > 0 ? kl : 0;
+        uint32_t next = tok[pos + 1];
+        double nll_a = la - a[next], nll_x = lx - x[next];
+        double v[KVD_OUT_N] = {kl, ia == ix, exp(-nll_x) - exp(-nll_a), nll_x - nll_a};
+        int osub = L->is_copy[pos + 1] ? KVD_SUB_COPY : KVD_SUB_OTHER;
+        int ob = kvd_bucket(pos);
+        for (int m = 0; m < KVD_OUT_N; m++) {
+            kvd_stat_add(&d->out[m][KVD_SUB_ALL][ob], v[m]);
+            kvd_stat_add(&d->out[m][osub][ob], v[m]);
+        }
+        d->kl[d->n_kl] = (float)kl;
+        d->kl_copy[d->n_kl++] = osub == KVD_SUB_COPY;
+    }
+}
+
+static int argmax(const float *x, int n) {
+    int a = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[a]) a = i;
+    return a;
+}
+
+/* Greedy continuation of both models from the same prefix: each branches its
+ * own sequence (cache and recurrent state) and feeds back its own tokens. */
+static int generate(kvd_model *mr, kvd_kvcache *kr, kvd_model *mc, kvd_kvcache *kc, int64_t prefix,
+                    int ntok, const float *last_r, const float *last_c, int V, kvd_gen_result *g,
+                    char *err) {
+    int sr = kvd_kvcache_fork(kr, 0), sc = kvd_kvcache_fork(kc, 0);
+    if (sr < 0 || sc < 0) {
+        snprintf(err, KVD_ERR_LEN, "generation: KV cache has no room to branch at %lld tokens",
+                 (long long)prefix);
+        return -1;
+    }
+    kvd_model_copy_seq(mr, 0, sr);
+    kvd_model_copy_seq(mc, 0, sc);
+    float *lr = malloc(sizeof(float) * (size_t)V), *lc = malloc(sizeof(float) * (size_t)V);
+    int32_t tr = argmax(last_r, V), tc = argmax(last_c, V);
+    g->prefix = prefix;
+    g->tokens = ntok;
+    g->first_divergence = ntok;
+    g->agree = 0;
+    int one = 1, rc = 0;
+    for (int i = 0; i < ntok; i++) {
+        if (tr == tc) {
+            g->agree++;
+        } else if (g->first_divergence == ntok) {
+            g->first_divergence = i;
+        }
+        if (i + 1 == ntok) break;
+        kvd_batch br = {1, &sr, &one, &tr}, bc = {1, &sc, &one, &tc};
+        if (kvd_forward(mr, kr, &br, lr, 1, err) || kvd_forward(mc, kc, &bc, lc, 1, err)) {
+            rc = -1;
+            break;
+        }
+        tr = argmax(lr, V);
+        tc = argmax(lc, V);
+    }
+    free(lr);
+    free(lc);
+    kvd_kvcache_release(kr, sr);
+    kvd_kvcache_release(kc, sc);
+    return rc;
+}
+
+int kvd_drift_run(const kvd_weights *w, const uint32_t *tok, const uint8_t *is_copy,
+                  const uint8_t *copy_start, int64_t n, kvd_kv_mode mode,
+                  const kvd_kv_scales *scales, const kvd_drift_opts *o, kvd_drift *d, char *err) {
+    const kvd_config *c = &w->cfg;
+    const int R = 256, H = c->hidden_size, V = c->vocab_size;
+    const int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads;
+    int64_t cap = n + (o->n_gen > 0 ? (int64_t)o->gen_tokens * 2 + n : 0) + 16;
+    kvd_kvcache kr, kc, ks;
+    int rc = -1;
+    memset(&kr, 0, sizeof kr), memset(&kc, 0, sizeof kc), memset(&ks, 0, sizeof ks);
+    kvd_model *mr = NULL, *mc = NULL;
+    lockstep L;
+    memset(&L, 0, sizeof L);
+    float *lr = malloc(sizeof(float) * (size_t)R * V), *lc = malloc(sizeof(float) * (size_t)R * V);
+    if (kvd_kvcache_init(&kr, KVD_KV_BF16, nf, kvh, c->head_dim, 16, cap, NULL, 1, err) ||
+        kvd_kvcache_init(&kc, mode, nf, kvh, c->head_dim, 16, cap, scales, o->saturate, err) ||
+        kvd_kvcache_init(&ks, mode, nf, kvh, c->head_dim, 16, n + 16, scales, o->saturate, err))
+        goto out;
+    if (!(mr = kvd_model_new(w, R, 4, err)) || !(mc = kvd_model_new(w, R, 4, err))) goto out;
+    L.c = c;
+    L.d = d;
+    L.is_copy = is_copy;
+    L.copy_start = copy_start;
+    L.sample_every = o->sample_every > 0 ? o->sample_every : 16;
+    size_t hn = (size_t)c->num_hidden_layers * R * H;
+    size_t rn = (size_t)c->num_hidden_layers * R *
+                (c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1);
+    L.hid[0] = malloc(hn * sizeof(float)), L.hid[1] = malloc(hn * sizeof(float));
+    L.router[0] = calloc(rn, sizeof(int)), L.router[1] = calloc(rn, sizeof(int));
+    L.slots = calloc((size_t)nf * R, sizeof(att_slot));
+    if (!lr || !lc || !L.hid[0] || !L.hid[1] || !L.router[0] || !L.router[1] || !L.slots) {
+        snprintf(err, KVD_ERR_LEN, "drift: out of memory");
+        goto out;
+    }
+    kvd_hooks hk = {.ctx = &L,
+                    .hidden = on_hidden,
+                    .attn = on_attn,
+                    .want_attn = want_attn,
+                    .router = on_router};
+    kvd_model_set_hooks(mr, &hk);
+    kvd_model_set_hooks(mc, &hk);
+    kvd_model_set_shadow(mr, &ks);
+    int sr = kvd_kvcache_add_seq(&kr), sc = kvd_kvcache_add_seq(&kc), ss = kvd_kvcache_add_seq(&ks);
+    (void)ss;
+    int gi = 0;
+    for (int64_t p0 = 0; p0 < n;) {
+        /* chunks end at each generation prefix, so the branch starts there */
+        int64_t end = p0 + R < n ? p0 + R : n;
+        while (gi < o->n_gen && o->gen_prefix[gi] <= p0) gi++;
+        if (gi < o->n_gen && o->gen_prefix[gi] < end) end = o->gen_prefix[gi];
+        int rows = (int)(end - p0);
+        L.p0 = p0;
+        L.rows = rows;
+        int32_t *chunk = (int32_t *)(tok + p0);
+        kvd_batch br = {1, &sr, &rows, chunk}, bc = {1, &sc, &rows, chunk};
+        L.side = 0;
+        if (kvd_forward(mr, &kr, &br, lr, 0, err)) goto out;
+        L.side = 1;
+        if (kvd_forward(mc, &kc, &bc, lc, 0, err)) goto out;
+        compare_chunk(&L, lr, lc, tok, n);
+        for (size_t i = 0; i < (size_t)nf * R; i++) L.slots[i].n_ctx = 0;
+        p0 = end;
+        if (gi < o->n_gen && o->gen_prefix[gi] == end && o->gen_tokens > 0) {
+            kvd_model_set_hooks(mr, NULL);
+            kvd_model_set_hooks(mc, NULL);
+            kvd_model_set_shadow(mr, NULL);
+            if (generate(mr, &kr, mc, &kc, end, o->gen_tokens, lr + (size_t)(rows - 1) * V,
+                         lc + (size_t)(rows - 1) * V, V, &d->gen[d->n_gen], err))
+                goto out;
+            d->n_gen++;
+            kvd_model_set_hooks(mr, &hk);
+            kvd_model_set_hooks(mc, &hk);
+            kvd_model_set_shadow(mr, &ks);
+            gi++;
+        }
+    }
+    for (int l = 0; l < nf; l++) {
+        d->k_stats[l] = kc.k_stats[l];
+        d->v_stats[l] = kc.v_stats[l];
+        for (int h = 0; h < kvh; h++) {
+            d->k_scale[l * kvh + h] = kc.k_scale[l * kvh + h];
+            d->v_scale[l * kvh + h] = kc.v_scale[l * kvh + h];
+        }
+    }
+    rc = 0;
+out:
+    if (L.slots)
+        for (size_t i = 0; i < (size_t)nf * R; i++) free(L.slots[i].probs), free(L.slots[i].out);
+    free(L.slots);
+    free(L.hid[0]), free(L.hid[1]), free(L.router[0]), free(L.router[1]);
+    free(lr), free(lc);
+    kvd_model_free(mr), kvd_model_free(mc);
+    kvd_kvcache_free(&kr), kvd_kvcache_free(&kc), kvd_kvcache_free(&ks);
+    return rc;
+}

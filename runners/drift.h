@@ -1,0 +1,99 @@
+/* kvdrift: lock-step drift measurement. The BF16 reference and a candidate KV
+ * mode run the same weights over the same trace side by side; every figure
+ * of DESIGN.md's "Drift figures" is accumulated per log2 position bucket and
+ * per subset (all tokens, tokens that copy earlier content, the rest), with
+ * n, mean and a 95% interval. */
+#ifndef KVD_DRIFT_H
+#define KVD_DRIFT_H
+
+#include <stdint.h>
+
+#include "kvcache.h"
+#include "weights.h"
+
+#define KVD_NB 32  /* position buckets: b covers [2^b, 2^(b+1)), b = 0 also position 0 */
+#define KVD_NSUB 3 /* subsets */
+#define KVD_MAX_GEN 8
+
+typedef enum { KVD_SUB_ALL = 0, KVD_SUB_COPY, KVD_SUB_OTHER } kvd_subset;
+extern const char *const kvd_subset_names[KVD_NSUB];
+
+typedef enum { KVD_OUT_KL = 0, KVD_OUT_TOP1, KVD_OUT_DP, KVD_OUT_DNLL, KVD_OUT_N } kvd_out_metric;
+extern const char *const kvd_out_names[KVD_OUT_N];
+typedef enum { KVD_HID_REL_L2 = 0, KVD_HID_COS, KVD_HID_N } kvd_hid_metric;
+extern const char *const kvd_hid_names[KVD_HID_N];
+typedef enum { KVD_ATT_KL = 0, KVD_ATT_REL_L2, KVD_ATT_ARGMAX, KVD_ATT_N } kvd_att_metric;
+extern const char *const kvd_att_names[KVD_ATT_N];
+typedef enum { KVD_VIEW_ISOLATED = 0, KVD_VIEW_PROPAGATED, KVD_VIEW_N } kvd_att_view;
+extern const char *const kvd_view_names[KVD_VIEW_N];
+
+typedef struct {
+    double n, sum, sumsq;
+} kvd_stat;
+
+static inline void kvd_stat_add(kvd_stat *s, double x) {
+    s->n += 1;
+    s->sum += x;
+    s->sumsq += x * x;
+}
+double kvd_stat_mean(const kvd_stat *s);
+double kvd_stat_ci95(const kvd_stat *s); /* half-width, normal approximation */
+
+static inline int kvd_bucket(int64_t pos) {
+    int b = pos < 2 ? 0 : 63 - __builtin_clzll((unsigned long long)pos);
+    return b < KVD_NB ? b : KVD_NB - 1;
+}
+
+typedef struct {
+    int sample_every; /* attention figures at every k-th position and each copy start */
+    int gen_tokens;   /* greedy tokens per prefix (0: no generation figures) */
+    int n_gen;        /* prefixes */
+    int64_t gen_prefix[KVD_MAX_GEN];
+    int saturate; /* E4M3 SATFINITE (1) or NOSAT (0) */
+} kvd_drift_opts;
+
+void kvd_drift_opts_defaults(kvd_drift_opts *o);
+
+typedef struct {
+    int64_t prefix;
+    int tokens;
+    int first_divergence; /* index of the first differing greedy token, tokens if none */
+    int agree;            /* positions where both chose the same token */
+} kvd_gen_result;
+
+typedef struct {
+    int n_layers, n_attn, kv_heads;
+    kvd_stat out[KVD_OUT_N][KVD_NSUB][KVD_NB];
+    kvd_stat *hid;    /* [layer][KVD_HID_N][KVD_NSUB][KVD_NB] */
+    kvd_stat *att;    /* [attn layer][KVD_VIEW_N][KVD_ATT_N][KVD_NSUB][KVD_NB] */
+    kvd_stat *router; /* [layer][KVD_NB]: top-k set differs */
+    /* every token's output KL, for percentiles, and its subset */
+    float *kl;
+    uint8_t *kl_copy;
+    int64_t n_kl;
+    kvd_qstats *k_stats, *v_stats; /* the candidate cache's writes, [attn layer] */
+    float *k_scale, *v_scale;      /* [attn layer][kv head] */
+    int n_gen;
+    kvd_gen_result gen[KVD_MAX_GEN];
+} kvd_drift;
+
+int kvd_drift_init(kvd_drift *d, const kvd_config *c, int64_t max_tokens);
+void kvd_drift_free(kvd_drift *d);
+static inline kvd_stat *kvd_drift_hid(kvd_drift *d, int l, int m, int s, int b) {
+    return &d->hid[(((size_t)l * KVD_HID_N + m) * KVD_NSUB + s) * KVD_NB + b];
+}
+static inline kvd_stat *kvd_drift_att(kvd_drift *d, int al, int v, int m, int s, int b) {
+    return &d->att[((((size_t)al * KVD_VIEW_N + v) * KVD_ATT_N + m) * KVD_NSUB + s) * KVD_NB + b];
+}
+
+/* Run the BF16 reference and candidate `mode` over the first n tokens of
+ * tok (is_copy[i]: token i copies earlier content; copy_start[i]: it starts
+ * a copy) and accumulate into d. */
+int kvd_drift_run(const kvd_weights *w, const uint32_t *tok, const uint8_t *is_copy,
+                  const uint8_t *copy_start, int64_t n, kvd_kv_mode mode,
+                  const kvd_kv_scales *scales, const kvd_drift_opts *o, kvd_drift *d, char *err);
+
+/* Percentile q (0..1) of the output KL over a subset. */
+double kvd_drift_kl_percentile(const kvd_drift *d, kvd_subset s, double q);
+
+#endif
