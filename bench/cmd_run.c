@@ -38,9 +38,18 @@ typedef struct {
     int per_head, calib_tokens;
     double kv_budget;
     kvd_drift_opts dopt;
-    int gen_prefix_frac; /* generation prefixes at 1/4, 1/2 and all of the context */
     int decode_tokens;
+    char *owned[64]; /* strings a spec file provided, freed at the end */
+    int n_owned;
 } run_opts;
+
+static char *own(run_opts *o, const char *s) {
+    char *d = strdup(s);
+    if (o->n_owned < 64) {
+        o->owned[o->n_owned++] = d;
+    }
+    return d;
+}
 
 static int parse_list(const char *s, int64_t *out, int max, int64_t lo, int64_t hi) {
     int n = 0;
@@ -164,7 +173,8 @@ static void load_spec(run_opts *o, const char *cmd, const char *path) {
             kvd_die(KVD_EXIT_USAGE, cmd, "%s: field '%s': unsupported value", path, key);
         }
         /* route through the same parsers as the command line */
-        char *argv2[2] = {flag, val};
+        /* values outlive this loop (a preset name, a path): keep a copy */
+        char *argv2[2] = {flag, own(o, val)};
         kvd_args a = {2, argv2, 1, cmd};
         if (kvd_model_opts_flag(&o->mo, &a, flag)) continue;
         if (!strcmp(flag, "--traces"))
@@ -182,7 +192,7 @@ static void load_spec(run_opts *o, const char *cmd, const char *path) {
         else if (!strcmp(flag, "--decode-tokens"))
             o->decode_tokens = (int)strtol(val, NULL, 10);
         else if (!strcmp(flag, "--output"))
-            o->out = strdup(val);
+            o->out = argv2[1];
         else
             set_flag(o, cmd, flag, val);
     }
@@ -774,5 +784,6 @@ int kvd_cmd_run(int argc, char **argv) {
     kvd_kv_scales_free(&sc), kvd_kv_scales_free(&am);
     kvd_results_free(&res);
     kvd_weights_free(&w);
+    for (int i = 0; i < o.n_owned; i++) free(o.owned[i]);
     return failed;
 }

@@ -4,6 +4,7 @@
 
 #include "../kernels/backend.h"
 #include "commands.h"
+#include "results.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -20,6 +21,7 @@ static void usage(FILE *f) {
             "              model.safetensors)\n"
             "  trace       synthetic agentic-coding traces: gen, stats, import\n"
             "  bench       kernel benchmarks (kvdrift bench kernels)\n"
+            "  schema      the results file's tables and columns (Markdown)\n"
             "  version     version, revision and back ends\n",
             KVD_VERSION, KVD_GIT_REV);
 }
@@ -36,6 +38,10 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench")) return kvd_cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "trace")) return kvd_cmd_trace(argc - 2, argv + 2);
     if (!strcmp(cmd, "run")) return kvd_cmd_run(argc - 2, argv + 2);
+    if (!strcmp(cmd, "schema")) {
+        kvd_results_schema_md(stdout);
+        return 0;
+    }
     if (!strcmp(cmd, "version")) {
         kvd_cuda_info ci;
         kvd_cuda_probe(&ci);

@@ -95,6 +95,10 @@ double kvd_drift_kl_percentile(const kvd_drift *d, kvd_subset s, double q) {
 typedef struct {
     float *probs, *out; /* the reference's, kept for the propagated comparison */
     int n_ctx;
+    /* this row's figures per view, accumulated after the chunk in row order
+     * (the hook runs on whichever thread got the row) */
+    int have[KVD_VIEW_N];
+    double fig[KVD_VIEW_N][KVD_ATT_N];
 } att_slot;
 
 typedef struct {
@@ -105,6 +109,7 @@ typedef struct {
     int side;
     int64_t p0;      /* first position of the chunk */
     int rows;        /* rows of the chunk */
+    int cap;         /* most rows a chunk has */
     float *hid[2];   /* [layer][rows][H] */
     int *router[2];  /* [layer][rows][k] */
     att_slot *slots; /* [attn layer][rows] */
@@ -179,13 +184,16 @@ static void on_attn(void *ctx, int al, int seq, int pos, int n_ctx, const float 
     const kvd_config *c = L->c;
     size_t np = (size_t)c->num_attention_heads * n_ctx,
            no = (size_t)c->num_attention_heads * c->head_dim;
-    att_slot *s = &L->slots[(size_t)al * L->rows + (size_t)(pos - L->p0)];
+    att_slot *s = &L->slots[(size_t)al * L->cap + (size_t)(pos - L->p0)];
     double kl, rel, agree;
     if (L->side == 0) {
         /* isolated: the reference query over the candidate-coded reference K/V */
         if (sp) {
             att_compare(c, probs, sp, out, so, n_ctx, &kl, &rel, &agree);
-            accumulate_att(L, al, KVD_VIEW_ISOLATED, pos, kl, rel, agree);
+            s->have[KVD_VIEW_ISOLATED] = 1;
+            s->fig[KVD_VIEW_ISOLATED][KVD_ATT_KL] = kl;
+            s->fig[KVD_VIEW_ISOLATED][KVD_ATT_REL_L2] = rel;
+            s->fig[KVD_VIEW_ISOLATED][KVD_ATT_ARGMAX] = agree;
         }
         s->probs = realloc(s->probs, np * sizeof(float));
         s->out = realloc(s->out, no * sizeof(float));
@@ -195,7 +203,10 @@ static void on_attn(void *ctx, int al, int seq, int pos, int n_ctx, const float 
     } else if (s->probs && s->n_ctx == n_ctx) {
         /* propagated: the candidate's own query over its own cache */
         att_compare(c, s->probs, probs, s->out, out, n_ctx, &kl, &rel, &agree);
-        accumulate_att(L, al, KVD_VIEW_PROPAGATED, pos, kl, rel, agree);
+        s->have[KVD_VIEW_PROPAGATED] = 1;
+        s->fig[KVD_VIEW_PROPAGATED][KVD_ATT_KL] = kl;
+        s->fig[KVD_VIEW_PROPAGATED][KVD_ATT_REL_L2] = rel;
+        s->fig[KVD_VIEW_PROPAGATED][KVD_ATT_ARGMAX] = agree;
     }
 }
 
@@ -336,6 +347,7 @@ int kvd_drift_run(const kvd_weights *w, const uint32_t *tok, const uint8_t *is_c
         goto out;
     if (!(mr = kvd_model_new(w, R, 4, err)) || !(mc = kvd_model_new(w, R, 4, err))) goto out;
     L.c = c;
+    L.cap = R;
     L.d = d;
     L.is_copy = is_copy;
     L.copy_start = copy_start;
@@ -376,7 +388,15 @@ int kvd_drift_run(const kvd_weights *w, const uint32_t *tok, const uint8_t *is_c
         L.side = 1;
         if (kvd_forward(mc, &kc, &bc, lc, 0, err)) goto out;
         compare_chunk(&L, lr, lc, tok, n);
-        for (size_t i = 0; i < (size_t)nf * R; i++) L.slots[i].n_ctx = 0;
+        for (int al = 0; al < nf; al++)
+            for (int r = 0; r < rows; r++) {
+                att_slot *s = &L.slots[(size_t)al * R + r];
+                for (int v = 0; v < KVD_VIEW_N; v++)
+                    if (s->have[v])
+                        accumulate_att(&L, al, v, p0 + r, s->fig[v][0], s->fig[v][1], s->fig[v][2]);
+                s->have[0] = s->have[1] = 0;
+                s->n_ctx = 0;
+            }
         p0 = end;
         if (gi < o->n_gen && o->gen_prefix[gi] == end && o->gen_tokens > 0) {
             kvd_model_set_hooks(mr, NULL);
