@@ -549,6 +549,57 @@ out:
     return rc;
 }
 
+/* What a reader wants at the end of a run: per mode and context, the output
+ * drift, the attention drift and the decode speed at each concurrency. */
+static void print_summary(const kvd_results *r, const run_opts *o) {
+    const kvd_table *sm = &r->t[KVD_T_SUMMARY], *at = &r->t[KVD_T_ATTN], *tp = &r->t[KVD_T_TPUT];
+    printf("\n%-13s %8s %11s %11s %10s %11s %11s", "kv_mode", "context", "kl_mean", "kl_p99",
+           "same_top", "ln_ppl_rat", "attn_kl");
+    for (int k = 0; k < o->n_conc; k++) printf("  dec_tok_s@%-3d", o->conc[k]);
+    printf("\n");
+    for (int ci = 0; ci < o->n_ctx; ci++)
+        for (int mi = 0; mi < o->n_modes; mi++) {
+            const char *mode = kvd_kv_mode_name((kvd_kv_mode)o->modes[mi]);
+            double v[4] = {NAN, NAN, NAN, NAN};
+            const char *names[4] = {"kl_mean", "kl_p99", "same_top_p", "ln_ppl_ratio"};
+            for (int64_t i = 0; i < sm->n; i++) {
+                const kvd_row_summary *x =
+                    (const kvd_row_summary *)(sm->rows + (size_t)i * sm->row_size);
+                if (strcmp(x->mode, mode) || x->context != o->ctx[ci] || x->trace != 0 ||
+                    strcmp(x->subset, "all"))
+                    continue;
+                for (int j = 0; j < 4; j++)
+                    if (!strcmp(x->metric, names[j])) v[j] = x->value;
+            }
+            double num = 0, den = 0;
+            for (int64_t i = 0; i < at->n; i++) {
+                const kvd_row_attn *x = (const kvd_row_attn *)(at->rows + (size_t)i * at->row_size);
+                if (!strcmp(x->mode, mode) && x->context == o->ctx[ci] &&
+                    !strcmp(x->view, "propagated") && !strcmp(x->subset, "all") &&
+                    !strcmp(x->metric, "kl"))
+                    num += x->mean * x->n, den += x->n;
+            }
+            printf("%-13s %8lld %11.3e %11.3e %10.4f %11.3e %11.3e", mode, (long long)o->ctx[ci],
+                   v[0], v[1], v[2], v[3], den > 0 ? num / den : NAN);
+            for (int k = 0; k < o->n_conc; k++) {
+                double d = NAN;
+                for (int64_t i = 0; i < tp->n; i++) {
+                    const kvd_row_tput *x =
+                        (const kvd_row_tput *)(tp->rows + (size_t)i * tp->row_size);
+                    if (!strcmp(x->mode, mode) && x->context == o->ctx[ci] &&
+                        x->concurrency == o->conc[k])
+                        d = x->decode_tok_s;
+                }
+                printf("  %14.1f", d);
+            }
+            printf("\n");
+        }
+    printf(
+        "\nkl: KL(P_bf16 || P_mode) of the next token, nats; same_top: share of positions with "
+        "the BF16 argmax;\nln_ppl_rat: ln(PPL_mode / PPL_bf16); attn_kl: attention KL, propagated "
+        "view, mean over layers.\n");
+}
+
 static const char *const run_help =
     "usage: kvdrift run [flags] -o run.h5        (or: kvdrift run --spec sweep.json)\n"
     "Runs each KV mode in lock step with the BF16 reference over synthetic agentic-coding\n"
@@ -776,7 +827,8 @@ int kvd_cmd_run(int argc, char **argv) {
     if (pr.tty) fprintf(stderr, "\n");
     /* an empty sweep (everything resumed) still leaves a complete file */
     if (kvd_results_save(&res, o.out, err)) kvd_die(1, cmd, "%s", err);
-    printf("wrote %s: %lld cells (%lld drift rows, %lld throughput rows)\n", o.out,
+    print_summary(&res, &o);
+    printf("\nwrote %s: %lld cells (%lld drift rows, %lld throughput rows)\n", o.out,
            (long long)res.t[KVD_T_CELLS].n, (long long)res.t[KVD_T_OUTPUT].n,
            (long long)res.t[KVD_T_TPUT].n);
     for (int i = 0; i < o.traces; i++) kvd_trace_free(&tr[i]);
