@@ -39,6 +39,7 @@ typedef struct {
     double kv_budget;
     kvd_drift_opts dopt;
     int decode_tokens;
+    int attn_per_head;
     char *owned[64]; /* strings a spec file provided, freed at the end */
     int n_owned;
 } run_opts;
@@ -181,6 +182,8 @@ static void load_spec(run_opts *o, const char *cmd, const char *path) {
             o->traces = (int)strtol(val, NULL, 10);
         else if (!strcmp(flag, "--seed"))
             o->seed = strtoull(val, NULL, 10);
+        else if (!strcmp(flag, "--attn-per-head"))
+            o->attn_per_head = strcmp(val, "0") != 0;
         else if (!strcmp(flag, "--per-head"))
             o->per_head = strcmp(val, "0") != 0;
         else if (!strcmp(flag, "--calib-tokens"))
@@ -266,7 +269,7 @@ static void summary(kvd_results *r, kvd_kv_mode mode, int64_t ctx, int tr, int s
 }
 
 static void drift_rows(kvd_results *r, kvd_drift *d, const kvd_config *c, kvd_kv_mode mode,
-                       int64_t ctx, int tr, const char *cell) {
+                       int64_t ctx, int tr, const char *cell, int per_head_attn) {
     for (int m = 0; m < KVD_OUT_N; m++)
         for (int s = 0; s < KVD_NSUB; s++)
             for (int b = 0; b < KVD_NB; b++) {
@@ -327,7 +330,7 @@ static void drift_rows(kvd_results *r, kvd_drift *d, const kvd_config *c, kvd_kv
                         if (st->n == 0) continue;
                         kvd_row_attn *row = kvd_results_add(r, KVD_T_ATTN);
                         KEYS(row, mode, ctx, tr);
-                        row->attn_layer = al, row->layer = l;
+                        row->attn_layer = al, row->layer = l, row->kv_head = -1;
                         snprintf(row->view, sizeof row->view, "%s", kvd_view_names[v]);
                         snprintf(row->subset, sizeof row->subset, "%s", kvd_subset_names[s]);
                         snprintf(row->metric, sizeof row->metric, "%s", kvd_att_names[m]);
@@ -336,6 +339,22 @@ static void drift_rows(kvd_results *r, kvd_drift *d, const kvd_config *c, kvd_kv
                         row->n = st->n, row->mean = kvd_stat_mean(st),
                         row->ci95 = kvd_stat_ci95(st);
                     }
+        /* attention KL per KV head (the mean over its query heads), on request */
+        for (int h = 0; per_head_attn && h < d->kv_heads; h++)
+            for (int v = 0; v < KVD_VIEW_N; v++)
+                for (int b = 0; b < KVD_NB; b++) {
+                    const kvd_stat *st = kvd_drift_att_kvh(d, al, h, v, b);
+                    if (st->n == 0) continue;
+                    kvd_row_attn *row = kvd_results_add(r, KVD_T_ATTN);
+                    KEYS(row, mode, ctx, tr);
+                    row->attn_layer = al, row->layer = l, row->kv_head = h;
+                    snprintf(row->view, sizeof row->view, "%s", kvd_view_names[v]);
+                    snprintf(row->subset, sizeof row->subset, "all");
+                    snprintf(row->metric, sizeof row->metric, "kl");
+                    row->bucket = b;
+                    bucket_range(b, &row->pos_lo, &row->pos_hi);
+                    row->n = st->n, row->mean = kvd_stat_mean(st), row->ci95 = kvd_stat_ci95(st);
+                }
         for (int h = 0; h < d->kv_heads; h++) {
             kvd_row_kv *row = kvd_results_add(r, KVD_T_KV);
             KEYS(row, mode, ctx, tr);
@@ -612,6 +631,7 @@ static const char *const run_help =
     "  --seed S             trace seed; traces use S .. S+N-1 (default 1)\n"
     "  --calibration R      absmax | modelopt | vllm-dynamic (default absmax)\n"
     "  --per-head           calibrate per KV head\n"
+    "  --attn-per-head      attention KL also per KV head (rows with kv_head >= 0)\n"
     "  --calib-tokens N     held-out calibration trace length (default 2048)\n"
     "  --sample-every K     attention figures every K positions and at copy starts (default 16)\n"
     "  --gen-tokens N       greedy tokens from prefixes of 1/4, 1/2 and all of the context "
@@ -655,6 +675,8 @@ int kvd_cmd_run(int argc, char **argv) {
             o.seed = (uint64_t)kvd_args_long(&a, f, 0, 2147483647L);
         else if (!strcmp(f, "--per-head"))
             o.per_head = 1;
+        else if (!strcmp(f, "--attn-per-head"))
+            o.attn_per_head = 1;
         else if (!strcmp(f, "--calib-tokens"))
             o.calib_tokens = (int)kvd_args_long(&a, f, 1, 1 << 24);
         else if (!strcmp(f, "--sample-every"))
@@ -789,7 +811,7 @@ int kvd_cmd_run(int argc, char **argv) {
                     fprintf(stderr, "\nkvdrift run: cell %s: %s\n", cell, err);
                     failed = 1;
                 } else {
-                    drift_rows(&res, &d, c, mode, ctx, t, cell);
+                    drift_rows(&res, &d, c, mode, ctx, t, cell, o.attn_per_head);
                     mark_cell(&res, cell, "drift", mode, 1, ctx, t, kvd_now() - t0);
                     if (kvd_results_save(&res, o.out, err)) kvd_die(1, cmd, "%s", err);
                 }

@@ -32,11 +32,11 @@ static const kvd_coldef c_layer[] = {CELL_KEYS(kvd_row_layer),    I32(kvd_row_la
                                      I64(kvd_row_layer, pos_hi),  F64(kvd_row_layer, n),
                                      F64(kvd_row_layer, mean),    F64(kvd_row_layer, ci95)};
 static const kvd_coldef c_attn[] = {
-    CELL_KEYS(kvd_row_attn),     I32(kvd_row_attn, trace),  I32(kvd_row_attn, attn_layer),
-    I32(kvd_row_attn, layer),    S(kvd_row_attn, view, 12), S(kvd_row_attn, subset, 8),
-    S(kvd_row_attn, metric, 16), I32(kvd_row_attn, bucket), I64(kvd_row_attn, pos_lo),
-    I64(kvd_row_attn, pos_hi),   F64(kvd_row_attn, n),      F64(kvd_row_attn, mean),
-    F64(kvd_row_attn, ci95)};
+    CELL_KEYS(kvd_row_attn),    I32(kvd_row_attn, trace),    I32(kvd_row_attn, attn_layer),
+    I32(kvd_row_attn, layer),   I32(kvd_row_attn, kv_head),  S(kvd_row_attn, view, 12),
+    S(kvd_row_attn, subset, 8), S(kvd_row_attn, metric, 16), I32(kvd_row_attn, bucket),
+    I64(kvd_row_attn, pos_lo),  I64(kvd_row_attn, pos_hi),   F64(kvd_row_attn, n),
+    F64(kvd_row_attn, mean),    F64(kvd_row_attn, ci95)};
 static const kvd_coldef c_summary[] = {
     CELL_KEYS(kvd_row_summary),     I32(kvd_row_summary, trace), S(kvd_row_summary, subset, 8),
     S(kvd_row_summary, metric, 24), F64(kvd_row_summary, value), F64(kvd_row_summary, n)};

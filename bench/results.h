@@ -63,7 +63,7 @@ typedef struct {
     int32_t concurrency;
     int64_t context;
     int32_t trace;
-    int32_t attn_layer, layer;
+    int32_t attn_layer, layer, kv_head; /* kv_head -1: all heads */
     char view[12];
     char subset[8];
     char metric[16];

@@ -43,6 +43,7 @@ int kvd_drift_init(kvd_drift *d, const kvd_config *c, int64_t max_tokens) {
     d->att =
         calloc((size_t)d->n_attn * KVD_VIEW_N * KVD_ATT_N * KVD_NSUB * KVD_NB, sizeof(kvd_stat));
     d->router = calloc((size_t)d->n_layers * KVD_NB, sizeof(kvd_stat));
+    d->att_kvh = calloc((size_t)d->n_attn * d->kv_heads * KVD_VIEW_N * KVD_NB, sizeof(kvd_stat));
     d->kl = malloc(sizeof(float) * (size_t)(max_tokens > 0 ? max_tokens : 1));
     d->kl_copy = malloc((size_t)(max_tokens > 0 ? max_tokens : 1));
     d->k_stats = calloc((size_t)d->n_attn, sizeof(kvd_qstats));
@@ -59,6 +60,7 @@ void kvd_drift_free(kvd_drift *d) {
     free(d->hid);
     free(d->att);
     free(d->router);
+    free(d->att_kvh);
     free(d->kl);
     free(d->kl_copy);
     free(d->k_stats);
@@ -99,6 +101,7 @@ typedef struct {
      * (the hook runs on whichever thread got the row) */
     int have[KVD_VIEW_N];
     double fig[KVD_VIEW_N][KVD_ATT_N];
+    double kvh_kl[KVD_VIEW_N][64]; /* per KV head: its query heads' mean KL */
 } att_slot;
 
 typedef struct {
@@ -147,9 +150,11 @@ static double rel_l2(const float *a, const float *b, size_t n) {
 
 /* KL(P||Q) per head, averaged over heads; argmax agreement over heads. */
 static void att_compare(const kvd_config *c, const float *p, const float *q, const float *po,
-                        const float *qo, int n_ctx, double *kl, double *rel, double *agree) {
-    int nh = c->num_attention_heads, hd = c->head_dim;
+                        const float *qo, int n_ctx, double *kl, double *rel, double *agree,
+                        double *kl_kvh) {
+    int nh = c->num_attention_heads, hd = c->head_dim, grp = nh / c->num_key_value_heads;
     double k = 0, a = 0;
+    for (int h = 0; h < c->num_key_value_heads; h++) kl_kvh[h] = 0;
     for (int h = 0; h < nh; h++) {
         const float *ph = p + (size_t)h * n_ctx, *qh = q + (size_t)h * n_ctx;
         double s = 0;
@@ -160,6 +165,7 @@ static void att_compare(const kvd_config *c, const float *p, const float *q, con
             if (qh[t] > qh[aq]) aq = t;
         }
         k += s > 0 ? s : 0;
+        kl_kvh[h / grp] += (s > 0 ? s : 0) / grp;
         a += ap == aq;
     }
     *kl = k / nh;
@@ -189,7 +195,8 @@ static void on_attn(void *ctx, int al, int seq, int pos, int n_ctx, const float 
     if (L->side == 0) {
         /* isolated: the reference query over the candidate-coded reference K/V */
         if (sp) {
-            att_compare(c, probs, sp, out, so, n_ctx, &kl, &rel, &agree);
+            att_compare(c, probs, sp, out, so, n_ctx, &kl, &rel, &agree,
+                        s->kvh_kl[KVD_VIEW_ISOLATED]);
             s->have[KVD_VIEW_ISOLATED] = 1;
             s->fig[KVD_VIEW_ISOLATED][KVD_ATT_KL] = kl;
             s->fig[KVD_VIEW_ISOLATED][KVD_ATT_REL_L2] = rel;
@@ -202,7 +209,8 @@ static void on_attn(void *ctx, int al, int seq, int pos, int n_ctx, const float 
         s->n_ctx = n_ctx;
     } else if (s->probs && s->n_ctx == n_ctx) {
         /* propagated: the candidate's own query over its own cache */
-        att_compare(c, s->probs, probs, s->out, out, n_ctx, &kl, &rel, &agree);
+        att_compare(c, s->probs, probs, s->out, out, n_ctx, &kl, &rel, &agree,
+                    s->kvh_kl[KVD_VIEW_PROPAGATED]);
         s->have[KVD_VIEW_PROPAGATED] = 1;
         s->fig[KVD_VIEW_PROPAGATED][KVD_ATT_KL] = kl;
         s->fig[KVD_VIEW_PROPAGATED][KVD_ATT_REL_L2] = rel;
@@ -391,9 +399,13 @@ int kvd_drift_run(const kvd_weights *w, const uint32_t *tok, const uint8_t *is_c
         for (int al = 0; al < nf; al++)
             for (int r = 0; r < rows; r++) {
                 att_slot *s = &L.slots[(size_t)al * R + r];
-                for (int v = 0; v < KVD_VIEW_N; v++)
-                    if (s->have[v])
-                        accumulate_att(&L, al, v, p0 + r, s->fig[v][0], s->fig[v][1], s->fig[v][2]);
+                for (int v = 0; v < KVD_VIEW_N; v++) {
+                    if (!s->have[v]) continue;
+                    accumulate_att(&L, al, v, p0 + r, s->fig[v][0], s->fig[v][1], s->fig[v][2]);
+                    for (int h = 0; h < kvh && h < 64; h++)
+                        kvd_stat_add(kvd_drift_att_kvh(d, al, h, v, kvd_bucket(p0 + r)),
+                                     s->kvh_kl[v][h]);
+                }
                 s->have[0] = s->have[1] = 0;
                 s->n_ctx = 0;
             }

@@ -64,9 +64,10 @@ typedef struct {
 typedef struct {
     int n_layers, n_attn, kv_heads;
     kvd_stat out[KVD_OUT_N][KVD_NSUB][KVD_NB];
-    kvd_stat *hid;    /* [layer][KVD_HID_N][KVD_NSUB][KVD_NB] */
-    kvd_stat *att;    /* [attn layer][KVD_VIEW_N][KVD_ATT_N][KVD_NSUB][KVD_NB] */
-    kvd_stat *router; /* [layer][KVD_NB]: top-k set differs */
+    kvd_stat *hid;     /* [layer][KVD_HID_N][KVD_NSUB][KVD_NB] */
+    kvd_stat *att;     /* [attn layer][KVD_VIEW_N][KVD_ATT_N][KVD_NSUB][KVD_NB] */
+    kvd_stat *router;  /* [layer][KVD_NB]: top-k set differs */
+    kvd_stat *att_kvh; /* [attn layer][kv head][KVD_VIEW_N][KVD_NB]: attention KL per KV head */
     /* every token's output KL, for percentiles, and its subset */
     float *kl;
     uint8_t *kl_copy;
@@ -84,6 +85,10 @@ static inline kvd_stat *kvd_drift_hid(kvd_drift *d, int l, int m, int s, int b) 
 }
 static inline kvd_stat *kvd_drift_att(kvd_drift *d, int al, int v, int m, int s, int b) {
     return &d->att[((((size_t)al * KVD_VIEW_N + v) * KVD_ATT_N + m) * KVD_NSUB + s) * KVD_NB + b];
+}
+
+static inline kvd_stat *kvd_drift_att_kvh(kvd_drift *d, int al, int h, int v, int b) {
+    return &d->att_kvh[(((size_t)al * d->kv_heads + h) * KVD_VIEW_N + v) * KVD_NB + b];
 }
 
 /* Run the BF16 reference and candidate `mode` over the first n tokens of

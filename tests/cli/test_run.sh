@@ -19,7 +19,7 @@ ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 sweep=(run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 512,1024 --concurrency 1,2
-       --gen-tokens 8 --decode-tokens 4 --calib-tokens 1024)
+       --gen-tokens 8 --decode-tokens 4 --calib-tokens 1024 --attn-per-head)
 
 if "$bin" "${sweep[@]}" -o "$work/a.h5" >"$work/a.out" 2>"$work/a.err"; then ok; else bad "the tiny sweep failed: $(cat "$work/a.err")"; fi
 if h5dump -H "$work/a.h5" | grep -q 'DATASET "output"'; then ok; else bad "h5dump cannot read the results"; fi
@@ -93,6 +93,19 @@ for ctx in (512, 1024):
     # rarely: a calibrated cache saturates far less, not never
     assert u["k_saturated_frac"].max() > 10 * c["k_saturated_frac"].max()
     assert u["v_subnormal_frac"].min() > 0.5 > c["v_subnormal_frac"].max()
+# the two views: below the first full-attention layer only DeltaNet layers,
+# which no KV cache touches, so there the candidate's query is the
+# reference's and the propagated view equals the isolated one exactly; above
+# it, error carried in from below makes them differ
+for mode in ("fp8-cal", "fp8-unscaled"):
+    def v(view, al):
+        return sel(att, mode=mode, context=1024, subset="all", metric="kl", view=view, attn_layer=al, kv_head=-1)["mean"]
+    assert np.array_equal(v("isolated", 0), v("propagated", 0)), mode
+    assert not np.array_equal(v("isolated", 1), v("propagated", 1)), mode
+    # per KV head: each head's KL is the mean over its query heads
+    per = [sel(att, mode=mode, context=1024, metric="kl", view="isolated", attn_layer=1, kv_head=h) for h in (0, 1)]
+    whole = sel(att, mode=mode, context=1024, subset="all", metric="kl", view="isolated", attn_layer=1, kv_head=-1)
+    assert np.allclose((per[0]["mean"] + per[1]["mean"]) / 2, whole["mean"], rtol=1e-12, atol=0)
 # the dense matrix and its dimension scales
 m = f["/matrices/drift_fp8-unscaled_c1_ctx1024_t0/hidden_rel_l2"]
 assert m.shape[0] == 8 and m.dims[0][0].name.endswith("layer") and m.dims[1][0].name.endswith("bucket_lo")
