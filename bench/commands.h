@@ -9,5 +9,7 @@ int kvd_cmd_calibrate(int argc, char **argv);
 int kvd_cmd_bench(int argc, char **argv);
 int kvd_cmd_trace(int argc, char **argv);
 int kvd_cmd_run(int argc, char **argv);
+int kvd_cmd_report(int argc, char **argv);
+int kvd_cmd_compare(int argc, char **argv);
 
 #endif

@@ -14,6 +14,8 @@ static void usage(FILE *f) {
             "\n"
             "  run         the sweep: drift against BF16 and throughput per KV mode,\n"
             "              concurrency and context, to an HDF5 results file\n"
+            "  report      HTML / Markdown / CSV report from result files\n"
+            "  compare     baseline against candidate with a thresholds CSV (exit 1: regression)\n"
             "  forward     run the hybrid model over a synthetic trace in each KV mode and\n"
             "              print what every mode did to the cache and the logits\n"
             "  calibrate   measure K/V absmax on a held-out trace and write a scales file\n"
@@ -38,6 +40,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench")) return kvd_cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "trace")) return kvd_cmd_trace(argc - 2, argv + 2);
     if (!strcmp(cmd, "run")) return kvd_cmd_run(argc - 2, argv + 2);
+    if (!strcmp(cmd, "report")) return kvd_cmd_report(argc - 2, argv + 2);
+    if (!strcmp(cmd, "compare")) return kvd_cmd_compare(argc - 2, argv + 2);
     if (!strcmp(cmd, "schema")) {
         kvd_results_schema_md(stdout);
         return 0;

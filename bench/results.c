@@ -352,6 +352,41 @@ int kvd_results_load(kvd_results *r, const char *path, char *err) {
         return -1;
     }
     for (int i = 0; i < KVD_T_N && !rc; i++) rc = read_table(f, &r->t[i], path, err);
+    /* provenance strings */
+    struct {
+        const char *name;
+        char *fixed;
+        size_t len;
+        char **dyn;
+    } at[] = {{"kvdrift_version", r->version, sizeof r->version, NULL},
+              {"git_revision", r->git_rev, sizeof r->git_rev, NULL},
+              {"written_utc", r->written_utc, sizeof r->written_utc, NULL},
+              {"host", r->host, sizeof r->host, NULL},
+              {"backend", r->backend, sizeof r->backend, NULL},
+              {"device", r->device, sizeof r->device, NULL},
+              {"model_config", NULL, 0, &r->model_json},
+              {"trace_spec", NULL, 0, &r->trace_json},
+              {"command", NULL, 0, &r->command}};
+    for (size_t i = 0; !rc && i < sizeof at / sizeof at[0]; i++) {
+        hsize_t d;
+        H5T_class_t cls;
+        size_t sz = 0;
+        if (H5LTget_attribute_info(f, "/", at[i].name, &d, &cls, &sz) < 0) continue;
+        char *v = calloc(sz + 1, 1);
+        if (H5LTget_attribute_string(f, "/", at[i].name, v) >= 0) {
+            if (at[i].dyn) {
+                free(*at[i].dyn);
+                *at[i].dyn = v;
+                v = NULL;
+            } else {
+                snprintf(at[i].fixed, at[i].len, "%s", v);
+            }
+        }
+        free(v);
+    }
+    unsigned long seeds[2] = {0, 0};
+    if (!rc && H5LTget_attribute_ulong(f, "/", "seeds", seeds) >= 0)
+        r->seed = seeds[0], r->weight_seed = seeds[1];
     int hr = 0, hc = 0;
     if (!rc && read_2d_float(f, "/calibration/k_scale", &r->cal_layers, &r->cal_heads, &r->k_scale))
         rc = -1;

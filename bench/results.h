@@ -144,6 +144,8 @@ typedef struct {
     kvd_table t[KVD_T_N];
     /* provenance, root attributes */
     char *model_json, *trace_json, *command;
+    /* read back from a file (written ones come from the build and the clock) */
+    char version[32], git_rev[32], written_utc[32], host[128];
     char backend[16], device[128];
     uint64_t seed, weight_seed;
     /* calibration scales, when a mode used them: [attn layers][kv heads] */

@@ -1,0 +1,141 @@
+/* kvdrift: `report` (HTML / Markdown / CSV from one or more result files) and
+ * `compare` (baseline against candidate with a thresholds CSV; exit 0 pass,
+ * 1 regression, 2 usage or input error). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../reports/report.h"
+#include "../runners/config.h"
+#include "../runners/fileio.h"
+#include "commands.h"
+#include "util.h"
+
+static void emit(const char *cmd, const char *out, const kvd_buf *b) {
+    char err[KVD_ERR_LEN];
+    if (!out) {
+        fwrite(b->s, 1, b->n, stdout);
+        return;
+    }
+    if (kvd_write_file_atomic(out, b->s, b->n, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+}
+
+int kvd_cmd_report(int argc, char **argv) {
+    const char *cmd = "report", *out = NULL, *format = NULL, *f;
+    char *files[64];
+    int nf = 0;
+    kvd_args a = {argc, argv, 0, cmd};
+    while ((f = kvd_args_next(&a))) {
+        if (!strcmp(f, "-o") || !strcmp(f, "--output")) {
+            out = kvd_args_value(&a, f);
+        } else if (!strcmp(f, "--format")) {
+            format = kvd_args_value(&a, f);
+            if (strcmp(format, "html") && strcmp(format, "md") && strcmp(format, "csv"))
+                kvd_die(KVD_EXIT_USAGE, cmd, "--format: expected html, md or csv, got '%s'",
+                        format);
+        } else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            printf("usage: kvdrift report RUN.h5 [MORE.h5 ...] [--format html|md|csv] [-o FILE]\n"
+                   "One self-contained HTML file (inline SVG charts, no scripts), a Markdown\n"
+                   "summary for a CI log or pull request, or the figures as CSV. Several files\n"
+                   "render side by side. Without -o the output goes to stdout (html needs -o).\n");
+            return 0;
+        } else if (f[0] == '-') {
+            kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
+        } else if (nf < 64) {
+            files[nf++] = (char *)f;
+        }
+    }
+    if (nf == 0) kvd_die(KVD_EXIT_USAGE, cmd, "expected one or more result files");
+    if (!format) {
+        const char *dot = out ? strrchr(out, '.') : NULL;
+        format = dot && !strcmp(dot, ".md") ? "md" : dot && !strcmp(dot, ".csv") ? "csv" : "html";
+    }
+    if (!strcmp(format, "html") && !out)
+        kvd_die(KVD_EXIT_USAGE, cmd, "--format html: expected -o FILE");
+    kvd_run *runs = calloc((size_t)nf, sizeof *runs);
+    char err[KVD_ERR_LEN];
+    if (kvd_runs_load(runs, nf, files, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    kvd_buf b = {0};
+    if (!strcmp(format, "html")) {
+        kvd_report_html(&b, runs, nf);
+    } else if (!strcmp(format, "md")) {
+        kvd_report_md(&b, runs, nf);
+    } else {
+        char *mem = NULL;
+        size_t len = 0;
+        FILE *m = open_memstream(&mem, &len);
+        kvd_report_csv(m, runs, nf);
+        fclose(m);
+        kvd_buf_puts(&b, mem ? mem : "");
+        free(mem);
+    }
+    emit(cmd, out, &b);
+    if (out) fprintf(stderr, "kvdrift report: wrote %s (%zu bytes)\n", out, b.n);
+    kvd_buf_free(&b);
+    kvd_runs_free(runs, nf);
+    free(runs);
+    return 0;
+}
+
+int kvd_cmd_compare(int argc, char **argv) {
+    const char *cmd = "compare", *out = NULL, *thr = KVD_SOURCE_DIR "/reports/thresholds.csv", *f;
+    char *files[2];
+    int nf = 0;
+    kvd_args a = {argc, argv, 0, cmd};
+    while ((f = kvd_args_next(&a))) {
+        if (!strcmp(f, "-o") || !strcmp(f, "--output")) {
+            out = kvd_args_value(&a, f);
+        } else if (!strcmp(f, "--thresholds")) {
+            thr = kvd_args_value(&a, f);
+        } else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            printf("usage: kvdrift compare BASE.h5 CAND.h5 [--thresholds FILE.csv] [-o diff.html]\n"
+                   "Thresholds CSV columns: metric,mode,bucket,max_abs_increase,max_rel_increase\n"
+                   "(mode and bucket may be *). A figure regressed when it got worse by more than\n"
+                   "both allowances. Exit 0: no regression; 1: regression; 2: bad input.\n"
+                   "Default thresholds: %s\n",
+                   KVD_SOURCE_DIR "/reports/thresholds.csv");
+            return 0;
+        } else if (f[0] == '-') {
+            kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
+        } else if (nf < 2) {
+            files[nf++] = (char *)f;
+        } else {
+            kvd_die(KVD_EXIT_USAGE, cmd, "expected exactly two result files (baseline, candidate)");
+        }
+    }
+    if (nf != 2) kvd_die(KVD_EXIT_USAGE, cmd, "expected two result files: BASE.h5 CAND.h5");
+    char err[KVD_ERR_LEN];
+    kvd_threshold *th;
+    int nth;
+    if (kvd_thresholds_load(thr, &th, &nth, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    kvd_run runs[2];
+    if (kvd_runs_load(runs, 2, files, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    kvd_check *checks;
+    int n = kvd_compare(&runs[0], &runs[1], th, nth, &checks, err);
+    if (n < 0) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    int breaches = 0;
+    for (int i = 0; i < n; i++) {
+        const kvd_check *c = &checks[i];
+        if (!c->breach) continue;
+        breaches++;
+        char bk[24] = "";
+        if (c->bucket >= 0) snprintf(bk, sizeof bk, " bucket %d", c->bucket);
+        printf("REGRESSION %s %s context %lld%s: baseline %.6g, candidate %.6g (worse by %.3g, "
+               "%.1f%%; allowed %.3g and %.0f%%)\n",
+               c->metric, c->mode, c->context, bk, c->base, c->cand, c->abs_inc,
+               isfinite(c->rel_inc) ? 100 * c->rel_inc : INFINITY, c->max_abs, 100 * c->max_rel);
+    }
+    printf("compare: %d checks, %d regressions: %s\n", n, breaches,
+           breaches ? "REGRESSION" : "pass");
+    if (out) {
+        kvd_buf b = {0};
+        kvd_compare_html(&b, &runs[0], &runs[1], checks, n);
+        emit(cmd, out, &b);
+        kvd_buf_free(&b);
+    }
+    free(checks);
+    free(th);
+    kvd_runs_free(runs, 2);
+    return breaches ? 1 : 0;
+}

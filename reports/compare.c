@@ -1,0 +1,358 @@
+/* kvdrift: baseline against candidate. A thresholds CSV (metric, mode,
+ * bucket, max_abs_increase, max_rel_increase) decides a verdict per figure:
+ * a figure regressed when it got worse by more than both its absolute and
+ * its relative allowance ("worse" is up for drift, down for agreement and
+ * speed; an empty allowance is 0). */
+#include <csv.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../runners/config.h"
+#include "../runners/kvcache.h"
+#include "../runners/fileio.h"
+#include "report.h"
+#include "svg.h"
+
+#define ROW(t, T, i) ((const T *)((t)->rows + (size_t)(i) * (t)->row_size))
+
+static const char *const cols[5] = {"metric", "mode", "bucket", "max_abs_increase",
+                                    "max_rel_increase"};
+
+typedef struct {
+    kvd_threshold *th;
+    int n, cap;
+    int col[5]; /* column index of each field */
+    int field, line, header_done, failed;
+    char cur[8][64];
+    const char *path;
+    char *err;
+} th_ctx;
+
+static void th_field(void *s, size_t n, void *data) {
+    th_ctx *c = data;
+    if (c->field < 8) {
+        size_t m = n < 63 ? n : 63;
+        memcpy(c->cur[c->field], s, m);
+        c->cur[c->field][m] = 0;
+    }
+    c->field++;
+}
+
+static int parse_num(const char *s, double *v) {
+    if (!*s) {
+        *v = 0;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    *v = strtod(s, &end);
+    return errno || *end || !(*v >= 0) ? -1 : 0;
+}
+
+static void th_row(int term, void *data) {
+    (void)term;
+    th_ctx *c = data;
+    int nf = c->field;
+    c->field = 0;
+    c->line++;
+    if (c->failed) return;
+    if (!c->header_done) {
+        c->header_done = 1;
+        for (int k = 0; k < 5; k++) {
+            c->col[k] = -1;
+            for (int i = 0; i < nf && i < 8; i++)
+                if (!strcmp(c->cur[i], cols[k])) c->col[k] = i;
+            if (c->col[k] < 0) {
+                snprintf(c->err, KVD_ERR_LEN,
+                         "%s:1: missing column '%s' (expected metric,mode,bucket,max_abs_increase,"
+                         "max_rel_increase)",
+                         c->path, cols[k]);
+                c->failed = 1;
+                return;
+            }
+        }
+        return;
+    }
+    if (nf == 1 && !c->cur[0][0]) return; /* blank line */
+    if (c->n == c->cap) {
+        c->cap = c->cap ? 2 * c->cap : 32;
+        c->th = realloc(c->th, sizeof *c->th * (size_t)c->cap);
+    }
+    kvd_threshold *t = &c->th[c->n];
+    memset(t, 0, sizeof *t);
+    t->line = c->line;
+    for (int k = 0; k < 5; k++)
+        if (c->col[k] >= nf) {
+            snprintf(c->err, KVD_ERR_LEN, "%s:%d: expected %d columns, got %d", c->path, c->line,
+                     c->col[k] + 1, nf);
+            c->failed = 1;
+            return;
+        }
+    snprintf(t->metric, sizeof t->metric, "%s", c->cur[c->col[0]]);
+    snprintf(t->mode, sizeof t->mode, "%s", c->cur[c->col[1]]);
+    snprintf(t->bucket, sizeof t->bucket, "%s", c->cur[c->col[2]]);
+    for (int k = 3; k < 5; k++) {
+        double v;
+        if (parse_num(c->cur[c->col[k]], &v)) {
+            snprintf(c->err, KVD_ERR_LEN,
+                     "%s:%d: column '%s': expected a non-negative number, got '%s'", c->path,
+                     c->line, cols[k], c->cur[c->col[k]]);
+            c->failed = 1;
+            return;
+        }
+        if (k == 3)
+            t->max_abs = v;
+        else
+            t->max_rel = v;
+    }
+    if (!t->metric[0] || !t->mode[0] || !t->bucket[0]) {
+        snprintf(c->err, KVD_ERR_LEN, "%s:%d: expected a metric, a mode (or *) and a bucket (or *)",
+                 c->path, c->line);
+        c->failed = 1;
+        return;
+    }
+    c->n++;
+}
+
+int kvd_thresholds_load(const char *path, kvd_threshold **th, int *n, char *err) {
+    size_t len;
+    char *txt = kvd_read_file(path, &len, err);
+    if (!txt) return -1;
+    struct csv_parser p;
+    th_ctx c;
+    memset(&c, 0, sizeof c);
+    c.path = path;
+    c.err = err;
+    csv_init(&p, CSV_STRICT | CSV_APPEND_NULL);
+    if (csv_parse(&p, txt, len, th_field, th_row, &c) != len && !c.failed) {
+        snprintf(err, KVD_ERR_LEN, "%s:%d: malformed CSV: %s", path, c.line + 1,
+                 csv_strerror(csv_error(&p)));
+        c.failed = 1;
+    }
+    if (!c.failed) csv_fini(&p, th_field, th_row, &c);
+    csv_free(&p);
+    free(txt);
+    if (!c.failed && !c.header_done) {
+        snprintf(err, KVD_ERR_LEN, "%s: empty; expected a header row and thresholds", path);
+        c.failed = 1;
+    }
+    if (c.failed) {
+        free(c.th);
+        return -1;
+    }
+    *th = c.th;
+    *n = c.n;
+    return 0;
+}
+
+/* ---- figures the thresholds may name ---- */
+
+static int higher_is_better(const char *m) {
+    return !strcmp(m, "same_top_p") || !strcmp(m, "top1_agree") ||
+           !strncmp(m, "decode_tok_s", 12) || !strncmp(m, "prefill_tok_s", 13);
+}
+
+static const char *const summary_metrics[] = {
+    "kl_mean",    "kl_max",       "kl_p99_9",    "kl_p99",       "kl_p95",           "kl_p90",
+    "kl_median",  "kl_p10",       "kl_p05",      "kl_p01",       "kl_p00_1",         "kl_min",
+    "same_top_p", "delta_p_mean", "delta_p_rms", "ln_ppl_ratio", "router_flip_rate", NULL};
+static const char *const output_metrics[] = {"kl", "top1_agree", "delta_p", "delta_nll", NULL};
+
+static int in(const char *const *list, const char *s) {
+    for (; *list; list++)
+        if (!strcmp(*list, s)) return 1;
+    return 0;
+}
+
+/* attention KL (propagated unless *_isolated), mean over layers; or the last
+ * layer's hidden drift */
+static double derived(const kvd_run *r, const char *mode, long long ctx, const char *metric) {
+    if (!strncmp(metric, "attn_kl", 7)) {
+        const char *view = strstr(metric, "isolated") ? "isolated" : "propagated";
+        const kvd_table *t = &r->r.t[KVD_T_ATTN];
+        double s = 0, n = 0;
+        for (int64_t i = 0; i < t->n; i++) {
+            const kvd_row_attn *x = ROW(t, kvd_row_attn, i);
+            if (!strcmp(x->mode, mode) && x->context == ctx && !strcmp(x->view, view) &&
+                !strcmp(x->subset, "all") && !strcmp(x->metric, "kl") && x->kv_head == -1)
+                s += x->mean * x->n, n += x->n;
+        }
+        return n > 0 ? s / n : NAN;
+    }
+    const kvd_table *t = &r->r.t[KVD_T_LAYER];
+    int last = -1;
+    for (int64_t i = 0; i < t->n; i++)
+        last = ROW(t, kvd_row_layer, i)->layer > last ? ROW(t, kvd_row_layer, i)->layer : last;
+    double s = 0, n = 0;
+    for (int64_t i = 0; i < t->n; i++) {
+        const kvd_row_layer *x = ROW(t, kvd_row_layer, i);
+        if (!strcmp(x->mode, mode) && x->context == ctx && x->layer == last &&
+            !strcmp(x->subset, "all") && !strcmp(x->metric, "rel_l2"))
+            s += x->mean * x->n, n += x->n;
+    }
+    return n > 0 ? s / n : NAN;
+}
+
+static double output_bucket(const kvd_run *r, const char *mode, long long ctx, const char *metric,
+                            int bucket) {
+    const kvd_table *t = &r->r.t[KVD_T_OUTPUT];
+    double s = 0, n = 0;
+    for (int64_t i = 0; i < t->n; i++) {
+        const kvd_row_output *x = ROW(t, kvd_row_output, i);
+        if (!strcmp(x->mode, mode) && x->context == ctx && x->bucket == bucket &&
+            !strcmp(x->subset, "all") && !strcmp(x->metric, metric))
+            s += x->mean * x->n, n += x->n;
+    }
+    return n > 0 ? s / n : NAN;
+}
+
+static double tput_metric(const kvd_run *r, const char *mode, long long ctx, int conc,
+                          const char *metric) {
+    const kvd_table *t = &r->r.t[KVD_T_TPUT];
+    for (int64_t i = 0; i < t->n; i++) {
+        const kvd_row_tput *x = ROW(t, kvd_row_tput, i);
+        if (strcmp(x->mode, mode) || x->context != ctx || x->concurrency != conc) continue;
+        return !strncmp(metric, "decode", 6) ? x->decode_tok_s : x->prefill_tok_s;
+    }
+    return NAN;
+}
+
+static void add_check(kvd_check **out, int *n, int *cap, const kvd_threshold *t, const char *mode,
+                      long long ctx, int bucket, double base, double cand, const char *metric) {
+    if (!isfinite(base) || !isfinite(cand)) return;
+    if (*n == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        *out = realloc(*out, sizeof **out * (size_t)*cap);
+    }
+    kvd_check *c = &(*out)[(*n)++];
+    memset(c, 0, sizeof *c);
+    snprintf(c->metric, sizeof c->metric, "%s", metric);
+    snprintf(c->mode, sizeof c->mode, "%s", mode);
+    c->context = ctx;
+    c->bucket = bucket;
+    c->base = base;
+    c->cand = cand;
+    c->abs_inc = higher_is_better(t->metric) ? base - cand : cand - base;
+    c->rel_inc = base != 0 ? c->abs_inc / fabs(base) : (c->abs_inc > 0 ? INFINITY : 0);
+    c->max_abs = t->max_abs;
+    c->max_rel = t->max_rel;
+    c->breach = c->abs_inc > t->max_abs && c->rel_inc > t->max_rel;
+}
+
+int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *th, int n_th,
+                kvd_check **out, char *err) {
+    *out = NULL;
+    int n = 0, cap = 0;
+    const char *bm[KVD_KV_N_MODES], *cm[KVD_KV_N_MODES];
+    int nb = kvd_run_modes(base, bm), nc = kvd_run_modes(cand, cm);
+    long long ctx = kvd_run_max_context(base);
+    if (ctx != kvd_run_max_context(cand)) {
+        snprintf(err, KVD_ERR_LEN, "%s and %s: expected the same context (%lld vs %lld tokens)",
+                 base->path, cand->path, ctx, kvd_run_max_context(cand));
+        return -1;
+    }
+    for (int k = 0; k < n_th; k++) {
+        const kvd_threshold *t = &th[k];
+        int is_sum = in(summary_metrics, t->metric), is_out = in(output_metrics, t->metric);
+        int is_der = !strcmp(t->metric, "attn_kl") || !strcmp(t->metric, "attn_kl_isolated") ||
+                     !strcmp(t->metric, "hidden_rel_l2_last");
+        int is_tp = !strcmp(t->metric, "decode_tok_s") || !strcmp(t->metric, "prefill_tok_s");
+        if (!is_sum && !is_out && !is_der && !is_tp) {
+            snprintf(err, KVD_ERR_LEN,
+                     "thresholds line %d: unknown metric '%s' (expected a /drift/summary metric "
+                     "such as kl_mean, an output metric kl|top1_agree|delta_p|delta_nll, attn_kl, "
+                     "attn_kl_isolated, hidden_rel_l2_last, decode_tok_s or prefill_tok_s)",
+                     t->line, t->metric);
+            free(*out);
+            *out = NULL;
+            return -1;
+        }
+        int bucket = -1;
+        if (strcmp(t->bucket, "*")) {
+            char *end;
+            bucket = (int)strtol(t->bucket, &end, 10);
+            if (*end || bucket < 0 || bucket >= 64 || !is_out) {
+                snprintf(err, KVD_ERR_LEN,
+                         "thresholds line %d: bucket '%s': expected * or, for an output metric, "
+                         "a bucket number 0..63",
+                         t->line, t->bucket);
+                free(*out);
+                *out = NULL;
+                return -1;
+            }
+        }
+        for (int i = 0; i < nb; i++) {
+            if (strcmp(t->mode, "*") && strcmp(t->mode, bm[i])) continue;
+            int both = 0;
+            for (int j = 0; j < nc; j++) both |= !strcmp(bm[i], cm[j]);
+            if (!both || (!strcmp(bm[i], "bf16") && !is_tp)) continue;
+            if (is_sum) {
+                add_check(out, &n, &cap, t, bm[i], ctx, -1,
+                          kvd_run_summary(base, bm[i], ctx, "all", t->metric),
+                          kvd_run_summary(cand, bm[i], ctx, "all", t->metric), t->metric);
+            } else if (is_der) {
+                add_check(out, &n, &cap, t, bm[i], ctx, -1, derived(base, bm[i], ctx, t->metric),
+                          derived(cand, bm[i], ctx, t->metric), t->metric);
+            } else if (is_out) {
+                for (int bk = 0; bk < 64; bk++)
+                    if (bucket < 0 || bk == bucket)
+                        add_check(out, &n, &cap, t, bm[i], ctx, bk,
+                                  output_bucket(base, bm[i], ctx, t->metric, bk),
+                                  output_bucket(cand, bm[i], ctx, t->metric, bk), t->metric);
+            } else {
+                for (int cc = 1; cc <= 1024; cc *= 2) {
+                    char name[48];
+                    snprintf(name, sizeof name, "%s@c%d", t->metric, cc);
+                    add_check(out, &n, &cap, t, bm[i], ctx, -1,
+                              tput_metric(base, bm[i], ctx, cc, t->metric),
+                              tput_metric(cand, bm[i], ctx, cc, t->metric), name);
+                }
+            }
+        }
+    }
+    return n;
+}
+
+void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, const kvd_check *c,
+                      int n) {
+    int breaches = 0;
+    for (int i = 0; i < n; i++) breaches += c[i].breach;
+    kvd_buf_puts(b,
+                 "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/><title>kvdrift "
+                 "compare</title><style>body{font-family:sans-serif;max-width:1100px;margin:24px "
+                 "auto;padding:0 16px}table{border-collapse:collapse;font-size:13px}th,td{border:"
+                 "1px solid #ccc;padding:4px 8px;text-align:right}td.l,th.l{text-align:left}"
+                 ".bad{color:#d62728;font-weight:bold}.ok{color:#2ca02c}</style></head><body>\n");
+    kvd_buf_puts(b, "<h1>kvdrift compare: ");
+    kvd_buf_xml(b, base->label);
+    kvd_buf_puts(b, " (baseline) against ");
+    kvd_buf_xml(b, cand->label);
+    kvd_buf_printf(b, " (candidate)</h1>\n<p class=\"%s\">%d checks, %d regressions: %s</p>\n",
+                   breaches ? "bad" : "ok", n, breaches, breaches ? "REGRESSION" : "pass");
+    kvd_run pair[2] = {*base, *cand};
+    /* KL against position for both, modes as series */
+    kvd_buf_puts(b, "<h2>Output drift, baseline and candidate</h2>\n");
+    kvd_report_html_kl(b, pair, 2);
+    kvd_buf_puts(b,
+                 "<h2>Every check</h2>\n<table><tr><th class=\"l\">metric</th><th class=\"l\">mode"
+                 "</th><th>bucket</th><th>baseline</th><th>candidate</th><th>worse by</th><th>"
+                 "relative</th><th>allowed</th><th class=\"l\">verdict</th></tr>\n");
+    for (int i = 0; i < n; i++) {
+        char bk[16];
+        if (c[i].bucket < 0) {
+            snprintf(bk, sizeof bk, "*");
+        } else {
+            snprintf(bk, sizeof bk, "%d", c[i].bucket);
+        }
+        kvd_buf_printf(b,
+                       "<tr><td class=\"l\">%s</td><td class=\"l\">%s</td><td>%s</td><td>%.4g</td>"
+                       "<td>%.4g</td><td>%.3g</td><td>%.1f%%</td><td>%.3g, %.0f%%</td><td "
+                       "class=\"l %s\">%s</td></tr>\n",
+                       c[i].metric, c[i].mode, bk, c[i].base, c[i].cand, c[i].abs_inc,
+                       100 * c[i].rel_inc, c[i].max_abs, 100 * c[i].max_rel,
+                       c[i].breach ? "bad" : "ok", c[i].breach ? "regressed" : "ok");
+    }
+    kvd_buf_puts(b, "</table>\n</body></html>\n");
+}

@@ -1,0 +1,661 @@
+/* kvdrift: HTML, Markdown and CSV reports from result files. The HTML is one
+ * file a reviewer opens without network or scripts: tables, and charts drawn
+ * here as inline SVG. */
+#include "report.h"
+
+#include <csv.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../runners/config.h"
+#include "../runners/kvcache.h"
+#include "svg.h"
+
+#define ROW(t, T, i) ((const T *)((t)->rows + (size_t)(i) * (t)->row_size))
+
+int kvd_runs_load(kvd_run *runs, int n, char *const *paths, char *err) {
+    for (int i = 0; i < n; i++) {
+        memset(&runs[i], 0, sizeof runs[i]);
+        kvd_results_init(&runs[i].r);
+        snprintf(runs[i].path, sizeof runs[i].path, "%s", paths[i]);
+        const char *base = strrchr(paths[i], '/');
+        snprintf(runs[i].label, sizeof runs[i].label, "%s", base ? base + 1 : paths[i]);
+        char *dot = strrchr(runs[i].label, '.');
+        if (dot && !strcmp(dot, ".h5")) *dot = 0;
+        if (kvd_results_load(&runs[i].r, paths[i], err)) {
+            kvd_runs_free(runs, i + 1);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void kvd_runs_free(kvd_run *runs, int n) {
+    for (int i = 0; i < n; i++) kvd_results_free(&runs[i].r);
+}
+
+long long kvd_run_max_context(const kvd_run *r) {
+    const kvd_table *t = &r->r.t[KVD_T_SUMMARY];
+    long long m = 0;
+    for (int64_t i = 0; i < t->n; i++) {
+        long long c = ROW(t, kvd_row_summary, i)->context;
+        m = c > m ? c : m;
+    }
+    return m;
+}
+
+int kvd_run_modes(const kvd_run *r, const char **modes) {
+    int n = 0;
+    for (int m = 0; m < KVD_KV_N_MODES; m++) {
+        const char *name = kvd_kv_mode_name((kvd_kv_mode)m);
+        const kvd_table *t = &r->r.t[KVD_T_CELLS];
+        for (int64_t i = 0; i < t->n; i++)
+            if (!strcmp(ROW(t, kvd_row_cell, i)->mode, name)) {
+                modes[n++] = name;
+                break;
+            }
+    }
+    return n;
+}
+
+double kvd_run_summary(const kvd_run *r, const char *mode, long long ctx, const char *subset,
+                       const char *metric) {
+    if (ctx <= 0) ctx = kvd_run_max_context(r);
+    const kvd_table *t = &r->r.t[KVD_T_SUMMARY];
+    double sum = 0;
+    int n = 0;
+    for (int64_t i = 0; i < t->n; i++) {
+        const kvd_row_summary *x = ROW(t, kvd_row_summary, i);
+        if (!strcmp(x->mode, mode) && x->context == ctx && !strcmp(x->subset, subset) &&
+            !strcmp(x->metric, metric))
+            sum += x->value, n++;
+    }
+    return n ? sum / n : NAN;
+}
+
+/* Throughput row of (mode, concurrency, context), or NULL. */
+static const kvd_row_tput *tput(const kvd_run *r, const char *mode, int c, long long ctx) {
+    const kvd_table *t = &r->r.t[KVD_T_TPUT];
+    for (int64_t i = 0; i < t->n; i++) {
+        const kvd_row_tput *x = ROW(t, kvd_row_tput, i);
+        if (!strcmp(x->mode, mode) && x->concurrency == c && x->context == ctx) return x;
+    }
+    return NULL;
+}
+
+static int concurrencies(const kvd_run *r, long long ctx, int *out) {
+    const kvd_table *t = &r->r.t[KVD_T_TPUT];
+    int n = 0;
+    for (int64_t i = 0; i < t->n; i++) {
+        const kvd_row_tput *x = ROW(t, kvd_row_tput, i);
+        if (x->context != ctx) continue;
+        int seen = 0;
+        for (int k = 0; k < n; k++) seen |= out[k] == x->concurrency;
+        if (!seen && n < 64) out[n++] = x->concurrency;
+    }
+    for (int i = 1; i < n; i++) /* sort */
+        for (int j = i; j > 0 && out[j] < out[j - 1]; j--) {
+            int tmp = out[j];
+            out[j] = out[j - 1], out[j - 1] = tmp;
+        }
+    return n;
+}
+
+/* Mean of a layer-table metric over buckets (n-weighted), trace-pooled. */
+static double layer_mean(const kvd_run *r, const char *mode, long long ctx, int layer,
+                         const char *metric) {
+    const kvd_table *t = &r->r.t[KVD_T_LAYER];
+    double s = 0, n = 0;
+    for (int64_t i = 0; i < t->n; i++) {
+        const kvd_row_layer *x = ROW(t, kvd_row_layer, i);
+        if (!strcmp(x->mode, mode) && x->context == ctx && x->layer == layer &&
+            !strcmp(x->subset, "all") && !strcmp(x->metric, metric))
+            s += x->mean * x->n, n += x->n;
+    }
+    return n > 0 ? s / n : NAN;
+}
+
+static int n_layers(const kvd_run *r) {
+    const kvd_table *t = &r->r.t[KVD_T_LAYER];
+    int m = -1;
+    for (int64_t i = 0; i < t->n; i++)
+        m = ROW(t, kvd_row_layer, i)->layer > m ? ROW(t, kvd_row_layer, i)->layer : m;
+    return m + 1;
+}
+
+typedef struct {
+    double kl, kl_err, top1, hid_last, dec_gain, cap_gain, ln_ppl, attn_kl;
+    int conc;
+} verdict;
+
+static double attn_kl_mean(const kvd_run *r, const char *mode, long long ctx, const char *view,
+                           const char *subset, int al) {
+    const kvd_table *t = &r->r.t[KVD_T_ATTN];
+    double s = 0, n = 0;
+    for (int64_t i = 0; i < t->n; i++) {
+        const kvd_row_attn *x = ROW(t, kvd_row_attn, i);
+        if (!strcmp(x->mode, mode) && x->context == ctx && !strcmp(x->view, view) &&
+            !strcmp(x->subset, subset) && !strcmp(x->metric, "kl") && x->kv_head == -1 &&
+            (al < 0 || x->attn_layer == al))
+            s += x->mean * x->n, n += x->n;
+    }
+    return n > 0 ? s / n : NAN;
+}
+
+static verdict make_verdict(const kvd_run *r, const char *mode) {
+    verdict v;
+    long long ctx = kvd_run_max_context(r);
+    v.kl = kvd_run_summary(r, mode, ctx, "all", "kl_mean");
+    v.kl_err = kvd_run_summary(r, mode, ctx, "all", "kl_mean_err");
+    v.top1 = kvd_run_summary(r, mode, ctx, "all", "same_top_p");
+    v.ln_ppl = kvd_run_summary(r, mode, ctx, "all", "ln_ppl_ratio");
+    v.hid_last = layer_mean(r, mode, ctx, n_layers(r) - 1, "rel_l2");
+    v.attn_kl = attn_kl_mean(r, mode, ctx, "propagated", "all", -1);
+    int cs[64], nc = concurrencies(r, ctx, cs);
+    v.conc = nc ? cs[nc - 1] : 0;
+    const kvd_row_tput *a = nc ? tput(r, mode, v.conc, ctx) : NULL,
+                       *b = nc ? tput(r, "bf16", v.conc, ctx) : NULL;
+    v.dec_gain = a && b ? a->decode_tok_s / b->decode_tok_s : NAN;
+    v.cap_gain = a && b ? a->budget_tokens / b->budget_tokens : NAN;
+    return v;
+}
+
+/* A rule of thumb from llama.cpp's KL-divergence practice: mean KL under
+ * 0.001 nats is hard to notice, above 0.01 users notice. */
+static const char *verdict_word(double kl) {
+    if (!isfinite(kl)) return "n/a";
+    if (kl == 0) return "reference";
+    return kl < 1e-3 ? "negligible" : kl < 1e-2 ? "noticeable" : "degraded";
+}
+
+static void fmt(char *b, size_t n, double v, const char *f) {
+    if (isfinite(v)) {
+        snprintf(b, n, f, v);
+    } else {
+        snprintf(b, n, "-");
+    }
+}
+
+static const char *css =
+    "body{font-family:sans-serif;max-width:1100px;margin:24px auto;padding:0 16px;color:#222}"
+    "h1{font-size:24px}h2{font-size:19px;margin-top:34px;border-bottom:1px solid #ccc}"
+    "table{border-collapse:collapse;margin:10px 0;font-size:13px}"
+    "th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f2f2f2}"
+    "td.l,th.l{text-align:left}.negligible{color:#2ca02c}.noticeable{color:#e07b00}"
+    ".degraded{color:#d62728;font-weight:bold}.note{color:#555;font-size:13px}"
+    "svg.chart{margin:8px 0;display:block}pre{background:#f7f7f7;padding:8px;font-size:12px;"
+    "overflow-x:auto}";
+
+static void verdict_table(kvd_buf *b, const kvd_run *runs, int n) {
+    kvd_buf_puts(b,
+                 "<table class=\"verdict\"><tr><th class=\"l\">run</th><th class=\"l\">KV mode</th>"
+                 "<th>output KL (nats)</th><th>top-1 agreement</th><th>ln(PPL ratio)</th>"
+                 "<th>attention KL</th><th>last-layer hidden drift</th><th>decode speed vs "
+                 "bf16</th><th>KV capacity vs bf16</th><th class=\"l\">verdict</th></tr>\n");
+    for (int i = 0; i < n; i++) {
+        const char *modes[KVD_KV_N_MODES];
+        int nm = kvd_run_modes(&runs[i], modes);
+        for (int m = 0; m < nm; m++) {
+            verdict v = make_verdict(&runs[i], modes[m]);
+            char a[64], e[32], c[32], d[32], f[32], g[32], h[32], k[32];
+            fmt(a, sizeof a, v.kl, "%.3e");
+            fmt(e, sizeof e, v.kl_err, "%.1e");
+            fmt(c, sizeof c, v.top1, "%.4f");
+            fmt(d, sizeof d, v.ln_ppl, "%.2e");
+            fmt(f, sizeof f, v.attn_kl, "%.2e");
+            fmt(g, sizeof g, v.hid_last, "%.2e");
+            fmt(h, sizeof h, v.dec_gain, "%.2fx");
+            fmt(k, sizeof k, v.cap_gain, "%.1fx");
+            const char *w = verdict_word(v.kl);
+            kvd_buf_puts(b, "<tr><td class=\"l\">");
+            kvd_buf_xml(b, runs[i].label);
+            kvd_buf_printf(b,
+                           "</td><td class=\"l\">%s</td><td>%s &#177; %s</td><td>%s</td><td>%s</td>"
+                           "<td>%s</td><td>%s</td><td>%s (C=%d)</td><td>%s</td>"
+                           "<td class=\"l %s\">%s</td></tr>\n",
+                           modes[m], a, e, c, d, f, g, h, v.conc, k, w, w);
+        }
+    }
+    kvd_buf_puts(b, "</table>\n");
+}
+
+static const char *series_label(char *buf, size_t n, const kvd_run *runs, int nr, int i,
+                                const char *mode) {
+    if (nr > 1) {
+        snprintf(buf, n, "%s: %s", runs[i].label, mode);
+    } else {
+        snprintf(buf, n, "%s", mode);
+    }
+    return buf;
+}
+
+/* storage for chart series that outlives the call building them */
+typedef struct {
+    double x[KVD_SVG_MAX_SERIES][64], y[KVD_SVG_MAX_SERIES][64], lo[KVD_SVG_MAX_SERIES][64],
+        hi[KVD_SVG_MAX_SERIES][64];
+    char label[KVD_SVG_MAX_SERIES][160];
+} series_store;
+
+static void kl_by_position(kvd_buf *b, const kvd_run *runs, int n, const char *subset,
+                           const char *title) {
+    static series_store st;
+    kvd_line_chart ch = {title,
+                         "token position (log scale; bucket midpoint)",
+                         "next-token KL vs bf16 (nats, log)",
+                         1,
+                         1,
+                         0,
+                         {{0}}};
+    for (int i = 0; i < n; i++) {
+        const char *modes[KVD_KV_N_MODES];
+        int nm = kvd_run_modes(&runs[i], modes);
+        long long ctx = kvd_run_max_context(&runs[i]);
+        for (int m = 0; m < nm && ch.n_series < KVD_SVG_MAX_SERIES; m++) {
+            int s = ch.n_series, k = 0;
+            /* pool traces per bucket */
+            double sum[64] = {0}, cnt[64] = {0}, ci[64] = {0};
+            const kvd_table *t = &runs[i].r.t[KVD_T_OUTPUT];
+            for (int64_t j = 0; j < t->n; j++) {
+                const kvd_row_output *x = ROW(t, kvd_row_output, j);
+                if (strcmp(x->mode, modes[m]) || x->context != ctx || strcmp(x->subset, subset) ||
+                    strcmp(x->metric, "kl") || x->bucket < 0 || x->bucket >= 64)
+                    continue;
+                sum[x->bucket] += x->mean * x->n, cnt[x->bucket] += x->n;
+                ci[x->bucket] = fmax(ci[x->bucket], x->ci95);
+            }
+            for (int bk = 0; bk < 64; bk++) {
+                if (cnt[bk] == 0) continue;
+                double lo = bk == 0 ? 1 : exp2(bk), hi = exp2(bk + 1) - 1;
+                st.x[s][k] = sqrt(lo * hi);
+                st.y[s][k] = sum[bk] / cnt[bk];
+                st.lo[s][k] = st.y[s][k] - ci[bk];
+                st.hi[s][k] = st.y[s][k] + ci[bk];
+                k++;
+            }
+            series_label(st.label[s], sizeof st.label[s], runs, n, i, modes[m]);
+            ch.series[s] = (kvd_series){st.label[s], k, st.x[s], st.y[s], st.lo[s], st.hi[s], 0};
+            ch.n_series++;
+        }
+    }
+    kvd_svg_lines(b, &ch);
+}
+
+static void hidden_heatmaps(kvd_buf *b, const kvd_run *r, const char *run_label, int many) {
+    const char *modes[KVD_KV_N_MODES];
+    int nm = kvd_run_modes(r, modes), L = n_layers(r);
+    long long ctx = kvd_run_max_context(r);
+    if (L <= 0) return;
+    int attn_layer[KVD_MAX_LAYERS] = {0};
+    const kvd_table *ta = &r->r.t[KVD_T_ATTN];
+    for (int64_t j = 0; j < ta->n; j++) {
+        int l = ROW(ta, kvd_row_attn, j)->layer;
+        if (l >= 0 && l < KVD_MAX_LAYERS) attn_layer[l] = 1;
+    }
+    for (int m = 0; m < nm; m++) {
+        if (!strcmp(modes[m], "bf16")) continue;
+        int maxb = 0;
+        double *v = malloc(sizeof(double) * (size_t)L * 64);
+        for (int i = 0; i < L * 64; i++) v[i] = NAN;
+        const kvd_table *t = &r->r.t[KVD_T_LAYER];
+        for (int64_t j = 0; j < t->n; j++) {
+            const kvd_row_layer *x = ROW(t, kvd_row_layer, j);
+            if (strcmp(x->mode, modes[m]) || x->context != ctx || strcmp(x->subset, "all") ||
+                strcmp(x->metric, "rel_l2") || x->trace != 0 || x->bucket >= 64)
+                continue;
+            v[(size_t)x->layer * 64 + x->bucket] = x->mean;
+            maxb = x->bucket + 1 > maxb ? x->bucket + 1 : maxb;
+        }
+        double *dense = malloc(sizeof(double) * (size_t)L * (maxb ? maxb : 1));
+        char(*rl)[32] = malloc(sizeof(*rl) * (size_t)L),
+        (*cl)[32] = malloc(sizeof(*cl) * (size_t)(maxb ? maxb : 1));
+        const char **rlp = malloc(sizeof(char *) * (size_t)L),
+                   **clp = malloc(sizeof(char *) * (size_t)(maxb ? maxb : 1));
+        for (int l = 0; l < L; l++) {
+            /* deepest layer on top */
+            int src = L - 1 - l;
+            for (int bk = 0; bk < maxb; bk++)
+                dense[(size_t)l * maxb + bk] = v[(size_t)src * 64 + bk];
+            snprintf(rl[l], sizeof rl[l], "layer %d%s", src, attn_layer[src] ? " (attn)" : "");
+            rlp[l] = rl[l];
+        }
+        int marks[KVD_MAX_LAYERS];
+        for (int l = 0; l < L && l < KVD_MAX_LAYERS; l++) marks[l] = attn_layer[L - 1 - l];
+        for (int bk = 0; bk < maxb; bk++) {
+            snprintf(cl[bk], sizeof cl[bk], "%lld", bk == 0 ? 0LL : 1LL << bk);
+            clp[bk] = cl[bk];
+        }
+        char title[256];
+        snprintf(title, sizeof title, "%s%s%s: hidden-state drift by layer and position",
+                 many ? run_label : "", many ? " " : "", modes[m]);
+        kvd_heatmap h = {title,
+                         "first token position of the bucket",
+                         "layer",
+                         "relative L2 vs bf16",
+                         L,
+                         maxb,
+                         dense,
+                         rlp,
+                         clp,
+                         marks,
+                         "full-attention layer"};
+        kvd_svg_heatmap(b, &h);
+        free(v), free(dense), free(rl), free(cl), free(rlp), free(clp);
+    }
+}
+
+static void attention_bars(kvd_buf *b, const kvd_run *r, const char *label, int many) {
+    const char *modes[KVD_KV_N_MODES];
+    int nm = kvd_run_modes(r, modes);
+    long long ctx = kvd_run_max_context(r);
+    int nal = 0, layer_of[KVD_MAX_LAYERS];
+    const kvd_table *t = &r->r.t[KVD_T_ATTN];
+    for (int64_t j = 0; j < t->n; j++) {
+        const kvd_row_attn *x = ROW(t, kvd_row_attn, j);
+        if (x->attn_layer + 1 > nal && x->attn_layer < KVD_MAX_LAYERS) {
+            nal = x->attn_layer + 1;
+        }
+        if (x->attn_layer < KVD_MAX_LAYERS) layer_of[x->attn_layer] = x->layer;
+    }
+    if (nal == 0) return;
+    static char groups[KVD_MAX_LAYERS][48];
+    static const char *gp[KVD_MAX_LAYERS];
+    for (int a = 0; a < nal; a++) {
+        snprintf(groups[a], sizeof groups[a], "layer %d", layer_of[a]);
+        gp[a] = groups[a];
+    }
+    static char labels[16][64];
+    static const char *lp[16];
+    double *vals = calloc((size_t)16 * nal, sizeof(double));
+    int ns = 0;
+    for (int m = 0; m < nm && ns < 15; m++) {
+        if (!strcmp(modes[m], "bf16")) continue;
+        for (int v = 0; v < 2; v++) {
+            const char *view = v ? "propagated" : "isolated";
+            snprintf(labels[ns], sizeof labels[ns], "%s %s", modes[m], view);
+            lp[ns] = labels[ns];
+            for (int a = 0; a < nal; a++)
+                vals[(size_t)ns * nal + a] = attn_kl_mean(r, modes[m], ctx, view, "all", a);
+            ns++;
+        }
+    }
+    char title[256];
+    snprintf(title, sizeof title,
+             "%s%sattention KL per full-attention layer: isolated vs propagated", many ? label : "",
+             many ? ": " : "");
+    kvd_bar_chart c = {title, "attention KL vs bf16 (nats, log)", 1, nal, ns, gp, lp, vals};
+    kvd_svg_bars(b, &c);
+    free(vals);
+}
+
+static void copy_bars(kvd_buf *b, const kvd_run *runs, int n) {
+    static char groups[32][160];
+    static const char *gp[32];
+    double vals[2 * 32];
+    int ng = 0;
+    for (int i = 0; i < n; i++) {
+        const char *modes[KVD_KV_N_MODES];
+        int nm = kvd_run_modes(&runs[i], modes);
+        for (int m = 0; m < nm && ng < 32; m++) {
+            if (!strcmp(modes[m], "bf16")) continue;
+            series_label(groups[ng], sizeof groups[ng], runs, n, i, modes[m]);
+            gp[ng] = groups[ng];
+            vals[ng] = kvd_run_summary(&runs[i], modes[m], 0, "copy", "kl_mean");
+            vals[32 + ng] = kvd_run_summary(&runs[i], modes[m], 0, "other", "kl_mean");
+            ng++;
+        }
+    }
+    double v2[2 * 32];
+    for (int g = 0; g < ng; g++) v2[g] = vals[g], v2[ng + g] = vals[32 + g];
+    static const char *lp[2] = {"tokens that copy earlier content", "other tokens"};
+    kvd_bar_chart c = {"output KL on copy positions vs the rest",
+                       "next-token KL vs bf16 (nats)",
+                       0,
+                       ng,
+                       2,
+                       gp,
+                       lp,
+                       v2};
+    kvd_svg_bars(b, &c);
+}
+
+static void throughput_charts(kvd_buf *b, const kvd_run *runs, int n) {
+    static series_store st, st2;
+    kvd_line_chart a = {"decode throughput against concurrency",
+                        "concurrency (requests in the batch, log)",
+                        "output tokens/s (all requests)",
+                        1,
+                        0,
+                        0,
+                        {{0}}};
+    kvd_line_chart c = {"inter-token latency against concurrency",
+                        "concurrency (requests in the batch, log)",
+                        "ITL p50 (ms)",
+                        1,
+                        0,
+                        0,
+                        {{0}}};
+    for (int i = 0; i < n; i++) {
+        const char *modes[KVD_KV_N_MODES];
+        int nm = kvd_run_modes(&runs[i], modes);
+        long long ctx = kvd_run_max_context(&runs[i]);
+        int cs[64], nc = concurrencies(&runs[i], ctx, cs);
+        for (int m = 0; m < nm && a.n_series < KVD_SVG_MAX_SERIES; m++) {
+            int s = a.n_series, k = 0;
+            for (int j = 0; j < nc && k < 64; j++) {
+                const kvd_row_tput *x = tput(&runs[i], modes[m], cs[j], ctx);
+                if (!x) continue;
+                st.x[s][k] = cs[j], st.y[s][k] = x->decode_tok_s;
+                st2.x[s][k] = cs[j], st2.y[s][k] = x->itl_ms_p50;
+                k++;
+            }
+            series_label(st.label[s], sizeof st.label[s], runs, n, i, modes[m]);
+            a.series[s] = (kvd_series){st.label[s], k, st.x[s], st.y[s], NULL, NULL, 0};
+            c.series[s] = (kvd_series){st.label[s], k, st2.x[s], st2.y[s], NULL, NULL, 0};
+            a.n_series++, c.n_series++;
+        }
+    }
+    kvd_svg_lines(b, &a);
+    kvd_svg_lines(b, &c);
+}
+
+static void tradeoff_chart(kvd_buf *b, const kvd_run *runs, int n) {
+    static series_store st;
+    kvd_line_chart ch = {"accuracy against capacity",
+                         "tokens of KV cache per GiB (log)",
+                         "next-token KL vs bf16 (nats)",
+                         1,
+                         0,
+                         0,
+                         {{0}}};
+    for (int i = 0; i < n; i++) {
+        const char *modes[KVD_KV_N_MODES];
+        int nm = kvd_run_modes(&runs[i], modes);
+        long long ctx = kvd_run_max_context(&runs[i]);
+        int cs[64], nc = concurrencies(&runs[i], ctx, cs);
+        for (int m = 0; m < nm && ch.n_series < KVD_SVG_MAX_SERIES; m++) {
+            const kvd_row_tput *x = nc ? tput(&runs[i], modes[m], cs[0], ctx) : NULL;
+            if (!x) continue;
+            int s = ch.n_series;
+            st.x[s][0] = 1073741824.0 / x->kv_bytes_per_token;
+            st.y[s][0] = kvd_run_summary(&runs[i], modes[m], ctx, "all", "kl_mean");
+            series_label(st.label[s], sizeof st.label[s], runs, n, i, modes[m]);
+            ch.series[s] = (kvd_series){st.label[s], 1, st.x[s], st.y[s], NULL, NULL, 1};
+            ch.n_series++;
+        }
+    }
+    kvd_svg_lines(b, &ch);
+}
+
+static void kv_table(kvd_buf *b, const kvd_run *r) {
+    long long ctx = kvd_run_max_context(r);
+    kvd_buf_puts(
+        b, "<table class=\"kv\"><tr><th class=\"l\">KV mode</th><th>layer</th><th>KV head</th>"
+           "<th>k_scale</th><th>v_scale</th><th>K saturated</th><th>K flushed to 0</th>"
+           "<th>K subnormal</th><th>V saturated</th><th>V flushed to 0</th>"
+           "<th>V subnormal</th></tr>\n");
+    const kvd_table *t = &r->r.t[KVD_T_KV];
+    for (int64_t j = 0; j < t->n; j++) {
+        const kvd_row_kv *x = ROW(t, kvd_row_kv, j);
+        if (x->context != ctx || x->trace != 0 || !strcmp(x->mode, "bf16")) continue;
+        kvd_buf_printf(b,
+                       "<tr><td class=\"l\">%s</td><td>%d</td><td>%d</td><td>%.4g</td><td>%.4g</td>"
+                       "<td>%.3f%%</td><td>%.3f%%</td><td>%.3f%%</td><td>%.3f%%</td><td>%.3f%%</td>"
+                       "<td>%.3f%%</td></tr>\n",
+                       x->mode, x->layer, x->kv_head, x->k_scale, x->v_scale,
+                       100 * x->k_saturated_frac, 100 * x->k_flushed_frac,
+                       100 * x->k_subnormal_frac, 100 * x->v_saturated_frac,
+                       100 * x->v_flushed_frac, 100 * x->v_subnormal_frac);
+    }
+    kvd_buf_puts(b, "</table>\n");
+}
+
+static void provenance(kvd_buf *b, const kvd_run *r) {
+    kvd_buf_puts(b, "<table class=\"prov\">");
+    const char *k[] = {"file", "kvdrift",  "revision", "written (UTC)",
+                       "host", "back end", "device",   "command"};
+    char seeds[64];
+    snprintf(seeds, sizeof seeds, "trace %llu, weights %llu", (unsigned long long)r->r.seed,
+             (unsigned long long)r->r.weight_seed);
+    const char *v[] = {r->path,   r->r.version, r->r.git_rev, r->r.written_utc,
+                       r->r.host, r->r.backend, r->r.device,  r->r.command ? r->r.command : ""};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        kvd_buf_printf(b, "<tr><th class=\"l\">%s</th><td class=\"l\">", k[i]);
+        kvd_buf_xml(b, v[i]);
+        kvd_buf_puts(b, "</td></tr>\n");
+    }
+    kvd_buf_printf(b, "<tr><th class=\"l\">seeds</th><td class=\"l\">%s</td></tr></table>\n",
+                   seeds);
+    kvd_buf_puts(b, "<p class=\"note\">model config.json:</p><pre>");
+    kvd_buf_xml(b, r->r.model_json ? r->r.model_json : "");
+    kvd_buf_puts(b, "</pre><p class=\"note\">trace spec:</p><pre>");
+    kvd_buf_xml(b, r->r.trace_json ? r->r.trace_json : "");
+    kvd_buf_puts(b, "</pre>\n");
+}
+
+void kvd_report_html_kl(kvd_buf *b, const kvd_run *runs, int n) {
+    kl_by_position(b, runs, n, "all", "next-token KL against position, with its 95% band");
+}
+
+void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
+    kvd_buf_printf(b,
+                   "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>"
+                   "<title>kvdrift report</title><style>%s</style></head><body>\n",
+                   css);
+    kvd_buf_puts(b, "<h1>kvdrift: KV cache precision drift</h1>\n<p class=\"note\">");
+    for (int i = 0; i < n; i++) {
+        kvd_buf_xml(b, runs[i].label);
+        kvd_buf_printf(b, ": context %lld tokens, written %s. ", kvd_run_max_context(&runs[i]),
+                       runs[i].r.written_utc);
+    }
+    kvd_buf_puts(b, "Every figure compares a KV cache mode with the BF16 cache over the same "
+                    "weights and trace; bf16 itself is the reference and shows zero.</p>\n");
+    kvd_buf_puts(b, "<h2>Verdict per KV mode</h2>\n");
+    verdict_table(b, runs, n);
+    kvd_buf_puts(b, "<p class=\"note\">Output KL: mean over positions of KL(P<sub>bf16</sub> || "
+                    "P<sub>mode</sub>) of the next token, &#177; its standard error. Verdict by "
+                    "mean KL: negligible &lt; 0.001 nats &lt; noticeable &lt; 0.01 &lt; degraded. "
+                    "Speed and capacity at the highest concurrency measured.</p>\n");
+    kvd_buf_puts(b, "<h2>Output drift against context position</h2>\n");
+    kl_by_position(b, runs, n, "all", "next-token KL against position, with its 95% band");
+    kvd_buf_puts(b, "<h2>Hidden-state drift by layer and position</h2>\n");
+    for (int i = 0; i < n; i++) hidden_heatmaps(b, &runs[i], runs[i].label, n > 1);
+    kvd_buf_puts(b,
+                 "<h2>Attention drift per full-attention layer</h2>\n<p class=\"note\">Isolated: "
+                 "the reference query over the reference K/V passed through the mode's codec (the "
+                 "layer's own error). Propagated: the mode's own run (error carried in from "
+                 "below).</p>\n");
+    for (int i = 0; i < n; i++) attention_bars(b, &runs[i], runs[i].label, n > 1);
+    kvd_buf_puts(b, "<h2>Copy positions against the rest</h2>\n");
+    copy_bars(b, runs, n);
+    kvd_buf_puts(b, "<h2>Throughput and latency against concurrency</h2>\n");
+    throughput_charts(b, runs, n);
+    kvd_buf_puts(b, "<h2>Accuracy against capacity</h2>\n");
+    tradeoff_chart(b, runs, n);
+    for (int i = 0; i < n; i++) {
+        kvd_buf_puts(b, "<h2>FP8 saturation, flush-to-zero and scales: ");
+        kvd_buf_xml(b, runs[i].label);
+        kvd_buf_puts(b, "</h2>\n");
+        kv_table(b, &runs[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        kvd_buf_puts(b, "<h2>Provenance: ");
+        kvd_buf_xml(b, runs[i].label);
+        kvd_buf_puts(b, "</h2>\n");
+        provenance(b, &runs[i]);
+    }
+    kvd_buf_puts(b, "</body></html>\n");
+}
+
+void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
+    kvd_buf_puts(b, "## kvdrift: KV cache precision drift\n\n");
+    kvd_buf_puts(b, "| run | KV mode | output KL (nats) | top-1 agreement | ln(PPL ratio) | "
+                    "attention KL | decode vs bf16 | KV capacity vs bf16 | verdict |\n"
+                    "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
+    for (int i = 0; i < n; i++) {
+        const char *modes[KVD_KV_N_MODES];
+        int nm = kvd_run_modes(&runs[i], modes);
+        for (int m = 0; m < nm; m++) {
+            verdict v = make_verdict(&runs[i], modes[m]);
+            char a[32], e[32], c[32], d[32], f[32], h[32], k[32];
+            fmt(a, sizeof a, v.kl, "%.3e");
+            fmt(e, sizeof e, v.kl_err, "%.1e");
+            fmt(c, sizeof c, v.top1, "%.4f");
+            fmt(d, sizeof d, v.ln_ppl, "%.2e");
+            fmt(f, sizeof f, v.attn_kl, "%.2e");
+            fmt(h, sizeof h, v.dec_gain, "%.2fx");
+            fmt(k, sizeof k, v.cap_gain, "%.1fx");
+            kvd_buf_printf(b, "| %s | %s | %s ± %s | %s | %s | %s | %s | %s | %s |\n",
+                           runs[i].label, modes[m], a, e, c, d, f, h, k, verdict_word(v.kl));
+        }
+    }
+    kvd_buf_printf(b,
+                   "\nContext %lld tokens; verdict by mean output KL: negligible < 0.001 nats "
+                   "< noticeable < 0.01 < degraded.\n",
+                   n ? kvd_run_max_context(&runs[0]) : 0);
+}
+
+static void csv_row(FILE *f, int n, const char *const *v) {
+    for (int i = 0; i < n; i++) {
+        if (i) fputc(',', f);
+        csv_fwrite(f, v[i], strlen(v[i]));
+    }
+    fputc('\n', f);
+}
+
+void kvd_report_csv(FILE *f, const kvd_run *runs, int n) {
+    const char *h[] = {"run", "mode", "context", "subset", "metric", "value"};
+    csv_row(f, 6, h);
+    for (int i = 0; i < n; i++) {
+        const kvd_table *t = &runs[i].r.t[KVD_T_SUMMARY];
+        for (int64_t j = 0; j < t->n; j++) {
+            const kvd_row_summary *x = ROW(t, kvd_row_summary, j);
+            if (x->trace != 0) continue;
+            char ctx[32], val[40];
+            snprintf(ctx, sizeof ctx, "%lld", (long long)x->context);
+            snprintf(val, sizeof val, "%.9g", x->value);
+            const char *v[] = {runs[i].label, x->mode, ctx, x->subset, x->metric, val};
+            csv_row(f, 6, v);
+        }
+        const kvd_table *tp = &runs[i].r.t[KVD_T_TPUT];
+        for (int64_t j = 0; j < tp->n; j++) {
+            const kvd_row_tput *x = ROW(tp, kvd_row_tput, j);
+            char ctx[32], val[40], met[48];
+            snprintf(ctx, sizeof ctx, "%lld", (long long)x->context);
+            const struct {
+                const char *name;
+                double v;
+            } m[] = {
+                {"decode_tok_s", x->decode_tok_s},  {"prefill_tok_s", x->prefill_tok_s},
+                {"ttft_ms_p50", x->ttft_ms_p50},    {"itl_ms_p50", x->itl_ms_p50},
+                {"itl_ms_p99", x->itl_ms_p99},      {"kv_bytes_per_token", x->kv_bytes_per_token},
+                {"budget_tokens", x->budget_tokens}};
+            for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
+                snprintf(met, sizeof met, "%s_c%d", m[k].name, x->concurrency);
+                snprintf(val, sizeof val, "%.9g", m[k].v);
+                const char *v[] = {runs[i].label, x->mode, ctx, "all", met, val};
+                csv_row(f, 6, v);
+            }
+        }
+    }
+}

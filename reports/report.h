@@ -1,0 +1,61 @@
+/* kvdrift: reports from result files: one self-contained HTML file with
+ * inline SVG charts, a Markdown summary, CSV tables; and the baseline versus
+ * candidate comparison behind `kvdrift compare`. */
+#ifndef KVD_REPORT_H
+#define KVD_REPORT_H
+
+#include <stdio.h>
+
+#include "../bench/results.h"
+#include "buf.h"
+
+typedef struct {
+    char path[1024], label[128];
+    kvd_results r;
+} kvd_run;
+
+/* Load result files; -1 with err naming the file on failure. */
+int kvd_runs_load(kvd_run *runs, int n, char *const *paths, char *err);
+void kvd_runs_free(kvd_run *runs, int n);
+
+void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n);
+/* The KL-against-position chart alone (for the comparison page). */
+void kvd_report_html_kl(kvd_buf *b, const kvd_run *runs, int n);
+void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n);
+void kvd_report_csv(FILE *f, const kvd_run *runs, int n);
+
+/* A summary figure of a run: trace 0 (mean over traces when several), the
+ * largest context unless ctx > 0; NAN when absent. */
+double kvd_run_summary(const kvd_run *r, const char *mode, long long ctx, const char *subset,
+                       const char *metric);
+
+/* Modes present in a run, in the order kvdrift knows them. */
+int kvd_run_modes(const kvd_run *r, const char **modes);
+long long kvd_run_max_context(const kvd_run *r);
+
+/* ---- compare ---- */
+
+typedef struct {
+    char metric[32], mode[16], bucket[16];
+    double max_abs, max_rel;
+    int line;
+} kvd_threshold;
+
+int kvd_thresholds_load(const char *path, kvd_threshold **th, int *n, char *err);
+
+typedef struct {
+    char metric[32], mode[16];
+    long long context;
+    int bucket; /* -1: the whole run */
+    double base, cand, abs_inc, rel_inc, max_abs, max_rel;
+    int breach;
+} kvd_check;
+
+/* Apply every threshold; returns the number of checks (malloc'd in *out),
+ * or -1 with err when a threshold names something neither file has. */
+int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *th, int n_th,
+                kvd_check **out, char *err);
+void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, const kvd_check *c,
+                      int n);
+
+#endif

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# kvdrift report and compare on a real tiny result file: HTML and every SVG
+# well-formed (xmllint), plotted points equal to the file's numbers, Markdown
+# and CSV outputs, compare's exit codes, and a headless-Chromium screenshot
+# that is not blank where Debian's chromium is installed.
+set -u
+bin="$1"
+thresholds="$2"
+py=/usr/bin/python3
+if ! "$py" -c "import h5py, numpy" 2>/dev/null || ! command -v xmllint >/dev/null; then
+  echo "SKIP: needs /usr/bin/python3 with h5py and numpy, and xmllint (scripts/setup.sh installs them)"
+  exit 77
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+
+"$bin" run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 512 --concurrency 1,2 \
+  --gen-tokens 4 --decode-tokens 3 --calib-tokens 512 -o "$work/r.h5" >/dev/null 2>&1 || bad "sweep failed"
+"$bin" report "$work/r.h5" -o "$work/r.html" 2>/dev/null && ok || bad "report html failed"
+xmllint --noout "$work/r.html" 2>"$work/x.err" && ok || bad "HTML is not well-formed: $(head -3 "$work/x.err")"
+
+"$py" - "$work/r.h5" "$work/r.html" "$work" <<'PY' && ok || bad "plotted values differ from the file"
+import sys, re
+import xml.etree.ElementTree as ET
+import h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+html = open(sys.argv[2]).read()
+svgs = re.findall(r"<svg .*?</svg>", html, re.S)
+assert len(svgs) >= 8, len(svgs)
+for i, s in enumerate(svgs):  # each chart on its own is well-formed XML
+    open(f"{sys.argv[3]}/chart{i}.svg", "w").write(s)
+ns = "{http://www.w3.org/2000/svg}"
+out = f["/drift/output"][:]
+# the KL-against-position chart: every point is a bucket mean of the file
+kl_chart = ET.fromstring(svgs[0])
+pts = [c for c in kl_chart.iter(ns + "circle") if c.get("class") == "pt"]
+assert pts
+for c in pts:
+    mode = c.get("data-series").encode()
+    x, y = float(c.get("data-x")), float(c.get("data-y"))
+    rows = out[(out["mode"] == mode) & (out["subset"] == b"all") & (out["metric"] == b"kl")]
+    b = int(round(np.log2(x * x) / 2)) if x > 1.5 else 0
+    lo = 1 if b == 0 else 2 ** b
+    row = rows[rows["bucket"] == b]
+    assert len(row) == 1 and abs(np.sqrt(lo * (2 ** (b + 1) - 1)) - x) < 1e-9 * x, (mode, x)
+    assert row["mean"][0] == y, (mode, b, row["mean"][0], y)
+# every non-zero bucket of every mode is drawn (zeros cannot sit on a log axis)
+for mode in (b"fp8-cal", b"fp8-unscaled"):
+    rows = out[(out["mode"] == mode) & (out["subset"] == b"all") & (out["metric"] == b"kl") & (out["mean"] > 0)]
+    assert len([c for c in pts if c.get("data-series").encode() == mode]) == len(rows), mode
+# the heatmap cells are the layer table's means
+lay = f["/drift/layers"][:]
+heat = [ET.fromstring(s) for s in svgs if 'class="chart heatmap"' in s]
+assert len(heat) == 2  # one per non-reference mode
+cells = [r for r in heat[0].iter(ns + "rect") if r.get("class") == "cell"]
+L = 8
+for r in cells:
+    layer = L - 1 - int(r.get("data-row"))
+    b = int(r.get("data-col"))
+    v = float(r.get("data-v"))
+    row = lay[(lay["mode"] == b"fp8-cal") & (lay["layer"] == layer) & (lay["bucket"] == b) & (lay["subset"] == b"all") & (lay["metric"] == b"rel_l2")]
+    if len(row):
+        assert row["mean"][0] == v, (layer, b)
+    else:
+        assert np.isnan(v)
+# the copy/other bars are the summary table's kl_mean per subset
+summ = f["/drift/summary"][:]
+bars = [ET.fromstring(s) for s in svgs if "copy positions" in s][0]
+rects = [r for r in bars.iter(ns + "rect") if r.get("class") == "bar"]
+assert len(rects) == 4
+for r in rects:
+    sub = b"copy" if "copy" in r.get("data-series") else b"other"
+    mode = r.get("data-group").encode()
+    want = summ[(summ["mode"] == mode) & (summ["subset"] == sub) & (summ["metric"] == b"kl_mean")]["value"][0]
+    assert float(r.get("data-y")) == want
+# decode throughput points are the throughput table's
+tp = f["/throughput"][:]
+dec = [ET.fromstring(s) for s in svgs if "decode throughput" in s][0]
+for c in dec.iter(ns + "circle"):
+    mode = c.get("data-series").encode()
+    conc = int(float(c.get("data-x")))
+    want = tp[(tp["mode"] == mode) & (tp["concurrency"] == conc)]["decode_tok_s"][0]
+    assert float(c.get("data-y")) == want
+PY
+for s in "$work"/chart*.svg; do
+  xmllint --noout "$s" 2>/dev/null || { bad "$(basename "$s") is not well-formed"; break; }
+done
+ok
+
+"$bin" report "$work/r.h5" --format md >"$work/r.md" && grep -q '^| r | fp8-unscaled |' "$work/r.md" && ok || bad "markdown"
+"$bin" report "$work/r.h5" "$work/r.h5" -o "$work/two.html" 2>/dev/null && xmllint --noout "$work/two.html" && grep -q "r: fp8-cal" "$work/two.html" && ok || bad "two files side by side"
+"$bin" report "$work/r.h5" --format csv -o "$work/r.csv" 2>/dev/null
+"$py" - "$work/r.h5" "$work/r.csv" <<'PY' && ok || bad "csv"
+import csv, sys
+import h5py
+rows = list(csv.DictReader(open(sys.argv[2])))
+assert list(rows[0].keys()) == ["run", "mode", "context", "subset", "metric", "value"]
+s = h5py.File(sys.argv[1], "r")["/drift/summary"][:]
+want = s[(s["mode"] == b"fp8-cal") & (s["subset"] == b"all") & (s["metric"] == b"kl_mean")]["value"][0]
+got = [r for r in rows if r["mode"] == "fp8-cal" and r["subset"] == "all" and r["metric"] == "kl_mean"]
+assert len(got) == 1 and abs(float(got[0]["value"]) - want) <= 1e-8 * abs(want)
+PY
+
+# compare: 0 against itself, 1 for a crafted regression, 2 for bad thresholds
+"$bin" compare "$work/r.h5" "$work/r.h5" --thresholds "$thresholds" >"$work/c0.out"; rc=$?
+[ $rc -eq 0 ] && grep -q "0 regressions" "$work/c0.out" && ok || bad "compare against itself: exit $rc"
+cp "$work/r.h5" "$work/worse.h5"
+"$py" - "$work/worse.h5" <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1], "r+")
+s = f["/drift/summary"][:]
+m = (s["mode"] == b"fp8-cal") & (s["subset"] == b"all") & (s["metric"] == b"kl_mean")
+s["value"][m] *= 3
+f["/drift/summary"][...] = s
+PY
+"$bin" compare "$work/r.h5" "$work/worse.h5" --thresholds "$thresholds" -o "$work/diff.html" >"$work/c1.out"; rc=$?
+[ $rc -eq 1 ] && grep -q "^REGRESSION kl_mean fp8-cal context 512: baseline" "$work/c1.out" &&
+  [ "$(grep -c '^REGRESSION' "$work/c1.out")" -eq 1 ] && xmllint --noout "$work/diff.html" && ok ||
+  bad "crafted regression: exit $rc: $(cat "$work/c1.out")"
+printf 'metric,mode,max_abs_increase,max_rel_increase\nkl_mean,*,0.1,0.1\n' >"$work/t1.csv"
+"$bin" compare "$work/r.h5" "$work/r.h5" --thresholds "$work/t1.csv" 2>"$work/e1"; rc=$?
+[ $rc -eq 2 ] && grep -q "t1.csv:1: missing column 'bucket'" "$work/e1" && ok || bad "missing column: exit $rc $(cat "$work/e1")"
+printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_mean,*,*,0.1,0.1\nkl_p99,*,*,lots,0.1\n' >"$work/t2.csv"
+"$bin" compare "$work/r.h5" "$work/r.h5" --thresholds "$work/t2.csv" 2>"$work/e2"; rc=$?
+[ $rc -eq 2 ] && grep -q "t2.csv:3: column 'max_abs_increase': expected a non-negative number, got 'lots'" "$work/e2" && ok || bad "non-numeric threshold: exit $rc $(cat "$work/e2")"
+printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_meen,*,*,0.1,0.1\n' >"$work/t3.csv"
+"$bin" compare "$work/r.h5" "$work/r.h5" --thresholds "$work/t3.csv" 2>"$work/e3"; rc=$?
+[ $rc -eq 2 ] && grep -q "thresholds line 2: unknown metric 'kl_meen'" "$work/e3" && ok || bad "unknown metric: exit $rc"
+"$bin" compare "$work/r.h5" "$work/missing.h5" 2>"$work/e4"; rc=$?
+[ $rc -eq 2 ] && grep -q "missing.h5" "$work/e4" && ok || bad "missing file: exit $rc"
+
+# look at it: a headless-Chromium screenshot must not be blank
+chrome=$(command -v chromium || command -v chromium-browser || true)
+if [ -n "$chrome" ]; then
+  timeout 120 "$chrome" --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1100,1600 \
+    --screenshot="$work/shot.png" "file://$work/r.html" >/dev/null 2>&1
+  "$py" - "$work/shot.png" <<'PY' && ok || bad "the screenshot is blank or missing"
+import struct, sys, zlib
+data = open(sys.argv[1], "rb").read()
+assert data[:8] == b"\x89PNG\r\n\x1a\n"
+pos, idat, w = 8, b"", 0
+while pos < len(data):
+    n, t = struct.unpack(">I4s", data[pos:pos + 8])
+    if t == b"IHDR":
+        w, h, depth, ctype = struct.unpack(">IIBB", data[pos + 8:pos + 18])
+    if t == b"IDAT":
+        idat += data[pos + 8:pos + 8 + n]
+    pos += 12 + n
+raw = zlib.decompress(idat)
+# distinct byte values across the image: a blank page has one or two
+assert len(set(raw[::97])) > 40, len(set(raw[::97]))
+PY
+else
+  echo "SKIP: chromium is not installed: no screenshot check (apt-get install chromium to run it)"
+fi
+
+echo "report: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
