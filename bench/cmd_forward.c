@@ -206,7 +206,8 @@ int kvd_cmd_forward(int argc, char **argv) {
         kvd_kv_mode m;
         if (kvd_kv_mode_parse(tok, &m))
             kvd_die(KVD_EXIT_USAGE, cmd,
-                    "--kv: unknown mode '%s', expected bf16, fp8-cal, fp8-unscaled or fp8-e5m2",
+                    "--kv: unknown mode '%s', expected bf16, fp8-cal, fp8-unscaled, fp8-e5m2 or "
+                    "fp8-ckpt",
                     tok);
         want[m] = 1;
     }
@@ -225,7 +226,8 @@ int kvd_cmd_forward(int argc, char **argv) {
     printf("trace: %d synthetic tokens, seed %llu\n", T, (unsigned long long)seed);
 
     int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads, V = c->vocab_size;
-    kvd_kv_scales sc = {0}, am = {0};
+    kvd_kv_scales sc = {0}, am = {0}, ck = {0};
+    if (want[KVD_KV_FP8_CKPT]) kvd_model_opts_ckpt_scales(&mo, cmd, c, &ck);
     if (want[KVD_KV_FP8_CAL]) {
         get_scales(&co, &w, seed, cmd, &sc, &am, 1);
         for (int l = 0; l < nf; l++)
@@ -265,7 +267,10 @@ int kvd_cmd_forward(int argc, char **argv) {
         kvd_kv_mode mode = (kvd_kv_mode)mi;
         kvd_kvcache kv;
         if (kvd_kvcache_init(&kv, mode, nf, kvh, c->head_dim, 16, T,
-                             mode == KVD_KV_FP8_CAL ? &sc : NULL, saturate, err))
+                             mode == KVD_KV_FP8_CAL    ? &sc
+                             : mode == KVD_KV_FP8_CKPT ? &ck
+                                                       : NULL,
+                             saturate, err))
             kvd_die(1, cmd, "%s", err);
         kvd_model *m = kvd_model_new(&w, T < 512 ? T : 512, 1, err);
         if (!m) kvd_die(1, cmd, "%s", err);
@@ -309,6 +314,7 @@ int kvd_cmd_forward(int argc, char **argv) {
     free(tok);
     kvd_kv_scales_free(&sc);
     kvd_kv_scales_free(&am);
+    kvd_kv_scales_free(&ck);
     kvd_weights_free(&w);
     return rc;
 }

@@ -101,7 +101,8 @@ static void set_flag(run_opts *o, const char *cmd, const char *flag, const char 
     if (!strcmp(flag, "--kv")) {
         if (parse_modes(val, o))
             kvd_die(KVD_EXIT_USAGE, cmd,
-                    "--kv: expected a list of bf16, fp8-cal, fp8-unscaled, fp8-e5m2, got '%s'",
+                    "--kv: expected a list of bf16, fp8-cal, fp8-unscaled, fp8-e5m2, fp8-ckpt, got "
+                    "'%s'",
                     val);
     } else if (!strcmp(flag, "--concurrency")) {
         if ((n = parse_list(val, tmp, MAX_LIST, 1, 1024)) <= 0)
@@ -749,6 +750,12 @@ int kvd_cmd_run(int argc, char **argv) {
     res.trace_json = kvd_trace_spec_json(&sp);
 
     kvd_kv_scales sc = {0}, am = {0};
+    kvd_kv_scales ck = {0};
+    for (int i = 0; i < o.n_modes; i++)
+        if (o.modes[i] == KVD_KV_FP8_CKPT) {
+            kvd_model_opts_ckpt_scales(&o.mo, cmd, c, &ck);
+            break;
+        }
     int need_cal = 0;
     for (int i = 0; i < o.n_modes; i++) need_cal |= o.modes[i] == KVD_KV_FP8_CAL;
     if (need_cal) {
@@ -775,7 +782,9 @@ int kvd_cmd_run(int argc, char **argv) {
         int64_t ctx = o.ctx[ci];
         for (int mi = 0; mi < o.n_modes; mi++) {
             kvd_kv_mode mode = (kvd_kv_mode)o.modes[mi];
-            const kvd_kv_scales *msc = mode == KVD_KV_FP8_CAL ? &sc : NULL;
+            const kvd_kv_scales *msc = mode == KVD_KV_FP8_CAL    ? &sc
+                                       : mode == KVD_KV_FP8_CKPT ? &ck
+                                                                 : NULL;
             for (int t = 0; t < o.traces; t++) {
                 char cell[64];
                 snprintf(cell, sizeof cell, "drift_%s_c1_ctx%lld_t%d", kvd_kv_mode_name(mode),
@@ -855,7 +864,7 @@ int kvd_cmd_run(int argc, char **argv) {
            (long long)res.t[KVD_T_TPUT].n);
     for (int i = 0; i < o.traces; i++) kvd_trace_free(&tr[i]);
     free(tr);
-    kvd_kv_scales_free(&sc), kvd_kv_scales_free(&am);
+    kvd_kv_scales_free(&sc), kvd_kv_scales_free(&am), kvd_kv_scales_free(&ck);
     kvd_results_free(&res);
     kvd_weights_free(&w);
     for (int i = 0; i < o.n_owned; i++) free(o.owned[i]);

@@ -16,6 +16,8 @@ static void usage(FILE *f) {
             "              concurrency and context, to an HDF5 results file\n"
             "  report      HTML / Markdown / CSV report from result files\n"
             "  compare     baseline against candidate with a thresholds CSV (exit 1: regression)\n"
+            "  audit       what a checkpoint's quantization config makes an engine do to the\n"
+            "              KV cache (--strict: exit 1 for FP8 KV without scales)\n"
             "  forward     run the hybrid model over a synthetic trace in each KV mode and\n"
             "              print what every mode did to the cache and the logits\n"
             "  calibrate   measure K/V absmax on a held-out trace and write a scales file\n"
@@ -42,6 +44,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return kvd_cmd_run(argc - 2, argv + 2);
     if (!strcmp(cmd, "report")) return kvd_cmd_report(argc - 2, argv + 2);
     if (!strcmp(cmd, "compare")) return kvd_cmd_compare(argc - 2, argv + 2);
+    if (!strcmp(cmd, "audit")) return kvd_cmd_audit(argc - 2, argv + 2);
     if (!strcmp(cmd, "schema")) {
         kvd_results_schema_md(stdout);
         return 0;

@@ -1,6 +1,8 @@
 /* kvdrift: command-line plumbing (see util.h). */
 #include "util.h"
 
+#include "../runners/checkpoint.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -57,6 +59,7 @@ const char *const kvd_model_opts_help =
     "  --model PRESET          tiny | small | qwen3-next-80b-a3b | qwen3.5-397b-a17b (default "
     "small)\n"
     "  --config FILE           a Hugging Face config.json instead of a preset\n"
+    "  --model-dir DIR         real weights: a Hugging Face Qwen3-Next checkpoint directory\n"
     "  --weight-seed N         seed of the synthetic weights (default 1234)\n"
     "  --k-outlier-scale X     |K| of the key outlier channels (default 320)\n"
     "  --k-outlier-channels N  key outlier channels per layer (default 3.5)\n"
@@ -75,6 +78,8 @@ int kvd_model_opts_flag(kvd_model_opts *o, kvd_args *a, const char *f) {
         o->preset = kvd_args_value(a, f);
     } else if (!strcmp(f, "--config")) {
         o->config_path = kvd_args_value(a, f);
+    } else if (!strcmp(f, "--model-dir")) {
+        o->model_dir = kvd_args_value(a, f);
     } else if (!strcmp(f, "--weight-seed")) {
         o->synth.seed = (uint64_t)kvd_args_long(a, f, 0, 2147483647L);
     } else if (!strcmp(f, "--k-outlier-scale")) {
@@ -96,10 +101,31 @@ int kvd_model_opts_flag(kvd_model_opts *o, kvd_args *a, const char *f) {
 void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, kvd_weights *w) {
     kvd_config cfg;
     char err[KVD_ERR_LEN];
+    if (o->model_dir) {
+        if (kvd_weights_load(w, o->model_dir, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+        return;
+    }
     int rc = o->config_path ? kvd_config_load(o->config_path, &cfg, err)
                             : kvd_config_preset(o->preset, &cfg, err);
     if (rc) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
     if (kvd_weights_synth(w, &cfg, &o->synth, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+}
+
+void kvd_model_opts_ckpt_scales(const kvd_model_opts *o, const char *cmd, const kvd_config *cfg,
+                                kvd_kv_scales *s) {
+    char err[KVD_ERR_LEN];
+    if (!o->model_dir)
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "--kv fp8-ckpt: expected --model-dir DIR (the checkpoint's scales)");
+    int nf = kvd_config_n_full(cfg);
+    int have = kvd_checkpoint_kv_scales(o->model_dir, cfg, s, NULL, err);
+    if (have < 0) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    if (have < nf)
+        fprintf(stderr,
+                "kvdrift %s: %s: %d of %d full-attention layers have no k_scale/v_scale; fp8-ckpt "
+                "uses 1.0 there, as an engine does (\"Using FP8 KV cache but no scaling factors "
+                "provided. Defaulting to scaling factors of 1.0.\")\n",
+                cmd, o->model_dir, nf - have, nf);
 }
 
 void kvd_set_threads(int n) {

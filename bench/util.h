@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "../runners/config.h"
+#include "../runners/kvcache.h"
 #include "../runners/weights.h"
 
 /* Exit codes: 0 ok, 1 failure of the measured thing (regression, --strict), 2 usage or input. */
@@ -33,8 +34,14 @@ _Noreturn void kvd_die(int code, const char *cmd, const char *fmt, ...)
 typedef struct {
     const char *preset;
     const char *config_path;
+    const char *model_dir; /* a Hugging Face checkpoint directory: real weights */
     kvd_synth synth;
 } kvd_model_opts;
+
+/* The scales of fp8-ckpt: read from --model-dir's checkpoint; layers without
+ * them get 1.0 with the warning an engine prints. Exits on bad input. */
+void kvd_model_opts_ckpt_scales(const kvd_model_opts *o, const char *cmd, const kvd_config *cfg,
+                                kvd_kv_scales *s);
 
 void kvd_model_opts_init(kvd_model_opts *o);
 /* Consume a model flag if `flag` is one; returns 1 when consumed. */

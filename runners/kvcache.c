@@ -9,7 +9,7 @@
 #include <string.h>
 
 static const char *const mode_names[KVD_KV_N_MODES] = {"bf16", "fp8-cal", "fp8-unscaled",
-                                                       "fp8-e5m2"};
+                                                       "fp8-e5m2", "fp8-ckpt"};
 
 const char *kvd_kv_mode_name(kvd_kv_mode m) {
     return (unsigned)m < KVD_KV_N_MODES ? mode_names[m] : "?";
@@ -57,10 +57,10 @@ int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_head
                  "KV cache: expected positive layers, heads, head_dim, block size and capacity");
         return -1;
     }
-    if (mode == KVD_KV_FP8_CAL && !scales) {
-        snprintf(err, KVD_ERR_LEN,
-                 "KV cache mode fp8-cal: expected calibrated scales (run `kvdrift calibrate` "
-                 "or pass --scales FILE)");
+    if ((mode == KVD_KV_FP8_CAL || mode == KVD_KV_FP8_CKPT) && !scales) {
+        snprintf(err, KVD_ERR_LEN, "KV cache mode %s: expected scales (%s)", kvd_kv_mode_name(mode),
+                 mode == KVD_KV_FP8_CAL ? "run `kvdrift calibrate` or pass --scales FILE"
+                                        : "from the checkpoint given by --model-dir");
         return -1;
     }
     if (scales && (scales->n_layers != n_layers || scales->kv_heads != kv_heads)) {
@@ -109,7 +109,7 @@ int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_head
     for (size_t i = 0; i < lk; i++) {
         /* bf16 and the unscaled FP8 modes ignore any scales they are given:
          * that is what those modes mean */
-        int use = scales && mode == KVD_KV_FP8_CAL;
+        int use = scales && (mode == KVD_KV_FP8_CAL || mode == KVD_KV_FP8_CKPT);
         c->k_scale[i] = use ? scales->k[i] : 1.0f;
         c->v_scale[i] = use ? scales->v[i] : 1.0f;
         if (!(c->k_scale[i] > 0.0f) || !(c->v_scale[i] > 0.0f) || !isfinite(c->k_scale[i]) ||

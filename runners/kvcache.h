@@ -14,6 +14,7 @@ typedef enum {
     KVD_KV_FP8_CAL,      /* E4M3, calibrated scales */
     KVD_KV_FP8_UNSCALED, /* E4M3, scale 1.0: a checkpoint that asks for FP8 and gives none */
     KVD_KV_FP8_E5M2,     /* E5M2, scale 1.0 */
+    KVD_KV_FP8_CKPT,     /* E4M3, the scales the checkpoint carries (1.0 where it has none) */
     KVD_KV_N_MODES
 } kvd_kv_mode;
 

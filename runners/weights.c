@@ -136,7 +136,7 @@ static const float *need(const kvd_weights *w, const char *name) {
     return t ? t->data : NULL;
 }
 
-static void bind(kvd_weights *w) {
+void kvd_weights_bind(kvd_weights *w) {
     const kvd_config *c = &w->cfg;
     char nm[128];
     int E = c->num_experts > 0 ? c->num_experts : 0;
@@ -344,7 +344,18 @@ int kvd_weights_synth(kvd_weights *w, const kvd_config *cfg, const kvd_synth *s,
         }
         fill(t, cfg, s);
     }
-    bind(w);
+    kvd_weights_bind(w);
+    return 0;
+}
+
+int kvd_weights_plan(kvd_weights *w, const kvd_config *cfg, char *err) {
+    memset(w, 0, sizeof *w);
+    if (kvd_config_validate(cfg, err)) return -1;
+    w->cfg = *cfg;
+    reg r = {0};
+    plan(&r, cfg);
+    w->tensors = r.t;
+    w->n_tensors = r.n;
     return 0;
 }
 

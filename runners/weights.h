@@ -58,6 +58,10 @@ typedef struct {
 /* Allocate every tensor of cfg and fill it synthetically. */
 int kvd_weights_synth(kvd_weights *w, const kvd_config *cfg, const kvd_synth *s, char *err);
 void kvd_weights_free(kvd_weights *w);
+/* The registry of cfg's tensors, names and shapes only (data NULL); after the
+ * data is filled, bind points the per-layer pointers at it. */
+int kvd_weights_plan(kvd_weights *w, const kvd_config *cfg, char *err);
+void kvd_weights_bind(kvd_weights *w);
 const kvd_tensor *kvd_weights_find(const kvd_weights *w, const char *name);
 
 /* Deterministic standard normal for (key, index): the counter-based generator. */

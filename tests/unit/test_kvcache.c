@@ -82,8 +82,8 @@ static void modes(void **st) {
         kvd_kv_view view = kvd_kvcache_view(&c, 0);
         uint64_t sat = 0, sub = 0;
         for (int h = 0; h < KVH; h++) {
-            float ks = mode == KVD_KV_FP8_CAL ? sc.k[h] : 1.0f;
-            float vs = mode == KVD_KV_FP8_CAL ? sc.v[h] : 1.0f;
+            float ks = (mode == KVD_KV_FP8_CAL || mode == KVD_KV_FP8_CKPT) ? sc.k[h] : 1.0f;
+            float vs = (mode == KVD_KV_FP8_CAL || mode == KVD_KV_FP8_CKPT) ? sc.v[h] : 1.0f;
             kvd_kv_row(&view, 0, c.seqs[s].blocks, 0, h, row);
             for (int i = 0; i < HD; i++) {
                 float x = k[h * HD + i], want;
@@ -100,7 +100,8 @@ static void modes(void **st) {
             kvd_kv_row(&view, 1, c.seqs[s].blocks, 0, h, row);
             for (int i = 0; i < HD; i++) {
                 float x = v[h * HD + i];
-                if (mode == KVD_KV_FP8_CAL || mode == KVD_KV_FP8_UNSCALED) {
+                if (mode == KVD_KV_FP8_CAL || mode == KVD_KV_FP8_UNSCALED ||
+                    mode == KVD_KV_FP8_CKPT) {
                     uint8_t q = kvd_f32_to_e4m3(x / vs, 1);
                     assert_true(row[i] == kvd_e4m3_to_f32(q) * vs);
                     sub += (q & 0x78) == 0 && (q & 7) != 0;

@@ -1,0 +1,139 @@
+/* kvdrift: `audit DIR`: read a checkpoint's config.json, its quantization
+ * config (hf_quant_config.json or config.json's quantization_config) and
+ * its safetensors headers, and say what an engine that honours them will do
+ * to the KV cache, before anyone deploys it. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../runners/checkpoint.h"
+#include "commands.h"
+#include "util.h"
+
+static double parse_size(const char *s, int *ok) {
+    char *end;
+    double v = strtod(s, &end), mul = 0;
+    if (!strcmp(end, "GiB"))
+        mul = 1073741824.0;
+    else if (!strcmp(end, "MiB"))
+        mul = 1048576.0;
+    else if (!strcmp(end, "GB"))
+        mul = 1e9;
+    else if (!strcmp(end, "MB"))
+        mul = 1e6;
+    *ok = end != s && mul > 0 && v > 0;
+    return v * mul;
+}
+
+int kvd_cmd_audit(int argc, char **argv) {
+    const char *cmd = "audit", *dir = NULL, *f, *budget_s = "40GiB";
+    int strict = 0, json = 0;
+    kvd_args a = {argc, argv, 0, cmd};
+    while ((f = kvd_args_next(&a))) {
+        if (!strcmp(f, "--strict")) {
+            strict = 1;
+        } else if (!strcmp(f, "--kv-budget")) {
+            budget_s = kvd_args_value(&a, f);
+        } else if (!strcmp(f, "--format")) {
+            const char *v = kvd_args_value(&a, f);
+            if (strcmp(v, "json") && strcmp(v, "text"))
+                kvd_die(KVD_EXIT_USAGE, cmd, "--format: expected text or json, got '%s'", v);
+            json = !strcmp(v, "json");
+        } else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            printf("usage: kvdrift audit CHECKPOINT_DIR [--kv-budget 40GiB] [--strict] [--format "
+                   "text|json]\n"
+                   "Says what an engine that honours the checkpoint's quantization config does to\n"
+                   "the KV cache. --strict: exit 1 when FP8 KV would be enabled without scales.\n");
+            return 0;
+        } else if (f[0] == '-') {
+            kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
+        } else {
+            dir = f;
+        }
+    }
+    if (!dir) kvd_die(KVD_EXIT_USAGE, cmd, "expected a checkpoint directory");
+    int ok;
+    double budget = parse_size(budget_s, &ok);
+    if (!ok)
+        kvd_die(KVD_EXIT_USAGE, cmd, "--kv-budget: expected a size like 40GiB, got '%s'", budget_s);
+    char err[KVD_ERR_LEN];
+    kvd_config cfg;
+    kvd_audit au;
+    if (kvd_audit_dir(dir, &cfg, &au, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    int fp8_kv = !strcmp(au.kv_algo, "FP8");
+    int silent = fp8_kv && au.n_missing > 0;
+    int nf = au.n_attn, kvh = cfg.num_key_value_heads, hd = cfg.head_dim;
+    int64_t bpt16 = kvd_kvcache_bytes_per_token(KVD_KV_BF16, nf, kvh, hd);
+    int64_t bpt8 = kvd_kvcache_bytes_per_token(KVD_KV_FP8_CAL, nf, kvh, hd);
+    char missing[1024] = "";
+    for (int i = 0; i < au.n_missing; i++) {
+        char one[16];
+        snprintf(one, sizeof one, "%s%d", i ? ", " : "", au.missing_layers[i]);
+        strncat(missing, one, sizeof missing - strlen(missing) - 1);
+    }
+    const char *engine, *advice;
+    if (silent) {
+        engine =
+            "switches the KV cache to FP8 E4M3 because kv_cache_quant_algo is FP8, finds no "
+            "k_scale/v_scale for the layers listed, and uses 1.0 for K and V there (SGLang "
+            "warns \"Using FP8 KV cache but no scaling factors provided. Defaulting to scaling "
+            "factors of 1.0.\"; vLLM does the same)";
+        advice = "do not deploy as is: calibrate KV scales (kvdrift calibrate --model-dir DIR, or "
+                 "your quantizer's KV calibration) and add k_scale/v_scale to every full-attention "
+                 "layer, or serve with an explicit BF16 KV cache; measure the cost first with "
+                 "kvdrift run --model-dir DIR --kv bf16,fp8-ckpt,fp8-cal";
+    } else if (fp8_kv) {
+        engine = "switches the KV cache to FP8 E4M3 and loads the checkpoint's k_scale/v_scale for "
+                 "every full-attention layer";
+        advice = "the checkpoint carries its scales; check what they cost against calibrated ones "
+                 "with kvdrift run --model-dir DIR --kv bf16,fp8-ckpt,fp8-cal";
+    } else {
+        engine = "keeps the KV cache in the model's dtype (BF16): the checkpoint asks for no KV "
+                 "quantization";
+        advice = "an FP8 KV cache would hold 2x the tokens; measure what it costs with kvdrift run "
+                 "--model-dir DIR --kv bf16,fp8-cal before turning it on";
+    }
+    if (json) {
+        json_t *o = json_pack(
+            "{s:s, s:s, s:s, s:s, s:s, s:b, s:s, s:i, s:i, s:b, s:b, s:s, s:s, s:{s:I, s:I}, "
+            "s:{s:f, s:f, s:f}}",
+            "checkpoint", dir, "quant_config_source", au.source, "producer", au.producer,
+            "weight_quantization", au.weight_algo, "kv_cache_quantization", au.kv_algo,
+            "weights_loadable", au.weights_loadable, "unloadable_tensor", au.unloadable,
+            "full_attention_layers", nf, "layers_with_kv_scales", au.n_with_scales,
+            "kv_scales_per_head", au.scales_per_head, "fp8_kv_without_scales", silent,
+            "engine_behaviour", engine, "recommendation", advice, "kv_bytes_per_token", "bf16",
+            (json_int_t)bpt16, "fp8", (json_int_t)bpt8, "tokens_in_budget", "budget_bytes", budget,
+            "bf16", budget / (double)bpt16, "fp8", budget / (double)bpt8);
+        json_t *ml = json_array();
+        for (int i = 0; i < au.n_missing; i++)
+            json_array_append_new(ml, json_integer(au.missing_layers[i]));
+        json_object_set_new(o, "layers_missing_kv_scales", ml);
+        char *txt = json_dumps(o, JSON_INDENT(2));
+        printf("%s\n", txt);
+        free(txt);
+        json_decref(o);
+    } else {
+        printf("checkpoint %s: %d layers, %d full attention (KV heads %d x head_dim %d)\n", dir,
+               cfg.num_hidden_layers, nf, kvh, hd);
+        printf("weights: %s\n", au.weights_loadable
+                                    ? "BF16/F16/F32, loadable with --model-dir"
+                                    : "quantized; not loadable for compute: first such tensor");
+        if (!au.weights_loadable) printf("  %s\n", au.unloadable);
+        printf("quantization config: %s%s%s%s: weights %s, KV cache %s\n", au.source,
+               au.producer[0] ? " (" : "", au.producer, au.producer[0] ? ")" : "", au.weight_algo,
+               au.kv_algo);
+        printf("KV scales: %d of %d full-attention layers have k_scale and v_scale%s%s%s%s\n",
+               au.n_with_scales, nf, au.scales_per_head ? " (per KV head)" : "",
+               au.n_missing ? "; missing in layers " : "", missing, "");
+        printf("an engine that honours this checkpoint %s\n", engine);
+        printf("KV cache: bf16 %lld bytes/token, %.0f tokens in %s; fp8 %lld bytes/token, %.0f "
+               "tokens\n",
+               (long long)bpt16, budget / (double)bpt16, budget_s, (long long)bpt8,
+               budget / (double)bpt8);
+        printf("recommendation: %s\n", advice);
+        if (silent) printf("VERDICT: FP8 KV cache without scales (silent scale 1.0)\n");
+    }
+    return strict && silent ? 1 : 0;
+}

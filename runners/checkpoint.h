@@ -1,0 +1,38 @@
+/* kvdrift: real checkpoints. Load a Hugging Face Qwen3-Next-layout directory
+ * (config.json + safetensors) as the model's weights, read the FP8 KV scales
+ * a checkpoint carries, and audit what its quantization config makes an
+ * engine do. */
+#ifndef KVD_CHECKPOINT_H
+#define KVD_CHECKPOINT_H
+
+#include "kvcache.h"
+#include "weights.h"
+
+/* Weights from DIR; -1 with err naming the tensor or file on any problem. */
+int kvd_weights_load(kvd_weights *w, const char *dir, char *err);
+
+/* KV scales from the checkpoint's k_scale / v_scale tensors (ModelOpt's
+ * self_attn.k_proj.k_scale or llm-compressor's self_attn.k_scale), a scalar
+ * or one per KV head. found[l] (may be NULL) says whether layer l had both;
+ * missing ones are 1.0, as an engine defaults them. Returns how many
+ * full-attention layers had both scales. */
+int kvd_checkpoint_kv_scales(const char *dir, const kvd_config *cfg, kvd_kv_scales *s, int *found,
+                             char *err);
+
+/* What the checkpoint's quantization config says. */
+typedef struct {
+    char source[64];      /* hf_quant_config.json, config.json:quantization_config, or none */
+    char weight_algo[32]; /* FP8, NVFP4, ..., or none */
+    char kv_algo[32];     /* FP8 or none */
+    char producer[64];    /* modelopt, compressed-tensors, fp8, ... */
+    int n_attn, n_with_scales;
+    int scales_per_head;
+    int missing_layers[KVD_MAX_LAYERS]; /* indices (model layer numbers) without scales */
+    int n_missing;
+    int weights_loadable; /* every weight tensor is BF16/F16/F32 */
+    char unloadable[160]; /* first tensor that is not */
+} kvd_audit;
+
+int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err);
+
+#endif

@@ -1,0 +1,63 @@
+/* kvdrift: reading safetensors checkpoints, memory-mapped and bounds-checked:
+ * offsets inside the file, sizes matching shape x dtype, no overlapping
+ * ranges, known dtypes. A truncated or hostile file is refused, never read
+ * out of bounds. */
+#ifndef KVD_ST_READER_H
+#define KVD_ST_READER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    KVD_ST_F32,
+    KVD_ST_F16,
+    KVD_ST_BF16,
+    KVD_ST_F64,
+    KVD_ST_F8_E4M3,
+    KVD_ST_F8_E5M2,
+    KVD_ST_I8,
+    KVD_ST_U8,
+    KVD_ST_I16,
+    KVD_ST_I32,
+    KVD_ST_I64,
+    KVD_ST_BOOL,
+    KVD_ST_N
+} kvd_st_dtype;
+
+typedef struct {
+    char name[160];
+    kvd_st_dtype dtype;
+    int ndim;
+    int64_t shape[8];
+    int64_t numel;
+    const uint8_t *data; /* into the mapping */
+    size_t nbytes;
+    int file; /* index of the file in the checkpoint */
+} kvd_st_tensor;
+
+typedef struct {
+    int n_files;
+    struct {
+        char path[4096];
+        void *map;
+        size_t size;
+    } files[64];
+    int n, cap;
+    kvd_st_tensor *t;
+} kvd_checkpoint;
+
+const char *kvd_st_dtype_name(kvd_st_dtype d);
+
+/* Open one safetensors file into c (appending its tensors). */
+int kvd_st_open(kvd_checkpoint *c, const char *path, char *err);
+/* Open a checkpoint directory: model.safetensors.index.json's shards, or
+ * every *.safetensors in it. */
+int kvd_checkpoint_open(kvd_checkpoint *c, const char *dir, char *err);
+void kvd_checkpoint_close(kvd_checkpoint *c);
+const kvd_st_tensor *kvd_checkpoint_find(const kvd_checkpoint *c, const char *name);
+
+/* Copy a tensor into floats (F32, F16, BF16; F64 narrowed); -1 with err for
+ * a dtype that cannot be used for compute (FP8, integer-packed NVFP4, ...). */
+int kvd_st_to_f32(const kvd_st_tensor *t, float *out, char *err);
+
+#endif

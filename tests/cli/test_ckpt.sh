@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Real checkpoints and kvdrift audit, on checkpoints the test builds itself:
+# the exported tiny model loads back with bit-identical logits (also with the
+# experts fused); FP8 KV scales come from the checkpoint; audit sees FP8 KV
+# without scales, with scales and without quantization; malformed JSON,
+# offsets past the end, overlapping tensors, truncated files and FP8 weights
+# are refused with a clear message.
+set -u
+bin="$1"
+here="$(cd "$(dirname "$0")" && pwd)"
+py=/usr/bin/python3
+if ! "$py" -c "import numpy" 2>/dev/null; then
+  echo "SKIP: $py has no numpy (scripts/setup.sh installs python3-numpy)"
+  exit 77
+fi
+st() { "$py" "$here/st_tool.py" "$@"; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+# expect CODE PATTERN -- ARGS: exit status and a one-line message
+expect() {
+  local code="$1" pat="$2"
+  shift 3
+  "$bin" "$@" >"$work/out" 2>"$work/err"
+  local rc=$?
+  if [ $rc -eq "$code" ] && grep -qE -- "$pat" "$work/err" "$work/out"; then ok; else
+    bad "kvdrift $* -> exit $rc (want $code), want /$pat/: $(head -c 400 "$work/err")"; fi
+}
+
+"$bin" export --model tiny -o "$work/ck" >/dev/null
+"$bin" forward --model tiny --tokens 200 --kv bf16,fp8-unscaled --dump "$work/syn" >/dev/null
+"$bin" forward --model-dir "$work/ck" --tokens 200 --kv bf16,fp8-unscaled --dump "$work/real" >/dev/null
+cmp -s "$work/syn/bf16/logits.f32" "$work/real/bf16/logits.f32" &&
+  cmp -s "$work/syn/fp8-unscaled/logits.f32" "$work/real/fp8-unscaled/logits.f32" && ok ||
+  bad "exported then loaded: logits differ from the synthetic model's"
+
+# experts stored fused (gate_up_proj [E, 2I, H], down_proj [E, H, I]), as recent transformers writes them
+cp -r "$work/ck" "$work/fused"
+st fuse-experts "$work/fused"
+"$bin" forward --model-dir "$work/fused" --tokens 200 --kv bf16 --dump "$work/fz" >/dev/null 2>"$work/err" &&
+  cmp -s "$work/syn/bf16/logits.f32" "$work/fz/bf16/logits.f32" && ok || bad "fused experts: $(cat "$work/err")"
+
+# no quantization config: nothing switched on
+expect 0 "KV cache none" -- audit "$work/ck"
+"$bin" audit "$work/ck" --strict >/dev/null && ok || bad "audit --strict on an unquantized checkpoint"
+
+# FP8 KV requested, no scales: the silent failure
+cp -r "$work/ck" "$work/noscale"
+printf '{"producer": {"name": "modelopt", "version": "0.31.0"}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}\n' >"$work/noscale/hf_quant_config.json"
+expect 1 "0 of 2 full-attention layers have k_scale and v_scale; missing in layers 3, 7" -- audit "$work/noscale" --strict
+"$bin" audit "$work/noscale" --format json >"$work/a.json"
+"$py" -c "
+import json,sys; a=json.load(open('$work/a.json'))
+assert a['fp8_kv_without_scales'] is True and a['layers_missing_kv_scales'] == [3, 7]
+assert a['kv_cache_quantization'] == 'FP8' and a['kv_bytes_per_token']['fp8'] * 2 == a['kv_bytes_per_token']['bf16']
+assert abs(a['tokens_in_budget']['fp8'] - 2 * a['tokens_in_budget']['bf16']) < 1
+" && ok || bad "audit --format json"
+expect 0 "no k_scale/v_scale; fp8-ckpt uses 1.0" -- forward --model-dir "$work/noscale" --tokens 32 --kv fp8-ckpt
+
+# the same request in config.json's quantization_config (llm-compressor's form)
+cp -r "$work/ck" "$work/ct"
+"$py" - "$work/ct/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["quantization_config"] = {"quant_method": "compressed-tensors", "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor"}}
+json.dump(c, open(sys.argv[1], "w"))
+PY
+expect 1 "config.json:quantization_config \(compressed-tensors\).*KV cache FP8" -- audit "$work/ct" --strict
+
+# with scales: a second shard and an index; fp8-ckpt uses exactly them
+cp -r "$work/noscale" "$work/scaled"
+st add-scales "$work/scaled" 3:0.75:0.0002 7:1.5:0.0001
+expect 0 "2 of 2 full-attention layers have k_scale and v_scale" -- audit "$work/scaled" --strict
+printf '{"format": "kvdrift-kv-scales", "version": 1, "granularity": "per-layer", "layers": [{"k_scale": [0.75, 0.75], "v_scale": [0.0002, 0.0002]}, {"k_scale": [1.5, 1.5], "v_scale": [0.0001, 0.0001]}]}' >"$work/same.json"
+"$bin" forward --model-dir "$work/scaled" --tokens 200 --kv fp8-cal,fp8-ckpt --scales "$work/same.json" --dump "$work/sc" >/dev/null 2>"$work/err" &&
+  cmp -s "$work/sc/fp8-cal/logits.f32" "$work/sc/fp8-ckpt/logits.f32" &&
+  ! cmp -s "$work/sc/fp8-ckpt/logits.f32" "$work/real/fp8-unscaled/logits.f32" && ok ||
+  bad "fp8-ckpt with the checkpoint's scales differs from fp8-cal with the same scales: $(cat "$work/err")"
+
+# malformed JSON
+cp -r "$work/ck" "$work/badjson"
+printf '{"quantization": {"kv_cache_quant_algo": "FP8",}}\n' >"$work/badjson/hf_quant_config.json"
+expect 2 "hf_quant_config.json: line 1, column" -- audit "$work/badjson"
+
+# hostile and damaged safetensors
+cp -r "$work/ck" "$work/past"
+st past-end "$work/past/model.safetensors"
+expect 2 "model.safetensors: tensor .*: data_offsets .* outside the .* data bytes" -- forward --model-dir "$work/past" --tokens 8
+expect 2 "data_offsets" -- audit "$work/past"
+cp -r "$work/ck" "$work/overlap"
+st overlap "$work/overlap/model.safetensors"
+expect 2 "model.safetensors: tensors .* and .* overlap|bytes for" -- forward --model-dir "$work/overlap" --tokens 8
+cp -r "$work/ck" "$work/cut"
+head -c 4 "$work/ck/model.safetensors" >"$work/cut/model.safetensors"
+expect 2 "model.safetensors: truncated" -- forward --model-dir "$work/cut" --tokens 8
+head -c 100000 "$work/ck/model.safetensors" >"$work/cut/model.safetensors"
+expect 2 "model.safetensors: tensor .*: data_offsets|header length" -- forward --model-dir "$work/cut" --tokens 8
+printf '\x10\x00\x00\x00\x00\x00\x00\x00{"a": [1, 2, 3]}' >"$work/cut/model.safetensors"
+expect 2 "model.safetensors: tensor a: expected a shape|unknown dtype" -- forward --model-dir "$work/cut" --tokens 8
+cp -r "$work/ck" "$work/fp8w"
+st fp8-weight "$work/fp8w/model.safetensors" model.layers.0.linear_attn.out_proj.weight
+expect 2 "model.layers.0.linear_attn.out_proj.weight is F8_E4M3: quantized .* not loaded for compute" -- forward --model-dir "$work/fp8w" --tokens 8
+expect 0 "weights: quantized; not loadable" -- audit "$work/fp8w"
+expect 2 "kv fp8-ckpt: expected --model-dir" -- forward --model tiny --tokens 8 --kv fp8-ckpt
+expect 2 "nowhere/config.json: cannot open" -- forward --model-dir "$work/nowhere" --tokens 8
+
+echo "checkpoints: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
