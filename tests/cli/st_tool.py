@@ -89,6 +89,15 @@ def main():
         dt, shape, data = t[sys.argv[3]]
         t[sys.argv[3]] = ("F8_E4M3", shape, data[: len(data) // 2])
         write(sys.argv[2], t)
+    elif cmd == "retype":  # FILE F32|F16: every BF16 tensor re-stored in another float dtype
+        t = read(sys.argv[2])
+        to = sys.argv[3]
+        for name, (dt, shape, data) in list(t.items()):
+            if dt != "BF16":
+                continue
+            f = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view("<f4")
+            t[name] = (to, shape, f.astype("<f4" if to == "F32" else "<f2").tobytes())
+        write(sys.argv[2], t)
     else:
         raise SystemExit(f"unknown command {cmd}")
 

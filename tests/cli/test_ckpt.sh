@@ -43,6 +43,20 @@ st fuse-experts "$work/fused"
 "$bin" forward --model-dir "$work/fused" --tokens 200 --kv bf16 --dump "$work/fz" >/dev/null 2>"$work/err" &&
   cmp -s "$work/syn/bf16/logits.f32" "$work/fz/bf16/logits.f32" && ok || bad "fused experts: $(cat "$work/err")"
 
+# the same weights stored as F32 (exact) and as F16 (rounded once more)
+for dt in F32 F16; do
+  cp -r "$work/ck" "$work/$dt"
+  st retype "$work/$dt/model.safetensors" "$dt"
+  "$bin" forward --model-dir "$work/$dt" --tokens 200 --kv bf16 --dump "$work/d$dt" >/dev/null 2>"$work/err" || bad "$dt weights: $(cat "$work/err")"
+done
+cmp -s "$work/syn/bf16/logits.f32" "$work/dF32/bf16/logits.f32" && ok || bad "F32 weights: logits differ"
+"$py" - "$work/syn/bf16/logits.f32" "$work/dF16/bf16/logits.f32" <<'PY' && ok || bad "F16 weights: logits too far"
+import sys, numpy as np
+a, b = (np.fromfile(p, dtype="<f4") for p in sys.argv[1:3])
+# BF16 values re-rounded to F16 (10-bit mantissa, narrower range): close, not equal
+assert not np.array_equal(a, b) and np.linalg.norm(a - b) / np.linalg.norm(a) < 0.05
+PY
+
 # no quantization config: nothing switched on
 expect 0 "KV cache none" -- audit "$work/ck"
 "$bin" audit "$work/ck" --strict >/dev/null && ok || bad "audit --strict on an unquantized checkpoint"
