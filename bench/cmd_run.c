@@ -403,6 +403,22 @@ static void drift_rows(kvd_results *r, kvd_drift *d, const kvd_config *c, kvd_kv
         summary(r, mode, ctx, tr, s, "delta_p_rms", sqrt(dp2 / n), n);
         summary(r, mode, ctx, tr, s, "ln_ppl_ratio", kvd_stat_mean(&tot[KVD_OUT_DNLL]), n);
     }
+    /* router flips per MoE layer and bucket, beside the hidden-state rows */
+    for (int l = 0; l < c->num_hidden_layers && c->num_experts > 0; l++)
+        for (int b = 0; b < KVD_NB; b++) {
+            const kvd_stat *st = &d->router[(size_t)l * KVD_NB + b];
+            if (st->n == 0) continue;
+            kvd_row_layer *row = kvd_results_add(r, KVD_T_LAYER);
+            KEYS(row, mode, ctx, tr);
+            row->layer = l;
+            snprintf(row->layer_type, sizeof row->layer_type, "%s",
+                     c->layer_types[l] == KVD_LAYER_FULL ? "full_attention" : "linear_attention");
+            snprintf(row->subset, sizeof row->subset, "all");
+            snprintf(row->metric, sizeof row->metric, "router_flip");
+            row->bucket = b;
+            bucket_range(b, &row->pos_lo, &row->pos_hi);
+            row->n = st->n, row->mean = kvd_stat_mean(st), row->ci95 = kvd_stat_ci95(st);
+        }
     kvd_stat rf = {0, 0, 0};
     for (int l = 0; l < c->num_hidden_layers; l++)
         for (int b = 0; b < KVD_NB; b++) {

@@ -65,6 +65,11 @@ assert len(b) and np.all(b["mean"][np.isin(b["metric"], [b"kl", b"delta_p", b"de
 assert np.all(sel(b, metric="top1_agree")["mean"] == 1)
 bl = sel(lay, mode="bf16")
 assert np.all(sel(bl, metric="rel_l2")["mean"] == 0) and np.all(sel(bl, metric="cosine")["mean"] == 1)
+assert len(sel(bl, metric="router_flip")) and np.all(sel(bl, metric="router_flip")["mean"] == 0)
+# router flips per layer: none below the first full-attention layer, some above it in FP8
+uf = sel(lay, mode="fp8-unscaled", metric="router_flip", context=1024)
+assert set(uf["layer"]) == set(range(8))
+assert np.all(uf[uf["layer"] < 3]["mean"] == 0) and uf[uf["layer"] >= 3]["mean"].max() > 0
 ba = sel(att, mode="bf16")
 assert len(sel(ba, view="isolated")) and len(sel(ba, view="propagated"))
 assert np.all(ba["mean"][ba["metric"] != b"argmax_agree"] == 0)
