@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine, builds kvdrift and runs the default sweep: the
 # 'small' hybrid model in every KV cache mode against BF16, drift and
-# throughput, written to out/run.h5 with a summary on stdout (~3 minutes on
-# 2 cores). Extra arguments go to `kvdrift run`.
+# throughput, written to out/run.h5 with a summary on stdout, then the
+# reviewer's report out/report.html (and out/report.md). About 3 minutes on
+# 2 cores. Extra arguments go to `kvdrift run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,5 +11,8 @@ bash scripts/setup.sh
 bash scripts/build.sh
 mkdir -p out
 rm -f out/run.h5 # a fresh sweep; rerunning `kvdrift run` by hand resumes instead
-exec build/kvdrift run --model small --context 2048 --concurrency 1,2,4 --decode-tokens 8 \
+build/kvdrift run --model small --context 2048 --concurrency 1,2,4 --decode-tokens 8 \
   -o out/run.h5 "$@"
+build/kvdrift report out/run.h5 -o out/report.html
+build/kvdrift report out/run.h5 --format md -o out/report.md
+echo "report: out/report.html (open it in a browser), summary: out/report.md"
