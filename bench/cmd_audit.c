@@ -11,21 +11,6 @@
 #include "commands.h"
 #include "util.h"
 
-static double parse_size(const char *s, int *ok) {
-    char *end;
-    double v = strtod(s, &end), mul = 0;
-    if (!strcmp(end, "GiB"))
-        mul = 1073741824.0;
-    else if (!strcmp(end, "MiB"))
-        mul = 1048576.0;
-    else if (!strcmp(end, "GB"))
-        mul = 1e9;
-    else if (!strcmp(end, "MB"))
-        mul = 1e6;
-    *ok = end != s && mul > 0 && v > 0;
-    return v * mul;
-}
-
 int kvd_cmd_audit(int argc, char **argv) {
     const char *cmd = "audit", *dir = NULL, *f, *budget_s = "40GiB";
     int strict = 0, json = 0;
@@ -53,9 +38,8 @@ int kvd_cmd_audit(int argc, char **argv) {
         }
     }
     if (!dir) kvd_die(KVD_EXIT_USAGE, cmd, "expected a checkpoint directory");
-    int ok;
-    double budget = parse_size(budget_s, &ok);
-    if (!ok)
+    double budget = kvd_parse_bytes(budget_s);
+    if (budget <= 0)
         kvd_die(KVD_EXIT_USAGE, cmd, "--kv-budget: expected a size like 40GiB, got '%s'", budget_s);
     char err[KVD_ERR_LEN];
     kvd_config cfg;

@@ -13,8 +13,6 @@
 #include "commands.h"
 #include "util.h"
 
-#define CALIB_SEED_OFFSET 1000003u /* the calibration trace is held out from the evaluation one */
-
 /* ---- shared: calibrated scales from a file or a fresh calibration ---- */
 
 typedef struct {
@@ -54,14 +52,14 @@ static void get_scales(const cal_opts *o, const kvd_weights *w, uint64_t seed, c
         return;
     }
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)o->calib_tokens);
-    kvd_tokens_synth(seed + CALIB_SEED_OFFSET, o->calib_tokens, c->vocab_size, tok);
+    kvd_tokens_synth(seed + KVD_CALIB_SEED_OFFSET, o->calib_tokens, c->vocab_size, tok);
     double t0 = kvd_now();
     if (kvd_calibrate(w, tok, o->calib_tokens, o->recipe, o->per_head, sc, am, err))
         kvd_die(1, cmd, "%s", err);
     if (verbose)
         printf("calibration: %s recipe, %s, %d held-out tokens (seed %llu), %.2f s\n",
                kvd_cal_recipe_name(o->recipe), o->per_head ? "per KV head" : "per layer",
-               o->calib_tokens, (unsigned long long)(seed + CALIB_SEED_OFFSET), kvd_now() - t0);
+               o->calib_tokens, (unsigned long long)(seed + KVD_CALIB_SEED_OFFSET), kvd_now() - t0);
     free(tok);
 }
 
@@ -245,7 +243,7 @@ int kvd_cmd_forward(int argc, char **argv) {
         if (want[KVD_KV_FP8_CAL]) {
             snprintf(path, sizeof path, "%s/scales.json", dump);
             if (kvd_scales_save(path, &sc, am.k ? &am : NULL, co.recipe, c->name, co.calib_tokens,
-                                seed + CALIB_SEED_OFFSET, err))
+                                seed + KVD_CALIB_SEED_OFFSET, err))
                 kvd_die(1, cmd, "%s", err);
         }
     }
@@ -343,7 +341,7 @@ int kvd_cmd_calibrate(int argc, char **argv) {
                    "  --per-head            one scale per KV head instead of per layer\n"
                    "  --calib-tokens N      calibration trace length (default 1024)\n"
                    "  --seed N              seed; the calibration trace uses seed + %u\n%s",
-                   CALIB_SEED_OFFSET, kvd_model_opts_help);
+                   KVD_CALIB_SEED_OFFSET, kvd_model_opts_help);
             return 0;
         } else {
             kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s' (see kvdrift calibrate --help)", f);
@@ -357,7 +355,7 @@ int kvd_cmd_calibrate(int argc, char **argv) {
     get_scales(&co, &w, seed, cmd, &sc, &am, 1);
     char err[KVD_ERR_LEN];
     if (kvd_scales_save(out, &sc, &am, co.recipe, w.cfg.name, co.calib_tokens,
-                        seed + CALIB_SEED_OFFSET, err))
+                        seed + KVD_CALIB_SEED_OFFSET, err))
         kvd_die(1, cmd, "%s", err);
     int kvh = w.cfg.num_key_value_heads;
     for (int l = 0; l < sc.n_layers; l++)

@@ -23,7 +23,6 @@
 #include "util.h"
 
 #define MAX_LIST 16
-#define CALIB_SEED_OFFSET 1000003u
 
 typedef struct {
     kvd_model_opts mo;
@@ -77,27 +76,9 @@ static int parse_modes(const char *s, run_opts *o) {
     return o->n_modes > 0 ? 0 : -1;
 }
 
-static double parse_bytes(const char *s, int *ok) {
-    char *end;
-    double v = strtod(s, &end);
-    double mul = 1;
-    if (!strcmp(end, "GiB"))
-        mul = 1073741824.0;
-    else if (!strcmp(end, "MiB"))
-        mul = 1048576.0;
-    else if (!strcmp(end, "GB"))
-        mul = 1e9;
-    else if (!strcmp(end, "MB"))
-        mul = 1e6;
-    else if (*end)
-        mul = 0;
-    *ok = end != s && mul > 0 && v > 0;
-    return v * mul;
-}
-
 static void set_flag(run_opts *o, const char *cmd, const char *flag, const char *val) {
     int64_t tmp[MAX_LIST];
-    int n, ok;
+    int n;
     if (!strcmp(flag, "--kv")) {
         if (parse_modes(val, o))
             kvd_die(KVD_EXIT_USAGE, cmd,
@@ -117,8 +98,8 @@ static void set_flag(run_opts *o, const char *cmd, const char *flag, const char 
         o->n_ctx = n;
         for (int i = 0; i < n; i++) o->ctx[i] = tmp[i];
     } else if (!strcmp(flag, "--kv-budget")) {
-        o->kv_budget = parse_bytes(val, &ok);
-        if (!ok)
+        o->kv_budget = kvd_parse_bytes(val);
+        if (o->kv_budget <= 0)
             kvd_die(KVD_EXIT_USAGE, cmd,
                     "--kv-budget: expected a size like 40GiB or 512MiB, got '%s'", val);
     } else if (!strcmp(flag, "--calibration")) {
@@ -778,7 +759,7 @@ int kvd_cmd_run(int argc, char **argv) {
         kvd_trace cal;
         kvd_trace_spec cs = sp;
         cs.length = o.calib_tokens;
-        cs.seed = o.seed + CALIB_SEED_OFFSET;
+        cs.seed = o.seed + KVD_CALIB_SEED_OFFSET;
         if (kvd_trace_generate(&cs, &cal, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
         if (kvd_calibrate(&w, (const int32_t *)cal.tokens, (int)cal.n, o.recipe, o.per_head, &sc,
                           &am, err))

@@ -160,6 +160,9 @@ typedef struct {
     } * mats;
 } kvd_results;
 
+/* Row i of table t as a row struct T. */
+#define KVD_ROW(t, T, i) ((const T *)((t)->rows + (size_t)(i) * (t)->row_size))
+
 void kvd_results_init(kvd_results *r);
 void kvd_results_free(kvd_results *r);
 void *kvd_results_add(kvd_results *r, int table); /* a zeroed new row */

@@ -135,6 +135,20 @@ void kvd_set_threads(int n) {
 #endif
 }
 
+double kvd_parse_bytes(const char *s) {
+    char *end;
+    double v = strtod(s, &end), mul = 0;
+    if (!strcmp(end, "GiB"))
+        mul = 1073741824.0;
+    else if (!strcmp(end, "MiB"))
+        mul = 1048576.0;
+    else if (!strcmp(end, "GB"))
+        mul = 1e9;
+    else if (!strcmp(end, "MB"))
+        mul = 1e6;
+    return end != s && mul > 0 && v > 0 ? v * mul : 0;
+}
+
 int kvd_threads(void) {
 #ifdef _OPENMP
     return omp_get_max_threads();

@@ -50,6 +50,9 @@ int kvd_model_opts_flag(kvd_model_opts *o, kvd_args *a, const char *flag);
 void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, kvd_weights *w);
 extern const char *const kvd_model_opts_help;
 
+/* "40GiB", "512MiB", "2GB": bytes; 0 when not a size. */
+double kvd_parse_bytes(const char *s);
+
 void kvd_set_threads(int n);
 int kvd_threads(void);
 double kvd_now(void);

@@ -15,8 +15,6 @@
 #include "report.h"
 #include "svg.h"
 
-#define ROW(t, T, i) ((const T *)((t)->rows + (size_t)(i) * (t)->row_size))
-
 static const char *const cols[5] = {"metric", "mode", "bucket", "max_abs_increase",
                                     "max_rel_increase"};
 
@@ -174,7 +172,7 @@ static double derived(const kvd_run *r, const char *mode, long long ctx, const c
         const kvd_table *t = &r->r.t[KVD_T_ATTN];
         double s = 0, n = 0;
         for (int64_t i = 0; i < t->n; i++) {
-            const kvd_row_attn *x = ROW(t, kvd_row_attn, i);
+            const kvd_row_attn *x = KVD_ROW(t, kvd_row_attn, i);
             if (!strcmp(x->mode, mode) && x->context == ctx && !strcmp(x->view, view) &&
                 !strcmp(x->subset, "all") && !strcmp(x->metric, "kl") && x->kv_head == -1)
                 s += x->mean * x->n, n += x->n;
@@ -184,10 +182,11 @@ static double derived(const kvd_run *r, const char *mode, long long ctx, const c
     const kvd_table *t = &r->r.t[KVD_T_LAYER];
     int last = -1;
     for (int64_t i = 0; i < t->n; i++)
-        last = ROW(t, kvd_row_layer, i)->layer > last ? ROW(t, kvd_row_layer, i)->layer : last;
+        last =
+            KVD_ROW(t, kvd_row_layer, i)->layer > last ? KVD_ROW(t, kvd_row_layer, i)->layer : last;
     double s = 0, n = 0;
     for (int64_t i = 0; i < t->n; i++) {
-        const kvd_row_layer *x = ROW(t, kvd_row_layer, i);
+        const kvd_row_layer *x = KVD_ROW(t, kvd_row_layer, i);
         if (!strcmp(x->mode, mode) && x->context == ctx && x->layer == last &&
             !strcmp(x->subset, "all") && !strcmp(x->metric, "rel_l2"))
             s += x->mean * x->n, n += x->n;
@@ -200,7 +199,7 @@ static double output_bucket(const kvd_run *r, const char *mode, long long ctx, c
     const kvd_table *t = &r->r.t[KVD_T_OUTPUT];
     double s = 0, n = 0;
     for (int64_t i = 0; i < t->n; i++) {
-        const kvd_row_output *x = ROW(t, kvd_row_output, i);
+        const kvd_row_output *x = KVD_ROW(t, kvd_row_output, i);
         if (!strcmp(x->mode, mode) && x->context == ctx && x->bucket == bucket &&
             !strcmp(x->subset, "all") && !strcmp(x->metric, metric))
             s += x->mean * x->n, n += x->n;
@@ -212,7 +211,7 @@ static double tput_metric(const kvd_run *r, const char *mode, long long ctx, int
                           const char *metric) {
     const kvd_table *t = &r->r.t[KVD_T_TPUT];
     for (int64_t i = 0; i < t->n; i++) {
-        const kvd_row_tput *x = ROW(t, kvd_row_tput, i);
+        const kvd_row_tput *x = KVD_ROW(t, kvd_row_tput, i);
         if (strcmp(x->mode, mode) || x->context != ctx || x->concurrency != conc) continue;
         return !strncmp(metric, "decode", 6) ? x->decode_tok_s : x->prefill_tok_s;
     }

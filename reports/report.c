@@ -12,8 +12,6 @@
 #include "../runners/kvcache.h"
 #include "svg.h"
 
-#define ROW(t, T, i) ((const T *)((t)->rows + (size_t)(i) * (t)->row_size))
-
 int kvd_runs_load(kvd_run *runs, int n, char *const *paths, char *err) {
     for (int i = 0; i < n; i++) {
         memset(&runs[i], 0, sizeof runs[i]);
@@ -39,7 +37,7 @@ long long kvd_run_max_context(const kvd_run *r) {
     const kvd_table *t = &r->r.t[KVD_T_SUMMARY];
     long long m = 0;
     for (int64_t i = 0; i < t->n; i++) {
-        long long c = ROW(t, kvd_row_summary, i)->context;
+        long long c = KVD_ROW(t, kvd_row_summary, i)->context;
         m = c > m ? c : m;
     }
     return m;
@@ -51,7 +49,7 @@ int kvd_run_modes(const kvd_run *r, const char **modes) {
         const char *name = kvd_kv_mode_name((kvd_kv_mode)m);
         const kvd_table *t = &r->r.t[KVD_T_CELLS];
         for (int64_t i = 0; i < t->n; i++)
-            if (!strcmp(ROW(t, kvd_row_cell, i)->mode, name)) {
+            if (!strcmp(KVD_ROW(t, kvd_row_cell, i)->mode, name)) {
                 modes[n++] = name;
                 break;
             }
@@ -66,7 +64,7 @@ double kvd_run_summary(const kvd_run *r, const char *mode, long long ctx, const 
     double sum = 0;
     int n = 0;
     for (int64_t i = 0; i < t->n; i++) {
-        const kvd_row_summary *x = ROW(t, kvd_row_summary, i);
+        const kvd_row_summary *x = KVD_ROW(t, kvd_row_summary, i);
         if (!strcmp(x->mode, mode) && x->context == ctx && !strcmp(x->subset, subset) &&
             !strcmp(x->metric, metric))
             sum += x->value, n++;
@@ -78,7 +76,7 @@ double kvd_run_summary(const kvd_run *r, const char *mode, long long ctx, const 
 static const kvd_row_tput *tput(const kvd_run *r, const char *mode, int c, long long ctx) {
     const kvd_table *t = &r->r.t[KVD_T_TPUT];
     for (int64_t i = 0; i < t->n; i++) {
-        const kvd_row_tput *x = ROW(t, kvd_row_tput, i);
+        const kvd_row_tput *x = KVD_ROW(t, kvd_row_tput, i);
         if (!strcmp(x->mode, mode) && x->concurrency == c && x->context == ctx) return x;
     }
     return NULL;
@@ -88,7 +86,7 @@ static int concurrencies(const kvd_run *r, long long ctx, int *out) {
     const kvd_table *t = &r->r.t[KVD_T_TPUT];
     int n = 0;
     for (int64_t i = 0; i < t->n; i++) {
-        const kvd_row_tput *x = ROW(t, kvd_row_tput, i);
+        const kvd_row_tput *x = KVD_ROW(t, kvd_row_tput, i);
         if (x->context != ctx) continue;
         int seen = 0;
         for (int k = 0; k < n; k++) seen |= out[k] == x->concurrency;
@@ -108,7 +106,7 @@ static double layer_mean(const kvd_run *r, const char *mode, long long ctx, int 
     const kvd_table *t = &r->r.t[KVD_T_LAYER];
     double s = 0, n = 0;
     for (int64_t i = 0; i < t->n; i++) {
-        const kvd_row_layer *x = ROW(t, kvd_row_layer, i);
+        const kvd_row_layer *x = KVD_ROW(t, kvd_row_layer, i);
         if (!strcmp(x->mode, mode) && x->context == ctx && x->layer == layer &&
             !strcmp(x->subset, "all") && !strcmp(x->metric, metric))
             s += x->mean * x->n, n += x->n;
@@ -120,7 +118,7 @@ static int n_layers(const kvd_run *r) {
     const kvd_table *t = &r->r.t[KVD_T_LAYER];
     int m = -1;
     for (int64_t i = 0; i < t->n; i++)
-        m = ROW(t, kvd_row_layer, i)->layer > m ? ROW(t, kvd_row_layer, i)->layer : m;
+        m = KVD_ROW(t, kvd_row_layer, i)->layer > m ? KVD_ROW(t, kvd_row_layer, i)->layer : m;
     return m + 1;
 }
 
@@ -134,7 +132,7 @@ static double attn_kl_mean(const kvd_run *r, const char *mode, long long ctx, co
     const kvd_table *t = &r->r.t[KVD_T_ATTN];
     double s = 0, n = 0;
     for (int64_t i = 0; i < t->n; i++) {
-        const kvd_row_attn *x = ROW(t, kvd_row_attn, i);
+        const kvd_row_attn *x = KVD_ROW(t, kvd_row_attn, i);
         if (!strcmp(x->mode, mode) && x->context == ctx && !strcmp(x->view, view) &&
             !strcmp(x->subset, subset) && !strcmp(x->metric, "kl") && x->kv_head == -1 &&
             (al < 0 || x->attn_layer == al))
@@ -257,7 +255,7 @@ static void kl_by_position(kvd_buf *b, const kvd_run *runs, int n, const char *s
             double sum[64] = {0}, cnt[64] = {0}, ci[64] = {0};
             const kvd_table *t = &runs[i].r.t[KVD_T_OUTPUT];
             for (int64_t j = 0; j < t->n; j++) {
-                const kvd_row_output *x = ROW(t, kvd_row_output, j);
+                const kvd_row_output *x = KVD_ROW(t, kvd_row_output, j);
                 if (strcmp(x->mode, modes[m]) || x->context != ctx || strcmp(x->subset, subset) ||
                     strcmp(x->metric, "kl") || x->bucket < 0 || x->bucket >= 64)
                     continue;
@@ -289,7 +287,7 @@ static void hidden_heatmaps(kvd_buf *b, const kvd_run *r, const char *run_label,
     int attn_layer[KVD_MAX_LAYERS] = {0};
     const kvd_table *ta = &r->r.t[KVD_T_ATTN];
     for (int64_t j = 0; j < ta->n; j++) {
-        int l = ROW(ta, kvd_row_attn, j)->layer;
+        int l = KVD_ROW(ta, kvd_row_attn, j)->layer;
         if (l >= 0 && l < KVD_MAX_LAYERS) attn_layer[l] = 1;
     }
     for (int m = 0; m < nm; m++) {
@@ -299,7 +297,7 @@ static void hidden_heatmaps(kvd_buf *b, const kvd_run *r, const char *run_label,
         for (int i = 0; i < L * 64; i++) v[i] = NAN;
         const kvd_table *t = &r->r.t[KVD_T_LAYER];
         for (int64_t j = 0; j < t->n; j++) {
-            const kvd_row_layer *x = ROW(t, kvd_row_layer, j);
+            const kvd_row_layer *x = KVD_ROW(t, kvd_row_layer, j);
             if (strcmp(x->mode, modes[m]) || x->context != ctx || strcmp(x->subset, "all") ||
                 strcmp(x->metric, "rel_l2") || x->trace != 0 || x->bucket >= 64)
                 continue;
@@ -351,7 +349,7 @@ static void attention_bars(kvd_buf *b, const kvd_run *r, const char *label, int 
     int nal = 0, layer_of[KVD_MAX_LAYERS];
     const kvd_table *t = &r->r.t[KVD_T_ATTN];
     for (int64_t j = 0; j < t->n; j++) {
-        const kvd_row_attn *x = ROW(t, kvd_row_attn, j);
+        const kvd_row_attn *x = KVD_ROW(t, kvd_row_attn, j);
         if (x->attn_layer + 1 > nal && x->attn_layer < KVD_MAX_LAYERS) {
             nal = x->attn_layer + 1;
         }
@@ -496,7 +494,7 @@ static void kv_table(kvd_buf *b, const kvd_run *r) {
            "<th>V subnormal</th></tr>\n");
     const kvd_table *t = &r->r.t[KVD_T_KV];
     for (int64_t j = 0; j < t->n; j++) {
-        const kvd_row_kv *x = ROW(t, kvd_row_kv, j);
+        const kvd_row_kv *x = KVD_ROW(t, kvd_row_kv, j);
         if (x->context != ctx || x->trace != 0 || !strcmp(x->mode, "bf16")) continue;
         kvd_buf_printf(b,
                        "<tr><td class=\"l\">%s</td><td>%d</td><td>%d</td><td>%.4g</td><td>%.4g</td>"
@@ -629,7 +627,7 @@ void kvd_report_csv(FILE *f, const kvd_run *runs, int n) {
     for (int i = 0; i < n; i++) {
         const kvd_table *t = &runs[i].r.t[KVD_T_SUMMARY];
         for (int64_t j = 0; j < t->n; j++) {
-            const kvd_row_summary *x = ROW(t, kvd_row_summary, j);
+            const kvd_row_summary *x = KVD_ROW(t, kvd_row_summary, j);
             if (x->trace != 0) continue;
             char ctx[32], val[40];
             snprintf(ctx, sizeof ctx, "%lld", (long long)x->context);
@@ -639,7 +637,7 @@ void kvd_report_csv(FILE *f, const kvd_run *runs, int n) {
         }
         const kvd_table *tp = &runs[i].r.t[KVD_T_TPUT];
         for (int64_t j = 0; j < tp->n; j++) {
-            const kvd_row_tput *x = ROW(tp, kvd_row_tput, j);
+            const kvd_row_tput *x = KVD_ROW(tp, kvd_row_tput, j);
             char ctx[32], val[40], met[48];
             snprintf(ctx, sizeof ctx, "%lld", (long long)x->context);
             const struct {

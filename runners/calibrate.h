@@ -8,6 +8,9 @@
 #include "kvcache.h"
 #include "weights.h"
 
+/* The calibration trace's seed is the evaluation seed plus this: held out. */
+#define KVD_CALIB_SEED_OFFSET 1000003u
+
 typedef enum {
     KVD_CAL_ABSMAX = 0, /* absmax / 448 */
     KVD_CAL_MODELOPT,   /* max(absmax / 448, 1.0): ModelOpt's export clamp */
