@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../datasets/calibset.h"
 #include "../datasets/tokens.h"
 #include "../runners/calibrate.h"
 #include "../runners/export.h"
@@ -51,16 +52,13 @@ static void get_scales(const cal_opts *o, const kvd_weights *w, uint64_t seed, c
         am->k = am->v = NULL;
         return;
     }
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)o->calib_tokens);
-    kvd_tokens_synth(seed + KVD_CALIB_SEED_OFFSET, o->calib_tokens, c->vocab_size, tok);
     double t0 = kvd_now();
-    if (kvd_calibrate(w, tok, o->calib_tokens, o->recipe, o->per_head, sc, am, err))
+    if (kvd_calibrate_trace(w, seed, o->calib_tokens, o->recipe, o->per_head, sc, am, err))
         kvd_die(1, cmd, "%s", err);
     if (verbose)
         printf("calibration: %s recipe, %s, %d held-out tokens (seed %llu), %.2f s\n",
                kvd_cal_recipe_name(o->recipe), o->per_head ? "per KV head" : "per layer",
                o->calib_tokens, (unsigned long long)(seed + KVD_CALIB_SEED_OFFSET), kvd_now() - t0);
-    free(tok);
 }
 
 /* ---- forward ---- */

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../datasets/calibset.h"
 #include "../datasets/trace.h"
 #include "../kernels/backend.h"
 #include "../runners/calibrate.h"
@@ -39,7 +40,8 @@ typedef struct {
     kvd_drift_opts dopt;
     int decode_tokens;
     int attn_per_head;
-    char *owned[64]; /* strings a spec file provided, freed at the end */
+    const char *scales_path; /* fp8-cal scales from a file instead of calibrating */
+    char *owned[64];         /* strings a spec file provided, freed at the end */
     int n_owned;
 } run_opts;
 
@@ -164,6 +166,8 @@ static void load_spec(run_opts *o, const char *cmd, const char *path) {
             o->traces = (int)strtol(val, NULL, 10);
         else if (!strcmp(flag, "--seed"))
             o->seed = strtoull(val, NULL, 10);
+        else if (!strcmp(flag, "--scales"))
+            o->scales_path = argv2[1];
         else if (!strcmp(flag, "--attn-per-head"))
             o->attn_per_head = strcmp(val, "0") != 0;
         else if (!strcmp(flag, "--per-head"))
@@ -629,6 +633,7 @@ static const char *const run_help =
     "  --seed S             trace seed; traces use S .. S+N-1 (default 1)\n"
     "  --calibration R      absmax | modelopt | vllm-dynamic (default absmax)\n"
     "  --per-head           calibrate per KV head\n"
+    "  --scales FILE        fp8-cal scales from a file (kvdrift calibrate) instead of calibrating\n"
     "  --attn-per-head      attention KL also per KV head (rows with kv_head >= 0)\n"
     "  --calib-tokens N     held-out calibration trace length (default 2048)\n"
     "  --sample-every K     attention figures every K positions and at copy starts (default 16)\n"
@@ -675,6 +680,8 @@ int kvd_cmd_run(int argc, char **argv) {
             o.per_head = 1;
         else if (!strcmp(f, "--attn-per-head"))
             o.attn_per_head = 1;
+        else if (!strcmp(f, "--scales"))
+            o.scales_path = kvd_args_value(&a, f);
         else if (!strcmp(f, "--calib-tokens"))
             o.calib_tokens = (int)kvd_args_long(&a, f, 1, 1 << 24);
         else if (!strcmp(f, "--sample-every"))
@@ -755,16 +762,15 @@ int kvd_cmd_run(int argc, char **argv) {
         }
     int need_cal = 0;
     for (int i = 0; i < o.n_modes; i++) need_cal |= o.modes[i] == KVD_KV_FP8_CAL;
+    if (need_cal && o.scales_path) {
+        int nf = kvd_config_n_full(c);
+        if (kvd_scales_load(o.scales_path, &sc, nf, c->num_key_value_heads, err))
+            kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    }
     if (need_cal) {
-        kvd_trace cal;
-        kvd_trace_spec cs = sp;
-        cs.length = o.calib_tokens;
-        cs.seed = o.seed + KVD_CALIB_SEED_OFFSET;
-        if (kvd_trace_generate(&cs, &cal, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
-        if (kvd_calibrate(&w, (const int32_t *)cal.tokens, (int)cal.n, o.recipe, o.per_head, &sc,
-                          &am, err))
+        if (!o.scales_path &&
+            kvd_calibrate_trace(&w, o.seed, o.calib_tokens, o.recipe, o.per_head, &sc, &am, err))
             kvd_die(1, cmd, "%s", err);
-        kvd_trace_free(&cal);
         free(res.k_scale), free(res.v_scale);
         res.cal_layers = sc.n_layers, res.cal_heads = sc.kv_heads;
         res.k_scale = malloc(sizeof(float) * (size_t)sc.n_layers * sc.kv_heads);

@@ -154,6 +154,19 @@ for p in ("/drift/output", "/drift/layers", "/drift/attention", "/drift/summary"
         assert np.array_equal(x[n], y[n], equal_nan=x.dtype[n].kind == "f"), (p, n)
 PY
 
+# kvdrift calibrate writes exactly the scales a run calibrates: a run given
+# them through --scales gives the same figures
+"$bin" calibrate --model tiny --seed 3 --calib-tokens 700 -o "$work/cal.json" >/dev/null
+"$bin" run --model tiny --kv fp8-cal --context 256 --concurrency 1 --seed 3 --calib-tokens 700 --gen-tokens 0 --decode-tokens 2 -o "$work/c1.h5" >/dev/null 2>&1
+"$bin" run --model tiny --kv fp8-cal --context 256 --concurrency 1 --seed 3 --scales "$work/cal.json" --gen-tokens 0 --decode-tokens 2 -o "$work/c2.h5" >/dev/null 2>&1
+"$py" - "$work/c1.h5" "$work/c2.h5" <<'PY' && ok || bad "run --scales (from kvdrift calibrate) differs from run's own calibration"
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+assert np.array_equal(a["/calibration/k_scale"][:], b["/calibration/k_scale"][:])
+for p in ("/drift/summary", "/drift/layers", "/drift/attention"):
+    assert np.array_equal(a[p][:]["mean" if p != "/drift/summary" else "value"], b[p][:]["mean" if p != "/drift/summary" else "value"], equal_nan=True), p
+PY
+
 # bad input
 "$bin" run --model tiny --context 8 -o "$work/x.h5" 2>"$work/e1"; rc=$?
 if [ $rc -eq 2 ] && grep -q -- "--context: expected" "$work/e1"; then ok; else bad "--context 8 not refused"; fi

@@ -124,9 +124,16 @@ class Qwen3NextRef:
             self.cfg = json.load(f)
         self.w = load_safetensors(os.path.join(ckpt, "model.safetensors"))
 
-    def forward(self, tokens, kv_mode="bf16", scales=None):
+    def forward(self, tokens, kv_mode="bf16", scales=None, cache_codes=None):
         """Logits [T, vocab] and, per full-attention layer, (K, V, K codes,
-        V codes) with K/V as computed before the cache stored them."""
+        V codes) with K/V as computed before the cache stored them.
+
+        cache_codes, when given ({layer: (K codes, V codes)}), makes attention
+        read those stored codes instead of this model's own: one flipped code
+        upstream (a value a float32 ulp from a rounding midpoint) changes a
+        value by an FP8 step, and everything above would inherit that. With
+        the same cache, the layers above are comparable to float noise again,
+        while this model still reports the codes it would have written."""
         c, W = self.cfg, self.w
         T = len(tokens)
         eps = c["rms_norm_eps"]
@@ -139,7 +146,8 @@ class Qwen3NextRef:
             if kind == "full_attention":
                 al = len(caches)
                 sc = None if scales is None else (scales["k"][al], scales["v"][al])
-                mix, kvrec = self.attention(xn, p, pos, kv_mode, sc)
+                forced = None if cache_codes is None else cache_codes.get(al)
+                mix, kvrec = self.attention(xn, p, pos, kv_mode, sc, forced)
                 caches.append(kvrec)
             else:
                 mix = self.deltanet(xn, p)
@@ -149,7 +157,7 @@ class Qwen3NextRef:
         x = rms_norm(x, W["model.norm.weight"], eps, True)
         return x @ W["lm_head.weight"].T, caches
 
-    def attention(self, xn, p, pos, kv_mode, sc):
+    def attention(self, xn, p, pos, kv_mode, sc, forced=None):
         c, W = self.cfg, self.w
         T = xn.shape[0]
         nh, kvh, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
@@ -170,6 +178,9 @@ class Qwen3NextRef:
         mode = "bf16" if kv_mode == "bf16" else "fp8"
         kq, kc = store(k, mode, ks)
         vq, vc = store(v, mode, vs)
+        if forced is not None and mode == "fp8":
+            kq = e4m3_decode(forced[0]) * np.asarray(ks, dtype=np.float32)[:, None].astype(np.float64)
+            vq = e4m3_decode(forced[1]) * np.asarray(vs, dtype=np.float32)[:, None].astype(np.float64)
         grp = nh // kvh
         kr = np.repeat(kq, grp, axis=1)  # [T, nh, hd]
         vr = np.repeat(vq, grp, axis=1)
