@@ -12,5 +12,6 @@ int kvd_cmd_run(int argc, char **argv);
 int kvd_cmd_report(int argc, char **argv);
 int kvd_cmd_compare(int argc, char **argv);
 int kvd_cmd_audit(int argc, char **argv);
+int kvd_cmd_plan(int argc, char **argv);
 
 #endif

@@ -18,6 +18,7 @@ static void usage(FILE *f) {
             "  compare     baseline against candidate with a thresholds CSV (exit 1: regression)\n"
             "  audit       what a checkpoint's quantization config makes an engine do to the\n"
             "              KV cache (--strict: exit 1 for FP8 KV without scales)\n"
+            "  plan        KV capacity per mode for a memory budget\n"
             "  forward     run the hybrid model over a synthetic trace in each KV mode and\n"
             "              print what every mode did to the cache and the logits\n"
             "  calibrate   measure K/V absmax on a held-out trace and write a scales file\n"
@@ -45,6 +46,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "report")) return kvd_cmd_report(argc - 2, argv + 2);
     if (!strcmp(cmd, "compare")) return kvd_cmd_compare(argc - 2, argv + 2);
     if (!strcmp(cmd, "audit")) return kvd_cmd_audit(argc - 2, argv + 2);
+    if (!strcmp(cmd, "plan")) return kvd_cmd_plan(argc - 2, argv + 2);
     if (!strcmp(cmd, "schema")) {
         kvd_results_schema_md(stdout);
         return 0;

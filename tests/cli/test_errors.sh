@@ -99,6 +99,15 @@ else
   fail=$((fail + 1)); echo "FAIL: trace stats --format csv"
 fi
 
+# plan: Qwen3.5-397B-A17B's KV bytes per token (MODEL_FACTS: 30,720 BF16, 15,360 FP8)
+"$bin" plan --model qwen3.5-397b-a17b --kv-budget 39GB >"$work/plan.txt"
+if grep -qE '^bf16 +30720 +1269531 ' "$work/plan.txt" && grep -qE '^fp8-cal +15360 +2539062 ' "$work/plan.txt"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL: kvdrift plan figures"; cat "$work/plan.txt"
+fi
+expect 2 "--kv-budget: expected a size like 40GiB, got '40 apples'" -- plan --kv-budget "40 apples"
+
 # no output file is left behind by a refused command
 "$bin" calibrate --model huge -o "$work/s.json" 2>/dev/null
 if [ -e "$work/s.json" ] || ls "$work"/s.json.tmp* >/dev/null 2>&1; then
