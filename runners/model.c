@@ -504,6 +504,11 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
     int r = 0;
     for (int s = 0; s < b->n; s++) {
         int seq = b->seq[s];
+        for (int t = 0; t < s; t++)
+            if (b->seq[t] == seq) {
+                snprintf(err, KVD_ERR_LEN, "forward: sequence %d appears twice in one step", seq);
+                return -1;
+            }
         if (seq < 0 || seq >= m->max_seqs || seq >= kv->n_seqs || !kv->seqs[seq].live) {
             snprintf(err, KVD_ERR_LEN, "forward: sequence %d is not live in the KV cache", seq);
             return -1;

@@ -211,6 +211,11 @@ static void nan_is_caught(void **st) {
     tok[3] = 512;
     assert_int_equal(kvd_prefill(r.m, &r.kv, s, tok, 16, NULL, 0, err), -1);
     assert_non_null(strstr(err, "token id 512 at sequence 0 position 3, expected 0..511"));
+    /* one sequence twice in a step would write its cache twice at one position */
+    int two[2] = {s, s}, ones[2] = {1, 1};
+    kvd_batch dup = {2, two, ones, tok};
+    assert_int_equal(kvd_forward(r.m, &r.kv, &dup, NULL, 0, err), -1);
+    assert_non_null(strstr(err, "sequence 0 appears twice in one step"));
     runner_free(&r);
 }
 
