@@ -387,8 +387,54 @@ static int bench_lockstep(const kvd_model_opts *mo, int64_t ctx, int reps) {
     return 0;
 }
 
+#ifdef KVD_HAVE_CUDA
+#include "../kernels/cuda/cuda_kernels.h"
+
+/* The device side: copy bandwidth, decode attention at the qwen3.5 shape
+ * (32 query heads, 2 KV heads, head_dim 256) at 32K and 128K tokens, and the
+ * BF16 GEMM at the model's projection shapes. */
+static int bench_cuda(int reps) {
+    char why[256];
+    if (!kvd_cuda_available(why, sizeof why)) {
+        printf("kvdrift bench cuda: %s; nothing to measure\n", why);
+        return 0;
+    }
+    double bw = kvd_cuda_copy_bandwidth((size_t)1 << 30, reps);
+    printf("device copy bandwidth (read + write, 1 GiB): %.1f GB/s\n\n", bw / 1e9);
+    printf("decode attention (v1 kernels), 32/2 heads x 256:\n%8s %-6s %10s %10s %8s %8s\n",
+           "context", "cache", "time_us", "read_GB_s", "of_copy", "vs_bf16");
+    int ctxs[2] = {32768, 131072};
+    const char *fn[3] = {"bf16", "e4m3", "e5m2"};
+    for (int ci = 0; ci < 2; ci++) {
+        double tb = 0;
+        for (int f = 0; f < 3; f++) {
+            double t = kvd_cuda_bench_attn(f, ctxs[ci], 32, 2, 256, reps);
+            double bytes = 2.0 * ctxs[ci] * 2 * 256 * (f == 0 ? 2 : 1);
+            if (f == 0) tb = t;
+            printf("%8d %-6s %10.1f %10.1f %7.1f%% %7.2fx\n", ctxs[ci], fn[f], t * 1e6,
+                   bytes / t / 1e9, 100 * bytes / t / bw, tb / t);
+        }
+    }
+    printf("\nBF16 GEMM through cuBLASLt (FP32 accumulation):\n");
+    const int shapes[4][3] = {
+        {1, 16384, 4096}, {32, 16384, 4096}, {512, 16384, 4096}, {4096, 4096, 4096}};
+    for (int i = 0; i < 4; i++)
+        printf("  M %5d N %5d K %5d: %8.1f GFLOP/s\n", shapes[i][0], shapes[i][1], shapes[i][2],
+               kvd_cuda_bench_gemm(shapes[i][0], shapes[i][1], shapes[i][2], reps));
+    return 0;
+}
+#endif
+
 int kvd_cmd_bench(int argc, char **argv) {
     const char *cmd = "bench";
+    if (argc >= 1 && !strcmp(argv[0], "cuda")) {
+#ifdef KVD_HAVE_CUDA
+        return bench_cuda(10);
+#else
+        printf("kvdrift bench cuda: the CUDA back end is not compiled in (nvcc was not found)\n");
+        return 0;
+#endif
+    }
     if (argc >= 1 && !strcmp(argv[0], "lockstep")) {
         kvd_args a = {argc - 1, argv + 1, 0, cmd};
         kvd_model_opts mo;

@@ -14,7 +14,9 @@ mkdir -p "$out"
   bash scripts/build.sh build-gpu 2>&1 | tail -3
   echo "== parity"
   ctest --test-dir build-gpu -R 'gpu_|oracle_' --output-on-failure 2>&1
+  echo "== device benchmarks"
+  timeout 240 build-gpu/kvdrift bench cuda 2>&1
   echo "== kernels (CPU side, for the ratios)"
-  timeout 180 build-gpu/kvdrift bench kernels --reps 10 2>&1
+  timeout 120 build-gpu/kvdrift bench kernels --reps 5 2>&1
 } | tee "$out/gpu-check.log"
 grep -q "tests passed, 0 tests failed\|100% tests passed" "$out/gpu-check.log"
