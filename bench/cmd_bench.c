@@ -401,20 +401,22 @@ static int bench_cuda(int reps) {
     }
     double bw = kvd_cuda_copy_bandwidth((size_t)1 << 30, reps);
     printf("device copy bandwidth (read + write, 1 GiB): %.1f GB/s\n\n", bw / 1e9);
-    printf("decode attention (v1 kernels), 32/2 heads x 256:\n%8s %-6s %10s %10s %8s %8s\n",
-           "context", "cache", "time_us", "read_GB_s", "of_copy", "vs_bf16");
+    printf("decode attention, 32/2 heads x 256 (v1: plain kernels; v2: split over the context):\n"
+           "%8s %-6s %4s %10s %10s %8s %8s\n",
+           "context", "cache", "ver", "time_us", "read_GB_s", "of_copy", "vs_bf16");
     int ctxs[2] = {32768, 131072};
     const char *fn[3] = {"bf16", "e4m3", "e5m2"};
-    for (int ci = 0; ci < 2; ci++) {
-        double tb = 0;
-        for (int f = 0; f < 3; f++) {
-            double t = kvd_cuda_bench_attn(f, ctxs[ci], 32, 2, 256, reps);
-            double bytes = 2.0 * ctxs[ci] * 2 * 256 * (f == 0 ? 2 : 1);
-            if (f == 0) tb = t;
-            printf("%8d %-6s %10.1f %10.1f %7.1f%% %7.2fx\n", ctxs[ci], fn[f], t * 1e6,
-                   bytes / t / 1e9, 100 * bytes / t / bw, tb / t);
+    for (int ver = 1; ver <= 2; ver++)
+        for (int ci = 0; ci < 2; ci++) {
+            double tb = 0;
+            for (int f = 0; f < 3; f++) {
+                double t = kvd_cuda_bench_attn(f, ctxs[ci], 32, 2, 256, reps, ver);
+                double bytes = 2.0 * ctxs[ci] * 2 * 256 * (f == 0 ? 2 : 1);
+                if (f == 0) tb = t;
+                printf("%8d %-6s %4d %10.1f %10.1f %7.1f%% %7.2fx\n", ctxs[ci], fn[f], ver, t * 1e6,
+                       bytes / t / 1e9, 100 * bytes / t / bw, tb / t);
+            }
         }
-    }
     printf("\nBF16 GEMM through cuBLASLt (FP32 accumulation):\n");
     const int shapes[4][3] = {
         {1, 16384, 4096}, {32, 16384, 4096}, {512, 16384, 4096}, {4096, 4096, 4096}};

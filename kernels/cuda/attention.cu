@@ -85,9 +85,166 @@ __global__ void pv_kernel(view kv, const int *blocks, int n_ctx, const float *s,
     out[(size_t)hq * kv.head_dim + d] = acc * kv.v_scale[h];
 }
 
-extern "C" int kvd_cuda_attn_decode(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
-                                    int n_ctx, const float *q, int n_heads, float sm_scale,
-                                    float *out) {
+
+// ---- v2: split over the context (flash-decoding) ----
+// Grid (splits, kv_heads), 4 warps a CTA. A warp takes one position at a
+// time: its 32 lanes read the K row and then the V row coalesced (hd / 32
+// values each), reduce the G dot products with shuffles, and carry an
+// online softmax (running max, sum, and the lanes' slices of the G outputs).
+// The CTA merges its warps; a second kernel merges the splits.
+#define V2_WARPS 4
+#define V2_MAXG 16
+
+template <int PER>
+__device__ inline void load_row(const view &kv, const unsigned char *pool, int blk, int head,
+                                int slot, int lane, float *x) {
+    size_t idx = (((size_t)blk * kv.kv_heads + head) * kv.block_size + slot) * kv.head_dim + lane * PER;
+    if (kv.fmt == KVD_FMT_BF16) {
+        const unsigned short *p = reinterpret_cast<const unsigned short *>(pool) + idx;
+#pragma unroll
+        for (int i = 0; i < PER; i++) x[i] = __uint_as_float((unsigned)p[i] << 16);
+    } else {
+        const unsigned char *p = pool + idx;
+        __nv_fp8_interpretation_t f = kv.fmt == KVD_FMT_E5M2 ? __NV_E5M2 : __NV_E4M3;
+#pragma unroll
+        for (int i = 0; i < PER; i++) x[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(p[i], f)));
+    }
+}
+
+// PER (values per lane) and G (query heads per KV head) are template
+// parameters so the per-lane accumulators stay in registers.
+template <int PER, int G>
+__global__ void decode_v2(view kv, const int *blocks, int n_ctx, int per_split, const float *q,
+                          float sm_scale, float *part_acc, float *part_m, float *part_l) {
+    const int split = blockIdx.x, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int hd = kv.head_dim;
+    const int t0 = split * per_split, t1 = min(n_ctx, t0 + per_split);
+    __shared__ float sq[V2_MAXG * 256];
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) sq[i] = q[(size_t)h * G * hd + i];
+    __syncthreads();
+    const float kmul = sm_scale * kv.k_scale[h];
+    float m[G], l[G], acc[G][PER];
+#pragma unroll
+    for (int j = 0; j < G; j++) {
+        m[j] = -INFINITY, l[j] = 0.f;
+#pragma unroll
+        for (int i = 0; i < PER; i++) acc[j][i] = 0.f;
+    }
+    float kx[PER], vx[PER];
+    for (int t = t0 + warp; t < t1; t += V2_WARPS) {
+        int blk = blocks[t / kv.block_size], slot = t % kv.block_size;
+        load_row<PER>(kv, kv.k, blk, h, slot, lane, kx);
+        load_row<PER>(kv, kv.v, blk, h, slot, lane, vx);
+#pragma unroll
+        for (int j = 0; j < G; j++) {
+            float d = 0.f;
+#pragma unroll
+            for (int i = 0; i < PER; i++) d += sq[j * hd + lane * PER + i] * kx[i];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+            float s = d * kmul, mn = fmaxf(m[j], s);
+            float sc = __expf(m[j] - mn), p = __expf(s - mn);
+            l[j] = l[j] * sc + p;
+#pragma unroll
+            for (int i = 0; i < PER; i++) acc[j][i] = acc[j][i] * sc + p * vx[i];
+            m[j] = mn;
+        }
+    }
+    // merge the warps of the CTA: each in turn adds its outputs, rescaled to
+    // the CTA's maximum, into one shared accumulator
+    __shared__ float wm[V2_WARPS][V2_MAXG], wl[V2_WARPS][V2_MAXG];
+    __shared__ float sacc[V2_MAXG * 256];
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) sacc[i] = 0.f;
+    if (lane == 0)
+#pragma unroll
+        for (int j = 0; j < G; j++) wm[warp][j] = m[j], wl[warp][j] = l[j];
+    __syncthreads();
+    for (int w = 0; w < V2_WARPS; w++) {
+        if (warp == w)
+#pragma unroll
+            for (int j = 0; j < G; j++) {
+                float M = -INFINITY;
+                for (int u = 0; u < V2_WARPS; u++) M = fmaxf(M, wm[u][j]);
+                float f = m[j] == -INFINITY ? 0.f : __expf(m[j] - M);
+#pragma unroll
+                for (int i = 0; i < PER; i++) sacc[j * hd + lane * PER + i] += acc[j][i] * f;
+            }
+        __syncthreads();
+    }
+    if (threadIdx.x < G) {
+        int j = threadIdx.x;
+        float M = -INFINITY, L = 0.f;
+        for (int u = 0; u < V2_WARPS; u++) M = fmaxf(M, wm[u][j]);
+        for (int u = 0; u < V2_WARPS; u++)
+            if (wm[u][j] != -INFINITY) L += wl[u][j] * __expf(wm[u][j] - M);
+        size_t o = ((size_t)split * kv.kv_heads + h) * G + j;
+        part_m[o] = M;
+        part_l[o] = L;
+    }
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x)
+        part_acc[((size_t)split * kv.kv_heads + h) * G * hd + i] = sacc[i];
+}
+
+__global__ void merge_v2(int splits, int kv_heads, int G, int hd, const float *part_acc,
+                         const float *part_m, const float *part_l, const float *v_scale, float *out) {
+    int hq = blockIdx.x, h = hq / G, j = hq % G;
+    float M = -INFINITY;
+    for (int s = 0; s < splits; s++) M = fmaxf(M, part_m[((size_t)s * kv_heads + h) * G + j]);
+    double L = 0.0;
+    for (int s = 0; s < splits; s++) {
+        float ms = part_m[((size_t)s * kv_heads + h) * G + j];
+        if (ms != -INFINITY) L += (double)part_l[((size_t)s * kv_heads + h) * G + j] * expf(ms - M);
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        double a = 0.0;
+        for (int s = 0; s < splits; s++) {
+            float ms = part_m[((size_t)s * kv_heads + h) * G + j];
+            if (ms != -INFINITY) a += (double)part_acc[(((size_t)s * kv_heads + h) * G + j) * hd + d] * expf(ms - M);
+        }
+        out[(size_t)hq * hd + d] = (float)(a / L) * v_scale[h];
+    }
+}
+
+template <int PER>
+static int launch_v2_per(const view &kv, const int *db, int n_ctx, int per_split, const float *dq,
+                         int G, float sm_scale, float *pa, float *pm, float *pl) {
+    dim3 grid((unsigned)((n_ctx + per_split - 1) / per_split), (unsigned)kv.kv_heads);
+    unsigned th = 32 * V2_WARPS;
+    switch (G) {
+    case 1: decode_v2<PER, 1><<<grid, th>>>(kv, db, n_ctx, per_split, dq, sm_scale, pa, pm, pl); return 0;
+    case 2: decode_v2<PER, 2><<<grid, th>>>(kv, db, n_ctx, per_split, dq, sm_scale, pa, pm, pl); return 0;
+    case 4: decode_v2<PER, 4><<<grid, th>>>(kv, db, n_ctx, per_split, dq, sm_scale, pa, pm, pl); return 0;
+    case 8: decode_v2<PER, 8><<<grid, th>>>(kv, db, n_ctx, per_split, dq, sm_scale, pa, pm, pl); return 0;
+    case 16: decode_v2<PER, 16><<<grid, th>>>(kv, db, n_ctx, per_split, dq, sm_scale, pa, pm, pl); return 0;
+    default: return -1;
+    }
+}
+
+/* Launch v2 on device buffers; part buffers hold splits * n_heads (* hd). */
+static int launch_v2(const view &kv, const int *db, int n_ctx, const float *dq, int n_heads,
+                     float sm_scale, float *dout, int splits, float *pa, float *pm, float *pl) {
+    int G = n_heads / kv.kv_heads, per = kv.head_dim / 32;
+    int per_split = (n_ctx + splits - 1) / splits, rc;
+    switch (per) {
+    case 2: rc = launch_v2_per<2>(kv, db, n_ctx, per_split, dq, G, sm_scale, pa, pm, pl); break;
+    case 4: rc = launch_v2_per<4>(kv, db, n_ctx, per_split, dq, G, sm_scale, pa, pm, pl); break;
+    case 8: rc = launch_v2_per<8>(kv, db, n_ctx, per_split, dq, G, sm_scale, pa, pm, pl); break;
+    default: return -1;
+    }
+    if (rc) return rc;
+    merge_v2<<<(unsigned)n_heads, 128>>>((n_ctx + per_split - 1) / per_split, kv.kv_heads, G,
+                                         kv.head_dim, pa, pm, pl, kv.v_scale, dout);
+    return 0;
+}
+
+static int v2_ok(int head_dim, int G) {
+    return (head_dim == 64 || head_dim == 128 || head_dim == 256) &&
+           (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
+}
+
+extern "C" int kvd_cuda_attn_decode_v(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
+                                      int n_ctx, const float *q, int n_heads, float sm_scale,
+                                      float *out, int version) {
     size_t esz = kvd_fmt_bytes(hv->fmt);
     size_t pool = (size_t)n_blocks * hv->kv_heads * hv->block_size * hv->head_dim * esz;
     int nb = (n_ctx + hv->block_size - 1) / hv->block_size;
@@ -109,11 +266,26 @@ extern "C" int kvd_cuda_attn_decode(const kvd_kv_view *hv, int n_blocks, const i
     cudaMemcpy(dvs, hv->v_scale, sizeof(float) * hv->kv_heads, cudaMemcpyHostToDevice);
     {
         view kv = {(int)hv->fmt, hv->block_size, hv->kv_heads, hv->head_dim, dk, dv, dks, dvs};
-        dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)hv->kv_heads);
-        scores_kernel<<<g1, 128>>>(kv, db, n_ctx, dq, n_heads, sm_scale, ds);
-        softmax_kernel<<<(unsigned)n_heads, 256>>>(ds, n_ctx);
-        pv_kernel<<<(unsigned)n_heads, (unsigned)((hv->head_dim + 31) / 32 * 32)>>>(kv, db, n_ctx, ds,
-                                                                                  n_heads, dout);
+        int G = n_heads / hv->kv_heads;
+        if (version == 2 && v2_ok(hv->head_dim, G)) {
+            int splits = (n_ctx + 511) / 512;
+            float *pa = nullptr, *pm = nullptr, *pl = nullptr;
+            size_t np = (size_t)splits * n_heads;
+            if (cudaMalloc(&pa, sizeof(float) * np * hv->head_dim) || cudaMalloc(&pm, sizeof(float) * np) ||
+                cudaMalloc(&pl, sizeof(float) * np)) {
+                cudaFree(pa), cudaFree(pm), cudaFree(pl);
+                goto out;
+            }
+            launch_v2(kv, db, n_ctx, dq, n_heads, sm_scale, dout, splits, pa, pm, pl);
+            cudaDeviceSynchronize();
+            cudaFree(pa), cudaFree(pm), cudaFree(pl);
+        } else {
+            dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)hv->kv_heads);
+            scores_kernel<<<g1, 128>>>(kv, db, n_ctx, dq, n_heads, sm_scale, ds);
+            softmax_kernel<<<(unsigned)n_heads, 256>>>(ds, n_ctx);
+            pv_kernel<<<(unsigned)n_heads, (unsigned)((hv->head_dim + 31) / 32 * 32)>>>(kv, db, n_ctx, ds,
+                                                                                      n_heads, dout);
+        }
         if (cudaMemcpy(out, dout, sizeof(float) * n_heads * hv->head_dim, cudaMemcpyDeviceToHost) ==
                 cudaSuccess &&
             cudaGetLastError() == cudaSuccess)
@@ -125,10 +297,16 @@ out:
     return rc;
 }
 
+extern "C" int kvd_cuda_attn_decode(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
+                                    int n_ctx, const float *q, int n_heads, float sm_scale,
+                                    float *out) {
+    return kvd_cuda_attn_decode_v(hv, n_blocks, blocks, n_ctx, q, n_heads, sm_scale, out, 2);
+}
+
 /* Seconds per decode query (median-free best of reps) with the cache already
  * on the device: random codes in a scattered block table. */
 extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim,
-                                      int reps) {
+                                      int reps, int version) {
     const int bs = 16, nb = (n_ctx + bs - 1) / bs;
     size_t esz = fmt == KVD_FMT_BF16 ? 2 : 1, pool = (size_t)nb * kv_heads * bs * head_dim * esz;
     unsigned char *dk = nullptr, *dv = nullptr;
@@ -153,16 +331,26 @@ extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_he
         for (int i = 0; i < 64; i++) one[i] = 1.0f;
         cudaMemcpy(dsc, one, sizeof(float) * kv_heads, cudaMemcpyHostToDevice);
         view kv = {fmt, bs, kv_heads, head_dim, dk, dv, dsc, dsc};
+        int splits = (n_ctx + 511) / 512;
+        size_t np = (size_t)splits * n_heads;
+        float *pa = nullptr, *pm = nullptr, *pl = nullptr;
+        if (version == 2 && (cudaMalloc(&pa, sizeof(float) * np * head_dim) ||
+                             cudaMalloc(&pm, sizeof(float) * np) || cudaMalloc(&pl, sizeof(float) * np)))
+            version = 1;
         cudaEvent_t e0, e1;
         cudaEventCreate(&e0), cudaEventCreate(&e1);
         best = 1e30;
         for (int r = 0; r <= reps; r++) {
             cudaEventRecord(e0);
-            dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)kv_heads);
-            scores_kernel<<<g1, 128>>>(kv, db, n_ctx, dq, n_heads, 0.0625f, ds);
-            softmax_kernel<<<(unsigned)n_heads, 256>>>(ds, n_ctx);
-            pv_kernel<<<(unsigned)n_heads, (unsigned)((head_dim + 31) / 32 * 32)>>>(kv, db, n_ctx, ds,
-                                                                                  n_heads, dout);
+            if (version == 2) {
+                launch_v2(kv, db, n_ctx, dq, n_heads, 0.0625f, dout, splits, pa, pm, pl);
+            } else {
+                dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)kv_heads);
+                scores_kernel<<<g1, 128>>>(kv, db, n_ctx, dq, n_heads, 0.0625f, ds);
+                softmax_kernel<<<(unsigned)n_heads, 256>>>(ds, n_ctx);
+                pv_kernel<<<(unsigned)n_heads, (unsigned)((head_dim + 31) / 32 * 32)>>>(kv, db, n_ctx, ds,
+                                                                                      n_heads, dout);
+            }
             cudaEventRecord(e1);
             cudaEventSynchronize(e1);
             float ms = 0;
@@ -170,6 +358,7 @@ extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_he
             if (r && ms * 1e-3 < best) best = ms * 1e-3;
         }
         cudaEventDestroy(e0), cudaEventDestroy(e1);
+        cudaFree(pa), cudaFree(pm), cudaFree(pl);
         if (cudaGetLastError() != cudaSuccess) best = 0;
     }
 out:

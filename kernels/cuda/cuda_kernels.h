@@ -25,6 +25,10 @@ int kvd_cuda_quant(kvd_fmt fmt, const float *x, void *out, size_t n, float scale
  * contract, without the probabilities), pools in host memory. */
 int kvd_cuda_attn_decode(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int n_ctx,
                          const float *q, int n_heads, float sm_scale, float *out);
+/* The same with a kernel version: 1 (plain reference kernels) or 2 (split over
+ * the context, coalesced rows, online softmax; head_dim 64/128/256, GQA <= 16). */
+int kvd_cuda_attn_decode_v(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int n_ctx,
+                           const float *q, int n_heads, float sm_scale, float *out, int version);
 
 /* y[M,N] = x[M,K] * W[N,K]^T with BF16 x and W (bit patterns), FP32
  * accumulation and output, through cuBLASLt; host memory in and out. */
@@ -36,7 +40,8 @@ int kvd_cuda_linear_bf16_dev(const void *x, const void *w, float *y, int M, int 
 double kvd_cuda_copy_bandwidth(size_t bytes, int reps);
 /* Seconds per decode-attention query with the cache on the device (fmt is a
  * kvd_fmt), and GFLOP/s of the BF16 GEMM at a shape. */
-double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim, int reps);
+double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim, int reps,
+                           int version);
 double kvd_cuda_bench_gemm(int M, int N, int K, int reps);
 
 #ifdef __cplusplus

@@ -80,20 +80,22 @@ static void attention(void) {
         void *work = malloc(kvd_attn_work_bytes(nh, hd, n_ctx, 3));
         float *probs = malloc(sizeof(float) * (size_t)nh * n_ctx);
         kvd_attn_paged(&view, blocks, n_ctx, q, nh, 1.0f / 16.0f, ocpu, probs, work, 3);
-        CHECK(kvd_cuda_attn_decode(&view, nb, blocks, n_ctx, q, nh, 1.0f / 16.0f, ogpu) == 0,
-              "cuda attention failed\n");
-        /* both accumulate 3000 fp32 products in different orders: 1e-4
-         * relative L2 per head is far below any real discrepancy (a wrong
-         * block or scale moves it by O(1)) */
-        for (int h = 0; h < nh; h++) {
-            double num = 0, den = 0;
-            for (int d = 0; d < hd; d++) {
-                double e = (double)ogpu[h * hd + d] - ocpu[h * hd + d];
-                num += e * e;
-                den += (double)ocpu[h * hd + d] * ocpu[h * hd + d];
+        for (int ver = 1; ver <= 2; ver++) {
+            CHECK(kvd_cuda_attn_decode_v(&view, nb, blocks, n_ctx, q, nh, 1.0f / 16.0f, ogpu, ver) == 0,
+                  "cuda attention v%d failed\n", ver);
+            /* both accumulate 3000 fp32 products in different orders: 1e-4
+             * relative L2 per head is far below any real discrepancy (a wrong
+             * block or scale moves it by O(1)) */
+            for (int h = 0; h < nh; h++) {
+                double num = 0, den = 0;
+                for (int d = 0; d < hd; d++) {
+                    double e = (double)ogpu[h * hd + d] - ocpu[h * hd + d];
+                    num += e * e;
+                    den += (double)ocpu[h * hd + d] * ocpu[h * hd + d];
+                }
+                CHECK(sqrt(num / den) < 1e-4, "attention v%d fmt %d head %d: rel L2 %g\n", ver, fi,
+                      h, sqrt(num / den));
             }
-            CHECK(sqrt(num / den) < 1e-4, "attention fmt %d head %d: rel L2 %g\n", fi, h,
-                  sqrt(num / den));
         }
         free(src), free(k), free(v), free(blocks), free(work), free(probs);
     }
