@@ -18,6 +18,7 @@
 #include "../kernels/backend.h"
 #include "../runners/calibrate.h"
 #include "../runners/drift.h"
+#include "../runners/fileio.h"
 #include "../runners/model.h"
 #include "commands.h"
 #include "results.h"
@@ -720,6 +721,7 @@ int kvd_cmd_run(int argc, char **argv) {
 
     kvd_results res;
     kvd_results_init(&res);
+    kvd_tmp_sweep(o.out); /* what a killed run left */
     if (access(o.out, F_OK) == 0) {
         if (kvd_results_load(&res, o.out, err))
             kvd_die(KVD_EXIT_USAGE, cmd, "%s (remove it to start over)", err);

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "../kernels/backend.h"
+#include "../runners/fileio.h"
 #include "commands.h"
 #include "results.h"
 
@@ -37,6 +38,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
+    kvd_tmp_guard(); /* an interrupted write leaves no temporary behind */
     if (!strcmp(cmd, "forward")) return kvd_cmd_forward(argc - 2, argv + 2);
     if (!strcmp(cmd, "calibrate")) return kvd_cmd_calibrate(argc - 2, argv + 2);
     if (!strcmp(cmd, "export")) return kvd_cmd_export(argc - 2, argv + 2);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "../runners/config.h"
+#include "../runners/fileio.h"
 
 #define S(T, f, n)                                                                                 \
     { #f, KVD_COL_STR, offsetof(T, f), n }
@@ -225,6 +226,7 @@ int kvd_results_save(const kvd_results *r, const char *path, char *err) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    kvd_tmp_set(tmp);
     hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (f < 0) {
         snprintf(err, KVD_ERR_LEN, "%s: cannot create", path);
@@ -296,7 +298,9 @@ int kvd_results_save(const kvd_results *r, const char *path, char *err) {
         H5Dclose(ds);
     }
     rc |= H5Fclose(f) < 0;
-    if (rc || rename(tmp, path) != 0) {
+    int renamed = !rc && rename(tmp, path) == 0;
+    kvd_tmp_set(NULL);
+    if (!renamed) {
         unlink(tmp);
         snprintf(err, KVD_ERR_LEN, "%s: write failed", path);
         return -1;

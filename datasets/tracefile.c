@@ -53,6 +53,7 @@ int kvd_trace_save(const char *path, const kvd_trace *traces, int n, char *err) 
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    kvd_tmp_set(tmp);
     hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (f < 0) {
         snprintf(err, KVD_ERR_LEN, "%s: cannot create", path);
@@ -88,7 +89,9 @@ int kvd_trace_save(const char *path, const kvd_trace *traces, int n, char *err) 
     H5Tclose(rt);
     H5Gclose(root);
     rc |= H5Fclose(f) < 0;
-    if (rc || rename(tmp, path) != 0) {
+    int renamed = !rc && rename(tmp, path) == 0;
+    kvd_tmp_set(NULL);
+    if (!renamed) {
         unlink(tmp);
         snprintf(err, KVD_ERR_LEN, "%s: write failed", path);
         return -1;

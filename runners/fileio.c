@@ -1,7 +1,9 @@
 /* kvdrift: atomic writes (temp file + fsync + rename) and small file helpers. */
 #include "fileio.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -9,11 +11,56 @@
 
 #include "config.h"
 
+static char tmp_now[4200];
+static volatile sig_atomic_t tmp_active = 0;
+
+void kvd_tmp_set(const char *tmp_path) {
+    tmp_active = 0;
+    if (tmp_path) {
+        snprintf(tmp_now, sizeof tmp_now, "%s", tmp_path);
+        tmp_active = 1;
+    }
+}
+
+static void on_signal(int sig) {
+    if (tmp_active) unlink(tmp_now); /* async-signal-safe */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void kvd_tmp_guard(void) {
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGHUP, on_signal);
+}
+
+void kvd_tmp_sweep(const char *out_path) {
+    char dir[4096], pre[4096];
+    const char *slash = strrchr(out_path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - out_path) : 1, slash ? out_path : ".");
+    snprintf(pre, sizeof pre, "%s.tmp.", slash ? slash + 1 : out_path);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, pre, strlen(pre)) != 0) continue;
+        char *end;
+        long pid = strtol(e->d_name + strlen(pre), &end, 10);
+        if (*end || pid <= 0 || (kill((pid_t)pid, 0) != 0 && errno == ESRCH)) {
+            char p[8300];
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    }
+    closedir(d);
+}
+
 int kvd_afile_open(kvd_afile *a, const char *path, char *err) {
     memset(a, 0, sizeof *a);
     snprintf(a->path, sizeof a->path, "%s", path);
     snprintf(a->tmp, sizeof a->tmp, "%s.tmp.%ld", path, (long)getpid());
     a->f = fopen(a->tmp, "wb");
+    if (a->f) kvd_tmp_set(a->tmp);
     if (!a->f) {
         snprintf(err, KVD_ERR_LEN, "%s: cannot create: %s", path, strerror(errno));
         return -1;
@@ -34,6 +81,7 @@ int kvd_afile_commit(kvd_afile *a, char *err) {
     if (fclose(a->f) != 0 && !e) e = errno;
     a->f = NULL;
     if (!e && rename(a->tmp, a->path) != 0) e = errno;
+    kvd_tmp_set(NULL);
     if (e) {
         unlink(a->tmp);
         snprintf(err, KVD_ERR_LEN, "%s: write failed: %s", a->path, strerror(e));
@@ -46,6 +94,7 @@ void kvd_afile_abort(kvd_afile *a) {
     if (a->f) fclose(a->f);
     a->f = NULL;
     unlink(a->tmp);
+    kvd_tmp_set(NULL);
 }
 
 int kvd_write_file_atomic(const char *path, const void *data, size_t n, char *err) {

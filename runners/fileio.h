@@ -21,6 +21,15 @@ void kvd_afile_abort(kvd_afile *a);
 
 int kvd_write_file_atomic(const char *path, const void *data, size_t n, char *err);
 
+/* The temporary file a writer is filling right now (NULL: none). Ctrl-C and
+ * SIGTERM remove it before the process ends (kvd_tmp_guard installs the
+ * handlers), so an interrupted command leaves neither a half-written output
+ * nor a stray temporary; the output itself is only ever renamed into place. */
+void kvd_tmp_set(const char *tmp_path);
+void kvd_tmp_guard(void);
+/* Remove OUT.tmp.PID files whose process is gone (a SIGKILL's leftovers). */
+void kvd_tmp_sweep(const char *out_path);
+
 /* Whole file into memory (NUL-terminated); NULL with err on failure. */
 char *kvd_read_file(const char *path, size_t *n, char *err);
 

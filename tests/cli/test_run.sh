@@ -154,6 +154,22 @@ for p in ("/drift/output", "/drift/layers", "/drift/attention", "/drift/summary"
         assert np.array_equal(x[n], y[n], equal_nan=x.dtype[n].kind == "f"), (p, n)
 PY
 
+# no temporary is left behind: the rerun swept what SIGKILL left, and Ctrl-C
+# (SIGINT) removes the one being written
+if ls "$work"/k.h5.tmp.* >/dev/null 2>&1; then bad "a killed run's temporary file was not swept"; else ok; fi
+"$bin" "${kill_sweep[@]}" -o "$work/int.h5" >/dev/null 2>&1 &
+pid=$!
+sleep 1.5
+kill -INT "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+if ls "$work"/int.h5.tmp.* >/dev/null 2>&1; then
+  bad "Ctrl-C left a temporary file"
+elif [ -e "$work/int.h5" ] && ! "$py" -c "import h5py; h5py.File('$work/int.h5','r')['/cells']" 2>/dev/null; then
+  bad "Ctrl-C left an unreadable results file"
+else
+  ok
+fi
+
 # kvdrift calibrate writes exactly the scales a run calibrates: a run given
 # them through --scales gives the same figures
 "$bin" calibrate --model tiny --seed 3 --calib-tokens 700 -o "$work/cal.json" >/dev/null
