@@ -2,6 +2,9 @@
 #include "util.h"
 
 #include "../runners/checkpoint.h"
+#include "../runners/fileio.h"
+
+#include <csv.h>
 
 #include <errno.h>
 #include <stdarg.h>
@@ -60,6 +63,7 @@ const char *const kvd_model_opts_help =
     "small)\n"
     "  --config FILE           a Hugging Face config.json instead of a preset\n"
     "  --model-dir DIR         real weights: a Hugging Face Qwen3-Next checkpoint directory\n"
+    "  --activation-profile F  CSV layer,k_outlier_scale,v_rms: per-layer K/V magnitudes\n"
     "  --weight-seed N         seed of the synthetic weights (default 1234)\n"
     "  --k-outlier-scale X     |K| of the key outlier channels (default 320)\n"
     "  --k-outlier-channels N  key outlier channels per layer (default 3.5)\n"
@@ -80,6 +84,8 @@ int kvd_model_opts_flag(kvd_model_opts *o, kvd_args *a, const char *f) {
         o->config_path = kvd_args_value(a, f);
     } else if (!strcmp(f, "--model-dir")) {
         o->model_dir = kvd_args_value(a, f);
+    } else if (!strcmp(f, "--activation-profile")) {
+        o->profile = kvd_args_value(a, f);
     } else if (!strcmp(f, "--weight-seed")) {
         o->synth.seed = (uint64_t)kvd_args_long(a, f, 0, 2147483647L);
     } else if (!strcmp(f, "--k-outlier-scale")) {
@@ -98,17 +104,106 @@ int kvd_model_opts_flag(kvd_model_opts *o, kvd_args *a, const char *f) {
     return 1;
 }
 
+/* ---- activation profile: layer,k_outlier_scale,v_rms (libcsv) ---- */
+
+typedef struct {
+    kvd_synth *s;
+    const kvd_config *cfg;
+    const char *path;
+    char *err;
+    int line, field, failed, col[3];
+    char cur[3][64];
+} profile_ctx;
+
+static const char *const prof_cols[3] = {"layer", "k_outlier_scale", "v_rms"};
+
+static void prof_field(void *data, size_t n, void *ctx) {
+    profile_ctx *p = ctx;
+    if (p->line == 0) {
+        for (int k = 0; k < 3; k++)
+            if (n == strlen(prof_cols[k]) && !memcmp(data, prof_cols[k], n)) p->col[k] = p->field;
+    } else {
+        for (int k = 0; k < 3; k++)
+            if (p->col[k] == p->field)
+                snprintf(p->cur[k], sizeof p->cur[k], "%.*s", (int)(n < 63 ? n : 63),
+                         (const char *)data);
+    }
+    p->field++;
+}
+
+static void prof_row(int c, void *ctx) {
+    (void)c;
+    profile_ctx *p = ctx;
+    int line = ++p->line;
+    p->field = 0;
+    if (p->failed) return;
+    if (line == 1) {
+        if (p->col[0] < 0 || (p->col[1] < 0 && p->col[2] < 0)) {
+            snprintf(p->err, KVD_ERR_LEN,
+                     "%s:1: expected a header with 'layer' and 'k_outlier_scale' and/or 'v_rms'",
+                     p->path);
+            p->failed = 1;
+        }
+        return;
+    }
+    char *end;
+    long layer = strtol(p->cur[0], &end, 10);
+    if (!p->cur[0][0] || *end || layer < 0 || layer >= p->cfg->num_hidden_layers) {
+        snprintf(p->err, KVD_ERR_LEN, "%s:%d: column 'layer': expected 0..%d, got '%s'", p->path,
+                 line, p->cfg->num_hidden_layers - 1, p->cur[0]);
+        p->failed = 1;
+        return;
+    }
+    for (int k = 1; k < 3; k++) {
+        if (p->col[k] < 0 || !p->cur[k][0]) continue;
+        double v = strtod(p->cur[k], &end);
+        if (*end || !(v > 0) || v > 1e6) {
+            snprintf(p->err, KVD_ERR_LEN,
+                     "%s:%d: column '%s': expected a positive number, got '%s'", p->path, line,
+                     prof_cols[k], p->cur[k]);
+            p->failed = 1;
+            return;
+        }
+        (k == 1 ? p->s->layer_k_scale : p->s->layer_v_rms)[layer] = (float)v;
+    }
+    memset(p->cur, 0, sizeof p->cur);
+}
+
+static int load_profile(const char *path, const kvd_config *cfg, kvd_synth *s, char *err) {
+    size_t n;
+    char *txt = kvd_read_file(path, &n, err);
+    if (!txt) return -1;
+    profile_ctx p = {s, cfg, path, err, 0, 0, 0, {-1, -1, -1}, {{0}}};
+    struct csv_parser cp;
+    csv_init(&cp, CSV_STRICT | CSV_APPEND_NULL);
+    if (csv_parse(&cp, txt, n, prof_field, prof_row, &p) != n && !p.failed) {
+        snprintf(err, KVD_ERR_LEN, "%s:%d: malformed CSV: %s", path, p.line + 1,
+                 csv_strerror(csv_error(&cp)));
+        p.failed = 1;
+    }
+    if (!p.failed) csv_fini(&cp, prof_field, prof_row, &p);
+    csv_free(&cp);
+    free(txt);
+    return p.failed ? -1 : 0;
+}
+
 void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, kvd_weights *w) {
     kvd_config cfg;
     char err[KVD_ERR_LEN];
     if (o->model_dir) {
+        if (o->profile)
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--activation-profile shapes synthetic weights, not --model-dir ones");
         if (kvd_weights_load(w, o->model_dir, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
         return;
     }
     int rc = o->config_path ? kvd_config_load(o->config_path, &cfg, err)
                             : kvd_config_preset(o->preset, &cfg, err);
     if (rc) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
-    if (kvd_weights_synth(w, &cfg, &o->synth, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    kvd_synth s = o->synth;
+    if (o->profile && load_profile(o->profile, &cfg, &s, err))
+        kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    if (kvd_weights_synth(w, &cfg, &s, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
 }
 
 void kvd_model_opts_ckpt_scales(const kvd_model_opts *o, const char *cmd, const kvd_config *cfg,

@@ -35,6 +35,7 @@ typedef struct {
     const char *preset;
     const char *config_path;
     const char *model_dir; /* a Hugging Face checkpoint directory: real weights */
+    const char *profile;   /* activation-profile CSV: per-layer K outlier scale and V rms */
     kvd_synth synth;
 } kvd_model_opts;
 

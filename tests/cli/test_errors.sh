@@ -108,6 +108,23 @@ else
 fi
 expect 2 "--kv-budget: expected a size like 40GiB, got '40 apples'" -- plan --kv-budget "40 apples"
 
+# activation profile: per-layer magnitudes reach the cache (and bad rows are named)
+printf 'layer,k_outlier_scale,v_rms\n3,,0.05\n7,900,\n' >"$work/prof.csv"
+"$bin" calibrate --model tiny --calib-tokens 256 -o "$work/p0.json" >/dev/null
+"$bin" calibrate --model tiny --calib-tokens 256 --activation-profile "$work/prof.csv" -o "$work/p1.json" >/dev/null
+if /usr/bin/python3 - "$work/p0.json" "$work/p1.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p))["layers"] for p in sys.argv[1:3])
+assert b[0]["v_absmax"][0] > 3 * a[0]["v_absmax"][0]          # layer 3: v_rms 0.05
+assert b[0]["k_absmax"][0] == a[0]["k_absmax"][0]              # layer 3: K untouched
+assert b[1]["k_absmax"][0] > 1.5 * a[1]["k_absmax"][0]         # layer 7: outlier scale 900
+PY
+then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: the activation profile did not shape K/V"; fi
+printf 'layer,v_rms\n12,0.05\n' >"$work/prof2.csv"
+expect 2 "prof2.csv:2: column 'layer': expected 0..7, got '12'" -- calibrate --model tiny --activation-profile "$work/prof2.csv" -o "$work/p2.json"
+printf 'layer,v_rms\n3,lots\n' >"$work/prof3.csv"
+expect 2 "prof3.csv:2: column 'v_rms': expected a positive number, got 'lots'" -- calibrate --model tiny --activation-profile "$work/prof3.csv" -o "$work/p3.json"
+
 # no output file is left behind by a refused command
 "$bin" calibrate --model huge -o "$work/s.json" 2>/dev/null
 if [ -e "$work/s.json" ] || ls "$work"/s.json.tmp* >/dev/null 2>&1; then
