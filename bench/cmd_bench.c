@@ -13,6 +13,7 @@
 #include "../kernels/kernels.h"
 #include "../datasets/trace.h"
 #include "../runners/config.h"
+#include "../runners/kvcache.h"
 #include "../runners/drift.h"
 #include "../runners/model.h"
 #include "../runners/weights.h"
@@ -185,59 +186,61 @@ static int bench_kernels(int reps) {
     char err[KVD_ERR_LEN];
     kvd_config_preset("small", &cfg, err);
     printf("decode attention, one query over the cache of one layer, shape of 'small' (%d query "
-           "heads, %d KV heads, head_dim %d, block 16):\n",
-           cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
-    printf("%8s %-6s %10s %10s %10s %10s %8s %8s %8s\n", "context", "cache", "max_rel_err",
-           "time_us", "cache_MB", "read_GB_s", "of_copy", "of_read", "vs_bf16");
-    int ctxs[2] = {4096, 32768};
+           "heads, %d KV heads, head_dim %d), blocks of %d tokens (the cache's) and of 16 (GPU "
+           "engines'):\n",
+           cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, KVD_KV_BLOCK);
+    printf("%6s %8s %-6s %10s %10s %10s %10s %8s %8s %8s\n", "block", "context", "cache",
+           "max_rel_err", "time_us", "cache_MB", "read_GB_s", "of_copy", "of_read", "vs_bf16");
+    int ctxs[2] = {4096, 32768}, blocks[2] = {KVD_KV_BLOCK, 16};
     kvd_fmt fmts[3] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E5M2};
     const char *fn[3] = {"bf16", "e4m3", "e5m2"};
     int fail = 0;
-    for (int ci = 0; ci < 2; ci++) {
-        double t_bf16 = 0;
-        for (int fi = 0; fi < 3; fi++) {
-            bench_cache c = {0};
-            c.kvh = cfg.num_key_value_heads;
-            c.hd = cfg.head_dim;
-            c.nh = cfg.num_attention_heads;
-            c.bs = 16;
-            cache_fill(&c, fmts[fi], ctxs[ci]);
-            float *q = malloc(sizeof(float) * (size_t)c.nh * c.hd);
-            float *out = malloc(sizeof(float) * (size_t)c.nh * c.hd);
-            float *probs = malloc(sizeof(float) * (size_t)c.nh * c.n_ctx);
-            uint64_t key = kvd_rng_key(9, "bench.q");
-            for (int i = 0; i < c.nh * c.hd; i++) q[i] = kvd_rng_normal(key, (uint64_t)i);
-            int parts = kvd_attn_parts(c.n_ctx, c.bs);
-            void *work = malloc(kvd_attn_work_bytes(c.nh, c.hd, c.n_ctx, parts));
-            decode_once(&c, q, out, probs, work, parts);
-            double rel = decode_check(&c, q, out);
-            /* fp32 accumulation over up to 32K terms against a double reference */
-            if (rel > 1e-4) {
-                fprintf(stderr, "decode attention %s at %d: relative error %.3g above 1e-4\n",
-                        fn[fi], c.n_ctx, rel);
-                fail = 1;
-            }
-            int n = reps * (ctxs[ci] <= 4096 ? 8 : 1);
-            double *ts = malloc(sizeof(double) * (size_t)n);
-            for (int r = 0; r < n; r++) {
-                double t0 = kvd_now();
+    for (int bi = 0; bi < 2; bi++)
+        for (int ci = 0; ci < 2; ci++) {
+            double t_bf16 = 0;
+            for (int fi = 0; fi < 3; fi++) {
+                bench_cache c = {0};
+                c.kvh = cfg.num_key_value_heads;
+                c.hd = cfg.head_dim;
+                c.nh = cfg.num_attention_heads;
+                c.bs = blocks[bi];
+                cache_fill(&c, fmts[fi], ctxs[ci]);
+                float *q = malloc(sizeof(float) * (size_t)c.nh * c.hd);
+                float *out = malloc(sizeof(float) * (size_t)c.nh * c.hd);
+                float *probs = malloc(sizeof(float) * (size_t)c.nh * c.n_ctx);
+                uint64_t key = kvd_rng_key(9, "bench.q");
+                for (int i = 0; i < c.nh * c.hd; i++) q[i] = kvd_rng_normal(key, (uint64_t)i);
+                int parts = kvd_attn_parts(c.n_ctx, c.bs);
+                void *work = malloc(kvd_attn_work_bytes(c.nh, c.hd, c.n_ctx, parts));
                 decode_once(&c, q, out, probs, work, parts);
-                ts[r] = kvd_now() - t0;
+                double rel = decode_check(&c, q, out);
+                /* fp32 accumulation over up to 32K terms against a double reference */
+                if (rel > 1e-4) {
+                    fprintf(stderr, "decode attention %s at %d: relative error %.3g above 1e-4\n",
+                            fn[fi], c.n_ctx, rel);
+                    fail = 1;
+                }
+                int n = reps * (ctxs[ci] <= 4096 ? 8 : 1);
+                double *ts = malloc(sizeof(double) * (size_t)n);
+                for (int r = 0; r < n; r++) {
+                    double t0 = kvd_now();
+                    decode_once(&c, q, out, probs, work, parts);
+                    ts[r] = kvd_now() - t0;
+                }
+                double t = median(ts, n);
+                double bytes = 2.0 * c.n_ctx * c.kvh * c.hd * (double)kvd_fmt_bytes(c.fmt);
+                if (fi == 0) t_bf16 = t;
+                printf("%6d %8d %-6s %10.2e %10.1f %10.2f %10.2f %7.1f%% %7.1f%% %7.2fx\n", c.bs,
+                       c.n_ctx, fn[fi], rel, t * 1e6, bytes / 1e6, bytes / t / 1e9,
+                       100.0 * bytes / t / bw, 100.0 * bytes / t / rbw, t_bf16 / t);
+                free(ts);
+                free(work);
+                free(q);
+                free(out);
+                free(probs);
+                cache_free(&c);
             }
-            double t = median(ts, n);
-            double bytes = 2.0 * c.n_ctx * c.kvh * c.hd * (double)kvd_fmt_bytes(c.fmt);
-            if (fi == 0) t_bf16 = t;
-            printf("%8d %-6s %10.2e %10.1f %10.2f %10.2f %7.1f%% %7.1f%% %7.2fx\n", c.n_ctx, fn[fi],
-                   rel, t * 1e6, bytes / 1e6, bytes / t / 1e9, 100.0 * bytes / t / bw,
-                   100.0 * bytes / t / rbw, t_bf16 / t);
-            free(ts);
-            free(work);
-            free(q);
-            free(out);
-            free(probs);
-            cache_free(&c);
         }
-    }
 
     /* GEMM: the model's projections through kvd_linear against OpenBLAS's
      * own sgemm at a large square shape (its practical peak here) */
@@ -346,8 +349,8 @@ static int bench_lockstep(const kvd_model_opts *mo, int64_t ctx, int reps) {
     double best_plain = 1e30, best_lock = 1e30;
     for (int r = 0; r < reps; r++) {
         kvd_kvcache kv;
-        if (kvd_kvcache_init(&kv, KVD_KV_FP8_UNSCALED, nf, c->num_key_value_heads, c->head_dim, 16,
-                             ctx + 16, NULL, 1, err))
+        if (kvd_kvcache_init(&kv, KVD_KV_FP8_UNSCALED, nf, c->num_key_value_heads, c->head_dim,
+                             KVD_KV_BLOCK, ctx + 16, NULL, 1, err))
             kvd_die(1, "bench", "%s", err);
         kvd_model *m = kvd_model_new(&w, 256, 1, err);
         int s = kvd_kvcache_add_seq(&kv);

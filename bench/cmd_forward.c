@@ -262,7 +262,7 @@ int kvd_cmd_forward(int argc, char **argv) {
         if (!want[mi]) continue;
         kvd_kv_mode mode = (kvd_kv_mode)mi;
         kvd_kvcache kv;
-        if (kvd_kvcache_init(&kv, mode, nf, kvh, c->head_dim, 16, T,
+        if (kvd_kvcache_init(&kv, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, T,
                              mode == KVD_KV_FP8_CAL    ? &sc
                              : mode == KVD_KV_FP8_CKPT ? &ck
                                                        : NULL,

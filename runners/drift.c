@@ -349,9 +349,9 @@ int kvd_drift_run(const kvd_weights *w, const uint32_t *tok, const uint8_t *is_c
     lockstep L;
     memset(&L, 0, sizeof L);
     float *lr = malloc(sizeof(float) * (size_t)R * V), *lc = malloc(sizeof(float) * (size_t)R * V);
-    if (kvd_kvcache_init(&kr, KVD_KV_BF16, nf, kvh, c->head_dim, 16, cap, NULL, 1, err) ||
-        kvd_kvcache_init(&kc, mode, nf, kvh, c->head_dim, 16, cap, scales, o->saturate, err) ||
-        kvd_kvcache_init(&ks, mode, nf, kvh, c->head_dim, 16, n + 16, scales, o->saturate, err))
+    if (kvd_kvcache_init(&kr, KVD_KV_BF16, nf, kvh, c->head_dim, KVD_KV_BLOCK, cap, NULL, 1, err) ||
+        kvd_kvcache_init(&kc, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, cap, scales, o->saturate, err) ||
+        kvd_kvcache_init(&ks, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, n + KVD_KV_BLOCK, scales, o->saturate, err))
         goto out;
     if (!(mr = kvd_model_new(w, R, 4, err)) || !(mc = kvd_model_new(w, R, 4, err))) goto out;
     L.c = c;
