@@ -8,6 +8,7 @@
 #include "../datasets/calibset.h"
 #include "../datasets/tokens.h"
 #include "../runners/calibrate.h"
+#include "../runners/drift.h"
 #include "../runners/export.h"
 #include "../runners/fileio.h"
 #include "../runners/model.h"
@@ -83,24 +84,10 @@ typedef struct {
 static logit_cmp compare_logits(const float *ref, const float *x, int T, int V) {
     logit_cmp r = {0, 0, 0};
     for (int t = 0; t < T; t++) {
-        const float *a = ref + (size_t)t * V, *b = x + (size_t)t * V;
-        double ma = -INFINITY, mb = -INFINITY;
-        int ia = 0, ib = 0;
-        for (int i = 0; i < V; i++) {
-            if (a[i] > ma) ma = a[i], ia = i;
-            if (b[i] > mb) mb = b[i], ib = i;
-        }
-        double sa = 0, sb = 0;
-        for (int i = 0; i < V; i++) sa += exp(a[i] - ma), sb += exp(b[i] - mb);
-        double la = ma + log(sa), lb = mb + log(sb), kl = 0;
-        for (int i = 0; i < V; i++) {
-            double lpa = a[i] - la, lpb = b[i] - lb;
-            kl += exp(lpa) * (lpa - lpb);
-        }
-        kl = kl > 0 ? kl : 0; /* rounding can leave -1e-17 */
-        r.kl_mean += kl / T;
-        r.kl_max = kl > r.kl_max ? kl : r.kl_max;
-        r.top1 += (ia == ib) / (double)T;
+        kvd_logit_cmp c = kvd_compare_logits(ref + (size_t)t * V, x + (size_t)t * V, V);
+        r.kl_mean += c.kl / T;
+        r.kl_max = c.kl > r.kl_max ? c.kl : r.kl_max;
+        r.top1 += c.same_argmax / (double)T;
     }
     return r;
 }

@@ -175,6 +175,24 @@ static void fmt(char *b, size_t n, double v, const char *f) {
     }
 }
 
+/* The verdict's figures as the tables print them. */
+typedef struct {
+    char kl[32], kl_err[32], top1[32], ln_ppl[32], attn_kl[32], hid_last[32], dec[32], cap[32];
+} verdict_text;
+
+static verdict_text verdict_fmt(const verdict *v) {
+    verdict_text t;
+    fmt(t.kl, sizeof t.kl, v->kl, "%.3e");
+    fmt(t.kl_err, sizeof t.kl_err, v->kl_err, "%.1e");
+    fmt(t.top1, sizeof t.top1, v->top1, "%.4f");
+    fmt(t.ln_ppl, sizeof t.ln_ppl, v->ln_ppl, "%.2e");
+    fmt(t.attn_kl, sizeof t.attn_kl, v->attn_kl, "%.2e");
+    fmt(t.hid_last, sizeof t.hid_last, v->hid_last, "%.2e");
+    fmt(t.dec, sizeof t.dec, v->dec_gain, "%.2fx");
+    fmt(t.cap, sizeof t.cap, v->cap_gain, "%.1fx");
+    return t;
+}
+
 static const char *css =
     "body{font-family:sans-serif;max-width:1100px;margin:24px auto;padding:0 16px;color:#222}"
     "h1{font-size:24px}h2{font-size:19px;margin-top:34px;border-bottom:1px solid #ccc}"
@@ -196,15 +214,7 @@ static void verdict_table(kvd_buf *b, const kvd_run *runs, int n) {
         int nm = kvd_run_modes(&runs[i], modes);
         for (int m = 0; m < nm; m++) {
             verdict v = make_verdict(&runs[i], modes[m]);
-            char a[64], e[32], c[32], d[32], f[32], g[32], h[32], k[32];
-            fmt(a, sizeof a, v.kl, "%.3e");
-            fmt(e, sizeof e, v.kl_err, "%.1e");
-            fmt(c, sizeof c, v.top1, "%.4f");
-            fmt(d, sizeof d, v.ln_ppl, "%.2e");
-            fmt(f, sizeof f, v.attn_kl, "%.2e");
-            fmt(g, sizeof g, v.hid_last, "%.2e");
-            fmt(h, sizeof h, v.dec_gain, "%.2fx");
-            fmt(k, sizeof k, v.cap_gain, "%.1fx");
+            verdict_text t = verdict_fmt(&v);
             const char *w = verdict_word(v.kl);
             kvd_buf_puts(b, "<tr><td class=\"l\">");
             kvd_buf_xml(b, runs[i].label);
@@ -212,7 +222,8 @@ static void verdict_table(kvd_buf *b, const kvd_run *runs, int n) {
                            "</td><td class=\"l\">%s</td><td>%s &#177; %s</td><td>%s</td><td>%s</td>"
                            "<td>%s</td><td>%s</td><td>%s (C=%d)</td><td>%s</td>"
                            "<td class=\"l %s\">%s</td></tr>\n",
-                           modes[m], a, e, c, d, f, g, h, v.conc, k, w, w);
+                           modes[m], t.kl, t.kl_err, t.top1, t.ln_ppl, t.attn_kl, t.hid_last, t.dec,
+                           v.conc, t.cap, w, w);
         }
     }
     kvd_buf_puts(b, "</table>\n");
@@ -595,16 +606,10 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
         int nm = kvd_run_modes(&runs[i], modes);
         for (int m = 0; m < nm; m++) {
             verdict v = make_verdict(&runs[i], modes[m]);
-            char a[32], e[32], c[32], d[32], f[32], h[32], k[32];
-            fmt(a, sizeof a, v.kl, "%.3e");
-            fmt(e, sizeof e, v.kl_err, "%.1e");
-            fmt(c, sizeof c, v.top1, "%.4f");
-            fmt(d, sizeof d, v.ln_ppl, "%.2e");
-            fmt(f, sizeof f, v.attn_kl, "%.2e");
-            fmt(h, sizeof h, v.dec_gain, "%.2fx");
-            fmt(k, sizeof k, v.cap_gain, "%.1fx");
+            verdict_text t = verdict_fmt(&v);
             kvd_buf_printf(b, "| %s | %s | %s ± %s | %s | %s | %s | %s | %s | %s |\n",
-                           runs[i].label, modes[m], a, e, c, d, f, h, k, verdict_word(v.kl));
+                           runs[i].label, modes[m], t.kl, t.kl_err, t.top1, t.ln_ppl, t.attn_kl,
+                           t.dec, t.cap, verdict_word(v.kl));
         }
     }
     kvd_buf_printf(b,

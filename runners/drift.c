@@ -70,6 +70,28 @@ void kvd_drift_free(kvd_drift *d) {
     memset(d, 0, sizeof *d);
 }
 
+kvd_logit_cmp kvd_compare_logits(const float *a, const float *x, int V) {
+    kvd_logit_cmp r;
+    double ma = -INFINITY, mx = -INFINITY;
+    int ia = 0, ix = 0;
+    for (int i = 0; i < V; i++) {
+        if (a[i] > ma) ma = a[i], ia = i;
+        if (x[i] > mx) mx = x[i], ix = i;
+    }
+    double sa = 0, sx = 0;
+    for (int i = 0; i < V; i++) sa += exp(a[i] - ma), sx += exp(x[i] - mx);
+    r.lse_a = ma + log(sa);
+    r.lse_x = mx + log(sx);
+    double kl = 0;
+    for (int i = 0; i < V; i++) {
+        double pa = a[i] - r.lse_a, px = x[i] - r.lse_x;
+        kl += exp(pa) * (pa - px);
+    }
+    r.kl = kl > 0 ? kl : 0; /* rounding can leave -1e-17 */
+    r.same_argmax = ia == ix;
+    return r;
+}
+
 static int cmp_f(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
     return (x > y) - (x < y);
@@ -258,23 +280,11 @@ static void compare_chunk(lockstep *L, const float *lr, const float *lc, const u
         /* output: the prediction at pos is of token pos + 1 */
         if (pos + 1 >= n) continue;
         const float *a = lr + (size_t)r * V, *x = lc + (size_t)r * V;
-        double ma = -INFINITY, mx = -INFINITY;
-        int ia = 0, ix = 0;
-        for (int i = 0; i < V; i++) {
-            if (a[i] > ma) ma = a[i], ia = i;
-            if (x[i] > mx) mx = x[i], ix = i;
-        }
-        double sa = 0, sx = 0;
-        for (int i = 0; i < V; i++) sa += exp(a[i] - ma), sx += exp(x[i] - mx);
-        double la = ma + log(sa), lx = mx + log(sx), kl = 0;
-        for (int i = 0; i < V; i++) {
-            double pa = a[i] - la, px = x[i] - lx;
-            kl += exp(pa) * (pa - px);
-        }
-        kl = kl > 0 ? kl : 0;
+        kvd_logit_cmp lc1 = kvd_compare_logits(a, x, V);
+        double kl = lc1.kl;
         uint32_t next = tok[pos + 1];
-        double nll_a = la - a[next], nll_x = lx - x[next];
-        double v[KVD_OUT_N] = {kl, ia == ix, exp(-nll_x) - exp(-nll_a), nll_x - nll_a};
+        double nll_a = lc1.lse_a - a[next], nll_x = lc1.lse_x - x[next];
+        double v[KVD_OUT_N] = {kl, lc1.same_argmax, exp(-nll_x) - exp(-nll_a), nll_x - nll_a};
         int osub = L->is_copy[pos + 1] ? KVD_SUB_COPY : KVD_SUB_OTHER;
         int ob = kvd_bucket(pos);
         for (int m = 0; m < KVD_OUT_N; m++) {
@@ -350,8 +360,10 @@ int kvd_drift_run(const kvd_weights *w, const uint32_t *tok, const uint8_t *is_c
     memset(&L, 0, sizeof L);
     float *lr = malloc(sizeof(float) * (size_t)R * V), *lc = malloc(sizeof(float) * (size_t)R * V);
     if (kvd_kvcache_init(&kr, KVD_KV_BF16, nf, kvh, c->head_dim, KVD_KV_BLOCK, cap, NULL, 1, err) ||
-        kvd_kvcache_init(&kc, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, cap, scales, o->saturate, err) ||
-        kvd_kvcache_init(&ks, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, n + KVD_KV_BLOCK, scales, o->saturate, err))
+        kvd_kvcache_init(&kc, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, cap, scales, o->saturate,
+                         err) ||
+        kvd_kvcache_init(&ks, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, n + KVD_KV_BLOCK, scales,
+                         o->saturate, err))
         goto out;
     if (!(mr = kvd_model_new(w, R, 4, err)) || !(mc = kvd_model_new(w, R, 4, err))) goto out;
     L.c = c;
