@@ -224,11 +224,11 @@ static int write_2d(hid_t f, const char *path, hsize_t r, hsize_t c, hid_t type,
 
 int kvd_results_save(const kvd_results *r, const char *path, char *err) {
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    kvd_atomic_begin(path, tmp, sizeof tmp);
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    kvd_tmp_set(tmp);
     hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (f < 0) {
+        kvd_atomic_end(tmp, path, 0, err); /* forget the temporary */
         snprintf(err, KVD_ERR_LEN, "%s: cannot create", path);
         return -1;
     }
@@ -298,14 +298,7 @@ int kvd_results_save(const kvd_results *r, const char *path, char *err) {
         H5Dclose(ds);
     }
     rc |= H5Fclose(f) < 0;
-    int renamed = !rc && rename(tmp, path) == 0;
-    kvd_tmp_set(NULL);
-    if (!renamed) {
-        unlink(tmp);
-        snprintf(err, KVD_ERR_LEN, "%s: write failed", path);
-        return -1;
-    }
-    return 0;
+    return kvd_atomic_end(tmp, path, !rc, err);
 }
 
 static int read_table(hid_t f, kvd_table *t, const char *path, char *err) {

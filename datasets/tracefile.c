@@ -51,11 +51,11 @@ static int write_1d(hid_t g, const char *name, hid_t type, hsize_t n, const void
 
 int kvd_trace_save(const char *path, const kvd_trace *traces, int n, char *err) {
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    kvd_atomic_begin(path, tmp, sizeof tmp);
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    kvd_tmp_set(tmp);
     hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (f < 0) {
+        kvd_atomic_end(tmp, path, 0, err); /* forget the temporary */
         snprintf(err, KVD_ERR_LEN, "%s: cannot create", path);
         return -1;
     }
@@ -89,14 +89,7 @@ int kvd_trace_save(const char *path, const kvd_trace *traces, int n, char *err) 
     H5Tclose(rt);
     H5Gclose(root);
     rc |= H5Fclose(f) < 0;
-    int renamed = !rc && rename(tmp, path) == 0;
-    kvd_tmp_set(NULL);
-    if (!renamed) {
-        unlink(tmp);
-        snprintf(err, KVD_ERR_LEN, "%s: write failed", path);
-        return -1;
-    }
-    return 0;
+    return kvd_atomic_end(tmp, path, !rc, err);
 }
 
 typedef struct {
@@ -287,7 +280,17 @@ static void push(import_ctx *c, const char *idtxt, const char *kindtxt) {
     t->segs[t->n_segs++] = (kvd_segment){t->n - 1, 1, (int32_t)k};
 }
 
-static void finish_import(kvd_trace *t, int64_t vocab, const char *path) {
+/* The common end of an import: refuse an empty or failed one, else label it. */
+static int finish_import(kvd_trace *t, int64_t vocab, const char *path, int failed,
+                         const char *what, char *err) {
+    if (!failed && t->n == 0) {
+        snprintf(err, KVD_ERR_LEN, "%s: expected at least one %s", path, what);
+        failed = 1;
+    }
+    if (failed) {
+        kvd_trace_free(t);
+        return -1;
+    }
     kvd_trace_spec_defaults(&t->spec);
     snprintf(t->spec.kind, sizeof t->spec.kind, "imported");
     t->spec.length = t->n;
@@ -297,6 +300,7 @@ static void finish_import(kvd_trace *t, int64_t vocab, const char *path) {
     snprintf(t->name, sizeof t->name, "%s", base ? base + 1 : path);
     for (char *p = t->name; *p; p++)
         if (*p == '/' || *p == '.') *p = '_';
+    return 0;
 }
 
 int kvd_trace_import_text(const char *path, int64_t vocab, kvd_trace *t, char *err) {
@@ -323,16 +327,7 @@ int kvd_trace_import_text(const char *path, int64_t vocab, kvd_trace *t, char *e
     }
     if (!c.failed && len) word[len] = 0, push(&c, word, NULL);
     fclose(f);
-    if (!c.failed && t->n == 0) {
-        snprintf(err, KVD_ERR_LEN, "%s: expected at least one token id", path);
-        c.failed = 1;
-    }
-    if (c.failed) {
-        kvd_trace_free(t);
-        return -1;
-    }
-    finish_import(t, vocab, path);
-    return 0;
+    return finish_import(t, vocab, path, c.failed, "token id", err);
 }
 
 static void csv_field(void *s, size_t n, void *data) {
@@ -386,14 +381,5 @@ int kvd_trace_import_csv(const char *path, int64_t vocab, kvd_trace *t, char *er
     }
     csv_free(&p);
     free(txt);
-    if (!c.failed && t->n == 0) {
-        snprintf(err, KVD_ERR_LEN, "%s: expected at least one token row", path);
-        c.failed = 1;
-    }
-    if (c.failed) {
-        kvd_trace_free(t);
-        return -1;
-    }
-    finish_import(t, vocab, path);
-    return 0;
+    return finish_import(t, vocab, path, c.failed, "token row", err);
 }

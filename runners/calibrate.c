@@ -51,7 +51,8 @@ int kvd_calibrate(const kvd_weights *w, const int32_t *tok, int n, kvd_cal_recip
         return -1;
     }
     kvd_kvcache kv;
-    if (kvd_kvcache_init(&kv, KVD_KV_BF16, nf, kvh, c->head_dim, KVD_KV_BLOCK, n, NULL, 1, err)) return -1;
+    if (kvd_kvcache_init(&kv, KVD_KV_BF16, nf, kvh, c->head_dim, KVD_KV_BLOCK, n, NULL, 1, err))
+        return -1;
     kvd_model *m = kvd_model_new(w, n < 256 ? n : 256, 1, err);
     int rc = -1;
     if (!m) goto out;

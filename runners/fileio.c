@@ -55,6 +55,23 @@ void kvd_tmp_sweep(const char *out_path) {
     closedir(d);
 }
 
+void kvd_atomic_begin(const char *path, char *tmp, size_t n) {
+    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    kvd_tmp_set(tmp);
+}
+
+int kvd_atomic_end(const char *tmp, const char *path, int ok, char *err) {
+    int e = ok ? 0 : EIO;
+    if (!e && rename(tmp, path) != 0) e = errno;
+    kvd_tmp_set(NULL);
+    if (e) {
+        unlink(tmp);
+        snprintf(err, KVD_ERR_LEN, "%s: write failed: %s", path, strerror(e));
+        return -1;
+    }
+    return 0;
+}
+
 int kvd_afile_open(kvd_afile *a, const char *path, char *err) {
     memset(a, 0, sizeof *a);
     snprintf(a->path, sizeof a->path, "%s", path);
@@ -80,14 +97,13 @@ int kvd_afile_commit(kvd_afile *a, char *err) {
     if (!e && fsync(fileno(a->f)) != 0) e = errno;
     if (fclose(a->f) != 0 && !e) e = errno;
     a->f = NULL;
-    if (!e && rename(a->tmp, a->path) != 0) e = errno;
-    kvd_tmp_set(NULL);
     if (e) {
+        kvd_tmp_set(NULL);
         unlink(a->tmp);
         snprintf(err, KVD_ERR_LEN, "%s: write failed: %s", a->path, strerror(e));
         return -1;
     }
-    return 0;
+    return kvd_atomic_end(a->tmp, a->path, 1, err);
 }
 
 void kvd_afile_abort(kvd_afile *a) {

@@ -19,6 +19,12 @@ int kvd_afile_write(kvd_afile *a, const void *p, size_t n);
 int kvd_afile_commit(kvd_afile *a, char *err);
 void kvd_afile_abort(kvd_afile *a);
 
+/* For writers that open the file themselves (HDF5): the temporary name to
+ * write (registered for Ctrl-C), then either rename it into place (ok) or
+ * remove it; -1 with err when the write or the rename failed. */
+void kvd_atomic_begin(const char *path, char *tmp, size_t n);
+int kvd_atomic_end(const char *tmp, const char *path, int ok, char *err);
+
 int kvd_write_file_atomic(const char *path, const void *data, size_t n, char *err);
 
 /* The temporary file a writer is filling right now (NULL: none). Ctrl-C and

@@ -325,7 +325,7 @@ static void fill(kvd_tensor *t, const kvd_config *c, const kvd_synth *s) {
     kvd_round_bf16(x, (size_t)t->numel);
 }
 
-int kvd_weights_synth(kvd_weights *w, const kvd_config *cfg, const kvd_synth *s, char *err) {
+int kvd_weights_plan(kvd_weights *w, const kvd_config *cfg, char *err) {
     memset(w, 0, sizeof *w);
     if (kvd_config_validate(cfg, err)) return -1;
     w->cfg = *cfg;
@@ -333,8 +333,13 @@ int kvd_weights_synth(kvd_weights *w, const kvd_config *cfg, const kvd_synth *s,
     plan(&r, cfg);
     w->tensors = r.t;
     w->n_tensors = r.n;
-    for (int i = 0; i < r.n; i++) {
-        kvd_tensor *t = &r.t[i];
+    return 0;
+}
+
+int kvd_weights_synth(kvd_weights *w, const kvd_config *cfg, const kvd_synth *s, char *err) {
+    if (kvd_weights_plan(w, cfg, err)) return -1;
+    for (int i = 0; i < w->n_tensors; i++) {
+        kvd_tensor *t = &w->tensors[i];
         t->data = malloc((size_t)t->numel * sizeof(float));
         if (!t->data) {
             snprintf(err, KVD_ERR_LEN, "out of memory allocating %s (%lld values)", t->name,
@@ -345,17 +350,6 @@ int kvd_weights_synth(kvd_weights *w, const kvd_config *cfg, const kvd_synth *s,
         fill(t, cfg, s);
     }
     kvd_weights_bind(w);
-    return 0;
-}
-
-int kvd_weights_plan(kvd_weights *w, const kvd_config *cfg, char *err) {
-    memset(w, 0, sizeof *w);
-    if (kvd_config_validate(cfg, err)) return -1;
-    w->cfg = *cfg;
-    reg r = {0};
-    plan(&r, cfg);
-    w->tensors = r.t;
-    w->n_tensors = r.n;
     return 0;
 }
 
