@@ -34,7 +34,7 @@ typedef struct {
     const void *v;
     const float *k_scale; /* [kv_heads] dequantization scales (1.0 for BF16) */
     const float *v_scale;
-    int nan_codes; /* the cache may hold E4M3 NaN codes (written with NOSAT) */
+    int portable; /* take the portable kernels even where vector ones exist (tests) */
 } kvd_kv_view;
 
 /* Bytes of one element in a cache of this format. */

@@ -236,7 +236,7 @@ kvd_kv_view kvd_kvcache_view(const kvd_kvcache *c, int layer) {
     v.v = c->v[layer];
     v.k_scale = c->k_scale + (size_t)layer * (size_t)c->kv_heads;
     v.v_scale = c->v_scale + (size_t)layer * (size_t)c->kv_heads;
-    v.nan_codes = !c->saturate;
+    v.portable = 0;
     return v;
 }
 

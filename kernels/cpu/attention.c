@@ -2,18 +2,24 @@
  * blocks and dequantizing in registers (scales folded into the logits and the
  * output, as the engines' kernels do). One query attends in parts that split
  * the context (flash-decoding): each part streams its blocks once, every KV
- * head of a block together, and the parts' partial softmaxes are merged. */
+ * head of a block together, and the parts' partial softmaxes are merged.
+ * Products and sums in FP32 (softmax sums in double); stored values decode
+ * exactly. */
+#include "../fp8.h"
 #include "../kernels.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__)
 #include <immintrin.h>
-#define KVD_AVX512 1
+/* AVX-512 kernels; FP8 decodes to BF16 by byte permutes (vpermi2b), BF16 to
+ * FP32 by a shuffle and a mask. */
+#define KVD_VEC 1
 #endif
 
 static inline size_t block_bytes(const kvd_kv_view *kv) {
@@ -52,11 +58,11 @@ void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int p
 /* ---- per-block kernels: G query heads against one KV head's block ----
  * scores: s[j * stride + t] = (q_j . k_t) * kmul for the nt rows at kp;
  * pv:     acc[j][:] += p[j * stride + t] * v_t for the nt rows at vp.
- * kmul and vmul fold in the softmax scale, the cache scale and any factor
- * the decoder leaves in its floats. */
+ * The vector kernels read q and write acc in their own order of the
+ * dimensions (slot_dim); kmul folds in the softmax and cache scales. */
 
-static void scores_generic(const uint8_t *kp, int nt, const float *q, int G, int hd, kvd_fmt fmt,
-                           float kmul, float *s, size_t stride) {
+static void scores_portable(const uint8_t *kp, int nt, const float *q, int G, int hd, kvd_fmt fmt,
+                            float kmul, float *s, size_t stride) {
     size_t esz = kvd_fmt_bytes(fmt);
     float row[hd];
     for (int t = 0; t < nt; t++) {
@@ -69,8 +75,8 @@ static void scores_generic(const uint8_t *kp, int nt, const float *q, int G, int
     }
 }
 
-static void pv_generic(const uint8_t *vp, int nt, const float *p, size_t stride, int G, int hd,
-                       kvd_fmt fmt, float *acc) {
+static void pv_portable(const uint8_t *vp, int nt, const float *p, size_t stride, int G, int hd,
+                        kvd_fmt fmt, float *acc) {
     size_t esz = kvd_fmt_bytes(fmt);
     float row[hd];
     for (int t = 0; t < nt; t++) {
@@ -82,28 +88,237 @@ static void pv_generic(const uint8_t *vp, int nt, const float *p, size_t stride,
     }
 }
 
-#ifdef KVD_AVX512
-/* Sixteen stored values to sixteen floats. FP8 goes through the hardware
- * half-precision converter: an E5M2 code in the high byte of a 16-bit lane is
- * the FP16 of the same value; an E4M3 code there, shifted right one with the
- * sign copied and the copy cleared (s.0.eeee.mmm.0000000), is an FP16 of 2^-8
- * times its value, subnormals included (the 2^8 goes into kmul/vmul). E4M3's
- * NaN code would read as 480: patched when the cache can hold one (NOSAT). */
-static inline __m512 load16(kvd_fmt fmt, int nan_codes, const uint8_t *p) {
-    if (fmt == KVD_FMT_BF16) {
-        __m256i h = _mm256_loadu_si256((const __m256i *)p);
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    __m256i b = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 8);
-    if (fmt == KVD_FMT_E5M2) return _mm512_cvtph_ps(b);
-    __m256i h = _mm256_and_si256(_mm256_srai_epi16(b, 1), _mm256_set1_epi16((short)0xbfff));
-    __m512 f = _mm512_cvtph_ps(h);
-    if (!nan_codes) return f;
-    __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(b, _mm256_set1_epi16(0x7f00)),
-                                            _mm256_set1_epi16(0x7f00));
-    return nan ? _mm512_mask_blend_ps(nan, f, _mm512_set1_ps(NAN)) : f;
+#ifdef KVD_VEC
+/* FP8 to BF16 by table: the low and high bytes of the BF16 of each 7-bit
+ * magnitude (vpermi2b reads seven bits of each index), the sign copied in. */
+typedef struct {
+    __m512i lo0, lo1, hi0, hi1;
+} fp8_tables;
+
+static uint8_t tab_bytes[2][2][128]; /* [e4m3, e5m2][low, high][magnitude code] */
+static pthread_once_t tab_once = PTHREAD_ONCE_INIT;
+
+static void tab_build(void) {
+    for (int f = 0; f < 2; f++)
+        for (int c = 0; c < 128; c++) {
+            float x = f == 0 ? kvd_e4m3_to_f32((uint8_t)c) : kvd_e5m2_to_f32((uint8_t)c);
+            uint16_t b = kvd_f32_to_bf16(x); /* exact: 3 or 2 mantissa bits */
+            tab_bytes[f][0][c] = (uint8_t)(b & 0xff);
+            tab_bytes[f][1][c] = (uint8_t)(b >> 8);
+        }
 }
 
+static fp8_tables tables_for(kvd_fmt fmt) {
+    pthread_once(&tab_once, tab_build);
+    int f = fmt == KVD_FMT_E5M2;
+    fp8_tables t = {_mm512_loadu_si512(tab_bytes[f][0]), _mm512_loadu_si512(tab_bytes[f][0] + 64),
+                    _mm512_loadu_si512(tab_bytes[f][1]), _mm512_loadu_si512(tab_bytes[f][1] + 64)};
+    return t;
+}
+
+/* 64 codes to 64 BF16: *a holds the codes at bytes 0-7 of each 128-bit lane,
+ * *b those at bytes 8-15 (unpack order; see word_dim). */
+static inline void fp8_to_bf16(__m512i codes, const fp8_tables *T, __m512i *a, __m512i *b) {
+    __m512i lo = _mm512_permutex2var_epi8(T->lo0, codes, T->lo1);
+    __m512i hi = _mm512_permutex2var_epi8(T->hi0, codes, T->hi1);
+    hi = _mm512_ternarylogic_epi32(hi, codes, _mm512_set1_epi8((char)0x80), 0xF8); /* a|(b&c) */
+    *a = _mm512_unpacklo_epi8(lo, hi);
+    *b = _mm512_unpackhi_epi8(lo, hi);
+}
+
+/* 32 BF16 to 32 floats, exactly: the even-numbered values (a byte shuffle,
+ * off the FMA port) and the odd-numbered ones (a mask). */
+static inline __m512 bf16_even(__m512i x) {
+    const __m512i idx = _mm512_set4_epi32(0x0d0c8080, 0x09088080, 0x05048080, 0x01008080);
+    return _mm512_castsi512_ps(_mm512_shuffle_epi8(x, idx));
+}
+static inline __m512 bf16_odd(__m512i x) {
+    return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* 64 stored values (one chunk of a row) as four vectors of 16 floats. */
+static inline void load64(int fp8, const uint8_t *row, int c, const fp8_tables *T, __m512 *f) {
+    __m512i a, b;
+    if (fp8) {
+        fp8_to_bf16(_mm512_loadu_si512(row + c), T, &a, &b);
+    } else {
+        a = _mm512_loadu_si512(row + 2 * c);
+        b = _mm512_loadu_si512(row + 2 * c + 64);
+    }
+    f[0] = bf16_even(a), f[1] = bf16_odd(a), f[2] = bf16_even(b), f[3] = bf16_odd(b);
+}
+
+/* The next block's rows into L2 while this block's are worked on: one block
+ * ahead, spread over the rows (the hardware prefetcher stops at every block
+ * boundary of a scattered block table). */
+static inline void prefetch_l2(const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i += 64) _mm_prefetch((const char *)p + i, _MM_HINT_T1);
+}
+
+/* Sixteen horizontal sums: lane i of the result is the sum of v[i]'s lanes. */
+static inline __m512 sum16(const __m512 *v) {
+    __m512 a[8], b[4];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++) /* 128-bit lane l of b[i]: v[4i + l]'s four partial sums */
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+    __m512 s0 = _mm512_add_ps(_mm512_unpacklo_ps(b[0], b[1]), _mm512_unpackhi_ps(b[0], b[1]));
+    __m512 s1 = _mm512_add_ps(_mm512_unpacklo_ps(b[2], b[3]), _mm512_unpackhi_ps(b[2], b[3]));
+    __m512 r = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(s0), _mm512_castps_pd(s1))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(s0), _mm512_castps_pd(s1))));
+    /* lane 4l + k of r is v[4k + l]'s sum */
+    const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(tr, r);
+}
+
+/* G fixed at compile time, so the accumulators live in registers: scores
+ * take 16 / G rows at a time (sixteen dot products, summed together), P.V
+ * 16 / G vectors of 16 dimensions (at most four, one chunk) per pass. */
+#define KVD_DEFINE_BLOCK_KERNELS(G)                                                                \
+    static void scores_g##G(const uint8_t *kp, int nt, const float *qk, int hd, int fp8,           \
+                            const fp8_tables *T, float kmul, float *s, size_t stride,              \
+                            const uint8_t *pf) {                                                   \
+        enum { TG = 16 / (G) };                                                                    \
+        const size_t rb = (size_t)hd * (fp8 ? 1 : 2);                                              \
+        for (int t = 0; t < nt; t += TG) {                                                         \
+            if (pf) prefetch_l2(pf + (size_t)t * rb, TG * rb);                                     \
+            const uint8_t *row[TG]; /* past the end: row t again, its sums unused */               \
+            for (int tt = 0; tt < TG; tt++)                                                        \
+                row[tt] = kp + (size_t)(t + tt < nt ? t + tt : t) * rb;                            \
+            __m512 acc[16];                                                                        \
+            for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();                             \
+            for (int c = 0; c < hd; c += 64) {                                                     \
+                _Pragma("GCC unroll 16") for (int tt = 0; tt < TG; tt++) {                         \
+                    __m512 f[4];                                                                   \
+                    load64(fp8, row[tt], c, T, f);                                                 \
+                    _Pragma("GCC unroll 16") for (int j = 0; j < (G); j++) {                       \
+                        const float *qj = qk + (size_t)j * hd + c;                                 \
+                        __m512 x = acc[tt * (G) + j];                                              \
+                        x = _mm512_fmadd_ps(f[0], _mm512_loadu_ps(qj), x);                         \
+                        x = _mm512_fmadd_ps(f[1], _mm512_loadu_ps(qj + 16), x);                    \
+                        x = _mm512_fmadd_ps(f[2], _mm512_loadu_ps(qj + 32), x);                    \
+                        acc[tt * (G) + j] = _mm512_fmadd_ps(f[3], _mm512_loadu_ps(qj + 48), x);    \
+                    }                                                                              \
+                }                                                                                  \
+            }                                                                                      \
+            float r[16];                                                                           \
+            _mm512_storeu_ps(r, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(kmul)));                  \
+            for (int tt = 0; tt < TG && t + tt < nt; tt++)                                         \
+                for (int j = 0; j < (G); j++) s[(size_t)j * stride + t + tt] = r[tt * (G) + j];    \
+        }                                                                                          \
+    }                                                                                              \
+    static void pv_g##G(const uint8_t *vp, int nt, const float *p, size_t stride, int hd, int fp8, \
+                        const fp8_tables *T, float *out, const uint8_t *pf) {                      \
+        enum { U = (G) >= 4 ? 16 / (G) : 4 };                                                      \
+        const size_t rb = (size_t)hd * (fp8 ? 1 : 2);                                              \
+        for (int c = 0; c < hd; c += 64)                                                           \
+            for (int u0 = 0; u0 < 4; u0 += U) {                                                    \
+                __m512 acc[U * (G)];                                                               \
+                for (int u = 0; u < U; u++)                                                        \
+                    for (int j = 0; j < (G); j++)                                                  \
+                        acc[u * (G) + j] =                                                         \
+                            _mm512_loadu_ps(out + (size_t)j * hd + c + 16 * (u0 + u));             \
+                for (int t = 0; t < nt; t++) {                                                     \
+                    if (pf && c == 0 && u0 == 0) prefetch_l2(pf + (size_t)t * rb, rb);             \
+                    __m512 f[4];                                                                   \
+                    load64(fp8, vp + (size_t)t * rb, c, T, f);                                     \
+                    for (int j = 0; j < (G); j++) {                                                \
+                        __m512 pj = _mm512_set1_ps(p[(size_t)j * stride + t]);                     \
+                        for (int u = 0; u < U; u++)                                                \
+                            acc[u * (G) + j] = _mm512_fmadd_ps(f[u0 + u], pj, acc[u * (G) + j]);   \
+                    }                                                                              \
+                }                                                                                  \
+                for (int u = 0; u < U; u++)                                                        \
+                    for (int j = 0; j < (G); j++)                                                  \
+                        _mm512_storeu_ps(out + (size_t)j * hd + c + 16 * (u0 + u),                 \
+                                         acc[u * (G) + j]);                                        \
+            }                                                                                      \
+    }
+KVD_DEFINE_BLOCK_KERNELS(1)
+KVD_DEFINE_BLOCK_KERNELS(2)
+KVD_DEFINE_BLOCK_KERNELS(4)
+KVD_DEFINE_BLOCK_KERNELS(8)
+KVD_DEFINE_BLOCK_KERNELS(16)
+#endif
+
+/* Which path a view takes: the vector kernels want whole 64-value chunks
+ * and a group size they were built for. */
+static int use_vector(const kvd_kv_view *kv, int G) {
+#ifdef KVD_VEC
+    return !kv->portable && kv->head_dim % 64 == 0 &&
+           (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
+#else
+    (void)kv, (void)G;
+    return 0;
+#endif
+}
+
+/* Dimension of float slot k in the vector kernels' order, the same for the
+ * query they read and the output they write: in each chunk of 64, four
+ * vectors (even and odd values of the first 32 BF16 words, then of the
+ * second 32), the words in the order the FP8 decode leaves them. */
+static int slot_dim(int fp8, int k) {
+    int c = k / 64, u = (k % 64) / 16, i = k % 16, w = 32 * (u >> 1) + 2 * i + (u & 1);
+    if (!fp8) return 64 * c + w;
+    int part = w / 32, L = (w % 32) / 8;
+    return 64 * c + 16 * L + 8 * part + w % 8;
+}
+
+#ifdef KVD_VEC
+#define KVD_DISPATCH(CALL)                                                                         \
+    switch (G) {                                                                                   \
+    case 1:                                                                                        \
+        CALL(1);                                                                                   \
+        return;                                                                                    \
+    case 2:                                                                                        \
+        CALL(2);                                                                                   \
+        return;                                                                                    \
+    case 4:                                                                                        \
+        CALL(4);                                                                                   \
+        return;                                                                                    \
+    case 8:                                                                                        \
+        CALL(8);                                                                                   \
+        return;                                                                                    \
+    default:                                                                                       \
+        CALL(16);                                                                                  \
+        return;                                                                                    \
+    }
+#endif
+
+static void scores_block(const kvd_kv_view *kv, int vec, const uint8_t *kp, int nt, const float *q,
+                         int G, float kmul, float *s, size_t stride, const uint8_t *pf) {
+#ifdef KVD_VEC
+    if (vec) {
+        int hd = kv->head_dim, fp8 = kv->fmt != KVD_FMT_BF16;
+        fp8_tables T = tables_for(kv->fmt);
+#define KVD_SCORES(g) scores_g##g(kp, nt, q, hd, fp8, &T, kmul, s, stride, pf)
+        KVD_DISPATCH(KVD_SCORES)
+#undef KVD_SCORES
+    }
+#endif
+    (void)vec, (void)pf;
+    scores_portable(kp, nt, q, G, kv->head_dim, kv->fmt, kmul, s, stride);
+}
+
+static void pv_block(const kvd_kv_view *kv, int vec, const uint8_t *vp, int nt, const float *p,
+                     size_t stride, int G, float *out, const uint8_t *pf) {
+#ifdef KVD_VEC
+    if (vec) {
+        int hd = kv->head_dim, fp8 = kv->fmt != KVD_FMT_BF16;
+        fp8_tables T = tables_for(kv->fmt);
+#define KVD_PV(g) pv_g##g(vp, nt, p, stride, hd, fp8, &T, out, pf)
+        KVD_DISPATCH(KVD_PV)
+#undef KVD_PV
+    }
+#endif
+    (void)vec, (void)pf;
+    pv_portable(vp, nt, p, stride, G, kv->head_dim, kv->fmt, out);
+}
+
+#ifdef KVD_VEC
 /* exp(x) for x <= 0: 2^n * p(f), degree-6 polynomial on [-0.5, 0.5],
  * relative error below 2e-7; underflows cleanly to 0. */
 static inline __m512 exp16(__m512 x) {
@@ -120,119 +335,27 @@ static inline __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
 }
-
-/* G fixed at compile time, so the accumulators live in registers. */
-#define KVD_DEFINE_BLOCK_KERNELS(G)                                                                \
-    static void scores_g##G(const uint8_t *kp, int nt, const float *q, int hd, kvd_fmt fmt,        \
-                            int nanc, float kmul, float *s, size_t stride) {                       \
-        const size_t esz = kvd_fmt_bytes(fmt);                                                     \
-        for (int t = 0; t < nt; t++) {                                                             \
-            const uint8_t *row = kp + (size_t)t * hd * esz;                                        \
-            __m512 acc[G];                                                                         \
-            for (int j = 0; j < G; j++) acc[j] = _mm512_setzero_ps();                              \
-            for (int c = 0; c < hd; c += 16) {                                                     \
-                __m512 k16 = load16(fmt, nanc, row + (size_t)c * esz);                             \
-                for (int j = 0; j < G; j++)                                                        \
-                    acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * hd + c), k16, acc[j]);        \
-            }                                                                                      \
-            for (int j = 0; j < G; j++)                                                            \
-                s[(size_t)j * stride + t] = _mm512_reduce_add_ps(acc[j]) * kmul;                   \
-        }                                                                                          \
-    }                                                                                              \
-    static void pv_g##G(const uint8_t *vp, int nt, const float *p, size_t stride, int hd,          \
-                        kvd_fmt fmt, int nanc, float *out) {                                       \
-        const size_t esz = kvd_fmt_bytes(fmt);                                                     \
-        for (int c = 0; c < hd; c += 16) {                                                         \
-            __m512 acc[G];                                                                         \
-            for (int j = 0; j < G; j++) acc[j] = _mm512_loadu_ps(out + j * hd + c);                \
-            for (int t = 0; t < nt; t++) {                                                         \
-                __m512 v16 = load16(fmt, nanc, vp + ((size_t)t * hd + (size_t)c) * esz);           \
-                for (int j = 0; j < G; j++)                                                        \
-                    acc[j] =                                                                       \
-                        _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t)j * stride + t]), v16, acc[j]);   \
-            }                                                                                      \
-            for (int j = 0; j < G; j++) _mm512_storeu_ps(out + j * hd + c, acc[j]);                \
-        }                                                                                          \
-    }
-KVD_DEFINE_BLOCK_KERNELS(1)
-KVD_DEFINE_BLOCK_KERNELS(2)
-KVD_DEFINE_BLOCK_KERNELS(4)
-KVD_DEFINE_BLOCK_KERNELS(8)
-KVD_DEFINE_BLOCK_KERNELS(16)
 #endif
 
-/* The FP16 decoding trick leaves E4M3 values 2^-8 of their worth. */
-static inline float fmt_unit(const kvd_kv_view *kv) {
-#ifdef KVD_AVX512
-    if (kv->head_dim % 16 == 0 && kv->fmt == KVD_FMT_E4M3) return 256.0f;
+/* The largest of n values (a NaN is passed over, as by the scalar loop; it
+ * still poisons the sums). */
+static float max_of(const float *x, int n) {
+    float mx = -INFINITY;
+    int i = 0;
+#ifdef KVD_VEC
+    __m512 v = _mm512_set1_ps(-INFINITY);
+    for (; i + 16 <= n; i += 16) v = _mm512_max_ps(_mm512_loadu_ps(x + i), v);
+    mx = _mm512_reduce_max_ps(v);
 #endif
-    (void)kv;
-    return 1.0f;
-}
-
-static void scores_block(const kvd_kv_view *kv, const uint8_t *kp, int nt, const float *q, int G,
-                         float kmul, float *s, size_t stride) {
-#ifdef KVD_AVX512
-    if (kv->head_dim % 16 == 0) {
-        int hd = kv->head_dim, nc = kv->nan_codes;
-        switch (G) {
-        case 1:
-            scores_g1(kp, nt, q, hd, kv->fmt, nc, kmul, s, stride);
-            return;
-        case 2:
-            scores_g2(kp, nt, q, hd, kv->fmt, nc, kmul, s, stride);
-            return;
-        case 4:
-            scores_g4(kp, nt, q, hd, kv->fmt, nc, kmul, s, stride);
-            return;
-        case 8:
-            scores_g8(kp, nt, q, hd, kv->fmt, nc, kmul, s, stride);
-            return;
-        case 16:
-            scores_g16(kp, nt, q, hd, kv->fmt, nc, kmul, s, stride);
-            return;
-        default:
-            break;
-        }
-    }
-#endif
-    scores_generic(kp, nt, q, G, kv->head_dim, kv->fmt, kmul, s, stride);
-}
-
-static void pv_block(const kvd_kv_view *kv, const uint8_t *vp, int nt, const float *p,
-                     size_t stride, int G, float *out) {
-#ifdef KVD_AVX512
-    if (kv->head_dim % 16 == 0) {
-        int hd = kv->head_dim, nc = kv->nan_codes;
-        switch (G) {
-        case 1:
-            pv_g1(vp, nt, p, stride, hd, kv->fmt, nc, out);
-            return;
-        case 2:
-            pv_g2(vp, nt, p, stride, hd, kv->fmt, nc, out);
-            return;
-        case 4:
-            pv_g4(vp, nt, p, stride, hd, kv->fmt, nc, out);
-            return;
-        case 8:
-            pv_g8(vp, nt, p, stride, hd, kv->fmt, nc, out);
-            return;
-        case 16:
-            pv_g16(vp, nt, p, stride, hd, kv->fmt, nc, out);
-            return;
-        default:
-            break;
-        }
-    }
-#endif
-    pv_generic(vp, nt, p, stride, G, kv->head_dim, kv->fmt, out);
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
 }
 
 /* exp(x - m) in place over n values; returns their sum (double). */
 static double exp_sum(float *x, int n, float m) {
     double sum = 0.0;
     int i = 0;
-#ifdef KVD_AVX512
+#ifdef KVD_VEC
     __m512 vm = _mm512_set1_ps(m);
     for (; i + 16 <= n; i += 16) {
         __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm));
@@ -249,81 +372,80 @@ static double exp_sum(float *x, int n, float m) {
     return sum;
 }
 
-/* At this compute density the hardware prefetcher does not run far enough
- * ahead of a block (and a scattered block table ends every stream), so each
- * KV head's pass over block b asks for its share of block b + 1: all of the
- * next block is in flight while this one is being worked on. */
-static inline void prefetch(const void *p, size_t n) {
-#ifdef KVD_AVX512
-    for (size_t i = 0; i < n; i += 64) _mm_prefetch((const char *)p + i, _MM_HINT_T0);
-#else
-    (void)p, (void)n;
-#endif
-}
-
 /* One part: blocks [b0, b1) of the context, all heads. s holds the scores
  * [n_heads][n_ctx] (this part's columns), out the unnormalised part output
- * [n_heads][head_dim], m and l the part's max and sum per query head. */
-static void attn_part(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, int b0, int b1,
-                      const float *q, int n_heads, float sm_scale, float *s, float *out, float *m,
-                      double *l) {
+ * [n_heads][head_dim] (kernel order), m and l the part's max and sum per
+ * query head. Each block's pass asks for the same head's rows of the block
+ * read next: the next block, at the end of the keys the first block's values,
+ * at the end of the values the next part's first keys (the same thread's next
+ * part under a static schedule). */
+static void attn_part(const kvd_kv_view *kv, int vec, const int32_t *blocks, int n_ctx, int b0,
+                      int b1, const float *q, int n_heads, float sm_scale, float *s, float *out,
+                      float *m, double *l) {
     const int hd = kv->head_dim, bs = kv->block_size, kvh = kv->kv_heads, G = n_heads / kvh;
-    const float unit = fmt_unit(kv);
     const int t_begin = b0 * bs, t_end = b1 * bs < n_ctx ? b1 * bs : n_ctx;
+    const int nb_all = (n_ctx + bs - 1) / bs;
     for (int b = b0; b < b1; b++) {
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
-        const size_t share = block_bytes(kv) / (size_t)kvh;
-        for (int h = 0; h < kvh; h++) {
-            if (b + 1 < b1) prefetch(head_base(kv, kv->k, blocks[b + 1], h), share);
-            scores_block(kv, head_base(kv, kv->k, blocks[b], h), nt, q + (size_t)h * G * hd, G,
-                         sm_scale * kv->k_scale[h] * unit, s + (size_t)h * G * n_ctx + t0,
-                         (size_t)n_ctx);
-        }
+        for (int h = 0; h < kvh; h++)
+            scores_block(kv, vec, head_base(kv, kv->k, blocks[b], h), nt, q + (size_t)h * G * hd, G,
+                         sm_scale * kv->k_scale[h], s + (size_t)h * G * n_ctx + t0, (size_t)n_ctx,
+                         b + 1 < b1 ? head_base(kv, kv->k, blocks[b + 1], h)
+                                    : head_base(kv, kv->v, blocks[b0], h));
     }
     for (int j = 0; j < n_heads; j++) {
-        float *sj = s + (size_t)j * n_ctx + t_begin, mx = -INFINITY;
-        for (int t = 0; t < t_end - t_begin; t++) mx = sj[t] > mx ? sj[t] : mx;
-        m[j] = mx;
-        l[j] = exp_sum(sj, t_end - t_begin, mx);
+        float *sj = s + (size_t)j * n_ctx + t_begin;
+        m[j] = max_of(sj, t_end - t_begin);
+        l[j] = exp_sum(sj, t_end - t_begin, m[j]);
     }
     memset(out, 0, sizeof(float) * (size_t)n_heads * hd);
     for (int b = b0; b < b1; b++) {
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
-        const size_t share = block_bytes(kv) / (size_t)kvh;
-        for (int h = 0; h < kvh; h++) {
-            if (b + 1 < b1) prefetch(head_base(kv, kv->v, blocks[b + 1], h), share);
-            pv_block(kv, head_base(kv, kv->v, blocks[b], h), nt, s + (size_t)h * G * n_ctx + t0,
-                     (size_t)n_ctx, G, out + (size_t)h * G * hd);
-        }
+        for (int h = 0; h < kvh; h++)
+            pv_block(kv, vec, head_base(kv, kv->v, blocks[b], h), nt,
+                     s + (size_t)h * G * n_ctx + t0, (size_t)n_ctx, G, out + (size_t)h * G * hd,
+                     b + 1 < b1    ? head_base(kv, kv->v, blocks[b + 1], h)
+                     : b1 < nb_all ? head_base(kv, kv->k, blocks[b1], h)
+                                   : NULL);
     }
 }
 
+/* Work: the parts' sums, maxima and outputs, the query in kernel order, then
+ * the scores when the caller does not want them. */
 size_t kvd_attn_work_bytes(int n_heads, int head_dim, int n_ctx, int n_parts) {
     size_t p = (size_t)(n_parts > 0 ? n_parts : 1), nh = (size_t)n_heads;
     return sizeof(float) * nh * (size_t)n_ctx /* scores */
-           + p * nh * (sizeof(float) * (size_t)head_dim + sizeof(float) + sizeof(double)) + 64;
+           + p * nh * (sizeof(float) * (size_t)head_dim + sizeof(float) + sizeof(double)) +
+           sizeof(float) * nh * (size_t)head_dim + 64;
 }
 
 void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
                     int n_heads, float sm_scale, float *out, float *probs, void *work,
                     int n_parts) {
     const int hd = kv->head_dim, bs = kv->block_size, kvh = kv->kv_heads, G = n_heads / kvh;
-    const int nb = (n_ctx + bs - 1) / bs;
+    const int nb = (n_ctx + bs - 1) / bs, vec = use_vector(kv, G);
+    const int fp8 = kv->fmt != KVD_FMT_BF16;
     if (n_parts < 1) n_parts = 1;
     if (n_parts > nb) n_parts = nb;
     double *l = work;
     float *m = (float *)(l + (size_t)n_parts * n_heads);
     float *pout = m + (size_t)n_parts * n_heads;
-    float *s = probs ? probs : pout + (size_t)n_parts * n_heads * hd;
+    float *qk = pout + (size_t)n_parts * n_heads * hd;
+    float *s = probs ? probs : qk + (size_t)n_heads * hd;
+    /* the query in the kernels' order of the dimensions, and back for the output */
+    int dim[hd];
+    for (int k = 0; k < hd; k++) dim[k] = vec ? slot_dim(fp8, k) : k;
+    for (int j = 0; j < n_heads; j++)
+        for (int k = 0; k < hd; k++) qk[(size_t)j * hd + k] = q[(size_t)j * hd + dim[k]];
     int per = (nb + n_parts - 1) / n_parts;
     if (n_parts == 1) {
-        attn_part(kv, blocks, n_ctx, 0, nb, q, n_heads, sm_scale, s, pout, m, l);
+        attn_part(kv, vec, blocks, n_ctx, 0, nb, qk, n_heads, sm_scale, s, pout, m, l);
     } else {
 #pragma omp parallel for schedule(static)
         for (int p = 0; p < n_parts; p++) {
             int b0 = p * per, b1 = b0 + per < nb ? b0 + per : nb;
             if (b0 < b1)
-                attn_part(kv, blocks, n_ctx, b0, b1, q, n_heads, sm_scale, s,
+                attn_part(kv, vec, blocks, n_ctx, b0, b1, qk, n_heads, sm_scale, s,
                           pout + (size_t)p * n_heads * hd, m + (size_t)p * n_heads,
                           l + (size_t)p * n_heads);
         }
@@ -340,13 +462,13 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
             w[p] = expf(m[(size_t)p * n_heads + j] - M);
             L += w[p] * l[(size_t)p * n_heads + j];
         }
-        float vmul = kv->v_scale[j / G] * fmt_unit(kv);
+        float vmul = kv->v_scale[j / G];
         float *o = out + (size_t)j * hd;
-        for (int d = 0; d < hd; d++) {
+        for (int k = 0; k < hd; k++) {
             double acc = 0.0;
             for (int p = 0; p < used; p++)
-                acc += (double)w[p] * pout[((size_t)p * n_heads + j) * hd + d];
-            o[d] = (float)(acc / L) * vmul;
+                acc += (double)w[p] * pout[((size_t)p * n_heads + j) * hd + k];
+            o[dim[k]] = (float)(acc / L) * vmul;
         }
         if (probs) {
             for (int p = 0; p < used; p++) {

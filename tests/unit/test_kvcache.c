@@ -201,27 +201,90 @@ static void attention_kernel(void **st) {
 static void nosat_nan(void **st) {
     (void)st;
     char err[KVD_ERR_LEN];
-    kvd_kvcache c;
-    assert_int_equal(kvd_kvcache_init(&c, KVD_KV_FP8_UNSCALED, 1, 1, 16, BS, 16, NULL, 0, err), 0);
-    int s = kvd_kvcache_add_seq(&c);
-    kvd_kvcache_reserve(&c, s, 1);
-    float k[16] = {0}, v[16] = {0}, q[16], out[16], p[1];
-    k[3] = 1000.0f;
-    for (int i = 0; i < 16; i++) q[i] = 1.0f;
-    kvd_kvcache_write(&c, 0, s, 0, k, v);
-    assert_int_equal(c.k_stats[0].saturated, 1);
-    kvd_kv_view view = kvd_kvcache_view(&c, 0);
-    char work[4096];
-    kvd_attn_paged(&view, c.seqs[s].blocks, 1, q, 1, 0.25f, out, p, work, 1);
-    assert_true(isnan(out[0]));
-    kvd_kvcache_free(&c);
+    for (int D = 16; D <= 64; D += 48) /* the portable kernels, then the vector ones */
+        for (int portable = 0; portable < 2; portable++) {
+            kvd_kvcache c;
+            assert_int_equal(
+                kvd_kvcache_init(&c, KVD_KV_FP8_UNSCALED, 1, 1, D, BS, 16, NULL, 0, err), 0);
+            int s = kvd_kvcache_add_seq(&c);
+            kvd_kvcache_reserve(&c, s, 1);
+            float k[64] = {0}, v[64] = {0}, q[64], out[64], p[1];
+            k[3] = 1000.0f;
+            for (int i = 0; i < D; i++) q[i] = 1.0f;
+            kvd_kvcache_write(&c, 0, s, 0, k, v);
+            assert_int_equal(c.k_stats[0].saturated, 1);
+            kvd_kv_view view = kvd_kvcache_view(&c, 0);
+            view.portable = portable;
+            char work[4096];
+            kvd_attn_paged(&view, c.seqs[s].blocks, 1, q, 1, 0.25f, out, p, work, 1);
+            assert_true(isnan(out[0]));
+            kvd_kvcache_free(&c);
+        }
+}
+
+/* The vector kernels (their own order of the dimensions, sixteen dot
+ * products summed together, FP8 decoded through BF16 tables) against the
+ * portable ones, in every mode, for each group size they are built for, with
+ * a partial last block (300 = 2 x 128 + 44) and several parts. */
+static void attention_paths(void **st) {
+    (void)st;
+    enum { KH = 2, T = 300, BSV = 128 };
+    static const int shapes[][2] = {{2, 64}, {4, 64}, {8, 256}, {16, 256}, {32, 256}};
+    char err[KVD_ERR_LEN];
+    kvd_kv_scales sc;
+    kvd_kv_scales_init(&sc, 1, KH);
+    sc.k[0] = 0.02f, sc.k[1] = 0.03f, sc.v[0] = 0.004f, sc.v[1] = 0.005f;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int NH = shapes[si][0], D = shapes[si][1];
+        float *k = malloc(sizeof(float) * KH * D), *v = malloc(sizeof(float) * KH * D);
+        float *q = malloc(sizeof(float) * NH * D), *o1 = malloc(sizeof(float) * NH * D),
+              *o2 = malloc(sizeof(float) * NH * D), *p1 = malloc(sizeof(float) * NH * T),
+              *p2 = malloc(sizeof(float) * NH * T);
+        size_t wb = kvd_attn_work_bytes(NH, D, T, 2);
+        void *work = malloc(wb);
+        fill(q, NH * D, 78 + si, 1.0f);
+        for (int mi = 0; mi < KVD_KV_N_MODES; mi++) {
+            kvd_kvcache c;
+            assert_int_equal(
+                kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, D, BSV, 2 * T, &sc, 1, err), 0);
+            int pad = kvd_kvcache_add_seq(&c), s = kvd_kvcache_add_seq(&c);
+            for (int t = 0; t < T; t++) {
+                kvd_kvcache_reserve(&c, s, t + 1);
+                if (t % 128 == 0) kvd_kvcache_reserve(&c, pad, t + 1);
+                fill(k, KH * D, 2000 + (uint64_t)t, 2.0f);
+                fill(v, KH * D, 6000 + (uint64_t)t, 0.5f);
+                kvd_kvcache_write(&c, 0, s, t, k, v);
+            }
+            kvd_kv_view view = kvd_kvcache_view(&c, 0);
+            float sm = 1.0f / sqrtf((float)D);
+            kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, o1, p1, work, 2);
+            view.portable = 1;
+            kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, o2, p2, work, 2);
+            double num = 0, den = 0;
+            for (int i = 0; i < NH * D; i++) {
+                num += (double)(o1[i] - o2[i]) * (o1[i] - o2[i]);
+                den += (double)o2[i] * o2[i];
+            }
+            assert_true(den > 0);
+            assert_true(sqrt(num / den) < 1e-5);
+            double worst = 0;
+            for (int i = 0; i < NH * T; i++) {
+                double r = fabs(p1[i] - p2[i]) / (1e-6 + p2[i]);
+                worst = r > worst ? r : worst;
+            }
+            /* summation order only: ~1e-6 here; a misplaced dimension gives O(1) */
+            assert_true(worst < 2e-5);
+            kvd_kvcache_free(&c);
+        }
+        free(k), free(v), free(q), free(o1), free(o2), free(p1), free(p2), free(work);
+    }
+    kvd_kv_scales_free(&sc);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(paging),
-        cmocka_unit_test(modes),
-        cmocka_unit_test(attention_kernel),
+        cmocka_unit_test(paging),           cmocka_unit_test(modes),
+        cmocka_unit_test(attention_kernel), cmocka_unit_test(attention_paths),
         cmocka_unit_test(nosat_nan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
