@@ -79,6 +79,17 @@ void kvd_softmax(float *x, int n);
 /* Indices of the k largest of x[0..n) in descending order (ties: lower index first). */
 void kvd_topk(const float *x, int n, int k, int *idx);
 
+/* MoE routing of one row: softmax over the E logits in place (fp32, double
+ * sum), the top k (kvd_topk), their probabilities renormalised to sum to one
+ * when norm (sum in double). */
+void kvd_route(float *logits, int E, int K, int norm, int *topi, float *topw);
+
+/* Index of the first largest of x[0..n) (greedy sampling). */
+int kvd_argmax(const float *x, int n);
+
+/* SwiGLU in place: g[i] = silu(g[i]) * u[i]. */
+void kvd_swiglu(float *g, const float *u, size_t n);
+
 static inline float kvd_sigmoidf(float x);
 static inline float kvd_siluf(float x);
 

@@ -296,13 +296,6 @@ static void compare_chunk(lockstep *L, const float *lr, const float *lc, const u
     }
 }
 
-static int argmax(const float *x, int n) {
-    int a = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[a]) a = i;
-    return a;
-}
-
 /* Greedy continuation of both models from the same prefix: each branches its
  * own sequence (cache and recurrent state) and feeds back its own tokens. */
 static int generate(kvd_model *mr, kvd_kvcache *kr, kvd_model *mc, kvd_kvcache *kc, int64_t prefix,
@@ -317,7 +310,7 @@ static int generate(kvd_model *mr, kvd_kvcache *kr, kvd_model *mc, kvd_kvcache *
     kvd_model_copy_seq(mr, 0, sr);
     kvd_model_copy_seq(mc, 0, sc);
     float *lr = malloc(sizeof(float) * (size_t)V), *lc = malloc(sizeof(float) * (size_t)V);
-    int32_t tr = argmax(last_r, V), tc = argmax(last_c, V);
+    int32_t tr = kvd_argmax(last_r, V), tc = kvd_argmax(last_c, V);
     g->prefix = prefix;
     g->tokens = ntok;
     g->first_divergence = ntok;
@@ -335,8 +328,8 @@ static int generate(kvd_model *mr, kvd_kvcache *kr, kvd_model *mc, kvd_kvcache *
             rc = -1;
             break;
         }
-        tr = argmax(lr, V);
-        tc = argmax(lc, V);
+        tr = kvd_argmax(lr, V);
+        tc = kvd_argmax(lc, V);
     }
     free(lr);
     free(lc);

@@ -396,10 +396,6 @@ static void deltanet(kvd_model *m, int layer, const kvd_batch *b, int rows) {
 
 /* ---- feed-forward ---- */
 
-static void swiglu(float *g1, const float *g2, size_t n) {
-    for (size_t i = 0; i < n; i++) g1[i] = kvd_siluf(g1[i]) * g2[i];
-}
-
 static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
     const kvd_config *c = &m->c;
     const kvd_layer_weights *lw = &m->w->layers[layer];
@@ -408,7 +404,7 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
         const int I = c->intermediate_size;
         kvd_linear(m->xn, lw->dense_gate, m->g1, rows, I, H);
         kvd_linear(m->xn, lw->dense_up, m->g2, rows, I, H);
-        swiglu(m->g1, m->g2, (size_t)rows * I);
+        kvd_swiglu(m->g1, m->g2, (size_t)rows * I);
         kvd_linear(m->g1, lw->dense_down, m->mix, rows, H, I);
         return;
     }
@@ -418,14 +414,8 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
     kvd_linear(m->xn, lw->router, m->rlogit, rows, E, H);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
-        float *p = m->rlogit + (size_t)r * E;
-        int *idx = m->topi + (size_t)r * K;
-        kvd_softmax(p, E);
-        kvd_topk(p, E, K, idx);
-        double sum = 0.0;
-        for (int j = 0; j < K; j++) sum += p[idx[j]];
-        for (int j = 0; j < K; j++)
-            m->topw[(size_t)r * K + j] = c->norm_topk_prob ? (float)(p[idx[j]] / sum) : p[idx[j]];
+        kvd_route(m->rlogit + (size_t)r * E, E, K, c->norm_topk_prob, m->topi + (size_t)r * K,
+                  m->topw + (size_t)r * K);
     }
     if (m->hooks.router) m->hooks.router(m->hooks.ctx, layer, b, m->topi);
 
@@ -443,7 +433,7 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
                    sizeof(float) * (size_t)H);
         kvd_linear(m->gx, lw->exp_gate[e], m->g1, n, I, H);
         kvd_linear(m->gx, lw->exp_up[e], m->g2, n, I, H);
-        swiglu(m->g1, m->g2, (size_t)n * I);
+        kvd_swiglu(m->g1, m->g2, (size_t)n * I);
         kvd_linear(m->g1, lw->exp_down[e], m->gy, n, H, I);
         for (int i = 0; i < n; i++) {
             int r = m->rows_of[i] / K;
@@ -459,7 +449,7 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
     if (Is > 0) {
         kvd_linear(m->xn, lw->sh_gate, m->sh1, rows, Is, H);
         kvd_linear(m->xn, lw->sh_up, m->sh2, rows, Is, H);
-        swiglu(m->sh1, m->sh2, (size_t)rows * Is);
+        kvd_swiglu(m->sh1, m->sh2, (size_t)rows * Is);
         kvd_linear(m->sh1, lw->sh_down, m->gx, rows, H, Is);
         kvd_linear(m->xn, lw->sh_expert_gate, m->shg, rows, 1, H);
         for (int r = 0; r < rows; r++) {

@@ -99,3 +99,22 @@ void kvd_topk(const float *x, int n, int k, int *idx) {
         idx[j] = i;
     }
 }
+
+void kvd_route(float *logits, int E, int K, int norm, int *topi, float *topw) {
+    kvd_softmax(logits, E);
+    kvd_topk(logits, E, K, topi);
+    double sum = 0.0;
+    for (int j = 0; j < K; j++) sum += logits[topi[j]];
+    for (int j = 0; j < K; j++) topw[j] = norm ? (float)(logits[topi[j]] / sum) : logits[topi[j]];
+}
+
+int kvd_argmax(const float *x, int n) {
+    int a = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[a]) a = i;
+    return a;
+}
+
+void kvd_swiglu(float *g, const float *u, size_t n) {
+    for (size_t i = 0; i < n; i++) g[i] = kvd_siluf(g[i]) * u[i];
+}

@@ -36,6 +36,31 @@ int kvd_cuda_linear_bf16(const uint16_t *x, const uint16_t *w, float *y, int M, 
 /* The same on device pointers. */
 int kvd_cuda_linear_bf16_dev(const void *x, const void *w, float *y, int M, int N, int K);
 
+/* The layer building blocks, twins of the CPU functions named, host memory
+ * in and out (0 on success):
+ *   kvd_cuda_rmsnorm   kvd_rmsnorm over rows of n values
+ *   kvd_cuda_rope      kvd_rope on heads of `stride` floats, position per row
+ *   kvd_cuda_swiglu    kvd_swiglu
+ *   kvd_cuda_kv_write  kvd_kvcache_write's quantize-on-write for one layer
+ *                      and K or V: token t to physical slot[t] (block *
+ *                      block_size + offset) of pool, counters added to st,
+ *                      per-head absmax raised
+ *   kvd_cuda_gdn_step  kvd_gdn_step for `heads` heads at once (g, beta per head)
+ *   kvd_cuda_route     kvd_route over rows of E router logits
+ *   kvd_cuda_argmax    kvd_argmax over rows of n logits */
+int kvd_cuda_rmsnorm(float *out, const float *x, const float *w, int rows, int n, float eps,
+                     int one_plus);
+int kvd_cuda_rope(float *v, int rows, int heads, int stride, const int *pos, int rot_dim,
+                  const float *inv_freq);
+int kvd_cuda_swiglu(float *g, const float *u, size_t n);
+int kvd_cuda_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads, int head_dim,
+                      void *pool, size_t pool_bytes, int n_tok, const int32_t *slot, const float *x,
+                      const float *scale, kvd_qstats *st, float *absmax);
+int kvd_cuda_gdn_step(float *S, const float *q, const float *k, const float *v, const float *g,
+                      const float *beta, float *o, int heads, int dk, int dv);
+int kvd_cuda_route(const float *logits, int rows, int E, int K, int norm, int *topi, float *topw);
+int kvd_cuda_argmax(const float *x, int rows, int n, int *out);
+
 /* Device-to-device copy bandwidth (read + write bytes per second). */
 double kvd_cuda_copy_bandwidth(size_t bytes, int reps);
 /* Seconds per decode-attention query with the cache on the device (fmt is a

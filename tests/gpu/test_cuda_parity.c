@@ -1,6 +1,9 @@
 /* kvdrift: every CUDA kernel against its CPU twin on the same inputs: the
  * codecs bit for bit (both saturation modes, with scales), decode attention
- * over a scattered paged cache in every format within a stated tolerance.
+ * over a scattered paged cache in every format within a stated tolerance,
+ * the GEMM against a double product, the layer blocks (RMSNorm, RoPE,
+ * SwiGLU, the gated delta rule, routing, sampling) and the paged cache write
+ * (pool bytes and counters identical).
  * Skips (77) with the reason when no device is visible. */
 #include <math.h>
 #include <stdio.h>
@@ -8,6 +11,7 @@
 #include <string.h>
 
 #include "../../kernels/cuda/cuda_kernels.h"
+#include "../../runners/kvcache.h"
 #include "../../runners/weights.h"
 
 static int failures = 0, checks = 0;
@@ -81,7 +85,8 @@ static void attention(void) {
         float *probs = malloc(sizeof(float) * (size_t)nh * n_ctx);
         kvd_attn_paged(&view, blocks, n_ctx, q, nh, 1.0f / 16.0f, ocpu, probs, work, 3);
         for (int ver = 1; ver <= 2; ver++) {
-            CHECK(kvd_cuda_attn_decode_v(&view, nb, blocks, n_ctx, q, nh, 1.0f / 16.0f, ogpu, ver) == 0,
+            CHECK(kvd_cuda_attn_decode_v(&view, nb, blocks, n_ctx, q, nh, 1.0f / 16.0f, ogpu,
+                                         ver) == 0,
                   "cuda attention v%d failed\n", ver);
             /* both accumulate 3000 fp32 products in different orders: 1e-4
              * relative L2 per head is far below any real discrepancy (a wrong
@@ -130,6 +135,174 @@ static void gemm(void) {
     }
 }
 
+static void fill(float *x, size_t n, const char *name, float scale) {
+    uint64_t key = kvd_rng_key(11, name);
+    for (size_t i = 0; i < n; i++) x[i] = scale * kvd_rng_normal(key, i);
+}
+
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)a[i] - b[i];
+        num += e * e, den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* RMSNorm, RoPE and SwiGLU at the model's widths. Each product and sum is
+ * rounded as on the CPU; what may differ is the double sum of squares (in a
+ * tree) and libm's cos, sin and expf in their last place. */
+static void dense(void) {
+    enum { R = 37, N = 4096, HD = 256, NH = 16 };
+    float *x = malloc(sizeof(float) * R * N), *w = malloc(sizeof(float) * N),
+          *a = malloc(sizeof(float) * R * N), *b = malloc(sizeof(float) * R * N);
+    fill(x, (size_t)R * N, "gpu.norm.x", 3.0f);
+    fill(w, N, "gpu.norm.w", 0.1f);
+    for (int one_plus = 0; one_plus <= 1; one_plus++) {
+        for (int r = 0; r < R; r++)
+            kvd_rmsnorm(a + (size_t)r * N, x + (size_t)r * N, w, N, 1e-6f, one_plus);
+        CHECK(kvd_cuda_rmsnorm(b, x, w, R, N, 1e-6f, one_plus) == 0, "cuda rmsnorm failed\n");
+        CHECK(rel_l2(b, a, (size_t)R * N) < 1e-7, "rmsnorm (1+w %d): rel L2 %g\n", one_plus,
+              rel_l2(b, a, (size_t)R * N));
+    }
+    /* partial RoPE (a quarter of head_dim) at positions up to 256K, heads
+     * strided as the model's query + gate rows */
+    int pos[R];
+    float inv[HD / 8];
+    for (int r = 0; r < R; r++) pos[r] = r * 7001;
+    for (int i = 0; i < HD / 8; i++) inv[i] = powf(1e7f, -(float)(2 * i) / (HD / 4));
+    size_t nv = (size_t)R * NH * 2 * HD;
+    float *v = malloc(sizeof(float) * nv), *vc = malloc(sizeof(float) * nv);
+    fill(v, nv, "gpu.rope", 1.0f);
+    memcpy(vc, v, sizeof(float) * nv);
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < NH; h++)
+            kvd_rope(vc + ((size_t)r * NH + h) * 2 * HD, pos[r], HD / 4, inv);
+    CHECK(kvd_cuda_rope(v, R, NH, 2 * HD, pos, HD / 4, inv) == 0, "cuda rope failed\n");
+    CHECK(rel_l2(v, vc, nv) < 1e-7, "rope: rel L2 %g\n", rel_l2(v, vc, nv));
+    /* SwiGLU */
+    memcpy(a, x, sizeof(float) * R * N);
+    memcpy(b, x, sizeof(float) * R * N);
+    fill(w, N, "gpu.swiglu.u", 1.0f);
+    for (int r = 0; r < R; r++) kvd_swiglu(a + (size_t)r * N, w, N);
+    int ok = 1;
+    for (int r = 0; r < R && ok; r++) ok = kvd_cuda_swiglu(b + (size_t)r * N, w, N) == 0;
+    CHECK(ok, "cuda swiglu failed\n");
+    CHECK(rel_l2(b, a, (size_t)R * N) < 1e-6, "swiglu: rel L2 %g\n", rel_l2(b, a, (size_t)R * N));
+    free(x), free(w), free(a), free(b), free(v), free(vc);
+}
+
+/* The paged cache write in every mode: the device's pool bytes equal the
+ * CPU cache's, and so do the saturation, flush and subnormal counters and
+ * the absmax. Tokens of two interleaved sequences land in scattered blocks. */
+static void kv_write(void) {
+    enum { KH = 2, HD = 256, BS = 128, T = 300 };
+    char err[KVD_ERR_LEN];
+    kvd_kv_scales sc;
+    kvd_kv_scales_init(&sc, 1, KH);
+    sc.k[0] = 0.02f, sc.k[1] = 0.05f, sc.v[0] = 0.004f, sc.v[1] = 0.001f;
+    float *k = malloc(sizeof(float) * T * KH * HD), *v = malloc(sizeof(float) * T * KH * HD);
+    fill(k, (size_t)T * KH * HD, "gpu.kv.k", 4.0f);
+    fill(v, (size_t)T * KH * HD, "gpu.kv.v", 0.05f);
+    k[5] = 1e4f, v[7] = 0.0f, k[9] = 1e-30f; /* saturates, a true zero, flushes */
+    for (int mi = 0; mi < KVD_KV_N_MODES; mi++)
+        for (int sat = 0; sat <= 1; sat++) {
+            kvd_kvcache c;
+            if (kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, HD, BS, 4 * T, &sc, sat, err)) {
+                CHECK(0, "cache init: %s\n", err);
+                continue;
+            }
+            int other = kvd_kvcache_add_seq(&c), s = kvd_kvcache_add_seq(&c);
+            int32_t slot[T];
+            for (int t = 0; t < T; t++) {
+                if ((t % BS == 0 && kvd_kvcache_reserve(&c, other, t + 1)) ||
+                    kvd_kvcache_reserve(&c, s, t + 1)) {
+                    CHECK(0, "cache reserve failed at %d\n", t);
+                    break;
+                }
+                kvd_kvcache_write(&c, 0, s, t, k + (size_t)t * KH * HD, v + (size_t)t * KH * HD);
+                slot[t] = c.seqs[s].blocks[t / BS] * BS + t % BS;
+            }
+            size_t pool = (size_t)c.n_blocks * KH * BS * HD * kvd_fmt_bytes(c.fmt);
+            uint8_t *dk = calloc(1, pool), *dv = calloc(1, pool);
+            /* the CPU pools hold only this sequence's writes: start both from zero */
+            kvd_qstats ks = {0}, vs = {0};
+            float ka[KH] = {0}, va[KH] = {0};
+            CHECK(kvd_cuda_kv_write(c.fmt, c.saturate, BS, KH, HD, dk, pool, T, slot, k, c.k_scale,
+                                    &ks, ka) == 0 &&
+                      kvd_cuda_kv_write(c.fmt, c.saturate, BS, KH, HD, dv, pool, T, slot, v,
+                                        c.v_scale, &vs, va) == 0,
+                  "cuda kv write failed\n");
+            CHECK(!memcmp(dk, c.k[0], pool) && !memcmp(dv, c.v[0], pool),
+                  "kv write mode %d sat %d: pool bytes differ\n", mi, sat);
+            CHECK(!memcmp(&ks, &c.k_stats[0], sizeof ks) && !memcmp(&vs, &c.v_stats[0], sizeof vs),
+                  "kv write mode %d sat %d: counters differ (K sat %llu vs %llu)\n", mi, sat,
+                  (unsigned long long)ks.saturated, (unsigned long long)c.k_stats[0].saturated);
+            for (int h = 0; h < KH; h++)
+                CHECK(ka[h] == c.k_absmax[h] && va[h] == c.v_absmax[h],
+                      "kv write mode %d: absmax head %d differs\n", mi, h);
+            free(dk), free(dv);
+            kvd_kvcache_free(&c);
+        }
+    kvd_kv_scales_free(&sc);
+    free(k), free(v);
+}
+
+/* The gated delta rule over 64 steps of 16 heads at the real head dims;
+ * sums run in the CPU's order, so only expf(g) may differ (last place). */
+static void gdn(void) {
+    enum { H = 16, DK = 128, DV = 128, STEPS = 64 };
+    size_t ns = (size_t)H * DK * DV;
+    float *S1 = calloc(ns, sizeof(float)), *S2 = calloc(ns, sizeof(float));
+    float q[H * DK], k[H * DK], v[H * DV], g[H], beta[H], o1[H * DV], o2[H * DV];
+    double worst = 0;
+    for (int t = 0; t < STEPS; t++) {
+        char name[32];
+        snprintf(name, sizeof name, "gpu.gdn.%d", t);
+        fill(q, H * DK, name, 0.09f); /* q and k as after the L2 norm */
+        fill(k, H * DK, name + 1, 0.09f);
+        fill(v, H * DV, name + 2, 1.0f);
+        for (int h = 0; h < H; h++) g[h] = -0.05f * (1 + h % 4), beta[h] = 0.3f + 0.04f * h;
+        for (int h = 0; h < H; h++)
+            kvd_gdn_step(S1 + (size_t)h * DK * DV, q + h * DK, k + h * DK, v + h * DV, g[h],
+                         beta[h], o1 + h * DV, DK, DV);
+        CHECK(kvd_cuda_gdn_step(S2, q, k, v, g, beta, o2, H, DK, DV) == 0, "cuda gdn failed\n");
+        double r = rel_l2(o2, o1, H * DV);
+        worst = r > worst ? r : worst;
+    }
+    CHECK(worst < 1e-5, "gdn: output rel L2 %g\n", worst);
+    CHECK(rel_l2(S2, S1, ns) < 1e-5, "gdn: state rel L2 %g\n", rel_l2(S2, S1, ns));
+    free(S1), free(S2);
+}
+
+/* Routing and greedy sampling: the same experts in the same order, weights
+ * within the last place; the same token. */
+static void route_and_sample(void) {
+    enum { R = 64, E = 512, K = 10, V = 248320 };
+    float *x = malloc(sizeof(float) * R * E), *xc = malloc(sizeof(float) * R * E);
+    int ti1[R * K], ti2[R * K];
+    float tw1[R * K], tw2[R * K];
+    fill(x, (size_t)R * E, "gpu.route", 2.0f);
+    for (int norm = 0; norm <= 1; norm++) {
+        memcpy(xc, x, sizeof(float) * R * E);
+        for (int r = 0; r < R; r++)
+            kvd_route(xc + (size_t)r * E, E, K, norm, ti1 + r * K, tw1 + r * K);
+        CHECK(kvd_cuda_route(x, R, E, K, norm, ti2, tw2) == 0, "cuda route failed\n");
+        CHECK(!memcmp(ti1, ti2, sizeof ti1), "route (norm %d): experts differ\n", norm);
+        CHECK(rel_l2(tw2, tw1, R * K) < 1e-6, "route (norm %d): weights rel L2 %g\n", norm,
+              rel_l2(tw2, tw1, R * K));
+    }
+    enum { RS = 8 };
+    float *lg = malloc(sizeof(float) * RS * V);
+    fill(lg, (size_t)RS * V, "gpu.argmax", 3.0f);
+    lg[(size_t)3 * V + 100] = lg[(size_t)3 * V + 200] = 50.0f; /* a tie: the first wins */
+    int a1[RS], a2[RS];
+    for (int r = 0; r < RS; r++) a1[r] = kvd_argmax(lg + (size_t)r * V, V);
+    CHECK(kvd_cuda_argmax(lg, RS, V, a2) == 0, "cuda argmax failed\n");
+    CHECK(!memcmp(a1, a2, sizeof a1) && a2[3] == 100, "argmax differs\n");
+    free(x), free(xc), free(lg);
+}
+
 int main(void) {
     char why[256];
     if (!kvd_cuda_available(why, sizeof why)) {
@@ -139,6 +312,10 @@ int main(void) {
     codecs();
     attention();
     gemm();
+    dense();
+    kv_write();
+    gdn();
+    route_and_sample();
     printf("cuda parity: %d passed, %d failed\n", checks - failures, failures);
     return failures ? 1 : 0;
 }

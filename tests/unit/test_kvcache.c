@@ -246,11 +246,11 @@ static void attention_paths(void **st) {
         for (int mi = 0; mi < KVD_KV_N_MODES; mi++) {
             kvd_kvcache c;
             assert_int_equal(
-                kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, D, BSV, 2 * T, &sc, 1, err), 0);
+                kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, D, BSV, 4 * T, &sc, 1, err), 0);
             int pad = kvd_kvcache_add_seq(&c), s = kvd_kvcache_add_seq(&c);
             for (int t = 0; t < T; t++) {
-                kvd_kvcache_reserve(&c, s, t + 1);
-                if (t % 128 == 0) kvd_kvcache_reserve(&c, pad, t + 1);
+                assert_int_equal(kvd_kvcache_reserve(&c, s, t + 1), 0);
+                if (t % BSV == 0) assert_int_equal(kvd_kvcache_reserve(&c, pad, t + 1), 0);
                 fill(k, KH * D, 2000 + (uint64_t)t, 2.0f);
                 fill(v, KH * D, 6000 + (uint64_t)t, 0.5f);
                 kvd_kvcache_write(&c, 0, s, t, k, v);

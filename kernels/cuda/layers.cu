@@ -1,0 +1,326 @@
+// kvdrift: the per-layer building blocks on the device, each the twin of a
+// CPU function in kernels/ and held to it by tests/gpu: RMSNorm (kvd_rmsnorm),
+// partial RoPE (kvd_rope), SwiGLU (kvd_swiglu), the paged cache write with its
+// counters (kvd_kvcache_write), the gated delta rule step (kvd_gdn_step), MoE
+// routing (kvd_route) and greedy sampling (kvd_argmax).
+//
+// Where the CPU rounds each product and sum separately (the host code is
+// ISO C: no contraction into fused multiply-adds), the device code says so
+// with __fmul_rn / __fadd_rn, so the two agree bit for bit wherever their
+// libm calls (expf, cos) agree.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "cuda_kernels.h"
+
+namespace {
+
+// ---- RMSNorm: one block per row, sum of squares in double ----
+__global__ void rmsnorm_k(float *out, const float *x, const float *w, int n, float eps,
+                          int one_plus) {
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float *o = out + (size_t)blockIdx.x * n;
+    __shared__ double part[32];
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_down_sync(0xffffffffu, ss, off);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int i = 0; i < (int)(blockDim.x + 31) / 32; i++) t += part[i];
+        part[0] = t;
+    }
+    __syncthreads();
+    float r = (float)(1.0 / sqrt(part[0] / n + (double)eps));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float g = one_plus ? __fadd_rn(1.0f, w[i]) : w[i];
+        o[i] = __fmul_rn(__fmul_rn(xr[i], r), g);
+    }
+}
+
+// ---- rotate-half RoPE on the first rot_dim of each head: one block per
+// (row, head), the angle in double as on the CPU ----
+__global__ void rope_k(float *v, int heads, int stride, const int *pos, int rot_dim,
+                       const float *inv_freq) {
+    int r = blockIdx.x / heads, h = blockIdx.x % heads, half = rot_dim / 2;
+    float *x = v + ((size_t)r * heads + h) * stride;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double a = (double)pos[r] * inv_freq[i];
+        float c = (float)cos(a), s = (float)sin(a);
+        float x1 = x[i], x2 = x[i + half];
+        x[i] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+        x[i + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+    }
+}
+
+// ---- SwiGLU in place: g = silu(g) * u ----
+__global__ void swiglu_k(float *g, const float *u, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float x = g[i];
+    float s = __fdiv_rn(x, __fadd_rn(1.0f, expf(-x)));
+    g[i] = __fmul_rn(s, u[i]);
+}
+
+// ---- the paged cache write: one block per (token, KV head), one thread per
+// dimension; counters as the CPU's (saturated: |x / scale| beyond the
+// format's largest finite value; flushed: x != 0 stored as +-0; subnormal:
+// a subnormal code) and the running absmax (non-negative floats order as
+// their bit patterns) ----
+struct write_args {
+    int fmt, saturate, block_size, kv_heads, head_dim;
+    const int32_t *slot; // [tokens] physical slot: block * block_size + offset
+    const float *x;      // [tokens][kv_heads][head_dim]
+    const float *scale;  // [kv_heads]
+    unsigned char *pool;
+    unsigned long long *stats; // n, saturated, flushed, subnormal
+    unsigned int *absmax;      // [kv_heads] float bits
+};
+
+__global__ void kv_write_k(write_args a) {
+    int t = blockIdx.x / a.kv_heads, h = blockIdx.x % a.kv_heads, d = threadIdx.x;
+    if (d >= a.head_dim) return;
+    int64_t slot = a.slot[t];
+    int64_t blk = slot / a.block_size, off = slot % a.block_size;
+    size_t idx = ((size_t)(blk * a.kv_heads + h) * a.block_size + off) * a.head_dim + d;
+    float x = a.x[((size_t)t * a.kv_heads + h) * a.head_dim + d];
+    atomicMax(&a.absmax[h], __float_as_uint(fabsf(x)));
+    unsigned sat = 0, ftz = 0, sub = 0;
+    if (a.fmt == KVD_FMT_BF16) {
+        __nv_bfloat16 b = __float2bfloat16_rn(x);
+        reinterpret_cast<unsigned short *>(a.pool)[idx] = *reinterpret_cast<unsigned short *>(&b);
+    } else {
+        int e5 = a.fmt == KVD_FMT_E5M2;
+        float y = __fdiv_rn(x, a.scale[h]);
+        unsigned char q = __nv_cvt_float_to_fp8(y, a.saturate ? __NV_SATFINITE : __NV_NOSAT,
+                                                e5 ? __NV_E5M2 : __NV_E4M3);
+        a.pool[idx] = q;
+        unsigned mag = q & 0x7fu, emask = e5 ? 0x7cu : 0x78u;
+        sat = fabsf(y) > (e5 ? KVD_E5M2_MAX : KVD_E4M3_MAX);
+        ftz = mag == 0 && x != 0.0f;
+        sub = (mag & emask) == 0 && mag != 0;
+    }
+    // one atomic per warp and counter
+    unsigned m = __activemask();
+    unsigned ns = __popc(__ballot_sync(m, sat)), nf = __popc(__ballot_sync(m, ftz)),
+             nu = __popc(__ballot_sync(m, sub)), nn = __popc(m);
+    if ((threadIdx.x & 31) == __ffs(m) - 1) {
+        atomicAdd(&a.stats[0], (unsigned long long)nn);
+        if (ns) atomicAdd(&a.stats[1], (unsigned long long)ns);
+        if (nf) atomicAdd(&a.stats[2], (unsigned long long)nf);
+        if (nu) atomicAdd(&a.stats[3], (unsigned long long)nu);
+    }
+}
+
+// ---- the gated delta rule, one block per head, one thread per value
+// dimension: every sum in the CPU's order (over the key dimension) ----
+__global__ void gdn_step_k(float *S, const float *q, const float *k, const float *v, const float *g,
+                           const float *beta, float *o, int dk, int dv) {
+    int h = blockIdx.x, j = threadIdx.x;
+    if (j >= dv) return;
+    float *Sh = S + (size_t)h * dk * dv;
+    const float *qh = q + (size_t)h * dk, *kh = k + (size_t)h * dk;
+    float decay = expf(g[h]), mem = 0.0f;
+    for (int i = 0; i < dk; i++) mem = __fadd_rn(mem, __fmul_rn(Sh[(size_t)i * dv + j], kh[i]));
+    float delta = __fmul_rn(__fsub_rn(v[(size_t)h * dv + j], __fmul_rn(decay, mem)), beta[h]);
+    float acc = 0.0f;
+    for (int i = 0; i < dk; i++) {
+        float s = __fadd_rn(__fmul_rn(decay, Sh[(size_t)i * dv + j]), __fmul_rn(kh[i], delta));
+        Sh[(size_t)i * dv + j] = s;
+        acc = __fadd_rn(acc, __fmul_rn(s, qh[i]));
+    }
+    o[(size_t)h * dv + j] = acc;
+}
+
+// ---- MoE routing: softmax over the experts (sum in double), the top k
+// (ties to the lower index), optionally renormalised; one block per row ----
+__global__ void route_k(const float *logits, int E, int K, int norm, int *topi, float *topw) {
+    extern __shared__ float p[];
+    const float *x = logits + (size_t)blockIdx.x * E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] = x[e];
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    float m = -INFINITY;
+    for (int e = 0; e < E; e++) m = p[e] > m ? p[e] : m;
+    double sum = 0.0;
+    for (int e = 0; e < E; e++) {
+        p[e] = expf(__fsub_rn(p[e], m));
+        sum += p[e];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int e = 0; e < E; e++) p[e] = __fmul_rn(p[e], inv);
+    int *idx = topi + (size_t)blockIdx.x * K, have = 0;
+    for (int e = 0; e < E; e++) {
+        if (have == K && !(p[e] > p[idx[K - 1]])) continue;
+        int j = have < K ? have++ : K - 1;
+        while (j > 0 && p[e] > p[idx[j - 1]]) {
+            idx[j] = idx[j - 1];
+            j--;
+        }
+        idx[j] = e;
+    }
+    double s = 0.0;
+    for (int j = 0; j < K; j++) s += p[idx[j]];
+    for (int j = 0; j < K; j++)
+        topw[(size_t)blockIdx.x * K + j] = norm ? (float)(p[idx[j]] / s) : p[idx[j]];
+}
+
+// ---- greedy sampling: the first largest logit of each row (rows free of
+// NaN: the model stops on a NaN activation before sampling) ----
+__global__ void argmax_k(const float *x, int n, int *out) {
+    const float *r = x + (size_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int bi = -1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if (bi < 0 || r[i] > best) best = r[i], bi = i;
+    __shared__ float sv[1024];
+    __shared__ int si[1024];
+    sv[threadIdx.x] = best, si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w) {
+            float ov = sv[threadIdx.x + w];
+            int oi = si[threadIdx.x + w];
+            int mine = si[threadIdx.x];
+            if (oi >= 0 &&
+                (mine < 0 || ov > sv[threadIdx.x] || (ov == sv[threadIdx.x] && oi < mine))) {
+                sv[threadIdx.x] = ov, si[threadIdx.x] = oi;
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = si[0] < 0 ? 0 : si[0];
+}
+
+// ---- host plumbing: device buffers that free themselves ----
+struct dbuf {
+    void *p = nullptr;
+    ~dbuf() { cudaFree(p); }
+    bool alloc(size_t n) { return cudaMalloc(&p, n ? n : 1) == cudaSuccess; }
+    bool put(const void *h, size_t n) {
+        return alloc(n) && cudaMemcpy(p, h, n, cudaMemcpyHostToDevice) == cudaSuccess;
+    }
+    bool get(void *h, size_t n) const {
+        return cudaMemcpy(h, p, n, cudaMemcpyDeviceToHost) == cudaSuccess;
+    }
+    template <class T> T *as() const { return static_cast<T *>(p); }
+};
+
+int finish(bool ok) {
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e != cudaSuccess) std::fprintf(stderr, "kvdrift cuda: %s\n", cudaGetErrorString(e));
+    return ok && e == cudaSuccess ? 0 : -1;
+}
+
+} // namespace
+
+extern "C" int kvd_cuda_rmsnorm(float *out, const float *x, const float *w, int rows, int n,
+                                float eps, int one_plus) {
+    dbuf dx, dw, dout;
+    size_t nb = sizeof(float) * (size_t)rows * n;
+    if (!dx.put(x, nb) || !dw.put(w, sizeof(float) * n) || !dout.alloc(nb)) return -1;
+    rmsnorm_k<<<rows, 256>>>(dout.as<float>(), dx.as<float>(), dw.as<float>(), n, eps, one_plus);
+    return finish(dout.get(out, nb));
+}
+
+extern "C" int kvd_cuda_rope(float *v, int rows, int heads, int stride, const int *pos, int rot_dim,
+                             const float *inv_freq) {
+    dbuf dv, dp, df;
+    size_t nb = sizeof(float) * (size_t)rows * heads * stride;
+    if (!dv.put(v, nb) || !dp.put(pos, sizeof(int) * rows) ||
+        !df.put(inv_freq, sizeof(float) * (rot_dim / 2)))
+        return -1;
+    rope_k<<<rows * heads, 64>>>(dv.as<float>(), heads, stride, dp.as<int>(), rot_dim,
+                                 df.as<float>());
+    return finish(dv.get(v, nb));
+}
+
+extern "C" int kvd_cuda_swiglu(float *g, const float *u, size_t n) {
+    dbuf dg, du;
+    if (!dg.put(g, sizeof(float) * n) || !du.put(u, sizeof(float) * n)) return -1;
+    swiglu_k<<<(unsigned)((n + 255) / 256), 256>>>(dg.as<float>(), du.as<float>(), n);
+    return finish(dg.get(g, sizeof(float) * n));
+}
+
+extern "C" int kvd_cuda_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads,
+                                 int head_dim, void *pool, size_t pool_bytes, int n_tok,
+                                 const int32_t *slot, const float *x, const float *scale,
+                                 kvd_qstats *st, float *absmax) {
+    if (head_dim > 1024) return -1;
+    dbuf dpool, dslot, dx, dsc, dst, dabs;
+    unsigned long long s0[4] = {0, 0, 0, 0};
+    unsigned int a0[64];
+    if (kv_heads > 64) return -1;
+    for (int h = 0; h < kv_heads; h++) {
+        float m = absmax[h];
+        memcpy(&a0[h], &m, sizeof m);
+    }
+    size_t nx = sizeof(float) * (size_t)n_tok * kv_heads * head_dim;
+    if (!dpool.put(pool, pool_bytes) || !dslot.put(slot, sizeof(int32_t) * n_tok) ||
+        !dx.put(x, nx) || !dsc.put(scale, sizeof(float) * kv_heads) || !dst.put(s0, sizeof s0) ||
+        !dabs.put(a0, sizeof(unsigned) * kv_heads))
+        return -1;
+    write_args a = {fmt,
+                    saturate,
+                    block_size,
+                    kv_heads,
+                    head_dim,
+                    dslot.as<int32_t>(),
+                    dx.as<float>(),
+                    dsc.as<float>(),
+                    dpool.as<unsigned char>(),
+                    dst.as<unsigned long long>(),
+                    dabs.as<unsigned int>()};
+    kv_write_k<<<n_tok * kv_heads, (head_dim + 31) / 32 * 32>>>(a);
+    bool ok = dpool.get(pool, pool_bytes) && dst.get(s0, sizeof s0) &&
+              dabs.get(a0, sizeof(unsigned) * kv_heads);
+    st->n += s0[0], st->saturated += s0[1], st->flushed += s0[2], st->subnormal += s0[3];
+    for (int h = 0; h < kv_heads; h++) memcpy(&absmax[h], &a0[h], sizeof(float));
+    return finish(ok);
+}
+
+extern "C" int kvd_cuda_gdn_step(float *S, const float *q, const float *k, const float *v,
+                                 const float *g, const float *beta, float *o, int heads, int dk,
+                                 int dv) {
+    if (dv > 1024) return -1;
+    dbuf dS, dq, dk_, dv_, dg, db, dout;
+    size_t ns = sizeof(float) * (size_t)heads * dk * dv;
+    if (!dS.put(S, ns) || !dq.put(q, sizeof(float) * heads * dk) ||
+        !dk_.put(k, sizeof(float) * heads * dk) || !dv_.put(v, sizeof(float) * heads * dv) ||
+        !dg.put(g, sizeof(float) * heads) || !db.put(beta, sizeof(float) * heads) ||
+        !dout.alloc(sizeof(float) * heads * dv))
+        return -1;
+    gdn_step_k<<<heads, (dv + 31) / 32 * 32>>>(dS.as<float>(), dq.as<float>(), dk_.as<float>(),
+                                               dv_.as<float>(), dg.as<float>(), db.as<float>(),
+                                               dout.as<float>(), dk, dv);
+    bool ok = dS.get(S, ns) && dout.get(o, sizeof(float) * heads * dv);
+    return finish(ok);
+}
+
+extern "C" int kvd_cuda_route(const float *logits, int rows, int E, int K, int norm, int *topi,
+                              float *topw) {
+    dbuf dl, di, dw;
+    if (!dl.put(logits, sizeof(float) * (size_t)rows * E) ||
+        !di.alloc(sizeof(int) * (size_t)rows * K) || !dw.alloc(sizeof(float) * (size_t)rows * K))
+        return -1;
+    route_k<<<rows, 128, sizeof(float) * E>>>(dl.as<float>(), E, K, norm, di.as<int>(),
+                                              dw.as<float>());
+    bool ok = di.get(topi, sizeof(int) * (size_t)rows * K) &&
+              dw.get(topw, sizeof(float) * (size_t)rows * K);
+    return finish(ok);
+}
+
+extern "C" int kvd_cuda_argmax(const float *x, int rows, int n, int *out) {
+    dbuf dx, dout;
+    if (!dx.put(x, sizeof(float) * (size_t)rows * n) || !dout.alloc(sizeof(int) * rows)) return -1;
+    argmax_k<<<rows, 1024>>>(dx.as<float>(), n, dout.as<int>());
+    return finish(dout.get(out, sizeof(int) * rows));
+}
