@@ -297,6 +297,113 @@ out:
     return rc;
 }
 
+// ---- prefill: a chunk of query rows, row r at position pos0 + r attending
+// to positions 0 .. pos0 + r (causal). One block per (row, KV head), one warp
+// per query head of the group; keys and then values in tiles of 16
+// positions, dequantized into shared memory once for the whole group; an
+// online softmax (running maximum, the running sum in double). A lane pair
+// (t, t + 16) computes position t's score over the two halves of head_dim.
+constexpr int PF_TILE = 16;
+
+template <int HD>
+__global__ void prefill_kernel(view kv, const int *blocks, int pos0, const float *q, int n_heads,
+                               float sm_scale, float *out) {
+    extern __shared__ float sm[];
+    float *tile = sm;                          // [PF_TILE][HD + 1]
+    float *qs = sm + PF_TILE * (HD + 1);       // [G][HD]
+    const int r = blockIdx.x, h = blockIdx.y, G = n_heads / kv.kv_heads;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, j = h * G + warp;
+    const int n_ctx = pos0 + r + 1, bs = kv.block_size;
+    constexpr int PER = HD / 32;
+    const float *qj = q + ((size_t)r * n_heads + j) * HD;
+    for (int d = lane; d < HD; d += 32) qs[warp * HD + d] = qj[d];
+    float acc[PER];
+    for (int i = 0; i < PER; i++) acc[i] = 0.0f;
+    float m = -INFINITY;
+    double l = 0.0;
+    const float kmul = sm_scale * kv.k_scale[h];
+    const int t_lane = lane % PF_TILE, half = lane / PF_TILE;
+    for (int t0 = 0; t0 < n_ctx; t0 += PF_TILE) {
+        const int nt = min(PF_TILE, n_ctx - t0);
+        __syncthreads(); // the previous tile's values are consumed
+        for (int e = threadIdx.x; e < PF_TILE * HD; e += blockDim.x) {
+            int t = e / HD, d = e % HD, p = t0 + t;
+            tile[t * (HD + 1) + d] = t < nt ? load_val(kv, kv.k, blocks[p / bs], h, p % bs, d) : 0.0f;
+        }
+        __syncthreads();
+        float part = 0.0f;
+        for (int d = half * HD / 2; d < (half + 1) * HD / 2; d++)
+            part += qs[warp * HD + d] * tile[t_lane * (HD + 1) + d];
+        float s = (part + __shfl_xor_sync(0xffffffffu, part, 16)) * kmul;
+        if (t_lane >= nt) s = -INFINITY;
+        float mt = s;
+        for (int off = 16; off > 0; off >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, off));
+        float mn = fmaxf(m, mt), scale = expf(m - mn);
+        float p = expf(s - mn);
+        double ps = half ? 0.0 : (double)p; // each position once
+        for (int off = 16; off > 0; off >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, off);
+        l = l * scale + ps;
+        m = mn;
+        for (int i = 0; i < PER; i++) acc[i] *= scale;
+        __syncthreads(); // every warp has its scores: the tile takes the values
+        for (int e = threadIdx.x; e < PF_TILE * HD; e += blockDim.x) {
+            int t = e / HD, d = e % HD, pp = t0 + t;
+            tile[t * (HD + 1) + d] = t < nt ? load_val(kv, kv.v, blocks[pp / bs], h, pp % bs, d) : 0.0f;
+        }
+        __syncthreads();
+        for (int t = 0; t < nt; t++) {
+            float pt = __shfl_sync(0xffffffffu, p, t);
+            for (int i = 0; i < PER; i++) acc[i] += pt * tile[t * (HD + 1) + lane + 32 * i];
+        }
+    }
+    float f = (float)(1.0 / l) * kv.v_scale[h];
+    float *o = out + ((size_t)r * n_heads + j) * HD;
+    for (int i = 0; i < PER; i++) o[lane + 32 * i] = acc[i] * f;
+}
+
+extern "C" int kvd_cuda_attn_prefill(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
+                                     int pos0, int n_q, const float *q, int n_heads,
+                                     float sm_scale, float *out) {
+    const int hd = hv->head_dim, G = n_heads / hv->kv_heads;
+    if (!v2_ok(hd, G) || n_q < 1) return -1;
+    size_t esz = kvd_fmt_bytes(hv->fmt);
+    size_t pool = (size_t)n_blocks * hv->kv_heads * hv->block_size * hd * esz;
+    int nb = (pos0 + n_q + hv->block_size - 1) / hv->block_size;
+    size_t nq = sizeof(float) * (size_t)n_q * n_heads * hd;
+    unsigned char *dk = nullptr, *dv = nullptr;
+    int *db = nullptr;
+    float *dq = nullptr, *dout = nullptr, *dks = nullptr, *dvs = nullptr;
+    int rc = -1;
+    if (cudaMalloc(&dk, pool) || cudaMalloc(&dv, pool) || cudaMalloc(&db, sizeof(int) * nb) ||
+        cudaMalloc(&dq, nq) || cudaMalloc(&dout, nq) ||
+        cudaMalloc(&dks, sizeof(float) * hv->kv_heads) || cudaMalloc(&dvs, sizeof(float) * hv->kv_heads))
+        goto out;
+    cudaMemcpy(dk, hv->k, pool, cudaMemcpyHostToDevice);
+    cudaMemcpy(dv, hv->v, pool, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, blocks, sizeof(int) * nb, cudaMemcpyHostToDevice);
+    cudaMemcpy(dq, q, nq, cudaMemcpyHostToDevice);
+    cudaMemcpy(dks, hv->k_scale, sizeof(float) * hv->kv_heads, cudaMemcpyHostToDevice);
+    cudaMemcpy(dvs, hv->v_scale, sizeof(float) * hv->kv_heads, cudaMemcpyHostToDevice);
+    {
+        view kv = {(int)hv->fmt, hv->block_size, hv->kv_heads, hd, dk, dv, dks, dvs};
+        dim3 grid((unsigned)n_q, (unsigned)hv->kv_heads);
+        size_t shm = sizeof(float) * (PF_TILE * (hd + 1) + (size_t)G * hd);
+        if (hd == 64)
+            prefill_kernel<64><<<grid, 32 * G, shm>>>(kv, db, pos0, dq, n_heads, sm_scale, dout);
+        else if (hd == 128)
+            prefill_kernel<128><<<grid, 32 * G, shm>>>(kv, db, pos0, dq, n_heads, sm_scale, dout);
+        else
+            prefill_kernel<256><<<grid, 32 * G, shm>>>(kv, db, pos0, dq, n_heads, sm_scale, dout);
+        if (cudaMemcpy(out, dout, nq, cudaMemcpyDeviceToHost) == cudaSuccess &&
+            cudaGetLastError() == cudaSuccess)
+            rc = 0;
+    }
+out:
+    cudaFree(dk), cudaFree(dv), cudaFree(db), cudaFree(dq), cudaFree(dout);
+    cudaFree(dks), cudaFree(dvs);
+    return rc;
+}
+
 extern "C" int kvd_cuda_attn_decode(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
                                     int n_ctx, const float *q, int n_heads, float sm_scale,
                                     float *out) {

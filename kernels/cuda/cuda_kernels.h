@@ -30,6 +30,13 @@ int kvd_cuda_attn_decode(const kvd_kv_view *kv, int n_blocks, const int32_t *blo
 int kvd_cuda_attn_decode_v(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int n_ctx,
                            const float *q, int n_heads, float sm_scale, float *out, int version);
 
+/* Prefill attention for n_q query rows of one sequence, row r at position
+ * pos0 + r over positions 0 .. pos0 + r (each row as kvd_attn_paged with
+ * n_ctx = pos0 + r + 1); q and out [n_q][n_heads][head_dim]; head_dim
+ * 64/128/256, GQA group <= 16. */
+int kvd_cuda_attn_prefill(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int pos0,
+                          int n_q, const float *q, int n_heads, float sm_scale, float *out);
+
 /* y[M,N] = x[M,K] * W[N,K]^T with BF16 x and W (bit patterns), FP32
  * accumulation and output, through cuBLASLt; host memory in and out. */
 int kvd_cuda_linear_bf16(const uint16_t *x, const uint16_t *w, float *y, int M, int N, int K);

@@ -303,6 +303,66 @@ static void route_and_sample(void) {
     free(x), free(xc), free(lg);
 }
 
+/* Prefill attention: 100 query rows at positions 600..699 of a 700-token
+ * cache in scattered blocks, each row against kvd_attn_paged over its own
+ * prefix, every mode, at two group sizes. Online and two-pass softmax sum in
+ * different orders: 1e-4 relative L2 per row is far below a wrong position
+ * or scale (O(1)). */
+static void prefill(void) {
+    enum { KH = 2, T = 700, P0 = 600, NQ = 100, BS = 128 };
+    static const int shapes[2][2] = {{8, 64}, {16, 256}};
+    char err[KVD_ERR_LEN];
+    kvd_kv_scales sc;
+    kvd_kv_scales_init(&sc, 1, KH);
+    sc.k[0] = 0.02f, sc.k[1] = 0.03f, sc.v[0] = 0.004f, sc.v[1] = 0.005f;
+    for (int si = 0; si < 2; si++) {
+        int NH = shapes[si][0], D = shapes[si][1];
+        float *k = malloc(sizeof(float) * KH * D), *v = malloc(sizeof(float) * KH * D);
+        float *q = malloc(sizeof(float) * NQ * NH * D), *oc = malloc(sizeof(float) * NQ * NH * D),
+              *og = malloc(sizeof(float) * NQ * NH * D);
+        void *work = malloc(kvd_attn_work_bytes(NH, D, T, 1));
+        fill(q, (size_t)NQ * NH * D, "gpu.prefill.q", 1.0f);
+        for (int mi = 0; mi < KVD_KV_N_MODES; mi++) {
+            kvd_kvcache c;
+            if (kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, D, BS, 4 * T, &sc, 1, err)) {
+                CHECK(0, "cache init: %s\n", err);
+                continue;
+            }
+            int other = kvd_kvcache_add_seq(&c), s = kvd_kvcache_add_seq(&c);
+            for (int t = 0; t < T; t++) {
+                if ((t % BS == 0 && kvd_kvcache_reserve(&c, other, t + 1)) ||
+                    kvd_kvcache_reserve(&c, s, t + 1)) {
+                    CHECK(0, "cache reserve failed at %d\n", t);
+                    break;
+                }
+                char name[32];
+                snprintf(name, sizeof name, "gpu.prefill.%d", t);
+                fill(k, (size_t)KH * D, name, 2.0f);
+                fill(v, (size_t)KH * D, name + 1, 0.5f);
+                kvd_kvcache_write(&c, 0, s, t, k, v);
+            }
+            kvd_kv_view view = kvd_kvcache_view(&c, 0);
+            float sm = 1.0f / sqrtf((float)D);
+            for (int r = 0; r < NQ; r++)
+                kvd_attn_paged(&view, c.seqs[s].blocks, P0 + r + 1, q + (size_t)r * NH * D, NH, sm,
+                               oc + (size_t)r * NH * D, NULL, work, 1);
+            CHECK(kvd_cuda_attn_prefill(&view, c.n_blocks, c.seqs[s].blocks, P0, NQ, q, NH, sm,
+                                        og) == 0,
+                  "cuda prefill failed\n");
+            double worst = 0;
+            for (int r = 0; r < NQ; r++) {
+                double e = rel_l2(og + (size_t)r * NH * D, oc + (size_t)r * NH * D, (size_t)NH * D);
+                worst = e > worst ? e : worst;
+            }
+            CHECK(worst < 1e-4, "prefill mode %d heads %d dim %d: worst row rel L2 %g\n", mi, NH, D,
+                  worst);
+            kvd_kvcache_free(&c);
+        }
+        free(k), free(v), free(q), free(oc), free(og), free(work);
+    }
+    kvd_kv_scales_free(&sc);
+}
+
 int main(void) {
     char why[256];
     if (!kvd_cuda_available(why, sizeof why)) {
@@ -314,6 +374,7 @@ int main(void) {
     gemm();
     dense();
     kv_write();
+    prefill();
     gdn();
     route_and_sample();
     printf("cuda parity: %d passed, %d failed\n", checks - failures, failures);
