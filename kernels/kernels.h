@@ -69,6 +69,14 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
 void kvd_gdn_step(float *S, const float *q, const float *k, const float *v, float g, float beta,
                   float *o, int dk, int dv);
 
+/* kvd_gdn_step over n tokens of one head in chunks (see gdn.c): q, k, v
+ * and o rows at the given strides, g and beta one per token. The same
+ * result up to rounding. */
+#define KVD_GDN_CHUNK 64
+void kvd_gdn_chunked(float *S, const float *q, const float *k, const float *v, const float *g,
+                     const float *beta, float *o, int n, int dk, int dv, size_t q_stride,
+                     size_t k_stride, size_t v_stride, size_t o_stride);
+
 /* Zeroed memory for large pools, on huge pages where available. */
 void *kvd_alloc_pool(size_t bytes);
 void kvd_free_pool(void *p);

@@ -4,6 +4,7 @@
 #include "../kernels.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 void kvd_gdn_step(float *S, const float *q, const float *k, const float *v, float g, float beta,
@@ -29,4 +30,96 @@ void kvd_gdn_step(float *S, const float *q, const float *k, const float *v, floa
             o[j] += s * qi;
         }
     }
+}
+
+/* The same recurrence over a run of tokens in chunks of KVD_GDN_CHUNK, the
+ * form a GPU runs in parallel (and the CPU twin of the CUDA kernel). Within
+ * a chunk from state S0, with G_t the cumulative log decay,
+ *   S_t = e^{G_t} S0 + sum_{s<=t} e^{G_t - G_s} k_s d_s^T,
+ *   d_t = b_t v_t - b_t e^{G_t} S0^T k_t - sum_{s<t} b_t e^{G_t - G_s} (k_t.k_s) d_s,
+ * so the pseudo-values D = U - W S0, where [U | W] solves the unit lower
+ * triangular system (I + A) X = [diag(b) V | diag(b e^G) K] by forward
+ * substitution; then O = diag(e^G) Q S0 + mask(e^{G_t - G_s} Q K^T) D and
+ * the state moves on to e^{G_C} S0 + K^T diag(e^{G_C - G}) D. */
+void kvd_gdn_chunked(float *S, const float *q, const float *k, const float *v, const float *g,
+                     const float *beta, float *o, int n, int dk, int dv, size_t q_stride,
+                     size_t k_stride, size_t v_stride, size_t o_stride) {
+    enum { C = KVD_GDN_CHUNK };
+    const int w = dv + dk;
+    float *X = malloc(sizeof(float) * (size_t)C * (size_t)w); /* [U | W], then D in U */
+    float *kk = malloc(sizeof(float) * C * C);
+    double G[C];
+    for (int c0 = 0; c0 < n; c0 += C) {
+        const int nc = n - c0 < C ? n - c0 : C;
+        double acc = 0.0;
+        for (int t = 0; t < nc; t++) G[t] = acc += g[c0 + t];
+        for (int t = 0; t < nc; t++) {
+            const float *kt = k + (size_t)(c0 + t) * k_stride,
+                        *vt = v + (size_t)(c0 + t) * v_stride;
+            float bt = beta[c0 + t], be = bt * (float)exp(G[t]);
+            float *x = X + (size_t)t * w;
+            for (int j = 0; j < dv; j++) x[j] = bt * vt[j];
+            for (int i = 0; i < dk; i++) x[dv + i] = be * kt[i];
+            for (int s = 0; s < t; s++) {
+                const float *ks = k + (size_t)(c0 + s) * k_stride;
+                float dot = 0.0f;
+                for (int i = 0; i < dk; i++) dot += kt[i] * ks[i];
+                kk[t * C + s] = dot;
+            }
+        }
+        /* forward substitution, row by row */
+        for (int t = 1; t < nc; t++) {
+            float *xt = X + (size_t)t * w;
+            for (int s = 0; s < t; s++) {
+                float a = beta[c0 + t] * (float)exp(G[t] - G[s]) * kk[t * C + s];
+                const float *xs = X + (size_t)s * w;
+                for (int j = 0; j < w; j++) xt[j] -= a * xs[j];
+            }
+        }
+        /* D = U - W S0, in place of U */
+        for (int t = 0; t < nc; t++) {
+            float *xt = X + (size_t)t * w;
+            for (int i = 0; i < dk; i++) {
+                float wi = xt[dv + i];
+                const float *row = S + (size_t)i * dv;
+                for (int j = 0; j < dv; j++) xt[j] -= wi * row[j];
+            }
+        }
+        /* outputs from S0 and the chunk's own pseudo-values */
+        for (int t = 0; t < nc; t++) {
+            const float *qt = q + (size_t)(c0 + t) * q_stride;
+            float *ot = o + (size_t)(c0 + t) * o_stride, e = (float)exp(G[t]);
+            for (int j = 0; j < dv; j++) ot[j] = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                float qi = qt[i] * e;
+                const float *row = S + (size_t)i * dv;
+                for (int j = 0; j < dv; j++) ot[j] += qi * row[j];
+            }
+            for (int s = 0; s <= t; s++) {
+                const float *ks = k + (size_t)(c0 + s) * k_stride;
+                float dot = 0.0f;
+                for (int i = 0; i < dk; i++) dot += qt[i] * ks[i];
+                float m = dot * (float)exp(G[t] - G[s]);
+                const float *ds = X + (size_t)s * w;
+                for (int j = 0; j < dv; j++) ot[j] += m * ds[j];
+            }
+        }
+        /* the state at the chunk's end */
+        float eC = (float)exp(G[nc - 1]);
+        for (int i = 0; i < dk; i++) {
+            float *row = S + (size_t)i * dv;
+            for (int j = 0; j < dv; j++) row[j] *= eC;
+        }
+        for (int s = 0; s < nc; s++) {
+            const float *ks = k + (size_t)(c0 + s) * k_stride, *ds = X + (size_t)s * w;
+            float f = (float)exp(G[nc - 1] - G[s]);
+            for (int i = 0; i < dk; i++) {
+                float ki = ks[i] * f;
+                float *row = S + (size_t)i * dv;
+                for (int j = 0; j < dv; j++) row[j] += ki * ds[j];
+            }
+        }
+    }
+    free(X);
+    free(kk);
 }

@@ -53,6 +53,9 @@ int kvd_cuda_linear_bf16_dev(const void *x, const void *w, float *y, int M, int 
  *                      block_size + offset) of pool, counters added to st,
  *                      per-head absmax raised
  *   kvd_cuda_gdn_step  kvd_gdn_step for `heads` heads at once (g, beta per head)
+ *   kvd_cuda_gdn_chunked  kvd_gdn_chunked for `heads` heads of n tokens each,
+ *                      head-major: q, k [heads][n][dk], v, o [heads][n][dv],
+ *                      g, beta [heads][n], S [heads][dk][dv]
  *   kvd_cuda_route     kvd_route over rows of E router logits
  *   kvd_cuda_argmax    kvd_argmax over rows of n logits */
 int kvd_cuda_rmsnorm(float *out, const float *x, const float *w, int rows, int n, float eps,
@@ -65,6 +68,8 @@ int kvd_cuda_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads, i
                       const float *scale, kvd_qstats *st, float *absmax);
 int kvd_cuda_gdn_step(float *S, const float *q, const float *k, const float *v, const float *g,
                       const float *beta, float *o, int heads, int dk, int dv);
+int kvd_cuda_gdn_chunked(float *S, const float *q, const float *k, const float *v, const float *g,
+                         const float *beta, float *o, int heads, int n, int dk, int dv);
 int kvd_cuda_route(const float *logits, int rows, int E, int K, int norm, int *topi, float *topw);
 int kvd_cuda_argmax(const float *x, int rows, int n, int *out);
 

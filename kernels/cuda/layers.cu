@@ -139,6 +139,95 @@ __global__ void gdn_step_k(float *S, const float *q, const float *k, const float
     o[(size_t)h * dv + j] = acc;
 }
 
+// ---- the gated delta rule over a run of tokens in chunks (prefill), the
+// twin of kvd_gdn_chunked: one block per head, the chunk's phases separated
+// by barriers, every element's sum in the CPU's order. X ([U | W], then the
+// pseudo-values D in U) lives in global scratch, A and Q K^T in shared
+// memory. ----
+constexpr int GDN_C = KVD_GDN_CHUNK;
+
+__global__ void gdn_chunked_k(float *S_all, const float *q_all, const float *k_all,
+                              const float *v_all, const float *g_all, const float *b_all,
+                              float *o_all, float *X_all, int n, int dk, int dv) {
+    __shared__ double G[GDN_C];
+    __shared__ float A[GDN_C * GDN_C], QK[GDN_C * GDN_C];
+    const int h = blockIdx.x, w = dv + dk, tid = threadIdx.x, nth = blockDim.x;
+    float *S = S_all + (size_t)h * dk * dv, *X = X_all + (size_t)h * GDN_C * w;
+    const float *q = q_all + (size_t)h * n * dk, *k = k_all + (size_t)h * n * dk,
+                *v = v_all + (size_t)h * n * dv, *g = g_all + (size_t)h * n,
+                *beta = b_all + (size_t)h * n;
+    float *o = o_all + (size_t)h * n * dv;
+    for (int c0 = 0; c0 < n; c0 += GDN_C) {
+        const int nc = min(GDN_C, n - c0);
+        if (tid == 0) {
+            double acc = 0.0;
+            for (int t = 0; t < nc; t++) G[t] = acc += g[c0 + t];
+        }
+        __syncthreads();
+        for (int e = tid; e < nc * w; e += nth) {
+            int t = e / w, j = e % w;
+            float bt = beta[c0 + t];
+            X[e] = j < dv ? __fmul_rn(bt, v[(size_t)(c0 + t) * dv + j])
+                          : __fmul_rn(__fmul_rn(bt, (float)exp(G[t])),
+                                      k[(size_t)(c0 + t) * dk + (j - dv)]);
+        }
+        for (int e = tid; e < nc * nc; e += nth) {
+            int t = e / nc, s = e % nc;
+            const float *qt = q + (size_t)(c0 + t) * dk, *kt = k + (size_t)(c0 + t) * dk,
+                        *ks = k + (size_t)(c0 + s) * dk;
+            float dkk = 0.0f, dqk = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                if (s < t) dkk = __fadd_rn(dkk, __fmul_rn(kt[i], ks[i]));
+                if (s <= t) dqk = __fadd_rn(dqk, __fmul_rn(qt[i], ks[i]));
+            }
+            A[t * GDN_C + s] =
+                s < t ? __fmul_rn(__fmul_rn(beta[c0 + t], (float)exp(G[t] - G[s])), dkk) : 0.0f;
+            QK[t * GDN_C + s] = s <= t ? __fmul_rn(dqk, (float)exp(G[t] - G[s])) : 0.0f;
+        }
+        __syncthreads();
+        for (int t = 1; t < nc; t++) { // forward substitution: row t after rows < t
+            for (int j = tid; j < w; j += nth) {
+                float x = X[(size_t)t * w + j];
+                for (int s = 0; s < t; s++)
+                    x = __fsub_rn(x, __fmul_rn(A[t * GDN_C + s], X[(size_t)s * w + j]));
+                X[(size_t)t * w + j] = x;
+            }
+            __syncthreads();
+        }
+        for (int e = tid; e < nc * dv; e += nth) { // D = U - W S0
+            int t = e / dv, j = e % dv;
+            float x = X[(size_t)t * w + j];
+            for (int i = 0; i < dk; i++)
+                x = __fsub_rn(x, __fmul_rn(X[(size_t)t * w + dv + i], S[(size_t)i * dv + j]));
+            X[(size_t)t * w + j] = x;
+        }
+        __syncthreads();
+        for (int e = tid; e < nc * dv; e += nth) { // outputs, from S0
+            int t = e / dv, j = e % dv;
+            const float *qt = q + (size_t)(c0 + t) * dk;
+            float ef = (float)exp(G[t]), ot = 0.0f;
+            for (int i = 0; i < dk; i++)
+                ot = __fadd_rn(ot, __fmul_rn(__fmul_rn(qt[i], ef), S[(size_t)i * dv + j]));
+            for (int s = 0; s <= t; s++)
+                ot = __fadd_rn(ot, __fmul_rn(QK[t * GDN_C + s], X[(size_t)s * w + j]));
+            o[(size_t)(c0 + t) * dv + j] = ot;
+        }
+        __syncthreads();
+        const float eC = (float)exp(G[nc - 1]);
+        for (int e = tid; e < dk * dv; e += nth) { // the state at the chunk's end
+            int i = e / dv, j = e % dv;
+            float x = __fmul_rn(S[e], eC);
+            for (int s = 0; s < nc; s++) {
+                float f = (float)exp(G[nc - 1] - G[s]);
+                float ki = __fmul_rn(k[(size_t)(c0 + s) * dk + i], f);
+                x = __fadd_rn(x, __fmul_rn(ki, X[(size_t)s * w + j]));
+            }
+            S[e] = x;
+        }
+        __syncthreads();
+    }
+}
+
 // ---- MoE routing: softmax over the experts (sum in double), the top k
 // (ties to the lower index), optionally renormalised; one block per row ----
 __global__ void route_k(const float *logits, int E, int K, int norm, int *topi, float *topw) {
@@ -302,6 +391,22 @@ extern "C" int kvd_cuda_gdn_step(float *S, const float *q, const float *k, const
                                                dv_.as<float>(), dg.as<float>(), db.as<float>(),
                                                dout.as<float>(), dk, dv);
     bool ok = dS.get(S, ns) && dout.get(o, sizeof(float) * heads * dv);
+    return finish(ok);
+}
+
+extern "C" int kvd_cuda_gdn_chunked(float *S, const float *q, const float *k, const float *v,
+                                    const float *g, const float *beta, float *o, int heads, int n,
+                                    int dk, int dv) {
+    dbuf dS, dq, dk_, dv_, dg, db, dout, dX;
+    size_t ns = sizeof(float) * (size_t)heads * dk * dv, nq = sizeof(float) * (size_t)heads * n;
+    if (!dS.put(S, ns) || !dq.put(q, nq * dk) || !dk_.put(k, nq * dk) || !dv_.put(v, nq * dv) ||
+        !dg.put(g, nq) || !db.put(beta, nq) || !dout.alloc(nq * dv) ||
+        !dX.alloc(sizeof(float) * (size_t)heads * GDN_C * (dk + dv)))
+        return -1;
+    gdn_chunked_k<<<heads, 256>>>(dS.as<float>(), dq.as<float>(), dk_.as<float>(), dv_.as<float>(),
+                                  dg.as<float>(), db.as<float>(), dout.as<float>(), dX.as<float>(),
+                                  n, dk, dv);
+    bool ok = dS.get(S, ns) && dout.get(o, nq * dv);
     return finish(ok);
 }
 

@@ -363,6 +363,38 @@ static void prefill(void) {
     kvd_kv_scales_free(&sc);
 }
 
+/* The chunked delta rule (prefill) against its CPU twin: four heads of 300
+ * tokens (four chunks and a partial one) at the real head dims from a
+ * non-zero state. Both run each sum in the same order; exp() in double may
+ * differ in its last place, hence a tolerance rather than equality. */
+static void gdn_chunked(void) {
+    enum { H = 4, N = 300, DK = 128, DV = 128 };
+    size_t nq = (size_t)H * N;
+    float *q = malloc(sizeof(float) * nq * DK), *k = malloc(sizeof(float) * nq * DK),
+          *v = malloc(sizeof(float) * nq * DV), *g = malloc(sizeof(float) * nq),
+          *b = malloc(sizeof(float) * nq), *o1 = malloc(sizeof(float) * nq * DV),
+          *o2 = malloc(sizeof(float) * nq * DV), *S1 = malloc(sizeof(float) * H * DK * DV),
+          *S2 = malloc(sizeof(float) * H * DK * DV);
+    fill(q, nq * DK, "gpu.gdnc.q", 0.088f); /* about unit norm after dk^-0.5 */
+    fill(k, nq * DK, "gpu.gdnc.k", 0.088f);
+    fill(v, nq * DV, "gpu.gdnc.v", 1.0f);
+    fill(S1, (size_t)H * DK * DV, "gpu.gdnc.S", 0.3f);
+    memcpy(S2, S1, sizeof(float) * H * DK * DV);
+    for (size_t i = 0; i < nq; i++)
+        g[i] = -0.01f - 0.5f * (float)(i % 7), b[i] = 0.1f + 0.1f * (float)(i % 9);
+    for (int h = 0; h < H; h++)
+        kvd_gdn_chunked(S1 + (size_t)h * DK * DV, q + (size_t)h * N * DK, k + (size_t)h * N * DK,
+                        v + (size_t)h * N * DV, g + (size_t)h * N, b + (size_t)h * N,
+                        o1 + (size_t)h * N * DV, N, DK, DV, DK, DK, DV, DV);
+    CHECK(kvd_cuda_gdn_chunked(S2, q, k, v, g, b, o2, H, N, DK, DV) == 0,
+          "cuda gdn chunked failed\n");
+    CHECK(rel_l2(o2, o1, nq * DV) < 1e-6, "gdn chunked: output rel L2 %g\n",
+          rel_l2(o2, o1, nq * DV));
+    CHECK(rel_l2(S2, S1, (size_t)H * DK * DV) < 1e-6, "gdn chunked: state rel L2 %g\n",
+          rel_l2(S2, S1, (size_t)H * DK * DV));
+    free(q), free(k), free(v), free(g), free(b), free(o1), free(o2), free(S1), free(S2);
+}
+
 int main(void) {
     char why[256];
     if (!kvd_cuda_available(why, sizeof why)) {
@@ -376,6 +408,7 @@ int main(void) {
     kv_write();
     prefill();
     gdn();
+    gdn_chunked();
     route_and_sample();
     printf("cuda parity: %d passed, %d failed\n", checks - failures, failures);
     return failures ? 1 : 0;
