@@ -459,12 +459,40 @@ static int bench_cuda(int reps) {
                        bytes / t / 1e9, 100 * bytes / t / bw, tb / t);
             }
         }
-    printf("\nBF16 GEMM through cuBLASLt (FP32 accumulation):\n");
-    const int shapes[4][3] = {
-        {1, 16384, 4096}, {32, 16384, 4096}, {512, 16384, 4096}, {4096, 4096, 4096}};
-    for (int i = 0; i < 4; i++)
-        printf("  M %5d N %5d K %5d: %8.1f GFLOP/s\n", shapes[i][0], shapes[i][1], shapes[i][2],
-               kvd_cuda_bench_gemm(shapes[i][0], shapes[i][1], shapes[i][2], reps));
+    /* the qwen3.5-397b-a17b preset's projections at decode batch sizes and a
+     * prefill chunk; the back end runs the heuristic's first choice */
+    kvd_config q35;
+    char err[KVD_ERR_LEN];
+    kvd_config_preset("qwen3.5-397b-a17b", &q35, err);
+    struct {
+        const char *what;
+        int N, K;
+    } shapes[] = {
+        {"q_proj (query + gate)", 2 * q35.num_attention_heads * q35.head_dim, q35.hidden_size},
+        {"in_proj_qkvz", 2 * kvd_key_dim(&q35) + 2 * kvd_value_dim(&q35), q35.hidden_size},
+        {"out_proj", q35.hidden_size, kvd_value_dim(&q35)},
+        {"expert gate/up", q35.moe_intermediate_size, q35.hidden_size},
+        {"lm_head", q35.vocab_size, q35.hidden_size},
+    };
+    printf("\nBF16 GEMM through cuBLASLt (FP32 accumulation), shapes of qwen3.5-397b-a17b: the "
+           "heuristic's first\nchoice (what the back end runs) against the fastest of the "
+           "algorithms it offers:\n");
+    printf("  %-24s %5s %6s %6s %13s %12s %8s %6s\n", "shape", "M", "N", "K", "first_GFLOP_s",
+           "best_GFLOP_s", "of_best", "algos");
+    const int Ms[4] = {1, 8, 32, 512};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int mi = 0; mi < 4; mi++) {
+            double first = 0, best = 0;
+            int n = 0;
+            int M = Ms[mi], N = shapes[si].N, K = shapes[si].K;
+            if (kvd_cuda_bench_gemm_algos(M, N, K, reps, &first, &best, &n)) {
+                printf("  %-24s %5d %6d %6d: cuBLASLt offered no algorithm\n", shapes[si].what, M,
+                       N, K);
+                continue;
+            }
+            printf("  %-24s %5d %6d %6d %13.1f %12.1f %7.1f%% %6d\n", shapes[si].what, M, N, K,
+                   first, best, 100.0 * first / best, n);
+        }
     return 0;
 }
 #endif

@@ -76,10 +76,13 @@ int kvd_cuda_argmax(const float *x, int rows, int n, int *out);
 /* Device-to-device copy bandwidth (read + write bytes per second). */
 double kvd_cuda_copy_bandwidth(size_t bytes, int reps);
 /* Seconds per decode-attention query with the cache on the device (fmt is a
- * kvd_fmt), and GFLOP/s of the BF16 GEMM at a shape. */
+ * kvd_fmt). */
 double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim, int reps,
                            int version);
-double kvd_cuda_bench_gemm(int M, int N, int K, int reps);
+/* Every algorithm the heuristic offers for a shape (up to 32), each timed:
+ * GFLOP/s of its first choice (the one the back end runs) and of the fastest. */
+int kvd_cuda_bench_gemm_algos(int M, int N, int K, int reps, double *first, double *best,
+                              int *n_algos);
 
 #ifdef __cplusplus
 }
