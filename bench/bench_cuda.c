@@ -1,0 +1,76 @@
+/* kvdrift: the device benchmarks (`kvdrift bench cuda`, and kvd_gpu_bench,
+ * the lean executable the GPU check carries to a machine without the
+ * host's libraries). */
+#include <stdio.h>
+
+#include "../kernels/cuda/cuda_kernels.h"
+#include "../runners/config.h"
+#include "bench_cuda.h"
+
+/* The device side: copy bandwidth, decode attention at the qwen3.5 shape
+ * (32 query heads, 2 KV heads, head_dim 256) at 32K and 128K tokens, and the
+ * BF16 GEMM at the model's projection shapes. */
+int kvd_bench_cuda(int reps) {
+    char why[256];
+    if (!kvd_cuda_available(why, sizeof why)) {
+        printf("kvdrift bench cuda: %s; nothing to measure\n", why);
+        return 0;
+    }
+    int fail = 0;
+    double bw = kvd_cuda_copy_bandwidth((size_t)1 << 30, reps);
+    fail |= bw <= 0;
+    printf("device copy bandwidth (read + write, 1 GiB): %.1f GB/s\n\n", bw / 1e9);
+    printf("decode attention, 32/2 heads x 256 (v1: plain kernels; v2: split over the context):\n"
+           "%8s %-6s %4s %10s %10s %8s %8s\n",
+           "context", "cache", "ver", "time_us", "read_GB_s", "of_copy", "vs_bf16");
+    int ctxs[2] = {32768, 131072};
+    const char *fn[3] = {"bf16", "e4m3", "e5m2"};
+    for (int ver = 1; ver <= 2; ver++)
+        for (int ci = 0; ci < 2; ci++) {
+            double tb = 0;
+            for (int f = 0; f < 3; f++) {
+                double t = kvd_cuda_bench_attn(f, ctxs[ci], 32, 2, 256, reps, ver);
+                fail |= t <= 0;
+                double bytes = 2.0 * ctxs[ci] * 2 * 256 * (f == 0 ? 2 : 1);
+                if (f == 0) tb = t;
+                printf("%8d %-6s %4d %10.1f %10.1f %7.1f%% %7.2fx\n", ctxs[ci], fn[f], ver, t * 1e6,
+                       bytes / t / 1e9, 100 * bytes / t / bw, tb / t);
+            }
+        }
+    /* the qwen3.5-397b-a17b preset's projections at decode batch sizes and a
+     * prefill chunk; the back end runs the heuristic's first choice */
+    kvd_config q35;
+    char err[KVD_ERR_LEN];
+    kvd_config_preset("qwen3.5-397b-a17b", &q35, err);
+    struct {
+        const char *what;
+        int N, K;
+    } shapes[] = {
+        {"q_proj (query + gate)", 2 * q35.num_attention_heads * q35.head_dim, q35.hidden_size},
+        {"in_proj_qkvz", 2 * kvd_key_dim(&q35) + 2 * kvd_value_dim(&q35), q35.hidden_size},
+        {"out_proj", q35.hidden_size, kvd_value_dim(&q35)},
+        {"expert gate/up", q35.moe_intermediate_size, q35.hidden_size},
+        {"lm_head", q35.vocab_size, q35.hidden_size},
+    };
+    printf("\nBF16 GEMM through cuBLASLt (FP32 accumulation), shapes of qwen3.5-397b-a17b: the "
+           "heuristic's first\nchoice (what the back end runs) against the fastest of the "
+           "algorithms it offers:\n");
+    printf("  %-24s %5s %6s %6s %13s %12s %8s %6s\n", "shape", "M", "N", "K", "first_GFLOP_s",
+           "best_GFLOP_s", "of_best", "algos");
+    const int Ms[4] = {1, 8, 32, 512};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int mi = 0; mi < 4; mi++) {
+            double first = 0, best = 0;
+            int n = 0;
+            int M = Ms[mi], N = shapes[si].N, K = shapes[si].K;
+            if (kvd_cuda_bench_gemm_algos(M, N, K, reps, &first, &best, &n)) {
+                fail = 1;
+                printf("  %-24s %5d %6d %6d: cuBLASLt offered no algorithm\n", shapes[si].what, M,
+                       N, K);
+                continue;
+            }
+            printf("  %-24s %5d %6d %6d %13.1f %12.1f %7.1f%% %6d\n", shapes[si].what, M, N, K,
+                   first, best, 100.0 * first / best, n);
+        }
+    return fail;
+}

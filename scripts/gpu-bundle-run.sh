@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# On the device machine, from a bundle made by scripts/gpu-bundle.sh: the
+# CUDA parity tests against the CPU twins, then the device benchmarks; the
+# log into OUT_DIR/gpu-check.log. Exit 0 only when every parity check passed.
+# usage: bash gpu-bundle/run.sh OUT_DIR
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out="${1:-out/gpu-check}"
+mkdir -p "$out"
+# cuBLASLt: the system's, else CUDA's own folder, else the Python wheel's
+lt=$(ldconfig -p 2>/dev/null | awk '/libcublasLt\.so\.13/ {print $NF; exit}')
+[ -n "$lt" ] || lt=$(ls /usr/local/cuda/lib64/libcublasLt.so.13* 2>/dev/null | head -1)
+[ -n "$lt" ] || lt=$(python3 -c 'import nvidia.cublas as c, os; print(os.path.join(list(c.__path__)[0], "lib", "libcublasLt.so.13"))' 2>/dev/null)
+export LD_LIBRARY_PATH="$here/lib:${lt:+$(dirname "$lt"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+{
+  echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) $(hostname) cuBLASLt: ${lt:-not found}"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 || true
+  echo "== parity"
+  timeout 300 "$here/test_cuda_parity"
+  echo "parity exit $?"
+  echo "== device benchmarks"
+  timeout 240 "$here/kvd_gpu_bench" 10
+  echo "bench exit $?"
+} 2>&1 | tee "$out/gpu-check.log"
+grep -q "^parity exit 0$" "$out/gpu-check.log"
