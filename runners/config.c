@@ -114,6 +114,19 @@ int kvd_config_preset(const char *name, kvd_config *c, char *err) {
     return -1;
 }
 
+void kvd_config_layer_indices(const kvd_config *c, int *attn_index, int *lin_index, int *n_full,
+                              int *n_lin) {
+    *n_full = *n_lin = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        attn_index[l] = lin_index[l] = -1;
+        if (c->layer_types[l] == KVD_LAYER_FULL) {
+            attn_index[l] = (*n_full)++;
+        } else {
+            lin_index[l] = (*n_lin)++;
+        }
+    }
+}
+
 int kvd_config_n_full(const kvd_config *c) {
     int n = 0;
     for (int i = 0; i < c->num_hidden_layers; i++) n += c->layer_types[i] == KVD_LAYER_FULL;

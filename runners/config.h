@@ -68,6 +68,10 @@ void kvd_err_prefix(char *err, const char *prefix);
 
 /* Derived sizes. */
 int kvd_config_n_full(const kvd_config *cfg);
+/* Each layer's index among the full-attention layers (attn_index) or the
+ * DeltaNet layers (lin_index), -1 in the other; the two counts. */
+void kvd_config_layer_indices(const kvd_config *cfg, int *attn_index, int *lin_index, int *n_full,
+                              int *n_lin);
 static inline int kvd_rot_dim(const kvd_config *c) {
     return (int)(c->head_dim * c->partial_rotary_factor) / 2 * 2;
 }

@@ -90,14 +90,7 @@ kvd_model *kvd_model_new(const kvd_weights *w, int max_rows, int max_seqs, char 
     m->c = *c;
     m->max_rows = max_rows;
     m->max_seqs = max_seqs;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        m->attn_index[l] = m->lin_index[l] = -1;
-        if (c->layer_types[l] == KVD_LAYER_FULL) {
-            m->attn_index[l] = m->n_full++;
-        } else {
-            m->lin_index[l] = m->n_lin++;
-        }
-    }
+    kvd_config_layer_indices(c, m->attn_index, m->lin_index, &m->n_full, &m->n_lin);
     int rot = kvd_rot_dim(c);
     m->inv_freq = malloc(sizeof(float) * (size_t)(rot / 2));
     if (!m->inv_freq) goto oom;
@@ -479,15 +472,14 @@ static int check_finite(const kvd_model *m, const float *x, int rows, int layer,
     return 0;
 }
 
-int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits, int last_only,
-                char *err) {
-    const kvd_config *c = &m->c;
-    const int H = c->hidden_size, V = c->vocab_size;
+int kvd_batch_rows(const kvd_config *c, kvd_kvcache *kv, const kvd_batch *b, int max_rows,
+                   int max_seqs, int *pos, int *row_seq, char *err) {
+    const int V = c->vocab_size;
     int rows = 0;
     for (int s = 0; s < b->n; s++) rows += b->n_tok[s];
-    if (rows > m->max_rows) {
+    if (rows > max_rows) {
         snprintf(err, KVD_ERR_LEN, "forward: %d tokens in one step, expected at most %d", rows,
-                 m->max_rows);
+                 max_rows);
         return -1;
     }
     /* positions continue each sequence; make room in the cache first */
@@ -499,7 +491,7 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
                 snprintf(err, KVD_ERR_LEN, "forward: sequence %d appears twice in one step", seq);
                 return -1;
             }
-        if (seq < 0 || seq >= m->max_seqs || seq >= kv->n_seqs || !kv->seqs[seq].live) {
+        if (seq < 0 || seq >= max_seqs || seq >= kv->n_seqs || !kv->seqs[seq].live) {
             snprintf(err, KVD_ERR_LEN, "forward: sequence %d is not live in the KV cache", seq);
             return -1;
         }
@@ -519,8 +511,8 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
             return -1;
         }
         for (int t = 0; t < b->n_tok[s]; t++, r++) {
-            m->pos[r] = start + t;
-            m->row_seq[r] = seq;
+            pos[r] = start + t;
+            row_seq[r] = seq;
             int32_t tok = b->tok[r];
             if (tok < 0 || tok >= V) {
                 snprintf(err, KVD_ERR_LEN,
@@ -530,6 +522,15 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
             }
         }
     }
+    return rows;
+}
+
+int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits, int last_only,
+                char *err) {
+    const kvd_config *c = &m->c;
+    const int H = c->hidden_size, V = c->vocab_size;
+    int rows = kvd_batch_rows(c, kv, b, m->max_rows, m->max_seqs, m->pos, m->row_seq, err), r;
+    if (rows < 0) return -1;
 
     /* embed */
     for (r = 0; r < rows; r++)

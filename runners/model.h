@@ -70,6 +70,13 @@ int kvd_prefill(kvd_model *m, kvd_kvcache *kv, int seq, const int32_t *tok, int 
 
 const kvd_config *kvd_model_config(const kvd_model *m);
 
+/* The rows of one step: checks the batch (each sequence live and once, room
+ * in the cache, which it reserves, positions and token ids in range), fills
+ * each row's position and sequence; returns the row count, or -1 with err
+ * set. Shared by the CPU and device forward passes. */
+int kvd_batch_rows(const kvd_config *c, kvd_kvcache *kv, const kvd_batch *b, int max_rows,
+                   int max_seqs, int *pos, int *row_seq, char *err);
+
 /* The index among full-attention layers of layer l, or -1. */
 int kvd_model_attn_index(const kvd_model *m, int layer);
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the device machine, from a bundle made by scripts/gpu-bundle.sh: the
 # CUDA parity tests against the CPU twins, then the device benchmarks; the
-# log into OUT_DIR/gpu-check.log. Exit 0 only when every parity check passed.
+# log into OUT_DIR/gpu-check.log. Exit 0 only when every parity check and
+# the whole-model comparison passed.
 # usage: bash gpu-bundle/run.sh OUT_DIR
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -11,15 +12,29 @@ mkdir -p "$out"
 lt=$(ldconfig -p 2>/dev/null | awk '/libcublasLt\.so\.13/ {print $NF; exit}')
 [ -n "$lt" ] || lt=$(ls /usr/local/cuda/lib64/libcublasLt.so.13* 2>/dev/null | head -1)
 [ -n "$lt" ] || lt=$(python3 -c 'import nvidia.cublas as c, os; print(os.path.join(list(c.__path__)[0], "lib", "libcublasLt.so.13"))' 2>/dev/null)
-export LD_LIBRARY_PATH="$here/lib:${lt:+$(dirname "$lt"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# the bundle's libraries, the packed ones unpacked (xz, else Python's lzma)
+lib="${TMPDIR:-/tmp}/kvdrift-gpu-lib"
+mkdir -p "$lib"
+for f in "$here"/lib/*; do
+  case "$f" in
+  *.xz) xz -dc "$f" >"$lib/$(basename "$f" .xz)" 2>/dev/null ||
+    python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' "$f" \
+      >"$lib/$(basename "$f" .xz)" ;;
+  *) cp "$f" "$lib/" ;;
+  esac
+done
+export LD_LIBRARY_PATH="$lib:${lt:+$(dirname "$lt"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 {
   echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) $(hostname) cuBLASLt: ${lt:-not found}"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 || true
   echo "== parity"
-  timeout 300 "$here/test_cuda_parity"
+  timeout 240 "$here/test_cuda_parity"
   echo "parity exit $?"
+  echo "== the whole model on the device against the CPU"
+  timeout 180 "$here/test_cuda_model"
+  echo "model exit $?"
   echo "== device benchmarks"
   timeout 240 "$here/kvd_gpu_bench" 10
   echo "bench exit $?"
 } 2>&1 | tee "$out/gpu-check.log"
-grep -q "^parity exit 0$" "$out/gpu-check.log"
+grep -q "^parity exit 0$" "$out/gpu-check.log" && grep -q "^model exit 0$" "$out/gpu-check.log"

@@ -361,6 +361,31 @@ __global__ void prefill_kernel(view kv, const int *blocks, int pos0, const float
     for (int i = 0; i < PER; i++) o[lane + 32 * i] = acc[i] * f;
 }
 
+extern "C" int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0,
+                                         int n_q, const float *q, int n_heads, float sm_scale,
+                                         float *out) {
+    const int hd = dv->head_dim, G = n_heads / dv->kv_heads;
+    if (!v2_ok(hd, G) || n_q < 1) return -1;
+    view kv = {(int)dv->fmt,
+               dv->block_size,
+               dv->kv_heads,
+               hd,
+               (const unsigned char *)dv->k,
+               (const unsigned char *)dv->v,
+               dv->k_scale,
+               dv->v_scale};
+    dim3 grid((unsigned)n_q, (unsigned)dv->kv_heads);
+    size_t shm = sizeof(float) * (PF_TILE * (hd + 1) + (size_t)G * hd);
+    const int *db = (const int *)blocks;
+    if (hd == 64)
+        prefill_kernel<64><<<grid, 32 * G, shm>>>(kv, db, pos0, q, n_heads, sm_scale, out);
+    else if (hd == 128)
+        prefill_kernel<128><<<grid, 32 * G, shm>>>(kv, db, pos0, q, n_heads, sm_scale, out);
+    else
+        prefill_kernel<256><<<grid, 32 * G, shm>>>(kv, db, pos0, q, n_heads, sm_scale, out);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
 extern "C" int kvd_cuda_attn_prefill(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
                                      int pos0, int n_q, const float *q, int n_heads,
                                      float sm_scale, float *out) {
@@ -402,6 +427,32 @@ out:
     cudaFree(dk), cudaFree(dv), cudaFree(db), cudaFree(dq), cudaFree(dout);
     cudaFree(dks), cudaFree(dvs);
     return rc;
+}
+
+// ---- the same kernels on device memory, for the device model: the view's
+// pools and scales and the block table are device pointers ----
+extern "C" size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim) {
+    size_t splits = (size_t)(max_ctx + 511) / 512;
+    return splits * (size_t)n_heads * ((size_t)head_dim + 2);
+}
+
+extern "C" int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
+                                        const float *q, int n_heads, float sm_scale, float *out,
+                                        float *scratch) {
+    int G = n_heads / dv->kv_heads;
+    if (!v2_ok(dv->head_dim, G)) return -1;
+    view kv = {(int)dv->fmt,
+               dv->block_size,
+               dv->kv_heads,
+               dv->head_dim,
+               (const unsigned char *)dv->k,
+               (const unsigned char *)dv->v,
+               dv->k_scale,
+               dv->v_scale};
+    int splits = (n_ctx + 511) / 512;
+    size_t np = (size_t)splits * n_heads;
+    float *pa = scratch, *pm = pa + np * dv->head_dim, *pl = pm + np;
+    return launch_v2(kv, (const int *)blocks, n_ctx, q, n_heads, sm_scale, out, splits, pa, pm, pl);
 }
 
 extern "C" int kvd_cuda_attn_decode(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,

@@ -73,6 +73,81 @@ int kvd_cuda_gdn_chunked(float *S, const float *q, const float *k, const float *
 int kvd_cuda_route(const float *logits, int rows, int E, int K, int norm, int *topi, float *topw);
 int kvd_cuda_argmax(const float *x, int rows, int n, int *out);
 
+/* ---- device memory and device-pointer operations (the device model) ----
+ * Allocation is zeroed; the operations are launched on the default stream
+ * and return at once; kvd_cuda_sync waits and reports the first error.
+ * Weights: matrices in BF16 (kvd_cuda_upload_bf16), vectors in FP32. */
+void *kvd_cuda_alloc(size_t n);
+void kvd_cuda_free(void *p);
+int kvd_cuda_upload(void *dst, const void *src, size_t n);
+int kvd_cuda_upload_bf16(void *dst, const float *src, size_t n);
+int kvd_cuda_download(void *dst, const void *src, size_t n);
+int kvd_cuda_copy(void *dst, const void *src, size_t n);
+int kvd_cuda_zero(void *p, size_t n);
+int kvd_cuda_sync(char *err, int len);
+
+void kvd_cuda_kv_write_dev(kvd_fmt fmt, int saturate, int block_size, int kv_heads, int head_dim,
+                           void *pool, int n_tok, const int32_t *slot, const float *x,
+                           const float *scale, unsigned long long *stats, unsigned int *absmax);
+void kvd_cuda_rmsnorm_dev(float *out, size_t out_stride, const float *x, size_t x_stride,
+                          const float *w, int rows, int n, float eps, int one_plus);
+void kvd_cuda_rope_dev(float *v, int rows, int heads, int stride, const int *pos, int rot_dim,
+                       const float *inv_freq);
+void kvd_cuda_swiglu_dev(float *g, const float *u, size_t n);
+void kvd_cuda_route_dev(const float *logits, int rows, int E, int K, int norm, int *topi,
+                        float *topw);
+void kvd_cuda_argmax_dev(const float *x, int rows, int n, int *out);
+/* decode (one query) and prefill (n_q causal rows) attention; the view's
+ * pools and scales and the block table on the device; decode's scratch holds
+ * kvd_cuda_attn_scratch_floats(n_ctx, ...) floats */
+size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim);
+int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
+                             const float *q, int n_heads, float sm_scale, float *out,
+                             float *scratch);
+int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,
+                              const float *q, int n_heads, float sm_scale, float *out);
+
+/* the model's glue, as runners/model.c does it on the CPU (model_ops.cu):
+ * y = x W^T with FP32 x and BF16 W; embedding rows; RMSNorm over strided
+ * rows; RoPE; the query half of [query | gate]; the output gate; x += y;
+ * SwiGLU; DeltaNet's un-grouping, conv1d + SiLU (per batch sequence), q/k
+ * L2 norm, recurrence (per batch sequence and value head) and gated norm;
+ * MoE gather / weighted scatter and the shared expert's gated add; the first
+ * non-finite value; greedy sampling */
+void kvd_cudaop_linear(const float *x, const void *w, float *y, int M, int N, int K);
+void kvd_cudaop_embed(const void *E, const int32_t *tok, float *x, int rows, int H);
+void kvd_cudaop_rmsnorm(float *out, size_t out_stride, const float *x, size_t x_stride,
+                        const float *w, int rows, int n, float eps, int one_plus);
+void kvd_cudaop_rope(float *v, int rows, int heads, int stride, const int *pos, int rot_dim,
+                     const float *inv_freq);
+void kvd_cudaop_split_query(const float *qg, float *qh, int rows, int nh, int hd);
+void kvd_cudaop_output_gate(float *att, const float *qg, int rows, int nh, int hd);
+void kvd_cudaop_add(float *x, const float *y, size_t n);
+void kvd_cudaop_swiglu(float *g, const float *u, size_t n);
+void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads, int head_dim,
+                         void *pool, int n_tok, const int32_t *slot, const float *x,
+                         const float *scale, unsigned long long *stats, unsigned int *absmax);
+void kvd_cudaop_ungroup(const float *qkvz, const float *ba, const float *A_log,
+                        const float *dt_bias, float *conv, float *z, float *beta, float *gdec,
+                        int rows, int nk, int nv, int dk, int dv);
+void kvd_cudaop_conv(float *conv, int cd, const float *w, int K, float *state_base,
+                     size_t state_seq_stride, int n_seqs, const int *seqs, const int *row0,
+                     const int *ntok);
+void kvd_cudaop_l2norm(float *conv, int rows, int cd, int nk, int dk, float qscale);
+void kvd_cudaop_gdn(const float *conv, const float *gdec, const float *beta, float *out, float *ssm,
+                    size_t ssm_seq_stride, int n_seqs, const int *seqs, const int *row0,
+                    const int *ntok, int nk, int nv, int dk, int dv);
+void kvd_cudaop_gated_norm(float *o, const float *z, const float *w, int rows, int nv, int dv,
+                           float eps);
+void kvd_cudaop_route(const float *logits, int rows, int E, int K, int norm, int *topi,
+                      float *topw);
+void kvd_cudaop_gather(const float *xn, const int *slots, int n, int K, float *gx, int H);
+void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const float *topw, int n,
+                        int K, int H);
+void kvd_cudaop_add_gated(float *mix, const float *y, const float *gate, int rows, int H);
+void kvd_cudaop_nonfinite(const float *x, size_t n, unsigned long long *first);
+void kvd_cudaop_argmax(const float *x, int rows, int n, int *out);
+
 /* Device-to-device copy bandwidth (read + write bytes per second). */
 double kvd_cuda_copy_bandwidth(size_t bytes, int reps);
 /* Seconds per decode-attention query with the cache on the device (fmt is a

@@ -18,27 +18,17 @@
 #include <cstring>
 
 #include "cuda_kernels.h"
+#include "device_math.cuh"
 
 namespace {
 
-// ---- RMSNorm: one block per row, sum of squares in double ----
-__global__ void rmsnorm_k(float *out, const float *x, const float *w, int n, float eps,
-                          int one_plus) {
-    const float *xr = x + (size_t)blockIdx.x * n;
-    float *o = out + (size_t)blockIdx.x * n;
-    __shared__ double part[32];
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * xr[i];
-    for (int off = 16; off > 0; off >>= 1) ss += __shfl_down_sync(0xffffffffu, ss, off);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = 0.0;
-        for (int i = 0; i < (int)(blockDim.x + 31) / 32; i++) t += part[i];
-        part[0] = t;
-    }
-    __syncthreads();
-    float r = (float)(1.0 / sqrt(part[0] / n + (double)eps));
+// ---- RMSNorm: one block per row of n values (rows at strides; in place
+// allowed), the sum of squares in double ----
+__global__ void rmsnorm_k(float *out, size_t out_stride, const float *x, size_t x_stride,
+                          const float *w, int n, float eps, int one_plus) {
+    const float *xr = x + (size_t)blockIdx.x * x_stride;
+    float *o = out + (size_t)blockIdx.x * out_stride;
+    float r = (float)(1.0 / sqrt(block_sum_sq(xr, n) / n + (double)eps));
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float g = one_plus ? __fadd_rn(1.0f, w[i]) : w[i];
         o[i] = __fmul_rn(__fmul_rn(xr[i], r), g);
@@ -63,10 +53,7 @@ __global__ void rope_k(float *v, int heads, int stride, const int *pos, int rot_
 // ---- SwiGLU in place: g = silu(g) * u ----
 __global__ void swiglu_k(float *g, const float *u, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float x = g[i];
-    float s = __fdiv_rn(x, __fadd_rn(1.0f, expf(-x)));
-    g[i] = __fmul_rn(s, u[i]);
+    if (i < n) g[i] = __fmul_rn(silu_rn(g[i]), u[i]);
 }
 
 // ---- the paged cache write: one block per (token, KV head), one thread per
@@ -121,22 +108,13 @@ __global__ void kv_write_k(write_args a) {
 
 // ---- the gated delta rule, one block per head, one thread per value
 // dimension: every sum in the CPU's order (over the key dimension) ----
-__global__ void gdn_step_k(float *S, const float *q, const float *k, const float *v, const float *g,
-                           const float *beta, float *o, int dk, int dv) {
+__global__ void gdn_step_k(float *S, const float *q, const float *k, const float *v,
+                           const float *g, const float *beta, float *o, int dk, int dv) {
     int h = blockIdx.x, j = threadIdx.x;
     if (j >= dv) return;
-    float *Sh = S + (size_t)h * dk * dv;
-    const float *qh = q + (size_t)h * dk, *kh = k + (size_t)h * dk;
-    float decay = expf(g[h]), mem = 0.0f;
-    for (int i = 0; i < dk; i++) mem = __fadd_rn(mem, __fmul_rn(Sh[(size_t)i * dv + j], kh[i]));
-    float delta = __fmul_rn(__fsub_rn(v[(size_t)h * dv + j], __fmul_rn(decay, mem)), beta[h]);
-    float acc = 0.0f;
-    for (int i = 0; i < dk; i++) {
-        float s = __fadd_rn(__fmul_rn(decay, Sh[(size_t)i * dv + j]), __fmul_rn(kh[i], delta));
-        Sh[(size_t)i * dv + j] = s;
-        acc = __fadd_rn(acc, __fmul_rn(s, qh[i]));
-    }
-    o[(size_t)h * dv + j] = acc;
+    o[(size_t)h * dv + j] = gdn_column(S + (size_t)h * dk * dv, q + (size_t)h * dk,
+                                       k + (size_t)h * dk, v[(size_t)h * dv + j], g[h], beta[h],
+                                       dk, dv, j);
 }
 
 // ---- the gated delta rule over a run of tokens in chunks (prefill), the
@@ -316,7 +294,8 @@ extern "C" int kvd_cuda_rmsnorm(float *out, const float *x, const float *w, int 
     dbuf dx, dw, dout;
     size_t nb = sizeof(float) * (size_t)rows * n;
     if (!dx.put(x, nb) || !dw.put(w, sizeof(float) * n) || !dout.alloc(nb)) return -1;
-    rmsnorm_k<<<rows, 256>>>(dout.as<float>(), dx.as<float>(), dw.as<float>(), n, eps, one_plus);
+    rmsnorm_k<<<rows, 256>>>(dout.as<float>(), (size_t)n, dx.as<float>(), (size_t)n, dw.as<float>(), n,
+                             eps, one_plus);
     return finish(dout.get(out, nb));
 }
 
@@ -428,4 +407,40 @@ extern "C" int kvd_cuda_argmax(const float *x, int rows, int n, int *out) {
     if (!dx.put(x, sizeof(float) * (size_t)rows * n) || !dout.alloc(sizeof(int) * rows)) return -1;
     argmax_k<<<rows, 1024>>>(dx.as<float>(), n, dout.as<int>());
     return finish(dout.get(out, sizeof(int) * rows));
+}
+
+// ---- the same on device memory (asynchronous), for the device model ----
+extern "C" void kvd_cuda_kv_write_dev(kvd_fmt fmt, int saturate, int block_size, int kv_heads,
+                                      int head_dim, void *pool, int n_tok, const int32_t *slot,
+                                      const float *x, const float *scale,
+                                      unsigned long long *stats, unsigned int *absmax) {
+    if (n_tok <= 0) return;
+    write_args a = {fmt,  saturate, block_size, kv_heads, head_dim, slot, x, scale,
+                    (unsigned char *)pool,      stats,    absmax};
+    kv_write_k<<<n_tok * kv_heads, (head_dim + 31) / 32 * 32>>>(a);
+}
+
+extern "C" void kvd_cuda_route_dev(const float *logits, int rows, int E, int K, int norm,
+                                   int *topi, float *topw) {
+    if (rows > 0) route_k<<<rows, 128, sizeof(float) * E>>>(logits, E, K, norm, topi, topw);
+}
+
+extern "C" void kvd_cuda_argmax_dev(const float *x, int rows, int n, int *out) {
+    if (rows > 0) argmax_k<<<rows, 1024>>>(x, n, out);
+}
+
+extern "C" void kvd_cuda_rmsnorm_dev(float *out, size_t out_stride, const float *x,
+                                     size_t x_stride, const float *w, int rows, int n, float eps,
+                                     int one_plus) {
+    if (rows > 0) rmsnorm_k<<<rows, 256>>>(out, out_stride, x, x_stride, w, n, eps, one_plus);
+}
+
+extern "C" void kvd_cuda_rope_dev(float *v, int rows, int heads, int stride, const int *pos,
+                                  int rot_dim, const float *inv_freq) {
+    if (rows > 0 && rot_dim > 0)
+        rope_k<<<rows * heads, 64>>>(v, heads, stride, pos, rot_dim, inv_freq);
+}
+
+extern "C" void kvd_cuda_swiglu_dev(float *g, const float *u, size_t n) {
+    if (n > 0) swiglu_k<<<(unsigned)((n + 255) / 256), 256>>>(g, u, n);
 }

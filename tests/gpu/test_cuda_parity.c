@@ -14,15 +14,7 @@
 #include "../../runners/kvcache.h"
 #include "../../runners/weights.h"
 
-static int failures = 0, checks = 0;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        checks++;                                                                                  \
-        if (!(cond)) {                                                                             \
-            if (failures++ < 10) fprintf(stderr, __VA_ARGS__);                                     \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 static void codecs(void) {
     enum { N = 1 << 20 };
@@ -138,15 +130,6 @@ static void gemm(void) {
 static void fill(float *x, size_t n, const char *name, float scale) {
     uint64_t key = kvd_rng_key(11, name);
     for (size_t i = 0; i < n; i++) x[i] = scale * kvd_rng_normal(key, i);
-}
-
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = (double)a[i] - b[i];
-        num += e * e, den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 /* RMSNorm, RoPE and SwiGLU at the model's widths. Each product and sum is

@@ -1,0 +1,51 @@
+// kvdrift: device helpers shared by the kernels: a block's sum of squares
+// in double, the logistic functions rounded as the CPU's (ISO C, no fused
+// multiply-adds), and one column of the gated delta rule step.
+#ifndef KVD_DEVICE_MATH_CUH
+#define KVD_DEVICE_MATH_CUH
+
+#include <cuda_runtime.h>
+
+// sum of x[i]^2 over i < n by the whole block (blockDim a multiple of 32,
+// at most 1024), returned to every thread
+__device__ inline double block_sum_sq(const float *x, int n) {
+    __shared__ double part[32];
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)x[i] * x[i];
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_down_sync(0xffffffffu, ss, off);
+    __syncthreads(); // part may still be read by an earlier call
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int i = 0; i < (int)(blockDim.x + 31) / 32; i++) t += part[i];
+        part[0] = t;
+    }
+    __syncthreads();
+    return part[0];
+}
+
+__device__ inline float sigmoid_rn(float x) {
+    return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x)));
+}
+__device__ inline float silu_rn(float x) {
+    return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x)));
+}
+
+// kvd_gdn_step for value dimension j of one head (S [dk][dv], column j
+// only: the columns are independent): returns o[j]
+__device__ inline float gdn_column(float *S, const float *q, const float *k, float vj, float g,
+                                   float beta, int dk, int dv, int j) {
+    float decay = expf(g), mem = 0.0f;
+    for (int i = 0; i < dk; i++) mem = __fadd_rn(mem, __fmul_rn(S[(size_t)i * dv + j], k[i]));
+    float delta = __fmul_rn(__fsub_rn(vj, __fmul_rn(decay, mem)), beta);
+    float acc = 0.0f;
+    for (int i = 0; i < dk; i++) {
+        float s = __fadd_rn(__fmul_rn(decay, S[(size_t)i * dv + j]), __fmul_rn(k[i], delta));
+        S[(size_t)i * dv + j] = s;
+        acc = __fadd_rn(acc, __fmul_rn(s, q[i]));
+    }
+    return acc;
+}
+
+#endif

@@ -1,0 +1,353 @@
+// kvdrift: device memory and the model's operations on device pointers, for
+// the device forward pass (runners/model_cuda.c). Every operation is
+// launched on the default stream and returns at once; kvd_cuda_sync reports
+// the first error. The per-layer blocks reuse the kernels of layers.cu (the
+// ones tests/gpu holds to their CPU twins); the rest is glue that moves or
+// combines values the way runners/model.c does on the CPU, in its order.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "cuda_kernels.h"
+#include "device_math.cuh"
+
+// ---- memory ----
+extern "C" void *kvd_cuda_alloc(size_t n) {
+    void *p = nullptr;
+    if (cudaMalloc(&p, n ? n : 1) != cudaSuccess) return nullptr;
+    if (cudaMemset(p, 0, n ? n : 1) != cudaSuccess) {
+        cudaFree(p);
+        return nullptr;
+    }
+    return p;
+}
+extern "C" void kvd_cuda_free(void *p) {
+    if (p) cudaFree(p);
+}
+extern "C" int kvd_cuda_upload(void *dst, const void *src, size_t n) {
+    return cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
+}
+extern "C" int kvd_cuda_download(void *dst, const void *src, size_t n) {
+    return cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+}
+extern "C" int kvd_cuda_copy(void *dst, const void *src, size_t n) {
+    return cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice) == cudaSuccess ? 0 : -1;
+}
+extern "C" int kvd_cuda_zero(void *p, size_t n) {
+    return cudaMemset(p, 0, n) == cudaSuccess ? 0 : -1;
+}
+extern "C" int kvd_cuda_sync(char *err, int len) {
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        std::snprintf(err, (size_t)len, "cuda: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+// FP32 values (BF16-valued weights: exact) to BF16 on the device, through a
+// staging buffer of 16M values.
+extern "C" int kvd_cuda_upload_bf16(void *dst, const float *src, size_t n) {
+    const size_t chunk = (size_t)1 << 24;
+    std::vector<uint16_t> tmp(n < chunk ? n : chunk);
+    for (size_t i0 = 0; i0 < n; i0 += chunk) {
+        size_t m = n - i0 < chunk ? n - i0 : chunk;
+        kvd_quant_bf16(src + i0, tmp.data(), m);
+        if (cudaMemcpy((uint16_t *)dst + i0, tmp.data(), m * 2, cudaMemcpyHostToDevice) !=
+            cudaSuccess)
+            return -1;
+    }
+    return 0;
+}
+
+namespace {
+
+inline unsigned blocks_for(size_t n, unsigned th) {
+    return (unsigned)((n + th - 1) / th);
+}
+
+// y[M,N] = x[M,K] W[N,K]^T: FP32 activations, BF16 weights, FP32 sums. One
+// warp per output column and tile of 16 rows, each lane 8 weights (16 bytes)
+// at a time: decode reads every weight once per step.
+constexpr int LIN_ROWS = 16;
+__global__ void linear_w16_k(const float *x, const __nv_bfloat16 *w, float *y, int M, int N,
+                             int K) {
+    const int n = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    const int m0 = blockIdx.y * LIN_ROWS;
+    if (n >= N) return;
+    const int rows = min(LIN_ROWS, M - m0);
+    float acc[LIN_ROWS];
+#pragma unroll
+    for (int i = 0; i < LIN_ROWS; i++) acc[i] = 0.0f;
+    const __nv_bfloat16 *wr = w + (size_t)n * K;
+    if (K % 8 == 0) {
+        for (int k = lane * 8; k < K; k += 256) {
+            uint4 raw = *reinterpret_cast<const uint4 *>(wr + k);
+            const __nv_bfloat16 *wb = reinterpret_cast<const __nv_bfloat16 *>(&raw);
+            float wv[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) wv[e] = __bfloat162float(wb[e]);
+#pragma unroll
+            for (int i = 0; i < LIN_ROWS; i++)
+                if (i < rows) {
+                    const float *xr = x + (size_t)(m0 + i) * K + k;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[i] += wv[e] * xr[e];
+                }
+        }
+    } else {
+        for (int k = lane; k < K; k += 32) {
+            float wv = __bfloat162float(wr[k]);
+            for (int i = 0; i < rows; i++) acc[i] += wv * x[(size_t)(m0 + i) * K + k];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < LIN_ROWS; i++) {
+        float a = acc[i];
+        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (lane == 0 && i < rows) y[(size_t)(m0 + i) * N + n] = a;
+    }
+}
+
+__global__ void embed_k(const __nv_bfloat16 *E, const int32_t *tok, float *x, int H) {
+    const int r = blockIdx.x;
+    const __nv_bfloat16 *e = E + (size_t)tok[r] * H;
+    for (int d = threadIdx.x; d < H; d += blockDim.x) x[(size_t)r * H + d] = __bfloat162float(e[d]);
+}
+
+// the query part of [query | gate] rows, compact: qh[r][h][:] = qg[r][h][0:hd]
+__global__ void split_query_k(const float *qg, float *qh, int nh, int hd, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    size_t rh = i / hd, d = i % hd;
+    qh[i] = qg[rh * 2 * hd + d];
+    (void)nh;
+}
+
+// att *= sigmoid(gate), the gate the second half of each [query | gate] head
+__global__ void output_gate_k(float *att, const float *qg, int hd, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    size_t rh = i / hd, d = i % hd;
+    att[i] = __fmul_rn(att[i], sigmoid_rn(qg[(rh * 2 + 1) * hd + d]));
+}
+
+__global__ void add_k(float *x, const float *y, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __fadd_rn(x[i], y[i]);
+}
+
+// DeltaNet: the fused projections un-grouped per key head into [q | k | v],
+// z, beta and the log decay g (softplus with torch's threshold of 20)
+struct ungroup_args {
+    const float *qkvz, *ba, *A_log, *dt_bias;
+    float *conv, *z, *beta, *gdec;
+    int nk, nv, dk, dv, r_, kd, vd, cd, pw;
+};
+__global__ void ungroup_k(ungroup_args a) {
+    const int r = blockIdx.x;
+    const float *p = a.qkvz + (size_t)r * a.pw, *pba = a.ba + (size_t)r * 2 * a.nv;
+    float *mixd = a.conv + (size_t)r * a.cd, *z = a.z + (size_t)r * a.vd;
+    const int per = 2 * a.dk + 2 * a.r_ * a.dv;
+    for (int e = threadIdx.x; e < a.nk * per; e += blockDim.x) {
+        int h = e / per, o = e % per;
+        float v = p[e];
+        if (o < a.dk)
+            mixd[h * a.dk + o] = v;
+        else if (o < 2 * a.dk)
+            mixd[a.kd + h * a.dk + (o - a.dk)] = v;
+        else if (o < 2 * a.dk + a.r_ * a.dv)
+            mixd[2 * a.kd + h * a.r_ * a.dv + (o - 2 * a.dk)] = v;
+        else
+            z[h * a.r_ * a.dv + (o - 2 * a.dk - a.r_ * a.dv)] = v;
+    }
+    for (int vh = threadIdx.x; vh < a.nv; vh += blockDim.x) {
+        int h = vh / a.r_, j = vh % a.r_;
+        float bb = pba[h * 2 * a.r_ + j], aa = pba[h * 2 * a.r_ + a.r_ + j];
+        float sp = __fadd_rn(aa, a.dt_bias[vh]);
+        sp = sp > 20.0f ? sp : log1pf(expf(sp));
+        a.beta[(size_t)r * a.nv + vh] = sigmoid_rn(bb);
+        a.gdec[(size_t)r * a.nv + vh] = __fmul_rn(-expf(a.A_log[vh]), sp);
+    }
+}
+
+// the causal depthwise conv1d + SiLU, one thread per channel, each batch
+// sequence's tokens in order, carried by its conv state (oldest first)
+__global__ void conv_k(float *conv, int cd, const float *w, int K, float *state_base,
+                       size_t state_seq_stride, const int *seqs, const int *row0, const int *ntok) {
+    const int s = blockIdx.y, ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= cd) return;
+    float *hist = state_base + (size_t)seqs[s] * state_seq_stride + (size_t)ch * (K - 1);
+    const float *wc = w + (size_t)ch * K;
+    for (int t = 0; t < ntok[s]; t++) {
+        float *x = conv + (size_t)(row0[s] + t) * cd + ch;
+        float in = *x, acc = __fmul_rn(wc[K - 1], in);
+        for (int j = 0; j < K - 1; j++) acc = __fadd_rn(acc, __fmul_rn(wc[j], hist[j]));
+        for (int j = 0; j < K - 2; j++) hist[j] = hist[j + 1];
+        if (K > 1) hist[K - 2] = in;
+        *x = silu_rn(acc);
+    }
+}
+
+// L2 norm of each q and k head (q also scaled by dk^-0.5), one block per (row, head)
+__global__ void l2norm_k(float *conv, int cd, int nk, int dk, float qscale) {
+    const int r = blockIdx.x / (2 * nk), h = blockIdx.x % (2 * nk);
+    float *v = conv + (size_t)r * cd + (size_t)h * dk;
+    float inv = (float)(1.0 / sqrt(block_sum_sq(v, dk) + 1e-6));
+    if (h < nk) inv = __fmul_rn(inv, qscale);
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) v[i] = __fmul_rn(v[i], inv);
+}
+
+// the recurrence for every (batch sequence, value head), its tokens in
+// order: kvd_gdn_step's arithmetic, one thread per value dimension
+struct gdn_rows_args {
+    const float *conv, *gdec, *beta;
+    float *out, *ssm;
+    const int *seqs, *row0, *ntok;
+    int cd, kd, vd, nv, r_, dk, dv;
+    size_t ssm_seq_stride; // floats per sequence slot (this layer's heads at offset 0)
+};
+__global__ void gdn_rows_k(gdn_rows_args a) {
+    const int s = blockIdx.x / a.nv, vh = blockIdx.x % a.nv, kh = vh / a.r_, j = threadIdx.x;
+    if (j >= a.dv) return;
+    float *S = a.ssm + (size_t)a.seqs[s] * a.ssm_seq_stride + (size_t)vh * a.dk * a.dv;
+    for (int t = 0; t < a.ntok[s]; t++) {
+        const size_t r = (size_t)(a.row0[s] + t);
+        const float *x = a.conv + r * a.cd;
+        a.out[r * a.vd + vh * a.dv + j] =
+            gdn_column(S, x + kh * a.dk, x + a.kd + kh * a.dk, x[2 * a.kd + vh * a.dv + j],
+                       a.gdec[r * a.nv + vh], a.beta[r * a.nv + vh], a.dk, a.dv, j);
+    }
+}
+
+// gated RMSNorm per value head: rmsnorm(o) * w * silu(z)
+__global__ void gated_norm_k(float *o, const float *z, const float *w, int nv, int dv, float eps) {
+    const int r = blockIdx.x / nv, vh = blockIdx.x % nv;
+    float *x = o + ((size_t)r * nv + vh) * dv;
+    const float *zz = z + ((size_t)r * nv + vh) * dv;
+    float rr = (float)(1.0 / sqrt(block_sum_sq(x, dv) / dv + (double)eps));
+    for (int i = threadIdx.x; i < dv; i += blockDim.x)
+        x[i] = __fmul_rn(__fmul_rn(__fmul_rn(x[i], rr), w[i]), silu_rn(zz[i]));
+}
+
+// MoE: rows routed to one expert gathered, and its weighted output added back
+__global__ void gather_rows_k(const float *xn, const int *slots, int K, float *gx, int H) {
+    const int i = blockIdx.x;
+    const float *src = xn + (size_t)(slots[i] / K) * H;
+    for (int d = threadIdx.x; d < H; d += blockDim.x) gx[(size_t)i * H + d] = src[d];
+}
+__global__ void scatter_rows_k(float *mix, const float *gy, const int *slots, const float *topw,
+                               int K, int H) {
+    const int i = blockIdx.x, r = slots[i] / K;
+    const float wgt = topw[slots[i]];
+    for (int d = threadIdx.x; d < H; d += blockDim.x)
+        mix[(size_t)r * H + d] = __fadd_rn(mix[(size_t)r * H + d], __fmul_rn(wgt, gy[(size_t)i * H + d]));
+}
+__global__ void add_gated_k(float *mix, const float *y, const float *gate, int H, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    mix[i] = __fadd_rn(mix[i], __fmul_rn(sigmoid_rn(gate[i / H]), y[i]));
+}
+
+// the first non-finite value of x[rows][H]: its flat index into *first
+__global__ void nonfinite_k(const float *x, size_t n, unsigned long long *first) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && !isfinite(x[i])) atomicMin(first, (unsigned long long)i);
+}
+
+} // namespace
+
+// ---- entry points (device pointers; asynchronous) ----
+extern "C" void kvd_cudaop_linear(const float *x, const void *w, float *y, int M, int N, int K) {
+    if (M <= 0 || N <= 0) return;
+    dim3 grid(blocks_for((size_t)N, 8), (unsigned)((M + LIN_ROWS - 1) / LIN_ROWS));
+    linear_w16_k<<<grid, 256>>>(x, (const __nv_bfloat16 *)w, y, M, N, K);
+}
+extern "C" void kvd_cudaop_embed(const void *E, const int32_t *tok, float *x, int rows, int H) {
+    embed_k<<<rows, 256>>>((const __nv_bfloat16 *)E, tok, x, H);
+}
+extern "C" void kvd_cudaop_rmsnorm(float *out, size_t out_stride, const float *x, size_t x_stride,
+                                   const float *w, int rows, int n, float eps, int one_plus) {
+    kvd_cuda_rmsnorm_dev(out, out_stride, x, x_stride, w, rows, n, eps, one_plus);
+}
+extern "C" void kvd_cudaop_rope(float *v, int rows, int heads, int stride, const int *pos,
+                                int rot_dim, const float *inv_freq) {
+    kvd_cuda_rope_dev(v, rows, heads, stride, pos, rot_dim, inv_freq);
+}
+extern "C" void kvd_cudaop_split_query(const float *qg, float *qh, int rows, int nh, int hd) {
+    size_t n = (size_t)rows * nh * hd;
+    split_query_k<<<blocks_for(n, 256), 256>>>(qg, qh, nh, hd, n);
+}
+extern "C" void kvd_cudaop_output_gate(float *att, const float *qg, int rows, int nh, int hd) {
+    size_t n = (size_t)rows * nh * hd;
+    output_gate_k<<<blocks_for(n, 256), 256>>>(att, qg, hd, n);
+}
+extern "C" void kvd_cudaop_add(float *x, const float *y, size_t n) {
+    add_k<<<blocks_for(n, 256), 256>>>(x, y, n);
+}
+extern "C" void kvd_cudaop_swiglu(float *g, const float *u, size_t n) {
+    kvd_cuda_swiglu_dev(g, u, n);
+}
+extern "C" void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads,
+                                    int head_dim, void *pool, int n_tok, const int32_t *slot,
+                                    const float *x, const float *scale,
+                                    unsigned long long *stats, unsigned int *absmax) {
+    kvd_cuda_kv_write_dev(fmt, saturate, block_size, kv_heads, head_dim, pool, n_tok, slot, x,
+                          scale, stats, absmax);
+}
+extern "C" void kvd_cudaop_ungroup(const float *qkvz, const float *ba, const float *A_log,
+                                   const float *dt_bias, float *conv, float *z, float *beta,
+                                   float *gdec, int rows, int nk, int nv, int dk, int dv) {
+    int r_ = nv / nk, kd = nk * dk, vd = nv * dv;
+    ungroup_args a = {qkvz, ba,      A_log, dt_bias, conv, z,  beta,   gdec, nk,
+                      nv,   dk,      dv,    r_,      kd,   vd, 2 * kd + vd,  2 * kd + 2 * vd};
+    if (rows > 0) ungroup_k<<<rows, 256>>>(a);
+}
+extern "C" void kvd_cudaop_conv(float *conv, int cd, const float *w, int K, float *state_base,
+                                size_t state_seq_stride, int n_seqs, const int *seqs,
+                                const int *row0, const int *ntok) {
+    dim3 grid(blocks_for((size_t)cd, 128), (unsigned)n_seqs);
+    conv_k<<<grid, 128>>>(conv, cd, w, K, state_base, state_seq_stride, seqs, row0, ntok);
+}
+extern "C" void kvd_cudaop_l2norm(float *conv, int rows, int cd, int nk, int dk, float qscale) {
+    if (rows > 0) l2norm_k<<<rows * 2 * nk, 128>>>(conv, cd, nk, dk, qscale);
+}
+extern "C" void kvd_cudaop_gdn(const float *conv, const float *gdec, const float *beta, float *out,
+                               float *ssm, size_t ssm_seq_stride, int n_seqs, const int *seqs,
+                               const int *row0, const int *ntok, int nk, int nv, int dk, int dv) {
+    gdn_rows_args a = {conv, gdec, beta, out, ssm, seqs, row0, ntok, 2 * nk * dk + nv * dv,
+                       nk * dk, nv * dv, nv, nv / nk, dk, dv, ssm_seq_stride};
+    gdn_rows_k<<<n_seqs * nv, (dv + 31) / 32 * 32>>>(a);
+}
+extern "C" void kvd_cudaop_gated_norm(float *o, const float *z, const float *w, int rows, int nv,
+                                      int dv, float eps) {
+    if (rows > 0) gated_norm_k<<<rows * nv, 128>>>(o, z, w, nv, dv, eps);
+}
+extern "C" void kvd_cudaop_route(const float *logits, int rows, int E, int K, int norm, int *topi,
+                                 float *topw) {
+    kvd_cuda_route_dev(logits, rows, E, K, norm, topi, topw);
+}
+extern "C" void kvd_cudaop_gather(const float *xn, const int *slots, int n, int K, float *gx,
+                                  int H) {
+    if (n > 0) gather_rows_k<<<n, 256>>>(xn, slots, K, gx, H);
+}
+extern "C" void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const float *topw,
+                                   int n, int K, int H) {
+    if (n > 0) scatter_rows_k<<<n, 256>>>(mix, gy, slots, topw, K, H);
+}
+extern "C" void kvd_cudaop_add_gated(float *mix, const float *y, const float *gate, int rows,
+                                     int H) {
+    size_t n = (size_t)rows * H;
+    add_gated_k<<<blocks_for(n, 256), 256>>>(mix, y, gate, H, n);
+}
+extern "C" void kvd_cudaop_nonfinite(const float *x, size_t n, unsigned long long *first) {
+    nonfinite_k<<<blocks_for(n, 256), 256>>>(x, n, first);
+}
+extern "C" void kvd_cudaop_argmax(const float *x, int rows, int n, int *out) {
+    kvd_cuda_argmax_dev(x, rows, n, out);
+}

@@ -1,0 +1,605 @@
+/* kvdrift: the hybrid model's forward pass on the device. It follows
+ * kvd_forward (model.c) line for line; each operation is a device kernel
+ * (kernels/cuda), held to its CPU twin by tests/gpu, and this file only
+ * places buffers and launches. Activations stay in FP32, weights are BF16
+ * (exact: the synthetic weights are BF16 values), so the device and the CPU
+ * differ by the order of their sums alone. */
+#include "model_cuda.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/cuda/cuda_kernels.h"
+
+typedef struct {
+    void *q_proj, *k_proj, *v_proj, *o_proj;
+    float *q_norm, *k_norm;
+    void *in_proj_qkvz, *in_proj_ba, *out_proj;
+    float *conv1d, *A_log, *dt_bias, *gdn_norm;
+    float *input_norm, *post_norm;
+    void *router, **exp_gate, **exp_up, **exp_down;
+    void *sh_gate, *sh_up, *sh_down, *sh_expert_gate;
+    void *dense_gate, *dense_up, *dense_down;
+} dev_layer;
+
+struct kvd_cuda_model {
+    kvd_config c;
+    int max_rows, max_seqs, max_bps; /* max_bps: block-table entries per sequence */
+    int attn_index[KVD_MAX_LAYERS], lin_index[KVD_MAX_LAYERS], n_full, n_lin;
+    kvd_hooks hooks;
+    /* weights */
+    dev_layer L[KVD_MAX_LAYERS];
+    void *embed, *lm_head;
+    float *final_norm, *inv_freq;
+    /* activations */
+    float *x, *xn, *mix, *qg, *qh, *kb, *vb, *att;
+    float *qkvz, *ba, *conv, *z, *beta, *gdec, *gdn_o;
+    float *rlogit, *topw, *gx, *g1, *g2, *gy, *sh1, *sh2, *shg, *logits;
+    int *topi, *slots_moe;
+    int32_t *tok, *slot, *btab;
+    int *pos, *seqs, *row0, *ntok;
+    float *attn_scratch;
+    /* cache bytes, scales, counters (n, saturated, flushed, subnormal for K
+     * then V per layer) and absmax bits, per full-attention layer */
+    kvd_fmt fmt;
+    int saturate, block_size, kv_heads, head_dim;
+    size_t pool_bytes;
+    void **kpool, **vpool;
+    float *kscale, *vscale;
+    unsigned long long *stats, *nonfinite;
+    unsigned int *absmax;
+    /* recurrent state per sequence slot and DeltaNet layer */
+    float *conv_state, *ssm;
+    size_t conv_len, ssm_len; /* per sequence slot, all DeltaNet layers */
+    /* host staging */
+    int *h_pos, *h_row_seq, *h_topi, *h_slots, *h_seqs, *h_row0, *h_ntok;
+    int32_t *h_slot;
+    float *h_x;
+    /* every device allocation, for free */
+    void **allocs;
+    int n_allocs, cap_allocs;
+};
+
+static void *dalloc(kvd_cuda_model *m, size_t n) {
+    if (m->n_allocs == m->cap_allocs) {
+        int cap = m->cap_allocs ? 2 * m->cap_allocs : 256;
+        void **a = realloc(m->allocs, sizeof(void *) * (size_t)cap);
+        if (!a) return NULL;
+        m->allocs = a;
+        m->cap_allocs = cap;
+    }
+    void *p = kvd_cuda_alloc(n);
+    if (p) m->allocs[m->n_allocs++] = p;
+    return p;
+}
+
+void kvd_cuda_model_free(kvd_cuda_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_allocs; i++) kvd_cuda_free(m->allocs[i]);
+    free(m->allocs);
+    for (int l = 0; l < KVD_MAX_LAYERS; l++) {
+        free(m->L[l].exp_gate);
+        free(m->L[l].exp_up);
+        free(m->L[l].exp_down);
+    }
+    free(m->kpool);
+    free(m->vpool);
+    free(m->h_pos), free(m->h_row_seq), free(m->h_topi), free(m->h_slots);
+    free(m->h_seqs), free(m->h_row0), free(m->h_ntok), free(m->h_slot), free(m->h_x);
+    free(m);
+}
+
+/* a matrix [rows][cols] as BF16, a vector as FP32; NULL source: NULL */
+static void *up_mat(kvd_cuda_model *m, const float *src, size_t rows, size_t cols, int *bad) {
+    if (!src || *bad) return NULL;
+    void *d = dalloc(m, rows * cols * 2);
+    if (!d || kvd_cuda_upload_bf16(d, src, rows * cols)) *bad = 1;
+    return d;
+}
+static float *up_vec(kvd_cuda_model *m, const float *src, size_t n, int *bad) {
+    if (!src || *bad) return NULL;
+    float *d = dalloc(m, n * sizeof(float));
+    if (!d || kvd_cuda_upload(d, src, n * sizeof(float))) *bad = 1;
+    return d;
+}
+
+kvd_cuda_model *kvd_cuda_model_new(const kvd_weights *w, const kvd_kvcache *kv, int max_rows,
+                                   int max_seqs, char *err) {
+    const kvd_config *c = &w->cfg;
+    char why[256];
+    if (!kvd_cuda_available(why, sizeof why)) {
+        snprintf(err, KVD_ERR_LEN, "--backend cuda: %s", why);
+        return NULL;
+    }
+    if (max_rows <= 0 || max_seqs <= 0) {
+        snprintf(err, KVD_ERR_LEN, "device model: expected positive max_rows and max_seqs");
+        return NULL;
+    }
+    kvd_cuda_model *m = calloc(1, sizeof *m);
+    if (!m) goto oom;
+    m->c = *c;
+    m->max_rows = max_rows;
+    m->max_seqs = max_seqs;
+    kvd_config_layer_indices(c, m->attn_index, m->lin_index, &m->n_full, &m->n_lin);
+    if (m->n_full > kv->n_layers) {
+        snprintf(err, KVD_ERR_LEN, "device model: the KV cache has %d layers, the model %d",
+                 kv->n_layers, m->n_full);
+        kvd_cuda_model_free(m);
+        return NULL;
+    }
+    const size_t H = (size_t)c->hidden_size, hd = (size_t)c->head_dim, V = (size_t)c->vocab_size;
+    const size_t nh = (size_t)c->num_attention_heads, kvh = (size_t)c->num_key_value_heads;
+    const size_t kd = (size_t)kvd_key_dim(c), vd = (size_t)kvd_value_dim(c);
+    const size_t cd = (size_t)kvd_conv_dim(c), nv = (size_t)c->linear_num_value_heads;
+    const size_t dk = (size_t)c->linear_key_head_dim, dv = (size_t)c->linear_value_head_dim;
+    const size_t Kc = (size_t)c->linear_conv_kernel_dim, pw = 2 * kd + 2 * vd;
+    const size_t E = (size_t)c->num_experts, K = E ? (size_t)c->num_experts_per_tok : 1;
+    const size_t I = E ? (size_t)c->moe_intermediate_size : (size_t)c->intermediate_size;
+    const size_t Is =
+        (size_t)(c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size : 0);
+    const size_t R = (size_t)max_rows;
+    int bad = 0;
+
+    /* weights */
+    m->embed = up_mat(m, w->embed, V, H, &bad);
+    m->lm_head = w->lm_head == w->embed ? m->embed : up_mat(m, w->lm_head, V, H, &bad);
+    m->final_norm = up_vec(m, w->final_norm, H, &bad);
+    for (int l = 0; l < c->num_hidden_layers && !bad; l++) {
+        const kvd_layer_weights *lw = &w->layers[l];
+        dev_layer *d = &m->L[l];
+        d->input_norm = up_vec(m, lw->input_norm, H, &bad);
+        d->post_norm = up_vec(m, lw->post_norm, H, &bad);
+        if (c->layer_types[l] == KVD_LAYER_FULL) {
+            d->q_proj = up_mat(m, lw->q_proj, 2 * nh * hd, H, &bad);
+            d->k_proj = up_mat(m, lw->k_proj, kvh * hd, H, &bad);
+            d->v_proj = up_mat(m, lw->v_proj, kvh * hd, H, &bad);
+            d->o_proj = up_mat(m, lw->o_proj, H, nh * hd, &bad);
+            d->q_norm = up_vec(m, lw->q_norm, hd, &bad);
+            d->k_norm = up_vec(m, lw->k_norm, hd, &bad);
+        } else {
+            d->in_proj_qkvz = up_mat(m, lw->in_proj_qkvz, pw, H, &bad);
+            d->in_proj_ba = up_mat(m, lw->in_proj_ba, 2 * nv, H, &bad);
+            d->out_proj = up_mat(m, lw->out_proj, H, vd, &bad);
+            d->conv1d = up_vec(m, lw->conv1d, cd * Kc, &bad);
+            d->A_log = up_vec(m, lw->A_log, nv, &bad);
+            d->dt_bias = up_vec(m, lw->dt_bias, nv, &bad);
+            d->gdn_norm = up_vec(m, lw->gdn_norm, dv, &bad);
+        }
+        if (E) {
+            d->router = up_mat(m, lw->router, E, H, &bad);
+            d->exp_gate = calloc(E, sizeof(void *));
+            d->exp_up = calloc(E, sizeof(void *));
+            d->exp_down = calloc(E, sizeof(void *));
+            if (!d->exp_gate || !d->exp_up || !d->exp_down) bad = 1;
+            for (size_t e = 0; e < E && !bad; e++) {
+                d->exp_gate[e] = up_mat(m, lw->exp_gate[e], I, H, &bad);
+                d->exp_up[e] = up_mat(m, lw->exp_up[e], I, H, &bad);
+                d->exp_down[e] = up_mat(m, lw->exp_down[e], H, I, &bad);
+            }
+            if (Is) {
+                d->sh_gate = up_mat(m, lw->sh_gate, Is, H, &bad);
+                d->sh_up = up_mat(m, lw->sh_up, Is, H, &bad);
+                d->sh_down = up_mat(m, lw->sh_down, H, Is, &bad);
+                d->sh_expert_gate = up_mat(m, lw->sh_expert_gate, 1, H, &bad);
+            }
+        } else {
+            d->dense_gate = up_mat(m, lw->dense_gate, I, H, &bad);
+            d->dense_up = up_mat(m, lw->dense_up, I, H, &bad);
+            d->dense_down = up_mat(m, lw->dense_down, H, I, &bad);
+        }
+    }
+    int rot = kvd_rot_dim(c);
+    float *inv = malloc(sizeof(float) * (size_t)(rot / 2 + 1));
+    if (!inv) goto oom;
+    for (int i = 0; i < rot / 2; i++)
+        inv[i] = (float)(1.0 / pow(c->rope_theta, (double)(2 * i) / rot));
+    m->inv_freq = up_vec(m, inv, (size_t)(rot / 2 + 1), &bad);
+    free(inv);
+    if (bad) goto oom;
+
+        /* activations */
+#define DBUF(p, n)                                                                                 \
+    do {                                                                                           \
+        (p) = dalloc(m, sizeof(*(p)) * (size_t)(n) + 16);                                          \
+        if (!(p)) goto oom;                                                                        \
+    } while (0)
+    DBUF(m->x, R * H);
+    DBUF(m->xn, R * H);
+    DBUF(m->mix, R * H);
+    DBUF(m->qg, R * nh * hd * 2);
+    DBUF(m->qh, R * nh * hd);
+    DBUF(m->kb, R * kvh * hd);
+    DBUF(m->vb, R * kvh * hd);
+    DBUF(m->att, R * nh * hd);
+    DBUF(m->qkvz, R * pw);
+    DBUF(m->ba, R * 2 * nv);
+    DBUF(m->conv, R * cd);
+    DBUF(m->z, R * vd);
+    DBUF(m->beta, R * nv);
+    DBUF(m->gdec, R * nv);
+    DBUF(m->gdn_o, R * vd);
+    DBUF(m->rlogit, R * (E ? E : 1));
+    DBUF(m->topw, R * K);
+    DBUF(m->topi, R * K);
+    DBUF(m->slots_moe, R * K);
+    DBUF(m->gx, R * H);
+    DBUF(m->g1, R * K * I);
+    DBUF(m->g2, R * K * I);
+    DBUF(m->gy, R * K * H);
+    DBUF(m->sh1, R * (Is ? Is : 1));
+    DBUF(m->sh2, R * (Is ? Is : 1));
+    DBUF(m->shg, R);
+    DBUF(m->logits, R * V);
+    DBUF(m->tok, R);
+    DBUF(m->slot, R);
+    DBUF(m->pos, R);
+    DBUF(m->seqs, max_seqs);
+    DBUF(m->row0, max_seqs);
+    DBUF(m->ntok, max_seqs);
+
+    /* the cache on the device, shaped like kv */
+    m->fmt = kv->fmt;
+    m->saturate = kv->saturate;
+    m->block_size = kv->block_size;
+    m->kv_heads = kv->kv_heads;
+    m->head_dim = kv->head_dim;
+    m->max_bps = kv->n_blocks;
+    m->pool_bytes =
+        (size_t)kv->n_blocks * kvh * (size_t)kv->block_size * hd * kvd_fmt_bytes(kv->fmt);
+    m->kpool = calloc((size_t)m->n_full + 1, sizeof(void *));
+    m->vpool = calloc((size_t)m->n_full + 1, sizeof(void *));
+    if (!m->kpool || !m->vpool) goto oom;
+    for (int a = 0; a < m->n_full; a++) {
+        m->kpool[a] = dalloc(m, m->pool_bytes);
+        m->vpool[a] = dalloc(m, m->pool_bytes);
+        if (!m->kpool[a] || !m->vpool[a]) goto oom;
+    }
+    DBUF(m->btab, (size_t)max_seqs * (size_t)m->max_bps);
+    m->kscale = up_vec(m, kv->k_scale, (size_t)m->n_full * kvh, &bad);
+    m->vscale = up_vec(m, kv->v_scale, (size_t)m->n_full * kvh, &bad);
+    if (bad) goto oom;
+    DBUF(m->stats, (size_t)m->n_full * 8 + 8);
+    DBUF(m->absmax, (size_t)m->n_full * 2 * kvh + 2);
+    DBUF(m->nonfinite, 2 * (size_t)c->num_hidden_layers + 2);
+    DBUF(m->attn_scratch, kvd_cuda_attn_scratch_floats(kv->n_blocks * kv->block_size,
+                                                       c->num_attention_heads, c->head_dim));
+    m->conv_len = (size_t)m->n_lin * cd * (Kc - 1);
+    m->ssm_len = (size_t)m->n_lin * nv * dk * dv;
+    DBUF(m->conv_state, (size_t)max_seqs * m->conv_len + 1);
+    DBUF(m->ssm, (size_t)max_seqs * m->ssm_len + 1);
+#undef DBUF
+
+    /* host staging */
+    m->h_pos = malloc(sizeof(int) * R);
+    m->h_row_seq = malloc(sizeof(int) * R);
+    m->h_topi = malloc(sizeof(int) * R * K);
+    m->h_slots = malloc(sizeof(int) * R * K);
+    m->h_seqs = malloc(sizeof(int) * (size_t)max_seqs);
+    m->h_row0 = malloc(sizeof(int) * (size_t)max_seqs);
+    m->h_ntok = malloc(sizeof(int) * (size_t)max_seqs);
+    m->h_slot = malloc(sizeof(int32_t) * R);
+    m->h_x = malloc(sizeof(float) * R * H);
+    if (!m->h_pos || !m->h_row_seq || !m->h_topi || !m->h_slots || !m->h_seqs || !m->h_row0 ||
+        !m->h_ntok || !m->h_slot || !m->h_x)
+        goto oom;
+    if (kvd_cuda_sync(why, sizeof why)) {
+        snprintf(err, KVD_ERR_LEN, "device model: %s", why);
+        kvd_cuda_model_free(m);
+        return NULL;
+    }
+    return m;
+oom:
+    snprintf(err, KVD_ERR_LEN,
+             "device model: out of device or host memory for the weights, a %lld-block cache "
+             "and %d rows x %d sequences",
+             (long long)kv->n_blocks, max_rows, max_seqs);
+    kvd_cuda_model_free(m);
+    return NULL;
+}
+
+int kvd_cuda_model_set_hooks(kvd_cuda_model *m, const kvd_hooks *h, char *err) {
+    if (h && (h->kv || h->attn || h->want_attn)) {
+        snprintf(err, KVD_ERR_LEN,
+                 "--backend cuda: the K/V and attention observation points (drift figures of "
+                 "attention) are not available on the device yet");
+        return -1;
+    }
+    if (h) {
+        m->hooks = *h;
+    } else {
+        memset(&m->hooks, 0, sizeof m->hooks);
+    }
+    return 0;
+}
+
+void kvd_cuda_model_reset_seq(kvd_cuda_model *m, int seq) {
+    kvd_cuda_zero(m->conv_state + (size_t)seq * m->conv_len, sizeof(float) * m->conv_len);
+    kvd_cuda_zero(m->ssm + (size_t)seq * m->ssm_len, sizeof(float) * m->ssm_len);
+}
+
+int kvd_cuda_model_pool(const kvd_cuda_model *m, int attn_layer, int which_v, void *host,
+                        size_t bytes) {
+    if (attn_layer < 0 || attn_layer >= m->n_full || bytes < m->pool_bytes) return -1;
+    return kvd_cuda_download(host, which_v ? m->vpool[attn_layer] : m->kpool[attn_layer],
+                             m->pool_bytes);
+}
+
+/* ---- the token mixers and the feed-forward ---- */
+
+static void attention(kvd_cuda_model *m, int l, const kvd_batch *b, int rows) {
+    const kvd_config *c = &m->c;
+    const dev_layer *d = &m->L[l];
+    const int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads;
+    const int kvh = c->num_key_value_heads, rot = kvd_rot_dim(c), al = m->attn_index[l];
+    const float eps = (float)c->rms_norm_eps, sm_scale = 1.0f / sqrtf((float)hd);
+    kvd_cudaop_linear(m->xn, d->q_proj, m->qg, rows, nh * hd * 2, H);
+    kvd_cudaop_linear(m->xn, d->k_proj, m->kb, rows, kvh * hd, H);
+    kvd_cudaop_linear(m->xn, d->v_proj, m->vb, rows, kvh * hd, H);
+    kvd_cudaop_rmsnorm(m->qg, 2 * (size_t)hd, m->qg, 2 * (size_t)hd, d->q_norm, rows * nh, hd, eps,
+                       1);
+    kvd_cudaop_rope(m->qg, rows, nh, 2 * hd, m->pos, rot, m->inv_freq);
+    kvd_cudaop_rmsnorm(m->kb, (size_t)hd, m->kb, (size_t)hd, d->k_norm, rows * kvh, hd, eps, 1);
+    kvd_cudaop_rope(m->kb, rows, kvh, hd, m->pos, rot, m->inv_freq);
+    /* the cache stores K after norm and RoPE, V as projected */
+    kvd_cudaop_kv_write(m->fmt, m->saturate, m->block_size, kvh, hd, m->kpool[al], rows, m->slot,
+                        m->kb, m->kscale + (size_t)al * kvh, m->stats + (size_t)al * 8,
+                        m->absmax + (size_t)al * 2 * kvh);
+    kvd_cudaop_kv_write(m->fmt, m->saturate, m->block_size, kvh, hd, m->vpool[al], rows, m->slot,
+                        m->vb, m->vscale + (size_t)al * kvh, m->stats + (size_t)al * 8 + 4,
+                        m->absmax + (size_t)al * 2 * kvh + kvh);
+    kvd_cudaop_split_query(m->qg, m->qh, rows, nh, hd);
+    kvd_kv_view view = {m->fmt,
+                        m->block_size,
+                        kvh,
+                        hd,
+                        m->kpool[al],
+                        m->vpool[al],
+                        m->kscale + (size_t)al * kvh,
+                        m->vscale + (size_t)al * kvh,
+                        0};
+    for (int s = 0; s < b->n; s++) {
+        int r0 = m->h_row0[s], nt = b->n_tok[s], seq = b->seq[s];
+        const int32_t *tab = m->btab + (size_t)seq * m->max_bps;
+        if (nt == 1) {
+            kvd_cuda_attn_decode_dev(&view, tab, m->h_pos[r0] + 1, m->qh + (size_t)r0 * nh * hd, nh,
+                                     sm_scale, m->att + (size_t)r0 * nh * hd, m->attn_scratch);
+        } else if (nt > 1) {
+            kvd_cuda_attn_prefill_dev(&view, tab, m->h_pos[r0], nt, m->qh + (size_t)r0 * nh * hd,
+                                      nh, sm_scale, m->att + (size_t)r0 * nh * hd);
+        }
+    }
+    kvd_cudaop_output_gate(m->att, m->qg, rows, nh, hd);
+    kvd_cudaop_linear(m->att, d->o_proj, m->mix, rows, H, nh * hd);
+}
+
+static void deltanet(kvd_cuda_model *m, int l, const kvd_batch *b, int rows) {
+    const kvd_config *c = &m->c;
+    const dev_layer *d = &m->L[l];
+    const int H = c->hidden_size, nk = c->linear_num_key_heads, nv = c->linear_num_value_heads;
+    const int dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
+    const int kd = kvd_key_dim(c), vd = kvd_value_dim(c), cd = kvd_conv_dim(c);
+    const int Kc = c->linear_conv_kernel_dim, li = m->lin_index[l];
+    const float eps = (float)c->rms_norm_eps, qscale = 1.0f / sqrtf((float)dk);
+    kvd_cudaop_linear(m->xn, d->in_proj_qkvz, m->qkvz, rows, 2 * kd + 2 * vd, H);
+    kvd_cudaop_linear(m->xn, d->in_proj_ba, m->ba, rows, 2 * nv, H);
+    kvd_cudaop_ungroup(m->qkvz, m->ba, d->A_log, d->dt_bias, m->conv, m->z, m->beta, m->gdec, rows,
+                       nk, nv, dk, dv);
+    size_t csl = (size_t)cd * (size_t)(Kc - 1);
+    kvd_cudaop_conv(m->conv, cd, d->conv1d, Kc, m->conv_state + (size_t)li * csl, m->conv_len, b->n,
+                    m->seqs, m->row0, m->ntok);
+    kvd_cudaop_l2norm(m->conv, rows, cd, nk, dk, qscale);
+    size_t sl = (size_t)nv * dk * dv;
+    kvd_cudaop_gdn(m->conv, m->gdec, m->beta, m->gdn_o, m->ssm + (size_t)li * sl, m->ssm_len, b->n,
+                   m->seqs, m->row0, m->ntok, nk, nv, dk, dv);
+    kvd_cudaop_gated_norm(m->gdn_o, m->z, d->gdn_norm, rows, nv, dv, eps);
+    kvd_cudaop_linear(m->gdn_o, d->out_proj, m->mix, rows, H, vd);
+}
+
+static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err) {
+    const kvd_config *c = &m->c;
+    const dev_layer *d = &m->L[l];
+    const int H = c->hidden_size, E = c->num_experts;
+    if (E == 0) {
+        const int I = c->intermediate_size;
+        kvd_cudaop_linear(m->xn, d->dense_gate, m->g1, rows, I, H);
+        kvd_cudaop_linear(m->xn, d->dense_up, m->g2, rows, I, H);
+        kvd_cudaop_swiglu(m->g1, m->g2, (size_t)rows * I);
+        kvd_cudaop_linear(m->g1, d->dense_down, m->mix, rows, H, I);
+        return 0;
+    }
+    const int K = c->num_experts_per_tok, I = c->moe_intermediate_size;
+    kvd_cudaop_linear(m->xn, d->router, m->rlogit, rows, E, H);
+    kvd_cudaop_route(m->rlogit, rows, E, K, c->norm_topk_prob, m->topi, m->topw);
+    /* the experts' row lists are made here, in the CPU's order */
+    if (kvd_cuda_download(m->h_topi, m->topi, sizeof(int) * (size_t)rows * K)) {
+        kvd_cuda_sync(err, KVD_ERR_LEN);
+        return -1;
+    }
+    if (m->hooks.router) m->hooks.router(m->hooks.ctx, l, b, m->h_topi);
+    kvd_cuda_zero(m->mix, sizeof(float) * (size_t)rows * H);
+    int off[E + 1];
+    int n = 0;
+    for (int e = 0; e < E; e++) {
+        off[e] = n;
+        for (int r = 0; r < rows; r++)
+            for (int j = 0; j < K; j++)
+                if (m->h_topi[(size_t)r * K + j] == e) m->h_slots[n++] = r * K + j;
+    }
+    off[E] = n;
+    if (kvd_cuda_upload(m->slots_moe, m->h_slots, sizeof(int) * (size_t)n)) {
+        kvd_cuda_sync(err, KVD_ERR_LEN);
+        return -1;
+    }
+    for (int e = 0; e < E; e++) {
+        int ne = off[e + 1] - off[e];
+        if (ne == 0) continue;
+        const int *sl = m->slots_moe + off[e];
+        kvd_cudaop_gather(m->xn, sl, ne, K, m->gx, H);
+        kvd_cudaop_linear(m->gx, d->exp_gate[e], m->g1, ne, I, H);
+        kvd_cudaop_linear(m->gx, d->exp_up[e], m->g2, ne, I, H);
+        kvd_cudaop_swiglu(m->g1, m->g2, (size_t)ne * I);
+        kvd_cudaop_linear(m->g1, d->exp_down[e], m->gy, ne, H, I);
+        kvd_cudaop_scatter(m->mix, m->gy, sl, m->topw, ne, K, H);
+    }
+    const int Is = c->shared_expert_intermediate_size;
+    if (Is > 0) {
+        kvd_cudaop_linear(m->xn, d->sh_gate, m->sh1, rows, Is, H);
+        kvd_cudaop_linear(m->xn, d->sh_up, m->sh2, rows, Is, H);
+        kvd_cudaop_swiglu(m->sh1, m->sh2, (size_t)rows * Is);
+        kvd_cudaop_linear(m->sh1, d->sh_down, m->gx, rows, H, Is);
+        kvd_cudaop_linear(m->xn, d->sh_expert_gate, m->shg, rows, 1, H);
+        kvd_cudaop_add_gated(m->mix, m->gx, m->shg, rows, H);
+    }
+    return 0;
+}
+
+/* ---- one step ---- */
+
+static int stage(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, int rows) {
+    const int bs = kv->block_size, kvh = m->kv_heads;
+    int rc = kvd_cuda_upload(m->tok, b->tok, sizeof(int32_t) * (size_t)rows);
+    rc |= kvd_cuda_upload(m->pos, m->h_pos, sizeof(int) * (size_t)rows);
+    int r0 = 0;
+    for (int s = 0; s < b->n; s++) {
+        const kvd_kv_seq *q = &kv->seqs[b->seq[s]];
+        m->h_seqs[s] = b->seq[s];
+        m->h_row0[s] = r0;
+        m->h_ntok[s] = b->n_tok[s];
+        rc |= kvd_cuda_upload(m->btab + (size_t)b->seq[s] * m->max_bps, q->blocks,
+                              sizeof(int32_t) * (size_t)q->n_blocks);
+        for (int t = 0; t < b->n_tok[s]; t++) {
+            int p = m->h_pos[r0 + t];
+            m->h_slot[r0 + t] = q->blocks[p / bs] * bs + p % bs;
+        }
+        r0 += b->n_tok[s];
+    }
+    rc |= kvd_cuda_upload(m->slot, m->h_slot, sizeof(int32_t) * (size_t)rows);
+    rc |= kvd_cuda_upload(m->seqs, m->h_seqs, sizeof(int) * (size_t)b->n);
+    rc |= kvd_cuda_upload(m->row0, m->h_row0, sizeof(int) * (size_t)b->n);
+    rc |= kvd_cuda_upload(m->ntok, m->h_ntok, sizeof(int) * (size_t)b->n);
+    /* counters from zero, absmax from the host's running values */
+    rc |= kvd_cuda_zero(m->stats, sizeof(unsigned long long) * (size_t)m->n_full * 8);
+    size_t na = (size_t)m->n_full * 2 * kvh;
+    unsigned int am[na + 1];
+    for (int a = 0; a < m->n_full; a++)
+        for (int h = 0; h < kvh; h++) {
+            memcpy(&am[((size_t)a * 2) * kvh + h], &kv->k_absmax[(size_t)a * kvh + h], 4);
+            memcpy(&am[((size_t)a * 2 + 1) * kvh + h], &kv->v_absmax[(size_t)a * kvh + h], 4);
+        }
+    rc |= kvd_cuda_upload(m->absmax, am, sizeof(unsigned int) * na);
+    size_t nl = 2 * (size_t)m->c.num_hidden_layers;
+    unsigned long long none[nl + 1];
+    for (size_t i = 0; i < nl; i++) none[i] = ~0ull;
+    rc |= kvd_cuda_upload(m->nonfinite, none, sizeof none[0] * nl);
+    return rc;
+}
+
+/* after the step: the cache's counters and lengths on the host, and the
+ * first non-finite value, as the CPU reports it */
+static int settle(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, char *err) {
+    const int kvh = m->kv_heads, H = m->c.hidden_size;
+    size_t nl = 2 * (size_t)m->c.num_hidden_layers, na = (size_t)m->n_full * 2 * kvh;
+    unsigned long long nf[nl + 1], st[(size_t)m->n_full * 8 + 1];
+    unsigned int am[na + 1];
+    if (kvd_cuda_sync(err, KVD_ERR_LEN)) return -1;
+    if (kvd_cuda_download(nf, m->nonfinite, sizeof nf[0] * nl) ||
+        kvd_cuda_download(st, m->stats, sizeof st[0] * (size_t)m->n_full * 8) ||
+        kvd_cuda_download(am, m->absmax, sizeof am[0] * na)) {
+        snprintf(err, KVD_ERR_LEN, "device model: copying the step's counters back failed");
+        return -1;
+    }
+    for (int a = 0; a < m->n_full; a++) {
+        kvd_qstats *ks = &kv->k_stats[a], *vs = &kv->v_stats[a];
+        const unsigned long long *k = st + (size_t)a * 8, *v = k + 4;
+        ks->n += k[0], ks->saturated += k[1], ks->flushed += k[2], ks->subnormal += k[3];
+        vs->n += v[0], vs->saturated += v[1], vs->flushed += v[2], vs->subnormal += v[3];
+        for (int h = 0; h < kvh; h++) {
+            memcpy(&kv->k_absmax[(size_t)a * kvh + h], &am[((size_t)a * 2) * kvh + h], 4);
+            memcpy(&kv->v_absmax[(size_t)a * kvh + h], &am[((size_t)a * 2 + 1) * kvh + h], 4);
+        }
+    }
+    for (int s = 0; s < b->n; s++) {
+        kvd_kv_seq *q = &kv->seqs[b->seq[s]];
+        q->len += b->n_tok[s];
+    }
+    for (size_t i = 0; i < nl; i++)
+        if (nf[i] != ~0ull) {
+            int l = (int)(i / 2), r = (int)(nf[i] / (unsigned long long)H),
+                d = (int)(nf[i] % (unsigned long long)H);
+            snprintf(err, KVD_ERR_LEN,
+                     "non-finite activation in %s of layer %d (%s) at sequence %d, position %d, "
+                     "hidden dim %d (device)",
+                     i % 2 ? "the residual stream" : "the token mixer output", l,
+                     m->c.layer_types[l] == KVD_LAYER_FULL ? "full_attention" : "linear_attention",
+                     m->h_row_seq[r], m->h_pos[r], d);
+            return -1;
+        }
+    return 0;
+}
+
+int kvd_cuda_forward(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits,
+                     int last_only, char *err) {
+    const kvd_config *c = &m->c;
+    const int H = c->hidden_size, V = c->vocab_size;
+    const float eps = (float)c->rms_norm_eps;
+    if (b->n > m->max_seqs) {
+        snprintf(err, KVD_ERR_LEN, "forward: %d sequences in one step, expected at most %d", b->n,
+                 m->max_seqs);
+        return -1;
+    }
+    int rows = kvd_batch_rows(c, kv, b, m->max_rows, m->max_seqs, m->h_pos, m->h_row_seq, err);
+    if (rows < 0) return -1;
+    if (stage(m, kv, b, rows)) {
+        kvd_cuda_sync(err, KVD_ERR_LEN);
+        return -1;
+    }
+    size_t n = (size_t)rows * H;
+    kvd_cudaop_embed(m->embed, m->tok, m->x, rows, H);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const dev_layer *d = &m->L[l];
+        kvd_cudaop_rmsnorm(m->xn, H, m->x, H, d->input_norm, rows, H, eps, 1);
+        if (c->layer_types[l] == KVD_LAYER_FULL) {
+            attention(m, l, b, rows);
+        } else {
+            deltanet(m, l, b, rows);
+        }
+        kvd_cudaop_nonfinite(m->mix, n, m->nonfinite + 2 * l);
+        kvd_cudaop_add(m->x, m->mix, n);
+        kvd_cudaop_rmsnorm(m->xn, H, m->x, H, d->post_norm, rows, H, eps, 1);
+        if (moe(m, l, b, rows, err)) return -1;
+        kvd_cudaop_add(m->x, m->mix, n);
+        kvd_cudaop_nonfinite(m->x, n, m->nonfinite + 2 * l + 1);
+        if (m->hooks.hidden) {
+            if (kvd_cuda_download(m->h_x, m->x, sizeof(float) * n)) {
+                kvd_cuda_sync(err, KVD_ERR_LEN);
+                return -1;
+            }
+            m->hooks.hidden(m->hooks.ctx, l, b, m->h_pos, m->h_x);
+        }
+    }
+    int n_out = 0;
+    if (logits) {
+        kvd_cudaop_rmsnorm(m->xn, H, m->x, H, m->final_norm, rows, H, eps, 1);
+        if (!last_only) {
+            kvd_cudaop_linear(m->xn, m->lm_head, m->logits, rows, V, H);
+            n_out = rows;
+        } else {
+            int last = -1;
+            for (int s = 0; s < b->n; s++) {
+                last += b->n_tok[s];
+                kvd_cuda_copy(m->gx + (size_t)s * H, m->xn + (size_t)last * H, sizeof(float) * H);
+            }
+            kvd_cudaop_linear(m->gx, m->lm_head, m->logits, b->n, V, H);
+            n_out = b->n;
+        }
+    }
+    if (settle(m, kv, b, err)) return -1;
+    if (logits && kvd_cuda_download(logits, m->logits, sizeof(float) * (size_t)n_out * V)) {
+        snprintf(err, KVD_ERR_LEN, "device model: copying the logits back failed");
+        return -1;
+    }
+    return 0;
+}

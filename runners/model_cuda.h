@@ -1,0 +1,40 @@
+/* kvdrift: the hybrid model on the device (CUDA back end). The same forward
+ * pass as model.h's, step for step and in FP32 activations over BF16
+ * weights, with weights, the KV cache's bytes, the recurrent state and the
+ * activations resident on the device; the host keeps the cache's
+ * bookkeeping (block tables, lengths, counters) in an ordinary kvd_kvcache,
+ * whose own pools stay unused. Only in builds with the CUDA back end. */
+#ifndef KVD_MODEL_CUDA_H
+#define KVD_MODEL_CUDA_H
+
+#include <stddef.h>
+
+#include "model.h"
+
+typedef struct kvd_cuda_model kvd_cuda_model;
+
+/* A device model over weights w (uploaded: matrices as BF16, vectors as
+ * FP32) for steps of up to max_rows tokens over max_seqs sequences, with
+ * device cache pools shaped like kv's (its mode, scales, blocks). */
+kvd_cuda_model *kvd_cuda_model_new(const kvd_weights *w, const kvd_kvcache *kv, int max_rows,
+                                   int max_seqs, char *err);
+void kvd_cuda_model_free(kvd_cuda_model *m);
+
+/* Hooks: hidden and router are called as on the CPU; the others (kv, attn,
+ * a shadow cache) are not available on the device yet: -1 with err set. */
+int kvd_cuda_model_set_hooks(kvd_cuda_model *m, const kvd_hooks *h, char *err);
+
+/* Clear one sequence slot's recurrent state (conv and DeltaNet). */
+void kvd_cuda_model_reset_seq(kvd_cuda_model *m, int seq);
+
+/* kvd_forward on the device: kv is the host bookkeeping of this model's
+ * device cache. */
+int kvd_cuda_forward(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits,
+                     int last_only, char *err);
+
+/* A copy of the device cache's K (which_v 0) or V pool of one full-attention
+ * layer, in kv's layout, into host memory of `bytes`. */
+int kvd_cuda_model_pool(const kvd_cuda_model *m, int attn_layer, int which_v, void *host,
+                        size_t bytes);
+
+#endif

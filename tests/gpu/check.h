@@ -1,0 +1,30 @@
+/* kvdrift: the GPU tests' checks: counted, the first failures printed, the
+ * run goes on (one device run should report everything that is wrong). */
+#ifndef KVD_TEST_CHECK_H
+#define KVD_TEST_CHECK_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+
+static int failures = 0, checks = 0;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        checks++;                                                                                  \
+        if (!(cond)) {                                                                             \
+            if (failures++ < 20) fprintf(stderr, __VA_ARGS__);                                     \
+        }                                                                                          \
+    } while (0)
+
+/* ||a - b|| / ||b|| */
+static inline double rel_l2(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)a[i] - b[i];
+        num += e * e, den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+#endif

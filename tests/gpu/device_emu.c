@@ -1,0 +1,236 @@
+/* kvdrift: the device API of kernels/cuda/cuda_kernels.h that the device
+ * model uses, emulated on the CPU: "device" memory is host memory and every
+ * operation runs its CPU twin (or, for the glue, the same loop as model.c).
+ * Linked with runners/model_cuda.c and tests/gpu/test_cuda_model.c it tests
+ * the device model's own code (buffers, strides, batch staging, expert
+ * lists, counters) on machines without a GPU; the kernels themselves are
+ * held to their twins by test_cuda_parity on a GPU. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../kernels/cuda/cuda_kernels.h"
+
+int kvd_cuda_available(char *why, int len) {
+    (void)why, (void)len;
+    return 1;
+}
+void *kvd_cuda_alloc(size_t n) {
+    return calloc(1, n ? n : 1);
+}
+void kvd_cuda_free(void *p) {
+    free(p);
+}
+int kvd_cuda_upload(void *dst, const void *src, size_t n) {
+    memcpy(dst, src, n);
+    return 0;
+}
+int kvd_cuda_download(void *dst, const void *src, size_t n) {
+    memcpy(dst, src, n);
+    return 0;
+}
+int kvd_cuda_copy(void *dst, const void *src, size_t n) {
+    memmove(dst, src, n);
+    return 0;
+}
+int kvd_cuda_zero(void *p, size_t n) {
+    memset(p, 0, n);
+    return 0;
+}
+int kvd_cuda_sync(char *err, int len) {
+    (void)err, (void)len;
+    return 0;
+}
+int kvd_cuda_upload_bf16(void *dst, const float *src, size_t n) {
+    kvd_quant_bf16(src, dst, n);
+    return 0;
+}
+
+/* BF16 weights back to FP32 for kvd_linear (exact) */
+void kvd_cudaop_linear(const float *x, const void *w, float *y, int M, int N, int K) {
+    if (M <= 0 || N <= 0) return;
+    float *wf = malloc(sizeof(float) * (size_t)N * K);
+    kvd_dequant_bf16(w, wf, (size_t)N * K);
+    kvd_linear(x, wf, y, M, N, K);
+    free(wf);
+}
+void kvd_cudaop_embed(const void *E, const int32_t *tok, float *x, int rows, int H) {
+    for (int r = 0; r < rows; r++)
+        kvd_dequant_bf16((const uint16_t *)E + (size_t)tok[r] * H, x + (size_t)r * H, (size_t)H);
+}
+void kvd_cudaop_rmsnorm(float *out, size_t out_stride, const float *x, size_t x_stride,
+                        const float *w, int rows, int n, float eps, int one_plus) {
+    for (int r = 0; r < rows; r++)
+        kvd_rmsnorm(out + (size_t)r * out_stride, x + (size_t)r * x_stride, w, n, eps, one_plus);
+}
+void kvd_cudaop_rope(float *v, int rows, int heads, int stride, const int *pos, int rot_dim,
+                     const float *inv_freq) {
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < heads; h++)
+            kvd_rope(v + ((size_t)r * heads + h) * stride, pos[r], rot_dim, inv_freq);
+}
+void kvd_cudaop_split_query(const float *qg, float *qh, int rows, int nh, int hd) {
+    for (size_t rh = 0; rh < (size_t)rows * nh; rh++)
+        memcpy(qh + rh * hd, qg + rh * 2 * hd, sizeof(float) * (size_t)hd);
+}
+void kvd_cudaop_output_gate(float *att, const float *qg, int rows, int nh, int hd) {
+    for (size_t rh = 0; rh < (size_t)rows * nh; rh++)
+        for (int d = 0; d < hd; d++) att[rh * hd + d] *= kvd_sigmoidf(qg[(rh * 2 + 1) * hd + d]);
+}
+void kvd_cudaop_add(float *x, const float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+void kvd_cudaop_swiglu(float *g, const float *u, size_t n) {
+    kvd_swiglu(g, u, n);
+}
+/* one token at a time through the CPU quantizers, the counters as the
+ * device keeps them */
+void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads, int head_dim,
+                         void *pool, int n_tok, const int32_t *slot, const float *x,
+                         const float *scale, unsigned long long *stats, unsigned int *absmax) {
+    size_t esz = kvd_fmt_bytes(fmt);
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < kv_heads; h++) {
+            int64_t blk = slot[t] / block_size, off = slot[t] % block_size;
+            uint8_t *dst = (uint8_t *)pool +
+                           ((size_t)(blk * kv_heads + h) * block_size + off) * head_dim * esz;
+            const float *xr = x + ((size_t)t * kv_heads + h) * head_dim;
+            for (int d = 0; d < head_dim; d++) {
+                float a = fabsf(xr[d]);
+                unsigned int bits;
+                memcpy(&bits, &a, sizeof bits);
+                if (bits > absmax[h]) absmax[h] = bits;
+            }
+            kvd_qstats st = {0};
+            if (fmt == KVD_FMT_BF16) {
+                kvd_quant_bf16(xr, (uint16_t *)dst, (size_t)head_dim);
+                st.n = (uint64_t)head_dim;
+            } else if (fmt == KVD_FMT_E4M3) {
+                kvd_quant_e4m3(xr, dst, (size_t)head_dim, scale[h], saturate, &st);
+            } else {
+                kvd_quant_e5m2(xr, dst, (size_t)head_dim, scale[h], saturate, &st);
+            }
+            stats[0] += st.n, stats[1] += st.saturated, stats[2] += st.flushed;
+            stats[3] += st.subnormal;
+        }
+}
+void kvd_cudaop_ungroup(const float *qkvz, const float *ba, const float *A_log,
+                        const float *dt_bias, float *conv, float *z, float *beta, float *gdec,
+                        int rows, int nk, int nv, int dk, int dv) {
+    const int r_ = nv / nk, kd = nk * dk, vd = nv * dv, cd = 2 * kd + vd, pw = 2 * kd + 2 * vd;
+    for (int r = 0; r < rows; r++) {
+        const float *p = qkvz + (size_t)r * pw, *pba = ba + (size_t)r * 2 * nv;
+        float *mixd = conv + (size_t)r * cd, *zr = z + (size_t)r * vd;
+        for (int h = 0; h < nk; h++) {
+            const float *g = p + (size_t)h * (2 * dk + 2 * r_ * dv);
+            memcpy(mixd + h * dk, g, sizeof(float) * (size_t)dk);
+            memcpy(mixd + kd + h * dk, g + dk, sizeof(float) * (size_t)dk);
+            memcpy(mixd + 2 * kd + h * r_ * dv, g + 2 * dk, sizeof(float) * (size_t)(r_ * dv));
+            memcpy(zr + h * r_ * dv, g + 2 * dk + r_ * dv, sizeof(float) * (size_t)(r_ * dv));
+            for (int j = 0; j < r_; j++) {
+                int vh = h * r_ + j;
+                float sp = pba[h * 2 * r_ + r_ + j] + dt_bias[vh];
+                sp = sp > 20.0f ? sp : log1pf(expf(sp));
+                beta[(size_t)r * nv + vh] = kvd_sigmoidf(pba[h * 2 * r_ + j]);
+                gdec[(size_t)r * nv + vh] = -expf(A_log[vh]) * sp;
+            }
+        }
+    }
+}
+void kvd_cudaop_conv(float *conv, int cd, const float *w, int K, float *state_base,
+                     size_t state_seq_stride, int n_seqs, const int *seqs, const int *row0,
+                     const int *ntok) {
+    for (int s = 0; s < n_seqs; s++)
+        for (int ch = 0; ch < cd; ch++) {
+            float *hist = state_base + (size_t)seqs[s] * state_seq_stride + (size_t)ch * (K - 1);
+            const float *wc = w + (size_t)ch * K;
+            for (int t = 0; t < ntok[s]; t++) {
+                float *x = conv + (size_t)(row0[s] + t) * cd + ch;
+                float in = *x, acc = wc[K - 1] * in;
+                for (int j = 0; j < K - 1; j++) acc += wc[j] * hist[j];
+                for (int j = 0; j < K - 2; j++) hist[j] = hist[j + 1];
+                if (K > 1) hist[K - 2] = in;
+                *x = kvd_siluf(acc);
+            }
+        }
+}
+void kvd_cudaop_l2norm(float *conv, int rows, int cd, int nk, int dk, float qscale) {
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < 2 * nk; h++) {
+            float *v = conv + (size_t)r * cd + (size_t)h * dk;
+            double ss = 0.0;
+            for (int i = 0; i < dk; i++) ss += (double)v[i] * v[i];
+            float inv = (float)(1.0 / sqrt(ss + 1e-6));
+            if (h < nk) inv *= qscale;
+            for (int i = 0; i < dk; i++) v[i] *= inv;
+        }
+}
+void kvd_cudaop_gdn(const float *conv, const float *gdec, const float *beta, float *out, float *ssm,
+                    size_t ssm_seq_stride, int n_seqs, const int *seqs, const int *row0,
+                    const int *ntok, int nk, int nv, int dk, int dv) {
+    const int cd = 2 * nk * dk + nv * dv, kd = nk * dk, vd = nv * dv, r_ = nv / nk;
+    for (int s = 0; s < n_seqs; s++)
+        for (int vh = 0; vh < nv; vh++) {
+            float *S = ssm + (size_t)seqs[s] * ssm_seq_stride + (size_t)vh * dk * dv;
+            for (int t = 0; t < ntok[s]; t++) {
+                size_t r = (size_t)(row0[s] + t);
+                const float *x = conv + r * cd;
+                kvd_gdn_step(S, x + (vh / r_) * dk, x + kd + (vh / r_) * dk, x + 2 * kd + vh * dv,
+                             gdec[r * nv + vh], beta[r * nv + vh], out + r * vd + vh * dv, dk, dv);
+            }
+        }
+}
+void kvd_cudaop_gated_norm(float *o, const float *z, const float *w, int rows, int nv, int dv,
+                           float eps) {
+    for (size_t rv = 0; rv < (size_t)rows * nv; rv++) {
+        kvd_rmsnorm(o + rv * dv, o + rv * dv, w, dv, eps, 0);
+        for (int d = 0; d < dv; d++) o[rv * dv + d] *= kvd_siluf(z[rv * dv + d]);
+    }
+}
+void kvd_cudaop_route(const float *logits, int rows, int E, int K, int norm, int *topi,
+                      float *topw) {
+    float *p = malloc(sizeof(float) * (size_t)E);
+    for (int r = 0; r < rows; r++) {
+        memcpy(p, logits + (size_t)r * E, sizeof(float) * (size_t)E);
+        kvd_route(p, E, K, norm, topi + (size_t)r * K, topw + (size_t)r * K);
+    }
+    free(p);
+}
+void kvd_cudaop_gather(const float *xn, const int *slots, int n, int K, float *gx, int H) {
+    for (int i = 0; i < n; i++)
+        memcpy(gx + (size_t)i * H, xn + (size_t)(slots[i] / K) * H, sizeof(float) * (size_t)H);
+}
+void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const float *topw, int n,
+                        int K, int H) {
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < H; d++)
+            mix[(size_t)(slots[i] / K) * H + d] += topw[slots[i]] * gy[(size_t)i * H + d];
+}
+void kvd_cudaop_add_gated(float *mix, const float *y, const float *gate, int rows, int H) {
+    for (size_t i = 0; i < (size_t)rows * H; i++) mix[i] += kvd_sigmoidf(gate[i / H]) * y[i];
+}
+void kvd_cudaop_nonfinite(const float *x, size_t n, unsigned long long *first) {
+    for (size_t i = 0; i < n && i < *first; i++)
+        if (!isfinite(x[i])) *first = i;
+}
+size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim) {
+    return kvd_attn_work_bytes(n_heads, head_dim, max_ctx, 32) / sizeof(float) + 16;
+}
+int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
+                             const float *q, int n_heads, float sm_scale, float *out,
+                             float *scratch) {
+    kvd_attn_paged(dv, blocks, n_ctx, q, n_heads, sm_scale, out, NULL, scratch,
+                   kvd_attn_parts(n_ctx, dv->block_size));
+    return 0;
+}
+int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,
+                              const float *q, int n_heads, float sm_scale, float *out) {
+    void *work = malloc(kvd_attn_work_bytes(n_heads, dv->head_dim, pos0 + n_q, 32));
+    for (int r = 0; r < n_q; r++)
+        kvd_attn_paged(dv, blocks, pos0 + r + 1, q + (size_t)r * n_heads * dv->head_dim, n_heads,
+                       sm_scale, out + (size_t)r * n_heads * dv->head_dim, NULL, work,
+                       kvd_attn_parts(pos0 + r + 1, dv->block_size));
+    free(work);
+    return 0;
+}

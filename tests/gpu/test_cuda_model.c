@@ -1,0 +1,225 @@
+/* kvdrift: the whole model on the device against the CPU forward pass, on the
+ * tiny and small presets in three cache modes: two sequences prefilled (one
+ * step each, 200 and 77 tokens), then 12 decode steps of both batched, the
+ * CPU's greedy tokens fed to both. Held to: logits within 1e-4 relative L2
+ * per step and the residual stream within 1e-4 after every layer (the two
+ * differ by the order of their FP32 sums alone; FP8 modes 3e-4 and 1e-3, a
+ * value at a rounding boundary can take the neighbouring code), cache bytes
+ * identical in all but such values (>= 99.9% FP8, 99% BF16), and the
+ * cache's counters within 0.1%. Where the residual stream first departs is printed,
+ * layer by layer. Skips (77) with the reason when no device is visible. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../kernels/cuda/cuda_kernels.h"
+#include "../../runners/model.h"
+#include "../../runners/model_cuda.h"
+#include "../../runners/weights.h"
+
+#include "check.h"
+
+/* the CPU's residual stream after each layer of the current step, and the
+ * device's departure from it */
+typedef struct {
+    int H, layers, rows;
+    float *cpu; /* [layers][rows][H] */
+    double worst[64];
+} hidden_rec;
+
+static void cpu_hidden(void *ctx, int layer, const kvd_batch *b, const int *pos, const float *h) {
+    hidden_rec *r = ctx;
+    (void)pos;
+    int rows = 0;
+    for (int s = 0; s < b->n; s++) rows += b->n_tok[s];
+    r->rows = rows;
+    memcpy(r->cpu + (size_t)layer * 512 * r->H, h, sizeof(float) * (size_t)rows * r->H);
+}
+
+static void dev_hidden(void *ctx, int layer, const kvd_batch *b, const int *pos, const float *h) {
+    hidden_rec *r = ctx;
+    (void)b, (void)pos;
+    double e = rel_l2(h, r->cpu + (size_t)layer * 512 * r->H, (size_t)r->rows * r->H);
+    if (e > r->worst[layer]) r->worst[layer] = e;
+}
+
+static void tokens(uint64_t seed, int n, int vocab, int32_t *tok) {
+    uint64_t key = kvd_rng_key(seed, "test.cuda_model.tokens");
+    for (int i = 0; i < n; i++)
+        tok[i] = (int32_t)(kvd_rng_uniform(key, (uint64_t)i) * vocab) % vocab;
+}
+
+static void run(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scales,
+                kvd_kv_scales *calibrated) {
+    char err[KVD_ERR_LEN];
+    kvd_config cfg;
+    kvd_synth syn;
+    kvd_weights w;
+    kvd_synth_defaults(&syn);
+    if (kvd_config_preset(preset, &cfg, err) || kvd_weights_synth(&w, &cfg, &syn, err)) {
+        CHECK(0, "%s: %s\n", preset, err);
+        return;
+    }
+    const int H = cfg.hidden_size, V = cfg.vocab_size, L = cfg.num_hidden_layers;
+    int n_full = 0;
+    for (int l = 0; l < L; l++) n_full += cfg.layer_types[l] == KVD_LAYER_FULL;
+    kvd_kvcache kc, kd;
+    kvd_model *mc = kvd_model_new(&w, 512, 4, err);
+    if (!mc ||
+        kvd_kvcache_init(&kc, mode, n_full, cfg.num_key_value_heads, cfg.head_dim, 128, 4096,
+                         scales, 1, err) ||
+        kvd_kvcache_init(&kd, mode, n_full, cfg.num_key_value_heads, cfg.head_dim, 128, 4096,
+                         scales, 1, err)) {
+        CHECK(0, "%s: %s\n", preset, err);
+        return;
+    }
+    kvd_cuda_model *md = kvd_cuda_model_new(&w, &kd, 512, 4, err);
+    if (!md) {
+        CHECK(0, "%s: %s\n", preset, err);
+        return;
+    }
+    hidden_rec rec = {H, L, 0, malloc(sizeof(float) * (size_t)L * 512 * H), {0}};
+    kvd_hooks hc = {&rec, cpu_hidden, NULL, NULL, NULL, NULL};
+    kvd_hooks hd = {&rec, dev_hidden, NULL, NULL, NULL, NULL};
+    kvd_model_set_hooks(mc, &hc);
+    CHECK(kvd_cuda_model_set_hooks(md, &hd, err) == 0, "%s: %s\n", preset, err);
+    int sa = kvd_kvcache_add_seq(&kc), sb = kvd_kvcache_add_seq(&kc);
+    kvd_kvcache_add_seq(&kd), kvd_kvcache_add_seq(&kd);
+    float *lc = malloc(sizeof(float) * 2 * V), *ld = malloc(sizeof(float) * 2 * V);
+    int32_t ta[200], tb[77];
+    tokens(11, 200, V, ta);
+    tokens(12, 77, V, tb);
+    double worst_logits = 0;
+    /* prefill: one sequence per step, so each device step takes its own
+     * hidden states from the CPU step just before it */
+    const int32_t *pt[2] = {ta, tb};
+    int32_t nxt[2];
+    int pn[2] = {200, 77}, ps[2] = {sa, sb};
+    for (int i = 0; i < 2; i++) {
+        kvd_batch b = {1, &ps[i], &pn[i], pt[i]};
+        int okc = kvd_forward(mc, &kc, &b, lc, 1, err) == 0;
+        CHECK(okc, "%s cpu prefill: %s\n", preset, err);
+        int okd = kvd_cuda_forward(md, &kd, &b, ld, 1, err) == 0;
+        CHECK(okd, "%s device prefill: %s\n", preset, err);
+        if (!okc || !okd) goto out;
+        double e = rel_l2(ld, lc, (size_t)V);
+        worst_logits = e > worst_logits ? e : worst_logits;
+        nxt[i] = kvd_argmax(lc, V);
+    }
+    /* decode: both sequences per step, the CPU's greedy choices for both */
+    for (int step = 0; step < 12; step++) {
+        int seqs[2] = {sa, sb}, ones[2] = {1, 1};
+        kvd_batch b = {2, seqs, ones, nxt};
+        int okc = kvd_forward(mc, &kc, &b, lc, 1, err) == 0;
+        CHECK(okc, "%s cpu decode: %s\n", preset, err);
+        int okd = kvd_cuda_forward(md, &kd, &b, ld, 1, err) == 0;
+        CHECK(okd, "%s device decode: %s\n", preset, err);
+        if (!okc || !okd) goto out;
+        double e = rel_l2(ld, lc, (size_t)2 * V);
+        worst_logits = e > worst_logits ? e : worst_logits;
+        nxt[0] = kvd_argmax(lc, V), nxt[1] = kvd_argmax(lc + V, V);
+    }
+    /* a value at an FP8 rounding boundary can take the neighbouring code
+     * (1 in 10^4 here), moving it by up to 1/16: FP8 modes get 3x the logit
+     * and 10x the residual allowance */
+    const int fp8 = mode != KVD_KV_BF16;
+    const double tol_logits = fp8 ? 3e-4 : 1e-4, tol_hidden = fp8 ? 1e-3 : 1e-4;
+    CHECK(worst_logits < tol_logits, "%s %s: logits rel L2 %g\n", preset, kvd_kv_mode_name(mode),
+          worst_logits);
+    double worst_hidden = 0;
+    int first_bad = -1;
+    for (int l = 0; l < L; l++) {
+        if (rec.worst[l] > worst_hidden) worst_hidden = rec.worst[l];
+        if (first_bad < 0 && rec.worst[l] >= tol_hidden) first_bad = l;
+    }
+    if (first_bad >= 0)
+        for (int l = 0; l < L; l++)
+            fprintf(stderr, "  %s %s layer %d (%s): residual rel L2 %g\n", preset,
+                    kvd_kv_mode_name(mode), l,
+                    cfg.layer_types[l] == KVD_LAYER_FULL ? "attention" : "deltanet", rec.worst[l]);
+    CHECK(first_bad < 0, "%s %s: the residual stream departs at layer %d\n", preset,
+          kvd_kv_mode_name(mode), first_bad);
+    /* the cache: the bytes of every written row, and the counters */
+    size_t pool = (size_t)kc.n_blocks * kc.kv_heads * kc.block_size * kc.head_dim *
+                  kvd_fmt_bytes(kc.fmt),
+           row = (size_t)kc.head_dim * kvd_fmt_bytes(kc.fmt), same = 0, total = 0;
+    unsigned char *buf = malloc(pool);
+    for (int a = 0; a < n_full; a++)
+        for (int which = 0; which < 2; which++) {
+            CHECK(kvd_cuda_model_pool(md, a, which, buf, pool) == 0, "pool copy failed\n");
+            const unsigned char *ref = which ? kc.v[a] : kc.k[a];
+            for (int s = 0; s < 2; s++) {
+                const kvd_kv_seq *q = &kc.seqs[s];
+                CHECK(kd.seqs[s].len == q->len, "%s: sequence lengths differ\n", preset);
+                for (int t = 0; t < q->len; t++)
+                    for (int h = 0; h < kc.kv_heads; h++) {
+                        size_t o = (((size_t)q->blocks[t / kc.block_size] * kc.kv_heads + h) *
+                                        kc.block_size +
+                                    t % kc.block_size) *
+                                   row;
+                        for (size_t i = 0; i < row; i++) same += buf[o + i] == ref[o + i];
+                        total += row;
+                    }
+            }
+        }
+    free(buf);
+    /* BF16's steps are 16x finer than FP8's: more values sit near a boundary */
+    CHECK(total > 0 && (double)same / total >= (fp8 ? 0.999 : 0.99),
+          "%s %s: cache bytes %.5f%% identical\n", preset, kvd_kv_mode_name(mode),
+          100.0 * same / total);
+    for (int a = 0; a < n_full; a++) {
+        const kvd_qstats *c1[2] = {&kc.k_stats[a], &kc.v_stats[a]},
+                         *c2[2] = {&kd.k_stats[a], &kd.v_stats[a]};
+        for (int i = 0; i < 2; i++) {
+            CHECK(c1[i]->n == c2[i]->n, "%s: counted values differ\n", preset);
+            double ds = fabs((double)c1[i]->saturated - c2[i]->saturated),
+                   df = fabs((double)c1[i]->flushed - c2[i]->flushed),
+                   du = fabs((double)c1[i]->subnormal - c2[i]->subnormal);
+            CHECK(ds <= 1 + 1e-3 * c1[i]->saturated && df <= 1 + 1e-3 * c1[i]->flushed &&
+                      du <= 1 + 1e-3 * c1[i]->subnormal,
+                  "%s %s layer %d: counters differ (sat %llu/%llu ftz %llu/%llu sub %llu/%llu)\n",
+                  preset, kvd_kv_mode_name(mode), a, (unsigned long long)c1[i]->saturated,
+                  (unsigned long long)c2[i]->saturated, (unsigned long long)c1[i]->flushed,
+                  (unsigned long long)c2[i]->flushed, (unsigned long long)c1[i]->subnormal,
+                  (unsigned long long)c2[i]->subnormal);
+        }
+    }
+    printf("%-6s %-13s logits rel L2 %.2e, residual %.2e, cache bytes %.4f%% identical\n", preset,
+           kvd_kv_mode_name(mode), worst_logits, worst_hidden, 100.0 * same / total);
+    if (calibrated) { /* absmax / 448 from this (BF16) run: the fp8-cal scales */
+        kvd_kv_scales_init(calibrated, n_full, cfg.num_key_value_heads);
+        for (int i = 0; i < n_full * cfg.num_key_value_heads; i++) {
+            calibrated->k[i] = kc.k_absmax[i] / 448.0f;
+            calibrated->v[i] = kc.v_absmax[i] / 448.0f;
+        }
+    }
+out:
+    free(lc), free(ld), free(rec.cpu);
+    kvd_cuda_model_free(md);
+    kvd_model_free(mc);
+    kvd_kvcache_free(&kc);
+    kvd_kvcache_free(&kd);
+    kvd_weights_free(&w);
+}
+
+int main(void) {
+    char why[256];
+    if (!kvd_cuda_available(why, sizeof why)) {
+        printf("SKIP: %s: the device model test needs a GPU\n", why);
+        return 77;
+    }
+    /* KVD_TEST_PRESETS=tiny limits the run (the emulated build in CI) */
+    const char *only = getenv("KVD_TEST_PRESETS");
+    const char *presets[2] = {"tiny", "small"};
+    for (int p = 0; p < 2; p++) {
+        if (only && !strstr(only, presets[p])) continue;
+        kvd_kv_scales cal = {0};
+        run(presets[p], KVD_KV_BF16, NULL, &cal);
+        run(presets[p], KVD_KV_FP8_CAL, &cal, NULL);
+        run(presets[p], KVD_KV_FP8_UNSCALED, NULL, NULL);
+        kvd_kv_scales_free(&cal);
+    }
+    printf("cuda model: %d passed, %d failed\n", checks - failures, failures);
+    return failures ? 1 : 0;
+}
