@@ -2,10 +2,105 @@
  * the lean executable the GPU check carries to a machine without the
  * host's libraries). */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "../kernels/cuda/cuda_kernels.h"
 #include "../runners/config.h"
+#include "../runners/model_cuda.h"
+#include "../runners/weights.h"
 #include "bench_cuda.h"
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The whole model on the device at one preset: C sequences of ctx tokens
+ * each (prefilled), then decode steps of all C at once, the logits of every
+ * step copied back (the drift engine needs them). ms per step and tokens/s,
+ * per cache format; 0, or -1 when a step failed. */
+int kvd_bench_model(const char *preset, int ctx, int steps) {
+    char err[KVD_ERR_LEN];
+    kvd_config cfg;
+    kvd_synth syn;
+    kvd_synth_defaults(&syn);
+    if (kvd_config_preset(preset, &cfg, err)) {
+        fprintf(stderr, "bench model: %s\n", err);
+        return -1;
+    }
+    const int Cs[3] = {1, 8, 32}, V = cfg.vocab_size, nf = kvd_config_n_full(&cfg);
+    const kvd_kv_mode modes[2] = {KVD_KV_BF16, KVD_KV_FP8_UNSCALED};
+    double tps[2][3] = {{0}};
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)ctx);
+    float *logits = malloc(sizeof(float) * 32 * (size_t)V);
+    uint64_t key = kvd_rng_key(21, "bench.model.tokens");
+    for (int i = 0; i < ctx; i++) tok[i] = (int32_t)(kvd_rng_uniform(key, (uint64_t)i) * V) % V;
+    printf("\nthe whole model on the device, %s, %d-token contexts, %d decode steps (logits "
+           "copied back every step):\n",
+           preset, ctx, steps);
+    int rc = 0;
+    for (int mi = 0; mi < 2 && rc == 0; mi++) {
+        kvd_kvcache kv;
+        if (kvd_kvcache_init(&kv, modes[mi], nf, cfg.num_key_value_heads, cfg.head_dim, 16,
+                             (int64_t)32 * (ctx + steps + 16), NULL, 1, err)) {
+            fprintf(stderr, "bench model: %s\n", err);
+            rc = -1;
+            break;
+        }
+        double t0 = now_s();
+        kvd_cuda_model *m = kvd_cuda_model_new_synth(&cfg, &syn, &kv, 512, 32, err);
+        if (!m) {
+            fprintf(stderr, "bench model: %s\n", err);
+            kvd_kvcache_free(&kv);
+            rc = -1;
+            break;
+        }
+        printf("  %s cache: weights made and uploaded in %.1f s\n", kvd_kv_mode_name(modes[mi]),
+               now_s() - t0);
+        for (int ci = 0; ci < 3 && rc == 0; ci++) {
+            int C = Cs[ci], seqs[32], ones[32];
+            int32_t nxt[32];
+            for (int s = 0; s < C; s++) {
+                seqs[s] = kvd_kvcache_add_seq(&kv), ones[s] = 1;
+                kvd_cuda_model_reset_seq(m, seqs[s]);
+                for (int p = 0; p < ctx && rc == 0; p += 512) {
+                    int n = ctx - p < 512 ? ctx - p : 512;
+                    kvd_batch b = {1, &seqs[s], &n, tok + p};
+                    rc = kvd_cuda_forward(m, &kv, &b, NULL, 0, err);
+                }
+                nxt[s] = tok[(s * 7) % ctx];
+            }
+            double t = 0;
+            for (int st = 0; st < steps + 2 && rc == 0; st++) {
+                kvd_batch b = {C, seqs, ones, nxt};
+                double a = now_s();
+                rc = kvd_cuda_forward(m, &kv, &b, logits, 1, err);
+                if (st >= 2) t += now_s() - a; /* two warm-up steps */
+                for (int s = 0; s < C; s++) nxt[s] = kvd_argmax(logits + (size_t)s * V, V);
+            }
+            if (rc) {
+                fprintf(stderr, "bench model: %s\n", err);
+                break;
+            }
+            tps[mi][ci] = C * steps / t;
+            printf("  %-13s C %2d: %8.2f ms per step %9.1f tokens/s\n", kvd_kv_mode_name(modes[mi]),
+                   C, 1e3 * t / steps, tps[mi][ci]);
+            for (int s = 0; s < C; s++) kvd_kvcache_release(&kv, seqs[s]);
+        }
+        kvd_cuda_model_free(m);
+        kvd_kvcache_free(&kv);
+    }
+    if (rc == 0)
+        for (int ci = 0; ci < 3; ci++)
+            printf("  C %2d: FP8 cache %.2fx the BF16 cache's tokens/s\n", Cs[ci],
+                   tps[1][ci] / tps[0][ci]);
+    free(tok);
+    free(logits);
+    return rc;
+}
 
 /* The device side: copy bandwidth, decode attention at the qwen3.5 shape
  * (32 query heads, 2 KV heads, head_dim 256) at 32K and 128K tokens, and the

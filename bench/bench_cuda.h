@@ -6,4 +6,8 @@
  * non-zero when a measurement failed. Prints why when no device is visible. */
 int kvd_bench_cuda(int reps);
 
+/* The whole model on the device at a preset: decode tokens/s at
+ * concurrency 1, 8 and 32 over ctx-token contexts, BF16 and FP8 caches. */
+int kvd_bench_model(const char *preset, int ctx, int steps);
+
 #endif

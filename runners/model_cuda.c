@@ -4,6 +4,7 @@
  * places buffers and launches. Activations stay in FP32, weights are BF16
  * (exact: the synthetic weights are BF16 values), so the device and the CPU
  * differ by the order of their sums alone. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE, madvise */
 #include "model_cuda.h"
 
 #include <math.h>
@@ -11,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "../kernels/cuda/cuda_kernels.h"
 
@@ -58,6 +61,12 @@ struct kvd_cuda_model {
     int *h_pos, *h_row_seq, *h_topi, *h_slots, *h_seqs, *h_row0, *h_ntok;
     int32_t *h_slot;
     float *h_x;
+    /* synthetic weights made one tensor at a time, just before their upload
+     * (kvd_cuda_model_new_synth), and a BF16 staging buffer */
+    kvd_weights *lazy_w;
+    const kvd_synth *lazy_s;
+    uint16_t *stage16;
+    size_t stage16_n;
     /* every device allocation, for free */
     void **allocs;
     int n_allocs, cap_allocs;
@@ -87,27 +96,69 @@ void kvd_cuda_model_free(kvd_cuda_model *m) {
     }
     free(m->kpool);
     free(m->vpool);
+    free(m->stage16);
     free(m->h_pos), free(m->h_row_seq), free(m->h_topi), free(m->h_slots);
     free(m->h_seqs), free(m->h_row0), free(m->h_ntok), free(m->h_slot), free(m->h_x);
     free(m);
 }
 
-/* a matrix [rows][cols] as BF16, a vector as FP32; NULL source: NULL */
+/* In lazy mode, fill the tensor that src belongs to (before its upload) or
+ * give its pages back (after). */
+static void lazy(kvd_cuda_model *m, const float *src, int release) {
+    if (!m->lazy_s) return;
+    for (int i = 0; i < m->lazy_w->n_tensors; i++) {
+        kvd_tensor *t = &m->lazy_w->tensors[i];
+        if (t->data != src) continue;
+        if (!release) {
+            kvd_weights_fill(t, &m->lazy_w->cfg, m->lazy_s);
+        } else {
+            size_t pg = (size_t)sysconf(_SC_PAGESIZE), a = (size_t)(uintptr_t)t->data;
+            size_t b = a + (size_t)t->numel * sizeof(float);
+            a = (a + pg - 1) / pg * pg, b = b / pg * pg;
+            if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+        }
+        return;
+    }
+}
+
+/* a matrix [rows][cols] as BF16 (converted on all cores), a vector as FP32;
+ * NULL source: NULL */
 static void *up_mat(kvd_cuda_model *m, const float *src, size_t rows, size_t cols, int *bad) {
     if (!src || *bad) return NULL;
-    void *d = dalloc(m, rows * cols * 2);
-    if (!d || kvd_cuda_upload_bf16(d, src, rows * cols)) *bad = 1;
+    size_t n = rows * cols;
+    void *d = dalloc(m, n * 2);
+    if (n > m->stage16_n) {
+        free(m->stage16);
+        m->stage16 = malloc(n * 2);
+        m->stage16_n = m->stage16 ? n : 0;
+    }
+    if (!d || !m->stage16) {
+        *bad = 1;
+        return NULL;
+    }
+    lazy(m, src, 0);
+    const size_t chunk = (size_t)1 << 20;
+    long nch = (long)((n + chunk - 1) / chunk);
+#pragma omp parallel for schedule(static)
+    for (long ci = 0; ci < nch; ci++) {
+        size_t i0 = (size_t)ci * chunk, k = n - i0 < chunk ? n - i0 : chunk;
+        kvd_quant_bf16(src + i0, m->stage16 + i0, k);
+    }
+    if (kvd_cuda_upload(d, m->stage16, n * 2)) *bad = 1;
+    lazy(m, src, 1);
     return d;
 }
 static float *up_vec(kvd_cuda_model *m, const float *src, size_t n, int *bad) {
     if (!src || *bad) return NULL;
     float *d = dalloc(m, n * sizeof(float));
+    lazy(m, src, 0);
     if (!d || kvd_cuda_upload(d, src, n * sizeof(float))) *bad = 1;
+    lazy(m, src, 1);
     return d;
 }
 
-kvd_cuda_model *kvd_cuda_model_new(const kvd_weights *w, const kvd_kvcache *kv, int max_rows,
-                                   int max_seqs, char *err) {
+static kvd_cuda_model *model_new(const kvd_weights *w, const kvd_synth *lazy_s,
+                                 const kvd_kvcache *kv, int max_rows, int max_seqs, char *err) {
     const kvd_config *c = &w->cfg;
     char why[256];
     if (!kvd_cuda_available(why, sizeof why)) {
@@ -123,6 +174,8 @@ kvd_cuda_model *kvd_cuda_model_new(const kvd_weights *w, const kvd_kvcache *kv, 
     m->c = *c;
     m->max_rows = max_rows;
     m->max_seqs = max_seqs;
+    m->lazy_w = (kvd_weights *)w;
+    m->lazy_s = lazy_s;
     kvd_config_layer_indices(c, m->attn_index, m->lin_index, &m->n_full, &m->n_lin);
     if (m->n_full > kv->n_layers) {
         snprintf(err, KVD_ERR_LEN, "device model: the KV cache has %d layers, the model %d",
@@ -290,6 +343,9 @@ kvd_cuda_model *kvd_cuda_model_new(const kvd_weights *w, const kvd_kvcache *kv, 
         kvd_cuda_model_free(m);
         return NULL;
     }
+    m->lazy_w = NULL, m->lazy_s = NULL;
+    free(m->stage16);
+    m->stage16 = NULL, m->stage16_n = 0;
     return m;
 oom:
     snprintf(err, KVD_ERR_LEN,
@@ -298,6 +354,41 @@ oom:
              (long long)kv->n_blocks, max_rows, max_seqs);
     kvd_cuda_model_free(m);
     return NULL;
+}
+
+kvd_cuda_model *kvd_cuda_model_new(const kvd_weights *w, const kvd_kvcache *kv, int max_rows,
+                                   int max_seqs, char *err) {
+    return model_new(w, NULL, kv, max_rows, max_seqs, err);
+}
+
+kvd_cuda_model *kvd_cuda_model_new_synth(const kvd_config *cfg, const kvd_synth *s,
+                                         const kvd_kvcache *kv, int max_rows, int max_seqs,
+                                         char *err) {
+    kvd_weights w;
+    if (kvd_weights_plan(&w, cfg, err)) return NULL;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), total = 0;
+    for (int i = 0; i < w.n_tensors; i++)
+        total += ((size_t)w.tensors[i].numel * sizeof(float) + pg - 1) / pg * pg;
+    /* address space for every tensor, memory only for the one being made */
+    char *base = mmap(NULL, total ? total : pg, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) {
+        snprintf(err, KVD_ERR_LEN, "device model: cannot reserve %zu bytes of address space",
+                 total);
+        kvd_weights_free(&w);
+        return NULL;
+    }
+    size_t off = 0;
+    for (int i = 0; i < w.n_tensors; i++) {
+        w.tensors[i].data = (float *)(base + off);
+        off += ((size_t)w.tensors[i].numel * sizeof(float) + pg - 1) / pg * pg;
+    }
+    kvd_weights_bind(&w);
+    kvd_cuda_model *m = model_new(&w, s, kv, max_rows, max_seqs, err);
+    munmap(base, total ? total : pg);
+    for (int i = 0; i < w.n_tensors; i++) w.tensors[i].data = NULL;
+    kvd_weights_free(&w);
+    return m;
 }
 
 int kvd_cuda_model_set_hooks(kvd_cuda_model *m, const kvd_hooks *h, char *err) {

@@ -18,6 +18,12 @@ typedef struct kvd_cuda_model kvd_cuda_model;
  * device cache pools shaped like kv's (its mode, scales, blocks). */
 kvd_cuda_model *kvd_cuda_model_new(const kvd_weights *w, const kvd_kvcache *kv, int max_rows,
                                    int max_seqs, char *err);
+/* The same over synthetic weights made one tensor at a time on the host,
+ * just before its upload: presets whose FP32 weights outgrow host memory
+ * (qwen3.5-397b-a17b: 120 GB) need only the largest tensor's. */
+kvd_cuda_model *kvd_cuda_model_new_synth(const kvd_config *cfg, const kvd_synth *s,
+                                         const kvd_kvcache *kv, int max_rows, int max_seqs,
+                                         char *err);
 void kvd_cuda_model_free(kvd_cuda_model *m);
 
 /* Hooks: hidden and router are called as on the CPU; the others (kv, attn,

@@ -325,6 +325,10 @@ static void fill(kvd_tensor *t, const kvd_config *c, const kvd_synth *s) {
     kvd_round_bf16(x, (size_t)t->numel);
 }
 
+void kvd_weights_fill(kvd_tensor *t, const kvd_config *cfg, const kvd_synth *s) {
+    fill(t, cfg, s);
+}
+
 int kvd_weights_plan(kvd_weights *w, const kvd_config *cfg, char *err) {
     memset(w, 0, sizeof *w);
     if (kvd_config_validate(cfg, err)) return -1;

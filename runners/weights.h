@@ -62,6 +62,8 @@ void kvd_weights_free(kvd_weights *w);
  * data is filled, bind points the per-layer pointers at it. */
 int kvd_weights_plan(kvd_weights *w, const kvd_config *cfg, char *err);
 void kvd_weights_bind(kvd_weights *w);
+/* Fill one planned tensor (its data allocated) as kvd_weights_synth does. */
+void kvd_weights_fill(kvd_tensor *t, const kvd_config *cfg, const kvd_synth *s);
 const kvd_tensor *kvd_weights_find(const kvd_weights *w, const char *name);
 
 /* Deterministic standard normal for (key, index): the counter-based generator. */

@@ -36,5 +36,8 @@ export LD_LIBRARY_PATH="$lib:${lt:+$(dirname "$lt"):}/usr/local/cuda/lib64:${LD_
   echo "== device benchmarks"
   timeout 240 "$here/kvd_gpu_bench" 10
   echo "bench exit $?"
+  echo "== the whole model: decode tokens/s, qwen3.5-397b-a17b"
+  timeout 200 "$here/kvd_gpu_bench" model qwen3.5-397b-a17b 512 8
+  echo "model bench exit $?"
 } 2>&1 | tee "$out/gpu-check.log"
 grep -q "^parity exit 0$" "$out/gpu-check.log" && grep -q "^model exit 0$" "$out/gpu-check.log"

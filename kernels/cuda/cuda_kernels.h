@@ -76,11 +76,10 @@ int kvd_cuda_argmax(const float *x, int rows, int n, int *out);
 /* ---- device memory and device-pointer operations (the device model) ----
  * Allocation is zeroed; the operations are launched on the default stream
  * and return at once; kvd_cuda_sync waits and reports the first error.
- * Weights: matrices in BF16 (kvd_cuda_upload_bf16), vectors in FP32. */
+ * The model's weights: matrices in BF16, vectors in FP32. */
 void *kvd_cuda_alloc(size_t n);
 void kvd_cuda_free(void *p);
 int kvd_cuda_upload(void *dst, const void *src, size_t n);
-int kvd_cuda_upload_bf16(void *dst, const float *src, size_t n);
 int kvd_cuda_download(void *dst, const void *src, size_t n);
 int kvd_cuda_copy(void *dst, const void *src, size_t n);
 int kvd_cuda_zero(void *p, size_t n);

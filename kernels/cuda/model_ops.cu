@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <vector>
 
 #include "cuda_kernels.h"
 #include "device_math.cuh"
@@ -46,21 +45,6 @@ extern "C" int kvd_cuda_sync(char *err, int len) {
     if (e != cudaSuccess) {
         std::snprintf(err, (size_t)len, "cuda: %s", cudaGetErrorString(e));
         return -1;
-    }
-    return 0;
-}
-
-// FP32 values (BF16-valued weights: exact) to BF16 on the device, through a
-// staging buffer of 16M values.
-extern "C" int kvd_cuda_upload_bf16(void *dst, const float *src, size_t n) {
-    const size_t chunk = (size_t)1 << 24;
-    std::vector<uint16_t> tmp(n < chunk ? n : chunk);
-    for (size_t i0 = 0; i0 < n; i0 += chunk) {
-        size_t m = n - i0 < chunk ? n - i0 : chunk;
-        kvd_quant_bf16(src + i0, tmp.data(), m);
-        if (cudaMemcpy((uint16_t *)dst + i0, tmp.data(), m * 2, cudaMemcpyHostToDevice) !=
-            cudaSuccess)
-            return -1;
     }
     return 0;
 }

@@ -42,11 +42,6 @@ int kvd_cuda_sync(char *err, int len) {
     (void)err, (void)len;
     return 0;
 }
-int kvd_cuda_upload_bf16(void *dst, const float *src, size_t n) {
-    kvd_quant_bf16(src, dst, n);
-    return 0;
-}
-
 /* BF16 weights back to FP32 for kvd_linear (exact) */
 void kvd_cudaop_linear(const float *x, const void *w, float *y, int M, int N, int K) {
     if (M <= 0 || N <= 0) return;

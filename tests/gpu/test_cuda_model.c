@@ -203,6 +203,44 @@ out:
     kvd_weights_free(&w);
 }
 
+/* Weights made one tensor at a time just before their upload (the path for
+ * presets too large for host memory): the same logits as uploaded whole. */
+static void lazy_weights(void) {
+    char err[KVD_ERR_LEN];
+    kvd_config cfg;
+    kvd_synth syn;
+    kvd_weights w;
+    kvd_synth_defaults(&syn);
+    if (kvd_config_preset("tiny", &cfg, err) || kvd_weights_synth(&w, &cfg, &syn, err)) {
+        CHECK(0, "tiny: %s\n", err);
+        return;
+    }
+    const int V = cfg.vocab_size, nf = kvd_config_n_full(&cfg);
+    kvd_kvcache k1, k2;
+    kvd_kvcache_init(&k1, KVD_KV_BF16, nf, cfg.num_key_value_heads, cfg.head_dim, 128, 1024, NULL,
+                     1, err);
+    kvd_kvcache_init(&k2, KVD_KV_BF16, nf, cfg.num_key_value_heads, cfg.head_dim, 128, 1024, NULL,
+                     1, err);
+    kvd_cuda_model *a = kvd_cuda_model_new(&w, &k1, 64, 1, err);
+    kvd_cuda_model *b = a ? kvd_cuda_model_new_synth(&cfg, &syn, &k2, 64, 1, err) : NULL;
+    CHECK(a && b, "lazy weights: %s\n", err);
+    if (a && b) {
+        int32_t tok[50];
+        tokens(13, 50, V, tok);
+        int s1 = kvd_kvcache_add_seq(&k1), s2 = kvd_kvcache_add_seq(&k2), n = 50;
+        float *l1 = malloc(sizeof(float) * V), *l2 = malloc(sizeof(float) * V);
+        kvd_batch b1 = {1, &s1, &n, tok}, b2 = {1, &s2, &n, tok};
+        CHECK(kvd_cuda_forward(a, &k1, &b1, l1, 1, err) == 0 &&
+                  kvd_cuda_forward(b, &k2, &b2, l2, 1, err) == 0,
+              "lazy weights forward: %s\n", err);
+        CHECK(!memcmp(l1, l2, sizeof(float) * V), "lazy weights: logits differ\n");
+        free(l1), free(l2);
+    }
+    kvd_cuda_model_free(a), kvd_cuda_model_free(b);
+    kvd_kvcache_free(&k1), kvd_kvcache_free(&k2);
+    kvd_weights_free(&w);
+}
+
 int main(void) {
     char why[256];
     if (!kvd_cuda_available(why, sizeof why)) {
@@ -220,6 +258,7 @@ int main(void) {
         run(presets[p], KVD_KV_FP8_UNSCALED, NULL, NULL);
         kvd_kv_scales_free(&cal);
     }
+    lazy_weights();
     printf("cuda model: %d passed, %d failed\n", checks - failures, failures);
     return failures ? 1 : 0;
 }
