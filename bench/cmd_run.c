@@ -704,9 +704,9 @@ int kvd_cmd_run(int argc, char **argv) {
         kvd_cuda_info ci;
         kvd_cuda_probe(&ci);
         kvd_die(KVD_EXIT_USAGE, cmd,
-                "--backend cuda: the CUDA back end runs no model yet in this version (%s); use "
-                "--backend cpu",
-                ci.name);
+                "--backend cuda: the sweep needs the attention and K/V observation points, which "
+                "the device model (%s) does not have yet; use --backend cpu",
+                ci.compiled ? ci.name : "not compiled in");
     }
     char err[KVD_ERR_LEN];
     kvd_weights w;
