@@ -453,8 +453,8 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
     }
     kvd_kvcache kv;
     /* room for every request and a branch of each (the batch-invariance replay) */
-    if (kvd_kvcache_init(&kv, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, 2 * (total + KVD_KV_BLOCK * C), sc,
-                         o->dopt.saturate, err)) {
+    if (kvd_kvcache_init(&kv, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK,
+                         2 * (total + KVD_KV_BLOCK * C), sc, o->dopt.saturate, err)) {
         free(len);
         return -1;
     }

@@ -26,7 +26,8 @@ __device__ inline float load_val(const view &kv, const unsigned char *pool, int 
         unsigned short u = reinterpret_cast<const unsigned short *>(pool)[idx];
         return __uint_as_float((unsigned)u << 16);
     }
-    __half_raw h = __nv_cvt_fp8_to_halfraw(pool[idx], kv.fmt == KVD_FMT_E5M2 ? __NV_E5M2 : __NV_E4M3);
+    __half_raw h =
+        __nv_cvt_fp8_to_halfraw(pool[idx], kv.fmt == KVD_FMT_E5M2 ? __NV_E5M2 : __NV_E4M3);
     return __half2float(__half(h));
 }
 
@@ -85,7 +86,6 @@ __global__ void pv_kernel(view kv, const int *blocks, int n_ctx, const float *s,
     out[(size_t)hq * kv.head_dim + d] = acc * kv.v_scale[h];
 }
 
-
 // ---- v2: split over the context (flash-decoding) ----
 // Grid (splits, kv_heads), 4 warps a CTA. A warp takes one position at a
 // time: its 32 lanes read the K row and then the V row coalesced (hd / 32
@@ -98,7 +98,8 @@ __global__ void pv_kernel(view kv, const int *blocks, int n_ctx, const float *s,
 template <int PER>
 __device__ inline void load_row(const view &kv, const unsigned char *pool, int blk, int head,
                                 int slot, int lane, float *x) {
-    size_t idx = (((size_t)blk * kv.kv_heads + head) * kv.block_size + slot) * kv.head_dim + lane * PER;
+    size_t idx =
+        (((size_t)blk * kv.kv_heads + head) * kv.block_size + slot) * kv.head_dim + lane * PER;
     if (kv.fmt == KVD_FMT_BF16) {
         const unsigned short *p = reinterpret_cast<const unsigned short *>(pool) + idx;
 #pragma unroll
@@ -186,7 +187,8 @@ __global__ void decode_v2(view kv, const int *blocks, int n_ctx, int per_split, 
 }
 
 __global__ void merge_v2(int splits, int kv_heads, int G, int hd, const float *part_acc,
-                         const float *part_m, const float *part_l, const float *v_scale, float *out) {
+                         const float *part_m, const float *part_l, const float *v_scale,
+                         float *out) {
     int hq = blockIdx.x, h = hq / G, j = hq % G;
     float M = -INFINITY;
     for (int s = 0; s < splits; s++) M = fmaxf(M, part_m[((size_t)s * kv_heads + h) * G + j]);
@@ -199,7 +201,8 @@ __global__ void merge_v2(int splits, int kv_heads, int G, int hd, const float *p
         double a = 0.0;
         for (int s = 0; s < splits; s++) {
             float ms = part_m[((size_t)s * kv_heads + h) * G + j];
-            if (ms != -INFINITY) a += (double)part_acc[(((size_t)s * kv_heads + h) * G + j) * hd + d] * expf(ms - M);
+            if (ms != -INFINITY)
+                a += (double)part_acc[(((size_t)s * kv_heads + h) * G + j) * hd + d] * expf(ms - M);
         }
         out[(size_t)hq * hd + d] = (float)(a / L) * v_scale[h];
     }
@@ -211,12 +214,23 @@ static int launch_v2_per(const view &kv, const int *db, int n_ctx, int per_split
     dim3 grid((unsigned)((n_ctx + per_split - 1) / per_split), (unsigned)kv.kv_heads);
     unsigned th = 32 * V2_WARPS;
     switch (G) {
-    case 1: decode_v2<PER, 1><<<grid, th>>>(kv, db, n_ctx, per_split, dq, sm_scale, pa, pm, pl); return 0;
-    case 2: decode_v2<PER, 2><<<grid, th>>>(kv, db, n_ctx, per_split, dq, sm_scale, pa, pm, pl); return 0;
-    case 4: decode_v2<PER, 4><<<grid, th>>>(kv, db, n_ctx, per_split, dq, sm_scale, pa, pm, pl); return 0;
-    case 8: decode_v2<PER, 8><<<grid, th>>>(kv, db, n_ctx, per_split, dq, sm_scale, pa, pm, pl); return 0;
-    case 16: decode_v2<PER, 16><<<grid, th>>>(kv, db, n_ctx, per_split, dq, sm_scale, pa, pm, pl); return 0;
-    default: return -1;
+    case 1:
+        decode_v2<PER, 1><<<grid, th>>>(kv, db, n_ctx, per_split, dq, sm_scale, pa, pm, pl);
+        return 0;
+    case 2:
+        decode_v2<PER, 2><<<grid, th>>>(kv, db, n_ctx, per_split, dq, sm_scale, pa, pm, pl);
+        return 0;
+    case 4:
+        decode_v2<PER, 4><<<grid, th>>>(kv, db, n_ctx, per_split, dq, sm_scale, pa, pm, pl);
+        return 0;
+    case 8:
+        decode_v2<PER, 8><<<grid, th>>>(kv, db, n_ctx, per_split, dq, sm_scale, pa, pm, pl);
+        return 0;
+    case 16:
+        decode_v2<PER, 16><<<grid, th>>>(kv, db, n_ctx, per_split, dq, sm_scale, pa, pm, pl);
+        return 0;
+    default:
+        return -1;
     }
 }
 
@@ -226,10 +240,17 @@ static int launch_v2(const view &kv, const int *db, int n_ctx, const float *dq, 
     int G = n_heads / kv.kv_heads, per = kv.head_dim / 32;
     int per_split = (n_ctx + splits - 1) / splits, rc;
     switch (per) {
-    case 2: rc = launch_v2_per<2>(kv, db, n_ctx, per_split, dq, G, sm_scale, pa, pm, pl); break;
-    case 4: rc = launch_v2_per<4>(kv, db, n_ctx, per_split, dq, G, sm_scale, pa, pm, pl); break;
-    case 8: rc = launch_v2_per<8>(kv, db, n_ctx, per_split, dq, G, sm_scale, pa, pm, pl); break;
-    default: return -1;
+    case 2:
+        rc = launch_v2_per<2>(kv, db, n_ctx, per_split, dq, G, sm_scale, pa, pm, pl);
+        break;
+    case 4:
+        rc = launch_v2_per<4>(kv, db, n_ctx, per_split, dq, G, sm_scale, pa, pm, pl);
+        break;
+    case 8:
+        rc = launch_v2_per<8>(kv, db, n_ctx, per_split, dq, G, sm_scale, pa, pm, pl);
+        break;
+    default:
+        return -1;
     }
     if (rc) return rc;
     merge_v2<<<(unsigned)n_heads, 128>>>((n_ctx + per_split - 1) / per_split, kv.kv_heads, G,
@@ -256,7 +277,8 @@ extern "C" int kvd_cuda_attn_decode_v(const kvd_kv_view *hv, int n_blocks, const
         cudaMalloc(&dq, sizeof(float) * n_heads * hv->head_dim) ||
         cudaMalloc(&ds, sizeof(float) * (size_t)n_heads * n_ctx) ||
         cudaMalloc(&dout, sizeof(float) * n_heads * hv->head_dim) ||
-        cudaMalloc(&dks, sizeof(float) * hv->kv_heads) || cudaMalloc(&dvs, sizeof(float) * hv->kv_heads))
+        cudaMalloc(&dks, sizeof(float) * hv->kv_heads) ||
+        cudaMalloc(&dvs, sizeof(float) * hv->kv_heads))
         goto out;
     cudaMemcpy(dk, hv->k, pool, cudaMemcpyHostToDevice);
     cudaMemcpy(dv, hv->v, pool, cudaMemcpyHostToDevice);
@@ -271,8 +293,8 @@ extern "C" int kvd_cuda_attn_decode_v(const kvd_kv_view *hv, int n_blocks, const
             int splits = (n_ctx + 511) / 512;
             float *pa = nullptr, *pm = nullptr, *pl = nullptr;
             size_t np = (size_t)splits * n_heads;
-            if (cudaMalloc(&pa, sizeof(float) * np * hv->head_dim) || cudaMalloc(&pm, sizeof(float) * np) ||
-                cudaMalloc(&pl, sizeof(float) * np)) {
+            if (cudaMalloc(&pa, sizeof(float) * np * hv->head_dim) ||
+                cudaMalloc(&pm, sizeof(float) * np) || cudaMalloc(&pl, sizeof(float) * np)) {
                 cudaFree(pa), cudaFree(pm), cudaFree(pl);
                 goto out;
             }
@@ -283,8 +305,8 @@ extern "C" int kvd_cuda_attn_decode_v(const kvd_kv_view *hv, int n_blocks, const
             dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)hv->kv_heads);
             scores_kernel<<<g1, 128>>>(kv, db, n_ctx, dq, n_heads, sm_scale, ds);
             softmax_kernel<<<(unsigned)n_heads, 256>>>(ds, n_ctx);
-            pv_kernel<<<(unsigned)n_heads, (unsigned)((hv->head_dim + 31) / 32 * 32)>>>(kv, db, n_ctx, ds,
-                                                                                      n_heads, dout);
+            pv_kernel<<<(unsigned)n_heads, (unsigned)((hv->head_dim + 31) / 32 * 32)>>>(
+                kv, db, n_ctx, ds, n_heads, dout);
         }
         if (cudaMemcpy(out, dout, sizeof(float) * n_heads * hv->head_dim, cudaMemcpyDeviceToHost) ==
                 cudaSuccess &&
@@ -309,8 +331,8 @@ template <int HD>
 __global__ void prefill_kernel(view kv, const int *blocks, int pos0, const float *q, int n_heads,
                                float sm_scale, float *out) {
     extern __shared__ float sm[];
-    float *tile = sm;                          // [PF_TILE][HD + 1]
-    float *qs = sm + PF_TILE * (HD + 1);       // [G][HD]
+    float *tile = sm;                    // [PF_TILE][HD + 1]
+    float *qs = sm + PF_TILE * (HD + 1); // [G][HD]
     const int r = blockIdx.x, h = blockIdx.y, G = n_heads / kv.kv_heads;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, j = h * G + warp;
     const int n_ctx = pos0 + r + 1, bs = kv.block_size;
@@ -328,7 +350,8 @@ __global__ void prefill_kernel(view kv, const int *blocks, int pos0, const float
         __syncthreads(); // the previous tile's values are consumed
         for (int e = threadIdx.x; e < PF_TILE * HD; e += blockDim.x) {
             int t = e / HD, d = e % HD, p = t0 + t;
-            tile[t * (HD + 1) + d] = t < nt ? load_val(kv, kv.k, blocks[p / bs], h, p % bs, d) : 0.0f;
+            tile[t * (HD + 1) + d] =
+                t < nt ? load_val(kv, kv.k, blocks[p / bs], h, p % bs, d) : 0.0f;
         }
         __syncthreads();
         float part = 0.0f;
@@ -337,7 +360,8 @@ __global__ void prefill_kernel(view kv, const int *blocks, int pos0, const float
         float s = (part + __shfl_xor_sync(0xffffffffu, part, 16)) * kmul;
         if (t_lane >= nt) s = -INFINITY;
         float mt = s;
-        for (int off = 16; off > 0; off >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, off));
+        for (int off = 16; off > 0; off >>= 1)
+            mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, off));
         float mn = fmaxf(m, mt), scale = expf(m - mn);
         float p = expf(s - mn);
         double ps = half ? 0.0 : (double)p; // each position once
@@ -348,7 +372,8 @@ __global__ void prefill_kernel(view kv, const int *blocks, int pos0, const float
         __syncthreads(); // every warp has its scores: the tile takes the values
         for (int e = threadIdx.x; e < PF_TILE * HD; e += blockDim.x) {
             int t = e / HD, d = e % HD, pp = t0 + t;
-            tile[t * (HD + 1) + d] = t < nt ? load_val(kv, kv.v, blocks[pp / bs], h, pp % bs, d) : 0.0f;
+            tile[t * (HD + 1) + d] =
+                t < nt ? load_val(kv, kv.v, blocks[pp / bs], h, pp % bs, d) : 0.0f;
         }
         __syncthreads();
         for (int t = 0; t < nt; t++) {
@@ -387,8 +412,8 @@ extern "C" int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *b
 }
 
 extern "C" int kvd_cuda_attn_prefill(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
-                                     int pos0, int n_q, const float *q, int n_heads,
-                                     float sm_scale, float *out) {
+                                     int pos0, int n_q, const float *q, int n_heads, float sm_scale,
+                                     float *out) {
     const int hd = hv->head_dim, G = n_heads / hv->kv_heads;
     if (!v2_ok(hd, G) || n_q < 1) return -1;
     size_t esz = kvd_fmt_bytes(hv->fmt);
@@ -401,7 +426,8 @@ extern "C" int kvd_cuda_attn_prefill(const kvd_kv_view *hv, int n_blocks, const 
     int rc = -1;
     if (cudaMalloc(&dk, pool) || cudaMalloc(&dv, pool) || cudaMalloc(&db, sizeof(int) * nb) ||
         cudaMalloc(&dq, nq) || cudaMalloc(&dout, nq) ||
-        cudaMalloc(&dks, sizeof(float) * hv->kv_heads) || cudaMalloc(&dvs, sizeof(float) * hv->kv_heads))
+        cudaMalloc(&dks, sizeof(float) * hv->kv_heads) ||
+        cudaMalloc(&dvs, sizeof(float) * hv->kv_heads))
         goto out;
     cudaMemcpy(dk, hv->k, pool, cudaMemcpyHostToDevice);
     cudaMemcpy(dv, hv->v, pool, cudaMemcpyHostToDevice);
@@ -474,7 +500,8 @@ extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_he
     if (cudaMalloc(&dk, pool) || cudaMalloc(&dv, pool) || cudaMalloc(&db, sizeof(int) * nb) ||
         cudaMalloc(&dq, sizeof(float) * n_heads * head_dim) ||
         cudaMalloc(&ds, sizeof(float) * (size_t)n_heads * n_ctx) ||
-        cudaMalloc(&dout, sizeof(float) * n_heads * head_dim) || cudaMalloc(&dsc, sizeof(float) * kv_heads))
+        cudaMalloc(&dout, sizeof(float) * n_heads * head_dim) ||
+        cudaMalloc(&dsc, sizeof(float) * kv_heads))
         goto out;
     {
         /* codes 0x00..0x3f: finite values in every format */
@@ -492,8 +519,9 @@ extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_he
         int splits = (n_ctx + 511) / 512;
         size_t np = (size_t)splits * n_heads;
         float *pa = nullptr, *pm = nullptr, *pl = nullptr;
-        if (version == 2 && (cudaMalloc(&pa, sizeof(float) * np * head_dim) ||
-                             cudaMalloc(&pm, sizeof(float) * np) || cudaMalloc(&pl, sizeof(float) * np)))
+        if (version == 2 &&
+            (cudaMalloc(&pa, sizeof(float) * np * head_dim) ||
+             cudaMalloc(&pm, sizeof(float) * np) || cudaMalloc(&pl, sizeof(float) * np)))
             version = 1;
         cudaEvent_t e0, e1;
         cudaEventCreate(&e0), cudaEventCreate(&e1);
@@ -506,8 +534,8 @@ extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_he
                 dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)kv_heads);
                 scores_kernel<<<g1, 128>>>(kv, db, n_ctx, dq, n_heads, 0.0625f, ds);
                 softmax_kernel<<<(unsigned)n_heads, 256>>>(ds, n_ctx);
-                pv_kernel<<<(unsigned)n_heads, (unsigned)((head_dim + 31) / 32 * 32)>>>(kv, db, n_ctx, ds,
-                                                                                      n_heads, dout);
+                pv_kernel<<<(unsigned)n_heads, (unsigned)((head_dim + 31) / 32 * 32)>>>(
+                    kv, db, n_ctx, ds, n_heads, dout);
             }
             cudaEventRecord(e1);
             cudaEventSynchronize(e1);
@@ -520,6 +548,7 @@ extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_he
         if (cudaGetLastError() != cudaSuccess) best = 0;
     }
 out:
-    cudaFree(dk), cudaFree(dv), cudaFree(db), cudaFree(dq), cudaFree(ds), cudaFree(dout), cudaFree(dsc);
+    cudaFree(dk), cudaFree(dv), cudaFree(db), cudaFree(dq), cudaFree(ds), cudaFree(dout),
+        cudaFree(dsc);
     return best;
 }

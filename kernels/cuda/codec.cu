@@ -15,7 +15,8 @@ __global__ void quant_fp8(const float *x, unsigned char *out, size_t n, float sc
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float y = __fdiv_rn(x[i], scale);
-    out[i] = __nv_cvt_float_to_fp8(y, sat ? __NV_SATFINITE : __NV_NOSAT, e5m2 ? __NV_E5M2 : __NV_E4M3);
+    out[i] =
+        __nv_cvt_float_to_fp8(y, sat ? __NV_SATFINITE : __NV_NOSAT, e5m2 ? __NV_E5M2 : __NV_E4M3);
 }
 
 __global__ void quant_bf16(const float *x, unsigned short *out, size_t n) {

@@ -20,7 +20,7 @@ void *workspace = nullptr;
 const size_t workspace_bytes = 32u << 20;
 cached cache[64];
 int n_cached = 0;
-}  // namespace
+} // namespace
 
 static int lt_init() {
     if (handle) return 0;
@@ -29,13 +29,15 @@ static int lt_init() {
     return 0;
 }
 
-extern "C" int kvd_cuda_linear_bf16_dev(const void *x, const void *w, float *y, int M, int N, int K) {
+extern "C" int kvd_cuda_linear_bf16_dev(const void *x, const void *w, float *y, int M, int N,
+                                        int K) {
     if (lt_init()) return -1;
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     int rc = -1;
-    if (cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) goto out;
+    if (cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS)
+        goto out;
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
     cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
     if (cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, K, N, K) != CUBLAS_STATUS_SUCCESS ||
@@ -124,8 +126,8 @@ extern "C" double kvd_cuda_copy_bandwidth(size_t bytes, int reps) {
 /* Every algorithm cuBLASLt's heuristic offers for a shape (up to 32), each
  * timed (best of reps): GFLOP/s of its first choice, the one
  * kvd_cuda_linear_bf16_dev runs, and of the fastest. 0 on success. */
-extern "C" int kvd_cuda_bench_gemm_algos(int M, int N, int K, int reps, double *first,
-                                         double *best, int *n_algos) {
+extern "C" int kvd_cuda_bench_gemm_algos(int M, int N, int K, int reps, double *first, double *best,
+                                         int *n_algos) {
     *first = *best = 0;
     *n_algos = 0;
     if (lt_init()) return -1;

@@ -108,13 +108,13 @@ __global__ void kv_write_k(write_args a) {
 
 // ---- the gated delta rule, one block per head, one thread per value
 // dimension: every sum in the CPU's order (over the key dimension) ----
-__global__ void gdn_step_k(float *S, const float *q, const float *k, const float *v,
-                           const float *g, const float *beta, float *o, int dk, int dv) {
+__global__ void gdn_step_k(float *S, const float *q, const float *k, const float *v, const float *g,
+                           const float *beta, float *o, int dk, int dv) {
     int h = blockIdx.x, j = threadIdx.x;
     if (j >= dv) return;
-    o[(size_t)h * dv + j] = gdn_column(S + (size_t)h * dk * dv, q + (size_t)h * dk,
-                                       k + (size_t)h * dk, v[(size_t)h * dv + j], g[h], beta[h],
-                                       dk, dv, j);
+    o[(size_t)h * dv + j] =
+        gdn_column(S + (size_t)h * dk * dv, q + (size_t)h * dk, k + (size_t)h * dk,
+                   v[(size_t)h * dv + j], g[h], beta[h], dk, dv, j);
 }
 
 // ---- the gated delta rule over a run of tokens in chunks (prefill), the
@@ -294,8 +294,8 @@ extern "C" int kvd_cuda_rmsnorm(float *out, const float *x, const float *w, int 
     dbuf dx, dw, dout;
     size_t nb = sizeof(float) * (size_t)rows * n;
     if (!dx.put(x, nb) || !dw.put(w, sizeof(float) * n) || !dout.alloc(nb)) return -1;
-    rmsnorm_k<<<rows, 256>>>(dout.as<float>(), (size_t)n, dx.as<float>(), (size_t)n, dw.as<float>(), n,
-                             eps, one_plus);
+    rmsnorm_k<<<rows, 256>>>(dout.as<float>(), (size_t)n, dx.as<float>(), (size_t)n, dw.as<float>(),
+                             n, eps, one_plus);
     return finish(dout.get(out, nb));
 }
 
@@ -412,16 +412,17 @@ extern "C" int kvd_cuda_argmax(const float *x, int rows, int n, int *out) {
 // ---- the same on device memory (asynchronous), for the device model ----
 extern "C" void kvd_cuda_kv_write_dev(kvd_fmt fmt, int saturate, int block_size, int kv_heads,
                                       int head_dim, void *pool, int n_tok, const int32_t *slot,
-                                      const float *x, const float *scale,
-                                      unsigned long long *stats, unsigned int *absmax) {
+                                      const float *x, const float *scale, unsigned long long *stats,
+                                      unsigned int *absmax) {
     if (n_tok <= 0) return;
-    write_args a = {fmt,  saturate, block_size, kv_heads, head_dim, slot, x, scale,
-                    (unsigned char *)pool,      stats,    absmax};
+    write_args a = {
+        fmt,   saturate, block_size, kv_heads, head_dim, slot, x, scale, (unsigned char *)pool,
+        stats, absmax};
     kv_write_k<<<n_tok * kv_heads, (head_dim + 31) / 32 * 32>>>(a);
 }
 
-extern "C" void kvd_cuda_route_dev(const float *logits, int rows, int E, int K, int norm,
-                                   int *topi, float *topw) {
+extern "C" void kvd_cuda_route_dev(const float *logits, int rows, int E, int K, int norm, int *topi,
+                                   float *topw) {
     if (rows > 0) route_k<<<rows, 128, sizeof(float) * E>>>(logits, E, K, norm, topi, topw);
 }
 
@@ -429,9 +430,8 @@ extern "C" void kvd_cuda_argmax_dev(const float *x, int rows, int n, int *out) {
     if (rows > 0) argmax_k<<<rows, 1024>>>(x, n, out);
 }
 
-extern "C" void kvd_cuda_rmsnorm_dev(float *out, size_t out_stride, const float *x,
-                                     size_t x_stride, const float *w, int rows, int n, float eps,
-                                     int one_plus) {
+extern "C" void kvd_cuda_rmsnorm_dev(float *out, size_t out_stride, const float *x, size_t x_stride,
+                                     const float *w, int rows, int n, float eps, int one_plus) {
     if (rows > 0) rmsnorm_k<<<rows, 256>>>(out, out_stride, x, x_stride, w, n, eps, one_plus);
 }
 

@@ -230,7 +230,8 @@ __global__ void scatter_rows_k(float *mix, const float *gy, const int *slots, co
     const int i = blockIdx.x, r = slots[i] / K;
     const float wgt = topw[slots[i]];
     for (int d = threadIdx.x; d < H; d += blockDim.x)
-        mix[(size_t)r * H + d] = __fadd_rn(mix[(size_t)r * H + d], __fmul_rn(wgt, gy[(size_t)i * H + d]));
+        mix[(size_t)r * H + d] =
+            __fadd_rn(mix[(size_t)r * H + d], __fmul_rn(wgt, gy[(size_t)i * H + d]));
 }
 __global__ void add_gated_k(float *mix, const float *y, const float *gate, int H, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -279,8 +280,8 @@ extern "C" void kvd_cudaop_swiglu(float *g, const float *u, size_t n) {
 }
 extern "C" void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads,
                                     int head_dim, void *pool, int n_tok, const int32_t *slot,
-                                    const float *x, const float *scale,
-                                    unsigned long long *stats, unsigned int *absmax) {
+                                    const float *x, const float *scale, unsigned long long *stats,
+                                    unsigned int *absmax) {
     kvd_cuda_kv_write_dev(fmt, saturate, block_size, kv_heads, head_dim, pool, n_tok, slot, x,
                           scale, stats, absmax);
 }
@@ -288,8 +289,8 @@ extern "C" void kvd_cudaop_ungroup(const float *qkvz, const float *ba, const flo
                                    const float *dt_bias, float *conv, float *z, float *beta,
                                    float *gdec, int rows, int nk, int nv, int dk, int dv) {
     int r_ = nv / nk, kd = nk * dk, vd = nv * dv;
-    ungroup_args a = {qkvz, ba,      A_log, dt_bias, conv, z,  beta,   gdec, nk,
-                      nv,   dk,      dv,    r_,      kd,   vd, 2 * kd + vd,  2 * kd + 2 * vd};
+    ungroup_args a = {qkvz, ba, A_log, dt_bias, conv, z,  beta,        gdec,           nk,
+                      nv,   dk, dv,    r_,      kd,   vd, 2 * kd + vd, 2 * kd + 2 * vd};
     if (rows > 0) ungroup_k<<<rows, 256>>>(a);
 }
 extern "C" void kvd_cudaop_conv(float *conv, int cd, const float *w, int K, float *state_base,
@@ -304,8 +305,9 @@ extern "C" void kvd_cudaop_l2norm(float *conv, int rows, int cd, int nk, int dk,
 extern "C" void kvd_cudaop_gdn(const float *conv, const float *gdec, const float *beta, float *out,
                                float *ssm, size_t ssm_seq_stride, int n_seqs, const int *seqs,
                                const int *row0, const int *ntok, int nk, int nv, int dk, int dv) {
-    gdn_rows_args a = {conv, gdec, beta, out, ssm, seqs, row0, ntok, 2 * nk * dk + nv * dv,
-                       nk * dk, nv * dv, nv, nv / nk, dk, dv, ssm_seq_stride};
+    gdn_rows_args a = {
+        conv,    gdec,    beta, out,     ssm, seqs, row0,          ntok, 2 * nk * dk + nv * dv,
+        nk * dk, nv * dv, nv,   nv / nk, dk,  dv,   ssm_seq_stride};
     gdn_rows_k<<<n_seqs * nv, (dv + 31) / 32 * 32>>>(a);
 }
 extern "C" void kvd_cudaop_gated_norm(float *o, const float *z, const float *w, int rows, int nv,
