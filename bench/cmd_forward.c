@@ -6,12 +6,16 @@
 #include <string.h>
 
 #include "../datasets/calibset.h"
+#include "../kernels/backend.h"
 #include "../datasets/tokens.h"
 #include "../runners/calibrate.h"
 #include "../runners/drift.h"
 #include "../runners/export.h"
 #include "../runners/fileio.h"
 #include "../runners/model.h"
+#ifdef KVD_HAVE_CUDA
+#include "../runners/model_cuda.h"
+#endif
 #include "commands.h"
 #include "util.h"
 
@@ -145,7 +149,8 @@ static const char *const forward_help =
     "  --calibration RECIPE    absmax | modelopt | vllm-dynamic (default absmax)\n"
     "  --per-head              calibrate per KV head instead of per layer\n"
     "  --calib-tokens N        length of the held-out calibration trace (default 1024)\n"
-    "  --dump DIR              write tokens, logits, K/V and cache bytes per mode to DIR\n";
+    "  --dump DIR              write tokens, logits, K/V and cache bytes per mode to DIR\n"
+    "  --backend cpu|cuda      where the model runs (default cpu; calibration runs on the CPU)\n";
 
 int kvd_cmd_forward(int argc, char **argv) {
     const char *cmd = "forward";
@@ -154,12 +159,17 @@ int kvd_cmd_forward(int argc, char **argv) {
     kvd_model_opts_init(&mo);
     cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024};
     const char *kv_list = "bf16,fp8-cal,fp8-unscaled,fp8-e5m2", *dump = NULL;
-    int T = 1024, saturate = 1;
+    int T = 1024, saturate = 1, cuda = 0;
     uint64_t seed = 1;
     const char *f;
     while ((f = kvd_args_next(&a))) {
         if (kvd_model_opts_flag(&mo, &a, f) || cal_flag(&co, &a, f)) continue;
-        if (!strcmp(f, "--kv")) {
+        if (!strcmp(f, "--backend")) {
+            const char *v = kvd_args_value(&a, f);
+            if (strcmp(v, "cpu") && strcmp(v, "cuda"))
+                kvd_die(KVD_EXIT_USAGE, cmd, "--backend: expected cpu or cuda, got '%s'", v);
+            cuda = !strcmp(v, "cuda");
+        } else if (!strcmp(f, "--kv")) {
             kv_list = kvd_args_value(&a, f);
         } else if (!strcmp(f, "--tokens")) {
             T = (int)kvd_args_long(&a, f, 1, 1 << 24);
@@ -180,6 +190,19 @@ int kvd_cmd_forward(int argc, char **argv) {
         } else {
             kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s' (see kvdrift forward --help)", f);
         }
+    }
+#ifndef KVD_HAVE_CUDA
+    if (cuda)
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "--backend cuda: the CUDA back end is not compiled in (nvcc was not found)");
+#endif
+    if (cuda && dump)
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "--dump: the K/V observation point is not available on --backend cuda yet");
+    if (cuda) {
+        kvd_cuda_info ci;
+        kvd_cuda_probe(&ci);
+        if (ci.devices < 1) kvd_die(1, cmd, "--backend cuda: %s", ci.name);
     }
     /* modes: bf16 always runs first, as the reference */
     int want[KVD_KV_N_MODES] = {0};
@@ -255,21 +278,37 @@ int kvd_cmd_forward(int argc, char **argv) {
                                                        : NULL,
                              saturate, err))
             kvd_die(1, cmd, "%s", err);
-        kvd_model *m = kvd_model_new(&w, T < 512 ? T : 512, 1, err);
-        if (!m) kvd_die(1, cmd, "%s", err);
-        kvd_hooks hk = {&cap, NULL, capture_kv, NULL, NULL, NULL};
-        if (dump) kvd_model_set_hooks(m, &hk);
-        int seq = kvd_kvcache_add_seq(&kv);
+        int seq = kvd_kvcache_add_seq(&kv), failed;
         float *out = mode == KVD_KV_BF16 ? ref : lg;
-        double ts = kvd_now();
-        if (kvd_prefill(m, &kv, seq, tok, T, out, 1, err)) {
+        double ts = 0, dt = 0;
+        kvd_model *m = NULL;
+        if (!cuda) {
+            m = kvd_model_new(&w, T < 512 ? T : 512, 1, err);
+            if (!m) kvd_die(1, cmd, "%s", err);
+            kvd_hooks hk = {&cap, NULL, capture_kv, NULL, NULL, NULL};
+            if (dump) kvd_model_set_hooks(m, &hk);
+            ts = kvd_now();
+            failed = kvd_prefill(m, &kv, seq, tok, T, out, 1, err);
+            dt = kvd_now() - ts;
+        } else {
+#ifdef KVD_HAVE_CUDA
+            kvd_cuda_model *dm = kvd_cuda_model_new(&w, &kv, T < 512 ? T : 512, 1, err);
+            if (!dm) kvd_die(1, cmd, "%s", err);
+            ts = kvd_now();
+            failed = kvd_cuda_prefill(dm, &kv, seq, tok, T, out, 1, err);
+            dt = kvd_now() - ts;
+            kvd_cuda_model_free(dm);
+#else
+            failed = 1;
+#endif
+        }
+        if (failed) {
             fprintf(stderr, "kvdrift forward: kv mode %s: %s\n", kvd_kv_mode_name(mode), err);
             rc = 1;
             kvd_model_free(m);
             kvd_kvcache_free(&kv);
             continue;
         }
-        double dt = kvd_now() - ts;
         uint64_t ks = 0, kf = 0, vs = 0, vf = 0, vsub = 0, kn = 0, vn = 0;
         for (int l = 0; l < nf; l++) {
             ks += kv.k_stats[l].saturated, kf += kv.k_stats[l].flushed, kn += kv.k_stats[l].n;

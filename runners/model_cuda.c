@@ -694,3 +694,22 @@ int kvd_cuda_forward(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, flo
     }
     return 0;
 }
+
+int kvd_cuda_prefill(kvd_cuda_model *m, kvd_kvcache *kv, int seq, const int32_t *tok, int n,
+                     float *logits, int all_logits, char *err) {
+    const int V = m->c.vocab_size;
+    for (int i = 0; i < n; i += m->max_rows) {
+        int nt = n - i < m->max_rows ? n - i : m->max_rows;
+        kvd_batch b = {1, &seq, &nt, tok + i};
+        float *lg = NULL;
+        int last_only = 0;
+        if (logits && all_logits) {
+            lg = logits + (size_t)i * V;
+        } else if (logits && i + nt == n) {
+            lg = logits;
+            last_only = 1;
+        }
+        if (kvd_cuda_forward(m, kv, &b, lg, last_only, err)) return -1;
+    }
+    return 0;
+}

@@ -38,6 +38,10 @@ void kvd_cuda_model_reset_seq(kvd_cuda_model *m, int seq);
 int kvd_cuda_forward(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits,
                      int last_only, char *err);
 
+/* kvd_prefill on the device: one sequence in steps of at most max_rows. */
+int kvd_cuda_prefill(kvd_cuda_model *m, kvd_kvcache *kv, int seq, const int32_t *tok, int n,
+                     float *logits, int all_logits, char *err);
+
 /* A copy of the device cache's K (which_v 0) or V pool of one full-attention
  * layer, in kv's layout, into host memory of `bytes`. */
 int kvd_cuda_model_pool(const kvd_cuda_model *m, int attn_layer, int which_v, void *host,
