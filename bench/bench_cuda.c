@@ -20,9 +20,10 @@ static double now_s(void) {
 
 /* The whole model on the device at one preset: C sequences of ctx tokens
  * each (prefilled), then decode steps of all C at once, the logits of every
- * step copied back (the drift engine needs them). ms per step and tokens/s,
- * per cache format; 0, or -1 when a step failed. */
-int kvd_bench_model(const char *preset, int ctx, int steps) {
+ * step copied back (the drift engine needs them). ms per step and tokens/s
+ * with a BF16 cache, and an FP8 one when with_fp8 (each its own model: the
+ * weights are made twice); 0, or -1 when a step failed. */
+int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8) {
     char err[KVD_ERR_LEN];
     kvd_config cfg;
     kvd_synth syn;
@@ -42,7 +43,8 @@ int kvd_bench_model(const char *preset, int ctx, int steps) {
            "copied back every step):\n",
            preset, ctx, steps);
     int rc = 0;
-    for (int mi = 0; mi < 2 && rc == 0; mi++) {
+    const int n_modes = with_fp8 ? 2 : 1;
+    for (int mi = 0; mi < n_modes && rc == 0; mi++) {
         kvd_kvcache kv;
         if (kvd_kvcache_init(&kv, modes[mi], nf, cfg.num_key_value_heads, cfg.head_dim, 16,
                              (int64_t)32 * (ctx + steps + 16), NULL, 1, err)) {
@@ -93,7 +95,7 @@ int kvd_bench_model(const char *preset, int ctx, int steps) {
         kvd_cuda_model_free(m);
         kvd_kvcache_free(&kv);
     }
-    if (rc == 0)
+    if (rc == 0 && with_fp8)
         for (int ci = 0; ci < 3; ci++)
             printf("  C %2d: FP8 cache %.2fx the BF16 cache's tokens/s\n", Cs[ci],
                    tps[1][ci] / tps[0][ci]);

@@ -7,7 +7,8 @@
 int kvd_bench_cuda(int reps);
 
 /* The whole model on the device at a preset: decode tokens/s at
- * concurrency 1, 8 and 32 over ctx-token contexts, BF16 and FP8 caches. */
-int kvd_bench_model(const char *preset, int ctx, int steps);
+ * concurrency 1, 8 and 32 over ctx-token contexts, a BF16 cache (and an
+ * FP8 one when with_fp8). */
+int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8);
 
 #endif
