@@ -411,6 +411,38 @@ void kvd_cuda_model_reset_seq(kvd_cuda_model *m, int seq) {
     kvd_cuda_zero(m->ssm + (size_t)seq * m->ssm_len, sizeof(float) * m->ssm_len);
 }
 
+void kvd_cuda_model_copy_seq(kvd_cuda_model *m, int from, int to) {
+    kvd_cuda_copy(m->conv_state + (size_t)to * m->conv_len,
+                  m->conv_state + (size_t)from * m->conv_len, sizeof(float) * m->conv_len);
+    kvd_cuda_copy(m->ssm + (size_t)to * m->ssm_len, m->ssm + (size_t)from * m->ssm_len,
+                  sizeof(float) * m->ssm_len);
+}
+
+int kvd_cuda_model_fork(kvd_cuda_model *m, kvd_kvcache *kv, int seq) {
+    int to = kvd_kvcache_fork(kv, seq); /* the bookkeeping (its host bytes are unused) */
+    if (to < 0) return -1;
+    if (to >= m->max_seqs) {
+        kvd_kvcache_release(kv, to);
+        return -1;
+    }
+    size_t bb = m->pool_bytes / (size_t)kv->n_blocks;
+    const kvd_kv_seq *s = &kv->seqs[seq], *d = &kv->seqs[to];
+    int rc = 0;
+    for (int a = 0; a < m->n_full; a++)
+        for (int b = 0; b < s->n_blocks && b < d->n_blocks; b++) {
+            rc |= kvd_cuda_copy((char *)m->kpool[a] + (size_t)d->blocks[b] * bb,
+                                (char *)m->kpool[a] + (size_t)s->blocks[b] * bb, bb);
+            rc |= kvd_cuda_copy((char *)m->vpool[a] + (size_t)d->blocks[b] * bb,
+                                (char *)m->vpool[a] + (size_t)s->blocks[b] * bb, bb);
+        }
+    kvd_cuda_model_copy_seq(m, seq, to);
+    if (rc) {
+        kvd_kvcache_release(kv, to);
+        return -1;
+    }
+    return to;
+}
+
 int kvd_cuda_model_pool(const kvd_cuda_model *m, int attn_layer, int which_v, void *host,
                         size_t bytes) {
     if (attn_layer < 0 || attn_layer >= m->n_full || bytes < m->pool_bytes) return -1;

@@ -30,8 +30,13 @@ void kvd_cuda_model_free(kvd_cuda_model *m);
  * a shadow cache) are not available on the device yet: -1 with err set. */
 int kvd_cuda_model_set_hooks(kvd_cuda_model *m, const kvd_hooks *h, char *err);
 
-/* Clear one sequence slot's recurrent state (conv and DeltaNet). */
+/* Clear one sequence slot's recurrent state (conv and DeltaNet), or copy
+ * one slot's into another. */
 void kvd_cuda_model_reset_seq(kvd_cuda_model *m, int seq);
+void kvd_cuda_model_copy_seq(kvd_cuda_model *m, int from, int to);
+/* A branch of seq (kvd_kvcache_fork with the device's cache bytes and
+ * recurrent state): the new sequence id, or -1 when out of blocks or slots. */
+int kvd_cuda_model_fork(kvd_cuda_model *m, kvd_kvcache *kv, int seq);
 
 /* kvd_forward on the device: kv is the host bookkeeping of this model's
  * device cache. */

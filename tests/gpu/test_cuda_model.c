@@ -7,7 +7,8 @@
  * value at a rounding boundary can take the neighbouring code), cache bytes
  * identical in all but such values (>= 99.9% FP8, 99% BF16), and the
  * cache's counters within 0.1%. Where the residual stream first departs is printed,
- * layer by layer. Skips (77) with the reason when no device is visible. */
+ * layer by layer. A branch of one sequence (fork) then decodes a step alone on
+ * both. Skips (77) with the reason when no device is visible. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,6 +126,23 @@ static void run(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scale
      * and 10x the residual allowance */
     const int fp8 = mode != KVD_KV_BF16;
     const double tol_logits = fp8 ? 3e-4 : 1e-4, tol_hidden = fp8 ? 1e-3 : 1e-4;
+    /* a branch of sequence A decoding one step alone, on both */
+    {
+        int fc = kvd_kvcache_fork(&kc, sa), fd = fc >= 0 ? kvd_cuda_model_fork(md, &kd, sa) : -1;
+        CHECK(fc >= 0 && fd == fc, "%s: fork failed (%d, %d)\n", preset, fc, fd);
+        if (fc >= 0 && fd == fc) {
+            kvd_model_copy_seq(mc, sa, fc);
+            int one = 1;
+            kvd_batch b = {1, &fc, &one, &nxt[0]};
+            int ok = kvd_forward(mc, &kc, &b, lc, 1, err) == 0;
+            ok = ok && kvd_cuda_forward(md, &kd, &b, ld, 1, err) == 0;
+            CHECK(ok, "%s fork step: %s\n", preset, err);
+            double e = ok ? rel_l2(ld, lc, (size_t)V) : 1;
+            worst_logits = e > worst_logits ? e : worst_logits;
+            kvd_kvcache_release(&kc, fc);
+            kvd_kvcache_release(&kd, fc);
+        }
+    }
     CHECK(worst_logits < tol_logits, "%s %s: logits rel L2 %g\n", preset, kvd_kv_mode_name(mode),
           worst_logits);
     double worst_hidden = 0;
