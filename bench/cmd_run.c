@@ -16,6 +16,9 @@
 #include "../datasets/calibset.h"
 #include "../datasets/trace.h"
 #include "../kernels/backend.h"
+#ifdef KVD_HAVE_CUDA
+#include "../runners/model_cuda.h"
+#endif
 #include "../runners/calibrate.h"
 #include "../runners/drift.h"
 #include "../runners/fileio.h"
@@ -41,6 +44,7 @@ typedef struct {
     kvd_drift_opts dopt;
     int decode_tokens;
     int attn_per_head;
+    int cells;               /* 1: drift cells, 2: throughput cells */
     const char *scales_path; /* fp8-cal scales from a file instead of calibrating */
     char *owned[64];         /* strings a spec file provided, freed at the end */
     int n_owned;
@@ -109,6 +113,20 @@ static void set_flag(run_opts *o, const char *cmd, const char *flag, const char 
         if (kvd_cal_recipe_parse(val, &o->recipe))
             kvd_die(KVD_EXIT_USAGE, cmd,
                     "--calibration: expected absmax, modelopt or vllm-dynamic, got '%s'", val);
+    } else if (!strcmp(flag, "--cells")) {
+        char list[128];
+        snprintf(list, sizeof list, "%s", val);
+        o->cells = 0;
+        for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
+            if (!strcmp(t, "drift")) {
+                o->cells |= 1;
+            } else if (!strcmp(t, "throughput")) {
+                o->cells |= 2;
+            } else {
+                kvd_die(KVD_EXIT_USAGE, cmd,
+                        "--cells: expected a list of drift and throughput, got '%s'", val);
+            }
+        }
     } else if (!strcmp(flag, "--backend")) {
         if (strcmp(val, "cpu") && strcmp(val, "cuda"))
             kvd_die(KVD_EXIT_USAGE, cmd, "--backend: expected cpu or cuda, got '%s'", val);
@@ -435,6 +453,52 @@ static double pctl(double *v, int n, double q) {
     return i + 1 < n ? v[i] + (x - i) * (v[i + 1] - v[i]) : v[n - 1];
 }
 
+/* The model a throughput cell times: the CPU's, or the device's. */
+typedef struct {
+    kvd_model *cpu;
+#ifdef KVD_HAVE_CUDA
+    kvd_cuda_model *dev;
+#endif
+} engine;
+
+static int eng_new(engine *e, int cuda, const kvd_weights *w, const kvd_kvcache *kv, int rows,
+                   int seqs, char *err) {
+    memset(e, 0, sizeof *e);
+#ifdef KVD_HAVE_CUDA
+    if (cuda) return (e->dev = kvd_cuda_model_new(w, kv, rows, seqs, err)) ? 0 : -1;
+#endif
+    (void)cuda, (void)kv;
+    return (e->cpu = kvd_model_new(w, rows, seqs, err)) ? 0 : -1;
+}
+static void eng_free(engine *e) {
+    kvd_model_free(e->cpu);
+#ifdef KVD_HAVE_CUDA
+    kvd_cuda_model_free(e->dev);
+#endif
+}
+static int eng_prefill(engine *e, kvd_kvcache *kv, int seq, const int32_t *tok, int n,
+                       float *logits, char *err) {
+#ifdef KVD_HAVE_CUDA
+    if (e->dev) return kvd_cuda_prefill(e->dev, kv, seq, tok, n, logits, 0, err);
+#endif
+    return kvd_prefill(e->cpu, kv, seq, tok, n, logits, 0, err);
+}
+static int eng_forward(engine *e, kvd_kvcache *kv, const kvd_batch *b, float *logits, char *err) {
+#ifdef KVD_HAVE_CUDA
+    if (e->dev) return kvd_cuda_forward(e->dev, kv, b, logits, 1, err);
+#endif
+    return kvd_forward(e->cpu, kv, b, logits, 1, err);
+}
+/* a branch of seq: its cache and recurrent state */
+static int eng_fork(engine *e, kvd_kvcache *kv, int seq) {
+#ifdef KVD_HAVE_CUDA
+    if (e->dev) return kvd_cuda_model_fork(e->dev, kv, seq);
+#endif
+    int to = kvd_kvcache_fork(kv, seq);
+    if (to >= 0) kvd_model_copy_seq(e->cpu, seq, to);
+    return to;
+}
+
 /* Throughput at concurrency C: C requests with their own traces and lengths
  * arrive together, are prefilled one after another, then decode as one batch
  * for decode_tokens steps. The first steps are replayed one sequence at a
@@ -458,8 +522,8 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
         free(len);
         return -1;
     }
-    kvd_model *m = kvd_model_new(w, 256 > C ? 256 : C, 2 * C, err);
-    if (!m) {
+    engine m;
+    if (eng_new(&m, !strcmp(o->backend, "cuda"), w, &kv, 256 > C ? 256 : C, 2 * C, err)) {
         kvd_kvcache_free(&kv);
         free(len);
         return -1;
@@ -477,8 +541,8 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
         ones[i] = 1;
         const kvd_trace *t = &traces[i % n_traces];
         double t0 = kvd_now();
-        if (kvd_prefill(m, &kv, seqs[i], (const int32_t *)t->tokens, (int)len[i],
-                        logits + (size_t)i * V, 0, err))
+        if (eng_prefill(&m, &kv, seqs[i], (const int32_t *)t->tokens, (int)len[i],
+                        logits + (size_t)i * V, err))
             goto out;
         prefill_s += kvd_now() - t0;
         prefill_tokens += len[i];
@@ -498,20 +562,19 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
     float *first_logits = malloc(sizeof(float) * (size_t)C * V);
     memcpy(first, next, sizeof(int32_t) * (size_t)C);
     for (int i = 0; i < C && C > 1; i++) {
-        alone[i] = kvd_kvcache_fork(&kv, seqs[i]);
+        alone[i] = eng_fork(&m, &kv, seqs[i]);
         if (alone[i] < 0) {
             snprintf(err, KVD_ERR_LEN, "throughput: no room to branch sequence %d", i);
             free(alone), free(first), free(first_logits);
             goto out;
         }
-        kvd_model_copy_seq(m, seqs[i], alone[i]);
     }
     t_fork = kvd_now() - t_fork;
     double td = kvd_now();
     for (int s = 0; s < steps - 1; s++) {
         kvd_batch b = {C, seqs, ones, next};
         double t0 = kvd_now();
-        if (kvd_forward(m, &kv, &b, logits, 1, err)) goto out;
+        if (eng_forward(&m, &kv, &b, logits, err)) goto out;
         itl[s] = (kvd_now() - t0) * 1e3;
         if (s == 0) memcpy(first_logits, logits, sizeof(float) * (size_t)C * V);
         for (int i = 0; i < C; i++) {
@@ -525,7 +588,7 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
     for (int i = 0; i < C && C > 1; i++) {
         int one = 1;
         kvd_batch b1 = {1, &alone[i], &one, &first[i]};
-        if (kvd_forward(m, &kv, &b1, lg1, 1, err)) goto out;
+        if (eng_forward(&m, &kv, &b1, lg1, err)) goto out;
         double num = 0, den = 0;
         for (int v = 0; v < V; v++) {
             double e = (double)lg1[v] - first_logits[(size_t)i * V + v];
@@ -565,7 +628,7 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
     row->output_tokens = steps;
     rc = 0;
 out:
-    kvd_model_free(m);
+    eng_free(&m);
     kvd_kvcache_free(&kv);
     free(len), free(seqs), free(ones), free(next), free(logits), free(lg1), free(ttft), free(itl);
     return rc;
@@ -643,7 +706,8 @@ static const char *const run_help =
     "  --decode-tokens N    output tokens per request in throughput cells (default 16)\n"
     "  --kv-budget SIZE     memory for the KV cache, e.g. 40GiB (default 40GiB)\n"
     "  --threads N          worker threads (default: every core)\n"
-    "  --backend cpu|cuda   numeric back end (default cpu)\n"
+    "  --cells LIST         drift, throughput or both (default drift,throughput)\n"
+    "  --backend cpu|cuda   numeric back end (default cpu; cuda: throughput cells only)\n"
     "  --spec FILE          the same settings as JSON, keys named like the flags\n";
 
 int kvd_cmd_run(int argc, char **argv) {
@@ -660,6 +724,7 @@ int kvd_cmd_run(int argc, char **argv) {
     o.traces = 1;
     o.seed = 1;
     o.backend = "cpu";
+    o.cells = 3;
     o.recipe = KVD_CAL_ABSMAX;
     o.calib_tokens = 2048;
     o.kv_budget = 40.0 * 1073741824.0;
@@ -703,10 +768,12 @@ int kvd_cmd_run(int argc, char **argv) {
     if (!strcmp(o.backend, "cuda")) {
         kvd_cuda_info ci;
         kvd_cuda_probe(&ci);
-        kvd_die(KVD_EXIT_USAGE, cmd,
-                "--backend cuda: the sweep needs the attention and K/V observation points, which "
-                "the device model (%s) does not have yet; use --backend cpu",
-                ci.compiled ? ci.name : "not compiled in");
+        if (o.cells & 1)
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--backend cuda: drift cells need the attention and K/V observation points, "
+                    "which the device model does not have yet; use --cells throughput, or "
+                    "--backend cpu");
+        if (ci.devices < 1) kvd_die(1, cmd, "--backend cuda: %s", ci.name);
     }
     char err[KVD_ERR_LEN];
     kvd_weights w;
@@ -781,7 +848,9 @@ int kvd_cmd_run(int argc, char **argv) {
         memcpy(res.v_scale, sc.v, sizeof(float) * (size_t)sc.n_layers * sc.kv_heads);
     }
 
-    progress pr = {o.n_ctx * o.n_modes * (o.traces + o.n_conc), 0, kvd_now(), isatty(2)};
+    progress pr = {o.n_ctx * o.n_modes *
+                       ((o.cells & 1 ? o.traces : 0) + (o.cells & 2 ? o.n_conc : 0)),
+                   0, kvd_now(), isatty(2)};
     int failed = 0;
     for (int ci = 0; ci < o.n_ctx; ci++) {
         int64_t ctx = o.ctx[ci];
@@ -790,7 +859,7 @@ int kvd_cmd_run(int argc, char **argv) {
             const kvd_kv_scales *msc = mode == KVD_KV_FP8_CAL    ? &sc
                                        : mode == KVD_KV_FP8_CKPT ? &ck
                                                                  : NULL;
-            for (int t = 0; t < o.traces; t++) {
+            for (int t = 0; t < o.traces && (o.cells & 1); t++) {
                 char cell[64];
                 snprintf(cell, sizeof cell, "drift_%s_c1_ctx%lld_t%d", kvd_kv_mode_name(mode),
                          (long long)ctx, t);
@@ -833,7 +902,7 @@ int kvd_cmd_run(int argc, char **argv) {
                 free(is_copy), free(start);
                 pr.done++;
             }
-            for (int k = 0; k < o.n_conc; k++) {
+            for (int k = 0; k < o.n_conc && (o.cells & 2); k++) {
                 char cell[64];
                 snprintf(cell, sizeof cell, "tput_%s_c%d_ctx%lld", kvd_kv_mode_name(mode),
                          o.conc[k], (long long)ctx);
