@@ -85,6 +85,7 @@ static double read_bandwidth(size_t bytes, int reps) {
 typedef struct {
     kvd_fmt fmt;
     int n_ctx, kvh, hd, nh, bs;
+    size_t pool_bytes; /* of each of k and v */
     uint8_t *k, *v;
     int32_t *blocks;
     float kscale[16], vscale[16];
@@ -95,8 +96,9 @@ static void cache_fill(bench_cache *c, kvd_fmt fmt, int n_ctx) {
     c->n_ctx = n_ctx;
     int nb = (n_ctx + c->bs - 1) / c->bs;
     size_t n = (size_t)nb * c->kvh * c->bs * c->hd, esz = kvd_fmt_bytes(fmt);
-    c->k = kvd_alloc_pool(n * esz);
-    c->v = kvd_alloc_pool(n * esz);
+    c->pool_bytes = n * esz;
+    c->k = kvd_alloc_pool(c->pool_bytes);
+    c->v = kvd_alloc_pool(c->pool_bytes);
     c->blocks = malloc(sizeof(int32_t) * (size_t)nb);
     /* blocks scattered through the pool, as after a serving engine's churn */
     for (int i = 0; i < nb; i++) c->blocks[i] = (int32_t)(((int64_t)i * 7919) % nb);
@@ -252,11 +254,8 @@ static int bench_kernels(int reps) {
             double *ts = malloc(sizeof(double) * 3 * (size_t)n);
             for (int r = 0; r < n; r++)
                 for (int fi = 0; fi < 3; fi++) {
-                    size_t pool = kvd_fmt_bytes(c[fi].fmt) *
-                                  (size_t)((c[fi].n_ctx + c[fi].bs - 1) / c[fi].bs) * c[fi].kvh *
-                                  c[fi].bs * c[fi].hd;
-                    evict(c[fi].k, pool);
-                    evict(c[fi].v, pool);
+                    evict(c[fi].k, c[fi].pool_bytes);
+                    evict(c[fi].v, c[fi].pool_bytes);
                     double t0 = kvd_now();
                     decode_once(&c[fi], q[fi], out[fi], probs[fi], work[fi], parts);
                     ts[fi * n + r] = kvd_now() - t0;

@@ -8,8 +8,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../datasets/h5file.h"
 #include "../runners/config.h"
-#include "../runners/fileio.h"
 
 #define S(T, f, n)                                                                                 \
     { #f, KVD_COL_STR, offsetof(T, f), n }
@@ -224,14 +224,8 @@ static int write_2d(hid_t f, const char *path, hsize_t r, hsize_t c, hid_t type,
 
 int kvd_results_save(const kvd_results *r, const char *path, char *err) {
     char tmp[4200];
-    kvd_atomic_begin(path, tmp, sizeof tmp);
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0) {
-        kvd_atomic_end(tmp, path, 0, err); /* forget the temporary */
-        snprintf(err, KVD_ERR_LEN, "%s: cannot create", path);
-        return -1;
-    }
+    hid_t f = kvd_h5_create(path, tmp, sizeof tmp, err);
+    if (f < 0) return -1;
     int rc = 0, ver = KVD_SCHEMA_VERSION;
     rc |= H5LTset_attribute_string(f, "/", "format", "kvdrift-results") < 0;
     rc |= H5LTset_attribute_int(f, "/", "schema_version", &ver, 1) < 0;
@@ -297,8 +291,7 @@ int kvd_results_save(const kvd_results *r, const char *path, char *err) {
         H5Dclose(s1);
         H5Dclose(ds);
     }
-    rc |= H5Fclose(f) < 0;
-    return kvd_atomic_end(tmp, path, !rc, err);
+    return kvd_h5_commit(f, tmp, path, !rc, err);
 }
 
 static int read_table(hid_t f, kvd_table *t, const char *path, char *err) {

@@ -16,6 +16,7 @@
 
 #include "../runners/config.h"
 #include "../runners/fileio.h"
+#include "h5file.h"
 #include "trace.h"
 
 #define TRACE_FORMAT "kvdrift-trace"
@@ -51,14 +52,8 @@ static int write_1d(hid_t g, const char *name, hid_t type, hsize_t n, const void
 
 int kvd_trace_save(const char *path, const kvd_trace *traces, int n, char *err) {
     char tmp[4200];
-    kvd_atomic_begin(path, tmp, sizeof tmp);
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0) {
-        kvd_atomic_end(tmp, path, 0, err); /* forget the temporary */
-        snprintf(err, KVD_ERR_LEN, "%s: cannot create", path);
-        return -1;
-    }
+    hid_t f = kvd_h5_create(path, tmp, sizeof tmp, err);
+    if (f < 0) return -1;
     int rc = 0;
     rc |= H5LTset_attribute_string(f, "/", "format", TRACE_FORMAT) < 0;
     int ver = TRACE_VERSION;
@@ -88,8 +83,7 @@ int kvd_trace_save(const char *path, const kvd_trace *traces, int n, char *err) 
     H5Tclose(st);
     H5Tclose(rt);
     H5Gclose(root);
-    rc |= H5Fclose(f) < 0;
-    return kvd_atomic_end(tmp, path, !rc, err);
+    return kvd_h5_commit(f, tmp, path, !rc, err);
 }
 
 typedef struct {

@@ -576,21 +576,32 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
     return 0;
 }
 
-int kvd_prefill(kvd_model *m, kvd_kvcache *kv, int seq, const int32_t *tok, int n, float *logits,
-                int all_logits, char *err) {
-    const int V = m->c.vocab_size;
-    for (int i = 0; i < n; i += m->max_rows) {
-        int nt = n - i < m->max_rows ? n - i : m->max_rows;
+int kvd_prefill_steps(kvd_step_fn step, void *model, int max_rows, int vocab, kvd_kvcache *kv,
+                      int seq, const int32_t *tok, int n, float *logits, int all_logits,
+                      char *err) {
+    for (int i = 0; i < n; i += max_rows) {
+        int nt = n - i < max_rows ? n - i : max_rows;
         kvd_batch b = {1, &seq, &nt, tok + i};
         float *lg = NULL;
         int last_only = 0;
         if (logits && all_logits) {
-            lg = logits + (size_t)i * V;
+            lg = logits + (size_t)i * vocab;
         } else if (logits && i + nt == n) {
             lg = logits;
             last_only = 1;
         }
-        if (kvd_forward(m, kv, &b, lg, last_only, err)) return -1;
+        if (step(model, kv, &b, lg, last_only, err)) return -1;
     }
     return 0;
+}
+
+static int cpu_step(void *m, kvd_kvcache *kv, const kvd_batch *b, float *logits, int last_only,
+                    char *err) {
+    return kvd_forward(m, kv, b, logits, last_only, err);
+}
+
+int kvd_prefill(kvd_model *m, kvd_kvcache *kv, int seq, const int32_t *tok, int n, float *logits,
+                int all_logits, char *err) {
+    return kvd_prefill_steps(cpu_step, m, m->max_rows, m->c.vocab_size, kv, seq, tok, n, logits,
+                             all_logits, err);
 }

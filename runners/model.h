@@ -68,6 +68,14 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
 int kvd_prefill(kvd_model *m, kvd_kvcache *kv, int seq, const int32_t *tok, int n, float *logits,
                 int all_logits, char *err);
 
+/* One forward step of some model (the CPU's kvd_forward, the device's), and
+ * the prefill loop over it that both back ends share: steps of at most
+ * max_rows tokens, logits as in kvd_prefill. */
+typedef int (*kvd_step_fn)(void *model, kvd_kvcache *kv, const kvd_batch *b, float *logits,
+                           int last_only, char *err);
+int kvd_prefill_steps(kvd_step_fn step, void *model, int max_rows, int vocab, kvd_kvcache *kv,
+                      int seq, const int32_t *tok, int n, float *logits, int all_logits, char *err);
+
 const kvd_config *kvd_model_config(const kvd_model *m);
 
 /* The rows of one step: checks the batch (each sequence live and once, room

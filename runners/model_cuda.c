@@ -102,23 +102,24 @@ void kvd_cuda_model_free(kvd_cuda_model *m) {
     free(m);
 }
 
-/* In lazy mode, fill the tensor that src belongs to (before its upload) or
- * give its pages back (after). */
-static void lazy(kvd_cuda_model *m, const float *src, int release) {
-    if (!m->lazy_s) return;
+/* In lazy mode: make the tensor that src belongs to before its upload, and
+ * give its pages back after. */
+static kvd_tensor *lazy_make(kvd_cuda_model *m, const float *src) {
+    if (!m->lazy_s) return NULL;
     for (int i = 0; i < m->lazy_w->n_tensors; i++) {
         kvd_tensor *t = &m->lazy_w->tensors[i];
         if (t->data != src) continue;
-        if (!release) {
-            kvd_weights_fill(t, &m->lazy_w->cfg, m->lazy_s);
-        } else {
-            size_t pg = (size_t)sysconf(_SC_PAGESIZE), a = (size_t)(uintptr_t)t->data;
-            size_t b = a + (size_t)t->numel * sizeof(float);
-            a = (a + pg - 1) / pg * pg, b = b / pg * pg;
-            if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
-        }
-        return;
+        kvd_weights_fill(t, &m->lazy_w->cfg, m->lazy_s);
+        return t;
     }
+    return NULL;
+}
+static void lazy_release(kvd_tensor *t) {
+    if (!t) return;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), a = (size_t)(uintptr_t)t->data;
+    size_t b = a + (size_t)t->numel * sizeof(float);
+    a = (a + pg - 1) / pg * pg, b = b / pg * pg;
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
 /* a matrix [rows][cols] as BF16 (converted on all cores), a vector as FP32;
@@ -136,7 +137,7 @@ static void *up_mat(kvd_cuda_model *m, const float *src, size_t rows, size_t col
         *bad = 1;
         return NULL;
     }
-    lazy(m, src, 0);
+    kvd_tensor *made = lazy_make(m, src);
     const size_t chunk = (size_t)1 << 20;
     long nch = (long)((n + chunk - 1) / chunk);
 #pragma omp parallel for schedule(static)
@@ -145,15 +146,15 @@ static void *up_mat(kvd_cuda_model *m, const float *src, size_t rows, size_t col
         kvd_quant_bf16(src + i0, m->stage16 + i0, k);
     }
     if (kvd_cuda_upload(d, m->stage16, n * 2)) *bad = 1;
-    lazy(m, src, 1);
+    lazy_release(made);
     return d;
 }
 static float *up_vec(kvd_cuda_model *m, const float *src, size_t n, int *bad) {
     if (!src || *bad) return NULL;
     float *d = dalloc(m, n * sizeof(float));
-    lazy(m, src, 0);
+    kvd_tensor *made = lazy_make(m, src);
     if (!d || kvd_cuda_upload(d, src, n * sizeof(float))) *bad = 1;
-    lazy(m, src, 1);
+    lazy_release(made);
     return d;
 }
 
@@ -727,21 +728,13 @@ int kvd_cuda_forward(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, flo
     return 0;
 }
 
+static int dev_step(void *m, kvd_kvcache *kv, const kvd_batch *b, float *logits, int last_only,
+                    char *err) {
+    return kvd_cuda_forward(m, kv, b, logits, last_only, err);
+}
+
 int kvd_cuda_prefill(kvd_cuda_model *m, kvd_kvcache *kv, int seq, const int32_t *tok, int n,
                      float *logits, int all_logits, char *err) {
-    const int V = m->c.vocab_size;
-    for (int i = 0; i < n; i += m->max_rows) {
-        int nt = n - i < m->max_rows ? n - i : m->max_rows;
-        kvd_batch b = {1, &seq, &nt, tok + i};
-        float *lg = NULL;
-        int last_only = 0;
-        if (logits && all_logits) {
-            lg = logits + (size_t)i * V;
-        } else if (logits && i + nt == n) {
-            lg = logits;
-            last_only = 1;
-        }
-        if (kvd_cuda_forward(m, kv, &b, lg, last_only, err)) return -1;
-    }
-    return 0;
+    return kvd_prefill_steps(dev_step, m, m->max_rows, m->c.vocab_size, kv, seq, tok, n, logits,
+                             all_logits, err);
 }

@@ -288,33 +288,49 @@ static int slot_dim(int fp8, int k) {
     }
 #endif
 
-static void scores_block(const kvd_kv_view *kv, int vec, const uint8_t *kp, int nt, const float *q,
-                         int G, float kmul, float *s, size_t stride, const uint8_t *pf) {
+/* How one call reads its cache, settled once per call: the vector kernels
+ * (with the format's FP8 tables in registers) or the portable ones. */
+typedef struct {
+    int vec, fp8;
 #ifdef KVD_VEC
-    if (vec) {
-        int hd = kv->head_dim, fp8 = kv->fmt != KVD_FMT_BF16;
-        fp8_tables T = tables_for(kv->fmt);
-#define KVD_SCORES(g) scores_g##g(kp, nt, q, hd, fp8, &T, kmul, s, stride, pf)
+    fp8_tables T;
+#endif
+} read_path;
+
+static void path_init(read_path *rp, const kvd_kv_view *kv, int G) {
+    rp->vec = use_vector(kv, G);
+    rp->fp8 = kv->fmt != KVD_FMT_BF16;
+#ifdef KVD_VEC
+    if (rp->vec && rp->fp8) rp->T = tables_for(kv->fmt);
+#endif
+}
+
+static void scores_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *kp, int nt,
+                         const float *q, int G, float kmul, float *s, size_t stride,
+                         const uint8_t *pf) {
+#ifdef KVD_VEC
+    if (rp->vec) {
+        int hd = kv->head_dim, fp8 = rp->fp8;
+#define KVD_SCORES(g) scores_g##g(kp, nt, q, hd, fp8, &rp->T, kmul, s, stride, pf)
         KVD_DISPATCH(KVD_SCORES)
 #undef KVD_SCORES
     }
 #endif
-    (void)vec, (void)pf;
+    (void)rp, (void)pf;
     scores_portable(kp, nt, q, G, kv->head_dim, kv->fmt, kmul, s, stride);
 }
 
-static void pv_block(const kvd_kv_view *kv, int vec, const uint8_t *vp, int nt, const float *p,
-                     size_t stride, int G, float *out, const uint8_t *pf) {
+static void pv_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *vp, int nt,
+                     const float *p, size_t stride, int G, float *out, const uint8_t *pf) {
 #ifdef KVD_VEC
-    if (vec) {
-        int hd = kv->head_dim, fp8 = kv->fmt != KVD_FMT_BF16;
-        fp8_tables T = tables_for(kv->fmt);
-#define KVD_PV(g) pv_g##g(vp, nt, p, stride, hd, fp8, &T, out, pf)
+    if (rp->vec) {
+        int hd = kv->head_dim, fp8 = rp->fp8;
+#define KVD_PV(g) pv_g##g(vp, nt, p, stride, hd, fp8, &rp->T, out, pf)
         KVD_DISPATCH(KVD_PV)
 #undef KVD_PV
     }
 #endif
-    (void)vec, (void)pf;
+    (void)rp, (void)pf;
     pv_portable(vp, nt, p, stride, G, kv->head_dim, kv->fmt, out);
 }
 
@@ -379,16 +395,16 @@ static double exp_sum(float *x, int n, float m) {
  * read next: the next block, at the end of the keys the first block's values,
  * at the end of the values the next part's first keys (the same thread's next
  * part under a static schedule). */
-static void attn_part(const kvd_kv_view *kv, int vec, const int32_t *blocks, int n_ctx, int b0,
-                      int b1, const float *q, int n_heads, float sm_scale, float *s, float *out,
-                      float *m, double *l) {
+static void attn_part(const kvd_kv_view *kv, const read_path *rp, const int32_t *blocks, int n_ctx,
+                      int b0, int b1, const float *q, int n_heads, float sm_scale, float *s,
+                      float *out, float *m, double *l) {
     const int hd = kv->head_dim, bs = kv->block_size, kvh = kv->kv_heads, G = n_heads / kvh;
     const int t_begin = b0 * bs, t_end = b1 * bs < n_ctx ? b1 * bs : n_ctx;
     const int nb_all = (n_ctx + bs - 1) / bs;
     for (int b = b0; b < b1; b++) {
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
         for (int h = 0; h < kvh; h++)
-            scores_block(kv, vec, head_base(kv, kv->k, blocks[b], h), nt, q + (size_t)h * G * hd, G,
+            scores_block(kv, rp, head_base(kv, kv->k, blocks[b], h), nt, q + (size_t)h * G * hd, G,
                          sm_scale * kv->k_scale[h], s + (size_t)h * G * n_ctx + t0, (size_t)n_ctx,
                          b + 1 < b1 ? head_base(kv, kv->k, blocks[b + 1], h)
                                     : head_base(kv, kv->v, blocks[b0], h));
@@ -402,8 +418,8 @@ static void attn_part(const kvd_kv_view *kv, int vec, const int32_t *blocks, int
     for (int b = b0; b < b1; b++) {
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
         for (int h = 0; h < kvh; h++)
-            pv_block(kv, vec, head_base(kv, kv->v, blocks[b], h), nt,
-                     s + (size_t)h * G * n_ctx + t0, (size_t)n_ctx, G, out + (size_t)h * G * hd,
+            pv_block(kv, rp, head_base(kv, kv->v, blocks[b], h), nt, s + (size_t)h * G * n_ctx + t0,
+                     (size_t)n_ctx, G, out + (size_t)h * G * hd,
                      b + 1 < b1    ? head_base(kv, kv->v, blocks[b + 1], h)
                      : b1 < nb_all ? head_base(kv, kv->k, blocks[b1], h)
                                    : NULL);
@@ -423,8 +439,9 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
                     int n_heads, float sm_scale, float *out, float *probs, void *work,
                     int n_parts) {
     const int hd = kv->head_dim, bs = kv->block_size, kvh = kv->kv_heads, G = n_heads / kvh;
-    const int nb = (n_ctx + bs - 1) / bs, vec = use_vector(kv, G);
-    const int fp8 = kv->fmt != KVD_FMT_BF16;
+    const int nb = (n_ctx + bs - 1) / bs;
+    read_path rp;
+    path_init(&rp, kv, G);
     if (n_parts < 1) n_parts = 1;
     if (n_parts > nb) n_parts = nb;
     double *l = work;
@@ -434,18 +451,18 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
     float *s = probs ? probs : qk + (size_t)n_heads * hd;
     /* the query in the kernels' order of the dimensions, and back for the output */
     int dim[hd];
-    for (int k = 0; k < hd; k++) dim[k] = vec ? slot_dim(fp8, k) : k;
+    for (int k = 0; k < hd; k++) dim[k] = rp.vec ? slot_dim(rp.fp8, k) : k;
     for (int j = 0; j < n_heads; j++)
         for (int k = 0; k < hd; k++) qk[(size_t)j * hd + k] = q[(size_t)j * hd + dim[k]];
     int per = (nb + n_parts - 1) / n_parts;
     if (n_parts == 1) {
-        attn_part(kv, vec, blocks, n_ctx, 0, nb, qk, n_heads, sm_scale, s, pout, m, l);
+        attn_part(kv, &rp, blocks, n_ctx, 0, nb, qk, n_heads, sm_scale, s, pout, m, l);
     } else {
 #pragma omp parallel for schedule(static)
         for (int p = 0; p < n_parts; p++) {
             int b0 = p * per, b1 = b0 + per < nb ? b0 + per : nb;
             if (b0 < b1)
-                attn_part(kv, vec, blocks, n_ctx, b0, b1, qk, n_heads, sm_scale, s,
+                attn_part(kv, &rp, blocks, n_ctx, b0, b1, qk, n_heads, sm_scale, s,
                           pout + (size_t)p * n_heads * hd, m + (size_t)p * n_heads,
                           l + (size_t)p * n_heads);
         }

@@ -263,59 +263,92 @@ static int v2_ok(int head_dim, int G) {
            (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
 }
 
+// the kernels' view of a kvd_kv_view whose pools and scales are on the device
+static view dev_view(const kvd_kv_view *dv) {
+    return view{(int)dv->fmt,
+                dv->block_size,
+                dv->kv_heads,
+                dv->head_dim,
+                (const unsigned char *)dv->k,
+                (const unsigned char *)dv->v,
+                dv->k_scale,
+                dv->v_scale};
+}
+
+// a host view's pools, scales and block table copied to the device, for the
+// host-memory entry points (the tests'); freed with it
+struct dev_cache {
+    kvd_kv_view v{};
+    void *k = nullptr, *vv = nullptr;
+    float *ks = nullptr, *vs = nullptr;
+    int32_t *blocks = nullptr;
+    ~dev_cache() { cudaFree(k), cudaFree(vv), cudaFree(ks), cudaFree(vs), cudaFree(blocks); }
+    bool upload(const kvd_kv_view *hv, int n_blocks, const int32_t *hb, int nb) {
+        size_t pool = (size_t)n_blocks * hv->kv_heads * hv->block_size * hv->head_dim *
+                      kvd_fmt_bytes(hv->fmt),
+               sc = sizeof(float) * hv->kv_heads;
+        if (cudaMalloc(&k, pool) || cudaMalloc(&vv, pool) || cudaMalloc(&ks, sc) ||
+            cudaMalloc(&vs, sc) || cudaMalloc(&blocks, sizeof(int32_t) * nb) ||
+            cudaMemcpy(k, hv->k, pool, cudaMemcpyHostToDevice) ||
+            cudaMemcpy(vv, hv->v, pool, cudaMemcpyHostToDevice) ||
+            cudaMemcpy(ks, hv->k_scale, sc, cudaMemcpyHostToDevice) ||
+            cudaMemcpy(vs, hv->v_scale, sc, cudaMemcpyHostToDevice) ||
+            cudaMemcpy(blocks, hb, sizeof(int32_t) * nb, cudaMemcpyHostToDevice))
+            return false;
+        v = *hv;
+        v.k = k, v.v = vv, v.k_scale = ks, v.v_scale = vs;
+        return true;
+    }
+};
+
+extern "C" size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim) {
+    size_t splits = (size_t)(max_ctx + 511) / 512;
+    return splits * (size_t)n_heads * ((size_t)head_dim + 2);
+}
+
+extern "C" int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
+                                        const float *q, int n_heads, float sm_scale, float *out,
+                                        float *scratch) {
+    int G = n_heads / dv->kv_heads;
+    if (!v2_ok(dv->head_dim, G)) return -1;
+    int splits = (n_ctx + 511) / 512;
+    size_t np = (size_t)splits * n_heads;
+    float *pa = scratch, *pm = pa + np * dv->head_dim, *pl = pm + np;
+    return launch_v2(dev_view(dv), (const int *)blocks, n_ctx, q, n_heads, sm_scale, out, splits,
+                     pa, pm, pl);
+}
+
 extern "C" int kvd_cuda_attn_decode_v(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
                                       int n_ctx, const float *q, int n_heads, float sm_scale,
                                       float *out, int version) {
-    size_t esz = kvd_fmt_bytes(hv->fmt);
-    size_t pool = (size_t)n_blocks * hv->kv_heads * hv->block_size * hv->head_dim * esz;
-    int nb = (n_ctx + hv->block_size - 1) / hv->block_size;
-    unsigned char *dk = nullptr, *dv = nullptr;
-    int *db = nullptr;
-    float *dq = nullptr, *ds = nullptr, *dout = nullptr, *dks = nullptr, *dvs = nullptr;
+    const int hd = hv->head_dim, G = n_heads / hv->kv_heads;
+    const int nb = (n_ctx + hv->block_size - 1) / hv->block_size;
+    const size_t nq = sizeof(float) * n_heads * hd;
+    const bool v2 = version == 2 && v2_ok(hd, G);
+    dev_cache dc;
+    float *dq = nullptr, *dout = nullptr, *work = nullptr;
     int rc = -1;
-    if (cudaMalloc(&dk, pool) || cudaMalloc(&dv, pool) || cudaMalloc(&db, sizeof(int) * nb) ||
-        cudaMalloc(&dq, sizeof(float) * n_heads * hv->head_dim) ||
-        cudaMalloc(&ds, sizeof(float) * (size_t)n_heads * n_ctx) ||
-        cudaMalloc(&dout, sizeof(float) * n_heads * hv->head_dim) ||
-        cudaMalloc(&dks, sizeof(float) * hv->kv_heads) ||
-        cudaMalloc(&dvs, sizeof(float) * hv->kv_heads))
+    size_t wn = v2 ? kvd_cuda_attn_scratch_floats(n_ctx, n_heads, hd) : (size_t)n_heads * n_ctx;
+    if (!dc.upload(hv, n_blocks, blocks, nb) || cudaMalloc(&dq, nq) || cudaMalloc(&dout, nq) ||
+        cudaMalloc(&work, sizeof(float) * wn) || cudaMemcpy(dq, q, nq, cudaMemcpyHostToDevice))
         goto out;
-    cudaMemcpy(dk, hv->k, pool, cudaMemcpyHostToDevice);
-    cudaMemcpy(dv, hv->v, pool, cudaMemcpyHostToDevice);
-    cudaMemcpy(db, blocks, sizeof(int) * nb, cudaMemcpyHostToDevice);
-    cudaMemcpy(dq, q, sizeof(float) * n_heads * hv->head_dim, cudaMemcpyHostToDevice);
-    cudaMemcpy(dks, hv->k_scale, sizeof(float) * hv->kv_heads, cudaMemcpyHostToDevice);
-    cudaMemcpy(dvs, hv->v_scale, sizeof(float) * hv->kv_heads, cudaMemcpyHostToDevice);
-    {
-        view kv = {(int)hv->fmt, hv->block_size, hv->kv_heads, hv->head_dim, dk, dv, dks, dvs};
-        int G = n_heads / hv->kv_heads;
-        if (version == 2 && v2_ok(hv->head_dim, G)) {
-            int splits = (n_ctx + 511) / 512;
-            float *pa = nullptr, *pm = nullptr, *pl = nullptr;
-            size_t np = (size_t)splits * n_heads;
-            if (cudaMalloc(&pa, sizeof(float) * np * hv->head_dim) ||
-                cudaMalloc(&pm, sizeof(float) * np) || cudaMalloc(&pl, sizeof(float) * np)) {
-                cudaFree(pa), cudaFree(pm), cudaFree(pl);
-                goto out;
-            }
-            launch_v2(kv, db, n_ctx, dq, n_heads, sm_scale, dout, splits, pa, pm, pl);
-            cudaDeviceSynchronize();
-            cudaFree(pa), cudaFree(pm), cudaFree(pl);
-        } else {
-            dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)hv->kv_heads);
-            scores_kernel<<<g1, 128>>>(kv, db, n_ctx, dq, n_heads, sm_scale, ds);
-            softmax_kernel<<<(unsigned)n_heads, 256>>>(ds, n_ctx);
-            pv_kernel<<<(unsigned)n_heads, (unsigned)((hv->head_dim + 31) / 32 * 32)>>>(
-                kv, db, n_ctx, ds, n_heads, dout);
-        }
-        if (cudaMemcpy(out, dout, sizeof(float) * n_heads * hv->head_dim, cudaMemcpyDeviceToHost) ==
-                cudaSuccess &&
-            cudaGetLastError() == cudaSuccess)
-            rc = 0;
+    if (v2) {
+        rc = kvd_cuda_attn_decode_dev(&dc.v, dc.blocks, n_ctx, dq, n_heads, sm_scale, dout, work);
+    } else { /* the plain kernels: scores, softmax, weighted sum */
+        view kv = dev_view(&dc.v);
+        const int *db = (const int *)dc.blocks;
+        dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)hv->kv_heads);
+        scores_kernel<<<g1, 128>>>(kv, db, n_ctx, dq, n_heads, sm_scale, work);
+        softmax_kernel<<<(unsigned)n_heads, 256>>>(work, n_ctx);
+        pv_kernel<<<(unsigned)n_heads, (unsigned)((hd + 31) / 32 * 32)>>>(kv, db, n_ctx, work,
+                                                                          n_heads, dout);
+        rc = 0;
     }
+    if (rc || cudaMemcpy(out, dout, nq, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaGetLastError() != cudaSuccess)
+        rc = -1;
 out:
-    cudaFree(dk), cudaFree(dv), cudaFree(db), cudaFree(dq), cudaFree(ds), cudaFree(dout);
-    cudaFree(dks), cudaFree(dvs);
+    cudaFree(dq), cudaFree(dout), cudaFree(work);
     return rc;
 }
 
@@ -391,14 +424,7 @@ extern "C" int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *b
                                          float *out) {
     const int hd = dv->head_dim, G = n_heads / dv->kv_heads;
     if (!v2_ok(hd, G) || n_q < 1) return -1;
-    view kv = {(int)dv->fmt,
-               dv->block_size,
-               dv->kv_heads,
-               hd,
-               (const unsigned char *)dv->k,
-               (const unsigned char *)dv->v,
-               dv->k_scale,
-               dv->v_scale};
+    const view kv = dev_view(dv);
     dim3 grid((unsigned)n_q, (unsigned)dv->kv_heads);
     size_t shm = sizeof(float) * (PF_TILE * (hd + 1) + (size_t)G * hd);
     const int *db = (const int *)blocks;
@@ -414,72 +440,23 @@ extern "C" int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *b
 extern "C" int kvd_cuda_attn_prefill(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
                                      int pos0, int n_q, const float *q, int n_heads, float sm_scale,
                                      float *out) {
-    const int hd = hv->head_dim, G = n_heads / hv->kv_heads;
-    if (!v2_ok(hd, G) || n_q < 1) return -1;
-    size_t esz = kvd_fmt_bytes(hv->fmt);
-    size_t pool = (size_t)n_blocks * hv->kv_heads * hv->block_size * hd * esz;
-    int nb = (pos0 + n_q + hv->block_size - 1) / hv->block_size;
-    size_t nq = sizeof(float) * (size_t)n_q * n_heads * hd;
-    unsigned char *dk = nullptr, *dv = nullptr;
-    int *db = nullptr;
-    float *dq = nullptr, *dout = nullptr, *dks = nullptr, *dvs = nullptr;
+    const int nb = (pos0 + n_q + hv->block_size - 1) / hv->block_size;
+    const size_t nq = sizeof(float) * (size_t)n_q * n_heads * hv->head_dim;
+    dev_cache dc;
+    float *dq = nullptr, *dout = nullptr;
     int rc = -1;
-    if (cudaMalloc(&dk, pool) || cudaMalloc(&dv, pool) || cudaMalloc(&db, sizeof(int) * nb) ||
-        cudaMalloc(&dq, nq) || cudaMalloc(&dout, nq) ||
-        cudaMalloc(&dks, sizeof(float) * hv->kv_heads) ||
-        cudaMalloc(&dvs, sizeof(float) * hv->kv_heads))
-        goto out;
-    cudaMemcpy(dk, hv->k, pool, cudaMemcpyHostToDevice);
-    cudaMemcpy(dv, hv->v, pool, cudaMemcpyHostToDevice);
-    cudaMemcpy(db, blocks, sizeof(int) * nb, cudaMemcpyHostToDevice);
-    cudaMemcpy(dq, q, nq, cudaMemcpyHostToDevice);
-    cudaMemcpy(dks, hv->k_scale, sizeof(float) * hv->kv_heads, cudaMemcpyHostToDevice);
-    cudaMemcpy(dvs, hv->v_scale, sizeof(float) * hv->kv_heads, cudaMemcpyHostToDevice);
-    {
-        view kv = {(int)hv->fmt, hv->block_size, hv->kv_heads, hd, dk, dv, dks, dvs};
-        dim3 grid((unsigned)n_q, (unsigned)hv->kv_heads);
-        size_t shm = sizeof(float) * (PF_TILE * (hd + 1) + (size_t)G * hd);
-        if (hd == 64)
-            prefill_kernel<64><<<grid, 32 * G, shm>>>(kv, db, pos0, dq, n_heads, sm_scale, dout);
-        else if (hd == 128)
-            prefill_kernel<128><<<grid, 32 * G, shm>>>(kv, db, pos0, dq, n_heads, sm_scale, dout);
-        else
-            prefill_kernel<256><<<grid, 32 * G, shm>>>(kv, db, pos0, dq, n_heads, sm_scale, dout);
-        if (cudaMemcpy(out, dout, nq, cudaMemcpyDeviceToHost) == cudaSuccess &&
-            cudaGetLastError() == cudaSuccess)
-            rc = 0;
-    }
-out:
-    cudaFree(dk), cudaFree(dv), cudaFree(db), cudaFree(dq), cudaFree(dout);
-    cudaFree(dks), cudaFree(dvs);
+    if (dc.upload(hv, n_blocks, blocks, nb) && cudaMalloc(&dq, nq) == cudaSuccess &&
+        cudaMalloc(&dout, nq) == cudaSuccess &&
+        cudaMemcpy(dq, q, nq, cudaMemcpyHostToDevice) == cudaSuccess &&
+        kvd_cuda_attn_prefill_dev(&dc.v, dc.blocks, pos0, n_q, dq, n_heads, sm_scale, dout) == 0 &&
+        cudaMemcpy(out, dout, nq, cudaMemcpyDeviceToHost) == cudaSuccess)
+        rc = 0;
+    cudaFree(dq), cudaFree(dout);
     return rc;
 }
 
 // ---- the same kernels on device memory, for the device model: the view's
 // pools and scales and the block table are device pointers ----
-extern "C" size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim) {
-    size_t splits = (size_t)(max_ctx + 511) / 512;
-    return splits * (size_t)n_heads * ((size_t)head_dim + 2);
-}
-
-extern "C" int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
-                                        const float *q, int n_heads, float sm_scale, float *out,
-                                        float *scratch) {
-    int G = n_heads / dv->kv_heads;
-    if (!v2_ok(dv->head_dim, G)) return -1;
-    view kv = {(int)dv->fmt,
-               dv->block_size,
-               dv->kv_heads,
-               dv->head_dim,
-               (const unsigned char *)dv->k,
-               (const unsigned char *)dv->v,
-               dv->k_scale,
-               dv->v_scale};
-    int splits = (n_ctx + 511) / 512;
-    size_t np = (size_t)splits * n_heads;
-    float *pa = scratch, *pm = pa + np * dv->head_dim, *pl = pm + np;
-    return launch_v2(kv, (const int *)blocks, n_ctx, q, n_heads, sm_scale, out, splits, pa, pm, pl);
-}
 
 extern "C" int kvd_cuda_attn_decode(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
                                     int n_ctx, const float *q, int n_heads, float sm_scale,

@@ -85,17 +85,6 @@ int kvd_cuda_copy(void *dst, const void *src, size_t n);
 int kvd_cuda_zero(void *p, size_t n);
 int kvd_cuda_sync(char *err, int len);
 
-void kvd_cuda_kv_write_dev(kvd_fmt fmt, int saturate, int block_size, int kv_heads, int head_dim,
-                           void *pool, int n_tok, const int32_t *slot, const float *x,
-                           const float *scale, unsigned long long *stats, unsigned int *absmax);
-void kvd_cuda_rmsnorm_dev(float *out, size_t out_stride, const float *x, size_t x_stride,
-                          const float *w, int rows, int n, float eps, int one_plus);
-void kvd_cuda_rope_dev(float *v, int rows, int heads, int stride, const int *pos, int rot_dim,
-                       const float *inv_freq);
-void kvd_cuda_swiglu_dev(float *g, const float *u, size_t n);
-void kvd_cuda_route_dev(const float *logits, int rows, int E, int K, int norm, int *topi,
-                        float *topw);
-void kvd_cuda_argmax_dev(const float *x, int rows, int n, int *out);
 /* decode (one query) and prefill (n_q causal rows) attention; the view's
  * pools and scales and the block table on the device; decode's scratch holds
  * kvd_cuda_attn_scratch_floats(n_ctx, ...) floats */
@@ -112,7 +101,8 @@ int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int 
  * SwiGLU; DeltaNet's un-grouping, conv1d + SiLU (per batch sequence), q/k
  * L2 norm, recurrence (per batch sequence and value head) and gated norm;
  * MoE gather / weighted scatter and the shared expert's gated add; the first
- * non-finite value; greedy sampling */
+ * non-finite value. The per-layer blocks among them (RMSNorm, RoPE, SwiGLU,
+ * the cache write, routing) are layers.cu's kernels, held to their twins. */
 void kvd_cudaop_linear(const float *x, const void *w, float *y, int M, int N, int K);
 void kvd_cudaop_embed(const void *E, const int32_t *tok, float *x, int rows, int H);
 void kvd_cudaop_rmsnorm(float *out, size_t out_stride, const float *x, size_t x_stride,
@@ -145,7 +135,6 @@ void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const flo
                         int K, int H);
 void kvd_cudaop_add_gated(float *mix, const float *y, const float *gate, int rows, int H);
 void kvd_cudaop_nonfinite(const float *x, size_t n, unsigned long long *first);
-void kvd_cudaop_argmax(const float *x, int rows, int n, int *out);
 
 /* Device-to-device copy bandwidth (read + write bytes per second). */
 double kvd_cuda_copy_bandwidth(size_t bytes, int reps);

@@ -294,8 +294,8 @@ extern "C" int kvd_cuda_rmsnorm(float *out, const float *x, const float *w, int 
     dbuf dx, dw, dout;
     size_t nb = sizeof(float) * (size_t)rows * n;
     if (!dx.put(x, nb) || !dw.put(w, sizeof(float) * n) || !dout.alloc(nb)) return -1;
-    rmsnorm_k<<<rows, 256>>>(dout.as<float>(), (size_t)n, dx.as<float>(), (size_t)n, dw.as<float>(),
-                             n, eps, one_plus);
+    kvd_cudaop_rmsnorm(dout.as<float>(), (size_t)n, dx.as<float>(), (size_t)n, dw.as<float>(), rows,
+                       n, eps, one_plus);
     return finish(dout.get(out, nb));
 }
 
@@ -306,15 +306,14 @@ extern "C" int kvd_cuda_rope(float *v, int rows, int heads, int stride, const in
     if (!dv.put(v, nb) || !dp.put(pos, sizeof(int) * rows) ||
         !df.put(inv_freq, sizeof(float) * (rot_dim / 2)))
         return -1;
-    rope_k<<<rows * heads, 64>>>(dv.as<float>(), heads, stride, dp.as<int>(), rot_dim,
-                                 df.as<float>());
+    kvd_cudaop_rope(dv.as<float>(), rows, heads, stride, dp.as<int>(), rot_dim, df.as<float>());
     return finish(dv.get(v, nb));
 }
 
 extern "C" int kvd_cuda_swiglu(float *g, const float *u, size_t n) {
     dbuf dg, du;
     if (!dg.put(g, sizeof(float) * n) || !du.put(u, sizeof(float) * n)) return -1;
-    swiglu_k<<<(unsigned)((n + 255) / 256), 256>>>(dg.as<float>(), du.as<float>(), n);
+    kvd_cudaop_swiglu(dg.as<float>(), du.as<float>(), n);
     return finish(dg.get(g, sizeof(float) * n));
 }
 
@@ -336,18 +335,9 @@ extern "C" int kvd_cuda_kv_write(kvd_fmt fmt, int saturate, int block_size, int 
         !dx.put(x, nx) || !dsc.put(scale, sizeof(float) * kv_heads) || !dst.put(s0, sizeof s0) ||
         !dabs.put(a0, sizeof(unsigned) * kv_heads))
         return -1;
-    write_args a = {fmt,
-                    saturate,
-                    block_size,
-                    kv_heads,
-                    head_dim,
-                    dslot.as<int32_t>(),
-                    dx.as<float>(),
-                    dsc.as<float>(),
-                    dpool.as<unsigned char>(),
-                    dst.as<unsigned long long>(),
-                    dabs.as<unsigned int>()};
-    kv_write_k<<<n_tok * kv_heads, (head_dim + 31) / 32 * 32>>>(a);
+    kvd_cudaop_kv_write(fmt, saturate, block_size, kv_heads, head_dim, dpool.p, n_tok,
+                        dslot.as<int32_t>(), dx.as<float>(), dsc.as<float>(),
+                        dst.as<unsigned long long>(), dabs.as<unsigned int>());
     bool ok = dpool.get(pool, pool_bytes) && dst.get(s0, sizeof s0) &&
               dabs.get(a0, sizeof(unsigned) * kv_heads);
     st->n += s0[0], st->saturated += s0[1], st->flushed += s0[2], st->subnormal += s0[3];
@@ -395,8 +385,7 @@ extern "C" int kvd_cuda_route(const float *logits, int rows, int E, int K, int n
     if (!dl.put(logits, sizeof(float) * (size_t)rows * E) ||
         !di.alloc(sizeof(int) * (size_t)rows * K) || !dw.alloc(sizeof(float) * (size_t)rows * K))
         return -1;
-    route_k<<<rows, 128, sizeof(float) * E>>>(dl.as<float>(), E, K, norm, di.as<int>(),
-                                              dw.as<float>());
+    kvd_cudaop_route(dl.as<float>(), rows, E, K, norm, di.as<int>(), dw.as<float>());
     bool ok = di.get(topi, sizeof(int) * (size_t)rows * K) &&
               dw.get(topw, sizeof(float) * (size_t)rows * K);
     return finish(ok);
@@ -409,11 +398,12 @@ extern "C" int kvd_cuda_argmax(const float *x, int rows, int n, int *out) {
     return finish(dout.get(out, sizeof(int) * rows));
 }
 
-// ---- the same on device memory (asynchronous), for the device model ----
-extern "C" void kvd_cuda_kv_write_dev(kvd_fmt fmt, int saturate, int block_size, int kv_heads,
-                                      int head_dim, void *pool, int n_tok, const int32_t *slot,
-                                      const float *x, const float *scale, unsigned long long *stats,
-                                      unsigned int *absmax) {
+// ---- the same on device memory (asynchronous): the device model's
+// kvd_cudaop_* for these blocks ----
+extern "C" void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads,
+                                    int head_dim, void *pool, int n_tok, const int32_t *slot,
+                                    const float *x, const float *scale, unsigned long long *stats,
+                                    unsigned int *absmax) {
     if (n_tok <= 0) return;
     write_args a = {
         fmt,   saturate, block_size, kv_heads, head_dim, slot, x, scale, (unsigned char *)pool,
@@ -421,26 +411,22 @@ extern "C" void kvd_cuda_kv_write_dev(kvd_fmt fmt, int saturate, int block_size,
     kv_write_k<<<n_tok * kv_heads, (head_dim + 31) / 32 * 32>>>(a);
 }
 
-extern "C" void kvd_cuda_route_dev(const float *logits, int rows, int E, int K, int norm, int *topi,
-                                   float *topw) {
+extern "C" void kvd_cudaop_route(const float *logits, int rows, int E, int K, int norm, int *topi,
+                                 float *topw) {
     if (rows > 0) route_k<<<rows, 128, sizeof(float) * E>>>(logits, E, K, norm, topi, topw);
 }
 
-extern "C" void kvd_cuda_argmax_dev(const float *x, int rows, int n, int *out) {
-    if (rows > 0) argmax_k<<<rows, 1024>>>(x, n, out);
-}
-
-extern "C" void kvd_cuda_rmsnorm_dev(float *out, size_t out_stride, const float *x, size_t x_stride,
-                                     const float *w, int rows, int n, float eps, int one_plus) {
+extern "C" void kvd_cudaop_rmsnorm(float *out, size_t out_stride, const float *x, size_t x_stride,
+                                   const float *w, int rows, int n, float eps, int one_plus) {
     if (rows > 0) rmsnorm_k<<<rows, 256>>>(out, out_stride, x, x_stride, w, n, eps, one_plus);
 }
 
-extern "C" void kvd_cuda_rope_dev(float *v, int rows, int heads, int stride, const int *pos,
-                                  int rot_dim, const float *inv_freq) {
+extern "C" void kvd_cudaop_rope(float *v, int rows, int heads, int stride, const int *pos,
+                                int rot_dim, const float *inv_freq) {
     if (rows > 0 && rot_dim > 0)
         rope_k<<<rows * heads, 64>>>(v, heads, stride, pos, rot_dim, inv_freq);
 }
 
-extern "C" void kvd_cuda_swiglu_dev(float *g, const float *u, size_t n) {
+extern "C" void kvd_cudaop_swiglu(float *g, const float *u, size_t n) {
     if (n > 0) swiglu_k<<<(unsigned)((n + 255) / 256), 256>>>(g, u, n);
 }

@@ -256,14 +256,6 @@ extern "C" void kvd_cudaop_linear(const float *x, const void *w, float *y, int M
 extern "C" void kvd_cudaop_embed(const void *E, const int32_t *tok, float *x, int rows, int H) {
     embed_k<<<rows, 256>>>((const __nv_bfloat16 *)E, tok, x, H);
 }
-extern "C" void kvd_cudaop_rmsnorm(float *out, size_t out_stride, const float *x, size_t x_stride,
-                                   const float *w, int rows, int n, float eps, int one_plus) {
-    kvd_cuda_rmsnorm_dev(out, out_stride, x, x_stride, w, rows, n, eps, one_plus);
-}
-extern "C" void kvd_cudaop_rope(float *v, int rows, int heads, int stride, const int *pos,
-                                int rot_dim, const float *inv_freq) {
-    kvd_cuda_rope_dev(v, rows, heads, stride, pos, rot_dim, inv_freq);
-}
 extern "C" void kvd_cudaop_split_query(const float *qg, float *qh, int rows, int nh, int hd) {
     size_t n = (size_t)rows * nh * hd;
     split_query_k<<<blocks_for(n, 256), 256>>>(qg, qh, nh, hd, n);
@@ -274,16 +266,6 @@ extern "C" void kvd_cudaop_output_gate(float *att, const float *qg, int rows, in
 }
 extern "C" void kvd_cudaop_add(float *x, const float *y, size_t n) {
     add_k<<<blocks_for(n, 256), 256>>>(x, y, n);
-}
-extern "C" void kvd_cudaop_swiglu(float *g, const float *u, size_t n) {
-    kvd_cuda_swiglu_dev(g, u, n);
-}
-extern "C" void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads,
-                                    int head_dim, void *pool, int n_tok, const int32_t *slot,
-                                    const float *x, const float *scale, unsigned long long *stats,
-                                    unsigned int *absmax) {
-    kvd_cuda_kv_write_dev(fmt, saturate, block_size, kv_heads, head_dim, pool, n_tok, slot, x,
-                          scale, stats, absmax);
 }
 extern "C" void kvd_cudaop_ungroup(const float *qkvz, const float *ba, const float *A_log,
                                    const float *dt_bias, float *conv, float *z, float *beta,
@@ -314,10 +296,6 @@ extern "C" void kvd_cudaop_gated_norm(float *o, const float *z, const float *w, 
                                       int dv, float eps) {
     if (rows > 0) gated_norm_k<<<rows * nv, 128>>>(o, z, w, nv, dv, eps);
 }
-extern "C" void kvd_cudaop_route(const float *logits, int rows, int E, int K, int norm, int *topi,
-                                 float *topw) {
-    kvd_cuda_route_dev(logits, rows, E, K, norm, topi, topw);
-}
 extern "C" void kvd_cudaop_gather(const float *xn, const int *slots, int n, int K, float *gx,
                                   int H) {
     if (n > 0) gather_rows_k<<<n, 256>>>(xn, slots, K, gx, H);
@@ -333,7 +311,4 @@ extern "C" void kvd_cudaop_add_gated(float *mix, const float *y, const float *ga
 }
 extern "C" void kvd_cudaop_nonfinite(const float *x, size_t n, unsigned long long *first) {
     nonfinite_k<<<blocks_for(n, 256), 256>>>(x, n, first);
-}
-extern "C" void kvd_cudaop_argmax(const float *x, int rows, int n, int *out) {
-    kvd_cuda_argmax_dev(x, rows, n, out);
 }

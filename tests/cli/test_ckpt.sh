@@ -14,12 +14,7 @@ if ! "$py" -c "import numpy" 2>/dev/null; then
   exit 77
 fi
 st() { "$py" "$here/st_tool.py" "$@"; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+. "$(dirname "$0")/lib.sh"
 # expect CODE PATTERN -- ARGS: exit status and a one-line message
 expect() {
   local code="$1" pat="$2"

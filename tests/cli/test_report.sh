@@ -11,12 +11,7 @@ if ! "$py" -c "import h5py, numpy" 2>/dev/null || ! command -v xmllint >/dev/nul
   echo "SKIP: needs /usr/bin/python3 with h5py and numpy, and xmllint (scripts/setup.sh installs them)"
   exit 77
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+. "$(dirname "$0")/lib.sh"
 
 "$bin" run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 512 --concurrency 1,2 \
   --gen-tokens 4 --decode-tokens 3 --calib-tokens 512 -o "$work/r.h5" >/dev/null 2>&1 || bad "sweep failed"

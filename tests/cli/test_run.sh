@@ -11,12 +11,7 @@ if ! "$py" -c "import h5py, numpy" 2>/dev/null; then
   echo "SKIP: $py has no h5py/numpy (scripts/setup.sh installs python3-h5py)"
   exit 77
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+. "$(dirname "$0")/lib.sh"
 
 sweep=(run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 512,1024 --concurrency 1,2
        --gen-tokens 8 --decode-tokens 4 --calib-tokens 1024 --attn-per-head)

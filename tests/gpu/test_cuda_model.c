@@ -21,6 +21,8 @@
 
 #include "check.h"
 
+enum { MAX_ROWS = 512 }; /* tokens in one step, both models */
+
 /* the CPU's residual stream after each layer of the current step, and the
  * device's departure from it */
 typedef struct {
@@ -35,13 +37,13 @@ static void cpu_hidden(void *ctx, int layer, const kvd_batch *b, const int *pos,
     int rows = 0;
     for (int s = 0; s < b->n; s++) rows += b->n_tok[s];
     r->rows = rows;
-    memcpy(r->cpu + (size_t)layer * 512 * r->H, h, sizeof(float) * (size_t)rows * r->H);
+    memcpy(r->cpu + (size_t)layer * MAX_ROWS * r->H, h, sizeof(float) * (size_t)rows * r->H);
 }
 
 static void dev_hidden(void *ctx, int layer, const kvd_batch *b, const int *pos, const float *h) {
     hidden_rec *r = ctx;
     (void)b, (void)pos;
-    double e = rel_l2(h, r->cpu + (size_t)layer * 512 * r->H, (size_t)r->rows * r->H);
+    double e = rel_l2(h, r->cpu + (size_t)layer * MAX_ROWS * r->H, (size_t)r->rows * r->H);
     if (e > r->worst[layer]) r->worst[layer] = e;
 }
 
@@ -66,7 +68,7 @@ static void run(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scale
     int n_full = 0;
     for (int l = 0; l < L; l++) n_full += cfg.layer_types[l] == KVD_LAYER_FULL;
     kvd_kvcache kc, kd;
-    kvd_model *mc = kvd_model_new(&w, 512, 4, err);
+    kvd_model *mc = kvd_model_new(&w, MAX_ROWS, 4, err);
     if (!mc ||
         kvd_kvcache_init(&kc, mode, n_full, cfg.num_key_value_heads, cfg.head_dim, 128, 4096,
                          scales, 1, err) ||
@@ -75,12 +77,12 @@ static void run(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scale
         CHECK(0, "%s: %s\n", preset, err);
         return;
     }
-    kvd_cuda_model *md = kvd_cuda_model_new(&w, &kd, 512, 4, err);
+    kvd_cuda_model *md = kvd_cuda_model_new(&w, &kd, MAX_ROWS, 4, err);
     if (!md) {
         CHECK(0, "%s: %s\n", preset, err);
         return;
     }
-    hidden_rec rec = {H, L, 0, malloc(sizeof(float) * (size_t)L * 512 * H), {0}};
+    hidden_rec rec = {H, L, 0, malloc(sizeof(float) * (size_t)L * MAX_ROWS * H), {0}};
     kvd_hooks hc = {&rec, cpu_hidden, NULL, NULL, NULL, NULL};
     kvd_hooks hd = {&rec, dev_hidden, NULL, NULL, NULL, NULL};
     kvd_model_set_hooks(mc, &hc);

@@ -1,0 +1,17 @@
+/* kvdrift: HDF5 files written whole or not at all: created as a temporary
+ * beside the destination, renamed over it only when every write succeeded
+ * (runners/fileio's atomic writes, for HDF5). */
+#ifndef KVD_H5FILE_H
+#define KVD_H5FILE_H
+
+#include <hdf5.h>
+#include <stddef.h>
+
+/* Create the temporary for path (its name into tmp, tmp_len bytes) with
+ * HDF5's own error printing off; < 0 with err set when it cannot be made. */
+hid_t kvd_h5_create(const char *path, char *tmp, size_t tmp_len, char *err);
+/* Close f; rename the temporary over path when ok and the close succeeded,
+ * else remove it. 0 when path now holds the file. */
+int kvd_h5_commit(hid_t f, const char *tmp, const char *path, int ok, char *err);
+
+#endif
