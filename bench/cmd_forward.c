@@ -14,7 +14,7 @@
 #include "../runners/fileio.h"
 #include "../runners/model.h"
 #ifdef KVD_HAVE_CUDA
-#include "../runners/model_cuda.h"
+#include "../runners/engine.h"
 #endif
 #include "commands.h"
 #include "util.h"
@@ -26,6 +26,8 @@ typedef struct {
     kvd_cal_recipe recipe;
     int per_head;
     int calib_tokens;
+    const char *backend;
+    const kvd_engine_ops *be; /* backend's, after use_backend */
 } cal_opts;
 
 static int cal_flag(cal_opts *o, kvd_args *a, const char *f) {
@@ -40,10 +42,23 @@ static int cal_flag(cal_opts *o, kvd_args *a, const char *f) {
         o->per_head = 1;
     } else if (!strcmp(f, "--calib-tokens")) {
         o->calib_tokens = (int)kvd_args_long(a, f, 1, 1 << 24);
+    } else if (!strcmp(f, "--backend")) {
+        o->backend = kvd_args_value(a, f);
     } else {
         return 0;
     }
     return 1;
+}
+
+/* the back end --backend names, with a device to run on */
+static void use_backend(cal_opts *o, const char *cmd) {
+    char err[KVD_ERR_LEN];
+    if (!(o->be = kvd_engine_find(o->backend, err))) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    if (o->be != &kvd_engine_cpu) {
+        kvd_cuda_info ci;
+        kvd_cuda_probe(&ci);
+        if (ci.devices < 1) kvd_die(1, cmd, "--backend %s: %s", o->backend, ci.name);
+    }
 }
 
 static void get_scales(const cal_opts *o, const kvd_weights *w, uint64_t seed, const char *cmd,
@@ -58,7 +73,7 @@ static void get_scales(const cal_opts *o, const kvd_weights *w, uint64_t seed, c
         return;
     }
     double t0 = kvd_now();
-    if (kvd_calibrate_trace(w, seed, o->calib_tokens, o->recipe, o->per_head, sc, am, err))
+    if (kvd_calibrate_trace(o->be, w, seed, o->calib_tokens, o->recipe, o->per_head, sc, am, err))
         kvd_die(1, cmd, "%s", err);
     if (verbose)
         printf("calibration: %s recipe, %s, %d held-out tokens (seed %llu), %.2f s\n",
@@ -150,26 +165,21 @@ static const char *const forward_help =
     "  --per-head              calibrate per KV head instead of per layer\n"
     "  --calib-tokens N        length of the held-out calibration trace (default 1024)\n"
     "  --dump DIR              write tokens, logits, K/V and cache bytes per mode to DIR\n"
-    "  --backend cpu|cuda      where the model runs (default cpu; calibration runs on the CPU)\n";
+    "  --backend cpu|cuda      where the model and calibration run (default cpu)\n";
 
 int kvd_cmd_forward(int argc, char **argv) {
     const char *cmd = "forward";
     kvd_args a = {argc, argv, 0, cmd};
     kvd_model_opts mo;
     kvd_model_opts_init(&mo);
-    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024};
+    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024, "cpu", NULL};
     const char *kv_list = "bf16,fp8-cal,fp8-unscaled,fp8-e5m2", *dump = NULL;
-    int T = 1024, saturate = 1, cuda = 0;
+    int T = 1024, saturate = 1;
     uint64_t seed = 1;
     const char *f;
     while ((f = kvd_args_next(&a))) {
         if (kvd_model_opts_flag(&mo, &a, f) || cal_flag(&co, &a, f)) continue;
-        if (!strcmp(f, "--backend")) {
-            const char *v = kvd_args_value(&a, f);
-            if (strcmp(v, "cpu") && strcmp(v, "cuda"))
-                kvd_die(KVD_EXIT_USAGE, cmd, "--backend: expected cpu or cuda, got '%s'", v);
-            cuda = !strcmp(v, "cuda");
-        } else if (!strcmp(f, "--kv")) {
+        if (!strcmp(f, "--kv")) {
             kv_list = kvd_args_value(&a, f);
         } else if (!strcmp(f, "--tokens")) {
             T = (int)kvd_args_long(&a, f, 1, 1 << 24);
@@ -191,19 +201,8 @@ int kvd_cmd_forward(int argc, char **argv) {
             kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s' (see kvdrift forward --help)", f);
         }
     }
-#ifndef KVD_HAVE_CUDA
-    if (cuda)
-        kvd_die(KVD_EXIT_USAGE, cmd,
-                "--backend cuda: the CUDA back end is not compiled in (nvcc was not found)");
-#endif
-    if (cuda && dump)
-        kvd_die(KVD_EXIT_USAGE, cmd,
-                "--dump: the K/V observation point is not available on --backend cuda yet");
-    if (cuda) {
-        kvd_cuda_info ci;
-        kvd_cuda_probe(&ci);
-        if (ci.devices < 1) kvd_die(1, cmd, "--backend cuda: %s", ci.name);
-    }
+    char err[KVD_ERR_LEN];
+    use_backend(&co, cmd);
     /* modes: bf16 always runs first, as the reference */
     int want[KVD_KV_N_MODES] = {0};
     char list[256];
@@ -223,7 +222,7 @@ int kvd_cmd_forward(int argc, char **argv) {
     double t0 = kvd_now();
     kvd_model_opts_build(&mo, cmd, &w);
     const kvd_config *c = &w.cfg;
-    char desc[512], err[KVD_ERR_LEN];
+    char desc[512];
     printf("model %s\n", kvd_describe_model(c, desc, sizeof desc));
     printf("weights: synthetic, seed %llu, BF16 (%d tensors, built in %.2f s)\n",
            (unsigned long long)mo.synth.seed, w.n_tensors, kvd_now() - t0);
@@ -281,31 +280,22 @@ int kvd_cmd_forward(int argc, char **argv) {
         int seq = kvd_kvcache_add_seq(&kv), failed;
         float *out = mode == KVD_KV_BF16 ? ref : lg;
         double ts = 0, dt = 0;
-        kvd_model *m = NULL;
-        if (!cuda) {
-            m = kvd_model_new(&w, T < 512 ? T : 512, 1, err);
-            if (!m) kvd_die(1, cmd, "%s", err);
-            kvd_hooks hk = {&cap, NULL, capture_kv, NULL, NULL, NULL};
-            if (dump) kvd_model_set_hooks(m, &hk);
-            ts = kvd_now();
-            failed = kvd_prefill(m, &kv, seq, tok, T, out, 1, err);
-            dt = kvd_now() - ts;
-        } else {
-#ifdef KVD_HAVE_CUDA
-            kvd_cuda_model *dm = kvd_cuda_model_new(&w, &kv, T < 512 ? T : 512, 1, err);
-            if (!dm) kvd_die(1, cmd, "%s", err);
-            ts = kvd_now();
-            failed = kvd_cuda_prefill(dm, &kv, seq, tok, T, out, 1, err);
-            dt = kvd_now() - ts;
-            kvd_cuda_model_free(dm);
-#else
+        kvd_engine m;
+        if (kvd_engine_open(&m, co.be, &w, &kv, T < 512 ? T : 512, 1, NULL, err))
+            kvd_die(1, cmd, "%s", err);
+        kvd_hooks hk = {&cap, NULL, capture_kv, NULL, NULL, NULL};
+        if (dump && kvd_engine_set_hooks(&m, &hk, err)) kvd_die(1, cmd, "%s", err);
+        ts = kvd_now();
+        failed = kvd_engine_prefill(&m, &kv, seq, tok, T, out, 1, err);
+        dt = kvd_now() - ts;
+        if (!failed && dump && kvd_engine_pull_cache(&m, &kv)) {
+            snprintf(err, KVD_ERR_LEN, "copying the cache's bytes back failed");
             failed = 1;
-#endif
         }
+        kvd_engine_close(&m);
         if (failed) {
             fprintf(stderr, "kvdrift forward: kv mode %s: %s\n", kvd_kv_mode_name(mode), err);
             rc = 1;
-            kvd_model_free(m);
             kvd_kvcache_free(&kv);
             continue;
         }
@@ -322,7 +312,6 @@ int kvd_cmd_forward(int argc, char **argv) {
                100.0 * kf / kn, 100.0 * vs / vn, 100.0 * vf / vn, 100.0 * vsub / vn, lc.kl_mean,
                lc.top1);
         if (dump) dump_mode(dump, mode, &kv, seq, &cap, out, V, cmd);
-        kvd_model_free(m);
         kvd_kvcache_free(&kv);
     }
     printf("\nkl_mean: mean over positions of KL(P_bf16 || P_mode) of the next-token "
@@ -348,7 +337,7 @@ int kvd_cmd_calibrate(int argc, char **argv) {
     kvd_args a = {argc, argv, 0, cmd};
     kvd_model_opts mo;
     kvd_model_opts_init(&mo);
-    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024};
+    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024, "cpu", NULL};
     const char *out = NULL, *f;
     uint64_t seed = 1;
     while ((f = kvd_args_next(&a))) {
@@ -364,6 +353,7 @@ int kvd_cmd_calibrate(int argc, char **argv) {
                    "  --calibration RECIPE  absmax | modelopt | vllm-dynamic (default absmax)\n"
                    "  --per-head            one scale per KV head instead of per layer\n"
                    "  --calib-tokens N      calibration trace length (default 1024)\n"
+                   "  --backend cpu|cuda    where the model runs (default cpu)\n"
                    "  --seed N              seed; the calibration trace uses seed + %u\n%s",
                    KVD_CALIB_SEED_OFFSET, kvd_model_opts_help);
             return 0;
@@ -373,6 +363,7 @@ int kvd_cmd_calibrate(int argc, char **argv) {
     }
     if (!out) kvd_die(KVD_EXIT_USAGE, cmd, "expected -o FILE for the scales");
     if (co.scales_path) kvd_die(KVD_EXIT_USAGE, cmd, "--scales is an input of other commands");
+    use_backend(&co, cmd);
     kvd_weights w;
     kvd_model_opts_build(&mo, cmd, &w);
     kvd_kv_scales sc, am;

@@ -16,9 +16,6 @@
 #include "../datasets/calibset.h"
 #include "../datasets/trace.h"
 #include "../kernels/backend.h"
-#ifdef KVD_HAVE_CUDA
-#include "../runners/model_cuda.h"
-#endif
 #include "../runners/calibrate.h"
 #include "../runners/drift.h"
 #include "../runners/fileio.h"
@@ -38,6 +35,7 @@ typedef struct {
     int traces;
     uint64_t seed;
     const char *out, *spec_path, *backend;
+    const kvd_engine_ops *be; /* backend's */
     kvd_cal_recipe recipe;
     int per_head, calib_tokens;
     double kv_budget;
@@ -453,52 +451,6 @@ static double pctl(double *v, int n, double q) {
     return i + 1 < n ? v[i] + (x - i) * (v[i + 1] - v[i]) : v[n - 1];
 }
 
-/* The model a throughput cell times: the CPU's, or the device's. */
-typedef struct {
-    kvd_model *cpu;
-#ifdef KVD_HAVE_CUDA
-    kvd_cuda_model *dev;
-#endif
-} engine;
-
-static int eng_new(engine *e, int cuda, const kvd_weights *w, const kvd_kvcache *kv, int rows,
-                   int seqs, char *err) {
-    memset(e, 0, sizeof *e);
-#ifdef KVD_HAVE_CUDA
-    if (cuda) return (e->dev = kvd_cuda_model_new(w, kv, rows, seqs, err)) ? 0 : -1;
-#endif
-    (void)cuda, (void)kv;
-    return (e->cpu = kvd_model_new(w, rows, seqs, err)) ? 0 : -1;
-}
-static void eng_free(engine *e) {
-    kvd_model_free(e->cpu);
-#ifdef KVD_HAVE_CUDA
-    kvd_cuda_model_free(e->dev);
-#endif
-}
-static int eng_prefill(engine *e, kvd_kvcache *kv, int seq, const int32_t *tok, int n,
-                       float *logits, char *err) {
-#ifdef KVD_HAVE_CUDA
-    if (e->dev) return kvd_cuda_prefill(e->dev, kv, seq, tok, n, logits, 0, err);
-#endif
-    return kvd_prefill(e->cpu, kv, seq, tok, n, logits, 0, err);
-}
-static int eng_forward(engine *e, kvd_kvcache *kv, const kvd_batch *b, float *logits, char *err) {
-#ifdef KVD_HAVE_CUDA
-    if (e->dev) return kvd_cuda_forward(e->dev, kv, b, logits, 1, err);
-#endif
-    return kvd_forward(e->cpu, kv, b, logits, 1, err);
-}
-/* a branch of seq: its cache and recurrent state */
-static int eng_fork(engine *e, kvd_kvcache *kv, int seq) {
-#ifdef KVD_HAVE_CUDA
-    if (e->dev) return kvd_cuda_model_fork(e->dev, kv, seq);
-#endif
-    int to = kvd_kvcache_fork(kv, seq);
-    if (to >= 0) kvd_model_copy_seq(e->cpu, seq, to);
-    return to;
-}
-
 /* Throughput at concurrency C: C requests with their own traces and lengths
  * arrive together, are prefilled one after another, then decode as one batch
  * for decode_tokens steps. The first steps are replayed one sequence at a
@@ -522,8 +474,8 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
         free(len);
         return -1;
     }
-    engine m;
-    if (eng_new(&m, !strcmp(o->backend, "cuda"), w, &kv, 256 > C ? 256 : C, 2 * C, err)) {
+    kvd_engine m;
+    if (kvd_engine_open(&m, o->be, w, &kv, 256 > C ? 256 : C, 2 * C, NULL, err)) {
         kvd_kvcache_free(&kv);
         free(len);
         return -1;
@@ -541,8 +493,8 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
         ones[i] = 1;
         const kvd_trace *t = &traces[i % n_traces];
         double t0 = kvd_now();
-        if (eng_prefill(&m, &kv, seqs[i], (const int32_t *)t->tokens, (int)len[i],
-                        logits + (size_t)i * V, err))
+        if (kvd_engine_prefill(&m, &kv, seqs[i], (const int32_t *)t->tokens, (int)len[i],
+                               logits + (size_t)i * V, 0, err))
             goto out;
         prefill_s += kvd_now() - t0;
         prefill_tokens += len[i];
@@ -562,7 +514,7 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
     float *first_logits = malloc(sizeof(float) * (size_t)C * V);
     memcpy(first, next, sizeof(int32_t) * (size_t)C);
     for (int i = 0; i < C && C > 1; i++) {
-        alone[i] = eng_fork(&m, &kv, seqs[i]);
+        alone[i] = kvd_engine_fork(&m, &kv, seqs[i]);
         if (alone[i] < 0) {
             snprintf(err, KVD_ERR_LEN, "throughput: no room to branch sequence %d", i);
             free(alone), free(first), free(first_logits);
@@ -574,7 +526,7 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
     for (int s = 0; s < steps - 1; s++) {
         kvd_batch b = {C, seqs, ones, next};
         double t0 = kvd_now();
-        if (eng_forward(&m, &kv, &b, logits, err)) goto out;
+        if (kvd_engine_forward(&m, &kv, &b, logits, 1, err)) goto out;
         itl[s] = (kvd_now() - t0) * 1e3;
         if (s == 0) memcpy(first_logits, logits, sizeof(float) * (size_t)C * V);
         for (int i = 0; i < C; i++) {
@@ -588,7 +540,7 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
     for (int i = 0; i < C && C > 1; i++) {
         int one = 1;
         kvd_batch b1 = {1, &alone[i], &one, &first[i]};
-        if (eng_forward(&m, &kv, &b1, lg1, err)) goto out;
+        if (kvd_engine_forward(&m, &kv, &b1, lg1, 1, err)) goto out;
         double num = 0, den = 0;
         for (int v = 0; v < V; v++) {
             double e = (double)lg1[v] - first_logits[(size_t)i * V + v];
@@ -628,7 +580,7 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
     row->output_tokens = steps;
     rc = 0;
 out:
-    eng_free(&m);
+    kvd_engine_close(&m);
     kvd_kvcache_free(&kv);
     free(len), free(seqs), free(ones), free(next), free(logits), free(lg1), free(ttft), free(itl);
     return rc;
@@ -707,7 +659,7 @@ static const char *const run_help =
     "  --kv-budget SIZE     memory for the KV cache, e.g. 40GiB (default 40GiB)\n"
     "  --threads N          worker threads (default: every core)\n"
     "  --cells LIST         drift, throughput or both (default drift,throughput)\n"
-    "  --backend cpu|cuda   numeric back end (default cpu; cuda: throughput cells only)\n"
+    "  --backend cpu|cuda   where the model runs: every cell and the calibration (default cpu)\n"
     "  --spec FILE          the same settings as JSON, keys named like the flags\n";
 
 int kvd_cmd_run(int argc, char **argv) {
@@ -765,17 +717,16 @@ int kvd_cmd_run(int argc, char **argv) {
             set_flag(&o, cmd, f, kvd_args_value(&a, f));
     }
     if (!o.out) kvd_die(KVD_EXIT_USAGE, cmd, "expected -o FILE (or \"output\" in the spec)");
-    if (!strcmp(o.backend, "cuda")) {
+    char err[KVD_ERR_LEN], device[128];
+    if (!(o.be = kvd_engine_find(o.backend, err))) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    if (o.be != &kvd_engine_cpu) {
         kvd_cuda_info ci;
         kvd_cuda_probe(&ci);
-        if (o.cells & 1)
-            kvd_die(KVD_EXIT_USAGE, cmd,
-                    "--backend cuda: drift cells need the attention and K/V observation points, "
-                    "which the device model does not have yet; use --cells throughput, or "
-                    "--backend cpu");
-        if (ci.devices < 1) kvd_die(1, cmd, "--backend cuda: %s", ci.name);
+        if (ci.devices < 1) kvd_die(1, cmd, "--backend %s: %s", o.backend, ci.name);
+        snprintf(device, sizeof device, "%s", ci.name);
+    } else {
+        snprintf(device, sizeof device, "cpu (%d threads)", kvd_threads());
     }
-    char err[KVD_ERR_LEN];
     kvd_weights w;
     kvd_model_opts_build(&o.mo, cmd, &w);
     const kvd_config *c = &w.cfg;
@@ -797,7 +748,7 @@ int kvd_cmd_run(int argc, char **argv) {
     }
     res.model_json = kvd_config_to_json(c);
     snprintf(res.backend, sizeof res.backend, "%s", o.backend);
-    snprintf(res.device, sizeof res.device, "cpu (%d threads)", kvd_threads());
+    snprintf(res.device, sizeof res.device, "%s", device);
     res.seed = o.seed;
     res.weight_seed = o.mo.synth.seed;
     char cmdline[2048] = "kvdrift run";
@@ -837,8 +788,8 @@ int kvd_cmd_run(int argc, char **argv) {
             kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
     }
     if (need_cal) {
-        if (!o.scales_path &&
-            kvd_calibrate_trace(&w, o.seed, o.calib_tokens, o.recipe, o.per_head, &sc, &am, err))
+        if (!o.scales_path && kvd_calibrate_trace(o.be, &w, o.seed, o.calib_tokens, o.recipe,
+                                                  o.per_head, &sc, &am, err))
             kvd_die(1, cmd, "%s", err);
         free(res.k_scale), free(res.v_scale);
         res.cal_layers = sc.n_layers, res.cal_heads = sc.kv_heads;
@@ -889,7 +840,7 @@ int kvd_cmd_run(int argc, char **argv) {
                 }
                 kvd_drift d;
                 if (kvd_drift_init(&d, c, ctx)) kvd_die(1, cmd, "out of memory");
-                if (kvd_drift_run(&w, tr[t].tokens, is_copy, start, ctx, mode, msc, &dop, &d,
+                if (kvd_drift_run(o.be, &w, tr[t].tokens, is_copy, start, ctx, mode, msc, &dop, &d,
                                   err)) {
                     fprintf(stderr, "\nkvdrift run: cell %s: %s\n", cell, err);
                     failed = 1;

@@ -42,8 +42,9 @@ float kvd_cal_scale(kvd_cal_recipe r, int is_v, float absmax) {
     }
 }
 
-int kvd_calibrate(const kvd_weights *w, const int32_t *tok, int n, kvd_cal_recipe recipe,
-                  int per_head, kvd_kv_scales *scales, kvd_kv_scales *absmax, char *err) {
+int kvd_calibrate(const kvd_engine_ops *be, const kvd_weights *w, const int32_t *tok, int n,
+                  kvd_cal_recipe recipe, int per_head, kvd_kv_scales *scales, kvd_kv_scales *absmax,
+                  char *err) {
     const kvd_config *c = &w->cfg;
     int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads;
     if (n <= 0) {
@@ -53,11 +54,11 @@ int kvd_calibrate(const kvd_weights *w, const int32_t *tok, int n, kvd_cal_recip
     kvd_kvcache kv;
     if (kvd_kvcache_init(&kv, KVD_KV_BF16, nf, kvh, c->head_dim, KVD_KV_BLOCK, n, NULL, 1, err))
         return -1;
-    kvd_model *m = kvd_model_new(w, n < 256 ? n : 256, 1, err);
+    kvd_engine m;
     int rc = -1;
-    if (!m) goto out;
+    if (kvd_engine_open(&m, be, w, &kv, n < 256 ? n : 256, 1, NULL, err)) goto out;
     int seq = kvd_kvcache_add_seq(&kv);
-    if (kvd_prefill(m, &kv, seq, tok, n, NULL, 0, err)) goto out;
+    if (kvd_engine_prefill(&m, &kv, seq, tok, n, NULL, 0, err)) goto out;
     if (kvd_kv_scales_init(scales, nf, kvh) || kvd_kv_scales_init(absmax, nf, kvh)) {
         snprintf(err, KVD_ERR_LEN, "calibration: out of memory");
         goto out;
@@ -80,7 +81,7 @@ int kvd_calibrate(const kvd_weights *w, const int32_t *tok, int n, kvd_cal_recip
     }
     rc = 0;
 out:
-    kvd_model_free(m);
+    kvd_engine_close(&m);
     kvd_kvcache_free(&kv);
     return rc;
 }

@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "engine.h"
 #include "kvcache.h"
 #include "weights.h"
 
@@ -24,10 +25,12 @@ int kvd_cal_recipe_parse(const char *s, kvd_cal_recipe *r);
 /* Turn measured absmax values into scales with a recipe. */
 float kvd_cal_scale(kvd_cal_recipe r, int is_v, float absmax);
 
-/* Run the BF16 model over a held-out calibration trace and fill scales
- * (per KV head when per_head, else one per layer) and the absmax measured. */
-int kvd_calibrate(const kvd_weights *w, const int32_t *tok, int n, kvd_cal_recipe recipe,
-                  int per_head, kvd_kv_scales *scales, kvd_kv_scales *absmax, char *err);
+/* Run the BF16 model (on back end be) over a held-out calibration trace
+ * and fill scales (per KV head when per_head, else one per layer) and the
+ * absmax measured. */
+int kvd_calibrate(const kvd_engine_ops *be, const kvd_weights *w, const int32_t *tok, int n,
+                  kvd_cal_recipe recipe, int per_head, kvd_kv_scales *scales, kvd_kv_scales *absmax,
+                  char *err);
 
 /* Scales file (JSON): written atomically, read back with full checks. */
 int kvd_scales_save(const char *path, const kvd_kv_scales *s, const kvd_kv_scales *absmax,

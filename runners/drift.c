@@ -298,17 +298,16 @@ static void compare_chunk(lockstep *L, const float *lr, const float *lc, const u
 
 /* Greedy continuation of both models from the same prefix: each branches its
  * own sequence (cache and recurrent state) and feeds back its own tokens. */
-static int generate(kvd_model *mr, kvd_kvcache *kr, kvd_model *mc, kvd_kvcache *kc, int64_t prefix,
-                    int ntok, const float *last_r, const float *last_c, int V, kvd_gen_result *g,
-                    char *err) {
-    int sr = kvd_kvcache_fork(kr, 0), sc = kvd_kvcache_fork(kc, 0);
+static int generate(kvd_engine *mr, kvd_kvcache *kr, kvd_engine *mc, kvd_kvcache *kc,
+                    int64_t prefix, int ntok, const float *last_r, const float *last_c, int V,
+                    kvd_gen_result *g, char *err) {
+    int sr = kvd_engine_fork(mr, kr, 0), sc = sr < 0 ? -1 : kvd_engine_fork(mc, kc, 0);
     if (sr < 0 || sc < 0) {
+        if (sr >= 0) kvd_kvcache_release(kr, sr);
         snprintf(err, KVD_ERR_LEN, "generation: KV cache has no room to branch at %lld tokens",
                  (long long)prefix);
         return -1;
     }
-    kvd_model_copy_seq(mr, 0, sr);
-    kvd_model_copy_seq(mc, 0, sc);
     float *lr = malloc(sizeof(float) * (size_t)V), *lc = malloc(sizeof(float) * (size_t)V);
     int32_t tr = kvd_argmax(last_r, V), tc = kvd_argmax(last_c, V);
     g->prefix = prefix;
@@ -324,7 +323,8 @@ static int generate(kvd_model *mr, kvd_kvcache *kr, kvd_model *mc, kvd_kvcache *
         }
         if (i + 1 == ntok) break;
         kvd_batch br = {1, &sr, &one, &tr}, bc = {1, &sc, &one, &tc};
-        if (kvd_forward(mr, kr, &br, lr, 1, err) || kvd_forward(mc, kc, &bc, lc, 1, err)) {
+        if (kvd_engine_forward(mr, kr, &br, lr, 1, err) ||
+            kvd_engine_forward(mc, kc, &bc, lc, 1, err)) {
             rc = -1;
             break;
         }
@@ -338,8 +338,8 @@ static int generate(kvd_model *mr, kvd_kvcache *kr, kvd_model *mc, kvd_kvcache *
     return rc;
 }
 
-int kvd_drift_run(const kvd_weights *w, const uint32_t *tok, const uint8_t *is_copy,
-                  const uint8_t *copy_start, int64_t n, kvd_kv_mode mode,
+int kvd_drift_run(const kvd_engine_ops *be, const kvd_weights *w, const uint32_t *tok,
+                  const uint8_t *is_copy, const uint8_t *copy_start, int64_t n, kvd_kv_mode mode,
                   const kvd_kv_scales *scales, const kvd_drift_opts *o, kvd_drift *d, char *err) {
     const kvd_config *c = &w->cfg;
     const int R = 256, H = c->hidden_size, V = c->vocab_size;
@@ -348,7 +348,7 @@ int kvd_drift_run(const kvd_weights *w, const uint32_t *tok, const uint8_t *is_c
     kvd_kvcache kr, kc, ks;
     int rc = -1;
     memset(&kr, 0, sizeof kr), memset(&kc, 0, sizeof kc), memset(&ks, 0, sizeof ks);
-    kvd_model *mr = NULL, *mc = NULL;
+    kvd_engine mr = {0}, mc = {0};
     lockstep L;
     memset(&L, 0, sizeof L);
     float *lr = malloc(sizeof(float) * (size_t)R * V), *lc = malloc(sizeof(float) * (size_t)R * V);
@@ -358,7 +358,9 @@ int kvd_drift_run(const kvd_weights *w, const uint32_t *tok, const uint8_t *is_c
         kvd_kvcache_init(&ks, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, n + KVD_KV_BLOCK, scales,
                          o->saturate, err))
         goto out;
-    if (!(mr = kvd_model_new(w, R, 4, err)) || !(mc = kvd_model_new(w, R, 4, err))) goto out;
+    if (kvd_engine_open(&mr, be, w, &kr, R, 4, NULL, err) ||
+        kvd_engine_open(&mc, be, w, &kc, R, 4, &mr, err))
+        goto out;
     L.c = c;
     L.cap = R;
     L.d = d;
@@ -380,9 +382,9 @@ int kvd_drift_run(const kvd_weights *w, const uint32_t *tok, const uint8_t *is_c
                     .attn = on_attn,
                     .want_attn = want_attn,
                     .router = on_router};
-    kvd_model_set_hooks(mr, &hk);
-    kvd_model_set_hooks(mc, &hk);
-    kvd_model_set_shadow(mr, &ks);
+    if (kvd_engine_set_hooks(&mr, &hk, err) || kvd_engine_set_hooks(&mc, &hk, err) ||
+        kvd_engine_set_shadow(&mr, &ks, err))
+        goto out;
     int sr = kvd_kvcache_add_seq(&kr), sc = kvd_kvcache_add_seq(&kc), ss = kvd_kvcache_add_seq(&ks);
     (void)ss;
     int gi = 0;
@@ -397,9 +399,9 @@ int kvd_drift_run(const kvd_weights *w, const uint32_t *tok, const uint8_t *is_c
         int32_t *chunk = (int32_t *)(tok + p0);
         kvd_batch br = {1, &sr, &rows, chunk}, bc = {1, &sc, &rows, chunk};
         L.side = 0;
-        if (kvd_forward(mr, &kr, &br, lr, 0, err)) goto out;
+        if (kvd_engine_forward(&mr, &kr, &br, lr, 0, err)) goto out;
         L.side = 1;
-        if (kvd_forward(mc, &kc, &bc, lc, 0, err)) goto out;
+        if (kvd_engine_forward(&mc, &kc, &bc, lc, 0, err)) goto out;
         compare_chunk(&L, lr, lc, tok, n);
         for (int al = 0; al < nf; al++)
             for (int r = 0; r < rows; r++) {
@@ -416,16 +418,16 @@ int kvd_drift_run(const kvd_weights *w, const uint32_t *tok, const uint8_t *is_c
             }
         p0 = end;
         if (gi < o->n_gen && o->gen_prefix[gi] == end && o->gen_tokens > 0) {
-            kvd_model_set_hooks(mr, NULL);
-            kvd_model_set_hooks(mc, NULL);
-            kvd_model_set_shadow(mr, NULL);
-            if (generate(mr, &kr, mc, &kc, end, o->gen_tokens, lr + (size_t)(rows - 1) * V,
+            if (kvd_engine_set_hooks(&mr, NULL, err) || kvd_engine_set_hooks(&mc, NULL, err) ||
+                kvd_engine_set_shadow(&mr, NULL, err))
+                goto out;
+            if (generate(&mr, &kr, &mc, &kc, end, o->gen_tokens, lr + (size_t)(rows - 1) * V,
                          lc + (size_t)(rows - 1) * V, V, &d->gen[d->n_gen], err))
                 goto out;
             d->n_gen++;
-            kvd_model_set_hooks(mr, &hk);
-            kvd_model_set_hooks(mc, &hk);
-            kvd_model_set_shadow(mr, &ks);
+            if (kvd_engine_set_hooks(&mr, &hk, err) || kvd_engine_set_hooks(&mc, &hk, err) ||
+                kvd_engine_set_shadow(&mr, &ks, err))
+                goto out;
             gi++;
         }
     }
@@ -444,7 +446,7 @@ out:
     free(L.slots);
     free(L.hid[0]), free(L.hid[1]), free(L.router[0]), free(L.router[1]);
     free(lr), free(lc);
-    kvd_model_free(mr), kvd_model_free(mc);
+    kvd_engine_close(&mc), kvd_engine_close(&mr);
     kvd_kvcache_free(&kr), kvd_kvcache_free(&kc), kvd_kvcache_free(&ks);
     return rc;
 }

@@ -16,6 +16,13 @@
 #include <unistd.h>
 
 #include "../kernels/cuda/cuda_kernels.h"
+#include "engine.h"
+
+/* device allocations, freed together */
+typedef struct {
+    void **p;
+    int n, cap;
+} dev_allocs;
 
 typedef struct {
     void *q_proj, *k_proj, *v_proj, *o_proj;
@@ -28,38 +35,62 @@ typedef struct {
     void *dense_gate, *dense_up, *dense_down;
 } dev_layer;
 
-struct kvd_cuda_model {
-    kvd_config c;
-    int max_rows, max_seqs, max_bps; /* max_bps: block-table entries per sequence */
-    int attn_index[KVD_MAX_LAYERS], lin_index[KVD_MAX_LAYERS], n_full, n_lin;
-    kvd_hooks hooks;
-    /* weights */
+/* The weights on the device, shared by the models made from one
+ * (kvd_cuda_model_new_shared) and freed with the last of them. */
+typedef struct {
     dev_layer L[KVD_MAX_LAYERS];
     void *embed, *lm_head;
     float *final_norm, *inv_freq;
+    dev_allocs mem;
+    int refs;
+} dev_weights;
+
+/* A KV cache on the device: K and V pools per full-attention layer in the
+ * host cache's layout, its scales, the step's counters (n, saturated,
+ * flushed, subnormal for K then V per layer) and absmax bits, the block
+ * tables of max_seqs sequences and the step's physical row slots. The
+ * model's own cache, and the shadow (set_shadow: the drift figures'
+ * isolated view). */
+typedef struct {
+    kvd_fmt fmt;
+    int saturate, block_size, n_blocks;
+    size_t pool_bytes;
+    void **kpool, **vpool;
+    float *kscale, *vscale;
+    unsigned long long *stats;
+    unsigned int *absmax;
+    int32_t *btab, *slot; /* btab: n_blocks entries per sequence */
+    int32_t *h_slot;
+} dev_kv;
+
+struct kvd_cuda_model {
+    kvd_config c;
+    int max_rows, max_seqs;
+    int attn_index[KVD_MAX_LAYERS], lin_index[KVD_MAX_LAYERS], n_full, n_lin;
+    kvd_hooks hooks;
+    dev_weights *wt;
     /* activations */
     float *x, *xn, *mix, *qg, *qh, *kb, *vb, *att;
     float *qkvz, *ba, *conv, *z, *beta, *gdec, *gdn_o;
     float *rlogit, *topw, *gx, *g1, *g2, *gy, *sh1, *sh2, *shg, *logits;
     int *topi, *slots_moe;
-    int32_t *tok, *slot, *btab;
+    int32_t *tok;
     int *pos, *seqs, *row0, *ntok;
     float *attn_scratch;
-    /* cache bytes, scales, counters (n, saturated, flushed, subnormal for K
-     * then V per layer) and absmax bits, per full-attention layer */
-    kvd_fmt fmt;
-    int saturate, block_size, kv_heads, head_dim;
-    size_t pool_bytes;
-    void **kpool, **vpool;
-    float *kscale, *vscale;
-    unsigned long long *stats, *nonfinite;
-    unsigned int *absmax;
+    unsigned long long *nonfinite;
+    /* the cache, and the shadow cache with its host bookkeeping (NULL: none) */
+    int kv_heads, head_dim;
+    dev_kv kc, sc;
+    kvd_kvcache *shadow;
+    /* the attention hook's rows: distributions and outputs on the device
+     * (reference, shadow) and their host copies, for up to probs_ctx positions */
+    float *d_probs, *d_sprobs, *d_sout, *h_probs, *h_sprobs, *h_out, *h_sout, *h_k, *h_v;
+    size_t probs_ctx;
     /* recurrent state per sequence slot and DeltaNet layer */
     float *conv_state, *ssm;
     size_t conv_len, ssm_len; /* per sequence slot, all DeltaNet layers */
     /* host staging */
     int *h_pos, *h_row_seq, *h_topi, *h_slots, *h_seqs, *h_row0, *h_ntok;
-    int32_t *h_slot;
     float *h_x;
     /* synthetic weights made one tensor at a time, just before their upload
      * (kvd_cuda_model_new_synth), and a BF16 staging buffer */
@@ -67,38 +98,51 @@ struct kvd_cuda_model {
     const kvd_synth *lazy_s;
     uint16_t *stage16;
     size_t stage16_n;
-    /* every device allocation, for free */
-    void **allocs;
-    int n_allocs, cap_allocs;
+    /* the model's own device allocations */
+    dev_allocs mem;
 };
 
-static void *dalloc(kvd_cuda_model *m, size_t n) {
-    if (m->n_allocs == m->cap_allocs) {
-        int cap = m->cap_allocs ? 2 * m->cap_allocs : 256;
-        void **a = realloc(m->allocs, sizeof(void *) * (size_t)cap);
-        if (!a) return NULL;
-        m->allocs = a;
-        m->cap_allocs = cap;
+static void *dalloc(dev_allocs *a, size_t n) {
+    if (a->n == a->cap) {
+        int cap = a->cap ? 2 * a->cap : 256;
+        void **p = realloc(a->p, sizeof(void *) * (size_t)cap);
+        if (!p) return NULL;
+        a->p = p;
+        a->cap = cap;
     }
     void *p = kvd_cuda_alloc(n);
-    if (p) m->allocs[m->n_allocs++] = p;
+    if (p) a->p[a->n++] = p;
     return p;
+}
+static void dev_allocs_free(dev_allocs *a) {
+    for (int i = 0; i < a->n; i++) kvd_cuda_free(a->p[i]);
+    free(a->p);
+    memset(a, 0, sizeof *a);
+}
+
+static void dev_weights_release(dev_weights *wt) {
+    if (!wt || --wt->refs > 0) return;
+    dev_allocs_free(&wt->mem);
+    for (int l = 0; l < KVD_MAX_LAYERS; l++) {
+        free(wt->L[l].exp_gate);
+        free(wt->L[l].exp_up);
+        free(wt->L[l].exp_down);
+    }
+    free(wt);
 }
 
 void kvd_cuda_model_free(kvd_cuda_model *m) {
     if (!m) return;
-    for (int i = 0; i < m->n_allocs; i++) kvd_cuda_free(m->allocs[i]);
-    free(m->allocs);
-    for (int l = 0; l < KVD_MAX_LAYERS; l++) {
-        free(m->L[l].exp_gate);
-        free(m->L[l].exp_up);
-        free(m->L[l].exp_down);
-    }
-    free(m->kpool);
-    free(m->vpool);
+    dev_allocs_free(&m->mem);
+    dev_weights_release(m->wt);
+    kvd_cuda_free(m->d_probs), kvd_cuda_free(m->d_sprobs);
+    free(m->kc.kpool), free(m->kc.vpool), free(m->kc.h_slot);
+    free(m->sc.kpool), free(m->sc.vpool), free(m->sc.h_slot);
+    free(m->h_probs), free(m->h_sprobs), free(m->h_out), free(m->h_sout), free(m->h_k),
+        free(m->h_v);
     free(m->stage16);
     free(m->h_pos), free(m->h_row_seq), free(m->h_topi), free(m->h_slots);
-    free(m->h_seqs), free(m->h_row0), free(m->h_ntok), free(m->h_slot), free(m->h_x);
+    free(m->h_seqs), free(m->h_row0), free(m->h_ntok), free(m->h_x);
     free(m);
 }
 
@@ -124,10 +168,11 @@ static void lazy_release(kvd_tensor *t) {
 
 /* a matrix [rows][cols] as BF16 (converted on all cores), a vector as FP32;
  * NULL source: NULL */
-static void *up_mat(kvd_cuda_model *m, const float *src, size_t rows, size_t cols, int *bad) {
+static void *up_mat(kvd_cuda_model *m, dev_allocs *to, const float *src, size_t rows, size_t cols,
+                    int *bad) {
     if (!src || *bad) return NULL;
     size_t n = rows * cols;
-    void *d = dalloc(m, n * 2);
+    void *d = dalloc(to, n * 2);
     if (n > m->stage16_n) {
         free(m->stage16);
         m->stage16 = malloc(n * 2);
@@ -149,18 +194,189 @@ static void *up_mat(kvd_cuda_model *m, const float *src, size_t rows, size_t col
     lazy_release(made);
     return d;
 }
-static float *up_vec(kvd_cuda_model *m, const float *src, size_t n, int *bad) {
+static float *up_vec(kvd_cuda_model *m, dev_allocs *to, const float *src, size_t n, int *bad) {
     if (!src || *bad) return NULL;
-    float *d = dalloc(m, n * sizeof(float));
+    float *d = dalloc(to, n * sizeof(float));
     kvd_tensor *made = lazy_make(m, src);
     if (!d || kvd_cuda_upload(d, src, n * sizeof(float))) *bad = 1;
     lazy_release(made);
     return d;
 }
 
-static kvd_cuda_model *model_new(const kvd_weights *w, const kvd_synth *lazy_s,
-                                 const kvd_kvcache *kv, int max_rows, int max_seqs, char *err) {
+/* ---- a cache on the device ---- */
+
+static int dev_kv_init(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv) {
+    const size_t kvh = (size_t)kv->kv_heads, nf = (size_t)m->n_full;
+    int bad = 0;
+    d->fmt = kv->fmt;
+    d->saturate = kv->saturate;
+    d->block_size = kv->block_size;
+    d->n_blocks = kv->n_blocks;
+    d->pool_bytes = (size_t)kv->n_blocks * kvh * (size_t)kv->block_size * (size_t)kv->head_dim *
+                    kvd_fmt_bytes(kv->fmt);
+    d->kpool = calloc(nf + 1, sizeof(void *));
+    d->vpool = calloc(nf + 1, sizeof(void *));
+    d->h_slot = malloc(sizeof(int32_t) * (size_t)m->max_rows);
+    if (!d->kpool || !d->vpool || !d->h_slot) return -1;
+    for (size_t a = 0; a < nf; a++)
+        if (!(d->kpool[a] = dalloc(&m->mem, d->pool_bytes)) ||
+            !(d->vpool[a] = dalloc(&m->mem, d->pool_bytes)))
+            return -1;
+    d->btab = dalloc(&m->mem, sizeof(int32_t) * (size_t)m->max_seqs * (size_t)kv->n_blocks + 16);
+    d->slot = dalloc(&m->mem, sizeof(int32_t) * (size_t)m->max_rows + 16);
+    d->kscale = up_vec(m, &m->mem, kv->k_scale, nf * kvh, &bad);
+    d->vscale = up_vec(m, &m->mem, kv->v_scale, nf * kvh, &bad);
+    d->stats = dalloc(&m->mem, sizeof(unsigned long long) * (nf * 8 + 8));
+    d->absmax = dalloc(&m->mem, sizeof(unsigned int) * (nf * 2 * kvh + 2));
+    return bad || !d->btab || !d->slot || !d->stats || !d->absmax ? -1 : 0;
+}
+
+static kvd_kv_view dev_kv_view(const kvd_cuda_model *m, const dev_kv *d, int al) {
+    size_t o = (size_t)al * m->kv_heads;
+    kvd_kv_view v = {d->fmt,        d->block_size, m->kv_heads,
+                     m->head_dim,   d->kpool[al],  d->vpool[al],
+                     d->kscale + o, d->vscale + o, 0};
+    return v;
+}
+
+/* quantize this step's K and V rows (m->kb, m->vb) into layer al */
+static void dev_kv_write(kvd_cuda_model *m, dev_kv *d, int al, int rows) {
+    const int kvh = m->kv_heads, hd = m->head_dim;
+    kvd_cudaop_kv_write(d->fmt, d->saturate, d->block_size, kvh, hd, d->kpool[al], rows, d->slot,
+                        m->kb, d->kscale + (size_t)al * kvh, d->stats + (size_t)al * 8,
+                        d->absmax + (size_t)al * 2 * kvh);
+    kvd_cudaop_kv_write(d->fmt, d->saturate, d->block_size, kvh, hd, d->vpool[al], rows, d->slot,
+                        m->vb, d->vscale + (size_t)al * kvh, d->stats + (size_t)al * 8 + 4,
+                        d->absmax + (size_t)al * 2 * kvh + kvh);
+}
+
+/* before a step: the batch's block tables and row slots (rows at m->h_pos of
+ * m->h_row_seq), counters from zero, absmax from the host's running values */
+static int dev_kv_stage(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv, const kvd_batch *b,
+                        int rows) {
+    const int bs = kv->block_size, kvh = m->kv_heads;
+    int rc = 0;
+    for (int s = 0; s < b->n; s++) {
+        const kvd_kv_seq *q = &kv->seqs[b->seq[s]];
+        rc |= kvd_cuda_upload(d->btab + (size_t)b->seq[s] * d->n_blocks, q->blocks,
+                              sizeof(int32_t) * (size_t)q->n_blocks);
+    }
+    for (int r = 0; r < rows; r++) {
+        const kvd_kv_seq *q = &kv->seqs[m->h_row_seq[r]];
+        int p = m->h_pos[r];
+        d->h_slot[r] = q->blocks[p / bs] * bs + p % bs;
+    }
+    rc |= kvd_cuda_upload(d->slot, d->h_slot, sizeof(int32_t) * (size_t)rows);
+    rc |= kvd_cuda_zero(d->stats, sizeof(unsigned long long) * (size_t)m->n_full * 8);
+    size_t na = (size_t)m->n_full * 2 * kvh;
+    unsigned int am[na + 1];
+    for (int a = 0; a < m->n_full; a++)
+        for (int h = 0; h < kvh; h++) {
+            memcpy(&am[((size_t)a * 2) * kvh + h], &kv->k_absmax[(size_t)a * kvh + h], 4);
+            memcpy(&am[((size_t)a * 2 + 1) * kvh + h], &kv->v_absmax[(size_t)a * kvh + h], 4);
+        }
+    rc |= kvd_cuda_upload(d->absmax, am, sizeof(unsigned int) * na);
+    return rc;
+}
+
+/* after a step (synchronised): counters and absmax into the host cache */
+static int dev_kv_settle(kvd_cuda_model *m, dev_kv *d, kvd_kvcache *kv) {
+    const int kvh = m->kv_heads;
+    size_t na = (size_t)m->n_full * 2 * kvh;
+    unsigned long long st[(size_t)m->n_full * 8 + 1];
+    unsigned int am[na + 1];
+    if (kvd_cuda_download(st, d->stats, sizeof st[0] * (size_t)m->n_full * 8) ||
+        kvd_cuda_download(am, d->absmax, sizeof am[0] * na))
+        return -1;
+    for (int a = 0; a < m->n_full; a++) {
+        kvd_qstats *ks = &kv->k_stats[a], *vs = &kv->v_stats[a];
+        const unsigned long long *k = st + (size_t)a * 8, *v = k + 4;
+        ks->n += k[0], ks->saturated += k[1], ks->flushed += k[2], ks->subnormal += k[3];
+        vs->n += v[0], vs->saturated += v[1], vs->flushed += v[2], vs->subnormal += v[3];
+        for (int h = 0; h < kvh; h++) {
+            memcpy(&kv->k_absmax[(size_t)a * kvh + h], &am[((size_t)a * 2) * kvh + h], 4);
+            memcpy(&kv->v_absmax[(size_t)a * kvh + h], &am[((size_t)a * 2 + 1) * kvh + h], 4);
+        }
+    }
+    return 0;
+}
+
+/* the weights as BF16 matrices and FP32 vectors */
+static int upload_weights(kvd_cuda_model *m, const kvd_weights *w) {
     const kvd_config *c = &w->cfg;
+    dev_weights *wt = m->wt;
+    const size_t H = (size_t)c->hidden_size, hd = (size_t)c->head_dim, V = (size_t)c->vocab_size;
+    const size_t nh = (size_t)c->num_attention_heads, kvh = (size_t)c->num_key_value_heads;
+    const size_t kd = (size_t)kvd_key_dim(c), vd = (size_t)kvd_value_dim(c);
+    const size_t cd = (size_t)kvd_conv_dim(c), nv = (size_t)c->linear_num_value_heads;
+    const size_t dv = (size_t)c->linear_value_head_dim;
+    const size_t Kc = (size_t)c->linear_conv_kernel_dim, pw = 2 * kd + 2 * vd;
+    const size_t E = (size_t)c->num_experts;
+    const size_t I = E ? (size_t)c->moe_intermediate_size : (size_t)c->intermediate_size;
+    const size_t Is =
+        (size_t)(c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size : 0);
+    int bad = 0;
+    wt->embed = up_mat(m, &wt->mem, w->embed, V, H, &bad);
+    wt->lm_head = w->lm_head == w->embed ? wt->embed : up_mat(m, &wt->mem, w->lm_head, V, H, &bad);
+    wt->final_norm = up_vec(m, &wt->mem, w->final_norm, H, &bad);
+    for (int l = 0; l < c->num_hidden_layers && !bad; l++) {
+        const kvd_layer_weights *lw = &w->layers[l];
+        dev_layer *d = &wt->L[l];
+        d->input_norm = up_vec(m, &wt->mem, lw->input_norm, H, &bad);
+        d->post_norm = up_vec(m, &wt->mem, lw->post_norm, H, &bad);
+        if (c->layer_types[l] == KVD_LAYER_FULL) {
+            d->q_proj = up_mat(m, &wt->mem, lw->q_proj, 2 * nh * hd, H, &bad);
+            d->k_proj = up_mat(m, &wt->mem, lw->k_proj, kvh * hd, H, &bad);
+            d->v_proj = up_mat(m, &wt->mem, lw->v_proj, kvh * hd, H, &bad);
+            d->o_proj = up_mat(m, &wt->mem, lw->o_proj, H, nh * hd, &bad);
+            d->q_norm = up_vec(m, &wt->mem, lw->q_norm, hd, &bad);
+            d->k_norm = up_vec(m, &wt->mem, lw->k_norm, hd, &bad);
+        } else {
+            d->in_proj_qkvz = up_mat(m, &wt->mem, lw->in_proj_qkvz, pw, H, &bad);
+            d->in_proj_ba = up_mat(m, &wt->mem, lw->in_proj_ba, 2 * nv, H, &bad);
+            d->out_proj = up_mat(m, &wt->mem, lw->out_proj, H, vd, &bad);
+            d->conv1d = up_vec(m, &wt->mem, lw->conv1d, cd * Kc, &bad);
+            d->A_log = up_vec(m, &wt->mem, lw->A_log, nv, &bad);
+            d->dt_bias = up_vec(m, &wt->mem, lw->dt_bias, nv, &bad);
+            d->gdn_norm = up_vec(m, &wt->mem, lw->gdn_norm, dv, &bad);
+        }
+        if (E) {
+            d->router = up_mat(m, &wt->mem, lw->router, E, H, &bad);
+            d->exp_gate = calloc(E, sizeof(void *));
+            d->exp_up = calloc(E, sizeof(void *));
+            d->exp_down = calloc(E, sizeof(void *));
+            if (!d->exp_gate || !d->exp_up || !d->exp_down) bad = 1;
+            for (size_t e = 0; e < E && !bad; e++) {
+                d->exp_gate[e] = up_mat(m, &wt->mem, lw->exp_gate[e], I, H, &bad);
+                d->exp_up[e] = up_mat(m, &wt->mem, lw->exp_up[e], I, H, &bad);
+                d->exp_down[e] = up_mat(m, &wt->mem, lw->exp_down[e], H, I, &bad);
+            }
+            if (Is) {
+                d->sh_gate = up_mat(m, &wt->mem, lw->sh_gate, Is, H, &bad);
+                d->sh_up = up_mat(m, &wt->mem, lw->sh_up, Is, H, &bad);
+                d->sh_down = up_mat(m, &wt->mem, lw->sh_down, H, Is, &bad);
+                d->sh_expert_gate = up_mat(m, &wt->mem, lw->sh_expert_gate, 1, H, &bad);
+            }
+        } else {
+            d->dense_gate = up_mat(m, &wt->mem, lw->dense_gate, I, H, &bad);
+            d->dense_up = up_mat(m, &wt->mem, lw->dense_up, I, H, &bad);
+            d->dense_down = up_mat(m, &wt->mem, lw->dense_down, H, I, &bad);
+        }
+    }
+    int rot = kvd_rot_dim(c);
+    float *inv = malloc(sizeof(float) * (size_t)(rot / 2 + 1));
+    if (!inv) return -1;
+    for (int i = 0; i < rot / 2; i++)
+        inv[i] = (float)(1.0 / pow(c->rope_theta, (double)(2 * i) / rot));
+    wt->inv_freq = up_vec(m, &wt->mem, inv, (size_t)(rot / 2 + 1), &bad);
+    free(inv);
+    return bad ? -1 : 0;
+}
+
+static kvd_cuda_model *model_new(const kvd_weights *w, const kvd_synth *lazy_s,
+                                 const kvd_cuda_model *peer, const kvd_kvcache *kv, int max_rows,
+                                 int max_seqs, char *err) {
+    const kvd_config *c = peer ? &peer->c : &w->cfg;
     char why[256];
     if (!kvd_cuda_available(why, sizeof why)) {
         snprintf(err, KVD_ERR_LEN, "--backend cuda: %s", why);
@@ -195,69 +411,21 @@ static kvd_cuda_model *model_new(const kvd_weights *w, const kvd_synth *lazy_s,
     const size_t Is =
         (size_t)(c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size : 0);
     const size_t R = (size_t)max_rows;
-    int bad = 0;
 
-    /* weights */
-    m->embed = up_mat(m, w->embed, V, H, &bad);
-    m->lm_head = w->lm_head == w->embed ? m->embed : up_mat(m, w->lm_head, V, H, &bad);
-    m->final_norm = up_vec(m, w->final_norm, H, &bad);
-    for (int l = 0; l < c->num_hidden_layers && !bad; l++) {
-        const kvd_layer_weights *lw = &w->layers[l];
-        dev_layer *d = &m->L[l];
-        d->input_norm = up_vec(m, lw->input_norm, H, &bad);
-        d->post_norm = up_vec(m, lw->post_norm, H, &bad);
-        if (c->layer_types[l] == KVD_LAYER_FULL) {
-            d->q_proj = up_mat(m, lw->q_proj, 2 * nh * hd, H, &bad);
-            d->k_proj = up_mat(m, lw->k_proj, kvh * hd, H, &bad);
-            d->v_proj = up_mat(m, lw->v_proj, kvh * hd, H, &bad);
-            d->o_proj = up_mat(m, lw->o_proj, H, nh * hd, &bad);
-            d->q_norm = up_vec(m, lw->q_norm, hd, &bad);
-            d->k_norm = up_vec(m, lw->k_norm, hd, &bad);
-        } else {
-            d->in_proj_qkvz = up_mat(m, lw->in_proj_qkvz, pw, H, &bad);
-            d->in_proj_ba = up_mat(m, lw->in_proj_ba, 2 * nv, H, &bad);
-            d->out_proj = up_mat(m, lw->out_proj, H, vd, &bad);
-            d->conv1d = up_vec(m, lw->conv1d, cd * Kc, &bad);
-            d->A_log = up_vec(m, lw->A_log, nv, &bad);
-            d->dt_bias = up_vec(m, lw->dt_bias, nv, &bad);
-            d->gdn_norm = up_vec(m, lw->gdn_norm, dv, &bad);
-        }
-        if (E) {
-            d->router = up_mat(m, lw->router, E, H, &bad);
-            d->exp_gate = calloc(E, sizeof(void *));
-            d->exp_up = calloc(E, sizeof(void *));
-            d->exp_down = calloc(E, sizeof(void *));
-            if (!d->exp_gate || !d->exp_up || !d->exp_down) bad = 1;
-            for (size_t e = 0; e < E && !bad; e++) {
-                d->exp_gate[e] = up_mat(m, lw->exp_gate[e], I, H, &bad);
-                d->exp_up[e] = up_mat(m, lw->exp_up[e], I, H, &bad);
-                d->exp_down[e] = up_mat(m, lw->exp_down[e], H, I, &bad);
-            }
-            if (Is) {
-                d->sh_gate = up_mat(m, lw->sh_gate, Is, H, &bad);
-                d->sh_up = up_mat(m, lw->sh_up, Is, H, &bad);
-                d->sh_down = up_mat(m, lw->sh_down, H, Is, &bad);
-                d->sh_expert_gate = up_mat(m, lw->sh_expert_gate, 1, H, &bad);
-            }
-        } else {
-            d->dense_gate = up_mat(m, lw->dense_gate, I, H, &bad);
-            d->dense_up = up_mat(m, lw->dense_up, I, H, &bad);
-            d->dense_down = up_mat(m, lw->dense_down, H, I, &bad);
-        }
+    /* weights: a peer's, or uploaded */
+    if (peer) {
+        m->wt = peer->wt;
+        m->wt->refs++;
+    } else {
+        if (!(m->wt = calloc(1, sizeof *m->wt))) goto oom;
+        m->wt->refs = 1;
+        if (upload_weights(m, w)) goto oom;
     }
-    int rot = kvd_rot_dim(c);
-    float *inv = malloc(sizeof(float) * (size_t)(rot / 2 + 1));
-    if (!inv) goto oom;
-    for (int i = 0; i < rot / 2; i++)
-        inv[i] = (float)(1.0 / pow(c->rope_theta, (double)(2 * i) / rot));
-    m->inv_freq = up_vec(m, inv, (size_t)(rot / 2 + 1), &bad);
-    free(inv);
-    if (bad) goto oom;
 
-        /* activations */
+    /* activations */
 #define DBUF(p, n)                                                                                 \
     do {                                                                                           \
-        (p) = dalloc(m, sizeof(*(p)) * (size_t)(n) + 16);                                          \
+        (p) = dalloc(&m->mem, sizeof(*(p)) * (size_t)(n) + 16);                                    \
         if (!(p)) goto oom;                                                                        \
     } while (0)
     DBUF(m->x, R * H);
@@ -288,35 +456,16 @@ static kvd_cuda_model *model_new(const kvd_weights *w, const kvd_synth *lazy_s,
     DBUF(m->shg, R);
     DBUF(m->logits, R * V);
     DBUF(m->tok, R);
-    DBUF(m->slot, R);
     DBUF(m->pos, R);
     DBUF(m->seqs, max_seqs);
     DBUF(m->row0, max_seqs);
     DBUF(m->ntok, max_seqs);
 
     /* the cache on the device, shaped like kv */
-    m->fmt = kv->fmt;
-    m->saturate = kv->saturate;
-    m->block_size = kv->block_size;
-    m->kv_heads = kv->kv_heads;
-    m->head_dim = kv->head_dim;
-    m->max_bps = kv->n_blocks;
-    m->pool_bytes =
-        (size_t)kv->n_blocks * kvh * (size_t)kv->block_size * hd * kvd_fmt_bytes(kv->fmt);
-    m->kpool = calloc((size_t)m->n_full + 1, sizeof(void *));
-    m->vpool = calloc((size_t)m->n_full + 1, sizeof(void *));
-    if (!m->kpool || !m->vpool) goto oom;
-    for (int a = 0; a < m->n_full; a++) {
-        m->kpool[a] = dalloc(m, m->pool_bytes);
-        m->vpool[a] = dalloc(m, m->pool_bytes);
-        if (!m->kpool[a] || !m->vpool[a]) goto oom;
-    }
-    DBUF(m->btab, (size_t)max_seqs * (size_t)m->max_bps);
-    m->kscale = up_vec(m, kv->k_scale, (size_t)m->n_full * kvh, &bad);
-    m->vscale = up_vec(m, kv->v_scale, (size_t)m->n_full * kvh, &bad);
-    if (bad) goto oom;
-    DBUF(m->stats, (size_t)m->n_full * 8 + 8);
-    DBUF(m->absmax, (size_t)m->n_full * 2 * kvh + 2);
+    m->kv_heads = (int)kvh;
+    m->head_dim = (int)hd;
+    if (dev_kv_init(m, &m->kc, kv)) goto oom;
+    DBUF(m->d_sout, nh * hd);
     DBUF(m->nonfinite, 2 * (size_t)c->num_hidden_layers + 2);
     DBUF(m->attn_scratch, kvd_cuda_attn_scratch_floats(kv->n_blocks * kv->block_size,
                                                        c->num_attention_heads, c->head_dim));
@@ -334,10 +483,13 @@ static kvd_cuda_model *model_new(const kvd_weights *w, const kvd_synth *lazy_s,
     m->h_seqs = malloc(sizeof(int) * (size_t)max_seqs);
     m->h_row0 = malloc(sizeof(int) * (size_t)max_seqs);
     m->h_ntok = malloc(sizeof(int) * (size_t)max_seqs);
-    m->h_slot = malloc(sizeof(int32_t) * R);
     m->h_x = malloc(sizeof(float) * R * H);
+    m->h_out = malloc(sizeof(float) * nh * hd);
+    m->h_sout = malloc(sizeof(float) * nh * hd);
+    m->h_k = malloc(sizeof(float) * R * kvh * hd);
+    m->h_v = malloc(sizeof(float) * R * kvh * hd);
     if (!m->h_pos || !m->h_row_seq || !m->h_topi || !m->h_slots || !m->h_seqs || !m->h_row0 ||
-        !m->h_ntok || !m->h_slot || !m->h_x)
+        !m->h_ntok || !m->h_x || !m->h_out || !m->h_sout || !m->h_k || !m->h_v)
         goto oom;
     if (kvd_cuda_sync(why, sizeof why)) {
         snprintf(err, KVD_ERR_LEN, "device model: %s", why);
@@ -359,7 +511,12 @@ oom:
 
 kvd_cuda_model *kvd_cuda_model_new(const kvd_weights *w, const kvd_kvcache *kv, int max_rows,
                                    int max_seqs, char *err) {
-    return model_new(w, NULL, kv, max_rows, max_seqs, err);
+    return model_new(w, NULL, NULL, kv, max_rows, max_seqs, err);
+}
+
+kvd_cuda_model *kvd_cuda_model_new_shared(const kvd_cuda_model *peer, const kvd_kvcache *kv,
+                                          int max_rows, int max_seqs, char *err) {
+    return model_new(NULL, NULL, peer, kv, max_rows, max_seqs, err);
 }
 
 kvd_cuda_model *kvd_cuda_model_new_synth(const kvd_config *cfg, const kvd_synth *s,
@@ -385,7 +542,7 @@ kvd_cuda_model *kvd_cuda_model_new_synth(const kvd_config *cfg, const kvd_synth 
         off += ((size_t)w.tensors[i].numel * sizeof(float) + pg - 1) / pg * pg;
     }
     kvd_weights_bind(&w);
-    kvd_cuda_model *m = model_new(&w, s, kv, max_rows, max_seqs, err);
+    kvd_cuda_model *m = model_new(&w, s, NULL, kv, max_rows, max_seqs, err);
     munmap(base, total ? total : pg);
     for (int i = 0; i < w.n_tensors; i++) w.tensors[i].data = NULL;
     kvd_weights_free(&w);
@@ -393,17 +550,50 @@ kvd_cuda_model *kvd_cuda_model_new_synth(const kvd_config *cfg, const kvd_synth 
 }
 
 int kvd_cuda_model_set_hooks(kvd_cuda_model *m, const kvd_hooks *h, char *err) {
-    if (h && (h->kv || h->attn || h->want_attn)) {
-        snprintf(err, KVD_ERR_LEN,
-                 "--backend cuda: the K/V and attention observation points (drift figures of "
-                 "attention) are not available on the device yet");
-        return -1;
-    }
+    (void)err;
     if (h) {
         m->hooks = *h;
     } else {
         memset(&m->hooks, 0, sizeof m->hooks);
     }
+    return 0;
+}
+
+int kvd_cuda_model_set_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err) {
+    if (!shadow) {
+        m->shadow = NULL;
+        return 0;
+    }
+    if (shadow->n_layers < m->n_full || shadow->kv_heads != m->kv_heads ||
+        shadow->head_dim != m->head_dim || shadow->block_size != m->kc.block_size) {
+        snprintf(err, KVD_ERR_LEN,
+                 "device model: a shadow cache must have the model's %d layers, %d KV heads of "
+                 "%d dims and %d-token blocks",
+                 m->n_full, m->kv_heads, m->head_dim, m->kc.block_size);
+        return -1;
+    }
+    if (m->sc.kpool) {
+        /* its pools stay for the model's life: the same shape again, or refused */
+        if (m->sc.fmt != shadow->fmt || m->sc.n_blocks != shadow->n_blocks) {
+            snprintf(err, KVD_ERR_LEN,
+                     "device model: a shadow cache was set before with another mode or size");
+            return -1;
+        }
+        size_t n = sizeof(float) * (size_t)m->n_full * m->kv_heads;
+        if (kvd_cuda_upload(m->sc.kscale, shadow->k_scale, n) ||
+            kvd_cuda_upload(m->sc.vscale, shadow->v_scale, n)) {
+            if (!kvd_cuda_sync(err, KVD_ERR_LEN))
+                snprintf(err, KVD_ERR_LEN, "device model: uploading the shadow's scales failed");
+            return -1;
+        }
+    } else if (dev_kv_init(m, &m->sc, shadow)) {
+        snprintf(err, KVD_ERR_LEN,
+                 "device model: out of device memory for a %lld-block shadow cache",
+                 (long long)shadow->n_blocks);
+        return -1;
+    }
+    m->sc.saturate = shadow->saturate;
+    m->shadow = shadow;
     return 0;
 }
 
@@ -426,15 +616,15 @@ int kvd_cuda_model_fork(kvd_cuda_model *m, kvd_kvcache *kv, int seq) {
         kvd_kvcache_release(kv, to);
         return -1;
     }
-    size_t bb = m->pool_bytes / (size_t)kv->n_blocks;
+    size_t bb = m->kc.pool_bytes / (size_t)kv->n_blocks;
     const kvd_kv_seq *s = &kv->seqs[seq], *d = &kv->seqs[to];
     int rc = 0;
     for (int a = 0; a < m->n_full; a++)
         for (int b = 0; b < s->n_blocks && b < d->n_blocks; b++) {
-            rc |= kvd_cuda_copy((char *)m->kpool[a] + (size_t)d->blocks[b] * bb,
-                                (char *)m->kpool[a] + (size_t)s->blocks[b] * bb, bb);
-            rc |= kvd_cuda_copy((char *)m->vpool[a] + (size_t)d->blocks[b] * bb,
-                                (char *)m->vpool[a] + (size_t)s->blocks[b] * bb, bb);
+            rc |= kvd_cuda_copy((char *)m->kc.kpool[a] + (size_t)d->blocks[b] * bb,
+                                (char *)m->kc.kpool[a] + (size_t)s->blocks[b] * bb, bb);
+            rc |= kvd_cuda_copy((char *)m->kc.vpool[a] + (size_t)d->blocks[b] * bb,
+                                (char *)m->kc.vpool[a] + (size_t)s->blocks[b] * bb, bb);
         }
     kvd_cuda_model_copy_seq(m, seq, to);
     if (rc) {
@@ -446,16 +636,84 @@ int kvd_cuda_model_fork(kvd_cuda_model *m, kvd_kvcache *kv, int seq) {
 
 int kvd_cuda_model_pool(const kvd_cuda_model *m, int attn_layer, int which_v, void *host,
                         size_t bytes) {
-    if (attn_layer < 0 || attn_layer >= m->n_full || bytes < m->pool_bytes) return -1;
-    return kvd_cuda_download(host, which_v ? m->vpool[attn_layer] : m->kpool[attn_layer],
-                             m->pool_bytes);
+    if (attn_layer < 0 || attn_layer >= m->n_full || bytes < m->kc.pool_bytes) return -1;
+    return kvd_cuda_download(host, which_v ? m->kc.vpool[attn_layer] : m->kc.kpool[attn_layer],
+                             m->kc.pool_bytes);
 }
 
 /* ---- the token mixers and the feed-forward ---- */
 
-static void attention(kvd_cuda_model *m, int l, const kvd_batch *b, int rows) {
+/* The kv hook: this step's K and V rows as computed, before the cache. */
+static int kv_hook(kvd_cuda_model *m, int al, int rows) {
+    const size_t n = (size_t)m->kv_heads * m->head_dim;
+    if (kvd_cuda_download(m->h_k, m->kb, sizeof(float) * n * (size_t)rows) ||
+        kvd_cuda_download(m->h_v, m->vb, sizeof(float) * n * (size_t)rows))
+        return -1;
+    for (int r = 0; r < rows; r++)
+        m->hooks.kv(m->hooks.ctx, al, m->h_row_seq[r], m->h_pos[r], m->h_k + (size_t)r * n,
+                    m->h_v + (size_t)r * n);
+    return 0;
+}
+
+/* room for the attention hook's distributions over n_ctx positions */
+static int probs_room(kvd_cuda_model *m, size_t n_ctx) {
+    if (n_ctx <= m->probs_ctx) return 0;
+    const size_t nh = (size_t)m->c.num_attention_heads, np = nh * n_ctx;
+    kvd_cuda_free(m->d_probs), kvd_cuda_free(m->d_sprobs);
+    free(m->h_probs), free(m->h_sprobs);
+    m->d_probs = kvd_cuda_alloc(sizeof(float) * np);
+    m->d_sprobs = kvd_cuda_alloc(sizeof(float) * np);
+    m->h_probs = malloc(sizeof(float) * np);
+    m->h_sprobs = malloc(sizeof(float) * np);
+    m->probs_ctx = m->d_probs && m->d_sprobs && m->h_probs && m->h_sprobs ? n_ctx : 0;
+    return m->probs_ctx ? 0 : -1;
+}
+
+/* The attn hook, for the rows want_attn accepts: the distribution over the
+ * cache and the output before the gate (m->att), and with a shadow cache the
+ * same row's query over it; as model.c gives them. */
+static int attn_hook(kvd_cuda_model *m, int al, int rows, char *err) {
+    const int nh = m->c.num_attention_heads, hd = m->head_dim;
+    const float sm_scale = 1.0f / sqrtf((float)hd);
+    const size_t no = (size_t)nh * hd;
+    kvd_kv_view view = dev_kv_view(m, &m->kc, al), sview = view;
+    if (m->shadow) sview = dev_kv_view(m, &m->sc, al);
+    for (int r = 0; r < rows; r++) {
+        int seq = m->h_row_seq[r], pos = m->h_pos[r], n_ctx = pos + 1;
+        if (m->hooks.want_attn && !m->hooks.want_attn(m->hooks.ctx, al, seq, pos)) continue;
+        if (probs_room(m, (size_t)n_ctx)) {
+            snprintf(err, KVD_ERR_LEN, "attention: out of memory for %d-token distributions",
+                     n_ctx);
+            return -1;
+        }
+        const float *q = m->qh + (size_t)r * no;
+        size_t np = sizeof(float) * (size_t)nh * n_ctx;
+        int rc = kvd_cuda_attn_probs_dev(&view, m->kc.btab + (size_t)seq * m->kc.n_blocks, n_ctx, q,
+                                         nh, sm_scale, m->d_probs);
+        rc |= kvd_cuda_download(m->h_probs, m->d_probs, np);
+        rc |= kvd_cuda_download(m->h_out, m->att + (size_t)r * no, sizeof(float) * no);
+        if (m->shadow) {
+            const int32_t *tab = m->sc.btab + (size_t)seq * m->sc.n_blocks;
+            rc |= kvd_cuda_attn_decode_dev(&sview, tab, n_ctx, q, nh, sm_scale, m->d_sout,
+                                           m->attn_scratch);
+            rc |= kvd_cuda_attn_probs_dev(&sview, tab, n_ctx, q, nh, sm_scale, m->d_sprobs);
+            rc |= kvd_cuda_download(m->h_sprobs, m->d_sprobs, np);
+            rc |= kvd_cuda_download(m->h_sout, m->d_sout, sizeof(float) * no);
+        }
+        if (rc) {
+            if (!kvd_cuda_sync(err, KVD_ERR_LEN))
+                snprintf(err, KVD_ERR_LEN, "attention: the sampled row's distribution failed");
+            return -1;
+        }
+        m->hooks.attn(m->hooks.ctx, al, seq, pos, n_ctx, m->h_probs, m->h_out,
+                      m->shadow ? m->h_sprobs : NULL, m->shadow ? m->h_sout : NULL);
+    }
+    return 0;
+}
+
+static int attention(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err) {
     const kvd_config *c = &m->c;
-    const dev_layer *d = &m->L[l];
+    const dev_layer *d = &m->wt->L[l];
     const int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads;
     const int kvh = c->num_key_value_heads, rot = kvd_rot_dim(c), al = m->attn_index[l];
     const float eps = (float)c->rms_norm_eps, sm_scale = 1.0f / sqrtf((float)hd);
@@ -464,29 +722,18 @@ static void attention(kvd_cuda_model *m, int l, const kvd_batch *b, int rows) {
     kvd_cudaop_linear(m->xn, d->v_proj, m->vb, rows, kvh * hd, H);
     kvd_cudaop_rmsnorm(m->qg, 2 * (size_t)hd, m->qg, 2 * (size_t)hd, d->q_norm, rows * nh, hd, eps,
                        1);
-    kvd_cudaop_rope(m->qg, rows, nh, 2 * hd, m->pos, rot, m->inv_freq);
+    kvd_cudaop_rope(m->qg, rows, nh, 2 * hd, m->pos, rot, m->wt->inv_freq);
     kvd_cudaop_rmsnorm(m->kb, (size_t)hd, m->kb, (size_t)hd, d->k_norm, rows * kvh, hd, eps, 1);
-    kvd_cudaop_rope(m->kb, rows, kvh, hd, m->pos, rot, m->inv_freq);
+    kvd_cudaop_rope(m->kb, rows, kvh, hd, m->pos, rot, m->wt->inv_freq);
     /* the cache stores K after norm and RoPE, V as projected */
-    kvd_cudaop_kv_write(m->fmt, m->saturate, m->block_size, kvh, hd, m->kpool[al], rows, m->slot,
-                        m->kb, m->kscale + (size_t)al * kvh, m->stats + (size_t)al * 8,
-                        m->absmax + (size_t)al * 2 * kvh);
-    kvd_cudaop_kv_write(m->fmt, m->saturate, m->block_size, kvh, hd, m->vpool[al], rows, m->slot,
-                        m->vb, m->vscale + (size_t)al * kvh, m->stats + (size_t)al * 8 + 4,
-                        m->absmax + (size_t)al * 2 * kvh + kvh);
+    if (m->hooks.kv && kv_hook(m, al, rows)) return -1;
+    dev_kv_write(m, &m->kc, al, rows);
+    if (m->shadow) dev_kv_write(m, &m->sc, al, rows);
     kvd_cudaop_split_query(m->qg, m->qh, rows, nh, hd);
-    kvd_kv_view view = {m->fmt,
-                        m->block_size,
-                        kvh,
-                        hd,
-                        m->kpool[al],
-                        m->vpool[al],
-                        m->kscale + (size_t)al * kvh,
-                        m->vscale + (size_t)al * kvh,
-                        0};
+    kvd_kv_view view = dev_kv_view(m, &m->kc, al);
     for (int s = 0; s < b->n; s++) {
         int r0 = m->h_row0[s], nt = b->n_tok[s], seq = b->seq[s];
-        const int32_t *tab = m->btab + (size_t)seq * m->max_bps;
+        const int32_t *tab = m->kc.btab + (size_t)seq * m->kc.n_blocks;
         if (nt == 1) {
             kvd_cuda_attn_decode_dev(&view, tab, m->h_pos[r0] + 1, m->qh + (size_t)r0 * nh * hd, nh,
                                      sm_scale, m->att + (size_t)r0 * nh * hd, m->attn_scratch);
@@ -495,13 +742,15 @@ static void attention(kvd_cuda_model *m, int l, const kvd_batch *b, int rows) {
                                       nh, sm_scale, m->att + (size_t)r0 * nh * hd);
         }
     }
+    if (m->hooks.attn && attn_hook(m, al, rows, err)) return -1;
     kvd_cudaop_output_gate(m->att, m->qg, rows, nh, hd);
     kvd_cudaop_linear(m->att, d->o_proj, m->mix, rows, H, nh * hd);
+    return 0;
 }
 
 static void deltanet(kvd_cuda_model *m, int l, const kvd_batch *b, int rows) {
     const kvd_config *c = &m->c;
-    const dev_layer *d = &m->L[l];
+    const dev_layer *d = &m->wt->L[l];
     const int H = c->hidden_size, nk = c->linear_num_key_heads, nv = c->linear_num_value_heads;
     const int dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
     const int kd = kvd_key_dim(c), vd = kvd_value_dim(c), cd = kvd_conv_dim(c);
@@ -524,7 +773,7 @@ static void deltanet(kvd_cuda_model *m, int l, const kvd_batch *b, int rows) {
 
 static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err) {
     const kvd_config *c = &m->c;
-    const dev_layer *d = &m->L[l];
+    const dev_layer *d = &m->wt->L[l];
     const int H = c->hidden_size, E = c->num_experts;
     if (E == 0) {
         const int I = c->intermediate_size;
@@ -582,73 +831,56 @@ static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err
 
 /* ---- one step ---- */
 
-static int stage(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, int rows) {
-    const int bs = kv->block_size, kvh = m->kv_heads;
+static int stage(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, int rows, char *err) {
+    if (m->shadow) /* the shadow receives every row the cache does, at the same positions */
+        for (int r = 0; r < rows; r++)
+            if (kvd_kvcache_reserve(m->shadow, m->h_row_seq[r], m->h_pos[r] + 1)) {
+                snprintf(err, KVD_ERR_LEN, "attention: shadow KV cache out of blocks");
+                return -1;
+            }
     int rc = kvd_cuda_upload(m->tok, b->tok, sizeof(int32_t) * (size_t)rows);
     rc |= kvd_cuda_upload(m->pos, m->h_pos, sizeof(int) * (size_t)rows);
     int r0 = 0;
     for (int s = 0; s < b->n; s++) {
-        const kvd_kv_seq *q = &kv->seqs[b->seq[s]];
         m->h_seqs[s] = b->seq[s];
         m->h_row0[s] = r0;
         m->h_ntok[s] = b->n_tok[s];
-        rc |= kvd_cuda_upload(m->btab + (size_t)b->seq[s] * m->max_bps, q->blocks,
-                              sizeof(int32_t) * (size_t)q->n_blocks);
-        for (int t = 0; t < b->n_tok[s]; t++) {
-            int p = m->h_pos[r0 + t];
-            m->h_slot[r0 + t] = q->blocks[p / bs] * bs + p % bs;
-        }
         r0 += b->n_tok[s];
     }
-    rc |= kvd_cuda_upload(m->slot, m->h_slot, sizeof(int32_t) * (size_t)rows);
     rc |= kvd_cuda_upload(m->seqs, m->h_seqs, sizeof(int) * (size_t)b->n);
     rc |= kvd_cuda_upload(m->row0, m->h_row0, sizeof(int) * (size_t)b->n);
     rc |= kvd_cuda_upload(m->ntok, m->h_ntok, sizeof(int) * (size_t)b->n);
-    /* counters from zero, absmax from the host's running values */
-    rc |= kvd_cuda_zero(m->stats, sizeof(unsigned long long) * (size_t)m->n_full * 8);
-    size_t na = (size_t)m->n_full * 2 * kvh;
-    unsigned int am[na + 1];
-    for (int a = 0; a < m->n_full; a++)
-        for (int h = 0; h < kvh; h++) {
-            memcpy(&am[((size_t)a * 2) * kvh + h], &kv->k_absmax[(size_t)a * kvh + h], 4);
-            memcpy(&am[((size_t)a * 2 + 1) * kvh + h], &kv->v_absmax[(size_t)a * kvh + h], 4);
-        }
-    rc |= kvd_cuda_upload(m->absmax, am, sizeof(unsigned int) * na);
+    rc |= dev_kv_stage(m, &m->kc, kv, b, rows);
+    if (m->shadow) rc |= dev_kv_stage(m, &m->sc, m->shadow, b, rows);
     size_t nl = 2 * (size_t)m->c.num_hidden_layers;
     unsigned long long none[nl + 1];
     for (size_t i = 0; i < nl; i++) none[i] = ~0ull;
     rc |= kvd_cuda_upload(m->nonfinite, none, sizeof none[0] * nl);
+    if (rc) kvd_cuda_sync(err, KVD_ERR_LEN);
     return rc;
 }
 
-/* after the step: the cache's counters and lengths on the host, and the
+/* after the step: the caches' counters and lengths on the host, and the
  * first non-finite value, as the CPU reports it */
-static int settle(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, char *err) {
-    const int kvh = m->kv_heads, H = m->c.hidden_size;
-    size_t nl = 2 * (size_t)m->c.num_hidden_layers, na = (size_t)m->n_full * 2 * kvh;
-    unsigned long long nf[nl + 1], st[(size_t)m->n_full * 8 + 1];
-    unsigned int am[na + 1];
+static int settle(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, int rows, char *err) {
+    const int H = m->c.hidden_size;
+    size_t nl = 2 * (size_t)m->c.num_hidden_layers;
+    unsigned long long nf[nl + 1];
     if (kvd_cuda_sync(err, KVD_ERR_LEN)) return -1;
-    if (kvd_cuda_download(nf, m->nonfinite, sizeof nf[0] * nl) ||
-        kvd_cuda_download(st, m->stats, sizeof st[0] * (size_t)m->n_full * 8) ||
-        kvd_cuda_download(am, m->absmax, sizeof am[0] * na)) {
+    if (kvd_cuda_download(nf, m->nonfinite, sizeof nf[0] * nl) || dev_kv_settle(m, &m->kc, kv) ||
+        (m->shadow && dev_kv_settle(m, &m->sc, m->shadow))) {
         snprintf(err, KVD_ERR_LEN, "device model: copying the step's counters back failed");
         return -1;
-    }
-    for (int a = 0; a < m->n_full; a++) {
-        kvd_qstats *ks = &kv->k_stats[a], *vs = &kv->v_stats[a];
-        const unsigned long long *k = st + (size_t)a * 8, *v = k + 4;
-        ks->n += k[0], ks->saturated += k[1], ks->flushed += k[2], ks->subnormal += k[3];
-        vs->n += v[0], vs->saturated += v[1], vs->flushed += v[2], vs->subnormal += v[3];
-        for (int h = 0; h < kvh; h++) {
-            memcpy(&kv->k_absmax[(size_t)a * kvh + h], &am[((size_t)a * 2) * kvh + h], 4);
-            memcpy(&kv->v_absmax[(size_t)a * kvh + h], &am[((size_t)a * 2 + 1) * kvh + h], 4);
-        }
     }
     for (int s = 0; s < b->n; s++) {
         kvd_kv_seq *q = &kv->seqs[b->seq[s]];
         q->len += b->n_tok[s];
     }
+    if (m->shadow)
+        for (int r = 0; r < rows; r++) {
+            kvd_kv_seq *q = &m->shadow->seqs[m->h_row_seq[r]];
+            if (m->h_pos[r] + 1 > q->len) q->len = m->h_pos[r] + 1;
+        }
     for (size_t i = 0; i < nl; i++)
         if (nf[i] != ~0ull) {
             int l = (int)(i / 2), r = (int)(nf[i] / (unsigned long long)H),
@@ -676,17 +908,14 @@ int kvd_cuda_forward(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, flo
     }
     int rows = kvd_batch_rows(c, kv, b, m->max_rows, m->max_seqs, m->h_pos, m->h_row_seq, err);
     if (rows < 0) return -1;
-    if (stage(m, kv, b, rows)) {
-        kvd_cuda_sync(err, KVD_ERR_LEN);
-        return -1;
-    }
+    if (stage(m, kv, b, rows, err)) return -1;
     size_t n = (size_t)rows * H;
-    kvd_cudaop_embed(m->embed, m->tok, m->x, rows, H);
+    kvd_cudaop_embed(m->wt->embed, m->tok, m->x, rows, H);
     for (int l = 0; l < c->num_hidden_layers; l++) {
-        const dev_layer *d = &m->L[l];
+        const dev_layer *d = &m->wt->L[l];
         kvd_cudaop_rmsnorm(m->xn, H, m->x, H, d->input_norm, rows, H, eps, 1);
         if (c->layer_types[l] == KVD_LAYER_FULL) {
-            attention(m, l, b, rows);
+            if (attention(m, l, b, rows, err)) return -1;
         } else {
             deltanet(m, l, b, rows);
         }
@@ -706,9 +935,9 @@ int kvd_cuda_forward(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, flo
     }
     int n_out = 0;
     if (logits) {
-        kvd_cudaop_rmsnorm(m->xn, H, m->x, H, m->final_norm, rows, H, eps, 1);
+        kvd_cudaop_rmsnorm(m->xn, H, m->x, H, m->wt->final_norm, rows, H, eps, 1);
         if (!last_only) {
-            kvd_cudaop_linear(m->xn, m->lm_head, m->logits, rows, V, H);
+            kvd_cudaop_linear(m->xn, m->wt->lm_head, m->logits, rows, V, H);
             n_out = rows;
         } else {
             int last = -1;
@@ -716,11 +945,11 @@ int kvd_cuda_forward(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, flo
                 last += b->n_tok[s];
                 kvd_cuda_copy(m->gx + (size_t)s * H, m->xn + (size_t)last * H, sizeof(float) * H);
             }
-            kvd_cudaop_linear(m->gx, m->lm_head, m->logits, b->n, V, H);
+            kvd_cudaop_linear(m->gx, m->wt->lm_head, m->logits, b->n, V, H);
             n_out = b->n;
         }
     }
-    if (settle(m, kv, b, err)) return -1;
+    if (settle(m, kv, b, rows, err)) return -1;
     if (logits && kvd_cuda_download(logits, m->logits, sizeof(float) * (size_t)n_out * V)) {
         snprintf(err, KVD_ERR_LEN, "device model: copying the logits back failed");
         return -1;
@@ -738,3 +967,38 @@ int kvd_cuda_prefill(kvd_cuda_model *m, kvd_kvcache *kv, int seq, const int32_t 
     return kvd_prefill_steps(dev_step, m, m->max_rows, m->c.vocab_size, kv, seq, tok, n, logits,
                              all_logits, err);
 }
+
+/* ---- as an engine (engine.h) ---- */
+
+static void *eng_create(const kvd_weights *w, const kvd_kvcache *kv, int max_rows, int max_seqs,
+                        void *peer, char *err) {
+    return peer ? kvd_cuda_model_new_shared(peer, kv, max_rows, max_seqs, err)
+                : kvd_cuda_model_new(w, kv, max_rows, max_seqs, err);
+}
+static void eng_destroy(void *m) {
+    kvd_cuda_model_free(m);
+}
+static int eng_set_hooks(void *m, const kvd_hooks *h, char *err) {
+    return kvd_cuda_model_set_hooks(m, h, err);
+}
+static int eng_set_shadow(void *m, kvd_kvcache *shadow, char *err) {
+    return kvd_cuda_model_set_shadow(m, shadow, err);
+}
+static int eng_fork(void *m, kvd_kvcache *kv, int seq) {
+    return kvd_cuda_model_fork(m, kv, seq);
+}
+
+static int eng_pull_cache(void *m_, kvd_kvcache *kv) {
+    kvd_cuda_model *m = m_;
+    size_t bytes = (size_t)kv->n_blocks * kv->kv_heads * (size_t)kv->block_size * kv->head_dim *
+                   kvd_fmt_bytes(kv->fmt);
+    if (bytes != m->kc.pool_bytes) return -1;
+    for (int a = 0; a < m->n_full; a++)
+        if (kvd_cuda_model_pool(m, a, 0, kv->k[a], bytes) ||
+            kvd_cuda_model_pool(m, a, 1, kv->v[a], bytes))
+            return -1;
+    return 0;
+}
+
+const kvd_engine_ops kvd_engine_cuda = {"cuda",         eng_create, eng_destroy, eng_set_hooks,
+                                        eng_set_shadow, dev_step,   eng_fork,    eng_pull_cache};

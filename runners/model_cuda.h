@@ -18,6 +18,11 @@ typedef struct kvd_cuda_model kvd_cuda_model;
  * device cache pools shaped like kv's (its mode, scales, blocks). */
 kvd_cuda_model *kvd_cuda_model_new(const kvd_weights *w, const kvd_kvcache *kv, int max_rows,
                                    int max_seqs, char *err);
+/* Another model over the same device weights as peer (uploaded once,
+ * freed with the last model that uses them), with its own cache, shaped like
+ * kv, and buffers. */
+kvd_cuda_model *kvd_cuda_model_new_shared(const kvd_cuda_model *peer, const kvd_kvcache *kv,
+                                          int max_rows, int max_seqs, char *err);
 /* The same over synthetic weights made one tensor at a time on the host,
  * just before its upload: presets whose FP32 weights outgrow host memory
  * (qwen3.5-397b-a17b: 120 GB) need only the largest tensor's. */
@@ -26,9 +31,17 @@ kvd_cuda_model *kvd_cuda_model_new_synth(const kvd_config *cfg, const kvd_synth 
                                          char *err);
 void kvd_cuda_model_free(kvd_cuda_model *m);
 
-/* Hooks: hidden and router are called as on the CPU; the others (kv, attn,
- * a shadow cache) are not available on the device yet: -1 with err set. */
+/* Hooks, called as on the CPU with host copies of what the device computed:
+ * the residual stream, the router's choices, K and V before the cache, and
+ * for the rows want_attn accepts the attention distribution and output (a
+ * probabilities kernel over the same cache). 0, or -1 with err set. */
 int kvd_cuda_model_set_hooks(kvd_cuda_model *m, const kvd_hooks *h, char *err);
+
+/* kvd_model_set_shadow on the device: every K/V row is also written into a
+ * device copy of the shadow cache (kept for the model's life; a later
+ * shadow must have the same mode and size), whose host bookkeeping is
+ * shadow's. NULL to stop. 0, or -1 with err set. */
+int kvd_cuda_model_set_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err);
 
 /* Clear one sequence slot's recurrent state (conv and DeltaNet), or copy
  * one slot's into another. */

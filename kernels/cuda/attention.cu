@@ -352,6 +352,38 @@ out:
     return rc;
 }
 
+// The attention distribution of one query over positions [0, n_ctx): the
+// plain scores and softmax kernels, on device pointers (kvd_attn_paged's
+// probs; the drift figures' sampled rows).
+extern "C" int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
+                                       const float *q, int n_heads, float sm_scale, float *probs) {
+    if (n_ctx < 1) return -1;
+    view kv = dev_view(dv);
+    dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)dv->kv_heads);
+    scores_kernel<<<g1, 128>>>(kv, (const int *)blocks, n_ctx, q, n_heads, sm_scale, probs);
+    softmax_kernel<<<(unsigned)n_heads, 256>>>(probs, n_ctx);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int kvd_cuda_attn_probs(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
+                                   int n_ctx, const float *q, int n_heads, float sm_scale,
+                                   float *probs) {
+    const int nb = (n_ctx + hv->block_size - 1) / hv->block_size;
+    const size_t nq = sizeof(float) * n_heads * hv->head_dim,
+                 np = sizeof(float) * (size_t)n_heads * n_ctx;
+    dev_cache dc;
+    float *dq = nullptr, *dp = nullptr;
+    int rc = -1;
+    if (dc.upload(hv, n_blocks, blocks, nb) && cudaMalloc(&dq, nq) == cudaSuccess &&
+        cudaMalloc(&dp, np) == cudaSuccess &&
+        cudaMemcpy(dq, q, nq, cudaMemcpyHostToDevice) == cudaSuccess &&
+        kvd_cuda_attn_probs_dev(&dc.v, dc.blocks, n_ctx, dq, n_heads, sm_scale, dp) == 0 &&
+        cudaMemcpy(probs, dp, np, cudaMemcpyDeviceToHost) == cudaSuccess)
+        rc = 0;
+    cudaFree(dq), cudaFree(dp);
+    return rc;
+}
+
 // ---- prefill: a chunk of query rows, row r at position pos0 + r attending
 // to positions 0 .. pos0 + r (causal). One block per (row, KV head), one warp
 // per query head of the group; keys and then values in tiles of 16

@@ -30,6 +30,11 @@ int kvd_cuda_attn_decode(const kvd_kv_view *kv, int n_blocks, const int32_t *blo
 int kvd_cuda_attn_decode_v(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int n_ctx,
                            const float *q, int n_heads, float sm_scale, float *out, int version);
 
+/* The attention distribution [n_heads][n_ctx] of one query (kvd_attn_paged's
+ * probs), pools in host memory. */
+int kvd_cuda_attn_probs(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int n_ctx,
+                        const float *q, int n_heads, float sm_scale, float *probs);
+
 /* Prefill attention for n_q query rows of one sequence, row r at position
  * pos0 + r over positions 0 .. pos0 + r (each row as kvd_attn_paged with
  * n_ctx = pos0 + r + 1); q and out [n_q][n_heads][head_dim]; head_dim
@@ -92,6 +97,8 @@ size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim);
 int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
                              const float *q, int n_heads, float sm_scale, float *out,
                              float *scratch);
+int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
+                            int n_heads, float sm_scale, float *probs);
 int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,
                               const float *q, int n_heads, float sm_scale, float *out);
 

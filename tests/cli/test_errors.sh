@@ -133,11 +133,13 @@ else
   pass=$((pass + 1))
 fi
 
-# --backend: a bad value; --dump beside cuda; where no GPU is visible, why
+# --backend: a bad value; where no GPU is visible, why (forward, calibrate)
 expect 2 "--backend: expected cpu or cuda, got 'tpu'" -- forward --model tiny --backend tpu
+expect 2 "--backend: expected cpu or cuda, got 'tpu'" -- calibrate --model tiny --backend tpu -o "$work/s.json"
 if "$bin" version 2>/dev/null | grep -q "^cuda: no CUDA device visible"; then
-  expect 2 "--dump: the K/V observation point is not available on --backend cuda" -- forward --model tiny --backend cuda --dump "$work/d"
+  expect 1 "--backend cuda: no CUDA device visible" -- forward --model tiny --backend cuda --dump "$work/d"
   expect 1 "--backend cuda: no CUDA device visible" -- forward --model tiny --backend cuda --tokens 16
+  expect 1 "--backend cuda: no CUDA device visible" -- calibrate --model tiny --backend cuda -o "$work/s.json"
 fi
 
 echo "cli errors: $pass passed, $fail failed"

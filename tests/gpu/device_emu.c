@@ -219,6 +219,15 @@ int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n
                    kvd_attn_parts(n_ctx, dv->block_size));
     return 0;
 }
+int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
+                            int n_heads, float sm_scale, float *probs) {
+    int parts = kvd_attn_parts(n_ctx, dv->block_size);
+    void *work = malloc(kvd_attn_work_bytes(n_heads, dv->head_dim, n_ctx, parts));
+    float *out = malloc(sizeof(float) * (size_t)n_heads * dv->head_dim);
+    kvd_attn_paged(dv, blocks, n_ctx, q, n_heads, sm_scale, out, probs, work, parts);
+    free(work), free(out);
+    return 0;
+}
 int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,
                               const float *q, int n_heads, float sm_scale, float *out) {
     void *work = malloc(kvd_attn_work_bytes(n_heads, dv->head_dim, pos0 + n_q, 32));

@@ -15,6 +15,8 @@
 #include <string.h>
 
 #include "../../kernels/cuda/cuda_kernels.h"
+#include "../../runners/drift.h"
+#include "../../runners/engine.h"
 #include "../../runners/model.h"
 #include "../../runners/model_cuda.h"
 #include "../../runners/weights.h"
@@ -53,17 +55,24 @@ static void tokens(uint64_t seed, int n, int vocab, int32_t *tok) {
         tok[i] = (int32_t)(kvd_rng_uniform(key, (uint64_t)i) * vocab) % vocab;
 }
 
+/* a preset's synthetic weights (default knobs); -1 after a failed check */
+static int preset_weights(const char *preset, kvd_config *cfg, kvd_weights *w) {
+    char err[KVD_ERR_LEN];
+    kvd_synth syn;
+    kvd_synth_defaults(&syn);
+    if (kvd_config_preset(preset, cfg, err) || kvd_weights_synth(w, cfg, &syn, err)) {
+        CHECK(0, "%s: %s\n", preset, err);
+        return -1;
+    }
+    return 0;
+}
+
 static void run(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scales,
                 kvd_kv_scales *calibrated) {
     char err[KVD_ERR_LEN];
     kvd_config cfg;
-    kvd_synth syn;
     kvd_weights w;
-    kvd_synth_defaults(&syn);
-    if (kvd_config_preset(preset, &cfg, err) || kvd_weights_synth(&w, &cfg, &syn, err)) {
-        CHECK(0, "%s: %s\n", preset, err);
-        return;
-    }
+    if (preset_weights(preset, &cfg, &w)) return;
     const int H = cfg.hidden_size, V = cfg.vocab_size, L = cfg.num_hidden_layers;
     int n_full = 0;
     for (int l = 0; l < L; l++) n_full += cfg.layer_types[l] == KVD_LAYER_FULL;
@@ -261,6 +270,101 @@ static void lazy_weights(void) {
     kvd_weights_free(&w);
 }
 
+/* ---- drift figures: kvd_drift_run on the device against the CPU ----
+ * One trace of 600 tokens (three chunks; positions 300-363 copy 100-163),
+ * greedy generation from two prefixes. Every figure's count must match and
+ * its mean agree within rtol * |mean| + atol: on a GPU rtol 5% (the FP8
+ * candidate's cache differs in values at rounding boundaries, which moves
+ * the attention figures a little), atol 1e-6 for the divergences and 0.02
+ * for the agreement fractions; in the emulation (every device operation its
+ * CPU twin) 1e-6 and 1e-12, where only the logits' GEMM order differs. */
+#ifdef KVD_DEVICE_EMULATED
+static const double drift_rtol = 1e-6, drift_atol = 1e-12, frac_atol = 1e-12;
+#else
+static const double drift_rtol = 0.05, drift_atol = 1e-6, frac_atol = 0.02;
+#endif
+
+static double worst_fig;
+
+static void cmp_stat(const char *what, int i, const kvd_stat *a, const kvd_stat *b, double atol) {
+    CHECK(a->n == b->n, "drift %s[%d]: n %g on the CPU, %g on the device\n", what, i, a->n, b->n);
+    if (a->n == 0) return;
+    double ma = kvd_stat_mean(a), mb = kvd_stat_mean(b), e = fabs(ma - mb);
+    double lim = drift_rtol * fmax(fabs(ma), fabs(mb)) + atol;
+    if (e / lim > worst_fig) worst_fig = e / lim;
+    CHECK(e <= lim, "drift %s[%d]: mean %.9g on the CPU, %.9g on the device\n", what, i, ma, mb);
+}
+
+static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scales) {
+    char err[KVD_ERR_LEN];
+    kvd_config cfg;
+    kvd_weights w;
+    if (preset_weights(preset, &cfg, &w)) return;
+    enum { N = 600 };
+    uint32_t *tok = malloc(sizeof(uint32_t) * N);
+    uint8_t is_copy[N + 1] = {0}, start[N + 1] = {0};
+    tokens(21, N, cfg.vocab_size, (int32_t *)tok);
+    for (int i = 0; i < 64; i++) tok[300 + i] = tok[100 + i], is_copy[300 + i] = 1;
+    start[300] = 1;
+    kvd_drift_opts o;
+    kvd_drift_opts_defaults(&o);
+    o.gen_tokens = 8;
+    o.n_gen = 2;
+    o.gen_prefix[0] = 150, o.gen_prefix[1] = 400;
+    kvd_drift dc, dd;
+    kvd_drift_init(&dc, &cfg, N);
+    kvd_drift_init(&dd, &cfg, N);
+    int okc =
+        kvd_drift_run(&kvd_engine_cpu, &w, tok, is_copy, start, N, mode, scales, &o, &dc, err) == 0;
+    CHECK(okc, "%s drift on the cpu: %s\n", preset, err);
+    int okd = kvd_drift_run(&kvd_engine_cuda, &w, tok, is_copy, start, N, mode, scales, &o, &dd,
+                            err) == 0;
+    CHECK(okd, "%s drift on the device: %s\n", preset, err);
+    worst_fig = 0;
+    if (okc && okd) {
+        const double ta[KVD_OUT_N] = {drift_atol, frac_atol, frac_atol, drift_atol};
+        for (int m = 0; m < KVD_OUT_N; m++)
+            for (int i = 0; i < KVD_NSUB * KVD_NB; i++)
+                cmp_stat(kvd_out_names[m], i, &dc.out[m][0][0] + i, &dd.out[m][0][0] + i, ta[m]);
+        size_t nh = (size_t)dc.n_layers * KVD_HID_N * KVD_NSUB * KVD_NB;
+        for (size_t i = 0; i < nh; i++)
+            cmp_stat("hidden", (int)i, &dc.hid[i], &dd.hid[i], drift_atol);
+        size_t na = (size_t)dc.n_attn * KVD_VIEW_N * KVD_ATT_N * KVD_NSUB * KVD_NB;
+        for (size_t i = 0; i < na; i++) {
+            int metric = (int)(i / (KVD_NSUB * KVD_NB) % KVD_ATT_N);
+            cmp_stat("attention", (int)i, &dc.att[i], &dd.att[i],
+                     metric == KVD_ATT_ARGMAX ? frac_atol : drift_atol);
+        }
+        for (size_t i = 0; i < (size_t)dc.n_attn * dc.kv_heads * KVD_VIEW_N * KVD_NB; i++)
+            cmp_stat("attention per KV head", (int)i, &dc.att_kvh[i], &dd.att_kvh[i], drift_atol);
+        for (size_t i = 0; i < (size_t)dc.n_layers * KVD_NB; i++)
+            cmp_stat("router", (int)i, &dc.router[i], &dd.router[i], frac_atol);
+        CHECK(dc.n_kl == dd.n_kl && dc.n_gen == dd.n_gen && dc.n_gen == 2,
+              "drift: %lld/%lld output KLs, %d/%d generations\n", (long long)dc.n_kl,
+              (long long)dd.n_kl, dc.n_gen, dd.n_gen);
+        for (int g = 0; g < dc.n_gen && g < dd.n_gen; g++)
+            CHECK(abs(dc.gen[g].agree - dd.gen[g].agree) <= (frac_atol > 0.01 ? 1 : 0),
+                  "drift generation %d: %d agreeing tokens on the CPU, %d on the device\n", g,
+                  dc.gen[g].agree, dd.gen[g].agree);
+        for (int l = 0; l < dc.n_attn; l++) {
+            const kvd_qstats *a = &dc.k_stats[l], *b = &dd.k_stats[l];
+            const kvd_qstats *av = &dc.v_stats[l], *bv = &dd.v_stats[l];
+            CHECK(a->n == b->n && av->n == bv->n &&
+                      fabs((double)a->saturated - (double)b->saturated) <= 1e-3 * (double)a->n &&
+                      fabs((double)av->flushed - (double)bv->flushed) <= 1e-3 * (double)av->n,
+                  "drift layer %d: the candidate cache's counters differ\n", l);
+        }
+        /* the figures are not trivially equal: the candidate drifted */
+        CHECK(mode == KVD_KV_BF16 || kvd_stat_mean(&dc.out[KVD_OUT_KL][0][8]) > 0,
+              "drift: no output KL at all in mode %s\n", kvd_kv_mode_name(mode));
+        printf("%-6s %-13s drift figures: worst |cpu - device| %.3f of the tolerance\n", preset,
+               kvd_kv_mode_name(mode), worst_fig);
+    }
+    kvd_drift_free(&dc), kvd_drift_free(&dd);
+    free(tok);
+    kvd_weights_free(&w);
+}
+
 int main(void) {
     char why[256];
     if (!kvd_cuda_available(why, sizeof why)) {
@@ -276,6 +380,8 @@ int main(void) {
         run(presets[p], KVD_KV_BF16, NULL, &cal);
         run(presets[p], KVD_KV_FP8_CAL, &cal, NULL);
         run(presets[p], KVD_KV_FP8_UNSCALED, NULL, NULL);
+        drift_figures(presets[p], KVD_KV_FP8_CAL, &cal);
+        drift_figures(presets[p], KVD_KV_FP8_UNSCALED, NULL);
         kvd_kv_scales_free(&cal);
     }
     lazy_weights();

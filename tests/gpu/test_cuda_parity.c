@@ -94,6 +94,24 @@ static void attention(void) {
                       h, sqrt(num / den));
             }
         }
+        /* the distribution itself (the drift figures' sampled rows): the CPU
+         * merges 3 parts by their maxima, the device takes one softmax */
+        float *pg = malloc(sizeof(float) * (size_t)nh * n_ctx);
+        CHECK(kvd_cuda_attn_probs(&view, nb, blocks, n_ctx, q, nh, 1.0f / 16.0f, pg) == 0,
+              "cuda attention probs failed\n");
+        for (int h = 0; h < nh; h++) {
+            double num = 0, den = 0, sum = 0;
+            for (int t = 0; t < n_ctx; t++) {
+                double e = (double)pg[(size_t)h * n_ctx + t] - probs[(size_t)h * n_ctx + t];
+                num += e * e;
+                den += (double)probs[(size_t)h * n_ctx + t] * probs[(size_t)h * n_ctx + t];
+                sum += pg[(size_t)h * n_ctx + t];
+            }
+            CHECK(sqrt(num / den) < 1e-5 && fabs(sum - 1) < 1e-5,
+                  "attention probs fmt %d head %d: rel L2 %g, sum %.9f\n", fi, h, sqrt(num / den),
+                  sum);
+        }
+        free(pg);
         free(src), free(k), free(v), free(blocks), free(work), free(probs);
     }
 }

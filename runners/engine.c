@@ -1,0 +1,71 @@
+/* kvdrift: the CPU model as an engine, and finding a back end by name. */
+#include "engine.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void *cpu_create(const kvd_weights *w, const kvd_kvcache *kv, int max_rows, int max_seqs,
+                        void *peer, char *err) {
+    (void)kv, (void)peer; /* the CPU model borrows w and takes any cache */
+    return kvd_model_new(w, max_rows, max_seqs, err);
+}
+static void cpu_destroy(void *m) {
+    kvd_model_free(m);
+}
+static int cpu_set_hooks(void *m, const kvd_hooks *h, char *err) {
+    (void)err;
+    kvd_model_set_hooks(m, h);
+    return 0;
+}
+static int cpu_set_shadow(void *m, kvd_kvcache *shadow, char *err) {
+    (void)err;
+    kvd_model_set_shadow(m, shadow);
+    return 0;
+}
+static int cpu_forward(void *m, kvd_kvcache *kv, const kvd_batch *b, float *logits, int last_only,
+                       char *err) {
+    return kvd_forward(m, kv, b, logits, last_only, err);
+}
+static int cpu_fork(void *m, kvd_kvcache *kv, int seq) {
+    int to = kvd_kvcache_fork(kv, seq);
+    if (to >= 0) kvd_model_copy_seq(m, seq, to);
+    return to;
+}
+
+static int cpu_pull_cache(void *m, kvd_kvcache *kv) {
+    (void)m, (void)kv;
+    return 0;
+}
+
+const kvd_engine_ops kvd_engine_cpu = {"cpu",          cpu_create,  cpu_destroy, cpu_set_hooks,
+                                       cpu_set_shadow, cpu_forward, cpu_fork,    cpu_pull_cache};
+
+const kvd_engine_ops *kvd_engine_find(const char *name, char *err) {
+    if (!strcmp(name, "cpu")) return &kvd_engine_cpu;
+    if (!strcmp(name, "cuda")) {
+#ifdef KVD_HAVE_CUDA
+        return &kvd_engine_cuda;
+#else
+        snprintf(err, KVD_ERR_LEN, "--backend cuda: this build has no CUDA back end (no nvcc)");
+        return NULL;
+#endif
+    }
+    snprintf(err, KVD_ERR_LEN, "--backend: expected cpu or cuda, got '%s'", name);
+    return NULL;
+}
+
+int kvd_engine_open(kvd_engine *e, const kvd_engine_ops *ops, const kvd_weights *w,
+                    const kvd_kvcache *kv, int max_rows, int max_seqs, const kvd_engine *peer,
+                    char *err) {
+    memset(e, 0, sizeof *e);
+    e->ops = ops;
+    e->max_rows = max_rows;
+    e->vocab = w->cfg.vocab_size;
+    e->m = ops->create(w, kv, max_rows, max_seqs, peer && peer->ops == ops ? peer->m : NULL, err);
+    return e->m ? 0 : -1;
+}
+
+void kvd_engine_close(kvd_engine *e) {
+    if (e->m) e->ops->destroy(e->m);
+    e->m = NULL;
+}

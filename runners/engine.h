@@ -1,0 +1,73 @@
+/* kvdrift: a model on one of the back ends, as the drift run, calibration
+ * and the sweep's throughput cells drive it. The CPU model (model.h) and the
+ * device model (model_cuda.h) each fill in the operations; the callers never
+ * name a back end. */
+#ifndef KVD_ENGINE_H
+#define KVD_ENGINE_H
+
+#include "kvcache.h"
+#include "model.h"
+#include "weights.h"
+
+typedef struct {
+    const char *name; /* "cpu", "cuda" */
+    /* a model over w for steps of max_rows tokens over max_seqs sequences,
+     * writing into caches shaped like kv; with peer (a model of the same
+     * back end over the same weights), sharing its weights where the back
+     * end holds its own copy */
+    void *(*create)(const kvd_weights *w, const kvd_kvcache *kv, int max_rows, int max_seqs,
+                    void *peer, char *err);
+    void (*destroy)(void *m);
+    int (*set_hooks)(void *m, const kvd_hooks *h, char *err);
+    int (*set_shadow)(void *m, kvd_kvcache *shadow, char *err);
+    kvd_step_fn forward;
+    /* a branch of seq (cache and recurrent state): the new id, or -1 */
+    int (*fork)(void *m, kvd_kvcache *kv, int seq);
+    /* kv's host pools made to hold the cache's bytes (the device keeps its
+     * own; the CPU's are kv's already): 0, or -1 */
+    int (*pull_cache)(void *m, kvd_kvcache *kv);
+} kvd_engine_ops;
+
+typedef struct {
+    const kvd_engine_ops *ops;
+    void *m;
+    int max_rows, vocab;
+} kvd_engine;
+
+extern const kvd_engine_ops kvd_engine_cpu;
+/* runners/model_cuda.c, in builds with the CUDA back end */
+extern const kvd_engine_ops kvd_engine_cuda;
+
+/* The back end called name ("cpu" or "cuda"); NULL with err set where this
+ * build has none by that name. */
+const kvd_engine_ops *kvd_engine_find(const char *name, char *err);
+
+int kvd_engine_open(kvd_engine *e, const kvd_engine_ops *ops, const kvd_weights *w,
+                    const kvd_kvcache *kv, int max_rows, int max_seqs, const kvd_engine *peer,
+                    char *err);
+void kvd_engine_close(kvd_engine *e);
+
+static inline int kvd_engine_forward(kvd_engine *e, kvd_kvcache *kv, const kvd_batch *b,
+                                     float *logits, int last_only, char *err) {
+    return e->ops->forward(e->m, kv, b, logits, last_only, err);
+}
+/* kvd_prefill on this engine */
+static inline int kvd_engine_prefill(kvd_engine *e, kvd_kvcache *kv, int seq, const int32_t *tok,
+                                     int n, float *logits, int all_logits, char *err) {
+    return kvd_prefill_steps(e->ops->forward, e->m, e->max_rows, e->vocab, kv, seq, tok, n, logits,
+                             all_logits, err);
+}
+static inline int kvd_engine_set_hooks(kvd_engine *e, const kvd_hooks *h, char *err) {
+    return e->ops->set_hooks(e->m, h, err);
+}
+static inline int kvd_engine_set_shadow(kvd_engine *e, kvd_kvcache *shadow, char *err) {
+    return e->ops->set_shadow(e->m, shadow, err);
+}
+static inline int kvd_engine_fork(kvd_engine *e, kvd_kvcache *kv, int seq) {
+    return e->ops->fork(e->m, kv, seq);
+}
+static inline int kvd_engine_pull_cache(kvd_engine *e, kvd_kvcache *kv) {
+    return e->ops->pull_cache(e->m, kv);
+}
+
+#endif
