@@ -53,7 +53,7 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8) {
             break;
         }
         double t0 = now_s();
-        kvd_cuda_model *m = kvd_cuda_model_new_synth(&cfg, &syn, &kv, 512, 32, err);
+        kvd_cuda_model *m = kvd_cuda_model_new_synth(&cfg, &syn, &kv, 512, 32, 1, err);
         if (!m) {
             fprintf(stderr, "bench model: %s\n", err);
             kvd_kvcache_free(&kv);

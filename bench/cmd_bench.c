@@ -409,7 +409,7 @@ static int bench_lockstep(const kvd_model_opts *mo, int64_t ctx, int reps) {
         kvd_drift_opts_defaults(&o);
         o.gen_tokens = 0;
         t0 = kvd_now();
-        if (kvd_drift_run(&kvd_engine_cpu, &w, t.tokens, copy, start, ctx, KVD_KV_FP8_UNSCALED,
+        if (kvd_drift_run(&kvd_backend_cpu, &w, t.tokens, copy, start, ctx, KVD_KV_FP8_UNSCALED,
                           NULL, &o, &d, err))
             kvd_die(1, "bench", "%s", err);
         double tl = kvd_now() - t0;

@@ -27,7 +27,7 @@ typedef struct {
     int per_head;
     int calib_tokens;
     const char *backend;
-    const kvd_engine_ops *be; /* backend's, after use_backend */
+    kvd_backend be; /* backend's, after use_backend */
 } cal_opts;
 
 static int cal_flag(cal_opts *o, kvd_args *a, const char *f) {
@@ -44,21 +44,12 @@ static int cal_flag(cal_opts *o, kvd_args *a, const char *f) {
         o->calib_tokens = (int)kvd_args_long(a, f, 1, 1 << 24);
     } else if (!strcmp(f, "--backend")) {
         o->backend = kvd_args_value(a, f);
+    } else if (!strcmp(f, "--gpus")) {
+        o->be.gpus = (int)kvd_args_long(a, f, 1, KVD_MAX_GPUS);
     } else {
         return 0;
     }
     return 1;
-}
-
-/* the back end --backend names, with a device to run on */
-static void use_backend(cal_opts *o, const char *cmd) {
-    char err[KVD_ERR_LEN];
-    if (!(o->be = kvd_engine_find(o->backend, err))) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
-    if (o->be != &kvd_engine_cpu) {
-        kvd_cuda_info ci;
-        kvd_cuda_probe(&ci);
-        if (ci.devices < 1) kvd_die(1, cmd, "--backend %s: %s", o->backend, ci.name);
-    }
 }
 
 static void get_scales(const cal_opts *o, const kvd_weights *w, uint64_t seed, const char *cmd,
@@ -73,7 +64,7 @@ static void get_scales(const cal_opts *o, const kvd_weights *w, uint64_t seed, c
         return;
     }
     double t0 = kvd_now();
-    if (kvd_calibrate_trace(o->be, w, seed, o->calib_tokens, o->recipe, o->per_head, sc, am, err))
+    if (kvd_calibrate_trace(&o->be, w, seed, o->calib_tokens, o->recipe, o->per_head, sc, am, err))
         kvd_die(1, cmd, "%s", err);
     if (verbose)
         printf("calibration: %s recipe, %s, %d held-out tokens (seed %llu), %.2f s\n",
@@ -165,14 +156,15 @@ static const char *const forward_help =
     "  --per-head              calibrate per KV head instead of per layer\n"
     "  --calib-tokens N        length of the held-out calibration trace (default 1024)\n"
     "  --dump DIR              write tokens, logits, K/V and cache bytes per mode to DIR\n"
-    "  --backend cpu|cuda      where the model and calibration run (default cpu)\n";
+    "  --backend cpu|cuda      where the model and calibration run (default cpu)\n"
+    "  --gpus N                split the model over N GPUs (tensor parallelism; default 1)\n";
 
 int kvd_cmd_forward(int argc, char **argv) {
     const char *cmd = "forward";
     kvd_args a = {argc, argv, 0, cmd};
     kvd_model_opts mo;
     kvd_model_opts_init(&mo);
-    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024, "cpu", NULL};
+    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024, "cpu", {NULL, 1}};
     const char *kv_list = "bf16,fp8-cal,fp8-unscaled,fp8-e5m2", *dump = NULL;
     int T = 1024, saturate = 1;
     uint64_t seed = 1;
@@ -202,7 +194,7 @@ int kvd_cmd_forward(int argc, char **argv) {
         }
     }
     char err[KVD_ERR_LEN];
-    use_backend(&co, cmd);
+    kvd_use_backend(&co.be, co.backend, cmd, NULL, 0);
     /* modes: bf16 always runs first, as the reference */
     int want[KVD_KV_N_MODES] = {0};
     char list[256];
@@ -281,7 +273,7 @@ int kvd_cmd_forward(int argc, char **argv) {
         float *out = mode == KVD_KV_BF16 ? ref : lg;
         double ts = 0, dt = 0;
         kvd_engine m;
-        if (kvd_engine_open(&m, co.be, &w, &kv, T < 512 ? T : 512, 1, NULL, err))
+        if (kvd_engine_open(&m, &co.be, &w, &kv, T < 512 ? T : 512, 1, NULL, err))
             kvd_die(1, cmd, "%s", err);
         kvd_hooks hk = {&cap, NULL, capture_kv, NULL, NULL, NULL};
         if (dump && kvd_engine_set_hooks(&m, &hk, err)) kvd_die(1, cmd, "%s", err);
@@ -337,7 +329,7 @@ int kvd_cmd_calibrate(int argc, char **argv) {
     kvd_args a = {argc, argv, 0, cmd};
     kvd_model_opts mo;
     kvd_model_opts_init(&mo);
-    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024, "cpu", NULL};
+    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024, "cpu", {NULL, 1}};
     const char *out = NULL, *f;
     uint64_t seed = 1;
     while ((f = kvd_args_next(&a))) {
@@ -354,6 +346,7 @@ int kvd_cmd_calibrate(int argc, char **argv) {
                    "  --per-head            one scale per KV head instead of per layer\n"
                    "  --calib-tokens N      calibration trace length (default 1024)\n"
                    "  --backend cpu|cuda    where the model runs (default cpu)\n"
+                   "  --gpus N              split it over N GPUs (default 1)\n"
                    "  --seed N              seed; the calibration trace uses seed + %u\n%s",
                    KVD_CALIB_SEED_OFFSET, kvd_model_opts_help);
             return 0;
@@ -363,7 +356,7 @@ int kvd_cmd_calibrate(int argc, char **argv) {
     }
     if (!out) kvd_die(KVD_EXIT_USAGE, cmd, "expected -o FILE for the scales");
     if (co.scales_path) kvd_die(KVD_EXIT_USAGE, cmd, "--scales is an input of other commands");
-    use_backend(&co, cmd);
+    kvd_use_backend(&co.be, co.backend, cmd, NULL, 0);
     kvd_weights w;
     kvd_model_opts_build(&mo, cmd, &w);
     kvd_kv_scales sc, am;

@@ -35,7 +35,7 @@ typedef struct {
     int traces;
     uint64_t seed;
     const char *out, *spec_path, *backend;
-    const kvd_engine_ops *be; /* backend's */
+    kvd_backend be; /* backend's, with the GPUs */
     kvd_cal_recipe recipe;
     int per_head, calib_tokens;
     double kv_budget;
@@ -129,6 +129,12 @@ static void set_flag(run_opts *o, const char *cmd, const char *flag, const char 
         if (strcmp(val, "cpu") && strcmp(val, "cuda"))
             kvd_die(KVD_EXIT_USAGE, cmd, "--backend: expected cpu or cuda, got '%s'", val);
         o->backend = val;
+    } else if (!strcmp(flag, "--gpus")) {
+        char *end;
+        long g = strtol(val, &end, 10);
+        if (*end || end == val || g < 1 || g > KVD_MAX_GPUS)
+            kvd_die(KVD_EXIT_USAGE, cmd, "--gpus: expected 1 to %d, got '%s'", KVD_MAX_GPUS, val);
+        o->be.gpus = (int)g;
     } else {
         kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s' (see kvdrift run --help)", flag);
     }
@@ -475,7 +481,7 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
         return -1;
     }
     kvd_engine m;
-    if (kvd_engine_open(&m, o->be, w, &kv, 256 > C ? 256 : C, 2 * C, NULL, err)) {
+    if (kvd_engine_open(&m, &o->be, w, &kv, 256 > C ? 256 : C, 2 * C, NULL, err)) {
         kvd_kvcache_free(&kv);
         free(len);
         return -1;
@@ -660,6 +666,7 @@ static const char *const run_help =
     "  --threads N          worker threads (default: every core)\n"
     "  --cells LIST         drift, throughput or both (default drift,throughput)\n"
     "  --backend cpu|cuda   where the model runs: every cell and the calibration (default cpu)\n"
+    "  --gpus N             split the model over N GPUs (tensor parallelism; default 1)\n"
     "  --spec FILE          the same settings as JSON, keys named like the flags\n";
 
 int kvd_cmd_run(int argc, char **argv) {
@@ -718,15 +725,7 @@ int kvd_cmd_run(int argc, char **argv) {
     }
     if (!o.out) kvd_die(KVD_EXIT_USAGE, cmd, "expected -o FILE (or \"output\" in the spec)");
     char err[KVD_ERR_LEN], device[128];
-    if (!(o.be = kvd_engine_find(o.backend, err))) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
-    if (o.be != &kvd_engine_cpu) {
-        kvd_cuda_info ci;
-        kvd_cuda_probe(&ci);
-        if (ci.devices < 1) kvd_die(1, cmd, "--backend %s: %s", o.backend, ci.name);
-        snprintf(device, sizeof device, "%s", ci.name);
-    } else {
-        snprintf(device, sizeof device, "cpu (%d threads)", kvd_threads());
-    }
+    kvd_use_backend(&o.be, o.backend, cmd, device, (int)sizeof device);
     kvd_weights w;
     kvd_model_opts_build(&o.mo, cmd, &w);
     const kvd_config *c = &w.cfg;
@@ -788,7 +787,7 @@ int kvd_cmd_run(int argc, char **argv) {
             kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
     }
     if (need_cal) {
-        if (!o.scales_path && kvd_calibrate_trace(o.be, &w, o.seed, o.calib_tokens, o.recipe,
+        if (!o.scales_path && kvd_calibrate_trace(&o.be, &w, o.seed, o.calib_tokens, o.recipe,
                                                   o.per_head, &sc, &am, err))
             kvd_die(1, cmd, "%s", err);
         free(res.k_scale), free(res.v_scale);
@@ -840,7 +839,7 @@ int kvd_cmd_run(int argc, char **argv) {
                 }
                 kvd_drift d;
                 if (kvd_drift_init(&d, c, ctx)) kvd_die(1, cmd, "out of memory");
-                if (kvd_drift_run(o.be, &w, tr[t].tokens, is_copy, start, ctx, mode, msc, &dop, &d,
+                if (kvd_drift_run(&o.be, &w, tr[t].tokens, is_copy, start, ctx, mode, msc, &dop, &d,
                                   err)) {
                     fprintf(stderr, "\nkvdrift run: cell %s: %s\n", cell, err);
                     failed = 1;

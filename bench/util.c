@@ -1,6 +1,7 @@
 /* kvdrift: command-line plumbing (see util.h). */
 #include "util.h"
 
+#include "../kernels/backend.h"
 #include "../runners/checkpoint.h"
 #include "../runners/fileio.h"
 
@@ -276,4 +277,21 @@ const char *kvd_describe_model(const kvd_config *c, char *buf, int len) {
                  c->vocab_size);
     }
     return buf;
+}
+
+void kvd_use_backend(kvd_backend *be, const char *name, const char *cmd, char *desc, int len) {
+    char err[KVD_ERR_LEN];
+    if (be->gpus < 1) be->gpus = 1;
+    if (!(be->ops = kvd_engine_find(name, err))) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    if (be->ops == &kvd_engine_cpu) {
+        if (be->gpus > 1) kvd_die(KVD_EXIT_USAGE, cmd, "--gpus %d: needs --backend cuda", be->gpus);
+        if (desc) snprintf(desc, (size_t)len, "cpu (%d threads)", kvd_threads());
+        return;
+    }
+    kvd_cuda_info ci;
+    kvd_cuda_probe(&ci);
+    if (ci.devices < 1) kvd_die(1, cmd, "--backend %s: %s", name, ci.name);
+    if (ci.devices < be->gpus)
+        kvd_die(1, cmd, "--gpus %d: only %d CUDA devices visible", be->gpus, ci.devices);
+    if (desc) snprintf(desc, (size_t)len, be->gpus > 1 ? "%s x%d" : "%s", ci.name, be->gpus);
 }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "../runners/config.h"
+#include "../runners/engine.h"
 #include "../runners/kvcache.h"
 #include "../runners/weights.h"
 
@@ -58,5 +59,11 @@ void kvd_set_threads(int n);
 int kvd_threads(void);
 double kvd_now(void);
 const char *kvd_describe_model(const kvd_config *c, char *buf, int len);
+
+/* --backend NAME with be->gpus already set by --gpus: the back end, with
+ * enough devices visible, or exit with the reason; desc (when not NULL)
+ * names where it runs. */
+#define KVD_MAX_GPUS 16
+void kvd_use_backend(kvd_backend *be, const char *name, const char *cmd, char *desc, int len);
 
 #endif

@@ -3,7 +3,7 @@
 
 #include "trace.h"
 
-int kvd_calibrate_trace(const kvd_engine_ops *be, const kvd_weights *w, uint64_t seed, int n,
+int kvd_calibrate_trace(const kvd_backend *be, const kvd_weights *w, uint64_t seed, int n,
                         kvd_cal_recipe recipe, int per_head, kvd_kv_scales *scales,
                         kvd_kv_scales *absmax, char *err) {
     kvd_trace_spec sp;

@@ -11,7 +11,7 @@
  * agentic-coding generator at seed + KVD_CALIB_SEED_OFFSET, n tokens. So
  * `kvdrift calibrate --seed S` writes exactly what `kvdrift run --seed S`
  * calibrates. */
-int kvd_calibrate_trace(const kvd_engine_ops *be, const kvd_weights *w, uint64_t seed, int n,
+int kvd_calibrate_trace(const kvd_backend *be, const kvd_weights *w, uint64_t seed, int n,
                         kvd_cal_recipe recipe, int per_head, kvd_kv_scales *scales,
                         kvd_kv_scales *absmax, char *err);
 

@@ -42,7 +42,7 @@ float kvd_cal_scale(kvd_cal_recipe r, int is_v, float absmax) {
     }
 }
 
-int kvd_calibrate(const kvd_engine_ops *be, const kvd_weights *w, const int32_t *tok, int n,
+int kvd_calibrate(const kvd_backend *be, const kvd_weights *w, const int32_t *tok, int n,
                   kvd_cal_recipe recipe, int per_head, kvd_kv_scales *scales, kvd_kv_scales *absmax,
                   char *err) {
     const kvd_config *c = &w->cfg;

@@ -338,7 +338,7 @@ static int generate(kvd_engine *mr, kvd_kvcache *kr, kvd_engine *mc, kvd_kvcache
     return rc;
 }
 
-int kvd_drift_run(const kvd_engine_ops *be, const kvd_weights *w, const uint32_t *tok,
+int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *tok,
                   const uint8_t *is_copy, const uint8_t *copy_start, int64_t n, kvd_kv_mode mode,
                   const kvd_kv_scales *scales, const kvd_drift_opts *o, kvd_drift *d, char *err) {
     const kvd_config *c = &w->cfg;

@@ -5,8 +5,8 @@
 #include <string.h>
 
 static void *cpu_create(const kvd_weights *w, const kvd_kvcache *kv, int max_rows, int max_seqs,
-                        void *peer, char *err) {
-    (void)kv, (void)peer; /* the CPU model borrows w and takes any cache */
+                        int gpus, void *peer, char *err) {
+    (void)kv, (void)peer, (void)gpus; /* the CPU model borrows w and takes any cache */
     return kvd_model_new(w, max_rows, max_seqs, err);
 }
 static void cpu_destroy(void *m) {
@@ -40,6 +40,8 @@ static int cpu_pull_cache(void *m, kvd_kvcache *kv) {
 const kvd_engine_ops kvd_engine_cpu = {"cpu",          cpu_create,  cpu_destroy, cpu_set_hooks,
                                        cpu_set_shadow, cpu_forward, cpu_fork,    cpu_pull_cache};
 
+const kvd_backend kvd_backend_cpu = {&kvd_engine_cpu, 1};
+
 const kvd_engine_ops *kvd_engine_find(const char *name, char *err) {
     if (!strcmp(name, "cpu")) return &kvd_engine_cpu;
     if (!strcmp(name, "cuda")) {
@@ -54,14 +56,16 @@ const kvd_engine_ops *kvd_engine_find(const char *name, char *err) {
     return NULL;
 }
 
-int kvd_engine_open(kvd_engine *e, const kvd_engine_ops *ops, const kvd_weights *w,
+int kvd_engine_open(kvd_engine *e, const kvd_backend *be, const kvd_weights *w,
                     const kvd_kvcache *kv, int max_rows, int max_seqs, const kvd_engine *peer,
                     char *err) {
+    const kvd_engine_ops *ops = be->ops;
     memset(e, 0, sizeof *e);
     e->ops = ops;
     e->max_rows = max_rows;
     e->vocab = w->cfg.vocab_size;
-    e->m = ops->create(w, kv, max_rows, max_seqs, peer && peer->ops == ops ? peer->m : NULL, err);
+    e->m = ops->create(w, kv, max_rows, max_seqs, be->gpus,
+                       peer && peer->ops == ops ? peer->m : NULL, err);
     return e->m ? 0 : -1;
 }
 

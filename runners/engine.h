@@ -16,7 +16,7 @@ typedef struct {
      * back end over the same weights), sharing its weights where the back
      * end holds its own copy */
     void *(*create)(const kvd_weights *w, const kvd_kvcache *kv, int max_rows, int max_seqs,
-                    void *peer, char *err);
+                    int gpus, void *peer, char *err);
     void (*destroy)(void *m);
     int (*set_hooks)(void *m, const kvd_hooks *h, char *err);
     int (*set_shadow)(void *m, kvd_kvcache *shadow, char *err);
@@ -38,11 +38,19 @@ extern const kvd_engine_ops kvd_engine_cpu;
 /* runners/model_cuda.c, in builds with the CUDA back end */
 extern const kvd_engine_ops kvd_engine_cuda;
 
+/* Where models run: a back end, and the GPUs a model is split over (tensor
+ * parallelism; 1 for the CPU). */
+typedef struct {
+    const kvd_engine_ops *ops;
+    int gpus;
+} kvd_backend;
+extern const kvd_backend kvd_backend_cpu;
+
 /* The back end called name ("cpu" or "cuda"); NULL with err set where this
  * build has none by that name. */
 const kvd_engine_ops *kvd_engine_find(const char *name, char *err);
 
-int kvd_engine_open(kvd_engine *e, const kvd_engine_ops *ops, const kvd_weights *w,
+int kvd_engine_open(kvd_engine *e, const kvd_backend *be, const kvd_weights *w,
                     const kvd_kvcache *kv, int max_rows, int max_seqs, const kvd_engine *peer,
                     char *err);
 void kvd_engine_close(kvd_engine *e);

@@ -3,7 +3,16 @@
  * (kernels/cuda), held to its CPU twin by tests/gpu, and this file only
  * places buffers and launches. Activations stay in FP32, weights are BF16
  * (exact: the synthetic weights are BF16 values), so the device and the CPU
- * differ by the order of their sums alone. */
+ * differ by the order of their sums alone.
+ *
+ * Tensor parallelism: a model over n devices is n ranks, each a
+ * kvd_cuda_model with its share of the heads, experts and intermediate
+ * columns (dev_part) and a local config of that size, so the per-layer code
+ * is the same for any n. The output projections (o_proj, out_proj, the
+ * experts' and the dense MLP's down projections) give partial sums, summed
+ * over the ranks after each mixer and each MoE layer; everything else is
+ * replicated. One device is one rank, through the same code. Rank 0 is the
+ * handle callers hold, and holds the others. */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE, madvise */
 #include "model_cuda.h"
 
@@ -17,6 +26,17 @@
 
 #include "../kernels/cuda/cuda_kernels.h"
 #include "engine.h"
+
+/* A rank's share (rank of n): query heads from nh0, KV heads from kv0 (each
+ * rank one copy when there are more ranks than KV heads: `primary` is the
+ * first copy, whose cache counters count), DeltaNet key and value heads
+ * from nk0 and nv0, experts [e0, e1), and the shared expert's and the dense
+ * MLP's intermediate columns from is0 and i0. */
+typedef struct {
+    int rank, n;
+    int nh0, kv0, nk0, nv0, e0, e1, is0, i0;
+    int primary;
+} dev_part;
 
 /* device allocations, freed together */
 typedef struct {
@@ -64,7 +84,11 @@ typedef struct {
 } dev_kv;
 
 struct kvd_cuda_model {
-    kvd_config c;
+    kvd_config c, full; /* c: this rank's share of full */
+    dev_part p;
+    struct kvd_cuda_model *rk[KVD_MAX_RANKS]; /* rank 0: every rank, itself first */
+    kvd_comm *comm;                           /* rank 0 */
+    float *mixes[KVD_MAX_RANKS];              /* rank 0: each rank's mix, for the sums */
     int max_rows, max_seqs;
     int attn_index[KVD_MAX_LAYERS], lin_index[KVD_MAX_LAYERS], n_full, n_lin;
     kvd_hooks hooks;
@@ -131,8 +155,9 @@ static void dev_weights_release(dev_weights *wt) {
     free(wt);
 }
 
-void kvd_cuda_model_free(kvd_cuda_model *m) {
+static void rank_free(kvd_cuda_model *m) {
     if (!m) return;
+    kvd_cuda_set_device(m->p.rank);
     dev_allocs_free(&m->mem);
     dev_weights_release(m->wt);
     kvd_cuda_free(m->d_probs), kvd_cuda_free(m->d_sprobs);
@@ -146,13 +171,23 @@ void kvd_cuda_model_free(kvd_cuda_model *m) {
     free(m);
 }
 
+void kvd_cuda_model_free(kvd_cuda_model *m) {
+    if (!m) return;
+    kvd_comm *comm = m->comm;
+    int n = m->p.n;
+    for (int r = n - 1; r > 0; r--) rank_free(m->rk[r]);
+    rank_free(m);
+    kvd_cuda_comm_free(comm);
+    kvd_cuda_set_device(0);
+}
+
 /* In lazy mode: make the tensor that src belongs to before its upload, and
  * give its pages back after. */
 static kvd_tensor *lazy_make(kvd_cuda_model *m, const float *src) {
     if (!m->lazy_s) return NULL;
     for (int i = 0; i < m->lazy_w->n_tensors; i++) {
         kvd_tensor *t = &m->lazy_w->tensors[i];
-        if (t->data != src) continue;
+        if (!t->data || src < t->data || src >= t->data + t->numel) continue;
         kvd_weights_fill(t, &m->lazy_w->cfg, m->lazy_s);
         return t;
     }
@@ -166,12 +201,13 @@ static void lazy_release(kvd_tensor *t) {
     if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }
 
-/* a matrix [rows][cols] as BF16 (converted on all cores), a vector as FP32;
+/* rows [r0, r0 + nr) and columns [c0, c0 + nc) of a matrix with ld columns,
+ * as a BF16 [nr][nc] matrix (converted on all cores); a vector as FP32;
  * NULL source: NULL */
-static void *up_mat(kvd_cuda_model *m, dev_allocs *to, const float *src, size_t rows, size_t cols,
-                    int *bad) {
+static void *up_slice(kvd_cuda_model *m, dev_allocs *to, const float *src, size_t ld, size_t r0,
+                      size_t nr, size_t c0, size_t nc, int *bad) {
     if (!src || *bad) return NULL;
-    size_t n = rows * cols;
+    size_t n = nr * nc;
     void *d = dalloc(to, n * 2);
     if (n > m->stage16_n) {
         free(m->stage16);
@@ -183,31 +219,70 @@ static void *up_mat(kvd_cuda_model *m, dev_allocs *to, const float *src, size_t 
         return NULL;
     }
     kvd_tensor *made = lazy_make(m, src);
-    const size_t chunk = (size_t)1 << 20;
-    long nch = (long)((n + chunk - 1) / chunk);
+    if (nc == ld) {
+        const size_t chunk = (size_t)1 << 20;
+        const float *s0 = src + r0 * ld;
+        long nch = (long)((n + chunk - 1) / chunk);
 #pragma omp parallel for schedule(static)
-    for (long ci = 0; ci < nch; ci++) {
-        size_t i0 = (size_t)ci * chunk, k = n - i0 < chunk ? n - i0 : chunk;
-        kvd_quant_bf16(src + i0, m->stage16 + i0, k);
+        for (long ci = 0; ci < nch; ci++) {
+            size_t i0 = (size_t)ci * chunk, k = n - i0 < chunk ? n - i0 : chunk;
+            kvd_quant_bf16(s0 + i0, m->stage16 + i0, k);
+        }
+    } else {
+#pragma omp parallel for schedule(static)
+        for (long r = 0; r < (long)nr; r++)
+            kvd_quant_bf16(src + (r0 + (size_t)r) * ld + c0, m->stage16 + (size_t)r * nc, nc);
     }
     if (kvd_cuda_upload(d, m->stage16, n * 2)) *bad = 1;
     lazy_release(made);
     return d;
 }
-static float *up_vec(kvd_cuda_model *m, dev_allocs *to, const float *src, size_t n, int *bad) {
+static void *up_mat(kvd_cuda_model *m, dev_allocs *to, const float *src, size_t rows, size_t cols,
+                    int *bad) {
+    return up_slice(m, to, src, cols, 0, rows, 0, cols, bad);
+}
+/* FP32 rows of `len` values: [r0[i], r0[i] + nr[i]) for each of k ranges,
+ * one after another */
+static float *up_rows(kvd_cuda_model *m, dev_allocs *to, const float *src, size_t len, int k,
+                      const size_t *r0, const size_t *nr, int *bad) {
     if (!src || *bad) return NULL;
-    float *d = dalloc(to, n * sizeof(float));
+    size_t n = 0;
+    for (int i = 0; i < k; i++) n += nr[i] * len;
+    float *d = dalloc(to, n * sizeof(float) + 4), *h = malloc(n * sizeof(float) + 4);
     kvd_tensor *made = lazy_make(m, src);
-    if (!d || kvd_cuda_upload(d, src, n * sizeof(float))) *bad = 1;
+    size_t o = 0;
+    if (d && h)
+        for (int i = 0; i < k; i++) {
+            memcpy(h + o, src + r0[i] * len, nr[i] * len * sizeof(float));
+            o += nr[i] * len;
+        }
+    if (!d || !h || kvd_cuda_upload(d, h, n * sizeof(float))) *bad = 1;
     lazy_release(made);
+    free(h);
     return d;
+}
+static float *up_vec(kvd_cuda_model *m, dev_allocs *to, const float *src, size_t n, int *bad) {
+    size_t z = 0;
+    return up_rows(m, to, src, 1, 1, &z, &n, bad);
 }
 
 /* ---- a cache on the device ---- */
 
+/* this rank's KV heads' scales, [layer][local head], uploaded into d */
+static int dev_kv_scales(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv) {
+    const int kvh = m->kv_heads, nf = m->n_full;
+    float ks[(size_t)nf * kvh + 1], vs[(size_t)nf * kvh + 1];
+    for (int a = 0; a < nf; a++)
+        for (int h = 0; h < kvh; h++) {
+            ks[a * kvh + h] = kv->k_scale[(size_t)a * kv->kv_heads + m->p.kv0 + h];
+            vs[a * kvh + h] = kv->v_scale[(size_t)a * kv->kv_heads + m->p.kv0 + h];
+        }
+    size_t n = sizeof(float) * (size_t)nf * kvh;
+    return kvd_cuda_upload(d->kscale, ks, n) || kvd_cuda_upload(d->vscale, vs, n) ? -1 : 0;
+}
+
 static int dev_kv_init(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv) {
-    const size_t kvh = (size_t)kv->kv_heads, nf = (size_t)m->n_full;
-    int bad = 0;
+    const size_t kvh = (size_t)m->kv_heads, nf = (size_t)m->n_full;
     d->fmt = kv->fmt;
     d->saturate = kv->saturate;
     d->block_size = kv->block_size;
@@ -224,11 +299,12 @@ static int dev_kv_init(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv) {
             return -1;
     d->btab = dalloc(&m->mem, sizeof(int32_t) * (size_t)m->max_seqs * (size_t)kv->n_blocks + 16);
     d->slot = dalloc(&m->mem, sizeof(int32_t) * (size_t)m->max_rows + 16);
-    d->kscale = up_vec(m, &m->mem, kv->k_scale, nf * kvh, &bad);
-    d->vscale = up_vec(m, &m->mem, kv->v_scale, nf * kvh, &bad);
+    d->kscale = dalloc(&m->mem, sizeof(float) * (nf * kvh + 1));
+    d->vscale = dalloc(&m->mem, sizeof(float) * (nf * kvh + 1));
     d->stats = dalloc(&m->mem, sizeof(unsigned long long) * (nf * 8 + 8));
     d->absmax = dalloc(&m->mem, sizeof(unsigned int) * (nf * 2 * kvh + 2));
-    return bad || !d->btab || !d->slot || !d->stats || !d->absmax ? -1 : 0;
+    if (!d->btab || !d->slot || !d->kscale || !d->vscale || !d->stats || !d->absmax) return -1;
+    return dev_kv_scales(m, d, kv);
 }
 
 static kvd_kv_view dev_kv_view(const kvd_cuda_model *m, const dev_kv *d, int al) {
@@ -272,8 +348,9 @@ static int dev_kv_stage(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv, con
     unsigned int am[na + 1];
     for (int a = 0; a < m->n_full; a++)
         for (int h = 0; h < kvh; h++) {
-            memcpy(&am[((size_t)a * 2) * kvh + h], &kv->k_absmax[(size_t)a * kvh + h], 4);
-            memcpy(&am[((size_t)a * 2 + 1) * kvh + h], &kv->v_absmax[(size_t)a * kvh + h], 4);
+            size_t g = (size_t)a * kv->kv_heads + m->p.kv0 + h; /* the cache's head */
+            memcpy(&am[((size_t)a * 2) * kvh + h], &kv->k_absmax[g], 4);
+            memcpy(&am[((size_t)a * 2 + 1) * kvh + h], &kv->v_absmax[g], 4);
         }
     rc |= kvd_cuda_upload(d->absmax, am, sizeof(unsigned int) * na);
     return rc;
@@ -291,76 +368,149 @@ static int dev_kv_settle(kvd_cuda_model *m, dev_kv *d, kvd_kvcache *kv) {
     for (int a = 0; a < m->n_full; a++) {
         kvd_qstats *ks = &kv->k_stats[a], *vs = &kv->v_stats[a];
         const unsigned long long *k = st + (size_t)a * 8, *v = k + 4;
-        ks->n += k[0], ks->saturated += k[1], ks->flushed += k[2], ks->subnormal += k[3];
-        vs->n += v[0], vs->saturated += v[1], vs->flushed += v[2], vs->subnormal += v[3];
+        if (m->p.primary) {
+            ks->n += k[0], ks->saturated += k[1], ks->flushed += k[2], ks->subnormal += k[3];
+            vs->n += v[0], vs->saturated += v[1], vs->flushed += v[2], vs->subnormal += v[3];
+        }
         for (int h = 0; h < kvh; h++) {
-            memcpy(&kv->k_absmax[(size_t)a * kvh + h], &am[((size_t)a * 2) * kvh + h], 4);
-            memcpy(&kv->v_absmax[(size_t)a * kvh + h], &am[((size_t)a * 2 + 1) * kvh + h], 4);
+            size_t g = (size_t)a * kv->kv_heads + m->p.kv0 + h;
+            memcpy(&kv->k_absmax[g], &am[((size_t)a * 2) * kvh + h], 4);
+            memcpy(&kv->v_absmax[g], &am[((size_t)a * 2 + 1) * kvh + h], 4);
         }
     }
     return 0;
 }
 
-/* the weights as BF16 matrices and FP32 vectors */
+/* ---- tensor parallelism: each rank's share ---- */
+
+static int partition(const kvd_config *c, int n, dev_part *p, char *err) {
+    const int nh = c->num_attention_heads, kvh = c->num_key_value_heads;
+    const int nk = c->linear_num_key_heads, E = c->num_experts;
+    const int Is = c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size : 0;
+    const char *what = NULL;
+    int val = 0;
+    if (nh % n)
+        what = "num_attention_heads", val = nh;
+    else if (kvh % n && n % kvh)
+        what = "num_key_value_heads", val = kvh;
+    else if (nk % n)
+        what = "linear_num_key_heads", val = nk;
+    else if (E % n)
+        what = "num_experts", val = E;
+    else if (Is % n)
+        what = "shared_expert_intermediate_size", val = Is;
+    else if (E == 0 && c->intermediate_size % n)
+        what = "intermediate_size", val = c->intermediate_size;
+    if (what) {
+        snprintf(err, KVD_ERR_LEN,
+                 "--gpus %d: %s %d does not split into %d equal parts (KV heads may also be "
+                 "a divisor of the GPUs)",
+                 n, what, val, n);
+        return -1;
+    }
+    const int G = nh / kvh, nhl = nh / n, nv = c->linear_num_value_heads;
+    for (int r = 0; r < n; r++) {
+        dev_part *q = &p[r];
+        memset(q, 0, sizeof *q);
+        q->rank = r, q->n = n;
+        q->nh0 = r * nhl;
+        q->kv0 = q->nh0 / G;
+        /* more ranks than KV heads: n / kvh ranks share each, the first counts */
+        q->primary = kvh % n == 0 || r % (n / kvh) == 0;
+        q->nk0 = r * (nk / n), q->nv0 = r * (nv / n);
+        q->e0 = r * (E / n), q->e1 = q->e0 + E / n;
+        q->is0 = r * (Is / n);
+        q->i0 = E ? 0 : r * (c->intermediate_size / n);
+    }
+    return 0;
+}
+
+/* the shapes a rank computes */
+static void local_config(const kvd_config *c, const dev_part *p, kvd_config *lc) {
+    const int n = p->n, kvh = c->num_key_value_heads;
+    *lc = *c;
+    lc->num_attention_heads = c->num_attention_heads / n;
+    lc->num_key_value_heads = kvh % n == 0 ? kvh / n : 1;
+    lc->linear_num_key_heads = c->linear_num_key_heads / n;
+    lc->linear_num_value_heads = c->linear_num_value_heads / n;
+    if (c->shared_expert_intermediate_size > 0) lc->shared_expert_intermediate_size /= n;
+    if (c->num_experts == 0) lc->intermediate_size /= n;
+}
+
+/* The weights as BF16 matrices and FP32 vectors, this rank's share: the
+ * projections into its heads (and columns) by rows, the projections out of
+ * them by columns, its experts; the rest whole. */
 static int upload_weights(kvd_cuda_model *m, const kvd_weights *w) {
-    const kvd_config *c = &w->cfg;
+    const kvd_config *c = &m->full, *lc = &m->c;
+    const dev_part *p = &m->p;
     dev_weights *wt = m->wt;
     const size_t H = (size_t)c->hidden_size, hd = (size_t)c->head_dim, V = (size_t)c->vocab_size;
-    const size_t nh = (size_t)c->num_attention_heads, kvh = (size_t)c->num_key_value_heads;
-    const size_t kd = (size_t)kvd_key_dim(c), vd = (size_t)kvd_value_dim(c);
-    const size_t cd = (size_t)kvd_conv_dim(c), nv = (size_t)c->linear_num_value_heads;
-    const size_t dv = (size_t)c->linear_value_head_dim;
-    const size_t Kc = (size_t)c->linear_conv_kernel_dim, pw = 2 * kd + 2 * vd;
+    const size_t nh = (size_t)c->num_attention_heads, nhl = (size_t)lc->num_attention_heads;
+    const size_t kvhl = (size_t)lc->num_key_value_heads;
+    const size_t dk = (size_t)c->linear_key_head_dim, dv = (size_t)c->linear_value_head_dim;
+    const size_t nk = (size_t)c->linear_num_key_heads, nv = (size_t)c->linear_num_value_heads;
+    const size_t nkl = (size_t)lc->linear_num_key_heads, nvl = (size_t)lc->linear_num_value_heads;
+    const size_t rr = nv / nk, kd = nk * dk, vd = nv * dv, Kc = (size_t)c->linear_conv_kernel_dim;
     const size_t E = (size_t)c->num_experts;
     const size_t I = E ? (size_t)c->moe_intermediate_size : (size_t)c->intermediate_size;
+    const size_t Il = E ? I : (size_t)lc->intermediate_size;
     const size_t Is =
         (size_t)(c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size : 0);
+    const size_t Isl = Is / (size_t)p->n;
     int bad = 0;
-    wt->embed = up_mat(m, &wt->mem, w->embed, V, H, &bad);
-    wt->lm_head = w->lm_head == w->embed ? wt->embed : up_mat(m, &wt->mem, w->lm_head, V, H, &bad);
-    wt->final_norm = up_vec(m, &wt->mem, w->final_norm, H, &bad);
+    dev_allocs *to = &wt->mem;
+    wt->embed = up_mat(m, to, w->embed, V, H, &bad);
+    wt->lm_head = w->lm_head == w->embed ? wt->embed : up_mat(m, to, w->lm_head, V, H, &bad);
+    wt->final_norm = up_vec(m, to, w->final_norm, H, &bad);
     for (int l = 0; l < c->num_hidden_layers && !bad; l++) {
         const kvd_layer_weights *lw = &w->layers[l];
         dev_layer *d = &wt->L[l];
-        d->input_norm = up_vec(m, &wt->mem, lw->input_norm, H, &bad);
-        d->post_norm = up_vec(m, &wt->mem, lw->post_norm, H, &bad);
+        d->input_norm = up_vec(m, to, lw->input_norm, H, &bad);
+        d->post_norm = up_vec(m, to, lw->post_norm, H, &bad);
         if (c->layer_types[l] == KVD_LAYER_FULL) {
-            d->q_proj = up_mat(m, &wt->mem, lw->q_proj, 2 * nh * hd, H, &bad);
-            d->k_proj = up_mat(m, &wt->mem, lw->k_proj, kvh * hd, H, &bad);
-            d->v_proj = up_mat(m, &wt->mem, lw->v_proj, kvh * hd, H, &bad);
-            d->o_proj = up_mat(m, &wt->mem, lw->o_proj, H, nh * hd, &bad);
-            d->q_norm = up_vec(m, &wt->mem, lw->q_norm, hd, &bad);
-            d->k_norm = up_vec(m, &wt->mem, lw->k_norm, hd, &bad);
+            /* q rows are [query | gate] per head */
+            d->q_proj = up_slice(m, to, lw->q_proj, H, p->nh0 * 2 * hd, nhl * 2 * hd, 0, H, &bad);
+            d->k_proj = up_slice(m, to, lw->k_proj, H, p->kv0 * hd, kvhl * hd, 0, H, &bad);
+            d->v_proj = up_slice(m, to, lw->v_proj, H, p->kv0 * hd, kvhl * hd, 0, H, &bad);
+            d->o_proj = up_slice(m, to, lw->o_proj, nh * hd, 0, H, p->nh0 * hd, nhl * hd, &bad);
+            d->q_norm = up_vec(m, to, lw->q_norm, hd, &bad);
+            d->k_norm = up_vec(m, to, lw->k_norm, hd, &bad);
         } else {
-            d->in_proj_qkvz = up_mat(m, &wt->mem, lw->in_proj_qkvz, pw, H, &bad);
-            d->in_proj_ba = up_mat(m, &wt->mem, lw->in_proj_ba, 2 * nv, H, &bad);
-            d->out_proj = up_mat(m, &wt->mem, lw->out_proj, H, vd, &bad);
-            d->conv1d = up_vec(m, &wt->mem, lw->conv1d, cd * Kc, &bad);
-            d->A_log = up_vec(m, &wt->mem, lw->A_log, nv, &bad);
-            d->dt_bias = up_vec(m, &wt->mem, lw->dt_bias, nv, &bad);
-            d->gdn_norm = up_vec(m, &wt->mem, lw->gdn_norm, dv, &bad);
+            /* the fused projections are grouped per key head: q, k, r v's, r z's; r b's, r a's */
+            const size_t g = 2 * dk + 2 * rr * dv;
+            d->in_proj_qkvz = up_slice(m, to, lw->in_proj_qkvz, H, p->nk0 * g, nkl * g, 0, H, &bad);
+            d->in_proj_ba =
+                up_slice(m, to, lw->in_proj_ba, H, p->nk0 * 2 * rr, nkl * 2 * rr, 0, H, &bad);
+            d->out_proj = up_slice(m, to, lw->out_proj, vd, 0, H, p->nv0 * dv, nvl * dv, &bad);
+            /* conv channels: q, k, v of every head */
+            size_t r0[3] = {p->nk0 * dk, kd + p->nk0 * dk, 2 * kd + p->nv0 * dv};
+            size_t nr[3] = {nkl * dk, nkl * dk, nvl * dv};
+            d->conv1d = up_rows(m, to, lw->conv1d, Kc, 3, r0, nr, &bad);
+            d->A_log = up_vec(m, to, lw->A_log ? lw->A_log + p->nv0 : NULL, nvl, &bad);
+            d->dt_bias = up_vec(m, to, lw->dt_bias ? lw->dt_bias + p->nv0 : NULL, nvl, &bad);
+            d->gdn_norm = up_vec(m, to, lw->gdn_norm, dv, &bad);
         }
         if (E) {
-            d->router = up_mat(m, &wt->mem, lw->router, E, H, &bad);
+            d->router = up_mat(m, to, lw->router, E, H, &bad);
             d->exp_gate = calloc(E, sizeof(void *));
             d->exp_up = calloc(E, sizeof(void *));
             d->exp_down = calloc(E, sizeof(void *));
             if (!d->exp_gate || !d->exp_up || !d->exp_down) bad = 1;
-            for (size_t e = 0; e < E && !bad; e++) {
-                d->exp_gate[e] = up_mat(m, &wt->mem, lw->exp_gate[e], I, H, &bad);
-                d->exp_up[e] = up_mat(m, &wt->mem, lw->exp_up[e], I, H, &bad);
-                d->exp_down[e] = up_mat(m, &wt->mem, lw->exp_down[e], H, I, &bad);
+            for (int e = p->e0; e < p->e1 && !bad; e++) {
+                d->exp_gate[e] = up_mat(m, to, lw->exp_gate[e], I, H, &bad);
+                d->exp_up[e] = up_mat(m, to, lw->exp_up[e], I, H, &bad);
+                d->exp_down[e] = up_mat(m, to, lw->exp_down[e], H, I, &bad);
             }
             if (Is) {
-                d->sh_gate = up_mat(m, &wt->mem, lw->sh_gate, Is, H, &bad);
-                d->sh_up = up_mat(m, &wt->mem, lw->sh_up, Is, H, &bad);
-                d->sh_down = up_mat(m, &wt->mem, lw->sh_down, H, Is, &bad);
-                d->sh_expert_gate = up_mat(m, &wt->mem, lw->sh_expert_gate, 1, H, &bad);
+                d->sh_gate = up_slice(m, to, lw->sh_gate, H, p->is0, Isl, 0, H, &bad);
+                d->sh_up = up_slice(m, to, lw->sh_up, H, p->is0, Isl, 0, H, &bad);
+                d->sh_down = up_slice(m, to, lw->sh_down, Is, 0, H, p->is0, Isl, &bad);
+                d->sh_expert_gate = up_mat(m, to, lw->sh_expert_gate, 1, H, &bad);
             }
         } else {
-            d->dense_gate = up_mat(m, &wt->mem, lw->dense_gate, I, H, &bad);
-            d->dense_up = up_mat(m, &wt->mem, lw->dense_up, I, H, &bad);
-            d->dense_down = up_mat(m, &wt->mem, lw->dense_down, H, I, &bad);
+            d->dense_gate = up_slice(m, to, lw->dense_gate, H, p->i0, Il, 0, H, &bad);
+            d->dense_up = up_slice(m, to, lw->dense_up, H, p->i0, Il, 0, H, &bad);
+            d->dense_down = up_slice(m, to, lw->dense_down, I, 0, H, p->i0, Il, &bad);
         }
     }
     int rot = kvd_rot_dim(c);
@@ -368,27 +518,29 @@ static int upload_weights(kvd_cuda_model *m, const kvd_weights *w) {
     if (!inv) return -1;
     for (int i = 0; i < rot / 2; i++)
         inv[i] = (float)(1.0 / pow(c->rope_theta, (double)(2 * i) / rot));
-    wt->inv_freq = up_vec(m, &wt->mem, inv, (size_t)(rot / 2 + 1), &bad);
+    wt->inv_freq = up_vec(m, to, inv, (size_t)(rot / 2 + 1), &bad);
     free(inv);
     return bad ? -1 : 0;
 }
 
-static kvd_cuda_model *model_new(const kvd_weights *w, const kvd_synth *lazy_s,
-                                 const kvd_cuda_model *peer, const kvd_kvcache *kv, int max_rows,
-                                 int max_seqs, char *err) {
-    const kvd_config *c = peer ? &peer->c : &w->cfg;
+/* One rank on its device: its share of the weights (or peer's, the same
+ * rank of a model over the same weights), its cache pools, state and
+ * buffers. */
+static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_synth *lazy_s,
+                                const kvd_cuda_model *peer, const kvd_kvcache *kv, int max_rows,
+                                int max_seqs, const kvd_config *full, const dev_part *part,
+                                char *err) {
     char why[256];
-    if (!kvd_cuda_available(why, sizeof why)) {
-        snprintf(err, KVD_ERR_LEN, "--backend cuda: %s", why);
-        return NULL;
-    }
-    if (max_rows <= 0 || max_seqs <= 0) {
-        snprintf(err, KVD_ERR_LEN, "device model: expected positive max_rows and max_seqs");
+    if (kvd_cuda_set_device(part->rank)) {
+        snprintf(err, KVD_ERR_LEN, "--gpus: device %d cannot be used", part->rank);
         return NULL;
     }
     kvd_cuda_model *m = calloc(1, sizeof *m);
     if (!m) goto oom;
-    m->c = *c;
+    m->full = *full;
+    m->p = *part;
+    local_config(full, part, &m->c);
+    const kvd_config *c = &m->c;
     m->max_rows = max_rows;
     m->max_seqs = max_seqs;
     m->lazy_w = (kvd_weights *)w;
@@ -397,7 +549,7 @@ static kvd_cuda_model *model_new(const kvd_weights *w, const kvd_synth *lazy_s,
     if (m->n_full > kv->n_layers) {
         snprintf(err, KVD_ERR_LEN, "device model: the KV cache has %d layers, the model %d",
                  kv->n_layers, m->n_full);
-        kvd_cuda_model_free(m);
+        rank_free(m);
         return NULL;
     }
     const size_t H = (size_t)c->hidden_size, hd = (size_t)c->head_dim, V = (size_t)c->vocab_size;
@@ -484,16 +636,18 @@ static kvd_cuda_model *model_new(const kvd_weights *w, const kvd_synth *lazy_s,
     m->h_row0 = malloc(sizeof(int) * (size_t)max_seqs);
     m->h_ntok = malloc(sizeof(int) * (size_t)max_seqs);
     m->h_x = malloc(sizeof(float) * R * H);
-    m->h_out = malloc(sizeof(float) * nh * hd);
-    m->h_sout = malloc(sizeof(float) * nh * hd);
-    m->h_k = malloc(sizeof(float) * R * kvh * hd);
-    m->h_v = malloc(sizeof(float) * R * kvh * hd);
+    /* the hooks' copies, of every rank's heads (used on rank 0) */
+    const size_t fnh = (size_t)full->num_attention_heads, fkvh = (size_t)full->num_key_value_heads;
+    m->h_out = malloc(sizeof(float) * fnh * hd);
+    m->h_sout = malloc(sizeof(float) * fnh * hd);
+    m->h_k = malloc(sizeof(float) * R * fkvh * hd);
+    m->h_v = malloc(sizeof(float) * R * fkvh * hd);
     if (!m->h_pos || !m->h_row_seq || !m->h_topi || !m->h_slots || !m->h_seqs || !m->h_row0 ||
         !m->h_ntok || !m->h_x || !m->h_out || !m->h_sout || !m->h_k || !m->h_v)
         goto oom;
     if (kvd_cuda_sync(why, sizeof why)) {
         snprintf(err, KVD_ERR_LEN, "device model: %s", why);
-        kvd_cuda_model_free(m);
+        rank_free(m);
         return NULL;
     }
     m->lazy_w = NULL, m->lazy_s = NULL;
@@ -505,23 +659,73 @@ oom:
              "device model: out of device or host memory for the weights, a %lld-block cache "
              "and %d rows x %d sequences",
              (long long)kv->n_blocks, max_rows, max_seqs);
-    kvd_cuda_model_free(m);
+    rank_free(m);
     return NULL;
+}
+
+/* The model over n ranks (devices 0 .. n-1); with peer, over its weights. */
+static kvd_cuda_model *model_new(const kvd_weights *w, const kvd_synth *lazy_s,
+                                 const kvd_cuda_model *peer, const kvd_kvcache *kv, int max_rows,
+                                 int max_seqs, int n, char *err) {
+    const kvd_config *c = peer ? &peer->full : &w->cfg;
+    char why[256];
+    if (!kvd_cuda_available(why, sizeof why)) {
+        snprintf(err, KVD_ERR_LEN, "--backend cuda: %s", why);
+        return NULL;
+    }
+    if (max_rows <= 0 || max_seqs <= 0) {
+        snprintf(err, KVD_ERR_LEN, "device model: expected positive max_rows and max_seqs");
+        return NULL;
+    }
+    if (peer) n = peer->p.n;
+    if (n < 1 || n > KVD_MAX_RANKS) {
+        snprintf(err, KVD_ERR_LEN, "--gpus: expected 1 to %d, got %d", KVD_MAX_RANKS, n);
+        return NULL;
+    }
+    dev_part parts[KVD_MAX_RANKS];
+    if (partition(c, n, parts, err)) return NULL;
+    kvd_comm *comm = kvd_cuda_comm_new(n, err, KVD_ERR_LEN);
+    if (!comm) return NULL;
+    kvd_cuda_model *m0 = NULL;
+    for (int r = 0; r < n; r++) {
+        kvd_cuda_model *m = rank_new(w, lazy_s, peer ? peer->rk[r] : NULL, kv, max_rows, max_seqs,
+                                     c, &parts[r], err);
+        if (!m) {
+            if (m0) {
+                m0->p.n = r; /* the ranks made so far */
+                kvd_cuda_model_free(m0);
+            } else {
+                kvd_cuda_comm_free(comm);
+            }
+            kvd_cuda_set_device(0);
+            return NULL;
+        }
+        if (r == 0) m0 = m, m0->comm = comm;
+        m0->rk[r] = m;
+        m0->mixes[r] = m->mix;
+    }
+    kvd_cuda_set_device(0);
+    return m0;
 }
 
 kvd_cuda_model *kvd_cuda_model_new(const kvd_weights *w, const kvd_kvcache *kv, int max_rows,
                                    int max_seqs, char *err) {
-    return model_new(w, NULL, NULL, kv, max_rows, max_seqs, err);
+    return model_new(w, NULL, NULL, kv, max_rows, max_seqs, 1, err);
+}
+
+kvd_cuda_model *kvd_cuda_model_new_tp(const kvd_weights *w, const kvd_kvcache *kv, int max_rows,
+                                      int max_seqs, int n_gpus, char *err) {
+    return model_new(w, NULL, NULL, kv, max_rows, max_seqs, n_gpus, err);
 }
 
 kvd_cuda_model *kvd_cuda_model_new_shared(const kvd_cuda_model *peer, const kvd_kvcache *kv,
                                           int max_rows, int max_seqs, char *err) {
-    return model_new(NULL, NULL, peer, kv, max_rows, max_seqs, err);
+    return model_new(NULL, NULL, peer, kv, max_rows, max_seqs, 1, err);
 }
 
 kvd_cuda_model *kvd_cuda_model_new_synth(const kvd_config *cfg, const kvd_synth *s,
                                          const kvd_kvcache *kv, int max_rows, int max_seqs,
-                                         char *err) {
+                                         int n_gpus, char *err) {
     kvd_weights w;
     if (kvd_weights_plan(&w, cfg, err)) return NULL;
     size_t pg = (size_t)sysconf(_SC_PAGESIZE), total = 0;
@@ -542,7 +746,7 @@ kvd_cuda_model *kvd_cuda_model_new_synth(const kvd_config *cfg, const kvd_synth 
         off += ((size_t)w.tensors[i].numel * sizeof(float) + pg - 1) / pg * pg;
     }
     kvd_weights_bind(&w);
-    kvd_cuda_model *m = model_new(&w, s, NULL, kv, max_rows, max_seqs, err);
+    kvd_cuda_model *m = model_new(&w, s, NULL, kv, max_rows, max_seqs, n_gpus, err);
     munmap(base, total ? total : pg);
     for (int i = 0; i < w.n_tensors; i++) w.tensors[i].data = NULL;
     kvd_weights_free(&w);
@@ -559,19 +763,8 @@ int kvd_cuda_model_set_hooks(kvd_cuda_model *m, const kvd_hooks *h, char *err) {
     return 0;
 }
 
-int kvd_cuda_model_set_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err) {
-    if (!shadow) {
-        m->shadow = NULL;
-        return 0;
-    }
-    if (shadow->n_layers < m->n_full || shadow->kv_heads != m->kv_heads ||
-        shadow->head_dim != m->head_dim || shadow->block_size != m->kc.block_size) {
-        snprintf(err, KVD_ERR_LEN,
-                 "device model: a shadow cache must have the model's %d layers, %d KV heads of "
-                 "%d dims and %d-token blocks",
-                 m->n_full, m->kv_heads, m->head_dim, m->kc.block_size);
-        return -1;
-    }
+static int rank_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err) {
+    kvd_cuda_set_device(m->p.rank);
     if (m->sc.kpool) {
         /* its pools stay for the model's life: the same shape again, or refused */
         if (m->sc.fmt != shadow->fmt || m->sc.n_blocks != shadow->n_blocks) {
@@ -579,9 +772,7 @@ int kvd_cuda_model_set_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err)
                      "device model: a shadow cache was set before with another mode or size");
             return -1;
         }
-        size_t n = sizeof(float) * (size_t)m->n_full * m->kv_heads;
-        if (kvd_cuda_upload(m->sc.kscale, shadow->k_scale, n) ||
-            kvd_cuda_upload(m->sc.vscale, shadow->v_scale, n)) {
+        if (dev_kv_scales(m, &m->sc, shadow)) {
             if (!kvd_cuda_sync(err, KVD_ERR_LEN))
                 snprintf(err, KVD_ERR_LEN, "device model: uploading the shadow's scales failed");
             return -1;
@@ -592,41 +783,75 @@ int kvd_cuda_model_set_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err)
                  (long long)shadow->n_blocks);
         return -1;
     }
+    m->sc.fmt = shadow->fmt;
     m->sc.saturate = shadow->saturate;
     m->shadow = shadow;
     return 0;
 }
 
-void kvd_cuda_model_reset_seq(kvd_cuda_model *m, int seq) {
-    kvd_cuda_zero(m->conv_state + (size_t)seq * m->conv_len, sizeof(float) * m->conv_len);
-    kvd_cuda_zero(m->ssm + (size_t)seq * m->ssm_len, sizeof(float) * m->ssm_len);
+int kvd_cuda_model_set_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err) {
+    if (!shadow) {
+        for (int r = 0; r < m->p.n; r++) m->rk[r]->shadow = NULL;
+        return 0;
+    }
+    if (shadow->n_layers < m->n_full || shadow->kv_heads != m->full.num_key_value_heads ||
+        shadow->head_dim != m->head_dim || shadow->block_size != m->kc.block_size) {
+        snprintf(err, KVD_ERR_LEN,
+                 "device model: a shadow cache must have the model's %d layers, %d KV heads of "
+                 "%d dims and %d-token blocks",
+                 m->n_full, m->full.num_key_value_heads, m->head_dim, m->kc.block_size);
+        return -1;
+    }
+    int rc = 0;
+    for (int r = 0; r < m->p.n && !rc; r++) rc = rank_shadow(m->rk[r], shadow, err);
+    kvd_cuda_set_device(0);
+    return rc;
 }
 
-void kvd_cuda_model_copy_seq(kvd_cuda_model *m, int from, int to) {
-    kvd_cuda_copy(m->conv_state + (size_t)to * m->conv_len,
-                  m->conv_state + (size_t)from * m->conv_len, sizeof(float) * m->conv_len);
-    kvd_cuda_copy(m->ssm + (size_t)to * m->ssm_len, m->ssm + (size_t)from * m->ssm_len,
-                  sizeof(float) * m->ssm_len);
+void kvd_cuda_model_reset_seq(kvd_cuda_model *m0, int seq) {
+    for (int r = 0; r < m0->p.n; r++) {
+        kvd_cuda_model *m = m0->rk[r];
+        kvd_cuda_set_device(r);
+        kvd_cuda_zero(m->conv_state + (size_t)seq * m->conv_len, sizeof(float) * m->conv_len);
+        kvd_cuda_zero(m->ssm + (size_t)seq * m->ssm_len, sizeof(float) * m->ssm_len);
+    }
+    kvd_cuda_set_device(0);
 }
 
-int kvd_cuda_model_fork(kvd_cuda_model *m, kvd_kvcache *kv, int seq) {
+void kvd_cuda_model_copy_seq(kvd_cuda_model *m0, int from, int to) {
+    for (int r = 0; r < m0->p.n; r++) {
+        kvd_cuda_model *m = m0->rk[r];
+        kvd_cuda_set_device(r);
+        kvd_cuda_copy(m->conv_state + (size_t)to * m->conv_len,
+                      m->conv_state + (size_t)from * m->conv_len, sizeof(float) * m->conv_len);
+        kvd_cuda_copy(m->ssm + (size_t)to * m->ssm_len, m->ssm + (size_t)from * m->ssm_len,
+                      sizeof(float) * m->ssm_len);
+    }
+    kvd_cuda_set_device(0);
+}
+
+int kvd_cuda_model_fork(kvd_cuda_model *m0, kvd_kvcache *kv, int seq) {
     int to = kvd_kvcache_fork(kv, seq); /* the bookkeeping (its host bytes are unused) */
     if (to < 0) return -1;
-    if (to >= m->max_seqs) {
+    if (to >= m0->max_seqs) {
         kvd_kvcache_release(kv, to);
         return -1;
     }
-    size_t bb = m->kc.pool_bytes / (size_t)kv->n_blocks;
     const kvd_kv_seq *s = &kv->seqs[seq], *d = &kv->seqs[to];
     int rc = 0;
-    for (int a = 0; a < m->n_full; a++)
-        for (int b = 0; b < s->n_blocks && b < d->n_blocks; b++) {
-            rc |= kvd_cuda_copy((char *)m->kc.kpool[a] + (size_t)d->blocks[b] * bb,
-                                (char *)m->kc.kpool[a] + (size_t)s->blocks[b] * bb, bb);
-            rc |= kvd_cuda_copy((char *)m->kc.vpool[a] + (size_t)d->blocks[b] * bb,
-                                (char *)m->kc.vpool[a] + (size_t)s->blocks[b] * bb, bb);
-        }
-    kvd_cuda_model_copy_seq(m, seq, to);
+    for (int r = 0; r < m0->p.n; r++) {
+        kvd_cuda_model *m = m0->rk[r];
+        size_t bb = m->kc.pool_bytes / (size_t)kv->n_blocks;
+        kvd_cuda_set_device(r);
+        for (int a = 0; a < m->n_full; a++)
+            for (int b = 0; b < s->n_blocks && b < d->n_blocks; b++) {
+                rc |= kvd_cuda_copy((char *)m->kc.kpool[a] + (size_t)d->blocks[b] * bb,
+                                    (char *)m->kc.kpool[a] + (size_t)s->blocks[b] * bb, bb);
+                rc |= kvd_cuda_copy((char *)m->kc.vpool[a] + (size_t)d->blocks[b] * bb,
+                                    (char *)m->kc.vpool[a] + (size_t)s->blocks[b] * bb, bb);
+            }
+    }
+    kvd_cuda_model_copy_seq(m0, seq, to);
     if (rc) {
         kvd_kvcache_release(kv, to);
         return -1;
@@ -634,84 +859,141 @@ int kvd_cuda_model_fork(kvd_cuda_model *m, kvd_kvcache *kv, int seq) {
     return to;
 }
 
-int kvd_cuda_model_pool(const kvd_cuda_model *m, int attn_layer, int which_v, void *host,
+int kvd_cuda_model_pool(const kvd_cuda_model *m0, int attn_layer, int which_v, void *host,
                         size_t bytes) {
-    if (attn_layer < 0 || attn_layer >= m->n_full || bytes < m->kc.pool_bytes) return -1;
-    return kvd_cuda_download(host, which_v ? m->kc.vpool[attn_layer] : m->kc.kpool[attn_layer],
-                             m->kc.pool_bytes);
+    const int kvh = m0->full.num_key_value_heads, n = m0->p.n;
+    const size_t full = m0->kc.pool_bytes / (size_t)m0->kv_heads * (size_t)kvh;
+    if (attn_layer < 0 || attn_layer >= m0->n_full || bytes < full) return -1;
+    if (n == 1)
+        return kvd_cuda_download(
+            host, which_v ? m0->kc.vpool[attn_layer] : m0->kc.kpool[attn_layer], m0->kc.pool_bytes);
+    /* [block][kv head][slot][dim]: each rank's heads into their places */
+    for (int r = 0; r < n; r++) {
+        const kvd_cuda_model *m = m0->rk[r];
+        if (!m->p.primary) continue;
+        const size_t hb = m->kc.pool_bytes / (size_t)m->kc.n_blocks / (size_t)m->kv_heads;
+        unsigned char *tmp = malloc(m->kc.pool_bytes);
+        if (!tmp ||
+            kvd_cuda_download(tmp, which_v ? m->kc.vpool[attn_layer] : m->kc.kpool[attn_layer],
+                              m->kc.pool_bytes)) {
+            free(tmp);
+            return -1;
+        }
+        for (int b = 0; b < m->kc.n_blocks; b++)
+            memcpy((unsigned char *)host + ((size_t)b * kvh + (size_t)m->p.kv0) * hb,
+                   tmp + (size_t)b * m->kv_heads * hb, (size_t)m->kv_heads * hb);
+        free(tmp);
+    }
+    return 0;
 }
 
 /* ---- the token mixers and the feed-forward ---- */
 
-/* The kv hook: this step's K and V rows as computed, before the cache. */
-static int kv_hook(kvd_cuda_model *m, int al, int rows) {
-    const size_t n = (size_t)m->kv_heads * m->head_dim;
-    if (kvd_cuda_download(m->h_k, m->kb, sizeof(float) * n * (size_t)rows) ||
-        kvd_cuda_download(m->h_v, m->vb, sizeof(float) * n * (size_t)rows))
-        return -1;
-    for (int r = 0; r < rows; r++)
-        m->hooks.kv(m->hooks.ctx, al, m->h_row_seq[r], m->h_pos[r], m->h_k + (size_t)r * n,
-                    m->h_v + (size_t)r * n);
+/* The kv hook: this step's K and V rows as computed, before the cache,
+ * gathered from the ranks that hold each KV head first. */
+static int kv_hook(kvd_cuda_model *m0, int al, int rows) {
+    const int kvh = m0->full.num_key_value_heads, hd = m0->head_dim;
+    const size_t n = (size_t)kvh * hd;
+    for (int r = 0; r < m0->p.n; r++) {
+        const kvd_cuda_model *m = m0->rk[r];
+        if (!m->p.primary) continue;
+        const size_t nl = (size_t)m->kv_heads * hd;
+        float *k = malloc(sizeof(float) * nl * (size_t)rows * 2), *v = k + nl * (size_t)rows;
+        if (!k || kvd_cuda_download(k, m->kb, sizeof(float) * nl * (size_t)rows) ||
+            kvd_cuda_download(v, m->vb, sizeof(float) * nl * (size_t)rows)) {
+            free(k);
+            return -1;
+        }
+        for (int i = 0; i < rows; i++) {
+            memcpy(m0->h_k + (size_t)i * n + (size_t)m->p.kv0 * hd, k + (size_t)i * nl,
+                   sizeof(float) * nl);
+            memcpy(m0->h_v + (size_t)i * n + (size_t)m->p.kv0 * hd, v + (size_t)i * nl,
+                   sizeof(float) * nl);
+        }
+        free(k);
+    }
+    for (int i = 0; i < rows; i++)
+        m0->hooks.kv(m0->hooks.ctx, al, m0->h_row_seq[i], m0->h_pos[i], m0->h_k + (size_t)i * n,
+                     m0->h_v + (size_t)i * n);
     return 0;
 }
 
-/* room for the attention hook's distributions over n_ctx positions */
-static int probs_room(kvd_cuda_model *m, size_t n_ctx) {
-    if (n_ctx <= m->probs_ctx) return 0;
-    const size_t nh = (size_t)m->c.num_attention_heads, np = nh * n_ctx;
-    kvd_cuda_free(m->d_probs), kvd_cuda_free(m->d_sprobs);
-    free(m->h_probs), free(m->h_sprobs);
-    m->d_probs = kvd_cuda_alloc(sizeof(float) * np);
-    m->d_sprobs = kvd_cuda_alloc(sizeof(float) * np);
-    m->h_probs = malloc(sizeof(float) * np);
-    m->h_sprobs = malloc(sizeof(float) * np);
-    m->probs_ctx = m->d_probs && m->d_sprobs && m->h_probs && m->h_sprobs ? n_ctx : 0;
-    return m->probs_ctx ? 0 : -1;
+/* room for the attention hook's distributions over n_ctx positions: each
+ * rank's heads on its device, every head's on the host (rank 0) */
+static int probs_room(kvd_cuda_model *m0, size_t n_ctx) {
+    if (n_ctx <= m0->probs_ctx) return 0;
+    int ok = 1;
+    for (int r = 0; r < m0->p.n; r++) {
+        kvd_cuda_model *m = m0->rk[r];
+        const size_t np = (size_t)m->c.num_attention_heads * n_ctx;
+        kvd_cuda_set_device(r);
+        kvd_cuda_free(m->d_probs), kvd_cuda_free(m->d_sprobs);
+        m->d_probs = kvd_cuda_alloc(sizeof(float) * np);
+        m->d_sprobs = kvd_cuda_alloc(sizeof(float) * np);
+        ok &= m->d_probs && m->d_sprobs;
+    }
+    kvd_cuda_set_device(0);
+    const size_t np = (size_t)m0->full.num_attention_heads * n_ctx;
+    free(m0->h_probs), free(m0->h_sprobs);
+    m0->h_probs = malloc(sizeof(float) * np);
+    m0->h_sprobs = malloc(sizeof(float) * np);
+    m0->probs_ctx = ok && m0->h_probs && m0->h_sprobs ? n_ctx : 0;
+    return m0->probs_ctx ? 0 : -1;
 }
 
 /* The attn hook, for the rows want_attn accepts: the distribution over the
- * cache and the output before the gate (m->att), and with a shadow cache the
- * same row's query over it; as model.c gives them. */
-static int attn_hook(kvd_cuda_model *m, int al, int rows, char *err) {
-    const int nh = m->c.num_attention_heads, hd = m->head_dim;
+ * cache and the output before the gate (att), and with a shadow cache the
+ * same row's query over it; each rank gives its heads, the hook sees them
+ * all, as model.c gives them. */
+static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
+    const int hd = m0->head_dim, nh = m0->full.num_attention_heads;
     const float sm_scale = 1.0f / sqrtf((float)hd);
-    const size_t no = (size_t)nh * hd;
-    kvd_kv_view view = dev_kv_view(m, &m->kc, al), sview = view;
-    if (m->shadow) sview = dev_kv_view(m, &m->sc, al);
-    for (int r = 0; r < rows; r++) {
-        int seq = m->h_row_seq[r], pos = m->h_pos[r], n_ctx = pos + 1;
-        if (m->hooks.want_attn && !m->hooks.want_attn(m->hooks.ctx, al, seq, pos)) continue;
-        if (probs_room(m, (size_t)n_ctx)) {
+    for (int i = 0; i < rows; i++) {
+        int seq = m0->h_row_seq[i], pos = m0->h_pos[i], n_ctx = pos + 1, rc = 0;
+        if (m0->hooks.want_attn && !m0->hooks.want_attn(m0->hooks.ctx, al, seq, pos)) continue;
+        if (probs_room(m0, (size_t)n_ctx)) {
             snprintf(err, KVD_ERR_LEN, "attention: out of memory for %d-token distributions",
                      n_ctx);
             return -1;
         }
-        const float *q = m->qh + (size_t)r * no;
-        size_t np = sizeof(float) * (size_t)nh * n_ctx;
-        int rc = kvd_cuda_attn_probs_dev(&view, m->kc.btab + (size_t)seq * m->kc.n_blocks, n_ctx, q,
-                                         nh, sm_scale, m->d_probs);
-        rc |= kvd_cuda_download(m->h_probs, m->d_probs, np);
-        rc |= kvd_cuda_download(m->h_out, m->att + (size_t)r * no, sizeof(float) * no);
-        if (m->shadow) {
-            const int32_t *tab = m->sc.btab + (size_t)seq * m->sc.n_blocks;
-            rc |= kvd_cuda_attn_decode_dev(&sview, tab, n_ctx, q, nh, sm_scale, m->d_sout,
-                                           m->attn_scratch);
-            rc |= kvd_cuda_attn_probs_dev(&sview, tab, n_ctx, q, nh, sm_scale, m->d_sprobs);
-            rc |= kvd_cuda_download(m->h_sprobs, m->d_sprobs, np);
-            rc |= kvd_cuda_download(m->h_sout, m->d_sout, sizeof(float) * no);
+        for (int r = 0; r < m0->p.n; r++) {
+            kvd_cuda_model *m = m0->rk[r];
+            const int nhl = m->c.num_attention_heads;
+            const size_t no = (size_t)nhl * hd, np = sizeof(float) * (size_t)nhl * n_ctx;
+            const size_t po = (size_t)m->p.nh0 * n_ctx, oo = (size_t)m->p.nh0 * hd;
+            const float *q = m->qh + (size_t)i * no;
+            kvd_kv_view view = dev_kv_view(m, &m->kc, al);
+            kvd_cuda_set_device(r);
+            rc |= kvd_cuda_attn_probs_dev(&view, m->kc.btab + (size_t)seq * m->kc.n_blocks, n_ctx,
+                                          q, nhl, sm_scale, m->d_probs);
+            rc |= kvd_cuda_download(m0->h_probs + po, m->d_probs, np);
+            rc |= kvd_cuda_download(m0->h_out + oo, m->att + (size_t)i * no, sizeof(float) * no);
+            if (m->shadow) {
+                kvd_kv_view sview = dev_kv_view(m, &m->sc, al);
+                const int32_t *tab = m->sc.btab + (size_t)seq * m->sc.n_blocks;
+                rc |= kvd_cuda_attn_decode_dev(&sview, tab, n_ctx, q, nhl, sm_scale, m->d_sout,
+                                               m->attn_scratch);
+                rc |= kvd_cuda_attn_probs_dev(&sview, tab, n_ctx, q, nhl, sm_scale, m->d_sprobs);
+                rc |= kvd_cuda_download(m0->h_sprobs + po, m->d_sprobs, np);
+                rc |= kvd_cuda_download(m0->h_sout + oo, m->d_sout, sizeof(float) * no);
+            }
         }
+        kvd_cuda_set_device(0);
         if (rc) {
             if (!kvd_cuda_sync(err, KVD_ERR_LEN))
                 snprintf(err, KVD_ERR_LEN, "attention: the sampled row's distribution failed");
             return -1;
         }
-        m->hooks.attn(m->hooks.ctx, al, seq, pos, n_ctx, m->h_probs, m->h_out,
-                      m->shadow ? m->h_sprobs : NULL, m->shadow ? m->h_sout : NULL);
+        (void)nh;
+        m0->hooks.attn(m0->hooks.ctx, al, seq, pos, n_ctx, m0->h_probs, m0->h_out,
+                       m0->shadow ? m0->h_sprobs : NULL, m0->shadow ? m0->h_sout : NULL);
     }
     return 0;
 }
 
-static int attention(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err) {
+/* gated attention up to its output before the gate (m->att), this rank's
+ * heads; K and V into the cache (and the shadow) */
+static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows) {
     const kvd_config *c = &m->c;
     const dev_layer *d = &m->wt->L[l];
     const int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads;
@@ -726,7 +1008,6 @@ static int attention(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, cha
     kvd_cudaop_rmsnorm(m->kb, (size_t)hd, m->kb, (size_t)hd, d->k_norm, rows * kvh, hd, eps, 1);
     kvd_cudaop_rope(m->kb, rows, kvh, hd, m->pos, rot, m->wt->inv_freq);
     /* the cache stores K after norm and RoPE, V as projected */
-    if (m->hooks.kv && kv_hook(m, al, rows)) return -1;
     dev_kv_write(m, &m->kc, al, rows);
     if (m->shadow) dev_kv_write(m, &m->sc, al, rows);
     kvd_cudaop_split_query(m->qg, m->qh, rows, nh, hd);
@@ -742,10 +1023,14 @@ static int attention(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, cha
                                       nh, sm_scale, m->att + (size_t)r0 * nh * hd);
         }
     }
-    if (m->hooks.attn && attn_hook(m, al, rows, err)) return -1;
+}
+
+/* the output gate and o_proj: this rank's part of the sum */
+static void attention_out(kvd_cuda_model *m, int l, int rows) {
+    const kvd_config *c = &m->c;
+    const int hd = c->head_dim, nh = c->num_attention_heads;
     kvd_cudaop_output_gate(m->att, m->qg, rows, nh, hd);
-    kvd_cudaop_linear(m->att, d->o_proj, m->mix, rows, H, nh * hd);
-    return 0;
+    kvd_cudaop_linear(m->att, m->wt->L[l].o_proj, m->mix, rows, c->hidden_size, nh * hd);
 }
 
 static void deltanet(kvd_cuda_model *m, int l, const kvd_batch *b, int rows) {
@@ -806,7 +1091,7 @@ static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err
         kvd_cuda_sync(err, KVD_ERR_LEN);
         return -1;
     }
-    for (int e = 0; e < E; e++) {
+    for (int e = m->p.e0; e < m->p.e1; e++) {
         int ne = off[e + 1] - off[e];
         if (ne == 0) continue;
         const int *sl = m->slots_moe + off[e];
@@ -832,12 +1117,6 @@ static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err
 /* ---- one step ---- */
 
 static int stage(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, int rows, char *err) {
-    if (m->shadow) /* the shadow receives every row the cache does, at the same positions */
-        for (int r = 0; r < rows; r++)
-            if (kvd_kvcache_reserve(m->shadow, m->h_row_seq[r], m->h_pos[r] + 1)) {
-                snprintf(err, KVD_ERR_LEN, "attention: shadow KV cache out of blocks");
-                return -1;
-            }
     int rc = kvd_cuda_upload(m->tok, b->tok, sizeof(int32_t) * (size_t)rows);
     rc |= kvd_cuda_upload(m->pos, m->h_pos, sizeof(int) * (size_t)rows);
     int r0 = 0;
@@ -863,6 +1142,7 @@ static int stage(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, int row
 /* after the step: the caches' counters and lengths on the host, and the
  * first non-finite value, as the CPU reports it */
 static int settle(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, int rows, char *err) {
+    const int first = m->p.rank == 0; /* the lengths, once */
     const int H = m->c.hidden_size;
     size_t nl = 2 * (size_t)m->c.num_hidden_layers;
     unsigned long long nf[nl + 1];
@@ -872,11 +1152,11 @@ static int settle(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, int ro
         snprintf(err, KVD_ERR_LEN, "device model: copying the step's counters back failed");
         return -1;
     }
-    for (int s = 0; s < b->n; s++) {
+    for (int s = 0; s < b->n && first; s++) {
         kvd_kv_seq *q = &kv->seqs[b->seq[s]];
         q->len += b->n_tok[s];
     }
-    if (m->shadow)
+    if (m->shadow && first)
         for (int r = 0; r < rows; r++) {
             kvd_kv_seq *q = &m->shadow->seqs[m->h_row_seq[r]];
             if (m->h_pos[r] + 1 > q->len) q->len = m->h_pos[r] + 1;
@@ -896,43 +1176,104 @@ static int settle(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, int ro
     return 0;
 }
 
-int kvd_cuda_forward(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits,
+/* the ranks' partial sums in mix, summed on every rank */
+static int reduce_mix(kvd_cuda_model *m0, int rows, char *err) {
+    if (m0->p.n == 1) return 0;
+    if (kvd_cuda_allreduce_sum(m0->comm, m0->mixes, (size_t)rows * m0->full.hidden_size) == 0)
+        return 0;
+    snprintf(err, KVD_ERR_LEN, "tensor parallelism: the sum over %d GPUs failed", m0->p.n);
+    return -1;
+}
+
+int kvd_cuda_forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, float *logits,
                      int last_only, char *err) {
-    const kvd_config *c = &m->c;
-    const int H = c->hidden_size, V = c->vocab_size;
+    const kvd_config *c = &m0->full;
+    const int H = c->hidden_size, V = c->vocab_size, n_ranks = m0->p.n;
     const float eps = (float)c->rms_norm_eps;
-    if (b->n > m->max_seqs) {
+    kvd_cuda_model *const *rk = m0->rk;
+    if (b->n > m0->max_seqs) {
         snprintf(err, KVD_ERR_LEN, "forward: %d sequences in one step, expected at most %d", b->n,
-                 m->max_seqs);
+                 m0->max_seqs);
         return -1;
     }
-    int rows = kvd_batch_rows(c, kv, b, m->max_rows, m->max_seqs, m->h_pos, m->h_row_seq, err);
+    int rows = kvd_batch_rows(c, kv, b, m0->max_rows, m0->max_seqs, m0->h_pos, m0->h_row_seq, err);
     if (rows < 0) return -1;
-    if (stage(m, kv, b, rows, err)) return -1;
-    size_t n = (size_t)rows * H;
-    kvd_cudaop_embed(m->wt->embed, m->tok, m->x, rows, H);
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        const dev_layer *d = &m->wt->L[l];
-        kvd_cudaop_rmsnorm(m->xn, H, m->x, H, d->input_norm, rows, H, eps, 1);
-        if (c->layer_types[l] == KVD_LAYER_FULL) {
-            if (attention(m, l, b, rows, err)) return -1;
-        } else {
-            deltanet(m, l, b, rows);
-        }
-        kvd_cudaop_nonfinite(m->mix, n, m->nonfinite + 2 * l);
-        kvd_cudaop_add(m->x, m->mix, n);
-        kvd_cudaop_rmsnorm(m->xn, H, m->x, H, d->post_norm, rows, H, eps, 1);
-        if (moe(m, l, b, rows, err)) return -1;
-        kvd_cudaop_add(m->x, m->mix, n);
-        kvd_cudaop_nonfinite(m->x, n, m->nonfinite + 2 * l + 1);
-        if (m->hooks.hidden) {
-            if (kvd_cuda_download(m->h_x, m->x, sizeof(float) * n)) {
-                kvd_cuda_sync(err, KVD_ERR_LEN);
+    if (m0->shadow) /* the shadow receives every row the cache does, at the same positions */
+        for (int r = 0; r < rows; r++)
+            if (kvd_kvcache_reserve(m0->shadow, m0->h_row_seq[r], m0->h_pos[r] + 1)) {
+                snprintf(err, KVD_ERR_LEN, "attention: shadow KV cache out of blocks");
                 return -1;
             }
-            m->hooks.hidden(m->hooks.ctx, l, b, m->h_pos, m->h_x);
+    size_t n = (size_t)rows * H;
+    int rc = 0;
+    for (int r = 0; r < n_ranks && !rc; r++) {
+        kvd_cuda_model *m = rk[r];
+        if (r) {
+            memcpy(m->h_pos, m0->h_pos, sizeof(int) * (size_t)rows);
+            memcpy(m->h_row_seq, m0->h_row_seq, sizeof(int) * (size_t)rows);
+        }
+        kvd_cuda_set_device(r);
+        if (!(rc = stage(m, kv, b, rows, err)))
+            kvd_cudaop_embed(m->wt->embed, m->tok, m->x, rows, H);
+    }
+    for (int l = 0; l < c->num_hidden_layers && !rc; l++) {
+        const int full_attn = c->layer_types[l] == KVD_LAYER_FULL;
+        for (int r = 0; r < n_ranks; r++) {
+            kvd_cuda_model *m = rk[r];
+            kvd_cuda_set_device(r);
+            kvd_cudaop_rmsnorm(m->xn, H, m->x, H, m->wt->L[l].input_norm, rows, H, eps, 1);
+            if (full_attn) {
+                attention_in(m, l, b, rows);
+            } else {
+                deltanet(m, l, b, rows);
+            }
+        }
+        if (full_attn) {
+            int al = m0->attn_index[l];
+            if (m0->hooks.kv && kv_hook(m0, al, rows)) {
+                kvd_cuda_sync(err, KVD_ERR_LEN);
+                rc = -1;
+                break;
+            }
+            if (m0->hooks.attn && attn_hook(m0, al, rows, err)) {
+                rc = -1;
+                break;
+            }
+            for (int r = 0; r < n_ranks; r++) {
+                kvd_cuda_set_device(r);
+                attention_out(rk[r], l, rows);
+            }
+        }
+        rc = reduce_mix(m0, rows, err);
+        for (int r = 0; r < n_ranks && !rc; r++) {
+            kvd_cuda_model *m = rk[r];
+            kvd_cuda_set_device(r);
+            kvd_cudaop_nonfinite(m->mix, n, m->nonfinite + 2 * l);
+            kvd_cudaop_add(m->x, m->mix, n);
+            kvd_cudaop_rmsnorm(m->xn, H, m->x, H, m->wt->L[l].post_norm, rows, H, eps, 1);
+            rc = moe(m, l, b, rows, err);
+        }
+        if (!rc) rc = reduce_mix(m0, rows, err);
+        for (int r = 0; r < n_ranks && !rc; r++) {
+            kvd_cuda_model *m = rk[r];
+            kvd_cuda_set_device(r);
+            kvd_cudaop_add(m->x, m->mix, n);
+            kvd_cudaop_nonfinite(m->x, n, m->nonfinite + 2 * l + 1);
+        }
+        kvd_cuda_set_device(0);
+        if (!rc && m0->hooks.hidden) {
+            if (kvd_cuda_download(m0->h_x, m0->x, sizeof(float) * n)) {
+                kvd_cuda_sync(err, KVD_ERR_LEN);
+                rc = -1;
+                break;
+            }
+            m0->hooks.hidden(m0->hooks.ctx, l, b, m0->h_pos, m0->h_x);
         }
     }
+    kvd_cuda_set_device(0);
+    if (rc) return -1;
+    /* the logits from rank 0 (every rank holds the same residual stream) */
+    kvd_cuda_model *m = m0;
     int n_out = 0;
     if (logits) {
         kvd_cudaop_rmsnorm(m->xn, H, m->x, H, m->wt->final_norm, rows, H, eps, 1);
@@ -949,7 +1290,12 @@ int kvd_cuda_forward(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, flo
             n_out = b->n;
         }
     }
-    if (settle(m, kv, b, rows, err)) return -1;
+    for (int r = 0; r < n_ranks && !rc; r++) {
+        kvd_cuda_set_device(r);
+        rc = settle(rk[r], kv, b, rows, err);
+    }
+    kvd_cuda_set_device(0);
+    if (rc) return -1;
     if (logits && kvd_cuda_download(logits, m->logits, sizeof(float) * (size_t)n_out * V)) {
         snprintf(err, KVD_ERR_LEN, "device model: copying the logits back failed");
         return -1;
@@ -971,9 +1317,9 @@ int kvd_cuda_prefill(kvd_cuda_model *m, kvd_kvcache *kv, int seq, const int32_t 
 /* ---- as an engine (engine.h) ---- */
 
 static void *eng_create(const kvd_weights *w, const kvd_kvcache *kv, int max_rows, int max_seqs,
-                        void *peer, char *err) {
+                        int gpus, void *peer, char *err) {
     return peer ? kvd_cuda_model_new_shared(peer, kv, max_rows, max_seqs, err)
-                : kvd_cuda_model_new(w, kv, max_rows, max_seqs, err);
+                : kvd_cuda_model_new_tp(w, kv, max_rows, max_seqs, gpus, err);
 }
 static void eng_destroy(void *m) {
     kvd_cuda_model_free(m);
@@ -992,7 +1338,6 @@ static int eng_pull_cache(void *m_, kvd_kvcache *kv) {
     kvd_cuda_model *m = m_;
     size_t bytes = (size_t)kv->n_blocks * kv->kv_heads * (size_t)kv->block_size * kv->head_dim *
                    kvd_fmt_bytes(kv->fmt);
-    if (bytes != m->kc.pool_bytes) return -1;
     for (int a = 0; a < m->n_full; a++)
         if (kvd_cuda_model_pool(m, a, 0, kv->k[a], bytes) ||
             kvd_cuda_model_pool(m, a, 1, kv->v[a], bytes))

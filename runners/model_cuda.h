@@ -18,6 +18,14 @@ typedef struct kvd_cuda_model kvd_cuda_model;
  * device cache pools shaped like kv's (its mode, scales, blocks). */
 kvd_cuda_model *kvd_cuda_model_new(const kvd_weights *w, const kvd_kvcache *kv, int max_rows,
                                    int max_seqs, char *err);
+/* The same split over n_gpus devices (tensor parallelism, NCCL): attention
+ * heads, DeltaNet heads, experts and the intermediate columns of the shared
+ * expert or dense MLP shared out, the output projections' partial sums
+ * added over the GPUs; KV heads split, or each held by n_gpus / kv_heads
+ * GPUs when there are fewer. n_gpus = 1 is the plain model. Refused (NULL,
+ * err) when a count does not divide. */
+kvd_cuda_model *kvd_cuda_model_new_tp(const kvd_weights *w, const kvd_kvcache *kv, int max_rows,
+                                      int max_seqs, int n_gpus, char *err);
 /* Another model over the same device weights as peer (uploaded once,
  * freed with the last model that uses them), with its own cache, shaped like
  * kv, and buffers. */
@@ -28,7 +36,7 @@ kvd_cuda_model *kvd_cuda_model_new_shared(const kvd_cuda_model *peer, const kvd_
  * (qwen3.5-397b-a17b: 120 GB) need only the largest tensor's. */
 kvd_cuda_model *kvd_cuda_model_new_synth(const kvd_config *cfg, const kvd_synth *s,
                                          const kvd_kvcache *kv, int max_rows, int max_seqs,
-                                         char *err);
+                                         int n_gpus, char *err);
 void kvd_cuda_model_free(kvd_cuda_model *m);
 
 /* Hooks, called as on the CPU with host copies of what the device computed:

@@ -12,6 +12,10 @@ mkdir -p "$out"
 lt=$(ldconfig -p 2>/dev/null | awk '/libcublasLt\.so\.13/ {print $NF; exit}')
 [ -n "$lt" ] || lt=$(ls /usr/local/cuda/lib64/libcublasLt.so.13* 2>/dev/null | head -1)
 [ -n "$lt" ] || lt=$(python3 -c 'import nvidia.cublas as c, os; print(os.path.join(list(c.__path__)[0], "lib", "libcublasLt.so.13"))' 2>/dev/null)
+# NCCL, for tensor parallelism over several GPUs (opened at run time): the
+# system's, else the Python wheel's
+nccl=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2/ {print $NF; exit}')
+[ -n "$nccl" ] || nccl=$(python3 -c 'import nvidia.nccl as n, os; print(os.path.join(list(n.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
 # the bundle's libraries, the packed ones unpacked (xz, else Python's lzma)
 lib="${TMPDIR:-/tmp}/kvdrift-gpu-lib"
 mkdir -p "$lib"
@@ -23,21 +27,22 @@ for f in "$here"/lib/*; do
   *) cp "$f" "$lib/" ;;
   esac
 done
-export LD_LIBRARY_PATH="$lib:${lt:+$(dirname "$lt"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$lib:${lt:+$(dirname "$lt"):}${nccl:+$(dirname "$nccl"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 {
-  echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) $(hostname) cuBLASLt: ${lt:-not found}"
+  echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) $(hostname) cuBLASLt: ${lt:-not found}, NCCL: ${nccl:-not found}"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 || true
   echo "== parity"
-  timeout 240 "$here/test_cuda_parity"
+  # limits add up to 470 s: the whole check stays inside 8 minutes
+  timeout 60 "$here/test_cuda_parity"
   echo "parity exit $?"
   echo "== the whole model on the device against the CPU"
-  timeout 180 "$here/test_cuda_model"
+  timeout 150 "$here/test_cuda_model"
   echo "model exit $?"
   echo "== device benchmarks"
-  timeout 240 "$here/kvd_gpu_bench" 10
+  timeout 90 "$here/kvd_gpu_bench" 10
   echo "bench exit $?"
   echo "== the whole model: decode tokens/s, qwen3.5-397b-a17b"
-  timeout 200 "$here/kvd_gpu_bench" model qwen3.5-397b-a17b 512 8
+  timeout 170 "$here/kvd_gpu_bench" model qwen3.5-397b-a17b 512 8
   echo "model bench exit $?"
 } 2>&1 | tee "$out/gpu-check.log"
 grep -q "^parity exit 0$" "$out/gpu-check.log" && grep -q "^model exit 0$" "$out/gpu-check.log"

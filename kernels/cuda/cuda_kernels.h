@@ -143,6 +143,19 @@ void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const flo
 void kvd_cudaop_add_gated(float *mix, const float *y, const float *gate, int rows, int H);
 void kvd_cudaop_nonfinite(const float *x, size_t n, unsigned long long *first);
 
+/* ---- tensor parallelism: ranks are devices 0 .. n-1 of this process ----
+ * kvd_cuda_set_device makes a rank's device current (allocations and
+ * launches go to it). A communicator sums a float buffer over the ranks in
+ * place (NCCL, opened at run time; one rank needs none). */
+#define KVD_MAX_RANKS 16
+typedef struct kvd_comm kvd_comm;
+int kvd_cuda_set_device(int dev);
+kvd_comm *kvd_cuda_comm_new(int n, char *err, int len);
+void kvd_cuda_comm_free(kvd_comm *c);
+/* bufs[r] on rank r's device, count floats each; enqueued after each
+ * device's earlier work */
+int kvd_cuda_allreduce_sum(kvd_comm *c, float *const *bufs, size_t count);
+
 /* Device-to-device copy bandwidth (read + write bytes per second). */
 double kvd_cuda_copy_bandwidth(size_t bytes, int reps);
 /* Seconds per decode-attention query with the cache on the device (fmt is a

@@ -136,6 +136,10 @@ fi
 # --backend: a bad value; where no GPU is visible, why (forward, calibrate)
 expect 2 "--backend: expected cpu or cuda, got 'tpu'" -- forward --model tiny --backend tpu
 expect 2 "--backend: expected cpu or cuda, got 'tpu'" -- calibrate --model tiny --backend tpu -o "$work/s.json"
+# --gpus: a count the CPU cannot take, one out of range
+expect 2 "--gpus 2: needs --backend cuda" -- forward --model tiny --gpus 2 --tokens 16
+expect 2 "--gpus 2: needs --backend cuda" -- run --model tiny --gpus 2 -o "$work/g.h5"
+expect 2 "--gpus: expected 1 to 16, got '0'" -- run --model tiny --gpus 0 -o "$work/g.h5"
 if "$bin" version 2>/dev/null | grep -q "^cuda: no CUDA device visible"; then
   expect 1 "--backend cuda: no CUDA device visible" -- forward --model tiny --backend cuda --dump "$work/d"
   expect 1 "--backend cuda: no CUDA device visible" -- forward --model tiny --backend cuda --tokens 16

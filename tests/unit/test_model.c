@@ -282,7 +282,7 @@ static void calibration(void **st) {
     kvd_tokens_synth(4, T, C.vocab_size, tok);
     kvd_kv_scales s[KVD_CAL_N], am[KVD_CAL_N];
     for (int r = 0; r < KVD_CAL_N; r++)
-        assert_int_equal(kvd_calibrate(&kvd_engine_cpu, &W, tok, T, (kvd_cal_recipe)r, r == 0,
+        assert_int_equal(kvd_calibrate(&kvd_backend_cpu, &W, tok, T, (kvd_cal_recipe)r, r == 0,
                                        &s[r], &am[r], err),
                          0);
     int nf = kvd_config_n_full(&C), kvh = C.num_key_value_heads;
