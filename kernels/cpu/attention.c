@@ -182,15 +182,17 @@ static inline __m512 sum16(const __m512 *v) {
                             const fp8_tables *T, float kmul, float *s, size_t stride,              \
                             const uint8_t *pf) {                                                   \
         enum { TG = 16 / (G) };                                                                    \
-        const size_t rb = (size_t)hd * (fp8 ? 1 : 2);                                              \
+        const size_t rb = (size_t)hd * (fp8 ? 1 : 2), pshare = TG * rb / (size_t)(hd / 64);        \
         for (int t = 0; t < nt; t += TG) {                                                         \
-            if (pf) prefetch_l2(pf + (size_t)t * rb, TG * rb);                                     \
             const uint8_t *row[TG]; /* past the end: row t again, its sums unused */               \
             for (int tt = 0; tt < TG; tt++)                                                        \
                 row[tt] = kp + (size_t)(t + tt < nt ? t + tt : t) * rb;                            \
             __m512 acc[16];                                                                        \
             for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();                             \
             for (int c = 0; c < hd; c += 64) {                                                     \
+                if (pf && (!fp8 || c == 0)) /* BF16: a share per chunk, a steady stream */         \
+                    prefetch_l2(pf + (size_t)t * rb + (fp8 ? 0 : (size_t)c / 64 * pshare),         \
+                                fp8 ? TG * rb : pshare);                                           \
                 _Pragma("GCC unroll 16") for (int tt = 0; tt < TG; tt++) {                         \
                     __m512 f[4];                                                                   \
                     load64(fp8, row[tt], c, T, f);                                                 \
@@ -213,7 +215,7 @@ static inline __m512 sum16(const __m512 *v) {
     static void pv_g##G(const uint8_t *vp, int nt, const float *p, size_t stride, int hd, int fp8, \
                         const fp8_tables *T, float *out, const uint8_t *pf) {                      \
         enum { U = (G) >= 4 ? 16 / (G) : 4 };                                                      \
-        const size_t rb = (size_t)hd * (fp8 ? 1 : 2);                                              \
+        const size_t rb = (size_t)hd * (fp8 ? 1 : 2), pshare = rb / (size_t)(hd / 64);             \
         for (int c = 0; c < hd; c += 64)                                                           \
             for (int u0 = 0; u0 < 4; u0 += U) {                                                    \
                 __m512 acc[U * (G)];                                                               \
@@ -222,7 +224,9 @@ static inline __m512 sum16(const __m512 *v) {
                         acc[u * (G) + j] =                                                         \
                             _mm512_loadu_ps(out + (size_t)j * hd + c + 16 * (u0 + u));             \
                 for (int t = 0; t < nt; t++) {                                                     \
-                    if (pf && c == 0 && u0 == 0) prefetch_l2(pf + (size_t)t * rb, rb);             \
+                    if (pf && u0 == 0 && (!fp8 || c == 0)) /* BF16: a share per chunk's pass */    \
+                        prefetch_l2(pf + (size_t)t * rb + (fp8 ? 0 : (size_t)c / 64 * pshare),     \
+                                    fp8 ? rb : pshare);                                            \
                     __m512 f[4];                                                                   \
                     load64(fp8, vp + (size_t)t * rb, c, T, f);                                     \
                     for (int j = 0; j < (G); j++) {                                                \
