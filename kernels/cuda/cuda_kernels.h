@@ -110,6 +110,9 @@ int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int 
  * MoE gather / weighted scatter and the shared expert's gated add; the first
  * non-finite value. The per-layer blocks among them (RMSNorm, RoPE, SwiGLU,
  * the cache write, routing) are layers.cu's kernels, held to their twins. */
+/* kvd_cudaop_linear takes 64 x 64 tiles from this many rows on (prefill),
+ * one warp per column and 16 rows below it (decode) */
+#define KVD_LINEAR_TILED_ROWS 64
 void kvd_cudaop_linear(const float *x, const void *w, float *y, int M, int N, int K);
 void kvd_cudaop_embed(const void *E, const int32_t *tok, float *x, int rows, int H);
 void kvd_cudaop_rmsnorm(float *out, size_t out_stride, const float *x, size_t x_stride,

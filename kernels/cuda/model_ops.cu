@@ -98,6 +98,47 @@ __global__ void linear_w16_k(const float *x, const __nv_bfloat16 *w, float *y, i
     }
 }
 
+// The same product for many rows (prefill): 64 x 64 output tiles, 256
+// threads of 4 x 4 outputs each, K in slices of 32 staged in shared memory
+// (the weights decoded to FP32 once per tile), so a weight is read once per
+// 64 rows instead of once per 16. Each output sums its K products in order.
+constexpr int GT_M = 64, GT_N = 64, GT_K = 32;
+__global__ void linear_tiled_k(const float *x, const __nv_bfloat16 *w, float *y, int M, int N,
+                               int K) {
+    __shared__ float xs[GT_K][GT_M + 4], ws[GT_K][GT_N + 4];
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int m0 = blockIdx.y * GT_M, n0 = blockIdx.x * GT_N;
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < K; k0 += GT_K) {
+#pragma unroll
+        for (int i = 0; i < GT_M * GT_K / 256; i++) {
+            int e = tid + 256 * i, r = e / GT_K, k = e % GT_K;
+            int gm = m0 + r, gn = n0 + r, gk = k0 + k;
+            xs[k][r] = gm < M && gk < K ? x[(size_t)gm * K + gk] : 0.0f;
+            ws[k][r] = gn < N && gk < K ? __bfloat162float(w[(size_t)gn * K + gk]) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int k = 0; k < GT_K; k++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = xs[k][ty * 4 + i], b[i] = ws[k][tx * 4 + i];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int gm = m0 + ty * 4 + i, gn = n0 + tx * 4 + j;
+            if (gm < M && gn < N) y[(size_t)gm * N + gn] = acc[i][j];
+        }
+}
+
 __global__ void embed_k(const __nv_bfloat16 *E, const int32_t *tok, float *x, int H) {
     const int r = blockIdx.x;
     const __nv_bfloat16 *e = E + (size_t)tok[r] * H;
@@ -250,6 +291,11 @@ __global__ void nonfinite_k(const float *x, size_t n, unsigned long long *first)
 // ---- entry points (device pointers; asynchronous) ----
 extern "C" void kvd_cudaop_linear(const float *x, const void *w, float *y, int M, int N, int K) {
     if (M <= 0 || N <= 0) return;
+    if (M >= KVD_LINEAR_TILED_ROWS) { // prefill: tiles share each weight over 64 rows
+        dim3 grid((unsigned)((N + GT_N - 1) / GT_N), (unsigned)((M + GT_M - 1) / GT_M));
+        linear_tiled_k<<<grid, 256>>>(x, (const __nv_bfloat16 *)w, y, M, N, K);
+        return;
+    }
     dim3 grid(blocks_for((size_t)N, 8), (unsigned)((M + LIN_ROWS - 1) / LIN_ROWS));
     linear_w16_k<<<grid, 256>>>(x, (const __nv_bfloat16 *)w, y, M, N, K);
 }

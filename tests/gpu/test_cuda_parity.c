@@ -150,6 +150,44 @@ static void fill(float *x, size_t n, const char *name, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = scale * kvd_rng_normal(key, i);
 }
 
+/* The model's own projection (kvd_cudaop_linear: FP32 activations, BF16
+ * weights, FP32 sums) against kvd_linear over the same weights, on both of
+ * its paths (warp per column below KVD_LINEAR_TILED_ROWS rows, 64 x 64
+ * tiles from there), with edges that fill no tile: the two differ only in
+ * the order of 1000-term FP32 sums, 1e-5 relative. */
+static void linear_w16(void) {
+    const int shapes[6][3] = {{1, 512, 1024},  {16, 300, 1000}, {63, 129, 1000},
+                              {64, 512, 1024}, {200, 77, 1000}, {513, 1031, 1032}};
+    for (int si = 0; si < 6; si++) {
+        int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+        float *x = malloc(sizeof(float) * (size_t)M * K),
+              *wf = malloc(sizeof(float) * (size_t)N * K);
+        float *yc = malloc(sizeof(float) * (size_t)M * N),
+              *yg = malloc(sizeof(float) * (size_t)M * N);
+        uint16_t *w = malloc(2 * (size_t)N * K);
+        fill(x, (size_t)M * K, "gpu.linear.x", 1.0f);
+        fill(wf, (size_t)N * K, "gpu.linear.w", 0.05f);
+        kvd_quant_bf16(wf, w, (size_t)N * K);
+        kvd_dequant_bf16(w, wf, (size_t)N * K);
+        kvd_linear(x, wf, yc, M, N, K);
+        float *dx = kvd_cuda_alloc(sizeof(float) * (size_t)M * K),
+              *dy = kvd_cuda_alloc(sizeof(float) * (size_t)M * N);
+        void *dw = kvd_cuda_alloc(2 * (size_t)N * K);
+        char err[256] = "";
+        int ok = dx && dy && dw && !kvd_cuda_upload(dx, x, sizeof(float) * (size_t)M * K) &&
+                 !kvd_cuda_upload(dw, w, 2 * (size_t)N * K);
+        if (ok) kvd_cudaop_linear(dx, dw, dy, M, N, K);
+        ok = ok && !kvd_cuda_sync(err, sizeof err) &&
+             !kvd_cuda_download(yg, dy, sizeof(float) * (size_t)M * N);
+        CHECK(ok, "linear %dx%dx%d failed: %s\n", M, N, K, err);
+        double e = ok ? rel_l2(yg, yc, (size_t)M * N) : 1;
+        CHECK(e < 1e-5, "linear %dx%dx%d (%s): rel L2 %g\n", M, N, K,
+              M >= KVD_LINEAR_TILED_ROWS ? "tiled" : "per column", e);
+        kvd_cuda_free(dx), kvd_cuda_free(dy), kvd_cuda_free(dw);
+        free(x), free(wf), free(yc), free(yg), free(w);
+    }
+}
+
 /* RMSNorm, RoPE and SwiGLU at the model's widths. Each product and sum is
  * rounded as on the CPU; what may differ is the double sum of squares (in a
  * tree) and libm's cos, sin and expf in their last place. */
@@ -405,6 +443,7 @@ int main(void) {
     codecs();
     attention();
     gemm();
+    linear_w16();
     dense();
     kv_write();
     prefill();
