@@ -22,8 +22,9 @@ static double now_s(void) {
  * each (prefilled), then decode steps of all C at once, the logits of every
  * step copied back (the drift engine needs them). ms per step and tokens/s
  * with a BF16 cache, and an FP8 one when with_fp8 (each its own model: the
- * weights are made twice); 0, or -1 when a step failed. */
-int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8) {
+ * weights are made twice), the model split over `gpus` devices; 0, or -1
+ * when a step failed. */
+int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gpus) {
     char err[KVD_ERR_LEN];
     kvd_config cfg;
     kvd_synth syn;
@@ -39,9 +40,9 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8) {
     float *logits = malloc(sizeof(float) * 32 * (size_t)V);
     uint64_t key = kvd_rng_key(21, "bench.model.tokens");
     for (int i = 0; i < ctx; i++) tok[i] = (int32_t)(kvd_rng_uniform(key, (uint64_t)i) * V) % V;
-    printf("\nthe whole model on the device, %s, %d-token contexts, %d decode steps (logits "
+    printf("\nthe whole model on %d device%s, %s, %d-token contexts, %d decode steps (logits "
            "copied back every step):\n",
-           preset, ctx, steps);
+           gpus, gpus > 1 ? "s" : "", preset, ctx, steps);
     int rc = 0;
     const int n_modes = with_fp8 ? 2 : 1;
     for (int mi = 0; mi < n_modes && rc == 0; mi++) {
@@ -53,7 +54,7 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8) {
             break;
         }
         double t0 = now_s();
-        kvd_cuda_model *m = kvd_cuda_model_new_synth(&cfg, &syn, &kv, 512, 32, 1, err);
+        kvd_cuda_model *m = kvd_cuda_model_new_synth(&cfg, &syn, &kv, 512, 32, gpus, err);
         if (!m) {
             fprintf(stderr, "bench model: %s\n", err);
             kvd_kvcache_free(&kv);

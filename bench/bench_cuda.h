@@ -9,6 +9,6 @@ int kvd_bench_cuda(int reps);
 /* The whole model on the device at a preset: decode tokens/s at
  * concurrency 1, 8 and 32 over ctx-token contexts, a BF16 cache (and an
  * FP8 one when with_fp8). */
-int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8);
+int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gpus);
 
 #endif
