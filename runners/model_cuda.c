@@ -946,7 +946,7 @@ static int probs_room(kvd_cuda_model *m0, size_t n_ctx) {
  * same row's query over it; each rank gives its heads, the hook sees them
  * all, as model.c gives them. */
 static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
-    const int hd = m0->head_dim, nh = m0->full.num_attention_heads;
+    const int hd = m0->head_dim;
     const float sm_scale = 1.0f / sqrtf((float)hd);
     for (int i = 0; i < rows; i++) {
         int seq = m0->h_row_seq[i], pos = m0->h_pos[i], n_ctx = pos + 1, rc = 0;
@@ -984,7 +984,6 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
                 snprintf(err, KVD_ERR_LEN, "attention: the sampled row's distribution failed");
             return -1;
         }
-        (void)nh;
         m0->hooks.attn(m0->hooks.ctx, al, seq, pos, n_ctx, m0->h_probs, m0->h_out,
                        m0->shadow ? m0->h_sprobs : NULL, m0->shadow ? m0->h_sout : NULL);
     }
