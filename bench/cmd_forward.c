@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "../datasets/calibset.h"
-#include "../kernels/backend.h"
 #include "../datasets/tokens.h"
 #include "../runners/calibrate.h"
 #include "../runners/drift.h"

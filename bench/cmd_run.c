@@ -15,7 +15,6 @@
 
 #include "../datasets/calibset.h"
 #include "../datasets/trace.h"
-#include "../kernels/backend.h"
 #include "../runners/calibrate.h"
 #include "../runners/drift.h"
 #include "../runners/fileio.h"

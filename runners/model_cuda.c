@@ -248,17 +248,15 @@ static float *up_rows(kvd_cuda_model *m, dev_allocs *to, const float *src, size_
     if (!src || *bad) return NULL;
     size_t n = 0;
     for (int i = 0; i < k; i++) n += nr[i] * len;
-    float *d = dalloc(to, n * sizeof(float) + 4), *h = malloc(n * sizeof(float) + 4);
+    float *d = dalloc(to, n * sizeof(float) + 4);
     kvd_tensor *made = lazy_make(m, src);
     size_t o = 0;
-    if (d && h)
-        for (int i = 0; i < k; i++) {
-            memcpy(h + o, src + r0[i] * len, nr[i] * len * sizeof(float));
-            o += nr[i] * len;
-        }
-    if (!d || !h || kvd_cuda_upload(d, h, n * sizeof(float))) *bad = 1;
+    for (int i = 0; i < k && d && !*bad; i++) {
+        if (kvd_cuda_upload(d + o, src + r0[i] * len, nr[i] * len * sizeof(float))) *bad = 1;
+        o += nr[i] * len;
+    }
+    if (!d) *bad = 1;
     lazy_release(made);
-    free(h);
     return d;
 }
 static float *up_vec(kvd_cuda_model *m, dev_allocs *to, const float *src, size_t n, int *bad) {
@@ -635,16 +633,19 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_synth *lazy_s,
     m->h_seqs = malloc(sizeof(int) * (size_t)max_seqs);
     m->h_row0 = malloc(sizeof(int) * (size_t)max_seqs);
     m->h_ntok = malloc(sizeof(int) * (size_t)max_seqs);
-    m->h_x = malloc(sizeof(float) * R * H);
-    /* the hooks' copies, of every rank's heads (used on rank 0) */
-    const size_t fnh = (size_t)full->num_attention_heads, fkvh = (size_t)full->num_key_value_heads;
-    m->h_out = malloc(sizeof(float) * fnh * hd);
-    m->h_sout = malloc(sizeof(float) * fnh * hd);
-    m->h_k = malloc(sizeof(float) * R * fkvh * hd);
-    m->h_v = malloc(sizeof(float) * R * fkvh * hd);
     if (!m->h_pos || !m->h_row_seq || !m->h_topi || !m->h_slots || !m->h_seqs || !m->h_row0 ||
-        !m->h_ntok || !m->h_x || !m->h_out || !m->h_sout || !m->h_k || !m->h_v)
+        !m->h_ntok)
         goto oom;
+    if (part->rank == 0) { /* the hooks' copies, of every rank's heads */
+        const size_t fnh = (size_t)full->num_attention_heads,
+                     fkvh = (size_t)full->num_key_value_heads;
+        m->h_x = malloc(sizeof(float) * R * H);
+        m->h_out = malloc(sizeof(float) * fnh * hd);
+        m->h_sout = malloc(sizeof(float) * fnh * hd);
+        m->h_k = malloc(sizeof(float) * R * fkvh * hd);
+        m->h_v = malloc(sizeof(float) * R * fkvh * hd);
+        if (!m->h_x || !m->h_out || !m->h_sout || !m->h_k || !m->h_v) goto oom;
+    }
     if (kvd_cuda_sync(why, sizeof why)) {
         snprintf(err, KVD_ERR_LEN, "device model: %s", why);
         rank_free(m);
