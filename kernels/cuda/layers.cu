@@ -98,7 +98,7 @@ __global__ void kv_write_k(write_args a) {
     unsigned m = __activemask();
     unsigned ns = __popc(__ballot_sync(m, sat)), nf = __popc(__ballot_sync(m, ftz)),
              nu = __popc(__ballot_sync(m, sub)), nn = __popc(m);
-    if ((threadIdx.x & 31) == __ffs(m) - 1) {
+    if ((int)(threadIdx.x & 31) == __ffs((int)m) - 1) {
         atomicAdd(&a.stats[0], (unsigned long long)nn);
         if (ns) atomicAdd(&a.stats[1], (unsigned long long)ns);
         if (nf) atomicAdd(&a.stats[2], (unsigned long long)nf);

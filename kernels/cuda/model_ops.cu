@@ -90,11 +90,14 @@ __global__ void linear_w16_k(const float *x, const __nv_bfloat16 *w, float *y, i
             for (int i = 0; i < rows; i++) acc[i] += wv * x[(size_t)(m0 + i) * K + k];
         }
     }
+    // the rows that exist only (decode has one or two): rows is the same
+    // for the whole warp, so the shuffles stay converged
 #pragma unroll
     for (int i = 0; i < LIN_ROWS; i++) {
+        if (i >= rows) break;
         float a = acc[i];
         for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-        if (lane == 0 && i < rows) y[(size_t)(m0 + i) * N + n] = a;
+        if (lane == 0) y[(size_t)(m0 + i) * N + n] = a;
     }
 }
 
