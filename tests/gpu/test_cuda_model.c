@@ -283,10 +283,13 @@ static void lazy_weights(void) {
  * its mean agree within rtol * |mean| + atol: on a GPU, or split over
  * several, rtol 5% (the FP8 candidate's cache differs in values at rounding
  * boundaries, which moves the attention figures a little), atol 1e-6 for
- * the divergences and 0.02 for the agreement fractions; in the emulation of
- * one GPU (every device operation its CPU twin, the same sums in the same
+ * the divergences, 0.02 for the agreement fractions and 3e-4 for delta_nll
+ * (a difference of two NLLs of about log(vocab) nats each, from logits that
+ * agree within 1e-4: the simulated kernels, with the CPU's arithmetic in
+ * another order, moved it by 1.1e-4 on a mean of 1.4e-3); in the emulation
+ * of one GPU (every device operation its CPU twin, the same sums in the same
  * order) 1e-6 and 1e-12. */
-static double drift_rtol, drift_atol, frac_atol, worst_fig;
+static double drift_rtol, drift_atol, frac_atol, nll_atol, worst_fig;
 
 static void cmp_stat(const char *what, int i, const kvd_stat *a, const kvd_stat *b, double atol) {
     CHECK(a->n == b->n, "drift %s[%d]: n %g on the CPU, %g on the device\n", what, i, a->n, b->n);
@@ -307,6 +310,7 @@ static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_sca
     drift_rtol = exact ? 1e-6 : 0.05;
     drift_atol = exact ? 1e-12 : 1e-6;
     frac_atol = exact ? 1e-12 : 0.02;
+    nll_atol = exact ? 1e-12 : 3e-4;
     char err[KVD_ERR_LEN];
     kvd_config cfg;
     kvd_weights w;
@@ -338,7 +342,7 @@ static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_sca
     }
     worst_fig = 0;
     if (okc && okd == 1) {
-        const double ta[KVD_OUT_N] = {drift_atol, frac_atol, frac_atol, drift_atol};
+        const double ta[KVD_OUT_N] = {drift_atol, frac_atol, frac_atol, nll_atol};
         for (int m = 0; m < KVD_OUT_N; m++)
             for (int i = 0; i < KVD_NSUB * KVD_NB; i++)
                 cmp_stat(kvd_out_names[m], i, &dc.out[m][0][0] + i, &dd.out[m][0][0] + i, ta[m]);
@@ -404,13 +408,21 @@ int main(void) {
         printf("SKIP: %s: the device model test needs a GPU\n", why);
         return 77;
     }
-    /* KVD_TEST_PRESETS=tiny limits the run (the emulated build in CI) */
-    const char *only = getenv("KVD_TEST_PRESETS");
+    /* KVD_TEST_PRESETS=tiny limits the run (the emulated and simulated
+     * builds in CI); KVD_TEST_CASES=quick to one GPU and a split over two
+     * (the simulator under the sanitizers) */
+    const char *only = getenv("KVD_TEST_PRESETS"), *cases = getenv("KVD_TEST_CASES");
+    const int quick = cases && !strcmp(cases, "quick");
     const char *presets[2] = {"tiny", "small"};
     for (int p = 0; p < 2; p++) {
         if (only && !strstr(only, presets[p])) continue;
         kvd_kv_scales cal = {0};
         run(presets[p], KVD_KV_BF16, NULL, &cal, 1);
+        if (quick) {
+            run(presets[p], KVD_KV_FP8_CAL, &cal, NULL, 2);
+            kvd_kv_scales_free(&cal);
+            continue;
+        }
         run(presets[p], KVD_KV_FP8_CAL, &cal, NULL, 1);
         run(presets[p], KVD_KV_FP8_UNSCALED, NULL, NULL, 1);
         /* tensor parallel: every head count splits in 2; small's 2 KV heads

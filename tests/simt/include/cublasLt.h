@@ -1,0 +1,2 @@
+// kvdrift: cublasLt.h for the SIMT simulator (tests/simt/simt.h)
+#include "../simt.h"

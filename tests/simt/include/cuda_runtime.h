@@ -1,0 +1,2 @@
+// kvdrift: cuda_runtime.h for the SIMT simulator (tests/simt/simt.h)
+#include "../simt.h"

@@ -1,0 +1,846 @@
+// kvdrift: the SIMT simulator's runtime (see simt.h): fibers and their
+// scheduler, device memory with its bounds, events, the conversions and the
+// host matmul behind the cuBLASLt calls.
+#include "simt.h"
+
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <map>
+#include <vector>
+
+#include "fp8.h"
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+#define KVD_SIMT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVD_SIMT_ASAN 1
+#endif
+#endif
+#ifdef KVD_SIMT_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+// the fiber switch (x86-64: below; elsewhere ucontext) and a fiber's first frame
+extern "C" void kvd_simt_swap(void **save_sp, void *to_sp);
+extern "C" void kvd_simt_entry();
+
+namespace kvd_simt {
+void fiber_entry();
+
+thread_ctx *self = nullptr;
+
+namespace {
+
+const int n_devices = 8; // tensor-parallel tests split over up to this many
+int cur_device = 0;
+cudaError_t last_error = cudaSuccess, sticky_error = cudaSuccess;
+
+void fail(cudaError_t e) {
+    if (last_error == cudaSuccess) last_error = e;
+}
+
+// ---- device memory: every allocation with its size and device ----
+struct alloc {
+    size_t n;
+    int dev;
+};
+std::map<uintptr_t, alloc> allocs;
+
+// the allocation holding [p, p + n), or end()
+std::map<uintptr_t, alloc>::iterator find_alloc(const void *p, size_t n) {
+    uintptr_t a = (uintptr_t)p;
+    auto it = allocs.upper_bound(a);
+    if (it == allocs.begin()) return allocs.end();
+    --it;
+    if (a < it->first || a + n > it->first + it->second.n) return allocs.end();
+    return it;
+}
+
+bool range_ok(const void *p, size_t n, const char *what) {
+    if (n == 0) return true;
+    if (find_alloc(p, n) != allocs.end()) return true;
+    auto it = find_alloc(p, 1);
+    if (it == allocs.end())
+        std::fprintf(stderr, "kvd_simt: %s: %p is not device memory\n", what, p);
+    else
+        std::fprintf(stderr,
+                     "kvd_simt: %s: %zu bytes at offset %zu run past an allocation of %zu bytes\n",
+                     what, n, (size_t)((uintptr_t)p - it->first), it->second.n);
+    return false;
+}
+
+// ---- fibers ----
+enum state { READY, AT_BARRIER, AT_WARP_OP, DONE };
+
+#if defined(__x86_64__)
+// the callee-saved registers on the stack of the fiber switched from, its
+// stack pointer into *save_sp (the kernels leave MXCSR and the x87 control
+// word alone, so they are not switched)
+asm(R"(
+    .pushsection .text
+    .globl kvd_simt_swap
+    .type kvd_simt_swap, @function
+kvd_simt_swap:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size kvd_simt_swap, .-kvd_simt_swap
+    .popsection
+)");
+#endif
+
+struct fiber {
+    thread_ctx ctx;
+    int lane, warp;
+    state st;
+#if defined(__x86_64__)
+    void *sp;
+#else
+    ucontext_t uc;
+#endif
+    void *fake_stack; // AddressSanitizer's, across switches
+    warp_kind op;
+    unsigned mask;
+    uint64_t value, result;
+    int arg, width;
+};
+
+#ifdef KVD_SIMT_ASAN
+const size_t stack_bytes = 256 << 10;
+#else
+const size_t stack_bytes = 64 << 10;
+#endif
+const size_t page = 4096;
+
+std::vector<fiber> fibers;
+std::vector<char *> stacks; // one per thread slot, a guard page below each
+const std::function<void()> *body = nullptr;
+const config *block_cfg = nullptr;
+int block_n = 0, cur = -1;
+bool block_failed = false;
+#if defined(__x86_64__)
+void *sched_sp = nullptr;
+#else
+ucontext_t sched_uc;
+#endif
+#ifdef KVD_SIMT_ASAN
+void *sched_fake = nullptr;
+void *sched_bottom = nullptr;
+size_t sched_size = 0;
+#endif
+std::vector<unsigned char> dyn_smem;
+
+char *stack_of(int t) {
+    while ((int)stacks.size() <= t) {
+        void *m = mmap(nullptr, stack_bytes + page, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) {
+            std::perror("kvd_simt: fiber stack");
+            std::abort();
+        }
+        mprotect(m, page, PROT_NONE); // overflow faults instead of corrupting
+        stacks.push_back(static_cast<char *>(m) + page);
+    }
+    return stacks[t];
+}
+
+// From fiber `from` to fiber `to`, or to the scheduler (to < 0); a finished
+// fiber's stack is never resumed.
+void switch_from(fiber &from, int to, bool finished) {
+#ifdef KVD_SIMT_ASAN
+    void **fake = finished ? nullptr : &from.fake_stack;
+    if (to < 0)
+        __sanitizer_start_switch_fiber(fake, sched_bottom, sched_size);
+    else
+        __sanitizer_start_switch_fiber(fake, stacks[to], stack_bytes);
+#else
+    (void)finished;
+#endif
+    if (to >= 0) cur = to, self = &fibers[to].ctx;
+#if defined(__x86_64__)
+    kvd_simt_swap(&from.sp, to < 0 ? sched_sp : fibers[to].sp);
+#else
+    swapcontext(&from.uc, to < 0 ? &sched_uc : &fibers[to].uc);
+#endif
+#ifdef KVD_SIMT_ASAN
+    __sanitizer_finish_switch_fiber(from.fake_stack, nullptr, nullptr);
+#endif
+}
+
+// from the scheduler into fiber t, until its warp can go no further
+void to_fiber(int t) {
+    cur = t;
+    self = &fibers[t].ctx;
+#ifdef KVD_SIMT_ASAN
+    if (!sched_bottom) {
+        pthread_attr_t at;
+        pthread_getattr_np(pthread_self(), &at);
+        pthread_attr_getstack(&at, &sched_bottom, &sched_size);
+        pthread_attr_destroy(&at);
+    }
+    __sanitizer_start_switch_fiber(&sched_fake, stacks[t], stack_bytes);
+#endif
+#if defined(__x86_64__)
+    kvd_simt_swap(&sched_sp, fibers[t].sp);
+#else
+    swapcontext(&sched_uc, &fibers[t].uc);
+#endif
+#ifdef KVD_SIMT_ASAN
+    __sanitizer_finish_switch_fiber(sched_fake, nullptr, nullptr);
+#endif
+    self = nullptr;
+}
+
+int release_warp(const config &c, int w, int n);
+
+// The running thread stops (at a barrier, a warp operation or its end):
+// the next lane of its warp runs; after the warp's last lane, the warp's
+// operations that can complete do, and its first released lane runs on (the
+// warp stays together); else back to the scheduler.
+void yield_lane(fiber &f, bool finished) {
+    const int base = f.warp * 32, lanes = std::min(32, block_n - base);
+    for (int l = f.lane + 1; l < lanes; l++)
+        if (fibers[base + l].st == READY) return switch_from(f, base + l, finished);
+    int r = release_warp(*block_cfg, f.warp, block_n);
+    if (r < 0) block_failed = true;
+    if (r > 0)
+        for (int l = 0; l < lanes; l++)
+            if (fibers[base + l].st == READY) {
+                if (base + l == cur) return; // this very lane goes on
+                return switch_from(f, base + l, finished);
+            }
+    switch_from(f, -1, finished);
+}
+
+void fiber_main() {
+#ifdef KVD_SIMT_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+#endif
+    (*body)();
+    fibers[cur].st = DONE;
+    yield_lane(fibers[cur], true);
+    std::abort(); // a finished fiber is never resumed
+}
+
+void start_fiber(int t, char *stack) {
+    fiber &f = fibers[t];
+#ifdef KVD_SIMT_ASAN
+    __asan_unpoison_memory_region(stack, stack_bytes); // frames of the last thread here
+#endif
+#if defined(__x86_64__)
+    uint64_t *s = reinterpret_cast<uint64_t *>(((uintptr_t)stack + stack_bytes) & ~(uintptr_t)15);
+    *--s = 0;                                    // the entry's return address: never used
+    *--s = (uint64_t)(uintptr_t)&kvd_simt_entry; // where kvd_simt_swap returns to
+    for (int i = 0; i < 6; i++) *--s = 0;        // rbp, rbx, r12 .. r15
+    f.sp = s;
+#else
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = stack;
+    f.uc.uc_stack.ss_size = stack_bytes;
+    f.uc.uc_link = nullptr;
+    makecontext(&f.uc, fiber_main, 0);
+#endif
+}
+
+void describe(const config &c, const fiber &f, const char *what) {
+    std::fprintf(stderr,
+                 "kvd_simt: %s: block (%u,%u,%u) thread (%u,%u,%u) (warp %d, lane %d): %s\n",
+                 c.name, f.ctx.bid.x, f.ctx.bid.y, f.ctx.bid.z, f.ctx.tid.x, f.ctx.tid.y,
+                 f.ctx.tid.z, f.warp, f.lane, what);
+}
+
+const char *op_name(warp_kind k) {
+    switch (k) {
+    case W_SHFL_IDX:
+        return "__shfl_sync";
+    case W_SHFL_XOR:
+        return "__shfl_xor_sync";
+    case W_SHFL_DOWN:
+        return "__shfl_down_sync";
+    case W_BALLOT:
+        return "__ballot_sync";
+    default:
+        return "__activemask";
+    }
+}
+
+// The warp operations of warp w that can complete: those whose every named
+// lane has arrived at the same operation with the same mask. Returns how
+// many threads it released; -1 on a lane of a mask that has exited.
+int release_warp(const config &c, int w, int n) {
+    const int base = w * 32, lanes = std::min(32, n - base);
+    unsigned waiting = 0, live = 0;
+    for (int l = 0; l < lanes; l++) {
+        const fiber &f = fibers[base + l];
+        if (f.st != DONE) live |= 1u << l;
+        if (f.st == AT_WARP_OP) waiting |= 1u << l;
+    }
+    if (!waiting) return 0;
+    fiber *F = &fibers[base];
+    if (waiting == ~0u) { // the common case: the whole warp at one full-mask operation
+        const warp_kind k = F[0].op;
+        bool uniform = F[0].width == 32 && (k == W_ACTIVEMASK || F[0].mask == ~0u);
+        for (int l = 1; l < 32 && uniform; l++)
+            uniform = F[l].op == k && F[l].width == 32 && (k == W_ACTIVEMASK || F[l].mask == ~0u);
+        if (uniform) {
+            unsigned ballot = 0;
+            if (k == W_BALLOT)
+                for (int l = 0; l < 32; l++) ballot |= (F[l].value != 0) << l;
+            for (int l = 0; l < 32; l++) {
+                fiber &g = F[l];
+                switch (k) {
+                case W_SHFL_IDX:
+                    g.result = F[g.arg & 31].value;
+                    break;
+                case W_SHFL_XOR:
+                    g.result = (l ^ g.arg) < 32 ? F[l ^ g.arg].value : g.value;
+                    break;
+                case W_SHFL_DOWN:
+                    g.result = l + g.arg < 32 ? F[l + g.arg].value : g.value;
+                    break;
+                case W_BALLOT:
+                    g.result = ballot;
+                    break;
+                case W_ACTIVEMASK:
+                    g.result = ~0u;
+                    break;
+                }
+                g.st = READY;
+            }
+            return 32;
+        }
+    }
+    const unsigned exists = lanes == 32 ? ~0u : (1u << lanes) - 1;
+    int released = 0;
+    for (int l = 0; l < lanes; l++) {
+        fiber &f = fibers[base + l];
+        if (f.st != AT_WARP_OP) continue;
+        unsigned m;
+        if (f.op == W_ACTIVEMASK) {
+            if (waiting != live) continue; // the warp has not converged yet
+            m = live;
+        } else {
+            m = f.mask & exists;
+            if (!(m & (1u << l))) {
+                describe(c, f, "calls a warp operation with a mask that leaves out its own lane");
+                return -1;
+            }
+            if (m & ~live) {
+                describe(c, f, "names in its mask a lane that has exited");
+                return -1;
+            }
+            if ((m & waiting) != m) continue;
+        }
+        bool same = true;
+        for (int j = 0; j < lanes; j++)
+            if (m & (1u << j)) {
+                const fiber &g = fibers[base + j];
+                if (g.op != f.op || (f.op != W_ACTIVEMASK && (g.mask & exists) != m)) same = false;
+            }
+        if (!same) {
+            describe(c, f, "meets lanes of its mask at a different warp operation");
+            return -1;
+        }
+        for (int j = 0; j < lanes; j++) {
+            if (!(m & (1u << j))) continue;
+            fiber &g = fibers[base + j];
+            uint64_t r = g.value;
+            int seg = j & ~(g.width - 1), src = j; // width is a power of two
+            switch (g.op) {
+            case W_SHFL_IDX:
+                src = seg + (g.arg & (g.width - 1));
+                break;
+            case W_SHFL_XOR:
+                src = j ^ g.arg;
+                break;
+            case W_SHFL_DOWN:
+                src = j + g.arg;
+                break;
+            default:
+                break;
+            }
+            if (g.op == W_SHFL_IDX || g.op == W_SHFL_XOR || g.op == W_SHFL_DOWN) {
+                // outside the segment or the participants: the lane's own value
+                if (src >= seg && src < seg + g.width && src < lanes && (m & (1u << src)))
+                    r = fibers[base + src].value;
+            } else if (g.op == W_BALLOT) {
+                r = 0;
+                for (int u = 0; u < lanes; u++)
+                    if ((m & (1u << u)) && fibers[base + u].value) r |= 1u << u;
+            } else {
+                r = m;
+            }
+            g.result = r;
+            released++;
+        }
+        for (int j = 0; j < lanes; j++)
+            if (m & (1u << j)) fibers[base + j].st = READY;
+    }
+    return released;
+}
+
+// one block: -1 when a barrier or warp operation could not complete
+int run_block(const config &c, uint3 bid) {
+    const int n = (int)(c.block.x * c.block.y * c.block.z);
+    for (int t = 0; t < n; t++) {
+        fiber &f = fibers[t];
+        f.ctx.tid = {t % c.block.x, t / c.block.x % c.block.y, t / (c.block.x * c.block.y)};
+        f.ctx.bid = bid;
+        f.ctx.bdim = c.block;
+        f.ctx.gdim = c.grid;
+        f.lane = t % 32, f.warp = t / 32;
+        f.st = READY;
+        f.fake_stack = nullptr;
+        start_fiber(t, stacks[t]);
+    }
+    block_cfg = &c, block_n = n, block_failed = false;
+    for (;;) {
+        // each warp runs until it stops at a barrier, finishes or is stuck
+        for (int w = 0; w * 32 < n && !block_failed; w++)
+            for (int t = w * 32; t < std::min(n, w * 32 + 32); t++)
+                if (fibers[t].st == READY) {
+                    to_fiber(t);
+                    break;
+                }
+        if (block_failed) return -1;
+        int done = 0, at_barrier = 0;
+        for (int t = 0; t < n; t++) {
+            done += fibers[t].st == DONE;
+            at_barrier += fibers[t].st == AT_BARRIER;
+        }
+        if (done == n) return 0;
+        if (done + at_barrier == n) {
+            for (int t = 0; t < n; t++)
+                if (fibers[t].st == AT_BARRIER) fibers[t].st = READY;
+            continue;
+        }
+        for (int t = 0; t < n; t++)
+            if (fibers[t].st == AT_WARP_OP) {
+                char what[128];
+                std::snprintf(what, sizeof what, "waits at %s (mask 0x%08x) for lanes that %s",
+                              op_name(fibers[t].op), fibers[t].mask,
+                              at_barrier ? "wait at __syncthreads" : "never arrive");
+                describe(c, fibers[t], what);
+                break;
+            }
+        return -1;
+    }
+}
+
+} // namespace
+
+void run(const config &c, const std::function<void()> &body_) {
+    const unsigned long long threads = (unsigned long long)c.block.x * c.block.y * c.block.z;
+    const char *bad = nullptr;
+    if (!threads || threads > 1024 || c.block.z > 64)
+        bad = "threads per block must be 1 to 1024 (z at most 64)";
+    else if (!c.grid.x || !c.grid.y || !c.grid.z || c.grid.y > 65535 || c.grid.z > 65535)
+        bad = "grid dimensions must be at least 1 (y and z at most 65535)";
+    else if (c.shmem > 48 * 1024)
+        bad = "more than 48 KB of dynamic shared memory without an opt-in";
+    if (bad) {
+        std::fprintf(stderr,
+                     "kvd_simt: %s: launch of grid (%u,%u,%u), block (%u,%u,%u), %zu bytes of "
+                     "shared memory refused: %s\n",
+                     c.name, c.grid.x, c.grid.y, c.grid.z, c.block.x, c.block.y, c.block.z, c.shmem,
+                     bad);
+        fail(cudaErrorInvalidConfiguration);
+        return;
+    }
+    if (sticky_error != cudaSuccess) return; // a context after a fault runs nothing
+    static const bool trace = std::getenv("KVD_SIMT_TRACE") != nullptr;
+    if (trace)
+        std::fprintf(stderr, "kvd_simt: %s grid (%u,%u,%u) block (%u,%u,%u) shared %zu\n", c.name,
+                     c.grid.x, c.grid.y, c.grid.z, c.block.x, c.block.y, c.block.z, c.shmem);
+    const int n = (int)threads;
+    if ((int)fibers.size() < n) fibers.resize(n);
+    for (int t = 0; t < n; t++) stack_of(t);
+    dyn_smem.assign(c.shmem ? c.shmem : 1, 0xff);
+    body = &body_;
+    for (unsigned z = 0; z < c.grid.z; z++)
+        for (unsigned y = 0; y < c.grid.y; y++)
+            for (unsigned x = 0; x < c.grid.x; x++)
+                if (run_block(c, {x, y, z})) {
+                    sticky_error = cudaErrorLaunchFailure;
+                    fail(sticky_error);
+                    body = nullptr;
+                    return;
+                }
+    body = nullptr;
+}
+
+void syncthreads() {
+    fiber &f = fibers[cur];
+    f.st = AT_BARRIER;
+    yield_lane(f, false);
+}
+
+uint64_t warp_op(warp_kind k, unsigned mask, uint64_t value, int arg, int width) {
+    fiber &f = fibers[cur];
+    if (width < 1 || width > 32 || (width & (width - 1))) width = 32;
+    f.op = k, f.mask = mask, f.value = value, f.arg = arg, f.width = width;
+    f.st = AT_WARP_OP;
+    yield_lane(f, false);
+    return f.result;
+}
+
+void fiber_entry() {
+    fiber_main();
+}
+
+void *dynamic_shared() {
+    return dyn_smem.data();
+}
+
+bool device_ptr(const void *p) {
+    if (!p) return true;
+    auto it = find_alloc(p, 1);
+    return it != allocs.end() && it->second.dev == cur_device;
+}
+
+void bad_pointer(const config &c, int arg, const void *p) {
+    auto it = find_alloc(p, 1);
+    if (it == allocs.end())
+        std::fprintf(stderr, "kvd_simt: %s: argument %d (%p) is not device memory\n", c.name,
+                     arg + 1, p);
+    else
+        std::fprintf(stderr, "kvd_simt: %s: argument %d is memory of device %d, launched on %d\n",
+                     c.name, arg + 1, it->second.dev, cur_device);
+    sticky_error = cudaErrorIllegalAddress;
+    fail(sticky_error);
+}
+
+} // namespace kvd_simt
+
+using namespace kvd_simt;
+
+extern "C" void kvd_simt_entry() {
+    kvd_simt::fiber_entry();
+}
+
+// ---- runtime API ----
+cudaError_t cudaMalloc(void **p, size_t n) {
+    *p = nullptr;
+    void *m = std::malloc(n ? n : 1);
+    if (!m) return cudaErrorMemoryAllocation;
+    std::memset(m, 0xff, n ? n : 1); // never-written memory reads as NaN / -1
+    allocs[(uintptr_t)m] = {n ? n : 1, cur_device};
+    *p = m;
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    auto it = allocs.find((uintptr_t)p);
+    if (it == allocs.end()) {
+        std::fprintf(stderr, "kvd_simt: cudaFree(%p): not an allocation\n", p);
+        fail(cudaErrorInvalidValue);
+        return cudaErrorInvalidValue;
+    }
+    allocs.erase(it);
+    std::free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
+    bool ok = true;
+    if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice)
+        ok = range_ok(dst, n, "cudaMemcpy destination");
+    if (ok && (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice))
+        ok = range_ok(src, n, "cudaMemcpy source");
+    if (!ok) {
+        fail(cudaErrorInvalidValue);
+        return cudaErrorInvalidValue;
+    }
+    if (sticky_error != cudaSuccess) return sticky_error;
+    if (n) std::memmove(dst, src, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void *p, int value, size_t n) {
+    if (!range_ok(p, n, "cudaMemset")) {
+        fail(cudaErrorInvalidValue);
+        return cudaErrorInvalidValue;
+    }
+    if (n) std::memset(p, value, n);
+    return cudaSuccess;
+}
+cudaError_t cudaGetLastError() {
+    cudaError_t e = last_error;
+    last_error = sticky_error;
+    return e;
+}
+cudaError_t cudaDeviceSynchronize() {
+    return sticky_error;
+}
+cudaError_t cudaDeviceReset() {
+    last_error = sticky_error = cudaSuccess;
+    return cudaSuccess;
+}
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess:
+        return "no error";
+    case cudaErrorInvalidValue:
+        return "invalid argument";
+    case cudaErrorMemoryAllocation:
+        return "out of memory";
+    case cudaErrorInvalidConfiguration:
+        return "invalid configuration argument";
+    case cudaErrorInvalidDevice:
+        return "invalid device ordinal";
+    case cudaErrorIllegalAddress:
+        return "an illegal memory access was encountered";
+    case cudaErrorLaunchFailure:
+        return "unspecified launch failure";
+    }
+    return "unknown error";
+}
+cudaError_t cudaGetDeviceCount(int *n) {
+    *n = n_devices;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev) {
+    if (dev < 0 || dev >= n_devices) return cudaErrorInvalidDevice;
+    std::memset(p, 0, sizeof *p);
+    std::snprintf(p->name, sizeof p->name, "kvdrift SIMT simulator");
+    p->major = 9, p->minor = 0, p->multiProcessorCount = 1, p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024, p->sharedMemPerBlock = 48 * 1024;
+    p->totalGlobalMem = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGE_SIZE);
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *dev) {
+    *dev = cur_device;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int dev) {
+    if (dev < 0 || dev >= n_devices) return cudaErrorInvalidDevice;
+    cur_device = dev;
+    return cudaSuccess;
+}
+
+struct kvd_simt_event {
+    std::chrono::steady_clock::time_point t;
+};
+cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    *e = new kvd_simt_event();
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+    e->t = std::chrono::steady_clock::now();
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) {
+    return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete e;
+    return cudaSuccess;
+}
+
+// ---- conversions: the CPU codecs (held to CUDA's by tests/oracle) ----
+float __bfloat162float(__nv_bfloat16 b) {
+    return kvd_bf16_to_f32(b.__x);
+}
+__nv_bfloat16 __float2bfloat16_rn(float x) {
+    return {kvd_f32_to_bf16(x)};
+}
+// FP8 values are exact in FP16: sign, exponent re-biased, mantissa widened
+__half_raw __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t v, __nv_fp8_interpretation_t f) {
+    if (f == __NV_E5M2) return {(unsigned short)(v << 8)}; // E5M2 is FP16's top byte
+    unsigned s = (v & 0x80u) << 8, e = (v >> 3) & 15u, m = v & 7u;
+    if (e == 15 && m == 7) return {(unsigned short)(s | 0x7fffu)}; // NaN
+    if (e == 0) {
+        if (m == 0) return {(unsigned short)s};
+        // subnormal m * 2^-9: normalise into FP16 (bias 15)
+        int ee = -6;
+        while (!(m & 8u)) m <<= 1, ee--;
+        return {(unsigned short)(s | (unsigned)(ee + 15) << 10 | (m & 7u) << 7)};
+    }
+    return {(unsigned short)(s | (e - 7 + 15) << 10 | m << 7)};
+}
+float __half2float(__half h) {
+    unsigned s = (h.__x & 0x8000u) << 16, e = (h.__x >> 10) & 31u, m = h.__x & 1023u;
+    uint32_t u;
+    if (e == 31) {
+        u = s | 0x7f800000u | m << 13;
+    } else if (e == 0) {
+        float f = std::ldexp((float)m, -24);
+        return s ? -f : f;
+    } else {
+        u = s | (e - 15 + 127) << 23 | m << 13;
+    }
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+__nv_fp8_storage_t __nv_cvt_float_to_fp8(float x, __nv_saturation_t s,
+                                         __nv_fp8_interpretation_t f) {
+    return f == __NV_E5M2 ? kvd_f32_to_e5m2(x, s == __NV_SATFINITE)
+                          : kvd_f32_to_e4m3(x, s == __NV_SATFINITE);
+}
+
+// ---- cuBLASLt on the host ----
+struct kvd_simt_lt {
+    int live;
+};
+struct kvd_simt_lt_desc {
+    cublasOperation_t ta, tb;
+};
+struct kvd_simt_lt_layout {
+    cudaDataType_t type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+struct kvd_simt_lt_pref {
+    size_t workspace;
+};
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+    *h = new kvd_simt_lt{1};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute,
+                                        cudaDataType_t scale) {
+    if (compute != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    *d = new kvd_simt_lt_desc{CUBLAS_OP_N, CUBLAS_OP_N};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+    delete d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
+                                              cublasLtMatmulDescAttributes_t a, const void *v,
+                                              size_t n) {
+    if (n != sizeof(cublasOperation_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    std::memcpy(a == CUBLASLT_MATMUL_DESC_TRANSA ? &d->ta : &d->tb, v, n);
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+    if (ld < (int64_t)rows) return CUBLAS_STATUS_INVALID_VALUE;
+    *l = new kvd_simt_lt_layout{type, rows, cols, ld};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+    delete l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+    *p = new kvd_simt_lt_pref{0};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+    delete p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t,
+                                                    const void *v, size_t n) {
+    if (n != sizeof(size_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    std::memcpy(&p->workspace, v, n);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+namespace {
+// op(X) as a rows x cols column-major matrix: its (i, j) element
+float lt_at(const void *p, const kvd_simt_lt_layout *l, cublasOperation_t op, uint64_t i,
+            uint64_t j) {
+    uint64_t r = op == CUBLAS_OP_N ? i : j, c = op == CUBLAS_OP_N ? j : i;
+    size_t idx = (size_t)(c * (uint64_t)l->ld + r);
+    if (l->type == CUDA_R_16BF) return kvd_bf16_to_f32(static_cast<const uint16_t *>(p)[idx]);
+    return static_cast<const float *>(p)[idx];
+}
+size_t lt_bytes(const kvd_simt_lt_layout *l) {
+    size_t e = l->type == CUDA_R_16BF ? 2 : 4;
+    return l->cols ? ((size_t)(l->cols - 1) * (size_t)l->ld + l->rows) * e : 0;
+}
+uint64_t op_rows(const kvd_simt_lt_layout *l, cublasOperation_t op) {
+    return op == CUBLAS_OP_N ? l->rows : l->cols;
+}
+uint64_t op_cols(const kvd_simt_lt_layout *l, cublasOperation_t op) {
+    return op == CUBLAS_OP_N ? l->cols : l->rows;
+}
+bool lt_shapes(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+               cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl) {
+    return op_cols(a, d->ta) == op_rows(b, d->tb) && op_rows(a, d->ta) == c->rows &&
+           op_cols(b, d->tb) == c->cols && c->rows == dl->rows && c->cols == dl->cols &&
+           dl->type == CUDA_R_32F;
+}
+} // namespace
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl,
+                                              cublasLtMatmulPreference_t, int want,
+                                              cublasLtMatmulHeuristicResult_t *out, int *found) {
+    *found = 0;
+    if (!h || !lt_shapes(d, a, b, c, dl)) return CUBLAS_STATUS_INVALID_VALUE;
+    // the simulator's "algorithms" differ only in their id
+    for (int i = 0; i < want && i < 3; i++) {
+        std::memset(&out[i], 0, sizeof out[i]);
+        out[i].algo.data[0] = (uint64_t)i + 1;
+        out[i].state = CUBLAS_STATUS_SUCCESS;
+        ++*found;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha,
+                              const void *A, cublasLtMatrixLayout_t a, const void *B,
+                              cublasLtMatrixLayout_t b, const void *beta, const void *C,
+                              cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t dl,
+                              const cublasLtMatmulAlgo_t *algo, void *, size_t, cudaStream_t) {
+    if (!h || !algo || !algo->data[0] || !lt_shapes(d, a, b, c, dl))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (!range_ok(A, lt_bytes(a), "cublasLtMatmul A") ||
+        !range_ok(B, lt_bytes(b), "cublasLtMatmul B") ||
+        !range_ok(D, lt_bytes(dl), "cublasLtMatmul D"))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    const float al = *static_cast<const float *>(alpha), be = *static_cast<const float *>(beta);
+    const uint64_t M = dl->rows, N = dl->cols, K = op_cols(a, d->ta);
+    std::vector<float> acc((size_t)(M * N));
+    for (uint64_t j = 0; j < N; j++)
+        for (uint64_t i = 0; i < M; i++) {
+            float s = 0.0f;
+            for (uint64_t k = 0; k < K; k++)
+                s += lt_at(A, a, d->ta, i, k) * lt_at(B, b, d->tb, k, j);
+            float r = al * s;
+            if (be != 0.0f) r += be * lt_at(C, c, CUBLAS_OP_N, i, j);
+            acc[(size_t)(j * M + i)] = r;
+        }
+    for (uint64_t j = 0; j < N; j++)
+        for (uint64_t i = 0; i < M; i++)
+            static_cast<float *>(D)[(size_t)(j * (uint64_t)dl->ld + i)] = acc[(size_t)(j * M + i)];
+    return CUBLAS_STATUS_SUCCESS;
+}

@@ -1,0 +1,361 @@
+// kvdrift: a SIMT simulator for the CUDA back end's kernels, so that every
+// kernel in kernels/cuda runs on any machine, held to its CPU twin by the
+// same tests that run on a GPU. The .cu files are compiled by the host C++
+// compiler against this header (tests/simt/include holds the CUDA header
+// names, each including it); tests/simt/translate.cmake first rewrites the
+// two constructs that are not C++: a launch `k<<<grid, block, shmem>>>(args)`
+// becomes `k % kvd_simt::launch("k", grid, block, shmem)(args)`, and
+// `extern __shared__ T name[];` a pointer to the block's dynamic shared
+// memory.
+//
+// Every CUDA thread is a fiber with its own stack; a block's threads run one
+// after another until each finishes or waits at __syncthreads or a warp
+// operation (shuffles, ballots, __activemask), which complete when every
+// thread they name has arrived. The blocks of a grid run one after another,
+// so __shared__ (a static here) is per block. What the simulator checks on
+// top of running the code:
+//   - launch configurations (threads per block, grid limits, dynamic shared
+//     memory beyond 48 KB without an opt-in): the launch fails, as on a GPU,
+//     and cudaGetLastError says so;
+//   - pointer arguments of a kernel that are not device memory of the
+//     current device, and copies or memsets that run past an allocation;
+//   - a barrier or warp operation that cannot complete (divergence, or a
+//     lane of the mask that has exited): the launch fails with the threads
+//     named;
+//   - device memory starts as 0xff bytes (NaN floats, -1 integers), so a
+//     read of what was never written shows.
+// Under AddressSanitizer (the CI's second build) every device buffer is an
+// ordinary heap block, so the kernels' out-of-bounds accesses are caught
+// like the host's. Arithmetic is IEEE single precision without contraction
+// except where the code asks for fmaf; __expf is expf. The FP8 and BF16
+// conversions are the CPU codecs, which tests/oracle holds bit for bit to
+// CUDA's own. Timings (events) are host wall-clock and mean nothing.
+#ifndef KVD_SIMT_H
+#define KVD_SIMT_H
+
+#include <math.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// ---- vector types and launch geometry ----
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct uint3 {
+    unsigned x, y, z;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+
+// ---- the runtime API (the subset the back end uses) ----
+enum cudaError_t {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorIllegalAddress = 700,
+    cudaErrorLaunchFailure = 719,
+};
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4,
+};
+typedef struct kvd_simt_event *cudaEvent_t;
+typedef struct kvd_simt_stream *cudaStream_t;
+struct cudaDeviceProp {
+    char name[256];
+    int major, minor, multiProcessorCount, warpSize, maxThreadsPerBlock;
+    size_t totalGlobalMem, sharedMemPerBlock;
+};
+
+cudaError_t cudaMalloc(void **p, size_t n);
+template <class T> cudaError_t cudaMalloc(T **p, size_t n) {
+    return cudaMalloc(reinterpret_cast<void **>(p), n);
+}
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind);
+cudaError_t cudaMemset(void *p, int value, size_t n);
+cudaError_t cudaGetLastError();
+cudaError_t cudaDeviceSynchronize();
+// clears the errors (a fault included); allocations stay
+cudaError_t cudaDeviceReset();
+const char *cudaGetErrorString(cudaError_t e);
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev);
+cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaGetDevice(int *dev);
+cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+
+// ---- device code ----
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+
+namespace kvd_simt {
+
+struct thread_ctx {
+    uint3 tid, bid;
+    dim3 bdim, gdim;
+};
+extern thread_ctx *self; // the thread running now
+
+struct config {
+    const char *name;
+    dim3 grid, block;
+    size_t shmem;
+};
+
+// runs body once per thread of the grid; a failed launch sets the error
+// cudaGetLastError returns
+void run(const config &c, const std::function<void()> &body);
+// the current device's memory (null counts as such)
+bool device_ptr(const void *p);
+void bad_pointer(const config &c, int arg, const void *p);
+void *dynamic_shared();
+
+enum warp_kind { W_SHFL_IDX, W_SHFL_XOR, W_SHFL_DOWN, W_BALLOT, W_ACTIVEMASK };
+uint64_t warp_op(warp_kind k, unsigned mask, uint64_t value, int arg, int width);
+void syncthreads();
+
+template <class... A> struct pending {
+    config c;
+    std::tuple<A...> args;
+};
+struct launcher {
+    config c;
+    template <class... A> pending<std::decay_t<A>...> operator()(A &&...a) const {
+        return {c, std::tuple<std::decay_t<A>...>(std::forward<A>(a)...)};
+    }
+};
+inline launcher launch(const char *name, dim3 grid, dim3 block, size_t shmem = 0,
+                       cudaStream_t stream = nullptr) {
+    (void)stream;
+    return {{name, grid, block, shmem}};
+}
+
+template <size_t I, class T> bool check_args(const config &c, const T &args) {
+    if constexpr (I == std::tuple_size<T>::value) {
+        return true;
+    } else {
+        using E = std::tuple_element_t<I, T>;
+        if constexpr (std::is_pointer<E>::value) {
+            const void *p = static_cast<const void *>(std::get<I>(args));
+            if (!device_ptr(p)) {
+                bad_pointer(c, (int)I, p);
+                return false;
+            }
+        }
+        return check_args<I + 1>(c, args);
+    }
+}
+
+// the launch: kernel % launch(...)(args); each thread calls the kernel with
+// its own copies of the arguments, converted as a call would convert them
+template <class... P, class... A> void operator%(void (*k)(P...), pending<A...> &&p) {
+    static_assert(sizeof...(P) == sizeof...(A), "kernel launched with the wrong argument count");
+    std::tuple<P...> args =
+        std::apply([](auto &...a) { return std::tuple<P...>(static_cast<P>(a)...); }, p.args);
+    if (!check_args<0>(p.c, args)) return;
+    run(p.c, [&] { std::apply(k, args); });
+}
+
+template <class T> inline uint64_t bits_of(T v) {
+    static_assert(sizeof(T) <= 8, "warp operations move at most 8 bytes");
+    uint64_t u = 0;
+    std::memcpy(&u, &v, sizeof v);
+    return u;
+}
+template <class T> inline T of_bits(uint64_t u) {
+    T v;
+    std::memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+} // namespace kvd_simt
+
+#define threadIdx (kvd_simt::self->tid)
+#define blockIdx (kvd_simt::self->bid)
+#define blockDim (kvd_simt::self->bdim)
+#define gridDim (kvd_simt::self->gdim)
+
+inline void __syncthreads() {
+    kvd_simt::syncthreads();
+}
+inline unsigned __activemask() {
+    return (unsigned)kvd_simt::warp_op(kvd_simt::W_ACTIVEMASK, 0, 0, 0, 32);
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+    return (unsigned)kvd_simt::warp_op(kvd_simt::W_BALLOT, mask, pred != 0, 0, 32);
+}
+template <class T> inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+    return kvd_simt::of_bits<T>(
+        kvd_simt::warp_op(kvd_simt::W_SHFL_IDX, mask, kvd_simt::bits_of(v), src, width));
+}
+template <class T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+    return kvd_simt::of_bits<T>(
+        kvd_simt::warp_op(kvd_simt::W_SHFL_XOR, mask, kvd_simt::bits_of(v), lane_mask, width));
+}
+template <class T> inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    return kvd_simt::of_bits<T>(
+        kvd_simt::warp_op(kvd_simt::W_SHFL_DOWN, mask, kvd_simt::bits_of(v), (int)delta, width));
+}
+
+// blocks run one at a time and threads between switch points, so the
+// atomics are plain read-modify-writes; they return the old value
+template <class T> inline T atomicAdd(T *p, T v) {
+    T o = *p;
+    *p = o + v;
+    return o;
+}
+template <class T> inline T atomicMax(T *p, T v) {
+    T o = *p;
+    if (v > o) *p = v;
+    return o;
+}
+template <class T> inline T atomicMin(T *p, T v) {
+    T o = *p;
+    if (v < o) *p = v;
+    return o;
+}
+
+template <class A, class B> inline typename std::common_type<A, B>::type min(A a, B b) {
+    typedef typename std::common_type<A, B>::type C;
+    return (C)b < (C)a ? (C)b : (C)a;
+}
+template <class A, class B> inline typename std::common_type<A, B>::type max(A a, B b) {
+    typedef typename std::common_type<A, B>::type C;
+    return (C)a < (C)b ? (C)b : (C)a;
+}
+
+inline float __fadd_rn(float a, float b) {
+    return a + b;
+}
+inline float __fsub_rn(float a, float b) {
+    return a - b;
+}
+inline float __fmul_rn(float a, float b) {
+    return a * b;
+}
+inline float __fdiv_rn(float a, float b) {
+    return a / b;
+}
+inline float __expf(float x) {
+    return expf(x);
+}
+inline int __popc(unsigned x) {
+    return __builtin_popcount(x);
+}
+inline int __ffs(int x) {
+    return __builtin_ffs(x);
+}
+inline float __uint_as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+
+// ---- BF16, FP16 and FP8 (cuda_bf16.h, cuda_fp16.h, cuda_fp8.h) ----
+struct __nv_bfloat16 {
+    unsigned short __x;
+};
+struct __half_raw {
+    unsigned short x;
+};
+struct __half {
+    unsigned short __x;
+    __half() = default;
+    __half(__half_raw r) : __x(r.x) {}
+};
+enum __nv_saturation_t { __NV_NOSAT, __NV_SATFINITE };
+enum __nv_fp8_interpretation_t { __NV_E4M3, __NV_E5M2 };
+typedef unsigned char __nv_fp8_storage_t;
+
+float __bfloat162float(__nv_bfloat16 b);
+__nv_bfloat16 __float2bfloat16_rn(float x);
+float __half2float(__half h);
+__half_raw __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t v, __nv_fp8_interpretation_t f);
+__nv_fp8_storage_t __nv_cvt_float_to_fp8(float x, __nv_saturation_t s, __nv_fp8_interpretation_t f);
+
+// ---- cuBLASLt (cublasLt.h): the matmul the back end asks for, computed on
+// the host in FP32 from the layouts given (column-major, op(A) op(B)) ----
+enum cublasStatus_t {
+    CUBLAS_STATUS_SUCCESS = 0,
+    CUBLAS_STATUS_NOT_INITIALIZED = 1,
+    CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_NOT_SUPPORTED = 15,
+};
+enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
+enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
+enum cublasLtMatmulDescAttributes_t {
+    CUBLASLT_MATMUL_DESC_TRANSA = 3,
+    CUBLASLT_MATMUL_DESC_TRANSB
+};
+enum cublasLtMatmulPreferenceAttributes_t { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 };
+typedef struct kvd_simt_lt *cublasLtHandle_t;
+typedef struct kvd_simt_lt_desc *cublasLtMatmulDesc_t;
+typedef struct kvd_simt_lt_layout *cublasLtMatrixLayout_t;
+typedef struct kvd_simt_lt_pref *cublasLtMatmulPreference_t;
+struct cublasLtMatmulAlgo_t {
+    uint64_t data[8];
+};
+struct cublasLtMatmulHeuristicResult_t {
+    cublasLtMatmulAlgo_t algo;
+    size_t workspaceSize;
+    cublasStatus_t state;
+    float wavesCount;
+    int reserved[4];
+};
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h);
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h);
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute,
+                                        cudaDataType_t scale);
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d);
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
+                                              cublasLtMatmulDescAttributes_t a, const void *v,
+                                              size_t n);
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t type,
+                                          uint64_t rows, uint64_t cols, int64_t ld);
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l);
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p);
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p);
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t a,
+                                                    const void *v, size_t n);
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl,
+                                              cublasLtMatmulPreference_t p, int want,
+                                              cublasLtMatmulHeuristicResult_t *out, int *found);
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha,
+                              const void *A, cublasLtMatrixLayout_t a, const void *B,
+                              cublasLtMatrixLayout_t b, const void *beta, const void *C,
+                              cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t dl,
+                              const cublasLtMatmulAlgo_t *algo, void *workspace,
+                              size_t workspace_bytes, cudaStream_t s);
+
+#endif

@@ -1,0 +1,342 @@
+// kvdrift: the SIMT simulator itself: barriers, shared memory, every warp
+// operation against what CUDA defines, divergent warps, the checks it makes
+// (launch limits, non-device pointers, copies out of bounds, divergence),
+// its FP8 and BF16 conversions against the CPU codecs, and its cuBLASLt
+// against a plain product. The kernels here are written as the translated
+// .cu files read: `kernel % kvd_simt::launch(name, grid, block)(args)`.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "cublasLt.h"
+#include "cuda_bf16.h"
+#include "cuda_fp8.h"
+#include "cuda_runtime.h"
+#include "fp8.h"
+
+#include "../gpu/check.h"
+
+using kvd_simt::launch;
+
+namespace {
+
+// a block's sum through shared memory and halving barriers
+__global__ void block_sum(const int *x, int *out) {
+    __shared__ int s[256];
+    s[threadIdx.x] = x[blockIdx.x * blockDim.x + threadIdx.x];
+    __syncthreads();
+    for (unsigned w = blockDim.x / 2; w > 0; w /= 2) {
+        if (threadIdx.x < w) s[threadIdx.x] += s[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = s[0];
+}
+
+// every warp operation, one row of results per kind and thread
+__global__ void warp_ops(int *out, int n) {
+    const int t = threadIdx.x, lane = t % 32;
+    int v = 100 + t;
+    int x = v;
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    out[0 * n + t] = x; // the warp's sum, in every lane
+    int d = v;
+    for (int o = 16; o > 0; o >>= 1) d += __shfl_down_sync(0xffffffffu, d, o);
+    out[1 * n + t] = d; // lane 0 holds the sum
+    out[2 * n + t] = __shfl_sync(0xffffffffu, v, 5);
+    out[3 * n + t] = (int)__ballot_sync(0xffffffffu, lane % 3 == 0);
+    double dv = 0.5 * t;
+    out[4 * n + t] = (int)(2 * __shfl_xor_sync(0xffffffffu, dv, 1));
+    out[5 * n + t] = __shfl_sync(lane < 16 ? 0x0000ffffu : 0xffff0000u, v, lane + 1, 16);
+    if (lane >= 20) return;
+    out[6 * n + t] = (int)__activemask();
+}
+
+// warps that run different numbers of shuffles before meeting at a barrier
+__global__ void divergent(int *out) {
+    const int warp = threadIdx.x / 32;
+    int acc = 0;
+    for (int i = 0; i <= warp * 3; i++) acc += __shfl_xor_sync(0xffffffffu, i + 1, 1);
+    __syncthreads();
+    __shared__ int first;
+    if (threadIdx.x == 0) first = acc;
+    __syncthreads();
+    out[threadIdx.x] = acc * 1000 + first;
+}
+
+// per-thread state kept across many switches
+__global__ void keeps_locals(double *out) {
+    double a[64];
+    for (int i = 0; i < 64; i++) a[i] = threadIdx.x * 64.0 + i;
+    for (int r = 0; r < 10; r++) {
+        __syncthreads();
+        for (int i = 0; i < 64; i++) a[i] = a[i] * 1.5 - 1.0;
+    }
+    double s = 0;
+    for (int i = 0; i < 64; i++) s += a[i];
+    out[threadIdx.x] = s;
+}
+
+__global__ void geometry(int *out) {
+    const int t = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+    const int b = blockIdx.y * gridDim.x + blockIdx.x;
+    out[b * 64 + t] = (int)(__ballot_sync(0xffffffffu, threadIdx.y == 1) | (unsigned)b << 24);
+}
+
+__global__ void dyn_shared(float *out) {
+    float *s = static_cast<float *>(kvd_simt::dynamic_shared());
+    s[threadIdx.x] = 2.0f * threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];
+}
+
+__global__ void touch(float *p) {
+    p[threadIdx.x] = 1.0f;
+}
+
+__global__ void exits_early(int *out) {
+    if (threadIdx.x % 32 >= 16) return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 1);
+}
+
+__global__ void barrier_split(int *out) {
+    if (threadIdx.x < 32) {
+        out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1, 1);
+        return;
+    }
+    for (int i = 0; i < 2; i++) __syncthreads();
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 2, 1);
+}
+
+template <class T> T *dev(size_t n) {
+    T *p = nullptr;
+    cudaMalloc(&p, sizeof(T) * n);
+    return p;
+}
+
+void barriers_and_shared() {
+    std::vector<int> x(1024), out(4);
+    for (int i = 0; i < 1024; i++) x[i] = i * 3 - 500;
+    int *dx = dev<int>(1024), *dout = dev<int>(4);
+    cudaMemcpy(dx, x.data(), 4096, cudaMemcpyHostToDevice);
+    block_sum % launch("block_sum", 4, 256)(dx, dout);
+    CHECK(cudaGetLastError() == cudaSuccess, "block_sum: launch failed\n");
+    cudaMemcpy(out.data(), dout, 16, cudaMemcpyDeviceToHost);
+    for (int b = 0; b < 4; b++) {
+        int want = 0;
+        for (int i = 0; i < 256; i++) want += x[b * 256 + i];
+        CHECK(out[b] == want, "block_sum %d: %d, expected %d\n", b, out[b], want);
+    }
+    cudaFree(dx), cudaFree(dout);
+}
+
+void warp_operations() {
+    const int n = 64;
+    std::vector<int> out(7 * n, -7);
+    int *d = dev<int>(7 * n);
+    cudaMemcpy(d, out.data(), sizeof(int) * 7 * n, cudaMemcpyHostToDevice);
+    warp_ops % launch("warp_ops", 1, n)(d, n);
+    CHECK(cudaGetLastError() == cudaSuccess, "warp_ops: launch failed\n");
+    cudaMemcpy(out.data(), d, sizeof(int) * 7 * n, cudaMemcpyDeviceToHost);
+    for (int t = 0; t < n; t++) {
+        const int w = t / 32, lane = t % 32;
+        int sum = 0;
+        for (int l = 0; l < 32; l++) sum += 100 + w * 32 + l;
+        CHECK(out[t] == sum, "xor sum t=%d: %d, expected %d\n", t, out[t], sum);
+        // shfl_down: lane l sums lanes l .. l + 31 that exist under each
+        // halving step; lane 0 holds the warp's sum
+        if (lane == 0) CHECK(out[n + t] == sum, "down sum t=%d: %d\n", t, out[n + t]);
+        // lane 31's sources are all out of range: it adds its own value, 5 times
+        if (lane == 31) CHECK(out[n + t] == 32 * (100 + t), "down lane 31: %d\n", out[n + t]);
+        CHECK(out[2 * n + t] == 100 + w * 32 + 5, "idx broadcast t=%d: %d\n", t, out[2 * n + t]);
+        unsigned ballot = 0;
+        for (int l = 0; l < 32; l++)
+            if (l % 3 == 0) ballot |= 1u << l;
+        CHECK((unsigned)out[3 * n + t] == ballot, "ballot t=%d: %08x\n", t, out[3 * n + t]);
+        CHECK(out[4 * n + t] == (t ^ 1), "double xor t=%d: %d\n", t, out[4 * n + t]);
+        // width 16, each half of the warp its own group: the source lane
+        // wraps around inside the half
+        int want5 = 100 + w * 32 + lane / 16 * 16 + (lane + 1) % 16;
+        CHECK(out[5 * n + t] == want5, "width-16 shfl t=%d: %d, expected %d\n", t, out[5 * n + t],
+              want5);
+        int want6 = lane < 20 ? 0xfffff : -7;
+        CHECK(out[6 * n + t] == want6, "activemask t=%d: %08x\n", t, out[6 * n + t]);
+    }
+    cudaFree(d);
+}
+
+void divergence_and_state() {
+    int *d = dev<int>(128);
+    divergent % launch("divergent", 1, 128)(d);
+    CHECK(cudaGetLastError() == cudaSuccess, "divergent: launch failed\n");
+    std::vector<int> out(128);
+    cudaMemcpy(out.data(), d, sizeof(int) * 128, cudaMemcpyDeviceToHost);
+    for (int t = 0; t < 128; t++) {
+        int w = t / 32, acc = 0;
+        for (int i = 0; i <= w * 3; i++) acc += (i + 1); // lane pairs hold the same value
+        CHECK(out[t] == acc * 1000 + 1, "divergent t=%d: %d\n", t, out[t]);
+    }
+    cudaFree(d);
+    double *dd = dev<double>(256);
+    keeps_locals % launch("keeps_locals", 1, 256)(dd);
+    std::vector<double> o(256);
+    cudaMemcpy(o.data(), dd, sizeof(double) * 256, cudaMemcpyDeviceToHost);
+    for (int t = 0; t < 256; t++) {
+        double s = 0;
+        for (int i = 0; i < 64; i++) {
+            double a = t * 64.0 + i;
+            for (int r = 0; r < 10; r++) a = a * 1.5 - 1.0;
+            s += a;
+        }
+        CHECK(o[t] == s, "keeps_locals t=%d: %.17g, expected %.17g\n", t, o[t], s);
+    }
+    cudaFree(dd);
+    // threads are numbered x fastest, warps are runs of 32 in that order: in
+    // blocks of 8 x 4 x 2, the rows y = 1 are lanes 8 .. 15 of both warps
+    int *g = dev<int>(6 * 64);
+    geometry % launch("geometry", dim3(3, 2), dim3(8, 4, 2))(g);
+    std::vector<int> go(6 * 64);
+    cudaMemcpy(go.data(), g, sizeof(int) * go.size(), cudaMemcpyDeviceToHost);
+    for (int b = 0; b < 6; b++)
+        for (int t = 0; t < 64; t++)
+            CHECK((unsigned)go[b * 64 + t] == (0x0000ff00u | (unsigned)b << 24),
+                  "geometry b=%d t=%d: %08x\n", b, t, go[b * 64 + t]);
+    cudaFree(g);
+}
+
+void shared_dynamic() {
+    float *d = dev<float>(64);
+    dyn_shared % launch("dyn_shared", 1, 64, sizeof(float) * 64)(d);
+    std::vector<float> o(64);
+    cudaMemcpy(o.data(), d, sizeof(float) * 64, cudaMemcpyDeviceToHost);
+    for (int t = 0; t < 64; t++) CHECK(o[t] == 2.0f * (63 - t), "dyn_shared t=%d: %g\n", t, o[t]);
+    cudaFree(d);
+}
+
+void simulator_checks() {
+    float *d = dev<float>(64);
+    std::vector<float> h(64);
+    cudaMemcpy(h.data(), d, sizeof(float) * 64, cudaMemcpyDeviceToHost);
+    CHECK(std::isnan(h[0]) && std::isnan(h[63]), "fresh device memory reads %g, not NaN\n", h[0]);
+    CHECK(cudaGetLastError() == cudaSuccess, "an earlier error is pending\n");
+
+    touch % launch("touch", 1, 2048)(d);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "2048 threads: not refused\n");
+    cudaMemcpy(h.data(), d, sizeof(float) * 64, cudaMemcpyDeviceToHost);
+    CHECK(std::isnan(h[0]), "a refused launch ran\n");
+    dyn_shared % launch("dyn_shared", 1, 64, 49 * 1024)(d);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "49 KB shared: not refused\n");
+    CHECK(cudaGetLastError() == cudaSuccess, "a refused launch left the context broken\n");
+
+    CHECK(cudaMemcpy(d, h.data(), sizeof(float) * 65, cudaMemcpyHostToDevice) ==
+              cudaErrorInvalidValue,
+          "a copy past the allocation: not refused\n");
+    CHECK(cudaMemset(d + 1, 0, sizeof(float) * 64) == cudaErrorInvalidValue,
+          "a memset past the allocation: not refused\n");
+    cudaGetLastError();
+
+    touch % launch("touch", 1, 64)(h.data());
+    CHECK(cudaGetLastError() == cudaErrorIllegalAddress, "host pointer argument: not refused\n");
+    CHECK(cudaDeviceSynchronize() == cudaErrorIllegalAddress, "the fault is not sticky\n");
+    cudaDeviceReset();
+
+    int *o = dev<int>(64);
+    exits_early % launch("exits_early", 1, 64)(o);
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure, "a mask naming exited lanes: not caught\n");
+    cudaDeviceReset();
+    barrier_split % launch("barrier_split", 1, 64)(o);
+    CHECK(cudaGetLastError() == cudaSuccess, "warps apart at barriers and shuffles: failed\n");
+    cudaFree(d), cudaFree(o);
+
+    // a second device's memory is not the first's
+    cudaSetDevice(1);
+    float *d1 = dev<float>(64);
+    cudaSetDevice(0);
+    touch % launch("touch", 1, 64)(d1);
+    CHECK(cudaGetLastError() == cudaErrorIllegalAddress, "another device's memory: not refused\n");
+    cudaDeviceReset();
+    cudaFree(d1);
+}
+
+void conversions() {
+    for (int v = 0; v < 256; v++) {
+        float a = __half2float(__half(__nv_cvt_fp8_to_halfraw((unsigned char)v, __NV_E4M3)));
+        float b = kvd_e4m3_to_f32((uint8_t)v);
+        CHECK((std::isnan(a) && std::isnan(b)) || (a == b && std::signbit(a) == std::signbit(b)),
+              "e4m3 0x%02x: %g, expected %g\n", v, a, b);
+        a = __half2float(__half(__nv_cvt_fp8_to_halfraw((unsigned char)v, __NV_E5M2)));
+        b = kvd_e5m2_to_f32((uint8_t)v);
+        CHECK((std::isnan(a) && std::isnan(b)) || (a == b && std::signbit(a) == std::signbit(b)),
+              "e5m2 0x%02x: %g, expected %g\n", v, a, b);
+    }
+    for (float x : {0.0f, -1.5f, 3.14159f, 1e-30f, 448.0f, 500.0f}) {
+        CHECK(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) == kvd_f32_to_e4m3(x, 1),
+              "e4m3 encode %g\n", x);
+        CHECK(__float2bfloat16_rn(x).__x == kvd_f32_to_bf16(x), "bf16 encode %g\n", x);
+    }
+}
+
+// y^T = W x^T in cuBLASLt's column-major terms, as gemm.cu asks for it
+void lt_matmul() {
+    const int M = 5, N = 7, K = 9;
+    std::vector<uint16_t> x(M * K), w(N * K);
+    for (int i = 0; i < M * K; i++) x[i] = kvd_f32_to_bf16(0.25f * (i % 7) - 0.5f);
+    for (int i = 0; i < N * K; i++) w[i] = kvd_f32_to_bf16(0.125f * (i % 5) - 0.25f);
+    uint16_t *dx = dev<uint16_t>(M * K), *dw = dev<uint16_t>(N * K);
+    float *dy = dev<float>(M * N);
+    cudaMemcpy(dx, x.data(), 2 * M * K, cudaMemcpyHostToDevice);
+    cudaMemcpy(dw, w.data(), 2 * N * K, cudaMemcpyHostToDevice);
+    cublasLtHandle_t h;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtCreate(&h);
+    cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasOperation_t ta = CUBLAS_OP_T;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, K, N, K);
+    cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, K, M, K);
+    cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, N, M, N);
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    cublasLtMatmulAlgoGetHeuristic(h, op, a, b, c, c, nullptr, 1, &heur, &found);
+    CHECK(found == 1, "heuristic found %d\n", found);
+    const float one = 1, zero = 0;
+    CHECK(cublasLtMatmul(h, op, &one, dw, a, dx, b, &zero, dy, c, dy, c, &heur.algo, nullptr, 0,
+                         nullptr) == CUBLAS_STATUS_SUCCESS,
+          "matmul failed\n");
+    std::vector<float> y(M * N);
+    cudaMemcpy(y.data(), dy, 4 * M * N, cudaMemcpyDeviceToHost);
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0;
+            for (int k = 0; k < K; k++)
+                s += (double)kvd_bf16_to_f32(x[m * K + k]) * kvd_bf16_to_f32(w[n * K + k]);
+            CHECK(std::fabs(y[m * N + n] - s) < 1e-5, "y[%d][%d] = %g, expected %g\n", m, n,
+                  y[m * N + n], s);
+        }
+    // a wrong shape is refused
+    cublasLtMatrixLayout_t bad;
+    cublasLtMatrixLayoutCreate(&bad, CUDA_R_16BF, K + 1, M, K + 1);
+    CHECK(cublasLtMatmul(h, op, &one, dw, a, dx, bad, &zero, dy, c, dy, c, &heur.algo, nullptr, 0,
+                         nullptr) != CUBLAS_STATUS_SUCCESS,
+          "mismatched shapes: not refused\n");
+    cublasLtMatrixLayoutDestroy(a), cublasLtMatrixLayoutDestroy(b), cublasLtMatrixLayoutDestroy(c);
+    cublasLtMatrixLayoutDestroy(bad);
+    cublasLtMatmulDescDestroy(op);
+    cublasLtDestroy(h);
+    cudaFree(dx), cudaFree(dw), cudaFree(dy);
+}
+
+} // namespace
+
+int main() {
+    barriers_and_shared();
+    warp_operations();
+    divergence_and_state();
+    shared_dynamic();
+    simulator_checks();
+    conversions();
+    lt_matmul();
+    std::printf("simt: %d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
+}
