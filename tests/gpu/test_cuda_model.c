@@ -39,7 +39,7 @@
 #include <string.h>
 
 #include "../../kernels/cuda/cuda_kernels.h"
-#include "../../kernels/fp8.h"
+#include "../../kernels/kernels.h"
 #include "../../runners/drift.h"
 #include "../../runners/engine.h"
 #include "../../runners/model.h"
@@ -85,16 +85,6 @@ static void dev_hidden(void *ctx, int layer, const kvd_batch *b, const int *pos,
     if (e > r->worst[layer]) r->worst[layer] = e;
 }
 
-/* element i of a pool in code units (the scale left out: both sides share it) */
-static double code_value(kvd_fmt fmt, const unsigned char *p, size_t i) {
-    if (fmt == KVD_FMT_BF16) {
-        uint16_t u;
-        memcpy(&u, p + 2 * i, 2);
-        return kvd_bf16_to_f32(u);
-    }
-    return fmt == KVD_FMT_E5M2 ? kvd_e5m2_to_f32(p[i]) : kvd_e4m3_to_f32(p[i]);
-}
-
 /* How many codes apart element i of two rows is: codes ordered by value
  * (sign and magnitude to a line, -0 and +0 one point), so neighbouring
  * values are 1 apart in BF16 and both FP8 formats. */
@@ -123,28 +113,38 @@ typedef struct {
     size_t same, total, far;
 } cmp_counts;
 
-/* Every row written in sequences 0 and 1: pool a (laid out by ca) against
- * pool b (by cb). `far` counts the elements more than one code apart by more
- * than slack times their row's largest magnitude in b: a value near zero
- * (after cancellation in RoPE, say) can be many codes off by an FP32
- * rounding of the row's large ones. */
+/* Every row written in sequences 0 and 1 of attention layer `layer`'s K or
+ * V: pool a (a copy laid out by ca) against cb's own. `far` counts the
+ * elements more than one code apart by more than slack times their row's
+ * largest magnitude in cb: a value near zero (after cancellation in RoPE,
+ * say) can be many codes off by an FP32 rounding of the row's large ones. */
 static cmp_counts compare_rows(const kvd_kvcache *ca, const unsigned char *a, const kvd_kvcache *cb,
-                               const unsigned char *b, double slack) {
+                               int layer, int which_v, double slack) {
     cmp_counts n = {0, 0, 0};
-    const kvd_fmt f = cb->fmt;
+    const unsigned char *b = which_v ? cb->v[layer] : cb->k[layer];
+    kvd_kv_view va = kvd_kvcache_view(ca, layer), vb = kvd_kvcache_view(cb, layer);
+    va.k = va.v = a;
+    const int hd = cb->head_dim;
+    float xa[hd], xb[hd];
     for (int s = 0; s < 2; s++)
         for (int t = 0; t < cb->seqs[s].len; t++)
             for (int h = 0; h < cb->kv_heads; h++) {
                 const unsigned char *ra = a + row_at(ca, s, t, h), *rb = b + row_at(cb, s, t, h);
-                double top = 0;
-                for (int d = 0; d < cb->head_dim; d++)
-                    top = fmax(top, fabs(code_value(f, rb, (size_t)d)));
-                for (int d = 0; d < cb->head_dim; d++) {
-                    long dist = code_distance(f, ra, rb, (size_t)d);
-                    double gap = fabs(code_value(f, ra, (size_t)d) - code_value(f, rb, (size_t)d));
-                    n.same += dist == 0, n.total++;
-                    n.far += dist > 1 && gap > slack * top;
+                long dist[hd];
+                int far_codes = 0;
+                for (int d = 0; d < hd; d++) {
+                    dist[d] = code_distance(cb->fmt, ra, rb, (size_t)d);
+                    n.same += dist[d] == 0, far_codes |= dist[d] > 1;
                 }
+                n.total += (size_t)hd;
+                if (!far_codes) continue;
+                /* the values only where some code is more than one apart */
+                kvd_kv_row(&va, which_v, ca->seqs[s].blocks, t, h, xa);
+                kvd_kv_row(&vb, which_v, cb->seqs[s].blocks, t, h, xb);
+                float top = 0;
+                for (int d = 0; d < hd; d++) top = fmaxf(top, fabsf(xb[d]));
+                for (int d = 0; d < hd; d++)
+                    n.far += dist[d] > 1 && fabsf(xa[d] - xb[d]) > slack * top;
             }
     return n;
 }
@@ -298,7 +298,7 @@ static void run(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scale
     for (int a = 0; a < n_full; a++)
         for (int which = 0; which < 2; which++) {
             CHECK(kvd_cuda_model_pool(md, a, which, buf, pool) == 0, "pool copy failed\n");
-            cmp_counts own = compare_rows(&kd, buf, &kq, which ? kq.v[a] : kq.k[a], 0);
+            cmp_counts own = compare_rows(&kd, buf, &kq, a, which, 0);
             CHECK(own.total > 0 && own.same == own.total,
                   "%s %s attention layer %d %c: %zu of %zu cache values are not the device's "
                   "K/V through the CPU's codec\n",
@@ -307,7 +307,7 @@ static void run(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scale
             /* then against the CPU's: what neighbouring codes explain. The
              * first attention layer's inputs differ by FP32 roundings only;
              * FP8's later layers read inputs such codes moved (above) */
-            cmp_counts cpu = compare_rows(&kd, buf, &kc, which ? kc.v[a] : kc.k[a], 1.0 / 256);
+            cmp_counts cpu = compare_rows(&kd, buf, &kc, a, which, 1.0 / 256);
             const double need = !fp8 ? 0.99 : a == 0 ? 0.999 : 0.95;
             CHECK((fp8 && a > 0) || cpu.far == 0,
                   "%s %s attention layer %d %c: %zu cache values more than one code from the "
