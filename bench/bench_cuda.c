@@ -118,12 +118,13 @@ int kvd_bench_cuda(int reps) {
     double bw = kvd_cuda_copy_bandwidth((size_t)1 << 30, reps);
     fail |= bw <= 0;
     printf("device copy bandwidth (read + write, 1 GiB): %.1f GB/s\n\n", bw / 1e9);
-    printf("decode attention, 32/2 heads x 256 (v1: plain kernels; v2: split over the context):\n"
+    printf("decode attention, 32/2 heads x 256, L2 flushed before each rep (v1: plain kernels; "
+           "v2: split over the context,\nFP32 cores; v3: tensor cores, what the model runs):\n"
            "%8s %-6s %4s %10s %10s %8s %8s\n",
            "context", "cache", "ver", "time_us", "read_GB_s", "of_copy", "vs_bf16");
     int ctxs[2] = {32768, 131072};
     const char *fn[3] = {"bf16", "e4m3", "e5m2"};
-    for (int ver = 1; ver <= 2; ver++)
+    for (int ver = 1; ver <= 3; ver++)
         for (int ci = 0; ci < 2; ci++) {
             double tb = 0;
             for (int f = 0; f < 3; f++) {

@@ -37,7 +37,13 @@ export LD_LIBRARY_PATH="$lib:${lt:+$(dirname "$lt"):}${nccl:+$(dirname "$nccl"):
   echo "parity exit $?"
   echo "== the whole model on the device against the CPU"
   timeout 150 "$here/test_cuda_model"
-  echo "model exit $?"
+  rc=$?
+  echo "model exit $rc"
+  if [ "$rc" != 0 ]; then
+    echo "== the same with decode attention on v2 (does v3 make the difference?)"
+    KVD_CUDA_DECODE=2 timeout 150 "$here/test_cuda_model"
+    echo "model (v2 decode) exit $?"
+  fi
   echo "== device benchmarks"
   timeout 90 "$here/kvd_gpu_bench" 10
   echo "bench exit $?"

@@ -1,17 +1,27 @@
 // kvdrift: decode attention over a paged cache on the device, the CUDA twin
 // of kernels/cpu/attention.c: the cache read as BF16 or FP8 blocks
-// (dequantized in registers, scales folded into the logits and the output),
-// softmax with its sum accumulated in double. This first version favours
-// being obviously right over speed: one thread per position for the scores,
-// one block per query head for the softmax and one thread per output
-// dimension for the weighted sum. tests/gpu holds it to the CPU kernel.
+// (dequantized in registers, scales folded into the logits and the output).
+// Three decode versions, all held to the CPU kernel by tests/gpu:
+//   v1  plain kernels, obviously right: one thread per position for the
+//       scores, one block per query head for the softmax (sum in double),
+//       one thread per output dimension for the weighted sum;
+//   v2  split over the context (flash-decoding), a warp per position on
+//       FP32 cores, online softmax, splits merged by a second kernel;
+//   v3  split over the context on tensor cores (what the model runs): at
+//       GQA 16 and head_dim 256 a query does 8192 multiply-adds per KV
+//       position and head, which FP32 cores cannot do at the rate HBM
+//       delivers FP8 rows; see the v3 section.
+// Then the prefill kernel (tiled, online softmax) and the benchmark.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda_kernels.h"
+#include "mma.cuh"
 
 struct view {
     int fmt, block_size, kv_heads, head_dim;
@@ -258,6 +268,355 @@ static int launch_v2(const view &kv, const int *db, int n_ctx, const float *dq, 
     return 0;
 }
 
+// ---- v3: tensor cores (mma.sync m16n8k16) ----
+// Grid (splits, kv_heads), 4 warps a CTA; the G <= 16 query heads of a KV
+// head are the 16 rows of every MMA (zero beyond G). The split's positions
+// stream through shared memory in stages of 32 (cp.async, nstage buffers,
+// zero-filled past the end; small enough that two CTAs share an SM and
+// hide each other's start and end). Per stage:
+//   - scores: warp w multiplies the query (its fragments kept in registers
+//     all along) by the K rows of positions 8w .. 8w+7, all of head_dim;
+//   - the 32 x 16 scores go through shared memory to every warp, which
+//     takes the stage's row maxima and the probabilities (the same values in
+//     every warp, so the running max and sum agree without further talk);
+//   - values: warp w multiplies the probabilities of all 32 positions by
+//     the V rows' columns of its quarter of head_dim (ldmatrix .trans).
+// Precision: the cache's values are exact in the MMA's 16-bit format (BF16
+// for a BF16 cache; FP16 for FP8 codes, E4M3 read times 2^-8), and the
+// FP32 operands (query, probabilities) enter as hi + lo pairs, two MMAs
+// each, so every product is carried to 16 (BF16) or 22 (FP16) significant
+// bits and summed in FP32: the v2 kernel's figures to ~1e-6. The K dims are
+// taken in the order the loads give them (16 contiguous values a thread,
+// regrouped per 16-dim chunk); the query's fragments use the same order.
+namespace v3 {
+// TPW n8 tiles of positions a warp for the scores; a stage is 8 TPW WARPS
+// positions, STAGE / 16 chunks of the values' MMAs
+constexpr int WARPS = 4, TPW = 1, NTILE = WARPS * TPW, STAGE = 8 * NTILE, SBUF = NTILE * 32 * 16;
+constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+
+__host__ __device__ constexpr int row_bytes(int hd, bool fp8) {
+    return hd * (fp8 ? 1 : 2);
+}
+// row strides in shared memory, conflict-free for the fragment loads: the K
+// reads (16 or 32 bytes a thread, two rows a quarter-warp) want rows 64
+// (FP8) or 16 (BF16) bytes apart modulo 128; ldmatrix's 8 rows want strides
+// of an odd multiple of 16 bytes
+__host__ __device__ constexpr int kstride(int hd, bool fp8) {
+    return fp8 ? row_bytes(hd, fp8) + (192 - row_bytes(hd, fp8) % 128) % 128
+               : row_bytes(hd, fp8) + 16;
+}
+__host__ __device__ constexpr int vstride(int hd, bool fp8) {
+    return row_bytes(hd, fp8) % 32 == 0 ? row_bytes(hd, fp8) + 16 : row_bytes(hd, fp8);
+}
+__host__ __device__ constexpr int stage_bytes(int hd, bool fp8) {
+    return STAGE * (kstride(hd, fp8) + vstride(hd, fp8));
+}
+
+template <int HD, int FMT>
+__global__ void __launch_bounds__(WARPS * 32, 2)
+    decode_v3(view kv, const int *blocks, int n_ctx, int per_split, int nstage, int G,
+              const float *q, float sm_scale, float *part_acc, float *part_m, float *part_l) {
+    using namespace kvd_mma;
+    constexpr bool F16 = FMT != KVD_FMT_BF16, E5 = FMT == KVD_FMT_E5M2;
+    constexpr int ROWB = row_bytes(HD, F16), KSTR = kstride(HD, F16), VSTR = vstride(HD, F16);
+    constexpr int CPR = ROWB / 16, NCH = HD / 16, SLICE = HD / WARPS, NT = SLICE / 8;
+    extern __shared__ uint4 smem_u4[];
+    unsigned char *smem = reinterpret_cast<unsigned char *>(smem_u4);
+    float *sbuf = reinterpret_cast<float *>(smem + (size_t)nstage * STAGE * (KSTR + VSTR));
+    const int split = blockIdx.x, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4, bs = kv.block_size;
+    const int t0 = split * per_split, t1 = min(n_ctx, t0 + per_split);
+    const int nst = (t1 - t0 + STAGE - 1) / STAGE;
+    const unsigned char *kpool = kv.k, *vpool = kv.v;
+
+    // stage st's K and V rows into buffer st % nstage
+    auto issue = [&](int st) {
+        unsigned char *ks = smem + (size_t)(st % nstage) * STAGE * (KSTR + VSTR);
+        unsigned char *vs = ks + STAGE * KSTR;
+        const int p0 = t0 + st * STAGE;
+        for (int e = threadIdx.x; e < STAGE * CPR; e += WARPS * 32) {
+            const int r = e / CPR, c = e % CPR, p = p0 + r;
+            const bool in = p < t1;
+            size_t off = 0;
+            if (in)
+                off = (((size_t)blocks[p / bs] * kv.kv_heads + h) * bs + p % bs) * ROWB + 16 * c;
+            cp_async16(ks + r * KSTR + 16 * c, kpool + off, in ? 16 : 0);
+            cp_async16(vs + r * VSTR + 16 * c, vpool + off, in ? 16 : 0);
+        }
+    };
+    for (int st = 0; st < nstage - 1; st++) {
+        if (st < nst) issue(st);
+        cp_async_commit();
+    }
+
+    // the query's fragments, hi and lo; FP16 takes it scaled by a power of
+    // two that puts its largest magnitude just under 2^14
+    const float *qh = q + (size_t)h * G * HD;
+    float qscale = 1.0f;
+    if constexpr (F16) {
+        float mx = 0.0f;
+        for (int i = lane; i < G * HD; i += 32) mx = fmaxf(mx, fabsf(qh[i]));
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        int e = 0;
+        frexpf(mx, &e);
+        if (mx > 0.0f && mx < INFINITY) qscale = ldexpf(1.0f, 14 - e);
+    }
+    unsigned qa[NCH][2][4];
+#pragma unroll
+    for (int c = 0; c < NCH; c++) {
+        const int d = 64 * (c / 4) + 16 * t + 4 * (c % 4);
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const int row = g + 8 * rr;
+            float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (row < G)
+                for (int i = 0; i < 4; i++) x[i] = qh[(size_t)row * HD + d + i] * qscale;
+            split2<F16>(x[0], x[1], &qa[c][0][rr], &qa[c][1][rr]);
+            split2<F16>(x[2], x[3], &qa[c][0][2 + rr], &qa[c][1][2 + rr]);
+        }
+    }
+    // scores in log2 units; E4M3's 2^-8 and the query's scale undone
+    const float kmul2 =
+        sm_scale * kv.k_scale[h] * LOG2E * (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / qscale;
+    const float pscale = F16 ? 16384.0f : 1.0f; // probabilities into FP16's normal range
+
+    float o[NT][4], m2[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < NT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+
+    for (int st = 0; st < nst; st++) {
+        cp_async_wait(nstage - 2);
+        __syncthreads(); // stage st is in; every warp is done with stage st - 1
+        if (st + nstage - 1 < nst) issue(st + nstage - 1);
+        cp_async_commit();
+        const unsigned char *ks = smem + (size_t)(st % nstage) * STAGE * (KSTR + VSTR);
+        const unsigned char *vs = ks + STAGE * KSTR;
+        const int nvalid = min(STAGE, t1 - (t0 + st * STAGE));
+
+        // scores of positions 8 (TPW warp + nt) + g (TPW n8 tiles), hi and lo apart
+        float s[TPW][2][4] = {};
+#pragma unroll
+        for (int i = 0; i < HD / 64; i++) {
+            unsigned w[TPW][F16 ? 4 : 8];
+#pragma unroll
+            for (int nt = 0; nt < TPW; nt++) {
+                const unsigned char *krow = ks + (8 * (TPW * warp + nt) + g) * KSTR;
+                if constexpr (F16) {
+                    uint4 x = *reinterpret_cast<const uint4 *>(krow + 64 * i + 16 * t);
+                    w[nt][0] = x.x, w[nt][1] = x.y, w[nt][2] = x.z, w[nt][3] = x.w;
+                } else {
+                    uint4 x = *reinterpret_cast<const uint4 *>(krow + 128 * i + 32 * t);
+                    uint4 y = *reinterpret_cast<const uint4 *>(krow + 128 * i + 32 * t + 16);
+                    w[nt][0] = x.x, w[nt][1] = x.y, w[nt][2] = x.z, w[nt][3] = x.w;
+                    w[nt][4] = y.x, w[nt][5] = y.y, w[nt][6] = y.z, w[nt][7] = y.w;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int nt = 0; nt < TPW; nt++) {
+                    unsigned b[2];
+                    if constexpr (F16) {
+                        b[0] = fp8_pair<E5>(w[nt][j], 0x1404u);
+                        b[1] = fp8_pair<E5>(w[nt][j], 0x3424u);
+                    } else {
+                        b[0] = w[nt][2 * j], b[1] = w[nt][2 * j + 1];
+                    }
+                    mma<F16>(s[nt][0], qa[4 * i + j][0], b);
+                    mma<F16>(s[nt][1], qa[4 * i + j][1], b);
+                }
+        }
+        // to every warp: [tile][lane][4]
+#pragma unroll
+        for (int nt = 0; nt < TPW; nt++) {
+            float4 v;
+            float *vv = &v.x;
+            for (int e = 0; e < 4; e++) {
+                const int pos = 8 * (TPW * warp + nt) + 2 * t + (e & 1);
+                vv[e] = pos < nvalid ? (s[nt][0][e] + s[nt][1][e]) * kmul2 : -INFINITY;
+            }
+            *reinterpret_cast<float4 *>(sbuf + ((TPW * warp + nt) * 32 + lane) * 4) = v;
+        }
+        __syncthreads();
+        float sv[NTILE][4];
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int tile = 0; tile < NTILE; tile++) {
+            float4 v = *reinterpret_cast<const float4 *>(sbuf + (tile * 32 + lane) * 4);
+            sv[tile][0] = v.x, sv[tile][1] = v.y, sv[tile][2] = v.z, sv[tile][3] = v.w;
+            mx[0] = fmaxf(mx[0], fmaxf(v.x, v.y));
+            mx[1] = fmaxf(mx[1], fmaxf(v.z, v.w));
+        }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float mn = fmaxf(m2[r], mx[r]);
+            alpha[r] = exp2f(m2[r] - mn);
+            m2[r] = mn;
+            l[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+            o[i][0] *= alpha[0], o[i][1] *= alpha[0];
+            o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int kc = 0; kc < STAGE / 16; kc++) { // tiles 2 kc and 2 kc + 1
+            float p[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+                for (int e = 0; e < 4; e++) {
+                    p[nt][e] = exp2f(sv[2 * kc + nt][e] - m2[e / 2]);
+                    l[e / 2] += p[nt][e];
+                    p[nt][e] *= pscale;
+                }
+            // A fragments over positions 16 kc .. +15: a0 a1 from tile 0, a2 a3 from tile 1
+            unsigned pa[2][4];
+            split2<F16>(p[0][0], p[0][1], &pa[0][0], &pa[1][0]);
+            split2<F16>(p[0][2], p[0][3], &pa[0][1], &pa[1][1]);
+            split2<F16>(p[1][0], p[1][1], &pa[0][2], &pa[1][2]);
+            split2<F16>(p[1][2], p[1][3], &pa[0][3], &pa[1][3]);
+            const unsigned char *vrow = vs + (16 * kc + (lane & 15)) * VSTR;
+            if constexpr (!F16) {
+#pragma unroll
+                for (int i = 0; i < NT; i++) { // 8 dims a tile
+                    unsigned b[2];
+                    ldsm_x2_trans(b, vrow + (warp * SLICE / 8 + i) * 16);
+                    mma<false>(o[i], pa[0], b);
+                    mma<false>(o[i], pa[1], b);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < NT / 2; i++) { // 16 dims: even and odd ones
+                    unsigned r[2];
+                    ldsm_x2_trans(r, vrow + (warp * SLICE / 16 + i) * 16);
+                    unsigned be[2] = {fp8_pair<E5>(r[0], 0x2404u), fp8_pair<E5>(r[1], 0x2404u)};
+                    unsigned bo[2] = {fp8_pair<E5>(r[0], 0x3414u), fp8_pair<E5>(r[1], 0x3414u)};
+                    mma<true>(o[2 * i], pa[0], be);
+                    mma<true>(o[2 * i], pa[1], be);
+                    mma<true>(o[2 * i + 1], pa[0], bo);
+                    mma<true>(o[2 * i + 1], pa[1], bo);
+                }
+            }
+        }
+    }
+    cp_async_wait(0);
+
+    // the split's partial results, as decode_v2 leaves them for merge_v2
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    const float unscale = (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / pscale;
+    const size_t base = ((size_t)split * kv.kv_heads + h) * G;
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+        for (int e = 0; e < 4; e++) {
+            const int row = g + 8 * (e / 2), col = 2 * t + (e & 1);
+            if (row >= G) continue;
+            const int dim =
+                F16 ? warp * SLICE + 16 * (i / 2) + 2 * col + (i & 1) : warp * SLICE + 8 * i + col;
+            part_acc[(base + row) * HD + dim] = o[i][e] * unscale;
+        }
+    if (warp == 0 && t == 0)
+        for (int r = 0; r < 2; r++)
+            if (g + 8 * r < G) {
+                part_m[base + g + 8 * r] = nst ? m2[r] * LN2 : -INFINITY;
+                part_l[base + g + 8 * r] = l[r];
+            }
+}
+
+// the device's limits, once per device
+struct dev_limits {
+    int sms, smem_optin, smem_sm;
+};
+static dev_limits limits_of_current() {
+    static dev_limits cache[16];
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (dev < 0 || dev >= 16) dev = 0;
+    if (!cache[dev].sms) {
+        cudaDeviceProp p;
+        if (cudaGetDeviceProperties(&p, dev) == cudaSuccess)
+            cache[dev] = {p.multiProcessorCount > 0 ? p.multiProcessorCount : 1,
+                          (int)p.sharedMemPerBlockOptin, (int)p.sharedMemPerMultiprocessor};
+        else
+            cache[dev] = {1, 48 * 1024, 48 * 1024};
+    }
+    return cache[dev];
+}
+
+// stage buffers a CTA takes, at most 4: as many as let two CTAs share an
+// SM (1 KB a CTA is the system's), else as many as one CTA may have; < 2:
+// no v3
+static int stages_for(int hd, int fmt) {
+    const dev_limits d = limits_of_current();
+    const int sb = stage_bytes(hd, fmt != KVD_FMT_BF16);
+    const int two = (min(d.smem_sm / 2, d.smem_optin) - 1024 - SBUF) / sb;
+    return min(4, two >= 2 ? two : (d.smem_optin - SBUF) / sb);
+}
+
+// positions a split: 512, or fewer (down to 128) until the grid has three
+// CTAs an SM; kvd_cuda_attn_scratch_floats holds splits of 128
+static int per_split_for(int n_ctx, int kv_heads) {
+    const int want = 3 * limits_of_current().sms;
+    int ps = 512;
+    while (ps > 128 && (long long)((n_ctx + ps - 1) / ps) * kv_heads < want) ps /= 2;
+    return ps;
+}
+
+template <int HD, int FMT>
+static int launch_t(const view &kv, const int *db, int n_ctx, int per_split, int G, const float *dq,
+                    float sm_scale, float *pa, float *pm, float *pl) {
+    const int nstage = stages_for(HD, FMT);
+    if (nstage < 2) return -1;
+    const size_t shm = (size_t)nstage * stage_bytes(HD, FMT != KVD_FMT_BF16) + SBUF;
+    if (cudaFuncSetAttribute(decode_v3<HD, FMT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)shm) != cudaSuccess)
+        return -1;
+    dim3 grid((unsigned)((n_ctx + per_split - 1) / per_split), (unsigned)kv.kv_heads);
+    decode_v3<HD, FMT>
+        <<<grid, WARPS * 32, shm>>>(kv, db, n_ctx, per_split, nstage, G, dq, sm_scale, pa, pm, pl);
+    return 0;
+}
+
+template <int HD>
+static int launch_hd(const view &kv, const int *db, int n_ctx, int per_split, int G,
+                     const float *dq, float sm_scale, float *pa, float *pm, float *pl) {
+    switch (kv.fmt) {
+    case KVD_FMT_BF16:
+        return launch_t<HD, KVD_FMT_BF16>(kv, db, n_ctx, per_split, G, dq, sm_scale, pa, pm, pl);
+    case KVD_FMT_E4M3:
+        return launch_t<HD, KVD_FMT_E4M3>(kv, db, n_ctx, per_split, G, dq, sm_scale, pa, pm, pl);
+    case KVD_FMT_E5M2:
+        return launch_t<HD, KVD_FMT_E5M2>(kv, db, n_ctx, per_split, G, dq, sm_scale, pa, pm, pl);
+    default:
+        return -1;
+    }
+}
+
+static bool ok(const view &kv, int G) {
+    return (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256) && G >= 1 && G <= 16 &&
+           stages_for(kv.head_dim, kv.fmt) >= 2;
+}
+
+/* v3 and the merge on device buffers; part buffers hold splits * n_heads (* hd) */
+static int launch(const view &kv, const int *db, int n_ctx, const float *dq, int n_heads,
+                  float sm_scale, float *dout, int per_split, float *pa, float *pm, float *pl) {
+    const int G = n_heads / kv.kv_heads, hd = kv.head_dim;
+    int rc = hd == 64    ? launch_hd<64>(kv, db, n_ctx, per_split, G, dq, sm_scale, pa, pm, pl)
+             : hd == 128 ? launch_hd<128>(kv, db, n_ctx, per_split, G, dq, sm_scale, pa, pm, pl)
+                         : launch_hd<256>(kv, db, n_ctx, per_split, G, dq, sm_scale, pa, pm, pl);
+    if (rc) return rc;
+    merge_v2<<<(unsigned)n_heads, 128>>>((n_ctx + per_split - 1) / per_split, kv.kv_heads, G, hd,
+                                         pa, pm, pl, kv.v_scale, dout);
+    return 0;
+}
+} // namespace v3
+
 static int v2_ok(int head_dim, int G) {
     return (head_dim == 64 || head_dim == 128 || head_dim == 256) &&
            (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
@@ -301,21 +660,38 @@ struct dev_cache {
     }
 };
 
+// splits of 128 positions or more (v3 takes 128 to 512, v2 512)
 extern "C" size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim) {
-    size_t splits = (size_t)(max_ctx + 511) / 512;
+    size_t splits = (size_t)(max_ctx + 127) / 128;
     return splits * (size_t)n_heads * ((size_t)head_dim + 2);
+}
+
+// decode on device buffers: v3 (tensor cores) where the shape and the
+// device's shared memory allow it, else v2; version 2 or 3 forces one
+static int decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
+                      int n_heads, float sm_scale, float *out, float *scratch, int version) {
+    const int G = n_heads / dv->kv_heads;
+    const view kv = dev_view(dv);
+    const bool use3 = version == 3 || (version == 0 && v3::ok(kv, G));
+    if (use3 ? !v3::ok(kv, G) : !v2_ok(dv->head_dim, G)) return -1;
+    const int per_split = use3 ? v3::per_split_for(n_ctx, dv->kv_heads) : 512;
+    const size_t np = (size_t)((n_ctx + per_split - 1) / per_split) * n_heads;
+    float *pa = scratch, *pm = pa + np * dv->head_dim, *pl = pm + np;
+    if (use3)
+        return v3::launch(kv, (const int *)blocks, n_ctx, q, n_heads, sm_scale, out, per_split, pa,
+                          pm, pl);
+    return launch_v2(kv, (const int *)blocks, n_ctx, q, n_heads, sm_scale, out,
+                     (n_ctx + per_split - 1) / per_split, pa, pm, pl);
 }
 
 extern "C" int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
                                         const float *q, int n_heads, float sm_scale, float *out,
                                         float *scratch) {
-    int G = n_heads / dv->kv_heads;
-    if (!v2_ok(dv->head_dim, G)) return -1;
-    int splits = (n_ctx + 511) / 512;
-    size_t np = (size_t)splits * n_heads;
-    float *pa = scratch, *pm = pa + np * dv->head_dim, *pl = pm + np;
-    return launch_v2(dev_view(dv), (const int *)blocks, n_ctx, q, n_heads, sm_scale, out, splits,
-                     pa, pm, pl);
+    static const int forced = [] {
+        const char *e = getenv("KVD_CUDA_DECODE");
+        return e && !strcmp(e, "2") ? 2 : 0;
+    }();
+    return decode_dev(dv, blocks, n_ctx, q, n_heads, sm_scale, out, scratch, forced);
 }
 
 extern "C" int kvd_cuda_attn_decode_v(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
@@ -324,16 +700,21 @@ extern "C" int kvd_cuda_attn_decode_v(const kvd_kv_view *hv, int n_blocks, const
     const int hd = hv->head_dim, G = n_heads / hv->kv_heads;
     const int nb = (n_ctx + hv->block_size - 1) / hv->block_size;
     const size_t nq = sizeof(float) * n_heads * hd;
-    const bool v2 = version == 2 && v2_ok(hd, G);
+    if (version == 0) {
+        view probe = dev_view(hv);
+        version = v3::ok(probe, G) ? 3 : v2_ok(hd, G) ? 2 : 1;
+    }
+    const bool split = version == 2 || version == 3;
     dev_cache dc;
     float *dq = nullptr, *dout = nullptr, *work = nullptr;
     int rc = -1;
-    size_t wn = v2 ? kvd_cuda_attn_scratch_floats(n_ctx, n_heads, hd) : (size_t)n_heads * n_ctx;
-    if (!dc.upload(hv, n_blocks, blocks, nb) || cudaMalloc(&dq, nq) || cudaMalloc(&dout, nq) ||
+    size_t wn = split ? kvd_cuda_attn_scratch_floats(n_ctx, n_heads, hd) : (size_t)n_heads * n_ctx;
+    if (version < 1 || version > 3 || (version == 2 && !v2_ok(hd, G)) ||
+        !dc.upload(hv, n_blocks, blocks, nb) || cudaMalloc(&dq, nq) || cudaMalloc(&dout, nq) ||
         cudaMalloc(&work, sizeof(float) * wn) || cudaMemcpy(dq, q, nq, cudaMemcpyHostToDevice))
         goto out;
-    if (v2) {
-        rc = kvd_cuda_attn_decode_dev(&dc.v, dc.blocks, n_ctx, dq, n_heads, sm_scale, dout, work);
+    if (split) {
+        rc = decode_dev(&dc.v, dc.blocks, n_ctx, dq, n_heads, sm_scale, dout, work, version);
     } else { /* the plain kernels: scores, softmax, weighted sum */
         view kv = dev_view(&dc.v);
         const int *db = (const int *)dc.blocks;
@@ -493,24 +874,31 @@ extern "C" int kvd_cuda_attn_prefill(const kvd_kv_view *hv, int n_blocks, const 
 extern "C" int kvd_cuda_attn_decode(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
                                     int n_ctx, const float *q, int n_heads, float sm_scale,
                                     float *out) {
-    return kvd_cuda_attn_decode_v(hv, n_blocks, blocks, n_ctx, q, n_heads, sm_scale, out, 2);
+    return kvd_cuda_attn_decode_v(hv, n_blocks, blocks, n_ctx, q, n_heads, sm_scale, out, 0);
 }
 
-/* Seconds per decode query (median-free best of reps) with the cache already
- * on the device: random codes in a scattered block table. */
+/* Seconds per decode query (the best of reps) with the cache already on the
+ * device: fixed codes in a scattered block table; version 1, 2 or 3, or 0
+ * for what kvd_cuda_attn_decode_dev picks. Before each timed rep a 256 MiB
+ * buffer is written, so no rep finds the cache in L2 (60 MB on an H200, more
+ * than a 32K-token FP8 cache). 0 when it could not run. */
 extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim,
                                       int reps, int version) {
     const int bs = 16, nb = (n_ctx + bs - 1) / bs;
-    size_t esz = fmt == KVD_FMT_BF16 ? 2 : 1, pool = (size_t)nb * kv_heads * bs * head_dim * esz;
-    unsigned char *dk = nullptr, *dv = nullptr;
+    const size_t esz = fmt == KVD_FMT_BF16 ? 2 : 1,
+                 pool = (size_t)nb * kv_heads * bs * head_dim * esz,
+                 flush_bytes = (size_t)256 << 20;
+    unsigned char *dk = nullptr, *dv = nullptr, *flush = nullptr;
     int *db = nullptr;
     float *dq = nullptr, *ds = nullptr, *dout = nullptr, *dsc = nullptr;
     double best = 0;
+    const size_t work = version == 1 ? (size_t)n_heads * n_ctx
+                                     : kvd_cuda_attn_scratch_floats(n_ctx, n_heads, head_dim);
     if (cudaMalloc(&dk, pool) || cudaMalloc(&dv, pool) || cudaMalloc(&db, sizeof(int) * nb) ||
         cudaMalloc(&dq, sizeof(float) * n_heads * head_dim) ||
-        cudaMalloc(&ds, sizeof(float) * (size_t)n_heads * n_ctx) ||
+        cudaMalloc(&ds, sizeof(float) * work) ||
         cudaMalloc(&dout, sizeof(float) * n_heads * head_dim) ||
-        cudaMalloc(&dsc, sizeof(float) * kv_heads))
+        cudaMalloc(&dsc, sizeof(float) * kv_heads) || cudaMalloc(&flush, flush_bytes))
         goto out;
     {
         /* codes 0x00..0x3f: finite values in every format */
@@ -525,39 +913,34 @@ extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_he
         for (int i = 0; i < 64; i++) one[i] = 1.0f;
         cudaMemcpy(dsc, one, sizeof(float) * kv_heads, cudaMemcpyHostToDevice);
         view kv = {fmt, bs, kv_heads, head_dim, dk, dv, dsc, dsc};
-        int splits = (n_ctx + 511) / 512;
-        size_t np = (size_t)splits * n_heads;
-        float *pa = nullptr, *pm = nullptr, *pl = nullptr;
-        if (version == 2 &&
-            (cudaMalloc(&pa, sizeof(float) * np * head_dim) ||
-             cudaMalloc(&pm, sizeof(float) * np) || cudaMalloc(&pl, sizeof(float) * np)))
-            version = 1;
+        kvd_kv_view dvw = {(kvd_fmt)fmt, bs, kv_heads, head_dim, dk, dv, dsc, dsc, 0};
         cudaEvent_t e0, e1;
         cudaEventCreate(&e0), cudaEventCreate(&e1);
         best = 1e30;
-        for (int r = 0; r <= reps; r++) {
+        for (int r = 0; r <= reps && best > 0; r++) {
+            cudaMemset(flush, r & 0xff, flush_bytes);
             cudaEventRecord(e0);
-            if (version == 2) {
-                launch_v2(kv, db, n_ctx, dq, n_heads, 0.0625f, dout, splits, pa, pm, pl);
-            } else {
+            if (version == 1) {
                 dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)kv_heads);
                 scores_kernel<<<g1, 128>>>(kv, db, n_ctx, dq, n_heads, 0.0625f, ds);
                 softmax_kernel<<<(unsigned)n_heads, 256>>>(ds, n_ctx);
                 pv_kernel<<<(unsigned)n_heads, (unsigned)((head_dim + 31) / 32 * 32)>>>(
                     kv, db, n_ctx, ds, n_heads, dout);
+            } else if (decode_dev(&dvw, (const int32_t *)db, n_ctx, dq, n_heads, 0.0625f, dout, ds,
+                                  version)) {
+                best = 0;
             }
             cudaEventRecord(e1);
             cudaEventSynchronize(e1);
             float ms = 0;
             cudaEventElapsedTime(&ms, e0, e1);
-            if (r && ms * 1e-3 < best) best = ms * 1e-3;
+            if (r && best > 0 && ms * 1e-3 < best) best = ms * 1e-3;
         }
         cudaEventDestroy(e0), cudaEventDestroy(e1);
-        cudaFree(pa), cudaFree(pm), cudaFree(pl);
         if (cudaGetLastError() != cudaSuccess) best = 0;
     }
 out:
     cudaFree(dk), cudaFree(dv), cudaFree(db), cudaFree(dq), cudaFree(ds), cudaFree(dout),
-        cudaFree(dsc);
+        cudaFree(dsc), cudaFree(flush);
     return best;
 }

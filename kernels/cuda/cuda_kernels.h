@@ -25,8 +25,13 @@ int kvd_cuda_quant(kvd_fmt fmt, const float *x, void *out, size_t n, float scale
  * contract, without the probabilities), pools in host memory. */
 int kvd_cuda_attn_decode(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int n_ctx,
                          const float *q, int n_heads, float sm_scale, float *out);
-/* The same with a kernel version: 1 (plain reference kernels) or 2 (split over
- * the context, coalesced rows, online softmax; head_dim 64/128/256, GQA <= 16). */
+/* The same with a kernel version: 1 (plain reference kernels), 2 (split over
+ * the context, coalesced rows, online softmax on FP32 cores; head_dim
+ * 64/128/256, GQA group a power of two <= 16), 3 (split over the context,
+ * tensor cores with the query and probabilities as 16-bit hi + lo pairs;
+ * head_dim 64/128/256, any GQA group <= 16, where the device's shared memory
+ * holds two stages), or 0: the best of these the shape allows. -1 when the
+ * version asked for cannot take the shape. */
 int kvd_cuda_attn_decode_v(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int n_ctx,
                            const float *q, int n_heads, float sm_scale, float *out, int version);
 
@@ -92,7 +97,9 @@ int kvd_cuda_sync(char *err, int len);
 
 /* decode (one query) and prefill (n_q causal rows) attention; the view's
  * pools and scales and the block table on the device; decode's scratch holds
- * kvd_cuda_attn_scratch_floats(n_ctx, ...) floats */
+ * kvd_cuda_attn_scratch_floats(n_ctx, ...) floats. Decode runs version 3
+ * where it can, else 2; KVD_CUDA_DECODE=2 in the environment keeps it on 2
+ * (a diagnostic: the GPU check compares the two on the whole model). */
 size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim);
 int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
                              const float *q, int n_heads, float sm_scale, float *out,
@@ -162,7 +169,8 @@ int kvd_cuda_allreduce_sum(kvd_comm *c, float *const *bufs, size_t count);
 /* Device-to-device copy bandwidth (read + write bytes per second). */
 double kvd_cuda_copy_bandwidth(size_t bytes, int reps);
 /* Seconds per decode-attention query with the cache on the device (fmt is a
- * kvd_fmt). */
+ * kvd_fmt; version as kvd_cuda_attn_decode_v), the L2 flushed before each
+ * rep; 0 when it could not run. */
 double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim, int reps,
                            int version);
 /* Every algorithm the heuristic offers for a shape (up to 32), each timed:

@@ -45,6 +45,8 @@ namespace {
 
 const int n_devices = 8; // tensor-parallel tests split over up to this many
 int cur_device = 0;
+const size_t kOptinMax = 227 * 1024; // an H100's or H200's per-block opt-in
+std::map<std::pair<const void *, int>, size_t> shmem_optin;
 cudaError_t last_error = cudaSuccess, sticky_error = cudaSuccess;
 
 void fail(cudaError_t e) {
@@ -460,8 +462,9 @@ void run(const config &c, const std::function<void()> &body_) {
         bad = "threads per block must be 1 to 1024 (z at most 64)";
     else if (!c.grid.x || !c.grid.y || !c.grid.z || c.grid.y > 65535 || c.grid.z > 65535)
         bad = "grid dimensions must be at least 1 (y and z at most 65535)";
-    else if (c.shmem > 48 * 1024)
-        bad = "more than 48 KB of dynamic shared memory without an opt-in";
+    else if (c.shmem > 48 * 1024 && c.shmem > c.shmem_optin)
+        bad = c.shmem_optin ? "more dynamic shared memory than the kernel's opt-in"
+                            : "more than 48 KB of dynamic shared memory without an opt-in";
     if (bad) {
         std::fprintf(stderr,
                      "kvd_simt: %s: launch of grid (%u,%u,%u), block (%u,%u,%u), %zu bytes of "
@@ -532,6 +535,20 @@ void bad_pointer(const config &c, int arg, const void *p) {
                      c.name, arg + 1, it->second.dev, cur_device);
     sticky_error = cudaErrorIllegalAddress;
     fail(sticky_error);
+}
+
+cudaError_t func_set_shmem(const void *kernel, int bytes) {
+    if (bytes < 0 || (size_t)bytes > kOptinMax) {
+        fail(cudaErrorInvalidValue);
+        return cudaErrorInvalidValue;
+    }
+    shmem_optin[{kernel, cur_device}] = (size_t)bytes;
+    return cudaSuccess;
+}
+
+size_t func_shmem(const void *kernel) {
+    auto it = shmem_optin.find({kernel, cur_device});
+    return it == shmem_optin.end() ? 0 : it->second;
 }
 
 } // namespace kvd_simt
@@ -627,6 +644,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev) {
     std::snprintf(p->name, sizeof p->name, "kvdrift SIMT simulator");
     p->major = 9, p->minor = 0, p->multiProcessorCount = 1, p->warpSize = 32;
     p->maxThreadsPerBlock = 1024, p->sharedMemPerBlock = 48 * 1024;
+    p->sharedMemPerBlockOptin = kOptinMax, p->sharedMemPerMultiprocessor = 228 * 1024;
     p->totalGlobalMem = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGE_SIZE);
     return cudaSuccess;
 }
@@ -683,6 +701,12 @@ __half_raw __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t v, __nv_fp8_interpretation
         return {(unsigned short)(s | (unsigned)(ee + 15) << 10 | (m & 7u) << 7)};
     }
     return {(unsigned short)(s | (e - 7 + 15) << 10 | m << 7)};
+}
+__half __float2half_rn(float x) {
+    _Float16 h = (_Float16)x; // IEEE binary16, round to nearest even
+    __half r;
+    std::memcpy(&r.__x, &h, 2);
+    return r;
 }
 float __half2float(__half h) {
     unsigned s = (h.__x & 0x8000u) << 16, e = (h.__x >> 10) & 31u, m = h.__x & 1023u;

@@ -55,6 +55,9 @@ struct uint3 {
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
 
 // ---- the runtime API (the subset the back end uses) ----
 enum cudaError_t {
@@ -78,8 +81,9 @@ typedef struct kvd_simt_stream *cudaStream_t;
 struct cudaDeviceProp {
     char name[256];
     int major, minor, multiProcessorCount, warpSize, maxThreadsPerBlock;
-    size_t totalGlobalMem, sharedMemPerBlock;
+    size_t totalGlobalMem, sharedMemPerBlock, sharedMemPerBlockOptin, sharedMemPerMultiprocessor;
 };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
 cudaError_t cudaMalloc(void **p, size_t n);
 template <class T> cudaError_t cudaMalloc(T **p, size_t n) {
@@ -108,6 +112,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e);
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
 #define __shared__ static
 
 namespace kvd_simt {
@@ -122,7 +127,12 @@ struct config {
     const char *name;
     dim3 grid, block;
     size_t shmem;
+    size_t shmem_optin; // what cudaFuncSetAttribute allowed the kernel (0: 48 KB)
 };
+
+// cudaFuncAttributeMaxDynamicSharedMemorySize per kernel, per device
+cudaError_t func_set_shmem(const void *kernel, int bytes);
+size_t func_shmem(const void *kernel);
 
 // runs body once per thread of the grid; a failed launch sets the error
 // cudaGetLastError returns
@@ -149,7 +159,7 @@ struct launcher {
 inline launcher launch(const char *name, dim3 grid, dim3 block, size_t shmem = 0,
                        cudaStream_t stream = nullptr) {
     (void)stream;
-    return {{name, grid, block, shmem}};
+    return {{name, grid, block, shmem, 0}};
 }
 
 template <size_t I, class T> bool check_args(const config &c, const T &args) {
@@ -175,6 +185,7 @@ template <class... P, class... A> void operator%(void (*k)(P...), pending<A...> 
     std::tuple<P...> args =
         std::apply([](auto &...a) { return std::tuple<P...>(static_cast<P>(a)...); }, p.args);
     if (!check_args<0>(p.c, args)) return;
+    p.c.shmem_optin = func_shmem(reinterpret_cast<const void *>(k));
     run(p.c, [&] { std::apply(k, args); });
 }
 
@@ -191,6 +202,11 @@ template <class T> inline T of_bits(uint64_t u) {
 }
 
 } // namespace kvd_simt
+
+template <class F> cudaError_t cudaFuncSetAttribute(F *kernel, cudaFuncAttribute a, int value) {
+    if (a != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
+    return kvd_simt::func_set_shmem(reinterpret_cast<const void *>(kernel), value);
+}
 
 #define threadIdx (kvd_simt::self->tid)
 #define blockIdx (kvd_simt::self->bid)
@@ -267,6 +283,14 @@ inline int __popc(unsigned x) {
 inline int __ffs(int x) {
     return __builtin_ffs(x);
 }
+// byte n of the result: byte (s >> 4n) & 7 of the pair (y:x), x the low word
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const uint64_t v = (uint64_t)y << 32 | x;
+    unsigned r = 0;
+    for (int n = 0; n < 4; n++)
+        r |= (unsigned)(v >> (8 * ((s >> (4 * n)) & 7u)) & 0xffu) << (8 * n);
+    return r;
+}
 inline float __uint_as_float(unsigned u) {
     float f;
     std::memcpy(&f, &u, 4);
@@ -297,6 +321,7 @@ typedef unsigned char __nv_fp8_storage_t;
 float __bfloat162float(__nv_bfloat16 b);
 __nv_bfloat16 __float2bfloat16_rn(float x);
 float __half2float(__half h);
+__half __float2half_rn(float x);
 __half_raw __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t v, __nv_fp8_interpretation_t f);
 __nv_fp8_storage_t __nv_cvt_float_to_fp8(float x, __nv_saturation_t s, __nv_fp8_interpretation_t f);
 

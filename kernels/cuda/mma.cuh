@@ -1,0 +1,178 @@
+// kvdrift: warp-level tensor-core and copy primitives for the kernels, each
+// with a portable body. On the device (sm_80 and later) they are single PTX
+// instructions: mma.sync m16n8k16 (BF16 or FP16 in, FP32 accumulate),
+// ldmatrix .trans, cp.async with zero fill. Everywhere else (the SIMT
+// simulator in tests/simt compiles the .cu files as C++) the same operation
+// is spelled out with warp shuffles and plain loads, element for element as
+// the PTX ISA defines the fragments, so a kernel's indexing is exercised by
+// the tests on any machine; only the instruction itself is taken on trust.
+//
+// Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), lane =
+// 4 g + t: A (16 x 16, row-major) a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1],
+// a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]; B (16 x 8) b0 = B[2t,
+// 2t+1][g], b1 = B[2t+8, 2t+9][g]; C (16 x 8) c0, c1 = C[g][2t, 2t+1], c2, c3
+// = C[g+8][2t, 2t+1]. Two 16-bit elements share a register, the lower index
+// in the low half.
+#ifndef KVD_MMA_CUH
+#define KVD_MMA_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define KVD_PTX_MMA 1
+#endif
+
+namespace kvd_mma {
+
+// the 16-bit encodings, round to nearest even
+__device__ inline unsigned bf16_bits(float x) {
+    __nv_bfloat16 b = __float2bfloat16_rn(x);
+    return *reinterpret_cast<const unsigned short *>(&b);
+}
+__device__ inline unsigned f16_bits(float x) {
+    __half h = __float2half_rn(x);
+    return *reinterpret_cast<const unsigned short *>(&h);
+}
+__device__ inline float bf16_val(unsigned bits) {
+    return __uint_as_float((bits & 0xffffu) << 16);
+}
+__device__ inline float f16_val(unsigned bits) {
+    __half_raw r;
+    r.x = (unsigned short)(bits & 0xffffu);
+    return __half2float(__half(r));
+}
+
+// x as hi + lo, each a 16-bit float (hi the rounding of x, lo the rounding
+// of what is left): 16 significant bits for BF16, 22 for FP16 where x is
+// scaled into FP16's range. Returns the two elements' pair registers for
+// (x0, x1): hi in *h, lo in *l.
+template <bool F16> __device__ inline void split2(float x0, float x1, unsigned *h, unsigned *l) {
+    if constexpr (F16) {
+        unsigned h0 = f16_bits(x0), h1 = f16_bits(x1);
+        *h = h0 | h1 << 16;
+        *l = f16_bits(x0 - f16_val(h0)) | f16_bits(x1 - f16_val(h1)) << 16;
+    } else {
+        unsigned h0 = bf16_bits(x0), h1 = bf16_bits(x1);
+        *h = h0 | h1 << 16;
+        *l = bf16_bits(x0 - bf16_val(h0)) | bf16_bits(x1 - bf16_val(h1)) << 16;
+    }
+}
+
+// c += A B for one m16n8k16 tile, FP32 accumulation
+template <bool F16>
+__device__ inline void mma(float c[4], const unsigned a[4], const unsigned b[2]) {
+#ifdef KVD_PTX_MMA
+    if constexpr (F16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    auto val = [](unsigned r, int hi) {
+        unsigned bits = hi ? r >> 16 : r & 0xffffu;
+        return F16 ? f16_val(bits) : bf16_val(bits);
+    };
+    // thread s of a group holds k = 2s, 2s+1 (a0/a1, b0) and 2s+8, 2s+9 (a2/a3, b1)
+    for (int s = 0; s < 4; s++) {
+        unsigned ag[4], bn[2][2];
+        for (int i = 0; i < 4; i++) ag[i] = __shfl_sync(0xffffffffu, a[i], 4 * g + s);
+        for (int n = 0; n < 2; n++)
+            for (int i = 0; i < 2; i++)
+                bn[n][i] = __shfl_sync(0xffffffffu, b[i], 4 * (2 * t + n) + s);
+        for (int r = 0; r < 2; r++)     // rows g, g + 8
+            for (int n = 0; n < 2; n++) // columns 2t, 2t + 1
+                for (int kh = 0; kh < 2; kh++)
+                    for (int e = 0; e < 2; e++)
+                        c[2 * r + n] += val(ag[r + 2 * kh], e) * val(bn[n][kh], e);
+    }
+#endif
+}
+
+// Two 8 x 8 matrices of 16-bit elements from shared memory, transposed:
+// lanes 0-7 give the 16-byte rows of matrix 0, lanes 8-15 those of matrix 1;
+// lane (g, t) receives in r[m] elements (2t, g) and (2t+1, g) of matrix m.
+// Every lane passes a row pointer (lanes 16-31 are not read).
+__device__ inline void ldsm_x2_trans(unsigned r[2], const void *row) {
+#ifdef KVD_PTX_MMA
+    unsigned addr = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(addr));
+#else
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const unsigned long long me = (unsigned long long)(uintptr_t)row;
+    for (int m = 0; m < 2; m++) {
+        const unsigned short *p0 = reinterpret_cast<const unsigned short *>(
+            (uintptr_t)__shfl_sync(0xffffffffu, me, 8 * m + 2 * t));
+        const unsigned short *p1 = reinterpret_cast<const unsigned short *>(
+            (uintptr_t)__shfl_sync(0xffffffffu, me, 8 * m + 2 * t + 1));
+        r[m] = (unsigned)p0[g] | (unsigned)p1[g] << 16;
+    }
+#endif
+}
+
+// 16 bytes global -> shared, asynchronously; src_bytes 0 writes zeros
+__device__ inline void cp_async16(void *dst, const void *src, int src_bytes) {
+#ifdef KVD_PTX_MMA
+    unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
+                 "r"(src_bytes));
+#else
+    unsigned char *d = static_cast<unsigned char *>(dst);
+    const unsigned char *s = static_cast<const unsigned char *>(src);
+    for (int i = 0; i < 16; i++) d[i] = i < src_bytes ? s[i] : 0;
+#endif
+}
+__device__ inline void cp_async_commit() {
+#ifdef KVD_PTX_MMA
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// wait until at most n (0 to 3) of this thread's committed groups are pending
+__device__ inline void cp_async_wait(int n) {
+#ifdef KVD_PTX_MMA
+    switch (n) {
+    case 0:
+        asm volatile("cp.async.wait_group 0;\n" ::);
+        break;
+    case 1:
+        asm volatile("cp.async.wait_group 1;\n" ::);
+        break;
+    case 2:
+        asm volatile("cp.async.wait_group 2;\n" ::);
+        break;
+    default:
+        asm volatile("cp.async.wait_group 3;\n" ::);
+        break;
+    }
+#else
+    (void)n;
+#endif
+}
+
+// Two FP8 codes of the word w (the bytes the __byte_perm selector sel puts
+// at bytes 1 and 3) as an FP16 pair, exactly. E5M2 is FP16's top byte;
+// E4M3 moves its 7 magnitude bits under FP16's exponent, which reads the
+// value times 2^-8 (subnormals included) and leaves the caller to fold 2^8
+// into its scale; E4M3's NaN codes (0x7f, 0xff) stay NaN.
+template <bool E5M2> __device__ inline unsigned fp8_pair(unsigned w, unsigned sel) {
+    unsigned a = __byte_perm(w, 0u, sel);
+    if constexpr (E5M2) {
+        return a;
+    } else {
+        unsigned nan = __byte_perm(((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u, 0u, sel);
+        return (a & 0x80008000u) | ((a >> 1) & 0x3f803f80u) | (nan >> 1) | (nan >> 2);
+    }
+}
+
+} // namespace kvd_mma
+
+#endif
