@@ -101,6 +101,7 @@ struct kvd_cuda_model {
     int32_t *tok;
     int *pos, *seqs, *row0, *ntok;
     float *attn_scratch;
+    size_t attn_scratch_floats;
     unsigned long long *nonfinite;
     /* the cache, and the shadow cache with its host bookkeeping (NULL: none) */
     int kv_heads, head_dim;
@@ -617,8 +618,9 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_synth *lazy_s,
     if (dev_kv_init(m, &m->kc, kv)) goto oom;
     DBUF(m->d_sout, nh * hd);
     DBUF(m->nonfinite, 2 * (size_t)c->num_hidden_layers + 2);
-    DBUF(m->attn_scratch, kvd_cuda_attn_scratch_floats(kv->n_blocks * kv->block_size,
-                                                       c->num_attention_heads, c->head_dim));
+    m->attn_scratch_floats = kvd_cuda_attn_scratch_floats(kv->n_blocks * kv->block_size,
+                                                          c->num_attention_heads, c->head_dim);
+    DBUF(m->attn_scratch, m->attn_scratch_floats);
     m->conv_len = (size_t)m->n_lin * cd * (Kc - 1);
     m->ssm_len = (size_t)m->n_lin * nv * dk * dv;
     DBUF(m->conv_state, (size_t)max_seqs * m->conv_len + 1);
@@ -1012,10 +1014,20 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
     if (m->shadow) dev_kv_write(m, &m->sc, al, rows);
     kvd_cudaop_split_query(m->qg, m->qh, rows, nh, hd);
     kvd_kv_view view = dev_kv_view(m, &m->kc, al);
+    /* the one-token entries in one launch where the kernel allows it (the
+     * rest one by one); prefill entries one by one */
+    int max_ctx = 0;
+    for (int s = 0; s < b->n; s++)
+        if (b->n_tok[s] == 1 && m->h_pos[m->h_row0[s]] + 1 > max_ctx)
+            max_ctx = m->h_pos[m->h_row0[s]] + 1;
+    const int batched = max_ctx > 0 && kvd_cuda_attn_decode_batch_dev(
+                                           &view, m->kc.btab, m->kc.n_blocks, m->seqs, m->row0,
+                                           m->ntok, m->pos, b->n, max_ctx, m->qh, nh, sm_scale,
+                                           m->att, m->attn_scratch, m->attn_scratch_floats) == 0;
     for (int s = 0; s < b->n; s++) {
         int r0 = m->h_row0[s], nt = b->n_tok[s], seq = b->seq[s];
         const int32_t *tab = m->kc.btab + (size_t)seq * m->kc.n_blocks;
-        if (nt == 1) {
+        if (nt == 1 && !batched) {
             kvd_cuda_attn_decode_dev(&view, tab, m->h_pos[r0] + 1, m->qh + (size_t)r0 * nh * hd, nh,
                                      sm_scale, m->att + (size_t)r0 * nh * hd, m->attn_scratch);
         } else if (nt > 1) {

@@ -196,10 +196,12 @@ __global__ void decode_v2(view kv, const int *blocks, int n_ctx, int per_split, 
         part_acc[((size_t)split * kv.kv_heads + h) * G * hd + i] = sacc[i];
 }
 
-__global__ void merge_v2(int splits, int kv_heads, int G, int hd, const float *part_acc,
-                         const float *part_m, const float *part_l, const float *v_scale,
-                         float *out) {
-    int hq = blockIdx.x, h = hq / G, j = hq % G;
+// query head hq's output from its splits' partial results (layout [split]
+// [kv_head][G] (x hd)); the block's threads take the dims
+__device__ inline void merge_splits(int splits, int kv_heads, int G, int hd, int hq,
+                                    const float *part_acc, const float *part_m, const float *part_l,
+                                    const float *v_scale, float *out) {
+    const int h = hq / G, j = hq % G;
     float M = -INFINITY;
     for (int s = 0; s < splits; s++) M = fmaxf(M, part_m[((size_t)s * kv_heads + h) * G + j]);
     double L = 0.0;
@@ -216,6 +218,12 @@ __global__ void merge_v2(int splits, int kv_heads, int G, int hd, const float *p
         }
         out[(size_t)hq * hd + d] = (float)(a / L) * v_scale[h];
     }
+}
+
+__global__ void merge_v2(int splits, int kv_heads, int G, int hd, const float *part_acc,
+                         const float *part_m, const float *part_l, const float *v_scale,
+                         float *out) {
+    merge_splits(splits, kv_heads, G, hd, blockIdx.x, part_acc, part_m, part_l, v_scale, out);
 }
 
 template <int PER>
@@ -312,10 +320,35 @@ __host__ __device__ constexpr int stage_bytes(int hd, bool fp8) {
     return STAGE * (kstride(hd, fp8) + vstride(hd, fp8));
 }
 
+// Where a launch's queries are: one sequence (seqs null: block table btab,
+// n_ctx positions, the query at q), or the batch entries z = blockIdx.z of
+// a step (device arrays: entry z is row row0[z] at position pos[row0[z]] of
+// sequence seqs[z], whose block table is btab + seqs[z] * btab_stride;
+// entries of more than one token are someone else's). A split past its
+// sequence's end does nothing; entry z's partial results start at split
+// z * max_splits.
+struct rows {
+    const int *seqs, *row0, *ntok, *pos;
+    const int *btab;
+    int btab_stride, n_ctx, max_splits, qstride;
+};
+
+__device__ inline bool row_of(const rows &R, int z, const int **blocks, int *n_ctx, int *qrow) {
+    if (!R.seqs) {
+        *blocks = R.btab, *n_ctx = R.n_ctx, *qrow = 0;
+        return true;
+    }
+    if (R.ntok[z] != 1) return false;
+    *qrow = R.row0[z];
+    *n_ctx = R.pos[*qrow] + 1;
+    *blocks = R.btab + (size_t)R.seqs[z] * R.btab_stride;
+    return true;
+}
+
 template <int HD, int FMT>
 __global__ void __launch_bounds__(WARPS * 32, 2)
-    decode_v3(view kv, const int *blocks, int n_ctx, int per_split, int nstage, int G,
-              const float *q, float sm_scale, float *part_acc, float *part_m, float *part_l) {
+    decode_v3(view kv, rows R, int per_split, int nstage, int G, const float *q, float sm_scale,
+              float *part_acc, float *part_m, float *part_l) {
     using namespace kvd_mma;
     constexpr bool F16 = FMT != KVD_FMT_BF16, E5 = FMT == KVD_FMT_E5M2;
     constexpr int ROWB = row_bytes(HD, F16), KSTR = kstride(HD, F16), VSTR = vstride(HD, F16);
@@ -325,8 +358,14 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     float *sbuf = reinterpret_cast<float *>(smem + (size_t)nstage * STAGE * (KSTR + VSTR));
     const int split = blockIdx.x, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4, bs = kv.block_size;
+    const int *blocks;
+    int n_ctx, qrow;
+    if (!row_of(R, blockIdx.z, &blocks, &n_ctx, &qrow)) return;
     const int t0 = split * per_split, t1 = min(n_ctx, t0 + per_split);
+    if (t0 >= t1) return;
     const int nst = (t1 - t0 + STAGE - 1) / STAGE;
+    q += (size_t)qrow * R.qstride;
+    const size_t zsplit = (size_t)blockIdx.z * R.max_splits + split;
     const unsigned char *kpool = kv.k, *vpool = kv.v;
 
     // stage st's K and V rows into buffer st % nstage
@@ -511,7 +550,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     }
     const float unscale = (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / pscale;
-    const size_t base = ((size_t)split * kv.kv_heads + h) * G;
+    const size_t base = (zsplit * kv.kv_heads + h) * G;
 #pragma unroll
     for (int i = 0; i < NT; i++)
         for (int e = 0; e < 4; e++) {
@@ -559,40 +598,41 @@ static int stages_for(int hd, int fmt) {
     return min(4, two >= 2 ? two : (d.smem_optin - SBUF) / sb);
 }
 
-// positions a split: 512, or fewer (down to 128) until the grid has three
-// CTAs an SM; kvd_cuda_attn_scratch_floats holds splits of 128
-static int per_split_for(int n_ctx, int kv_heads) {
-    const int want = 3 * limits_of_current().sms;
+// positions a split: 512, or fewer (down to 128) until the grid of n
+// entries of up to max_ctx positions has three CTAs an SM
+static int per_split_for(int max_ctx, int kv_heads, int n) {
+    const long long want = 3LL * limits_of_current().sms;
     int ps = 512;
-    while (ps > 128 && (long long)((n_ctx + ps - 1) / ps) * kv_heads < want) ps /= 2;
+    while (ps > 128 && (long long)((max_ctx + ps - 1) / ps) * kv_heads * n < want) ps /= 2;
     return ps;
 }
 
 template <int HD, int FMT>
-static int launch_t(const view &kv, const int *db, int n_ctx, int per_split, int G, const float *dq,
-                    float sm_scale, float *pa, float *pm, float *pl) {
+static int launch_t(const view &kv, const rows &R, int n_entries, int per_split, int G,
+                    const float *dq, float sm_scale, float *pa, float *pm, float *pl) {
     const int nstage = stages_for(HD, FMT);
     if (nstage < 2) return -1;
     const size_t shm = (size_t)nstage * stage_bytes(HD, FMT != KVD_FMT_BF16) + SBUF;
     if (cudaFuncSetAttribute(decode_v3<HD, FMT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)shm) != cudaSuccess)
         return -1;
-    dim3 grid((unsigned)((n_ctx + per_split - 1) / per_split), (unsigned)kv.kv_heads);
-    decode_v3<HD, FMT>
-        <<<grid, WARPS * 32, shm>>>(kv, db, n_ctx, per_split, nstage, G, dq, sm_scale, pa, pm, pl);
+    dim3 grid((unsigned)R.max_splits, (unsigned)kv.kv_heads, (unsigned)n_entries);
+    void (*decode_v3_t)(view, rows, int, int, int, const float *, float, float *, float *,
+                        float *) = decode_v3<HD, FMT>;
+    decode_v3_t<<<grid, WARPS * 32, shm>>>(kv, R, per_split, nstage, G, dq, sm_scale, pa, pm, pl);
     return 0;
 }
 
 template <int HD>
-static int launch_hd(const view &kv, const int *db, int n_ctx, int per_split, int G,
-                     const float *dq, float sm_scale, float *pa, float *pm, float *pl) {
+static int launch_hd(const view &kv, const rows &R, int n, int per_split, int G, const float *dq,
+                     float sm_scale, float *pa, float *pm, float *pl) {
     switch (kv.fmt) {
     case KVD_FMT_BF16:
-        return launch_t<HD, KVD_FMT_BF16>(kv, db, n_ctx, per_split, G, dq, sm_scale, pa, pm, pl);
+        return launch_t<HD, KVD_FMT_BF16>(kv, R, n, per_split, G, dq, sm_scale, pa, pm, pl);
     case KVD_FMT_E4M3:
-        return launch_t<HD, KVD_FMT_E4M3>(kv, db, n_ctx, per_split, G, dq, sm_scale, pa, pm, pl);
+        return launch_t<HD, KVD_FMT_E4M3>(kv, R, n, per_split, G, dq, sm_scale, pa, pm, pl);
     case KVD_FMT_E5M2:
-        return launch_t<HD, KVD_FMT_E5M2>(kv, db, n_ctx, per_split, G, dq, sm_scale, pa, pm, pl);
+        return launch_t<HD, KVD_FMT_E5M2>(kv, R, n, per_split, G, dq, sm_scale, pa, pm, pl);
     default:
         return -1;
     }
@@ -603,16 +643,30 @@ static bool ok(const view &kv, int G) {
            stages_for(kv.head_dim, kv.fmt) >= 2;
 }
 
-/* v3 and the merge on device buffers; part buffers hold splits * n_heads (* hd) */
-static int launch(const view &kv, const int *db, int n_ctx, const float *dq, int n_heads,
+// the batch entries' outputs from their splits: grid (n_heads, entries)
+__global__ void merge_rows(rows R, int per_split, int kv_heads, int G, int hd,
+                           const float *part_acc, const float *part_m, const float *part_l,
+                           const float *v_scale, float *out) {
+    const int *blocks;
+    int n_ctx, qrow;
+    if (!row_of(R, blockIdx.y, &blocks, &n_ctx, &qrow)) return;
+    const size_t z0 = (size_t)blockIdx.y * R.max_splits, np = z0 * kv_heads * G;
+    merge_splits((n_ctx + per_split - 1) / per_split, kv_heads, G, hd, blockIdx.x,
+                 part_acc + np * hd, part_m + np, part_l + np, v_scale,
+                 out + (size_t)qrow * R.qstride);
+}
+
+/* v3 and the merge on device buffers, n entries of R; part buffers hold
+ * n * R.max_splits * n_heads (* hd) */
+static int launch(const view &kv, const rows &R, int n, const float *dq, int n_heads,
                   float sm_scale, float *dout, int per_split, float *pa, float *pm, float *pl) {
     const int G = n_heads / kv.kv_heads, hd = kv.head_dim;
-    int rc = hd == 64    ? launch_hd<64>(kv, db, n_ctx, per_split, G, dq, sm_scale, pa, pm, pl)
-             : hd == 128 ? launch_hd<128>(kv, db, n_ctx, per_split, G, dq, sm_scale, pa, pm, pl)
-                         : launch_hd<256>(kv, db, n_ctx, per_split, G, dq, sm_scale, pa, pm, pl);
+    int rc = hd == 64    ? launch_hd<64>(kv, R, n, per_split, G, dq, sm_scale, pa, pm, pl)
+             : hd == 128 ? launch_hd<128>(kv, R, n, per_split, G, dq, sm_scale, pa, pm, pl)
+                         : launch_hd<256>(kv, R, n, per_split, G, dq, sm_scale, pa, pm, pl);
     if (rc) return rc;
-    merge_v2<<<(unsigned)n_heads, 128>>>((n_ctx + per_split - 1) / per_split, kv.kv_heads, G, hd,
-                                         pa, pm, pl, kv.v_scale, dout);
+    merge_rows<<<dim3((unsigned)n_heads, (unsigned)n), 128>>>(R, per_split, kv.kv_heads, G, hd, pa,
+                                                              pm, pl, kv.v_scale, dout);
     return 0;
 }
 } // namespace v3
@@ -674,12 +728,15 @@ static int decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, c
     const view kv = dev_view(dv);
     const bool use3 = version == 3 || (version == 0 && v3::ok(kv, G));
     if (use3 ? !v3::ok(kv, G) : !v2_ok(dv->head_dim, G)) return -1;
-    const int per_split = use3 ? v3::per_split_for(n_ctx, dv->kv_heads) : 512;
-    const size_t np = (size_t)((n_ctx + per_split - 1) / per_split) * n_heads;
+    const int per_split = use3 ? v3::per_split_for(n_ctx, dv->kv_heads, 1) : 512;
+    const int splits = (n_ctx + per_split - 1) / per_split;
+    const size_t np = (size_t)splits * n_heads;
     float *pa = scratch, *pm = pa + np * dv->head_dim, *pl = pm + np;
-    if (use3)
-        return v3::launch(kv, (const int *)blocks, n_ctx, q, n_heads, sm_scale, out, per_split, pa,
-                          pm, pl);
+    if (use3) {
+        const v3::rows R = {nullptr, nullptr, nullptr, nullptr, (const int *)blocks,
+                            0,       n_ctx,   splits,  0};
+        return v3::launch(kv, R, 1, q, n_heads, sm_scale, out, per_split, pa, pm, pl);
+    }
     return launch_v2(kv, (const int *)blocks, n_ctx, q, n_heads, sm_scale, out,
                      (n_ctx + per_split - 1) / per_split, pa, pm, pl);
 }
@@ -692,6 +749,30 @@ extern "C" int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *bl
         return e && !strcmp(e, "2") ? 2 : 0;
     }();
     return decode_dev(dv, blocks, n_ctx, q, n_heads, sm_scale, out, scratch, forced);
+}
+
+extern "C" int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab,
+                                              int btab_stride, const int *seqs, const int *row0,
+                                              const int *ntok, const int *pos, int n, int max_ctx,
+                                              const float *q, int n_heads, float sm_scale,
+                                              float *out, float *scratch, size_t scratch_floats) {
+    const int G = n_heads / dv->kv_heads, hd = dv->head_dim;
+    const view kv = dev_view(dv);
+    const char *e = getenv("KVD_CUDA_DECODE");
+    if (n < 1 || max_ctx < 1 || !v3::ok(kv, G) || (e && !strcmp(e, "2"))) return -1;
+    // the split length the grid wants, longer where the scratch is short
+    int ps = v3::per_split_for(max_ctx, dv->kv_heads, n);
+    const size_t per_split_floats = (size_t)n * n_heads * ((size_t)hd + 2);
+    while ((size_t)((max_ctx + ps - 1) / ps) * per_split_floats > scratch_floats) {
+        if (ps >= max_ctx) return -1;
+        ps *= 2;
+    }
+    const int splits = (max_ctx + ps - 1) / ps;
+    const size_t np = (size_t)n * splits * n_heads;
+    float *pa = scratch, *pm = pa + np * hd, *pl = pm + np;
+    const v3::rows R = {seqs,        row0, ntok,   pos,         (const int *)btab,
+                        btab_stride, 0,    splits, n_heads * hd};
+    return v3::launch(kv, R, n, q, n_heads, sm_scale, out, ps, pa, pm, pl);
 }
 
 extern "C" int kvd_cuda_attn_decode_v(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,

@@ -104,6 +104,18 @@ size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim);
 int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
                              const float *q, int n_heads, float sm_scale, float *out,
                              float *scratch);
+/* Decode for every one-token entry of a step at once (version 3): entry z
+ * (z < n) is row row0[z] at position pos[row0[z]] of sequence seqs[z],
+ * whose block table is btab + seqs[z] * btab_stride; q and out rows of
+ * n_heads * head_dim; entries of several tokens are left alone. All
+ * pointers on the device; max_ctx bounds the entries' contexts; scratch
+ * holds scratch_floats. -1 where version 3 cannot take the shape, or
+ * KVD_CUDA_DECODE=2: then decode entry by entry. */
+int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab, int btab_stride,
+                                   const int *seqs, const int *row0, const int *ntok,
+                                   const int *pos, int n, int max_ctx, const float *q, int n_heads,
+                                   float sm_scale, float *out, float *scratch,
+                                   size_t scratch_floats);
 int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
                             int n_heads, float sm_scale, float *probs);
 int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,

@@ -244,6 +244,22 @@ int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n
                    kvd_attn_parts(n_ctx, dv->block_size));
     return 0;
 }
+int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab, int btab_stride,
+                                   const int *seqs, const int *row0, const int *ntok,
+                                   const int *pos, int n, int max_ctx, const float *q, int n_heads,
+                                   float sm_scale, float *out, float *scratch,
+                                   size_t scratch_floats) {
+    (void)max_ctx, (void)scratch_floats;
+    const size_t stride = (size_t)n_heads * dv->head_dim;
+    for (int z = 0; z < n; z++) {
+        if (ntok[z] != 1) continue;
+        const int r = row0[z], n_ctx = pos[r] + 1;
+        kvd_attn_paged(dv, btab + (size_t)seqs[z] * btab_stride, n_ctx, q + r * stride, n_heads,
+                       sm_scale, out + r * stride, NULL, scratch,
+                       kvd_attn_parts(n_ctx, dv->block_size));
+    }
+    return 0;
+}
 int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
                             int n_heads, float sm_scale, float *probs) {
     int parts = kvd_attn_parts(n_ctx, dv->block_size);

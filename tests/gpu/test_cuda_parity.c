@@ -169,12 +169,105 @@ static void attention_codes(void) {
     }
 }
 
+/* The batched decode (one launch for a step's one-token entries) against
+ * kvd_attn_paged row by row: five sequences of different lengths in one
+ * pool, their block tables interleaved, entries in another order than the
+ * sequences, one entry of two tokens (a prefill: its rows must be left as
+ * they were), and a scratch so short that the splits must grow. */
+static void attention_batch(void) {
+    enum { NSEQ = 5, NH = 16, KVH = 2, HD = 128, BS = 16, NBS = 40 /* blocks a seq */ };
+    const int lens[NSEQ] = {1, 700, 33, 333, 1000}; /* context of each sequence's row */
+    const int order[NSEQ] = {3, 0, 4, 1, 2};        /* entry z holds sequence order[z] */
+    const kvd_fmt fmts[2] = {KVD_FMT_BF16, KVD_FMT_E4M3};
+    const int nb = NSEQ * NBS;
+    for (int fi = 0; fi < 2; fi++) {
+        size_t esz = kvd_fmt_bytes(fmts[fi]), n = (size_t)nb * KVH * BS * HD;
+        float *src = malloc(sizeof(float) * n);
+        uint8_t *k = malloc(n * esz), *v = malloc(n * esz);
+        uint64_t key = kvd_rng_key((uint64_t)fi, "gpu.attn.batch");
+        for (size_t i = 0; i < n; i++) src[i] = 1.5f * kvd_rng_normal(key, i);
+        float ks[KVH] = {0.015f, 0.02f}, vs[KVH] = {0.01f, 0.012f}, one[KVH] = {1, 1};
+        if (fmts[fi] == KVD_FMT_BF16) {
+            kvd_quant_bf16(src, (uint16_t *)k, n);
+            kvd_quant_bf16(src, (uint16_t *)v, n);
+        } else {
+            kvd_quant_e4m3(src, k, n, 0.015f, 1, NULL);
+            kvd_quant_e4m3(src, v, n, 0.01f, 1, NULL);
+        }
+        /* sequence s owns blocks s, s + NSEQ, s + 2 NSEQ, ... */
+        int32_t btab[NSEQ * NBS];
+        for (int sq = 0; sq < NSEQ; sq++)
+            for (int i = 0; i < NBS; i++) btab[sq * NBS + i] = i * NSEQ + sq;
+        /* rows: entry z has one row, except entry 2 (two rows: left alone) */
+        int seqs[NSEQ], row0[NSEQ], ntok[NSEQ], pos[NSEQ + 1], rows = 0;
+        for (int z = 0; z < NSEQ; z++) {
+            seqs[z] = order[z], row0[z] = rows, ntok[z] = z == 2 ? 2 : 1;
+            for (int r = 0; r < ntok[z]; r++) pos[rows + r] = lens[order[z]] - ntok[z] + r;
+            rows += ntok[z];
+        }
+        const size_t qn = (size_t)rows * NH * HD;
+        float *q = malloc(sizeof(float) * qn), *out = malloc(sizeof(float) * qn);
+        float *ref = malloc(sizeof(float) * NH * HD);
+        for (size_t i = 0; i < qn; i++) q[i] = kvd_rng_normal(key, i + n);
+        int fp8s = fmts[fi] == KVD_FMT_E4M3;
+        kvd_kv_view view = {fmts[fi], BS, KVH, HD, k, v, fp8s ? ks : one, fp8s ? vs : one, 0};
+        /* scratch for one split a row: the splits must grow to 1024 positions */
+        const size_t scratch_floats = (size_t)NSEQ * NH * (HD + 2);
+        void *dk = kvd_cuda_alloc(n * esz), *dv = kvd_cuda_alloc(n * esz);
+        float *dks = kvd_cuda_alloc(sizeof ks), *dvs = kvd_cuda_alloc(sizeof vs);
+        int32_t *dbt = kvd_cuda_alloc(sizeof btab);
+        int *dseq = kvd_cuda_alloc(sizeof seqs), *drow0 = kvd_cuda_alloc(sizeof row0);
+        int *dntok = kvd_cuda_alloc(sizeof ntok), *dpos = kvd_cuda_alloc(sizeof pos);
+        float *dq = kvd_cuda_alloc(sizeof(float) * qn), *dout = kvd_cuda_alloc(sizeof(float) * qn);
+        float *dscr = kvd_cuda_alloc(sizeof(float) * scratch_floats);
+        int up =
+            kvd_cuda_upload(dk, k, n * esz) | kvd_cuda_upload(dv, v, n * esz) |
+            kvd_cuda_upload(dks, view.k_scale, sizeof ks) |
+            kvd_cuda_upload(dvs, view.v_scale, sizeof vs) |
+            kvd_cuda_upload(dbt, btab, sizeof btab) | kvd_cuda_upload(dseq, seqs, sizeof seqs) |
+            kvd_cuda_upload(drow0, row0, sizeof row0) | kvd_cuda_upload(dntok, ntok, sizeof ntok) |
+            kvd_cuda_upload(dpos, pos, sizeof pos) | kvd_cuda_upload(dq, q, sizeof(float) * qn);
+        for (size_t i = 0; i < qn; i++) out[i] = 7.0f; /* the prefill rows keep this */
+        up |= kvd_cuda_upload(dout, out, sizeof(float) * qn);
+        kvd_kv_view dview = {fmts[fi], BS, KVH, HD, dk, dv, dks, dvs, 0};
+        char err[256];
+        int rc = kvd_cuda_attn_decode_batch_dev(&dview, dbt, NBS, dseq, drow0, dntok, dpos, NSEQ,
+                                                1000, dq, NH, 0.09f, dout, dscr, scratch_floats);
+        CHECK(up == 0 && rc == 0 && kvd_cuda_sync(err, sizeof err) == 0 &&
+                  kvd_cuda_download(out, dout, sizeof(float) * qn) == 0,
+              "batched decode fmt %d failed (%d)\n", fi, rc);
+        void *work = malloc(kvd_attn_work_bytes(NH, HD, 1000, 3));
+        for (int z = 0; z < NSEQ; z++)
+            for (int r = row0[z]; r < row0[z] + ntok[z]; r++) {
+                const float *o = out + (size_t)r * NH * HD;
+                if (ntok[z] != 1) {
+                    int kept = 1;
+                    for (int i = 0; i < NH * HD; i++) kept &= o[i] == 7.0f;
+                    CHECK(kept, "batched decode fmt %d wrote entry %d's prefill row %d\n", fi, z,
+                          r);
+                    continue;
+                }
+                kvd_attn_paged(&view, btab + seqs[z] * NBS, pos[r] + 1, q + (size_t)r * NH * HD, NH,
+                               0.09f, ref, NULL, work, 3);
+                double e = rel_l2(o, ref, NH * HD);
+                CHECK(e < 1e-4, "batched decode fmt %d entry %d (%d tokens): rel L2 %g\n", fi, z,
+                      pos[r] + 1, e);
+            }
+        free(work);
+        kvd_cuda_free(dk), kvd_cuda_free(dv), kvd_cuda_free(dks), kvd_cuda_free(dvs);
+        kvd_cuda_free(dbt), kvd_cuda_free(dseq), kvd_cuda_free(drow0), kvd_cuda_free(dntok);
+        kvd_cuda_free(dpos), kvd_cuda_free(dq), kvd_cuda_free(dout), kvd_cuda_free(dscr);
+        free(src), free(k), free(v), free(q), free(out), free(ref);
+    }
+}
+
 static void attention(void) {
     attention_case(8, 2, 256, 3000);  /* G 4 */
     attention_case(32, 2, 256, 1100); /* the qwen3.5 shape, G 16 */
     attention_case(12, 4, 128, 777);  /* G 3 (v3 only) */
     attention_case(4, 4, 64, 130);    /* G 1 */
     attention_codes();
+    attention_batch();
 }
 
 /* cuBLASLt BF16 GEMM against a double-precision product of the same BF16
