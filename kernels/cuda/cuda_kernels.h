@@ -129,10 +129,22 @@ int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int 
  * MoE gather / weighted scatter and the shared expert's gated add; the first
  * non-finite value. The per-layer blocks among them (RMSNorm, RoPE, SwiGLU,
  * the cache write, routing) are layers.cu's kernels, held to their twins. */
-/* kvd_cudaop_linear takes 64 x 64 tiles from this many rows on (prefill),
- * one warp per column and 16 rows below it (decode) */
+/* kvd_cudaop_linear runs on BF16 tensor cores through cuBLASLt with x split
+ * exactly into three BF16 parts (kvd_cuda_linear_split_dev); where that
+ * fails, or KVD_CUDA_LINEAR=fp32 is set, on FP32 cores
+ * (kvd_cudaop_linear_fp32): 64 x 64 tiles from KVD_LINEAR_TILED_ROWS rows on
+ * (prefill), one warp per column and 16 rows below it (decode) */
 #define KVD_LINEAR_TILED_ROWS 64
 void kvd_cudaop_linear(const float *x, const void *w, float *y, int M, int N, int K);
+void kvd_cudaop_linear_fp32(const float *x, const void *w, float *y, int M, int N, int K);
+/* y[M,N] = x[M,K] W[N,K]^T for FP32 x and BF16 W on tensor cores: x as
+ * hi + mid + lo BF16 parts (exact), three products summed in FP32 (stacked
+ * into one product of 3M rows while the outputs fit 256 MB, so a decode step
+ * reads the weights once; else three products accumulated into y). mode 0
+ * chooses, 1 stacks, 2 accumulates (tests). Buffers per device, grown on
+ * demand. 0 on success; asynchronous. */
+int kvd_cuda_linear_split_dev(const float *x, const void *w, float *y, int M, int N, int K,
+                              int mode);
 void kvd_cudaop_embed(const void *E, const int32_t *tok, float *x, int rows, int H);
 void kvd_cudaop_rmsnorm(float *out, size_t out_stride, const float *x, size_t x_stride,
                         const float *w, int rows, int n, float eps, int one_plus);

@@ -4,6 +4,7 @@
 // transposed), B = x^T (K x M), C = y^T (N x M). The heuristic's first
 // choice is cached per shape, with one workspace.
 #include <cublasLt.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -15,23 +16,47 @@ struct cached {
     int M, N, K;
     cublasLtMatmulAlgo_t algo;
 };
-cublasLtHandle_t handle = nullptr;
-void *workspace = nullptr;
+// cuBLASLt's handle, workspace and chosen algorithms, and the split
+// product's buffers: one set per device (tensor-parallel ranks each have a
+// device of their own)
+struct lt_state {
+    cublasLtHandle_t handle;
+    void *workspace;
+    cached cache[64];
+    int n_cached;
+    unsigned short *xs; // [3][rows][K] BF16: hi, mid, lo
+    size_t xs_cap;
+    float *ys; // [3][rows][N] when the three products are stacked
+    size_t ys_cap;
+};
+lt_state states[16];
 const size_t workspace_bytes = 32u << 20;
-cached cache[64];
-int n_cached = 0;
+const size_t stacked_max_floats = (size_t)64 << 20; // 256 MB of stacked outputs at most
+
+lt_state *lt() {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    return &states[dev & 15];
+}
 } // namespace
 
 static int lt_init() {
-    if (handle) return 0;
-    if (cublasLtCreate(&handle) != CUBLAS_STATUS_SUCCESS) return -1;
-    if (cudaMalloc(&workspace, workspace_bytes) != cudaSuccess) return -1;
+    lt_state *st = lt();
+    if (st->handle) return 0;
+    if (cublasLtCreate(&st->handle) != CUBLAS_STATUS_SUCCESS) return -1;
+    if (cudaMalloc(&st->workspace, workspace_bytes) != cudaSuccess) {
+        cublasLtDestroy(st->handle);
+        st->handle = nullptr;
+        return -1;
+    }
     return 0;
 }
 
-extern "C" int kvd_cuda_linear_bf16_dev(const void *x, const void *w, float *y, int M, int N,
-                                        int K) {
+// y[M,N] = alpha x[M,K] W[N,K]^T + beta y, BF16 x and W, FP32 y; the
+// heuristic's first choice, cached per shape
+static int lt_matmul(const void *x, const void *w, float *y, int M, int N, int K, float beta) {
     if (lt_init()) return -1;
+    lt_state *st = lt();
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -46,8 +71,9 @@ extern "C" int kvd_cuda_linear_bf16_dev(const void *x, const void *w, float *y, 
         goto out;
     {
         cublasLtMatmulAlgo_t *algo = nullptr;
-        for (int i = 0; i < n_cached; i++)
-            if (cache[i].M == M && cache[i].N == N && cache[i].K == K) algo = &cache[i].algo;
+        for (int i = 0; i < st->n_cached; i++)
+            if (st->cache[i].M == M && st->cache[i].N == N && st->cache[i].K == K)
+                algo = &st->cache[i].algo;
         cublasLtMatmulHeuristicResult_t heur;
         if (!algo) {
             cublasLtMatmulPreference_t pref;
@@ -55,19 +81,19 @@ extern "C" int kvd_cuda_linear_bf16_dev(const void *x, const void *w, float *y, 
             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                  &workspace_bytes, sizeof workspace_bytes);
             int found = 0;
-            cublasLtMatmulAlgoGetHeuristic(handle, op, a, b, c, c, pref, 1, &heur, &found);
+            cublasLtMatmulAlgoGetHeuristic(st->handle, op, a, b, c, c, pref, 1, &heur, &found);
             cublasLtMatmulPreferenceDestroy(pref);
             if (found < 1) goto out;
-            if (n_cached < 64) {
-                cache[n_cached] = {M, N, K, heur.algo};
-                algo = &cache[n_cached++].algo;
+            if (st->n_cached < 64) {
+                st->cache[st->n_cached] = {M, N, K, heur.algo};
+                algo = &st->cache[st->n_cached++].algo;
             } else {
                 algo = &heur.algo;
             }
         }
-        const float alpha = 1.0f, beta = 0.0f;
-        if (cublasLtMatmul(handle, op, &alpha, w, a, x, b, &beta, y, c, y, c, algo, workspace,
-                           workspace_bytes, 0) == CUBLAS_STATUS_SUCCESS)
+        const float alpha = 1.0f;
+        if (cublasLtMatmul(st->handle, op, &alpha, w, a, x, b, &beta, y, c, y, c, algo,
+                           st->workspace, workspace_bytes, 0) == CUBLAS_STATUS_SUCCESS)
             rc = 0;
     }
 out:
@@ -76,6 +102,66 @@ out:
     if (c) cublasLtMatrixLayoutDestroy(c);
     if (op) cublasLtMatmulDescDestroy(op);
     return rc;
+}
+
+extern "C" int kvd_cuda_linear_bf16_dev(const void *x, const void *w, float *y, int M, int N,
+                                        int K) {
+    return lt_matmul(x, w, y, M, N, K, 0.0f);
+}
+
+// ---- FP32 activations on BF16 tensor cores, exactly ----
+// x = hi + mid + lo, each a BF16 (8 significant bits apiece cover FP32's
+// 24; each remainder is exact in FP32), so x W^T is three BF16 products
+// whose FP32 sums carry the error of one FP32 product.
+__global__ void split3_k(const float *x, unsigned short *xs, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float v = x[i];
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    const float r = v - __bfloat162float(h);
+    const __nv_bfloat16 m = __float2bfloat16_rn(r);
+    const __nv_bfloat16 l = __float2bfloat16_rn(r - __bfloat162float(m));
+    xs[i] = *reinterpret_cast<const unsigned short *>(&h);
+    xs[n + i] = *reinterpret_cast<const unsigned short *>(&m);
+    xs[2 * n + i] = *reinterpret_cast<const unsigned short *>(&l);
+}
+// y = hi + (mid + lo), the three stacked products
+__global__ void sum3_k(const float *ys, float *y, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = ys[i] + (ys[n + i] + ys[2 * n + i]);
+}
+
+static bool grow(void **p, size_t *cap, size_t want) {
+    if (*cap >= want) return true;
+    cudaFree(*p);
+    *p = nullptr, *cap = 0;
+    if (cudaMalloc(p, want) != cudaSuccess) {
+        *p = nullptr;
+        return false;
+    }
+    *cap = want;
+    return true;
+}
+
+extern "C" int kvd_cuda_linear_split_dev(const float *x, const void *w, float *y, int M, int N,
+                                         int K, int mode) {
+    if (M <= 0 || N <= 0 || K <= 0 || lt_init()) return -1;
+    lt_state *st = lt();
+    const size_t nx = (size_t)M * K, ny = (size_t)M * N;
+    if (!grow(reinterpret_cast<void **>(&st->xs), &st->xs_cap, 3 * nx * 2)) return -1;
+    split3_k<<<(unsigned)((nx + 255) / 256), 256>>>(x, st->xs, nx);
+    // decode: one product of 3M rows, so the weights are read once; else
+    // three accumulated into y (the stacked outputs would be too large)
+    if (mode != 2 && (mode == 1 || 3 * ny <= stacked_max_floats) &&
+        grow(reinterpret_cast<void **>(&st->ys), &st->ys_cap, 3 * ny * 4)) {
+        if (lt_matmul(st->xs, w, st->ys, 3 * M, N, K, 0.0f)) return -1;
+        sum3_k<<<(unsigned)((ny + 255) / 256), 256>>>(st->ys, y, ny);
+        return cudaGetLastError() == cudaSuccess ? 0 : -1;
+    }
+    if (lt_matmul(st->xs, w, y, M, N, K, 0.0f) || lt_matmul(st->xs + nx, w, y, M, N, K, 1.0f) ||
+        lt_matmul(st->xs + 2 * nx, w, y, M, N, K, 1.0f))
+        return -1;
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
 extern "C" int kvd_cuda_linear_bf16(const uint16_t *x, const uint16_t *w, float *y, int M, int N,
@@ -131,6 +217,8 @@ extern "C" int kvd_cuda_bench_gemm_algos(int M, int N, int K, int reps, double *
     *first = *best = 0;
     *n_algos = 0;
     if (lt_init()) return -1;
+    const cublasLtHandle_t handle = lt()->handle;
+    void *const workspace = lt()->workspace;
     void *x = nullptr, *w = nullptr;
     float *y = nullptr;
     cublasLtMatmulDesc_t op = nullptr;

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "cuda_kernels.h"
@@ -293,6 +294,16 @@ __global__ void nonfinite_k(const float *x, size_t n, unsigned long long *first)
 
 // ---- entry points (device pointers; asynchronous) ----
 extern "C" void kvd_cudaop_linear(const float *x, const void *w, float *y, int M, int N, int K) {
+    static const bool fp32 = [] {
+        const char *e = getenv("KVD_CUDA_LINEAR");
+        return e && !strcmp(e, "fp32");
+    }();
+    if (M <= 0 || N <= 0) return;
+    if (!fp32 && kvd_cuda_linear_split_dev(x, w, y, M, N, K, 0) == 0) return;
+    kvd_cudaop_linear_fp32(x, w, y, M, N, K);
+}
+extern "C" void kvd_cudaop_linear_fp32(const float *x, const void *w, float *y, int M, int N,
+                                       int K) {
     if (M <= 0 || N <= 0) return;
     if (M >= KVD_LINEAR_TILED_ROWS) { // prefill: tiles share each weight over 64 rows
         dim3 grid((unsigned)((N + GT_N - 1) / GT_N), (unsigned)((M + GT_M - 1) / GT_M));
