@@ -1,5 +1,5 @@
 // kvdrift: CUDA runtime entry points of the GPU back end: device discovery and
-// a cuBLASLt handle check. The kernels themselves come with the CUDA issue.
+// a cuBLASLt handle check.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 

@@ -642,7 +642,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev) {
     if (dev < 0 || dev >= n_devices) return cudaErrorInvalidDevice;
     std::memset(p, 0, sizeof *p);
     std::snprintf(p->name, sizeof p->name, "kvdrift SIMT simulator");
-    p->major = 9, p->minor = 0, p->multiProcessorCount = 1, p->warpSize = 32;
+    p->major = 9, p->minor = 0, p->multiProcessorCount = 132, p->warpSize = 32; // an H200's
     p->maxThreadsPerBlock = 1024, p->sharedMemPerBlock = 48 * 1024;
     p->sharedMemPerBlockOptin = kOptinMax, p->sharedMemPerMultiprocessor = 228 * 1024;
     p->totalGlobalMem = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGE_SIZE);
