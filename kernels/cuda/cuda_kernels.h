@@ -129,11 +129,12 @@ int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int 
  * MoE gather / weighted scatter and the shared expert's gated add; the first
  * non-finite value. The per-layer blocks among them (RMSNorm, RoPE, SwiGLU,
  * the cache write, routing) are layers.cu's kernels, held to their twins. */
-/* kvd_cudaop_linear runs on BF16 tensor cores through cuBLASLt with x split
- * exactly into three BF16 parts (kvd_cuda_linear_split_dev); where that
- * fails, or KVD_CUDA_LINEAR=fp32 is set, on FP32 cores
- * (kvd_cudaop_linear_fp32): 64 x 64 tiles from KVD_LINEAR_TILED_ROWS rows on
- * (prefill), one warp per column and 16 rows below it (decode) */
+/* kvd_cudaop_linear runs more than 16 rows on BF16 tensor cores through
+ * cuBLASLt with x split exactly into three BF16 parts
+ * (kvd_cuda_linear_split_dev); up to 16 rows, where that fails, or with
+ * KVD_CUDA_LINEAR=fp32, on FP32 cores (kvd_cudaop_linear_fp32): 64 x 64
+ * tiles from KVD_LINEAR_TILED_ROWS rows on (prefill), one warp per column
+ * and 16 rows below it (decode) */
 #define KVD_LINEAR_TILED_ROWS 64
 void kvd_cudaop_linear(const float *x, const void *w, float *y, int M, int N, int K);
 void kvd_cudaop_linear_fp32(const float *x, const void *w, float *y, int M, int N, int K);

@@ -299,7 +299,10 @@ extern "C" void kvd_cudaop_linear(const float *x, const void *w, float *y, int M
         return e && !strcmp(e, "fp32");
     }();
     if (M <= 0 || N <= 0) return;
-    if (!fp32 && kvd_cuda_linear_split_dev(x, w, y, M, N, K, 0) == 0) return;
+    // up to 16 rows (decode at low concurrency, most experts' rows) one
+    // FP32 launch reads the weights once at the memory's rate; the split's
+    // three launches would only add their overhead
+    if (!fp32 && M > LIN_ROWS && kvd_cuda_linear_split_dev(x, w, y, M, N, K, 0) == 0) return;
     kvd_cudaop_linear_fp32(x, w, y, M, N, K);
 }
 extern "C" void kvd_cudaop_linear_fp32(const float *x, const void *w, float *y, int M, int N,
