@@ -136,6 +136,24 @@ int kvd_bench_cuda(int reps) {
                        bytes / t / 1e9, 100 * bytes / t / bw, tb / t);
             }
         }
+    /* v3's split length and stage count at 128K: what the next tuning of
+     * per_split_for and stages_for starts from */
+    printf("\nv3 at 131072 tokens by split length and stages (us; '-' where the stages do not "
+           "fit):\n%6s %7s %9s %9s %9s\n",
+           "cache", "split", "2 stages", "3 stages", "4 stages");
+    const int splits[4] = {128, 256, 512, 1024};
+    for (int f = 0; f < 2; f++)
+        for (int si = 0; si < 4; si++) {
+            printf("%6s %7d", fn[f], splits[si]);
+            for (int ns = 2; ns <= 4; ns++) {
+                double t = kvd_cuda_bench_attn_v3(f, 131072, 32, 2, 256, reps, splits[si], ns);
+                if (t > 0)
+                    printf(" %9.1f", t * 1e6);
+                else
+                    printf(" %9s", "-");
+            }
+            printf("\n");
+        }
     /* the qwen3.5-397b-a17b preset's projections at decode batch sizes and a
      * prefill chunk; the back end runs the heuristic's first choice */
     kvd_config q35;

@@ -591,8 +591,15 @@ static dev_limits limits_of_current() {
 // stage buffers a CTA takes, at most 4: as many as let two CTAs share an
 // SM (1 KB a CTA is the system's), else as many as one CTA may have; < 2:
 // no v3
+// the benchmark's overrides (0: chosen as below)
+static int bench_nstage = 0, bench_per_split = 0;
+
 static int stages_for(int hd, int fmt) {
     const dev_limits d = limits_of_current();
+    if (bench_nstage) // as asked, or none where that does not fit
+        return bench_nstage * stage_bytes(hd, fmt != KVD_FMT_BF16) + SBUF <= d.smem_optin
+                   ? bench_nstage
+                   : 0;
     const int sb = stage_bytes(hd, fmt != KVD_FMT_BF16);
     const int two = (min(d.smem_sm / 2, d.smem_optin) - 1024 - SBUF) / sb;
     return min(4, two >= 2 ? two : (d.smem_optin - SBUF) / sb);
@@ -601,6 +608,7 @@ static int stages_for(int hd, int fmt) {
 // positions a split: 512, or fewer (down to 128) until the grid of n
 // entries of up to max_ctx positions has three CTAs an SM
 static int per_split_for(int max_ctx, int kv_heads, int n) {
+    if (bench_per_split) return bench_per_split;
     const long long want = 3LL * limits_of_current().sms;
     int ps = 512;
     while (ps > 128 && (long long)((max_ctx + ps - 1) / ps) * kv_heads * n < want) ps /= 2;
@@ -1024,4 +1032,14 @@ out:
     cudaFree(dk), cudaFree(dv), cudaFree(db), cudaFree(dq), cudaFree(ds), cudaFree(dout),
         cudaFree(dsc), cudaFree(flush);
     return best;
+}
+
+/* v3 with its split length and stage count given (0: as chosen), for the
+ * benchmark's sweep; seconds per query as kvd_cuda_bench_attn */
+extern "C" double kvd_cuda_bench_attn_v3(int fmt, int n_ctx, int n_heads, int kv_heads,
+                                         int head_dim, int reps, int per_split, int nstage) {
+    v3::bench_per_split = per_split, v3::bench_nstage = nstage;
+    double t = kvd_cuda_bench_attn(fmt, n_ctx, n_heads, kv_heads, head_dim, reps, 3);
+    v3::bench_per_split = 0, v3::bench_nstage = 0;
+    return t;
 }

@@ -198,6 +198,10 @@ double kvd_cuda_copy_bandwidth(size_t bytes, int reps);
  * rep; 0 when it could not run. */
 double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim, int reps,
                            int version);
+/* The same for v3 with its split length (positions, a multiple of 32) and
+ * stage count (2 to 4) given; 0 for either: as v3 chooses them. */
+double kvd_cuda_bench_attn_v3(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim, int reps,
+                              int per_split, int nstage);
 /* Every algorithm the heuristic offers for a shape (up to 32), each timed:
  * GFLOP/s of its first choice (the one the back end runs) and of the fastest. */
 int kvd_cuda_bench_gemm_algos(int M, int N, int K, int reps, double *first, double *best,
