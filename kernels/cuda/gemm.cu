@@ -113,7 +113,7 @@ extern "C" int kvd_cuda_linear_bf16_dev(const void *x, const void *w, float *y, 
 // x = hi + mid + lo, each a BF16 (8 significant bits apiece cover FP32's
 // 24; each remainder is exact in FP32), so x W^T is three BF16 products
 // whose FP32 sums carry the error of one FP32 product.
-__global__ void split3_k(const float *x, unsigned short *xs, size_t n) {
+__global__ void split3_k(const float *x, unsigned short *xs, size_t n, size_t plane) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float v = x[i];
@@ -122,8 +122,8 @@ __global__ void split3_k(const float *x, unsigned short *xs, size_t n) {
     const __nv_bfloat16 m = __float2bfloat16_rn(r);
     const __nv_bfloat16 l = __float2bfloat16_rn(r - __bfloat162float(m));
     xs[i] = *reinterpret_cast<const unsigned short *>(&h);
-    xs[n + i] = *reinterpret_cast<const unsigned short *>(&m);
-    xs[2 * n + i] = *reinterpret_cast<const unsigned short *>(&l);
+    xs[plane + i] = *reinterpret_cast<const unsigned short *>(&m);
+    xs[2 * plane + i] = *reinterpret_cast<const unsigned short *>(&l);
 }
 // y = hi + (mid + lo), the three stacked products
 __global__ void sum3_k(const float *ys, float *y, size_t n) {
@@ -148,18 +148,22 @@ extern "C" int kvd_cuda_linear_split_dev(const float *x, const void *w, float *y
     if (M <= 0 || N <= 0 || K <= 0 || lt_init()) return -1;
     lt_state *st = lt();
     const size_t nx = (size_t)M * K, ny = (size_t)M * N;
-    if (!grow(reinterpret_cast<void **>(&st->xs), &st->xs_cap, 3 * nx * 2)) return -1;
-    split3_k<<<(unsigned)((nx + 255) / 256), 256>>>(x, st->xs, nx);
+    const bool stack = mode != 2 && (mode == 1 || 3 * ny <= stacked_max_floats);
+    // the parts one after another (stacked: one matrix of 3M rows); apart,
+    // each starts 16-byte aligned, as cuBLASLt's fast algorithms want
+    const size_t plane = stack ? nx : (nx + 7) / 8 * 8;
+    if (!grow(reinterpret_cast<void **>(&st->xs), &st->xs_cap, 3 * plane * 2)) return -1;
+    split3_k<<<(unsigned)((nx + 255) / 256), 256>>>(x, st->xs, nx, plane);
     // decode: one product of 3M rows, so the weights are read once; else
     // three accumulated into y (the stacked outputs would be too large)
-    if (mode != 2 && (mode == 1 || 3 * ny <= stacked_max_floats) &&
-        grow(reinterpret_cast<void **>(&st->ys), &st->ys_cap, 3 * ny * 4)) {
+    if (stack && grow(reinterpret_cast<void **>(&st->ys), &st->ys_cap, 3 * ny * 4)) {
         if (lt_matmul(st->xs, w, st->ys, 3 * M, N, K, 0.0f)) return -1;
         sum3_k<<<(unsigned)((ny + 255) / 256), 256>>>(st->ys, y, ny);
         return cudaGetLastError() == cudaSuccess ? 0 : -1;
     }
-    if (lt_matmul(st->xs, w, y, M, N, K, 0.0f) || lt_matmul(st->xs + nx, w, y, M, N, K, 1.0f) ||
-        lt_matmul(st->xs + 2 * nx, w, y, M, N, K, 1.0f))
+    if (stack) return -1; // no room for the stacked outputs
+    if (lt_matmul(st->xs, w, y, M, N, K, 0.0f) || lt_matmul(st->xs + plane, w, y, M, N, K, 1.0f) ||
+        lt_matmul(st->xs + 2 * plane, w, y, M, N, K, 1.0f))
         return -1;
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
