@@ -388,14 +388,26 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         cp_async_commit();
     }
 
-    // the query's fragments, hi and lo; FP16 takes it scaled by a power of
-    // two that puts its largest magnitude just under 2^14
+    // the query's G rows, read from global memory once a CTA into the last
+    // stage buffer (its first cp.async is issued after the loop's first
+    // barrier), with their largest magnitude
+    static_assert(stage_bytes(HD, F16) >= 16 * HD * (int)sizeof(float), "a stage holds the query");
+    float *qs = reinterpret_cast<float *>(smem + (size_t)(nstage - 1) * STAGE * (KSTR + VSTR));
     const float *qh = q + (size_t)h * G * HD;
+    float mx = 0.0f;
+    for (int i = threadIdx.x; i < G * HD; i += WARPS * 32) {
+        const float v = qh[i];
+        qs[i] = v;
+        mx = fmaxf(mx, fabsf(v));
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0) sbuf[warp] = mx;
+    __syncthreads();
+    mx = fmaxf(fmaxf(sbuf[0], sbuf[1]), fmaxf(sbuf[2], sbuf[3]));
+    // its fragments, hi and lo; FP16 takes it scaled by a power of two that
+    // puts its largest magnitude just under 2^14
     float qscale = 1.0f;
     if constexpr (F16) {
-        float mx = 0.0f;
-        for (int i = lane; i < G * HD; i += 32) mx = fmaxf(mx, fabsf(qh[i]));
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         int e = 0;
         frexpf(mx, &e);
         if (mx > 0.0f && mx < INFINITY) qscale = ldexpf(1.0f, 14 - e);
@@ -408,8 +420,10 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         for (int rr = 0; rr < 2; rr++) {
             const int row = g + 8 * rr;
             float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (row < G)
-                for (int i = 0; i < 4; i++) x[i] = qh[(size_t)row * HD + d + i] * qscale;
+            if (row < G) {
+                const float4 v = *reinterpret_cast<const float4 *>(qs + row * HD + d);
+                x[0] = v.x * qscale, x[1] = v.y * qscale, x[2] = v.z * qscale, x[3] = v.w * qscale;
+            }
             split2<F16>(x[0], x[1], &qa[c][0][rr], &qa[c][1][rr]);
             split2<F16>(x[2], x[3], &qa[c][0][2 + rr], &qa[c][1][2 + rr]);
         }
