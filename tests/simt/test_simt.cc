@@ -227,6 +227,22 @@ void simulator_checks() {
     dyn_shared % launch("dyn_shared", 1, 64, 49 * 1024)(d);
     CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "49 KB shared: not refused\n");
     CHECK(cudaGetLastError() == cudaSuccess, "a refused launch left the context broken\n");
+    // the opt-in, per kernel: up to it the launch runs, past it (or past
+    // the device's 227 KB) it is refused
+    CHECK(cudaFuncSetAttribute(dyn_shared, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               100 * 1024) == cudaSuccess,
+          "a 100 KB opt-in refused\n");
+    dyn_shared % launch("dyn_shared", 1, 64, 100 * 1024)(d);
+    CHECK(cudaGetLastError() == cudaSuccess, "100 KB shared with a 100 KB opt-in: refused\n");
+    dyn_shared % launch("dyn_shared", 1, 64, 100 * 1024 + 16)(d);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "past the opt-in: not refused\n");
+    touch % launch("touch", 1, 64, 49 * 1024)(d);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration,
+          "another kernel took dyn_shared's opt-in\n");
+    CHECK(cudaFuncSetAttribute(dyn_shared, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               228 * 1024) == cudaErrorInvalidValue,
+          "an opt-in past 227 KB accepted\n");
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue, "the refused opt-in left no error\n");
 
     CHECK(cudaMemcpy(d, h.data(), sizeof(float) * 65, cudaMemcpyHostToDevice) ==
               cudaErrorInvalidValue,
@@ -269,6 +285,33 @@ void conversions() {
         CHECK((std::isnan(a) && std::isnan(b)) || (a == b && std::signbit(a) == std::signbit(b)),
               "e5m2 0x%02x: %g, expected %g\n", v, a, b);
     }
+    // FP16 rounding: every finite half back to itself, and the edges
+    for (unsigned u = 0; u < 65536; u++) {
+        __half_raw r;
+        r.x = (unsigned short)u;
+        float f = __half2float(__half(r));
+        if (std::isnan(f)) continue;
+        CHECK(__float2half_rn(f).__x == u, "half 0x%04x: round trip 0x%04x\n", u,
+              __float2half_rn(f).__x);
+    }
+    const struct {
+        float x;
+        unsigned short h;
+    } halves[] = {{1.0f, 0x3c00},      {65504.0f, 0x7bff},    {65519.0f, 0x7bff},
+                  {65520.0f, 0x7c00},  {0x1p-24f, 0x0001},    {0x1p-25f, 0x0000},
+                  {0x3p-25f, 0x0002},  {1.0f / 3.0f, 0x3555}, {-0x1.002p0f, 0xbc00},
+                  {0x1.006p0f, 0x3c02}};
+    for (const auto &c : halves)
+        CHECK(__float2half_rn(c.x).__x == c.h, "float2half(%a): 0x%04x, expected 0x%04x\n",
+              (double)c.x, __float2half_rn(c.x).__x, c.h);
+    // __byte_perm: byte n of the result is byte (s >> 4n) & 7 of y:x
+    const unsigned px = 0x33221100u, py = 0x77665544u;
+    CHECK(__byte_perm(px, py, 0x3210u) == px && __byte_perm(px, py, 0x7654u) == py,
+          "byte_perm identity\n");
+    CHECK(__byte_perm(px, py, 0x1404u) == 0x11440044u, "byte_perm 0x1404: %08x\n",
+          __byte_perm(px, py, 0x1404u));
+    CHECK(__byte_perm(px, 0u, 0x3414u) == 0x33001100u, "byte_perm 0x3414: %08x\n",
+          __byte_perm(px, 0u, 0x3414u));
     for (float x : {0.0f, -1.5f, 3.14159f, 1e-30f, 448.0f, 500.0f}) {
         CHECK(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) == kvd_f32_to_e4m3(x, 1),
               "e4m3 encode %g\n", x);
