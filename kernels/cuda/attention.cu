@@ -356,7 +356,9 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     constexpr int CPR = ROWB / 16, NCH = HD / 16, SLICE = HD / WARPS, NT = SLICE / 8;
     extern __shared__ uint4 smem_u4[];
     unsigned char *smem = reinterpret_cast<unsigned char *>(smem_u4);
-    float *sbuf = reinterpret_cast<float *>(smem + (size_t)nstage * STAGE * (KSTR + VSTR));
+    // stage buffer i (K rows, then V rows); the scores' exchange after the last
+    auto buffer = [&](int i) { return smem + (size_t)i * STAGE * (KSTR + VSTR); };
+    float *sbuf = reinterpret_cast<float *>(buffer(nstage));
     const int split = blockIdx.x, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4, bs = kv.block_size;
     const int *blocks;
@@ -371,8 +373,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 
     // stage st's K and V rows into buffer st % nstage
     auto issue = [&](int st) {
-        unsigned char *ks = smem + (size_t)(st % nstage) * STAGE * (KSTR + VSTR);
-        unsigned char *vs = ks + STAGE * KSTR;
+        unsigned char *ks = buffer(st % nstage), *vs = ks + STAGE * KSTR;
         const int p0 = t0 + st * STAGE;
         for (int e = threadIdx.x; e < STAGE * CPR; e += WARPS * 32) {
             const int r = e / CPR, c = e % CPR, p = p0 + r;
@@ -393,7 +394,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     // stage buffer (its first cp.async is issued after the loop's first
     // barrier), with their largest magnitude
     static_assert(stage_bytes(HD, F16) >= 16 * HD * (int)sizeof(float), "a stage holds the query");
-    float *qs = reinterpret_cast<float *>(smem + (size_t)(nstage - 1) * STAGE * (KSTR + VSTR));
+    float *qs = reinterpret_cast<float *>(buffer(nstage - 1));
     const float *qh = q + (size_t)h * G * HD;
     float mx = 0.0f;
     for (int i = threadIdx.x; i < G * HD; i += WARPS * 32) {
@@ -443,8 +444,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         __syncthreads(); // stage st is in; every warp is done with stage st - 1
         if (st + nstage - 1 < nst) issue(st + nstage - 1);
         cp_async_commit();
-        const unsigned char *ks = smem + (size_t)(st % nstage) * STAGE * (KSTR + VSTR);
-        const unsigned char *vs = ks + STAGE * KSTR;
+        const unsigned char *ks = buffer(st % nstage), *vs = ks + STAGE * KSTR;
         const int nvalid = min(STAGE, t1 - (t0 + st * STAGE));
 
         // scores of positions 8 (TPW warp + nt) + g (TPW n8 tiles), hi and lo apart
@@ -585,7 +585,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 
 // the device's limits, once per device
 struct dev_limits {
-    int sms, smem_optin, smem_sm;
+    int dev, sms, smem_optin, smem_sm;
 };
 static dev_limits limits_of_current() {
     static dev_limits cache[16];
@@ -595,10 +595,10 @@ static dev_limits limits_of_current() {
     if (!cache[dev].sms) {
         cudaDeviceProp p;
         if (cudaGetDeviceProperties(&p, dev) == cudaSuccess)
-            cache[dev] = {p.multiProcessorCount > 0 ? p.multiProcessorCount : 1,
+            cache[dev] = {dev, p.multiProcessorCount > 0 ? p.multiProcessorCount : 1,
                           (int)p.sharedMemPerBlockOptin, (int)p.sharedMemPerMultiprocessor};
         else
-            cache[dev] = {1, 48 * 1024, 48 * 1024};
+            cache[dev] = {dev, 1, 48 * 1024, 48 * 1024};
     }
     return cache[dev];
 }
@@ -631,31 +631,35 @@ static int per_split_for(int max_ctx, int kv_heads, int n) {
 }
 
 template <int HD, int FMT>
-static int launch_t(const view &kv, const rows &R, int n_entries, int per_split, int G,
+static int launch_t(const view &kv, const rows &R, int n_entries, int per_split, int nstage, int G,
                     const float *dq, float sm_scale, float *pa, float *pm, float *pl) {
-    const int nstage = stages_for(HD, FMT);
-    if (nstage < 2) return -1;
     const size_t shm = (size_t)nstage * stage_bytes(HD, FMT != KVD_FMT_BF16) + SBUF;
-    if (cudaFuncSetAttribute(decode_v3<HD, FMT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)shm) != cudaSuccess)
-        return -1;
-    dim3 grid((unsigned)R.max_splits, (unsigned)kv.kv_heads, (unsigned)n_entries);
     void (*decode_v3_t)(view, rows, int, int, int, const float *, float, float *, float *,
                         float *) = decode_v3<HD, FMT>;
+    // the shared-memory opt-in, asked for when it changes (per device)
+    static size_t opted[16];
+    const int dev = limits_of_current().dev;
+    if (opted[dev] != shm) {
+        if (cudaFuncSetAttribute(decode_v3_t, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)shm) != cudaSuccess)
+            return -1;
+        opted[dev] = shm;
+    }
+    dim3 grid((unsigned)R.max_splits, (unsigned)kv.kv_heads, (unsigned)n_entries);
     decode_v3_t<<<grid, WARPS * 32, shm>>>(kv, R, per_split, nstage, G, dq, sm_scale, pa, pm, pl);
     return 0;
 }
 
 template <int HD>
-static int launch_hd(const view &kv, const rows &R, int n, int per_split, int G, const float *dq,
-                     float sm_scale, float *pa, float *pm, float *pl) {
+static int launch_hd(const view &kv, const rows &R, int n, int per_split, int nstage, int G,
+                     const float *dq, float sm_scale, float *pa, float *pm, float *pl) {
     switch (kv.fmt) {
     case KVD_FMT_BF16:
-        return launch_t<HD, KVD_FMT_BF16>(kv, R, n, per_split, G, dq, sm_scale, pa, pm, pl);
+        return launch_t<HD, KVD_FMT_BF16>(kv, R, n, per_split, nstage, G, dq, sm_scale, pa, pm, pl);
     case KVD_FMT_E4M3:
-        return launch_t<HD, KVD_FMT_E4M3>(kv, R, n, per_split, G, dq, sm_scale, pa, pm, pl);
+        return launch_t<HD, KVD_FMT_E4M3>(kv, R, n, per_split, nstage, G, dq, sm_scale, pa, pm, pl);
     case KVD_FMT_E5M2:
-        return launch_t<HD, KVD_FMT_E5M2>(kv, R, n, per_split, G, dq, sm_scale, pa, pm, pl);
+        return launch_t<HD, KVD_FMT_E5M2>(kv, R, n, per_split, nstage, G, dq, sm_scale, pa, pm, pl);
     default:
         return -1;
     }
@@ -683,10 +687,11 @@ __global__ void merge_rows(rows R, int per_split, int kv_heads, int G, int hd,
  * n * R.max_splits * n_heads (* hd) */
 static int launch(const view &kv, const rows &R, int n, const float *dq, int n_heads,
                   float sm_scale, float *dout, int per_split, float *pa, float *pm, float *pl) {
-    const int G = n_heads / kv.kv_heads, hd = kv.head_dim;
-    int rc = hd == 64    ? launch_hd<64>(kv, R, n, per_split, G, dq, sm_scale, pa, pm, pl)
-             : hd == 128 ? launch_hd<128>(kv, R, n, per_split, G, dq, sm_scale, pa, pm, pl)
-                         : launch_hd<256>(kv, R, n, per_split, G, dq, sm_scale, pa, pm, pl);
+    const int G = n_heads / kv.kv_heads, hd = kv.head_dim, ns = stages_for(hd, kv.fmt);
+    if (ns < 2) return -1;
+    int rc = hd == 64    ? launch_hd<64>(kv, R, n, per_split, ns, G, dq, sm_scale, pa, pm, pl)
+             : hd == 128 ? launch_hd<128>(kv, R, n, per_split, ns, G, dq, sm_scale, pa, pm, pl)
+                         : launch_hd<256>(kv, R, n, per_split, ns, G, dq, sm_scale, pa, pm, pl);
     if (rc) return rc;
     merge_rows<<<dim3((unsigned)n_heads, (unsigned)n), 128>>>(R, per_split, kv.kv_heads, G, hd, pa,
                                                               pm, pl, kv.v_scale, dout);
@@ -743,35 +748,50 @@ extern "C" size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int hea
     return splits * (size_t)n_heads * ((size_t)head_dim + 2);
 }
 
+// KVD_CUDA_DECODE=2: decode stays on v2 (a diagnostic), read once
+static bool decode_forced_v2() {
+    static const bool forced = [] {
+        const char *e = getenv("KVD_CUDA_DECODE");
+        return e && !strcmp(e, "2");
+    }();
+    return forced;
+}
+
+// the split kernels' partial results in a scratch: accumulators [np][hd],
+// then maxima [np] and sums [np]
+struct parts {
+    float *acc, *m, *l;
+};
+static parts parts_in(float *scratch, size_t np, int hd) {
+    return {scratch, scratch + np * hd, scratch + np * hd + np};
+}
+
 // decode on device buffers: v3 (tensor cores) where the shape and the
 // device's shared memory allow it, else v2; version 2 or 3 forces one
 static int decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
                       int n_heads, float sm_scale, float *out, float *scratch, int version) {
     const int G = n_heads / dv->kv_heads;
     const view kv = dev_view(dv);
-    const bool use3 = version == 3 || (version == 0 && v3::ok(kv, G));
-    if (use3 ? !v3::ok(kv, G) : !v2_ok(dv->head_dim, G)) return -1;
+    const bool ok3 = version != 2 && v3::ok(kv, G);
+    const bool use3 = version == 3 || (version == 0 && ok3);
+    if (use3 ? !ok3 : !v2_ok(dv->head_dim, G)) return -1;
     const int per_split = use3 ? v3::per_split_for(n_ctx, dv->kv_heads, 1) : 512;
     const int splits = (n_ctx + per_split - 1) / per_split;
-    const size_t np = (size_t)splits * n_heads;
-    float *pa = scratch, *pm = pa + np * dv->head_dim, *pl = pm + np;
+    const parts P = parts_in(scratch, (size_t)splits * n_heads, dv->head_dim);
     if (use3) {
         const v3::rows R = {nullptr, nullptr, nullptr, nullptr, (const int *)blocks,
                             0,       n_ctx,   splits,  0};
-        return v3::launch(kv, R, 1, q, n_heads, sm_scale, out, per_split, pa, pm, pl);
+        return v3::launch(kv, R, 1, q, n_heads, sm_scale, out, per_split, P.acc, P.m, P.l);
     }
-    return launch_v2(kv, (const int *)blocks, n_ctx, q, n_heads, sm_scale, out,
-                     (n_ctx + per_split - 1) / per_split, pa, pm, pl);
+    return launch_v2(kv, (const int *)blocks, n_ctx, q, n_heads, sm_scale, out, splits, P.acc, P.m,
+                     P.l);
 }
 
 extern "C" int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
                                         const float *q, int n_heads, float sm_scale, float *out,
                                         float *scratch) {
-    static const int forced = [] {
-        const char *e = getenv("KVD_CUDA_DECODE");
-        return e && !strcmp(e, "2") ? 2 : 0;
-    }();
-    return decode_dev(dv, blocks, n_ctx, q, n_heads, sm_scale, out, scratch, forced);
+    return decode_dev(dv, blocks, n_ctx, q, n_heads, sm_scale, out, scratch,
+                      decode_forced_v2() ? 2 : 0);
 }
 
 extern "C" int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab,
@@ -781,8 +801,7 @@ extern "C" int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32
                                               float *out, float *scratch, size_t scratch_floats) {
     const int G = n_heads / dv->kv_heads, hd = dv->head_dim;
     const view kv = dev_view(dv);
-    const char *e = getenv("KVD_CUDA_DECODE");
-    if (n < 1 || max_ctx < 1 || !v3::ok(kv, G) || (e && !strcmp(e, "2"))) return -1;
+    if (n < 1 || max_ctx < 1 || decode_forced_v2() || !v3::ok(kv, G)) return -1;
     // the split length the grid wants, longer where the scratch is short
     int ps = v3::per_split_for(max_ctx, dv->kv_heads, n);
     const size_t per_split_floats = (size_t)n * n_heads * ((size_t)hd + 2);
@@ -791,11 +810,10 @@ extern "C" int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32
         ps *= 2;
     }
     const int splits = (max_ctx + ps - 1) / ps;
-    const size_t np = (size_t)n * splits * n_heads;
-    float *pa = scratch, *pm = pa + np * hd, *pl = pm + np;
+    const parts P = parts_in(scratch, (size_t)n * splits * n_heads, hd);
     const v3::rows R = {seqs,        row0, ntok,   pos,         (const int *)btab,
                         btab_stride, 0,    splits, n_heads * hd};
-    return v3::launch(kv, R, n, q, n_heads, sm_scale, out, ps, pa, pm, pl);
+    return v3::launch(kv, R, n, q, n_heads, sm_scale, out, ps, P.acc, P.m, P.l);
 }
 
 extern "C" int kvd_cuda_attn_decode_v(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
@@ -1016,8 +1034,8 @@ extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_he
         float one[64];
         for (int i = 0; i < 64; i++) one[i] = 1.0f;
         cudaMemcpy(dsc, one, sizeof(float) * kv_heads, cudaMemcpyHostToDevice);
-        view kv = {fmt, bs, kv_heads, head_dim, dk, dv, dsc, dsc};
-        kvd_kv_view dvw = {(kvd_fmt)fmt, bs, kv_heads, head_dim, dk, dv, dsc, dsc, 0};
+        const kvd_kv_view dvw = {(kvd_fmt)fmt, bs, kv_heads, head_dim, dk, dv, dsc, dsc, 0};
+        const view kv = dev_view(&dvw);
         cudaEvent_t e0, e1;
         cudaEventCreate(&e0), cudaEventCreate(&e1);
         best = 1e30;

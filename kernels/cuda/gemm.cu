@@ -33,30 +33,28 @@ lt_state states[16];
 const size_t workspace_bytes = 32u << 20;
 const size_t stacked_max_floats = (size_t)64 << 20; // 256 MB of stacked outputs at most
 
-lt_state *lt() {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    return &states[dev & 15];
-}
 } // namespace
 
-static int lt_init() {
-    lt_state *st = lt();
-    if (st->handle) return 0;
-    if (cublasLtCreate(&st->handle) != CUBLAS_STATUS_SUCCESS) return -1;
+// the current device's state, its handle and workspace made on first use;
+// null where they cannot be
+static lt_state *lt() {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    lt_state *st = &states[dev & 15];
+    if (st->handle) return st;
+    if (cublasLtCreate(&st->handle) != CUBLAS_STATUS_SUCCESS) return nullptr;
     if (cudaMalloc(&st->workspace, workspace_bytes) != cudaSuccess) {
         cublasLtDestroy(st->handle);
         st->handle = nullptr;
-        return -1;
+        return nullptr;
     }
-    return 0;
+    return st;
 }
 
 // y[M,N] = alpha x[M,K] W[N,K]^T + beta y, BF16 x and W, FP32 y; the
 // heuristic's first choice, cached per shape
-static int lt_matmul(const void *x, const void *w, float *y, int M, int N, int K, float beta) {
-    if (lt_init()) return -1;
-    lt_state *st = lt();
+static int lt_matmul(lt_state *st, const void *x, const void *w, float *y, int M, int N, int K,
+                     float beta) {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -106,7 +104,8 @@ out:
 
 extern "C" int kvd_cuda_linear_bf16_dev(const void *x, const void *w, float *y, int M, int N,
                                         int K) {
-    return lt_matmul(x, w, y, M, N, K, 0.0f);
+    lt_state *st = lt();
+    return st ? lt_matmul(st, x, w, y, M, N, K, 0.0f) : -1;
 }
 
 // ---- FP32 activations on BF16 tensor cores, exactly ----
@@ -145,8 +144,8 @@ static bool grow(void **p, size_t *cap, size_t want) {
 
 extern "C" int kvd_cuda_linear_split_dev(const float *x, const void *w, float *y, int M, int N,
                                          int K, int mode) {
-    if (M <= 0 || N <= 0 || K <= 0 || lt_init()) return -1;
-    lt_state *st = lt();
+    lt_state *st = M > 0 && N > 0 && K > 0 ? lt() : nullptr;
+    if (!st) return -1;
     const size_t nx = (size_t)M * K, ny = (size_t)M * N;
     const bool stack = mode != 2 && (mode == 1 || 3 * ny <= stacked_max_floats);
     // the parts one after another (stacked: one matrix of 3M rows); apart,
@@ -157,13 +156,14 @@ extern "C" int kvd_cuda_linear_split_dev(const float *x, const void *w, float *y
     // decode: one product of 3M rows, so the weights are read once; else
     // three accumulated into y (the stacked outputs would be too large)
     if (stack && grow(reinterpret_cast<void **>(&st->ys), &st->ys_cap, 3 * ny * 4)) {
-        if (lt_matmul(st->xs, w, st->ys, 3 * M, N, K, 0.0f)) return -1;
+        if (lt_matmul(st, st->xs, w, st->ys, 3 * M, N, K, 0.0f)) return -1;
         sum3_k<<<(unsigned)((ny + 255) / 256), 256>>>(st->ys, y, ny);
         return cudaGetLastError() == cudaSuccess ? 0 : -1;
     }
     if (stack) return -1; // no room for the stacked outputs
-    if (lt_matmul(st->xs, w, y, M, N, K, 0.0f) || lt_matmul(st->xs + plane, w, y, M, N, K, 1.0f) ||
-        lt_matmul(st->xs + 2 * plane, w, y, M, N, K, 1.0f))
+    if (lt_matmul(st, st->xs, w, y, M, N, K, 0.0f) ||
+        lt_matmul(st, st->xs + plane, w, y, M, N, K, 1.0f) ||
+        lt_matmul(st, st->xs + 2 * plane, w, y, M, N, K, 1.0f))
         return -1;
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
@@ -220,9 +220,10 @@ extern "C" int kvd_cuda_bench_gemm_algos(int M, int N, int K, int reps, double *
                                          int *n_algos) {
     *first = *best = 0;
     *n_algos = 0;
-    if (lt_init()) return -1;
-    const cublasLtHandle_t handle = lt()->handle;
-    void *const workspace = lt()->workspace;
+    const lt_state *st = lt();
+    if (!st) return -1;
+    const cublasLtHandle_t handle = st->handle;
+    void *const workspace = st->workspace;
     void *x = nullptr, *w = nullptr;
     float *y = nullptr;
     cublasLtMatmulDesc_t op = nullptr;

@@ -298,7 +298,6 @@ extern "C" void kvd_cudaop_linear(const float *x, const void *w, float *y, int M
         const char *e = getenv("KVD_CUDA_LINEAR");
         return e && !strcmp(e, "fp32");
     }();
-    if (M <= 0 || N <= 0) return;
     // up to 16 rows (decode at low concurrency, most experts' rows) one
     // FP32 launch reads the weights once at the memory's rate; the split's
     // three launches would only add their overhead

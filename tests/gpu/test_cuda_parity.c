@@ -47,6 +47,22 @@ static void codecs(void) {
     free(x), free(a), free(b);
 }
 
+/* K and V pools from the same n values, in fmt: E4M3 with the scales ks
+ * and vs, E5M2 unscaled */
+static void write_pools(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v, size_t n, float ks,
+                        float vs) {
+    if (fmt == KVD_FMT_BF16) {
+        kvd_quant_bf16(src, (uint16_t *)k, n);
+        kvd_quant_bf16(src, (uint16_t *)v, n);
+    } else if (fmt == KVD_FMT_E4M3) {
+        kvd_quant_e4m3(src, k, n, ks, 1, NULL);
+        kvd_quant_e4m3(src, v, n, vs, 1, NULL);
+    } else {
+        kvd_quant_e5m2(src, k, n, 1.0f, 1, NULL);
+        kvd_quant_e5m2(src, v, n, 1.0f, 1, NULL);
+    }
+}
+
 /* Decode attention of every kernel version against kvd_attn_paged: a
  * scattered block table, every cache format, shapes that cover each GQA
  * group size the model has (1 to 16, powers of two or not), each head_dim,
@@ -65,16 +81,7 @@ static void attention_case(int nh, int kvh, int hd, int n_ctx) {
         float ks[16], vs[16], one[16];
         for (int h = 0; h < kvh; h++)
             ks[h] = 0.02f + 0.01f * h, vs[h] = 0.01f + 0.005f * h, one[h] = 1.0f;
-        if (fmts[fi] == KVD_FMT_BF16) {
-            kvd_quant_bf16(src, (uint16_t *)k, n);
-            kvd_quant_bf16(src, (uint16_t *)v, n);
-        } else if (fmts[fi] == KVD_FMT_E4M3) {
-            kvd_quant_e4m3(src, k, n, 0.02f, 1, NULL);
-            kvd_quant_e4m3(src, v, n, 0.01f, 1, NULL);
-        } else {
-            kvd_quant_e5m2(src, k, n, 1.0f, 1, NULL);
-            kvd_quant_e5m2(src, v, n, 1.0f, 1, NULL);
-        }
+        write_pools(fmts[fi], src, k, v, n, 0.02f, 0.01f);
         int32_t *blocks = malloc(sizeof(int32_t) * (size_t)nb);
         for (int i = 0; i < nb; i++) blocks[i] = (int32_t)(((int64_t)i * 37) % nb);
         for (int i = 0; i < nh * hd; i++) q[i] = kvd_rng_normal(key, (uint64_t)i + n);
@@ -187,13 +194,7 @@ static void attention_batch(void) {
         uint64_t key = kvd_rng_key((uint64_t)fi, "gpu.attn.batch");
         for (size_t i = 0; i < n; i++) src[i] = 1.5f * kvd_rng_normal(key, i);
         float ks[KVH] = {0.015f, 0.02f}, vs[KVH] = {0.01f, 0.012f}, one[KVH] = {1, 1};
-        if (fmts[fi] == KVD_FMT_BF16) {
-            kvd_quant_bf16(src, (uint16_t *)k, n);
-            kvd_quant_bf16(src, (uint16_t *)v, n);
-        } else {
-            kvd_quant_e4m3(src, k, n, 0.015f, 1, NULL);
-            kvd_quant_e4m3(src, v, n, 0.01f, 1, NULL);
-        }
+        write_pools(fmts[fi], src, k, v, n, 0.015f, 0.01f);
         /* sequence s owns blocks s, s + NSEQ, s + 2 NSEQ, ... */
         int32_t btab[NSEQ * NBS];
         for (int sq = 0; sq < NSEQ; sq++)
