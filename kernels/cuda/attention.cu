@@ -297,6 +297,50 @@ static int launch_v2(const view &kv, const int *db, int n_ctx, const float *dq, 
 // (FP8) relative, as tests/gpu measures. The K dims are
 // taken in the order the loads give them (16 contiguous values a thread,
 // regrouped per 16-dim chunk); the query's fragments use the same order.
+// The online softmax of the tensor-core kernels, on the scores of 16 rows
+// held as m16n8 accumulators (lane 4 g + t: rows g and g + 8), in log2
+// units. A stage's row maxima mx (the lane's own) become the quad's, the
+// running maximum m2 moves up to them, and the running sum l and the NT
+// output tiles o are rescaled.
+template <int NT>
+__device__ inline void softmax_rescale(float mx[2], float m2[2], float l[2], float (*o)[4]) {
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mn = fmaxf(m2[r], mx[r]);
+        alpha[r] = exp2f(m2[r] - mn);
+        m2[r] = mn;
+        l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+        o[i][0] *= alpha[0], o[i][1] *= alpha[0];
+        o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+    }
+}
+// The probabilities of two score tiles (positions 16 kc .. +15), added to l
+// and scaled by pscale, as the hi and lo A fragments of the values' MMAs:
+// a0 a1 from the first tile, a2 a3 from the second.
+template <bool F16>
+__device__ inline void prob_frags(const float (*sv)[4], const float m2[2], float l[2], float pscale,
+                                  unsigned pa[2][4]) {
+    float p[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            p[nt][e] = exp2f(sv[nt][e] - m2[e / 2]);
+            l[e / 2] += p[nt][e];
+            p[nt][e] *= pscale;
+        }
+    kvd_mma::split2<F16>(p[0][0], p[0][1], &pa[0][0], &pa[1][0]);
+    kvd_mma::split2<F16>(p[0][2], p[0][3], &pa[0][1], &pa[1][1]);
+    kvd_mma::split2<F16>(p[1][0], p[1][1], &pa[0][2], &pa[1][2]);
+    kvd_mma::split2<F16>(p[1][2], p[1][3], &pa[0][3], &pa[1][3]);
+}
+
 namespace v3 {
 // TPW n8 tiles of positions a warp for the scores; a stage is 8 TPW WARPS
 // positions, STAGE / 16 chunks of the values' MMAs
@@ -501,37 +545,11 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
             mx[0] = fmaxf(mx[0], fmaxf(v.x, v.y));
             mx[1] = fmaxf(mx[1], fmaxf(v.z, v.w));
         }
-        float alpha[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            const float mn = fmaxf(m2[r], mx[r]);
-            alpha[r] = exp2f(m2[r] - mn);
-            m2[r] = mn;
-            l[r] *= alpha[r];
-        }
-#pragma unroll
-        for (int i = 0; i < NT; i++) {
-            o[i][0] *= alpha[0], o[i][1] *= alpha[0];
-            o[i][2] *= alpha[1], o[i][3] *= alpha[1];
-        }
+        softmax_rescale<NT>(mx, m2, l, o);
 #pragma unroll
         for (int kc = 0; kc < STAGE / 16; kc++) { // tiles 2 kc and 2 kc + 1
-            float p[2][4];
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-                for (int e = 0; e < 4; e++) {
-                    p[nt][e] = exp2f(sv[2 * kc + nt][e] - m2[e / 2]);
-                    l[e / 2] += p[nt][e];
-                    p[nt][e] *= pscale;
-                }
-            // A fragments over positions 16 kc .. +15: a0 a1 from tile 0, a2 a3 from tile 1
             unsigned pa[2][4];
-            split2<F16>(p[0][0], p[0][1], &pa[0][0], &pa[1][0]);
-            split2<F16>(p[0][2], p[0][3], &pa[0][1], &pa[1][1]);
-            split2<F16>(p[1][0], p[1][1], &pa[0][2], &pa[1][2]);
-            split2<F16>(p[1][2], p[1][3], &pa[0][3], &pa[1][3]);
+            prob_frags<F16>(sv + 2 * kc, m2, l, pscale, pa);
             const unsigned char *vrow = vs + (16 * kc + (lane & 15)) * VSTR;
             if constexpr (!F16) {
 #pragma unroll
@@ -954,9 +972,8 @@ __global__ void prefill_kernel(view kv, const int *blocks, int pos0, const float
     for (int i = 0; i < PER; i++) o[lane + 32 * i] = acc[i] * f;
 }
 
-extern "C" int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0,
-                                         int n_q, const float *q, int n_heads, float sm_scale,
-                                         float *out) {
+static int prefill_fp32(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,
+                        const float *q, int n_heads, float sm_scale, float *out) {
     const int hd = dv->head_dim, G = n_heads / dv->kv_heads;
     if (!v2_ok(hd, G) || n_q < 1) return -1;
     const view kv = dev_view(dv);
@@ -972,9 +989,329 @@ extern "C" int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *b
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
-extern "C" int kvd_cuda_attn_prefill(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
-                                     int pos0, int n_q, const float *q, int n_heads, float sm_scale,
-                                     float *out) {
+// ---- prefill on tensor cores ----
+// The query vectors of KV head h are numbered v = r G + j (row r of the
+// chunk, head j of the group). Grid (ceil(n_q G / 128), kv_heads), 8 warps a
+// CTA; warp w takes vectors 128 blockIdx.x + 16 w .. +15 as its MMA rows,
+// so rows and heads alike share every K/V stage the CTA loads. The CTA
+// streams positions 0 .. pos0 + (its last row) through shared memory in
+// v3's stages (32 positions, cp.async, nstage buffers). Per stage each warp:
+//   - scores: its 16 x 32 scores, query fragments (hi and lo, split once
+//     into shared memory in register order) by the K rows, v3's dim order;
+//   - masks positions past each row's own (causal), and carries its own
+//     online softmax in registers (the quad of lanes that shares a row);
+//   - values: the probabilities, straight from the score registers as A
+//     fragments, by all of V (ldmatrix .trans), output 16 x head_dim in
+//     registers.
+// An FP8 stage is first widened to FP16 in shared memory by the whole CTA
+// (decoding it in every warp's registers, as v3 does for its one query,
+// would cost eight times the integer work and the registers head_dim 256
+// cannot spare). A warp past its rows' last position skips the stage's
+// arithmetic but not its barriers. Precision as v3: the cache's values
+// exact in the MMA format, query and probabilities as hi + lo pairs, FP32
+// accumulation.
+namespace pf3 {
+using v3::STAGE;
+constexpr int WARPS = 8, QV = 16 * WARPS;
+
+template <int HD> __host__ __device__ constexpr int qfrag_bytes() {
+    return WARPS * (HD / 16) * 2 * 32 * 16; // [warp][chunk][hi, lo][lane] uint4
+}
+// the FP16 copy of an FP8 stage, laid out as a BF16 stage
+__host__ __device__ constexpr int wide_bytes(int hd, bool fp8) {
+    return fp8 ? v3::stage_bytes(hd, false) : 0;
+}
+
+template <int HD, int FMT>
+__global__ void __launch_bounds__(WARPS * 32, 1)
+    prefill_tc(view kv, const int *blocks, int pos0, int n_q, const float *q, int n_heads,
+               float sm_scale, int nstage, float *out) {
+    using namespace kvd_mma;
+    constexpr bool F16 = FMT != KVD_FMT_BF16, E5 = FMT == KVD_FMT_E5M2;
+    constexpr int ROWB = v3::row_bytes(HD, F16), KSTR = v3::kstride(HD, F16),
+                  VSTR = v3::vstride(HD, F16);
+    constexpr int CPR = ROWB / 16, NCH = HD / 16, NT = HD / 8;
+    extern __shared__ uint4 smem_u4[];
+    unsigned char *smem = reinterpret_cast<unsigned char *>(smem_u4);
+    auto buffer = [&](int i) { return smem + (size_t)i * STAGE * (KSTR + VSTR); };
+    const int h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4, bs = kv.block_size;
+    const int G = n_heads / kv.kv_heads, nv = n_q * G, v0 = blockIdx.x * QV, wv0 = v0 + 16 * warp;
+    // 16-bit K and V rows: the stage itself (BF16) or its FP16 copy (FP8)
+    constexpr int KS16 = v3::kstride(HD, false), VS16 = v3::vstride(HD, false);
+    unsigned char *wide = buffer(nstage);
+    uint4 *qf = reinterpret_cast<uint4 *>(wide + wide_bytes(HD, F16)) + (size_t)warp * NCH * 2 * 32;
+    // the CTA's positions, and the last one any of this warp's rows attends
+    const int n_ctx = pos0 + min(nv - 1, v0 + QV - 1) / G + 1;
+    const int warp_last = wv0 < nv ? pos0 + min(nv - 1, wv0 + 15) / G : -1;
+    const int nst = (n_ctx + STAGE - 1) / STAGE;
+    const unsigned char *kpool = kv.k, *vpool = kv.v;
+
+    auto issue = [&](int st) {
+        unsigned char *ks = buffer(st % nstage), *vs = ks + STAGE * KSTR;
+        const int p0 = st * STAGE;
+        for (int e = threadIdx.x; e < STAGE * CPR; e += WARPS * 32) {
+            const int r = e / CPR, c = e % CPR, p = p0 + r;
+            const bool in = p < n_ctx;
+            size_t off = 0;
+            if (in)
+                off = (((size_t)blocks[p / bs] * kv.kv_heads + h) * bs + p % bs) * ROWB + 16 * c;
+            cp_async16(ks + r * KSTR + 16 * c, kpool + off, in ? 16 : 0);
+            cp_async16(vs + r * VSTR + 16 * c, vpool + off, in ? 16 : 0);
+        }
+    };
+    for (int st = 0; st < nstage - 1; st++) {
+        if (st < nst) issue(st);
+        cp_async_commit();
+    }
+
+    // rows g and g + 8 of the warp: the query vector, the last position it
+    // attends (a vector past the chunk takes the last row's and a zero query)
+    const float *qv[2];
+    int lim[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const int vv = wv0 + g + 8 * rr;
+        const bool in = vv < nv;
+        const int r = in ? vv / G : n_q - 1;
+        lim[rr] = pos0 + r;
+        qv[rr] = in ? q + ((size_t)r * n_heads + h * G + vv % G) * HD : nullptr;
+    }
+    // the warp's largest query magnitude (FP16 takes the query scaled by a
+    // power of two that puts it just under 2^14), then its fragments
+    float mx = 0.0f;
+    for (int c = 0; c < NCH; c++) {
+        const int d = 64 * (c / 4) + 16 * t + 4 * (c % 4);
+        for (int rr = 0; rr < 2; rr++)
+            if (qv[rr]) {
+                const float4 x = *reinterpret_cast<const float4 *>(qv[rr] + d);
+                mx = fmaxf(mx, fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))));
+            }
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float qscale = 1.0f;
+    if constexpr (F16) {
+        int e = 0;
+        frexpf(mx, &e);
+        if (mx > 0.0f && mx < INFINITY) qscale = ldexpf(1.0f, 14 - e);
+    }
+    for (int c = 0; c < NCH; c++) {
+        const int d = 64 * (c / 4) + 16 * t + 4 * (c % 4);
+        unsigned a[2][4];
+        for (int rr = 0; rr < 2; rr++) {
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (qv[rr]) x = *reinterpret_cast<const float4 *>(qv[rr] + d);
+            split2<F16>(x.x * qscale, x.y * qscale, &a[0][rr], &a[1][rr]);
+            split2<F16>(x.z * qscale, x.w * qscale, &a[0][2 + rr], &a[1][2 + rr]);
+        }
+        for (int part = 0; part < 2; part++)
+            qf[(2 * c + part) * 32 + lane] =
+                make_uint4(a[part][0], a[part][1], a[part][2], a[part][3]);
+    } // (each lane reads back only its own fragments)
+    const float kmul2 =
+        sm_scale * kv.k_scale[h] * v3::LOG2E * (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / qscale;
+    const float pscale = F16 ? 16384.0f : 1.0f;
+
+    float o[NT][4], m2[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < NT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+
+    for (int st = 0; st < nst; st++) {
+        cp_async_wait(nstage - 2);
+        __syncthreads(); // stage st is in; every warp is done with stage st - 1
+        if (st + nstage - 1 < nst) issue(st + nstage - 1);
+        cp_async_commit();
+        const unsigned char *ks = buffer(st % nstage), *vs = ks + STAGE * KSTR;
+        if constexpr (F16) { // widened by the CTA: 4 codes a thread at a time
+#pragma unroll 1
+            for (int e = threadIdx.x; e < STAGE * HD / 4; e += WARPS * 32) {
+                const int r = e / (HD / 4), c = e % (HD / 4);
+                const unsigned wk = *reinterpret_cast<const unsigned *>(ks + r * KSTR + 4 * c),
+                               wv = *reinterpret_cast<const unsigned *>(vs + r * VSTR + 4 * c);
+                *reinterpret_cast<uint2 *>(wide + r * KS16 + 8 * c) =
+                    make_uint2(fp8_pair<E5>(wk, 0x1404u), fp8_pair<E5>(wk, 0x3424u));
+                *reinterpret_cast<uint2 *>(wide + STAGE * KS16 + r * VS16 + 8 * c) =
+                    make_uint2(fp8_pair<E5>(wv, 0x1404u), fp8_pair<E5>(wv, 0x3424u));
+            }
+            __syncthreads();
+            ks = wide, vs = wide + STAGE * KS16;
+        }
+        const int p0 = st * STAGE;
+        if (p0 > warp_last) continue; // (stage 0 never: position 0 is every row's)
+
+        // scores of positions p0 + 8 nt + 2 t (+1), hi and lo apart (eight
+        // independent chains of MMAs)
+        float s[4][2][4] = {};
+#pragma unroll
+        for (int i = 0; i < HD / 64; i++) {
+            unsigned w[4][8];
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const unsigned char *krow = ks + (8 * nt + g) * KS16 + 128 * i + 32 * t;
+                const uint4 x = *reinterpret_cast<const uint4 *>(krow),
+                            y = *reinterpret_cast<const uint4 *>(krow + 16);
+                w[nt][0] = x.x, w[nt][1] = x.y, w[nt][2] = x.z, w[nt][3] = x.w;
+                w[nt][4] = y.x, w[nt][5] = y.y, w[nt][6] = y.z, w[nt][7] = y.w;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const uint4 fh = qf[(2 * (4 * i + j)) * 32 + lane],
+                            fl = qf[(2 * (4 * i + j) + 1) * 32 + lane];
+                const unsigned ah[4] = {fh.x, fh.y, fh.z, fh.w}, al[4] = {fl.x, fl.y, fl.z, fl.w};
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    const unsigned b[2] = {w[nt][2 * j], w[nt][2 * j + 1]};
+                    mma<F16>(s[nt][0], ah, b);
+                    mma<F16>(s[nt][1], al, b);
+                }
+            }
+        }
+        // causal mask, the rows' maxima over the quad, the running softmax
+        float sv[4][4], smx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int pos = p0 + 8 * nt + 2 * t + (e & 1), rr = e / 2;
+                sv[nt][e] = pos <= lim[rr] ? (s[nt][0][e] + s[nt][1][e]) * kmul2 : -INFINITY;
+                smx[rr] = fmaxf(smx[rr], sv[nt][e]);
+            }
+        softmax_rescale<NT>(smx, m2, l, o);
+#pragma unroll
+        for (int kc = 0; kc < STAGE / 16; kc++) { // score tiles 2 kc and 2 kc + 1
+            unsigned pa[2][4];
+            prob_frags<F16>(sv + 2 * kc, m2, l, pscale, pa);
+            const unsigned char *vrow = vs + (16 * kc + (lane & 15)) * VS16;
+#pragma unroll
+            for (int i = 0; i < NT; i++) { // dims 8 i .. 8 i + 7
+                unsigned b[2];
+                ldsm_x2_trans(b, vrow + i * 16);
+                mma<F16>(o[i], pa[0], b);
+                mma<F16>(o[i], pa[1], b);
+            }
+        }
+    }
+    cp_async_wait(0);
+
+    // the rows' outputs: sums over the quad, the V scale and E4M3's 2^8
+    const float unscale = kv.v_scale[h] * (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / pscale;
+    float f[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+        f[rr] = unscale / l[rr];
+    }
+    float *orow[2];
+    for (int rr = 0; rr < 2; rr++) {
+        const int vv = wv0 + g + 8 * rr;
+        orow[rr] = vv < nv ? out + ((size_t)(vv / G) * n_heads + h * G + vv % G) * HD : nullptr;
+    }
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int rr = e / 2, col = 2 * t + (e & 1);
+            if (orow[rr]) orow[rr][8 * i + col] = o[i][e] * f[rr];
+        }
+}
+
+// stage buffers a CTA takes (2 to 4): as many as let two CTAs share an SM,
+// else as many as one may have; 0: the shape does not fit
+static int stages_for(int hd, int fmt) {
+    const v3::dev_limits d = v3::limits_of_current();
+    const int sb = v3::stage_bytes(hd, fmt != KVD_FMT_BF16);
+    const int qb = wide_bytes(hd, fmt != KVD_FMT_BF16) + (hd == 64    ? qfrag_bytes<64>()
+                                                          : hd == 128 ? qfrag_bytes<128>()
+                                                                      : qfrag_bytes<256>());
+    const int two = (min(d.smem_sm / 2, d.smem_optin) - 1024 - qb) / sb;
+    const int n = min(4, two >= 2 ? two : (d.smem_optin - qb) / sb);
+    return n >= 2 ? n : 0;
+}
+
+static bool ok(int hd, int fmt) {
+    return (hd == 64 || hd == 128 || hd == 256) && stages_for(hd, fmt) >= 2;
+}
+
+template <int HD, int FMT>
+static int launch_t(const view &kv, const int *blocks, int pos0, int n_q, const float *q,
+                    int n_heads, float sm_scale, int nstage, float *out) {
+    constexpr bool F16 = FMT != KVD_FMT_BF16;
+    const size_t shm =
+        (size_t)nstage * v3::stage_bytes(HD, F16) + wide_bytes(HD, F16) + qfrag_bytes<HD>();
+    void (*prefill_t)(view, const int *, int, int, const float *, int, float, int, float *) =
+        prefill_tc<HD, FMT>;
+    static size_t opted[16];
+    const int dev = v3::limits_of_current().dev;
+    if (opted[dev] != shm) {
+        if (cudaFuncSetAttribute(prefill_t, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)shm) != cudaSuccess)
+            return -1;
+        opted[dev] = shm;
+    }
+    const int G = n_heads / kv.kv_heads;
+    dim3 grid((unsigned)(((size_t)n_q * G + QV - 1) / QV), (unsigned)kv.kv_heads);
+    prefill_t<<<grid, WARPS * 32, shm>>>(kv, blocks, pos0, n_q, q, n_heads, sm_scale, nstage, out);
+    return 0;
+}
+
+template <int HD>
+static int launch_hd(const view &kv, const int *blocks, int pos0, int n_q, const float *q,
+                     int n_heads, float sm_scale, int nstage, float *out) {
+    switch (kv.fmt) {
+    case KVD_FMT_BF16:
+        return launch_t<HD, KVD_FMT_BF16>(kv, blocks, pos0, n_q, q, n_heads, sm_scale, nstage, out);
+    case KVD_FMT_E4M3:
+        return launch_t<HD, KVD_FMT_E4M3>(kv, blocks, pos0, n_q, q, n_heads, sm_scale, nstage, out);
+    case KVD_FMT_E5M2:
+        return launch_t<HD, KVD_FMT_E5M2>(kv, blocks, pos0, n_q, q, n_heads, sm_scale, nstage, out);
+    default:
+        return -1;
+    }
+}
+
+static int launch(const view &kv, const int *blocks, int pos0, int n_q, const float *q, int n_heads,
+                  float sm_scale, float *out) {
+    const int hd = kv.head_dim, ns = stages_for(hd, kv.fmt);
+    if (ns < 2) return -1;
+    return hd == 64    ? launch_hd<64>(kv, blocks, pos0, n_q, q, n_heads, sm_scale, ns, out)
+           : hd == 128 ? launch_hd<128>(kv, blocks, pos0, n_q, q, n_heads, sm_scale, ns, out)
+                       : launch_hd<256>(kv, blocks, pos0, n_q, q, n_heads, sm_scale, ns, out);
+}
+} // namespace pf3
+
+// KVD_CUDA_PREFILL=1: prefill stays on the FP32 kernel (a diagnostic), read once
+static bool prefill_forced_fp32() {
+    static const bool forced = [] {
+        const char *e = getenv("KVD_CUDA_PREFILL");
+        return e && !strcmp(e, "1");
+    }();
+    return forced;
+}
+
+// prefill on device buffers: version 2 (tensor cores) where the shape and
+// the device's shared memory allow it, else 1 (FP32); 1 or 2 forces one
+static int prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,
+                       const float *q, int n_heads, float sm_scale, float *out, int version) {
+    if (n_q < 1 || n_heads % dv->kv_heads) return -1;
+    const bool ok2 = version != 1 && pf3::ok(dv->head_dim, (int)dv->fmt);
+    if (version == 2 && !ok2) return -1;
+    if (!ok2) return prefill_fp32(dv, blocks, pos0, n_q, q, n_heads, sm_scale, out);
+    const view kv = dev_view(dv);
+    if (pf3::launch(kv, (const int *)blocks, pos0, n_q, q, n_heads, sm_scale, out)) return -1;
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0,
+                                         int n_q, const float *q, int n_heads, float sm_scale,
+                                         float *out) {
+    return prefill_dev(dv, blocks, pos0, n_q, q, n_heads, sm_scale, out,
+                       prefill_forced_fp32() ? 1 : 0);
+}
+
+extern "C" int kvd_cuda_attn_prefill_v(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
+                                       int pos0, int n_q, const float *q, int n_heads,
+                                       float sm_scale, float *out, int version) {
     const int nb = (pos0 + n_q + hv->block_size - 1) / hv->block_size;
     const size_t nq = sizeof(float) * (size_t)n_q * n_heads * hv->head_dim;
     dev_cache dc;
@@ -983,11 +1320,17 @@ extern "C" int kvd_cuda_attn_prefill(const kvd_kv_view *hv, int n_blocks, const 
     if (dc.upload(hv, n_blocks, blocks, nb) && cudaMalloc(&dq, nq) == cudaSuccess &&
         cudaMalloc(&dout, nq) == cudaSuccess &&
         cudaMemcpy(dq, q, nq, cudaMemcpyHostToDevice) == cudaSuccess &&
-        kvd_cuda_attn_prefill_dev(&dc.v, dc.blocks, pos0, n_q, dq, n_heads, sm_scale, dout) == 0 &&
+        prefill_dev(&dc.v, dc.blocks, pos0, n_q, dq, n_heads, sm_scale, dout, version) == 0 &&
         cudaMemcpy(out, dout, nq, cudaMemcpyDeviceToHost) == cudaSuccess)
         rc = 0;
     cudaFree(dq), cudaFree(dout);
     return rc;
+}
+
+extern "C" int kvd_cuda_attn_prefill(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
+                                     int pos0, int n_q, const float *q, int n_heads, float sm_scale,
+                                     float *out) {
+    return kvd_cuda_attn_prefill_v(hv, n_blocks, blocks, pos0, n_q, q, n_heads, sm_scale, out, 0);
 }
 
 // ---- the same kernels on device memory, for the device model: the view's

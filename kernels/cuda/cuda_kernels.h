@@ -42,8 +42,16 @@ int kvd_cuda_attn_probs(const kvd_kv_view *kv, int n_blocks, const int32_t *bloc
 
 /* Prefill attention for n_q query rows of one sequence, row r at position
  * pos0 + r over positions 0 .. pos0 + r (each row as kvd_attn_paged with
- * n_ctx = pos0 + r + 1); q and out [n_q][n_heads][head_dim]; head_dim
- * 64/128/256, GQA group <= 16. */
+ * n_ctx = pos0 + r + 1); q and out [n_q][n_heads][head_dim]. Version 1:
+ * FP32 cores, one block per row and KV head (head_dim 64/128/256, GQA group
+ * a power of two <= 16); 2: tensor cores, rows and heads sharing each K/V
+ * stage, query and probabilities as 16-bit hi + lo pairs (head_dim
+ * 64/128/256, any group, where the device's shared memory holds two
+ * stages); 0: 2 where it can, else 1. -1 when the version asked for cannot
+ * take the shape. */
+int kvd_cuda_attn_prefill_v(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int pos0,
+                            int n_q, const float *q, int n_heads, float sm_scale, float *out,
+                            int version);
 int kvd_cuda_attn_prefill(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int pos0,
                           int n_q, const float *q, int n_heads, float sm_scale, float *out);
 
@@ -98,8 +106,9 @@ int kvd_cuda_sync(char *err, int len);
 /* decode (one query) and prefill (n_q causal rows) attention; the view's
  * pools and scales and the block table on the device; decode's scratch holds
  * kvd_cuda_attn_scratch_floats(n_ctx, ...) floats. Decode runs version 3
- * where it can, else 2; KVD_CUDA_DECODE=2 in the environment keeps it on 2
- * (a diagnostic: the GPU check compares the two on the whole model). */
+ * where it can, else 2; KVD_CUDA_DECODE=2 in the environment keeps it on 2,
+ * and KVD_CUDA_PREFILL=1 keeps prefill on version 1 (diagnostics: the GPU
+ * check compares the versions on the whole model). */
 size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim);
 int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
                              const float *q, int n_heads, float sm_scale, float *out,

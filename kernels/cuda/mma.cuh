@@ -26,6 +26,28 @@
 
 namespace kvd_mma {
 
+#ifndef KVD_PTX_MMA
+// The portable bodies read other lanes' registers through this: a shuffle
+// per value, or on the SIMT simulator one gather of every lane's (the same
+// values, at one switch point instead of a shuffle's each). All lanes
+// construct it together with the same n, and read in step.
+struct lane_regs {
+#ifdef KVD_SIMT_H
+    const unsigned (*tab)[8];
+    __device__ lane_regs(const unsigned *mine, int n) : tab(kvd_simt::warp_gather(mine, n)) {}
+    __device__ unsigned get(int src, int i) const {
+        return tab[src][i];
+    }
+#else
+    const unsigned *mine;
+    __device__ lane_regs(const unsigned *m, int) : mine(m) {}
+    __device__ unsigned get(int src, int i) const {
+        return __shfl_sync(0xffffffffu, mine[i], src);
+    }
+#endif
+};
+#endif
+
 // the 16-bit encodings, round to nearest even
 __device__ inline unsigned bf16_bits(float x) {
     __nv_bfloat16 b = __float2bfloat16_rn(x);
@@ -81,12 +103,13 @@ __device__ inline void mma(float c[4], const unsigned a[4], const unsigned b[2])
         return F16 ? f16_val(bits) : bf16_val(bits);
     };
     // thread s of a group holds k = 2s, 2s+1 (a0/a1, b0) and 2s+8, 2s+9 (a2/a3, b1)
+    const unsigned mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+    const lane_regs L(mine, 6);
     for (int s = 0; s < 4; s++) {
         unsigned ag[4], bn[2][2];
-        for (int i = 0; i < 4; i++) ag[i] = __shfl_sync(0xffffffffu, a[i], 4 * g + s);
+        for (int i = 0; i < 4; i++) ag[i] = L.get(4 * g + s, i);
         for (int n = 0; n < 2; n++)
-            for (int i = 0; i < 2; i++)
-                bn[n][i] = __shfl_sync(0xffffffffu, b[i], 4 * (2 * t + n) + s);
+            for (int i = 0; i < 2; i++) bn[n][i] = L.get(4 * (2 * t + n) + s, 4 + i);
         for (int r = 0; r < 2; r++)     // rows g, g + 8
             for (int n = 0; n < 2; n++) // columns 2t, 2t + 1
                 for (int kh = 0; kh < 2; kh++)
@@ -109,11 +132,14 @@ __device__ inline void ldsm_x2_trans(unsigned r[2], const void *row) {
 #else
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const unsigned long long me = (unsigned long long)(uintptr_t)row;
+    const unsigned mine[2] = {(unsigned)me, (unsigned)(me >> 32)};
+    const lane_regs L(mine, 2);
+    auto row_of = [&](int src) {
+        return reinterpret_cast<const unsigned short *>(
+            (uintptr_t)((unsigned long long)L.get(src, 1) << 32 | L.get(src, 0)));
+    };
     for (int m = 0; m < 2; m++) {
-        const unsigned short *p0 = reinterpret_cast<const unsigned short *>(
-            (uintptr_t)__shfl_sync(0xffffffffu, me, 8 * m + 2 * t));
-        const unsigned short *p1 = reinterpret_cast<const unsigned short *>(
-            (uintptr_t)__shfl_sync(0xffffffffu, me, 8 * m + 2 * t + 1));
+        const unsigned short *p0 = row_of(8 * m + 2 * t), *p1 = row_of(8 * m + 2 * t + 1);
         r[m] = (unsigned)p0[g] | (unsigned)p1[g] << 16;
     }
 #endif

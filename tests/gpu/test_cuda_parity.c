@@ -512,20 +512,25 @@ static void route_and_sample(void) {
     free(x), free(xc), free(lg);
 }
 
-/* Prefill attention: 100 query rows at positions 600..699 of a 700-token
- * cache in scattered blocks, each row against kvd_attn_paged over its own
- * prefix, every mode, at two group sizes. Online and two-pass softmax sum in
- * different orders: 1e-4 relative L2 per row is far below a wrong position
- * or scale (O(1)). */
+/* Prefill attention, both versions: chunks of query rows (100 rows at
+ * positions 600..699 of a 700-token cache in scattered blocks, and a first
+ * chunk of 40 at 0..39), each row against kvd_attn_paged over its own
+ * prefix, every cache format and scaling (the checkpoint mode is the
+ * calibrated one here), at group sizes 1 to 16 and head_dim 64 to 256 (the
+ * last shape qwen3.5's). Version 1 must refuse a group of 3. Online and
+ * two-pass softmax sum in different orders: 1e-4 relative L2 per row is far
+ * below a wrong position, mask or scale (O(1)). */
 static void prefill(void) {
-    enum { KH = 2, T = 700, P0 = 600, NQ = 100, BS = 128 };
-    static const int shapes[2][2] = {{8, 64}, {16, 256}};
+    enum { KH = 2, T = 700, BS = 128 };
+    static const int shapes[][2] = {{8, 64}, {6, 128}, {2, 128}, {32, 256}};
+    static const int chunks[][2] = {{600, 100}, {0, 40}}; /* pos0, rows */
     char err[KVD_ERR_LEN];
     kvd_kv_scales sc;
     kvd_kv_scales_init(&sc, 1, KH);
     sc.k[0] = 0.02f, sc.k[1] = 0.03f, sc.v[0] = 0.004f, sc.v[1] = 0.005f;
-    for (int si = 0; si < 2; si++) {
-        int NH = shapes[si][0], D = shapes[si][1];
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int NH = shapes[si][0], D = shapes[si][1], G = NH / KH, NQ = 100;
+        const int v1_ok = G == 1 || G == 2 || G == 4 || G == 8 || G == 16;
         float *k = malloc(sizeof(float) * KH * D), *v = malloc(sizeof(float) * KH * D);
         float *q = malloc(sizeof(float) * NQ * NH * D), *oc = malloc(sizeof(float) * NQ * NH * D),
               *og = malloc(sizeof(float) * NQ * NH * D);
@@ -533,6 +538,7 @@ static void prefill(void) {
         fill(q, (size_t)NQ * NH * D, "gpu.prefill.q", 1.0f);
         for (int mi = 0; mi < KVD_KV_N_MODES; mi++) {
             kvd_kvcache c;
+            if (mi == KVD_KV_FP8_CKPT) continue;
             if (kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, D, BS, 4 * T, &sc, 1, err)) {
                 CHECK(0, "cache init: %s\n", err);
                 continue;
@@ -552,19 +558,37 @@ static void prefill(void) {
             }
             kvd_kv_view view = kvd_kvcache_view(&c, 0);
             float sm = 1.0f / sqrtf((float)D);
-            for (int r = 0; r < NQ; r++)
-                kvd_attn_paged(&view, c.seqs[s].blocks, P0 + r + 1, q + (size_t)r * NH * D, NH, sm,
-                               oc + (size_t)r * NH * D, NULL, work, 1);
-            CHECK(kvd_cuda_attn_prefill(&view, c.n_blocks, c.seqs[s].blocks, P0, NQ, q, NH, sm,
-                                        og) == 0,
-                  "cuda prefill failed\n");
-            double worst = 0;
-            for (int r = 0; r < NQ; r++) {
-                double e = rel_l2(og + (size_t)r * NH * D, oc + (size_t)r * NH * D, (size_t)NH * D);
-                worst = e > worst ? e : worst;
+            for (int ci = 0; ci < 2; ci++) {
+                const int p0 = chunks[ci][0], nq = chunks[ci][1];
+                for (int r = 0; r < nq; r++)
+                    kvd_attn_paged(&view, c.seqs[s].blocks, p0 + r + 1, q + (size_t)r * NH * D, NH,
+                                   sm, oc + (size_t)r * NH * D, NULL, work, 1);
+                for (int ver = 1; ver <= 2; ver++) {
+                    for (size_t i = 0; i < (size_t)NQ * NH * D; i++) og[i] = 7.0f;
+                    int rc = kvd_cuda_attn_prefill_v(&view, c.n_blocks, c.seqs[s].blocks, p0, nq, q,
+                                                     NH, sm, og, ver);
+                    if (ver == 1 && !v1_ok) {
+                        CHECK(rc == -1, "prefill v1 took a group of %d\n", G);
+                        continue;
+                    }
+                    CHECK(rc == 0, "cuda prefill v%d failed (heads %d dim %d)\n", ver, NH, D);
+                    double worst = 0;
+                    for (int r = 0; r < nq; r++) {
+                        double e = rel_l2(og + (size_t)r * NH * D, oc + (size_t)r * NH * D,
+                                          (size_t)NH * D);
+                        worst = e > worst ? e : worst;
+                    }
+                    CHECK(worst < 1e-4,
+                          "prefill v%d mode %d heads %d dim %d pos0 %d: worst row rel L2 %g\n", ver,
+                          mi, NH, D, p0, worst);
+                    if (getenv("KVD_TEST_VERBOSE"))
+                        printf("prefill v%d mode %d heads %d dim %d pos0 %d: worst %.3g\n", ver, mi,
+                               NH, D, p0, worst);
+                    /* rows past the chunk are not written */
+                    CHECK(og[(size_t)nq * NH * D] == 7.0f || nq == NQ,
+                          "prefill v%d wrote past its %d rows\n", ver, nq);
+                }
             }
-            CHECK(worst < 1e-4, "prefill mode %d heads %d dim %d: worst row rel L2 %g\n", mi, NH, D,
-                  worst);
             kvd_kvcache_free(&c);
         }
         free(k), free(v), free(q), free(oc), free(og), free(work);

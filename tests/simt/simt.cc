@@ -139,7 +139,8 @@ const size_t stack_bytes = 64 << 10;
 const size_t page = 4096;
 
 std::vector<fiber> fibers;
-std::vector<char *> stacks; // one per thread slot, a guard page below each
+unsigned gathered[32][32][8]; // warp_gather's tables, per warp of the block
+std::vector<char *> stacks;   // one per thread slot, a guard page below each
 const std::function<void()> *body = nullptr;
 const config *block_cfg = nullptr;
 int block_n = 0, cur = -1;
@@ -285,6 +286,8 @@ const char *op_name(warp_kind k) {
         return "__shfl_down_sync";
     case W_BALLOT:
         return "__ballot_sync";
+    case W_GATHER:
+        return "warp_gather";
     default:
         return "__activemask";
     }
@@ -330,6 +333,11 @@ int release_warp(const config &c, int w, int n) {
                 case W_ACTIVEMASK:
                     g.result = ~0u;
                     break;
+                case W_GATHER:
+                    std::memcpy(gathered[w][l], reinterpret_cast<const void *>(g.value),
+                                sizeof(unsigned) * g.arg);
+                    g.result = reinterpret_cast<uint64_t>(&gathered[w]);
+                    break;
                 }
                 g.st = READY;
             }
@@ -342,6 +350,10 @@ int release_warp(const config &c, int w, int n) {
         fiber &f = fibers[base + l];
         if (f.st != AT_WARP_OP) continue;
         unsigned m;
+        if (f.op == W_GATHER) {
+            describe(c, f, "gathers without the whole warp at the gather");
+            return -1;
+        }
         if (f.op == W_ACTIVEMASK) {
             if (waiting != live) continue; // the warp has not converged yet
             m = live;
@@ -500,6 +512,12 @@ void syncthreads() {
     fiber &f = fibers[cur];
     f.st = AT_BARRIER;
     yield_lane(f, false);
+}
+
+const unsigned (*warp_gather(const unsigned *words, int n))[8] {
+    if (n < 0 || n > 8) n = 8;
+    return reinterpret_cast<const unsigned(*)[8]>(
+        warp_op(W_GATHER, ~0u, reinterpret_cast<uint64_t>(words), n, 32));
 }
 
 uint64_t warp_op(warp_kind k, unsigned mask, uint64_t value, int arg, int width) {

@@ -58,6 +58,18 @@ struct alignas(16) uint4 {
 struct alignas(16) float4 {
     float x, y, z, w;
 };
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+inline uint2 make_uint2(unsigned x, unsigned y) {
+    return uint2{x, y};
+}
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
+    return uint4{x, y, z, w};
+}
+inline float4 make_float4(float x, float y, float z, float w) {
+    return float4{x, y, z, w};
+}
 
 // ---- the runtime API (the subset the back end uses) ----
 enum cudaError_t {
@@ -142,8 +154,13 @@ bool device_ptr(const void *p);
 void bad_pointer(const config &c, int arg, const void *p);
 void *dynamic_shared();
 
-enum warp_kind { W_SHFL_IDX, W_SHFL_XOR, W_SHFL_DOWN, W_BALLOT, W_ACTIVEMASK };
+enum warp_kind { W_SHFL_IDX, W_SHFL_XOR, W_SHFL_DOWN, W_BALLOT, W_ACTIVEMASK, W_GATHER };
 uint64_t warp_op(warp_kind k, unsigned mask, uint64_t value, int arg, int width);
+// Every lane's n (<= 8) words in one warp operation of the whole warp, as
+// table[lane][word]; the table stays until the warp's next gather. What 32
+// shuffles a lane would do for kernels/cuda/mma.cuh's fragments, at one
+// switch point instead of 32.
+const unsigned (*warp_gather(const unsigned *words, int n))[8];
 void syncthreads();
 
 template <class... A> struct pending {
