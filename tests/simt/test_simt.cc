@@ -1,9 +1,10 @@
 // kvdrift: the SIMT simulator itself: barriers, shared memory, every warp
 // operation against what CUDA defines, divergent warps, the checks it makes
 // (launch limits, non-device pointers, copies out of bounds, divergence),
-// its FP8 and BF16 conversions against the CPU codecs, and its cuBLASLt
-// against a plain product. The kernels here are written as the translated
-// .cu files read: `kernel % kvd_simt::launch(name, grid, block)(args)`.
+// its FP8 and BF16 conversions against the CPU codecs, its cuBLASLt
+// against a plain product, and kernels/cuda/mma.cuh's portable MMA and
+// ldmatrix bodies (through its warp gather) against the ISA's layouts. The kernels here are written
+// as the translated .cu files read: `kernel % kvd_simt::launch(name, grid, block)(args)`.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "cuda_runtime.h"
 #include "fp8.h"
 
+#include "../../kernels/cuda/mma.cuh"
 #include "../gpu/check.h"
 
 using kvd_simt::launch;
@@ -88,6 +90,50 @@ __global__ void dyn_shared(float *out) {
     s[threadIdx.x] = 2.0f * threadIdx.x;
     __syncthreads();
     out[threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];
+}
+
+// two gathers in a row: lane l offers {100 l, 100 l + 1, 100 l + 2}, then
+// {7 l}; it keeps what lane (l + 5) % 32 offered
+__global__ void gathers(unsigned *out) {
+    const unsigned l = threadIdx.x % 32, w = threadIdx.x / 32;
+    const unsigned a[3] = {100 * l + 1000 * w, 100 * l + 1000 * w + 1, 100 * l + 1000 * w + 2};
+    const unsigned(*t)[8] = kvd_simt::warp_gather(a, 3);
+    const unsigned src = (l + 5) % 32;
+    out[4 * threadIdx.x] = t[src][0], out[4 * threadIdx.x + 1] = t[src][2];
+    const unsigned b = 7 * l;
+    t = kvd_simt::warp_gather(&b, 1);
+    out[4 * threadIdx.x + 2] = t[src][0], out[4 * threadIdx.x + 3] = t[31 - l][0];
+}
+__global__ void half_gather(unsigned *out) {
+    if (threadIdx.x % 32 >= 16) return;
+    const unsigned v = threadIdx.x;
+    out[threadIdx.x] = kvd_simt::warp_gather(&v, 1)[0][0];
+}
+
+// one m16n8k16 product from fragments built as the PTX ISA lays them out
+// (lane 4 g + t): A 16 x 16 row-major, B 16 x 8 (k x n), C 16 x 8; and the
+// two 8 x 8 matrices of a 16 x 8 block in shared memory through ldmatrix
+// .trans (row i of the block at 16 i bytes; lane i < 16 names row i)
+template <bool F16>
+__global__ void mma_tile(const unsigned short *A, const unsigned short *B, float *C, unsigned *T) {
+    const int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    auto pair = [](const unsigned short *p, int i, int j) { return (unsigned)p[i] | p[j] << 16; };
+    const unsigned a[4] = {pair(A, g * 16 + 2 * t, g * 16 + 2 * t + 1),
+                           pair(A, (g + 8) * 16 + 2 * t, (g + 8) * 16 + 2 * t + 1),
+                           pair(A, g * 16 + 2 * t + 8, g * 16 + 2 * t + 9),
+                           pair(A, (g + 8) * 16 + 2 * t + 8, (g + 8) * 16 + 2 * t + 9)};
+    const unsigned b[2] = {pair(B, 2 * t * 8 + g, (2 * t + 1) * 8 + g),
+                           pair(B, (2 * t + 8) * 8 + g, (2 * t + 9) * 8 + g)};
+    float c[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+    kvd_mma::mma<F16>(c, a, b);
+    C[g * 8 + 2 * t] = c[0], C[g * 8 + 2 * t + 1] = c[1];
+    C[(g + 8) * 8 + 2 * t] = c[2], C[(g + 8) * 8 + 2 * t + 1] = c[3];
+    __shared__ unsigned short blk[16 * 8];
+    for (int i = lane; i < 128; i += 32) blk[i] = A[i];
+    __syncthreads();
+    unsigned r[2];
+    kvd_mma::ldsm_x2_trans(r, blk + 8 * (lane & 15));
+    T[2 * lane] = r[0], T[2 * lane + 1] = r[1];
 }
 
 __global__ void touch(float *p) {
@@ -372,8 +418,80 @@ void lt_matmul() {
 
 } // namespace
 
+// warp_gather (the MMA bodies' way to read other lanes' registers), and
+// the MMA and ldmatrix bodies against the fragment layouts of the ISA:
+// small integers, exact in BF16 and FP16 and in FP32 sums
+void gathers_and_fragments() {
+    unsigned *d = dev<unsigned>(4 * 64);
+    gathers % launch("gathers", 1, 64)(d);
+    CHECK(cudaGetLastError() == cudaSuccess, "gathers: launch failed\n");
+    std::vector<unsigned> h(4 * 64);
+    cudaMemcpy(h.data(), d, sizeof(unsigned) * 4 * 64, cudaMemcpyDeviceToHost);
+    for (unsigned i = 0; i < 64; i++) {
+        const unsigned l = i % 32, w = i / 32, src = (l + 5) % 32;
+        CHECK(h[4 * i] == 100 * src + 1000 * w && h[4 * i + 1] == 100 * src + 1000 * w + 2,
+              "gather thread %u: %u %u\n", i, h[4 * i], h[4 * i + 1]);
+        CHECK(h[4 * i + 2] == 7 * src && h[4 * i + 3] == 7 * (31 - l),
+              "second gather thread %u: %u %u\n", i, h[4 * i + 2], h[4 * i + 3]);
+    }
+    half_gather % launch("half_gather", 1, 32)(d);
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure, "a gather of half a warp: not caught\n");
+    cudaDeviceReset();
+    cudaFree(d);
+
+    for (int f16 = 0; f16 < 2; f16++) {
+        unsigned short a[256], b[128];
+        float va[256], vb[128];
+        for (int i = 0; i < 256; i++) {
+            va[i] = (float)((i * 7) % 13 - 6);
+            a[i] = f16 ? (unsigned short)kvd_mma::f16_bits(va[i])
+                       : (unsigned short)kvd_mma::bf16_bits(va[i]);
+        }
+        for (int i = 0; i < 128; i++) {
+            vb[i] = (float)((i * 5) % 11 - 5);
+            b[i] = f16 ? (unsigned short)kvd_mma::f16_bits(vb[i])
+                       : (unsigned short)kvd_mma::bf16_bits(vb[i]);
+        }
+        unsigned short *dA = dev<unsigned short>(256), *dB = dev<unsigned short>(128);
+        float *dC = dev<float>(128);
+        unsigned *dT = dev<unsigned>(64);
+        cudaMemcpy(dA, a, sizeof a, cudaMemcpyHostToDevice);
+        cudaMemcpy(dB, b, sizeof b, cudaMemcpyHostToDevice);
+        if (f16)
+            mma_tile<true> % launch("mma_tile", 1, 32)(dA, dB, dC, dT);
+        else
+            mma_tile<false> % launch("mma_tile", 1, 32)(dA, dB, dC, dT);
+        CHECK(cudaGetLastError() == cudaSuccess, "mma_tile: launch failed\n");
+        float c[128];
+        unsigned tr[64];
+        cudaMemcpy(c, dC, sizeof c, cudaMemcpyDeviceToHost);
+        cudaMemcpy(tr, dT, sizeof tr, cudaMemcpyDeviceToHost);
+        int bad = 0;
+        for (int m = 0; m < 16; m++)
+            for (int n = 0; n < 8; n++) {
+                float want = 0.5f;
+                for (int k = 0; k < 16; k++) want += va[m * 16 + k] * vb[k * 8 + n];
+                bad += c[m * 8 + n] != want;
+            }
+        CHECK(!bad, "mma %s: %d of 128 outputs differ from the product\n", f16 ? "f16" : "bf16",
+              bad);
+        // ldmatrix .trans: lane (g, t) holds elements (2t, g), (2t+1, g) of
+        // matrix m (rows 8m .. 8m + 7 of the block) in register m
+        bad = 0;
+        for (int lane = 0; lane < 32; lane++)
+            for (int m = 0; m < 2; m++) {
+                const int g = lane / 4, t = lane % 4, r0 = 8 * m + 2 * t;
+                const unsigned want = (unsigned)a[r0 * 8 + g] | (unsigned)a[(r0 + 1) * 8 + g] << 16;
+                bad += tr[2 * lane + m] != want;
+            }
+        CHECK(!bad, "ldmatrix.trans: %d of 64 registers differ\n", bad);
+        cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dT);
+    }
+}
+
 int main() {
     barriers_and_shared();
+    gathers_and_fragments();
     warp_operations();
     divergence_and_state();
     shared_dynamic();
