@@ -154,6 +154,29 @@ int kvd_bench_cuda(int reps) {
             }
             printf("\n");
         }
+    /* prefill attention: a 512-row chunk at the end of a 32K and a 128K
+     * prompt; its multiply-adds (2 n_q heads hd per position attended,
+     * scores and values) against the fastest BF16 GEMM the table below
+     * finds, which is the tensor cores' rate as cuBLASLt reaches it */
+    printf("\nprefill attention, 32/2 heads x 256, a 512-row chunk ending the context (v1: FP32 "
+           "cores, a block per row;\nv2: tensor cores, rows sharing each K/V stage, what the "
+           "model runs):\n%8s %-6s %4s %10s %9s %8s\n",
+           "context", "cache", "ver", "time_ms", "TFLOP_s", "vs_v1");
+    double pf_best = 0;
+    for (int ci = 0; ci < 2; ci++)
+        for (int f = 0; f < 2; f++) {
+            const int nq = 512, p0 = ctxs[ci] - nq;
+            const double flop = 2.0 * 2 * nq * 32 * 256 * (p0 + (nq + 1) / 2.0);
+            double t1 = 0;
+            for (int ver = 1; ver <= 2; ver++) {
+                double t = kvd_cuda_bench_prefill(f, p0, nq, 32, 2, 256, reps > 3 ? 3 : reps, ver);
+                fail |= t <= 0;
+                if (ver == 1) t1 = t;
+                if (ver == 2 && flop / t > pf_best) pf_best = flop / t;
+                printf("%8d %-6s %4d %10.2f %9.1f %7.2fx\n", ctxs[ci], fn[f], ver, t * 1e3,
+                       flop / t / 1e12, t1 / t);
+            }
+        }
     /* the qwen3.5-397b-a17b preset's projections as the model runs them
      * through cuBLASLt: the exact split's stacked 3M rows at concurrency 32
      * (96) and for a 512-row prefill chunk (1536), beside plain 8 and 32;
@@ -178,6 +201,7 @@ int kvd_bench_cuda(int reps) {
     printf("  %-24s %5s %6s %6s %13s %12s %8s %6s\n", "shape", "M", "N", "K", "first_GFLOP_s",
            "best_GFLOP_s", "of_best", "algos");
     const int Ms[4] = {8, 32, 96, 1536};
+    double gemm_best = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int mi = 0; mi < 4; mi++) {
             double first = 0, best = 0;
@@ -191,6 +215,12 @@ int kvd_bench_cuda(int reps) {
             }
             printf("  %-24s %5d %6d %6d %13.1f %12.1f %7.1f%% %6d\n", shapes[si].what, M, N, K,
                    first, best, 100.0 * first / best, n);
+            if (best > gemm_best) gemm_best = best;
         }
+    if (gemm_best > 0 && pf_best > 0)
+        printf("\nprefill attention v2 at its best above: %.2f of the fastest BF16 GEMM (%.1f "
+               "TFLOP/s; v2 does each product twice, hi and lo, so 0.5 is the tensor cores' "
+               "rate)\n",
+               pf_best / (gemm_best * 1e9), gemm_best / 1e3);
     return fail;
 }

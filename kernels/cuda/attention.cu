@@ -1419,3 +1419,54 @@ extern "C" double kvd_cuda_bench_attn_v3(int fmt, int n_ctx, int n_heads, int kv
     v3::bench_per_split = 0, v3::bench_nstage = 0;
     return t;
 }
+
+/* Seconds per prefill chunk: n_q rows at positions pos0 .. pos0 + n_q - 1
+ * of one sequence (version as kvd_cuda_attn_prefill_v), the cache on the
+ * device in scattered 16-token blocks; 0 when it could not run. */
+extern "C" double kvd_cuda_bench_prefill(int fmt, int pos0, int n_q, int n_heads, int kv_heads,
+                                         int head_dim, int reps, int version) {
+    const int bs = 16, n_ctx = pos0 + n_q, nb = (n_ctx + bs - 1) / bs;
+    const size_t esz = fmt == KVD_FMT_BF16 ? 2 : 1,
+                 pool = (size_t)nb * kv_heads * bs * head_dim * esz,
+                 nq = (size_t)n_q * n_heads * head_dim;
+    unsigned char *dk = nullptr, *dv = nullptr;
+    int *db = nullptr;
+    float *dq = nullptr, *dout = nullptr, *dsc = nullptr;
+    double best = 0;
+    if (cudaMalloc(&dk, pool) || cudaMalloc(&dv, pool) || cudaMalloc(&db, sizeof(int) * nb) ||
+        cudaMalloc(&dq, sizeof(float) * nq) || cudaMalloc(&dout, sizeof(float) * nq) ||
+        cudaMalloc(&dsc, sizeof(float) * kv_heads))
+        goto out;
+    {
+        cudaMemset(dk, 0x31, pool); /* finite codes in every format */
+        cudaMemset(dv, 0x2a, pool);
+        cudaMemset(dq, 0x3c, sizeof(float) * nq); /* 0.0115 */
+        int *hb = (int *)malloc(sizeof(int) * nb);
+        for (int i = 0; i < nb; i++) hb[i] = (int)(((long long)i * 7919) % nb);
+        cudaMemcpy(db, hb, sizeof(int) * nb, cudaMemcpyHostToDevice);
+        free(hb);
+        float one[64];
+        for (int i = 0; i < 64; i++) one[i] = 1.0f;
+        cudaMemcpy(dsc, one, sizeof(float) * kv_heads, cudaMemcpyHostToDevice);
+        const kvd_kv_view dvw = {(kvd_fmt)fmt, bs, kv_heads, head_dim, dk, dv, dsc, dsc, 0};
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0), cudaEventCreate(&e1);
+        best = 1e30;
+        for (int r = 0; r <= reps && best > 0; r++) {
+            cudaEventRecord(e0);
+            if (prefill_dev(&dvw, (const int32_t *)db, pos0, n_q, dq, n_heads, 0.0625f, dout,
+                            version))
+                best = 0;
+            cudaEventRecord(e1);
+            cudaEventSynchronize(e1);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, e0, e1);
+            if (r && best > 0 && ms * 1e-3 < best) best = ms * 1e-3;
+        }
+        cudaEventDestroy(e0), cudaEventDestroy(e1);
+        if (cudaGetLastError() != cudaSuccess) best = 0;
+    }
+out:
+    cudaFree(dk), cudaFree(dv), cudaFree(db), cudaFree(dq), cudaFree(dout), cudaFree(dsc);
+    return best;
+}

@@ -211,6 +211,11 @@ double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_heads, int he
  * stage count (2 to 4) given; 0 for either: as v3 chooses them. */
 double kvd_cuda_bench_attn_v3(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim, int reps,
                               int per_split, int nstage);
+/* Seconds per prefill chunk of n_q rows at positions pos0 .. pos0 + n_q - 1
+ * (version as kvd_cuda_attn_prefill_v), the cache on the device; 0 when it
+ * could not run. */
+double kvd_cuda_bench_prefill(int fmt, int pos0, int n_q, int n_heads, int kv_heads, int head_dim,
+                              int reps, int version);
 /* Every algorithm the heuristic offers for a shape (up to 32), each timed:
  * GFLOP/s of its first choice (the one the back end runs) and of the fastest. */
 int kvd_cuda_bench_gemm_algos(int M, int N, int K, int reps, double *first, double *best,
