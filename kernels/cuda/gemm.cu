@@ -1,8 +1,9 @@
 // kvdrift: BF16 GEMMs on the device through cuBLASLt, FP32 accumulation and
 // output: y[M,N] = x[M,K] * W[N,K]^T, a Hugging Face Linear. cuBLAS is
 // column-major, so this asks for y^T = W * x^T: A = W (stored K x N, used
-// transposed), B = x^T (K x M), C = y^T (N x M). The heuristic's first
-// choice is cached per shape, with one workspace.
+// transposed), B = x^T (K x M), C = y^T (N x M). Per shape the
+// descriptors and the heuristic's first choice are made once and kept (a
+// plan), with one workspace per device.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -12,18 +13,22 @@
 #include "cuda_kernels.h"
 
 namespace {
-struct cached {
-    int M, N, K;
+// one shape's descriptors and the heuristic's first algorithm, made once
+struct plan {
+    int M, N, K; // M 0: an empty slot
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
 };
-// cuBLASLt's handle, workspace and chosen algorithms, and the split
-// product's buffers: one set per device (tensor-parallel ranks each have a
-// device of their own)
+// a hash table of plans: a shape probes PROBE slots from its hash; when all
+// are taken the first is remade (MoE experts' row counts make many shapes)
+constexpr int PLANS = 256, PROBE = 8;
+// cuBLASLt's handle, workspace and plans, and the split product's buffers:
+// one set per device (tensor-parallel ranks each have a device of their own)
 struct lt_state {
     cublasLtHandle_t handle;
     void *workspace;
-    cached cache[64];
-    int n_cached;
+    plan plans[PLANS];
     unsigned short *xs; // [3][rows][K] BF16: hi, mid, lo
     size_t xs_cap;
     float *ys; // [3][rows][N] when the three products are stacked
@@ -51,55 +56,80 @@ static lt_state *lt() {
     return st;
 }
 
-// y[M,N] = alpha x[M,K] W[N,K]^T + beta y, BF16 x and W, FP32 y; the
-// heuristic's first choice, cached per shape
+// the descriptors of y^T = W x^T for one shape (W stored K x N, used
+// transposed; x^T K x M; y^T N x M, FP32); 0 on success, else nothing made
+static int describe(int M, int N, int K, cublasLtMatmulDesc_t *op, cublasLtMatrixLayout_t *a,
+                    cublasLtMatrixLayout_t *b, cublasLtMatrixLayout_t *c) {
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    *op = nullptr, *a = *b = *c = nullptr;
+    if (cublasLtMatmulDescCreate(op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(*op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ==
+            CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(*op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ==
+            CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatrixLayoutCreate(a, CUDA_R_16BF, K, N, K) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatrixLayoutCreate(b, CUDA_R_16BF, K, M, K) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatrixLayoutCreate(c, CUDA_R_32F, N, M, N) == CUBLAS_STATUS_SUCCESS)
+        return 0;
+    if (*a) cublasLtMatrixLayoutDestroy(*a);
+    if (*b) cublasLtMatrixLayoutDestroy(*b);
+    if (*c) cublasLtMatrixLayoutDestroy(*c);
+    if (*op) cublasLtMatmulDescDestroy(*op);
+    *op = nullptr, *a = *b = *c = nullptr;
+    return -1;
+}
+
+static void drop(plan *p) {
+    if (!p->M) return;
+    cublasLtMatrixLayoutDestroy(p->a), cublasLtMatrixLayoutDestroy(p->b);
+    cublasLtMatrixLayoutDestroy(p->c), cublasLtMatmulDescDestroy(p->op);
+    p->M = 0;
+}
+
+// the shape's plan: found, or made (descriptors and the heuristic's first
+// choice) in a free slot or over the first of its probe; null where
+// cuBLASLt has nothing for it
+static const plan *plan_for(lt_state *st, int M, int N, int K) {
+    const unsigned h = ((unsigned)M * 2654435761u ^ (unsigned)N * 40503u ^ (unsigned)K) % PLANS;
+    plan *slot = nullptr;
+    for (int i = 0; i < PROBE; i++) {
+        plan *p = &st->plans[(h + i) % PLANS];
+        if (p->M == M && p->N == N && p->K == K) return p;
+        if (!p->M && !slot) slot = p;
+    }
+    if (!slot) slot = &st->plans[h];
+    drop(slot);
+    plan np{M, N, K, nullptr, nullptr, nullptr, nullptr, {}};
+    if (describe(M, N, K, &np.op, &np.a, &np.b, &np.c)) return nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    if (cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS) {
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &workspace_bytes, sizeof workspace_bytes);
+        if (cublasLtMatmulAlgoGetHeuristic(st->handle, np.op, np.a, np.b, np.c, np.c, pref, 1,
+                                           &heur, &found) != CUBLAS_STATUS_SUCCESS)
+            found = 0;
+        cublasLtMatmulPreferenceDestroy(pref);
+    }
+    if (found < 1) {
+        drop(&np);
+        return nullptr;
+    }
+    np.algo = heur.algo;
+    *slot = np;
+    return slot;
+}
+
+// y[M,N] = x[M,K] W[N,K]^T + beta y, BF16 x and W, FP32 y, by the shape's plan
 static int lt_matmul(lt_state *st, const void *x, const void *w, float *y, int M, int N, int K,
                      float beta) {
-    cublasLtMatmulDesc_t op = nullptr;
-    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    int rc = -1;
-    if (cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS)
-        goto out;
-    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-    if (cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, K, N, K) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, K, M, K) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, N, M, N) != CUBLAS_STATUS_SUCCESS)
-        goto out;
-    {
-        cublasLtMatmulAlgo_t *algo = nullptr;
-        for (int i = 0; i < st->n_cached; i++)
-            if (st->cache[i].M == M && st->cache[i].N == N && st->cache[i].K == K)
-                algo = &st->cache[i].algo;
-        cublasLtMatmulHeuristicResult_t heur;
-        if (!algo) {
-            cublasLtMatmulPreference_t pref;
-            cublasLtMatmulPreferenceCreate(&pref);
-            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                 &workspace_bytes, sizeof workspace_bytes);
-            int found = 0;
-            cublasLtMatmulAlgoGetHeuristic(st->handle, op, a, b, c, c, pref, 1, &heur, &found);
-            cublasLtMatmulPreferenceDestroy(pref);
-            if (found < 1) goto out;
-            if (st->n_cached < 64) {
-                st->cache[st->n_cached] = {M, N, K, heur.algo};
-                algo = &st->cache[st->n_cached++].algo;
-            } else {
-                algo = &heur.algo;
-            }
-        }
-        const float alpha = 1.0f;
-        if (cublasLtMatmul(st->handle, op, &alpha, w, a, x, b, &beta, y, c, y, c, algo,
-                           st->workspace, workspace_bytes, 0) == CUBLAS_STATUS_SUCCESS)
-            rc = 0;
-    }
-out:
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (op) cublasLtMatmulDescDestroy(op);
-    return rc;
+    const plan *p = plan_for(st, M, N, K);
+    const float alpha = 1.0f;
+    return p && cublasLtMatmul(st->handle, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c,
+                               &p->algo, st->workspace, workspace_bytes, 0) == CUBLAS_STATUS_SUCCESS
+               ? 0
+               : -1;
 }
 
 extern "C" int kvd_cuda_linear_bf16_dev(const void *x, const void *w, float *y, int M, int N,
@@ -229,7 +259,6 @@ extern "C" int kvd_cuda_bench_gemm_algos(int M, int N, int K, int reps, double *
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulPreference_t pref = nullptr;
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     cublasLtMatmulHeuristicResult_t heur[32];
     int found = 0, rc = -1;
     cudaEvent_t e0 = nullptr, e1 = nullptr;
@@ -238,14 +267,9 @@ extern "C" int kvd_cuda_bench_gemm_algos(int M, int N, int K, int reps, double *
         goto out;
     cudaMemset(x, 0x3c, (size_t)M * K * 2);
     cudaMemset(w, 0x3c, (size_t)N * K * 2);
-    if (cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, K, N, K) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, K, M, K) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, N, M, N) != CUBLAS_STATUS_SUCCESS ||
+    if (describe(M, N, K, &op, &a, &b, &c) ||
         cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS)
         goto out;
-    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                          &workspace_bytes, sizeof workspace_bytes);
     if (cublasLtMatmulAlgoGetHeuristic(handle, op, a, b, c, c, pref, 32, heur, &found) !=

@@ -16,6 +16,7 @@
 #include "cuda_runtime.h"
 #include "fp8.h"
 
+#include "../../kernels/cuda/cuda_kernels.h"
 #include "../../kernels/cuda/mma.cuh"
 #include "../gpu/check.h"
 
@@ -489,9 +490,45 @@ void gathers_and_fragments() {
     }
 }
 
+// kernels/cuda/gemm.cu's plans (descriptors and algorithm per shape): 700
+// shapes, past the table's slots, so plans are remade over others; every
+// product against the host's (small integers: exact), then the first 40
+// shapes again
+void gemm_plans() {
+    int bad = 0, failed = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int sh = 0; sh < (pass ? 40 : 700); sh++) {
+            // distinct shapes, each M, N and K shared by many
+            const int M = 1 + sh % 61, N = 1 + sh / 61 % 5, K = 2 + sh / 305;
+            std::vector<uint16_t> x((size_t)M * K), w((size_t)N * K);
+            std::vector<float> xv(x.size()), wv(w.size()), y((size_t)M * N);
+            for (size_t i = 0; i < x.size(); i++) {
+                xv[i] = (float)((int)((i * 7 + sh) % 9) - 4);
+                x[i] = (uint16_t)kvd_mma::bf16_bits(xv[i]);
+            }
+            for (size_t i = 0; i < w.size(); i++) {
+                wv[i] = (float)((int)((i * 5 + pass) % 7) - 3);
+                w[i] = (uint16_t)kvd_mma::bf16_bits(wv[i]);
+            }
+            if (kvd_cuda_linear_bf16(x.data(), w.data(), y.data(), M, N, K)) {
+                failed++;
+                continue;
+            }
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++) {
+                    float want = 0.0f;
+                    for (int k = 0; k < K; k++)
+                        want += xv[(size_t)m * K + k] * wv[(size_t)n * K + k];
+                    bad += y[(size_t)m * N + n] != want;
+                }
+        }
+    CHECK(!failed && !bad, "gemm plans: %d products failed, %d outputs wrong\n", failed, bad);
+}
+
 int main() {
     barriers_and_shared();
     gathers_and_fragments();
+    gemm_plans();
     warp_operations();
     divergence_and_state();
     shared_dynamic();
