@@ -158,14 +158,14 @@ int kvd_bench_cuda(int reps) {
      * prompt; its multiply-adds (2 n_q heads hd per position attended,
      * scores and values) against the fastest BF16 GEMM the table below
      * finds, which is the tensor cores' rate as cuBLASLt reaches it */
-    printf("\nprefill attention, 32/2 heads x 256, a 512-row chunk ending the context (v1: FP32 "
-           "cores, a block per row;\nv2: tensor cores, rows sharing each K/V stage, what the "
-           "model runs):\n%8s %-6s %4s %10s %9s %8s\n",
-           "context", "cache", "ver", "time_ms", "TFLOP_s", "vs_v1");
+    printf("\nprefill attention, 32/2 heads x 256, a chunk ending the context (v1: FP32 cores, "
+           "a block per row;\nv2: tensor cores, rows sharing each K/V stage, what the model "
+           "runs; the 64-row chunk's context is split):\n%8s %5s %-6s %4s %10s %9s %8s\n",
+           "context", "rows", "cache", "ver", "time_ms", "TFLOP_s", "vs_v1");
     double pf_best = 0;
-    for (int ci = 0; ci < 2; ci++)
+    for (int ci = 0; ci < 4; ci++)
         for (int f = 0; f < 2; f++) {
-            const int nq = 512, p0 = ctxs[ci] - nq;
+            const int nq = ci < 2 ? 512 : 64, p0 = ctxs[ci % 2] - nq;
             const double flop = 2.0 * 2 * nq * 32 * 256 * (p0 + (nq + 1) / 2.0);
             double t1 = 0;
             for (int ver = 1; ver <= 2; ver++) {
@@ -173,8 +173,8 @@ int kvd_bench_cuda(int reps) {
                 fail |= t <= 0;
                 if (ver == 1) t1 = t;
                 if (ver == 2 && flop / t > pf_best) pf_best = flop / t;
-                printf("%8d %-6s %4d %10.2f %9.1f %7.2fx\n", ctxs[ci], fn[f], ver, t * 1e3,
-                       flop / t / 1e12, t1 / t);
+                printf("%8d %5d %-6s %4d %10.2f %9.1f %7.2fx\n", ctxs[ci % 2], nq, fn[f], ver,
+                       t * 1e3, flop / t / 1e12, t1 / t);
             }
         }
     /* the qwen3.5-397b-a17b preset's projections as the model runs them

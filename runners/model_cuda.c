@@ -1032,7 +1032,8 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
                                      sm_scale, m->att + (size_t)r0 * nh * hd, m->attn_scratch);
         } else if (nt > 1) {
             kvd_cuda_attn_prefill_dev(&view, tab, m->h_pos[r0], nt, m->qh + (size_t)r0 * nh * hd,
-                                      nh, sm_scale, m->att + (size_t)r0 * nh * hd);
+                                      nh, sm_scale, m->att + (size_t)r0 * nh * hd, m->attn_scratch,
+                                      m->attn_scratch_floats);
         }
     }
 }

@@ -301,7 +301,9 @@ static int launch_v2(const view &kv, const int *db, int n_ctx, const float *dq, 
 // held as m16n8 accumulators (lane 4 g + t: rows g and g + 8), in log2
 // units. A stage's row maxima mx (the lane's own) become the quad's, the
 // running maximum m2 moves up to them, and the running sum l and the NT
-// output tiles o are rescaled.
+// output tiles o are rescaled. A row with every position so far masked
+// keeps m2 = -inf, l = 0 and o = 0 (a prefill split before the row's own
+// positions).
 template <int NT>
 __device__ inline void softmax_rescale(float mx[2], float m2[2], float l[2], float (*o)[4]) {
     float alpha[2];
@@ -310,7 +312,7 @@ __device__ inline void softmax_rescale(float mx[2], float m2[2], float l[2], flo
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         const float mn = fmaxf(m2[r], mx[r]);
-        alpha[r] = exp2f(m2[r] - mn);
+        alpha[r] = mn == -INFINITY ? 1.0f : exp2f(m2[r] - mn);
         m2[r] = mn;
         l[r] *= alpha[r];
     }
@@ -331,7 +333,7 @@ __device__ inline void prob_frags(const float (*sv)[4], const float m2[2], float
     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            p[nt][e] = exp2f(sv[nt][e] - m2[e / 2]);
+            p[nt][e] = exp2f(sv[nt][e] - (m2[e / 2] == -INFINITY ? 0.0f : m2[e / 2]));
             l[e / 2] += p[nt][e];
             p[nt][e] *= pscale;
         }
@@ -1022,10 +1024,20 @@ __host__ __device__ constexpr int wide_bytes(int hd, bool fp8) {
     return fp8 ? v3::stage_bytes(hd, false) : 0;
 }
 
+// A launch split over the context (grid z): split z takes positions
+// [z per_split, (z + 1) per_split) and leaves each of its rows' unscaled
+// output, maximum (natural log units) and sum at part index
+// (row splits + z) n_heads + head, for merge_prefill. acc null: one split,
+// the rows' outputs written directly.
+struct parts_out {
+    float *acc, *m, *l;
+    int per_split, splits;
+};
+
 template <int HD, int FMT>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     prefill_tc(view kv, const int *blocks, int pos0, int n_q, const float *q, int n_heads,
-               float sm_scale, int nstage, float *out) {
+               float sm_scale, int nstage, float *out, parts_out P) {
     using namespace kvd_mma;
     constexpr bool F16 = FMT != KVD_FMT_BF16, E5 = FMT == KVD_FMT_E5M2;
     constexpr int ROWB = v3::row_bytes(HD, F16), KSTR = v3::kstride(HD, F16),
@@ -1041,18 +1053,21 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     constexpr int KS16 = v3::kstride(HD, false), VS16 = v3::vstride(HD, false);
     unsigned char *wide = buffer(nstage);
     uint4 *qf = reinterpret_cast<uint4 *>(wide + wide_bytes(HD, F16)) + (size_t)warp * NCH * 2 * 32;
-    // the CTA's positions, and the last one any of this warp's rows attends
+    // the CTA's positions [t0, t1) (its rows' and its split's), and the
+    // last one any of this warp's rows attends
     const int n_ctx = pos0 + min(nv - 1, v0 + QV - 1) / G + 1;
+    const int t0 = P.acc ? blockIdx.z * P.per_split : 0,
+              t1 = P.acc ? min(n_ctx, t0 + P.per_split) : n_ctx;
     const int warp_last = wv0 < nv ? pos0 + min(nv - 1, wv0 + 15) / G : -1;
-    const int nst = (n_ctx + STAGE - 1) / STAGE;
+    const int nst = t0 < t1 ? (t1 - t0 + STAGE - 1) / STAGE : 0;
     const unsigned char *kpool = kv.k, *vpool = kv.v;
 
     auto issue = [&](int st) {
         unsigned char *ks = buffer(st % nstage), *vs = ks + STAGE * KSTR;
-        const int p0 = st * STAGE;
+        const int p0 = t0 + st * STAGE;
         for (int e = threadIdx.x; e < STAGE * CPR; e += WARPS * 32) {
             const int r = e / CPR, c = e % CPR, p = p0 + r;
-            const bool in = p < n_ctx;
+            const bool in = p < t1;
             size_t off = 0;
             if (in)
                 off = (((size_t)blocks[p / bs] * kv.kv_heads + h) * bs + p % bs) * ROWB + 16 * c;
@@ -1136,8 +1151,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             __syncthreads();
             ks = wide, vs = wide + STAGE * KS16;
         }
-        const int p0 = st * STAGE;
-        if (p0 > warp_last) continue; // (stage 0 never: position 0 is every row's)
+        const int p0 = t0 + st * STAGE;
+        if (p0 > warp_last) continue;
 
         // scores of positions p0 + 8 nt + 2 t (+1), hi and lo apart (eight
         // independent chains of MMAs)
@@ -1166,7 +1181,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
                 }
             }
         }
-        // causal mask, the rows' maxima over the quad, the running softmax
+        // causal mask (splits are whole stages, so a position past t1 is
+        // past every row's own), the rows' maxima over the quad, the running
+        // softmax
         float sv[4][4], smx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nt = 0; nt < 4; nt++)
@@ -1194,18 +1211,25 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     cp_async_wait(0);
 
     // the rows' outputs: sums over the quad, the V scale and E4M3's 2^8
-    const float unscale = kv.v_scale[h] * (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / pscale;
+    // (a split's: the sums and maxima apart, the V scale left to the merge)
+    const float unscale = (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / pscale;
     float f[2];
+    float *orow[2];
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) {
         l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
         l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
-        f[rr] = unscale / l[rr];
-    }
-    float *orow[2];
-    for (int rr = 0; rr < 2; rr++) {
         const int vv = wv0 + g + 8 * rr;
-        orow[rr] = vv < nv ? out + ((size_t)(vv / G) * n_heads + h * G + vv % G) * HD : nullptr;
+        const size_t row = (size_t)(vv / G) * n_heads + h * G + vv % G;
+        orow[rr] = nullptr;
+        if (vv >= nv) continue;
+        if (P.acc) {
+            const size_t pi = ((size_t)(vv / G) * P.splits + blockIdx.z) * n_heads + h * G + vv % G;
+            orow[rr] = P.acc + pi * HD, f[rr] = unscale;
+            if (t == 0) P.m[pi] = m2[rr] * v3::LN2, P.l[pi] = l[rr];
+        } else {
+            orow[rr] = out + row * HD, f[rr] = unscale * kv.v_scale[h] / l[rr];
+        }
     }
 #pragma unroll
     for (int i = 0; i < NT; i++)
@@ -1214,6 +1238,14 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             const int rr = e / 2, col = 2 * t + (e & 1);
             if (orow[rr]) orow[rr][8 * i + col] = o[i][e] * f[rr];
         }
+}
+
+// the rows' outputs from their splits: grid (n_heads, n_q)
+__global__ void merge_prefill(int splits, int kv_heads, int G, int hd, int n_heads, const float *pa,
+                              const float *pm, const float *pl, const float *v_scale, float *out) {
+    const size_t np = (size_t)blockIdx.y * splits * n_heads;
+    merge_splits(splits, kv_heads, G, hd, blockIdx.x, pa + np * hd, pm + np, pl + np, v_scale,
+                 out + (size_t)blockIdx.y * n_heads * hd);
 }
 
 // stage buffers a CTA takes (2 to 4): as many as let two CTAs share an SM,
@@ -1233,14 +1265,24 @@ static bool ok(int hd, int fmt) {
     return (hd == 64 || hd == 128 || hd == 256) && stages_for(hd, fmt) >= 2;
 }
 
-template <int HD, int FMT>
-static int launch_t(const view &kv, const int *blocks, int pos0, int n_q, const float *q,
-                    int n_heads, float sm_scale, int nstage, float *out) {
+// one launch's arguments
+struct args {
+    view kv;
+    const int *blocks;
+    int pos0, n_q;
+    const float *q;
+    int n_heads;
+    float sm_scale;
+    float *out;
+    parts_out P;
+};
+
+template <int HD, int FMT> static int launch_t(const args &a, int nstage) {
     constexpr bool F16 = FMT != KVD_FMT_BF16;
     const size_t shm =
         (size_t)nstage * v3::stage_bytes(HD, F16) + wide_bytes(HD, F16) + qfrag_bytes<HD>();
-    void (*prefill_t)(view, const int *, int, int, const float *, int, float, int, float *) =
-        prefill_tc<HD, FMT>;
+    void (*prefill_t)(view, const int *, int, int, const float *, int, float, int, float *,
+                      parts_out) = prefill_tc<HD, FMT>;
     static size_t opted[16];
     const int dev = v3::limits_of_current().dev;
     if (opted[dev] != shm) {
@@ -1249,34 +1291,64 @@ static int launch_t(const view &kv, const int *blocks, int pos0, int n_q, const 
             return -1;
         opted[dev] = shm;
     }
-    const int G = n_heads / kv.kv_heads;
-    dim3 grid((unsigned)(((size_t)n_q * G + QV - 1) / QV), (unsigned)kv.kv_heads);
-    prefill_t<<<grid, WARPS * 32, shm>>>(kv, blocks, pos0, n_q, q, n_heads, sm_scale, nstage, out);
+    const int G = a.n_heads / a.kv.kv_heads;
+    dim3 grid((unsigned)(((size_t)a.n_q * G + QV - 1) / QV), (unsigned)a.kv.kv_heads,
+              (unsigned)(a.P.acc ? a.P.splits : 1));
+    prefill_t<<<grid, WARPS * 32, shm>>>(a.kv, a.blocks, a.pos0, a.n_q, a.q, a.n_heads, a.sm_scale,
+                                         nstage, a.out, a.P);
     return 0;
 }
 
-template <int HD>
-static int launch_hd(const view &kv, const int *blocks, int pos0, int n_q, const float *q,
-                     int n_heads, float sm_scale, int nstage, float *out) {
-    switch (kv.fmt) {
+template <int HD> static int launch_hd(const args &a, int nstage) {
+    switch (a.kv.fmt) {
     case KVD_FMT_BF16:
-        return launch_t<HD, KVD_FMT_BF16>(kv, blocks, pos0, n_q, q, n_heads, sm_scale, nstage, out);
+        return launch_t<HD, KVD_FMT_BF16>(a, nstage);
     case KVD_FMT_E4M3:
-        return launch_t<HD, KVD_FMT_E4M3>(kv, blocks, pos0, n_q, q, n_heads, sm_scale, nstage, out);
+        return launch_t<HD, KVD_FMT_E4M3>(a, nstage);
     case KVD_FMT_E5M2:
-        return launch_t<HD, KVD_FMT_E5M2>(kv, blocks, pos0, n_q, q, n_heads, sm_scale, nstage, out);
+        return launch_t<HD, KVD_FMT_E5M2>(a, nstage);
     default:
         return -1;
     }
 }
 
-static int launch(const view &kv, const int *blocks, int pos0, int n_q, const float *q, int n_heads,
-                  float sm_scale, float *out) {
-    const int hd = kv.head_dim, ns = stages_for(hd, kv.fmt);
+// The split over the context: none where the chunk's CTAs fill the device,
+// else as many as fill it, with splits of 512 positions or more and as
+// many as the scratch holds (force_ps > 0: splits of that many positions,
+// for the tests). The chunk's CTAs all start at position 0, so a short
+// chunk deep in a long context would otherwise leave most SMs idle.
+static int launch(args a, float *scratch, size_t scratch_floats, int force_ps) {
+    const int hd = a.kv.head_dim, ns = stages_for(hd, a.kv.fmt);
     if (ns < 2) return -1;
-    return hd == 64    ? launch_hd<64>(kv, blocks, pos0, n_q, q, n_heads, sm_scale, ns, out)
-           : hd == 128 ? launch_hd<128>(kv, blocks, pos0, n_q, q, n_heads, sm_scale, ns, out)
-                       : launch_hd<256>(kv, blocks, pos0, n_q, q, n_heads, sm_scale, ns, out);
+    const int n_ctx = a.pos0 + a.n_q, G = a.n_heads / a.kv.kv_heads;
+    const long long ctas = (((long long)a.n_q * G + QV - 1) / QV) * a.kv.kv_heads;
+    const size_t per = (size_t)a.n_q * a.n_heads * ((size_t)hd + 2); // floats a split
+    const size_t room = scratch ? scratch_floats / per : 0;
+    int splits = 1;
+    if (force_ps > 0)
+        splits = (n_ctx + force_ps - 1) / force_ps;
+    else if (ctas < v3::limits_of_current().sms)
+        splits = (int)min((v3::limits_of_current().sms + ctas - 1) / ctas,
+                          (long long)max(1, n_ctx / 512));
+    if (splits > 1 && (size_t)splits > room) {
+        if (force_ps > 0) return -1;
+        splits = (int)room;
+    }
+    a.P = parts_out{nullptr, nullptr, nullptr, 0, 1};
+    if (splits > 1) {
+        const int ps =
+            force_ps > 0 ? force_ps : ((n_ctx + splits - 1) / splits + STAGE - 1) / STAGE * STAGE;
+        const int ns2 = (n_ctx + ps - 1) / ps;
+        const size_t np = (size_t)a.n_q * ns2 * a.n_heads;
+        a.P = parts_out{scratch, scratch + np * hd, scratch + np * hd + np, ps, ns2};
+    }
+    const int rc = hd == 64    ? launch_hd<64>(a, ns)
+                   : hd == 128 ? launch_hd<128>(a, ns)
+                               : launch_hd<256>(a, ns);
+    if (rc || !a.P.acc) return rc;
+    merge_prefill<<<dim3((unsigned)a.n_heads, (unsigned)a.n_q), 128>>>(
+        a.P.splits, a.kv.kv_heads, G, hd, a.n_heads, a.P.acc, a.P.m, a.P.l, a.kv.v_scale, a.out);
+    return 0;
 }
 } // namespace pf3
 
@@ -1290,22 +1362,32 @@ static bool prefill_forced_fp32() {
 }
 
 // prefill on device buffers: version 2 (tensor cores) where the shape and
-// the device's shared memory allow it, else 1 (FP32); 1 or 2 forces one
+// the device's shared memory allow it, else 1 (FP32); 1 or 2 forces one,
+// 3 is 2 split over the context every 128 positions (the tests')
 static int prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,
-                       const float *q, int n_heads, float sm_scale, float *out, int version) {
+                       const float *q, int n_heads, float sm_scale, float *out, float *scratch,
+                       size_t scratch_floats, int version) {
     if (n_q < 1 || n_heads % dv->kv_heads) return -1;
     const bool ok2 = version != 1 && pf3::ok(dv->head_dim, (int)dv->fmt);
-    if (version == 2 && !ok2) return -1;
+    if (version >= 2 && !ok2) return -1;
     if (!ok2) return prefill_fp32(dv, blocks, pos0, n_q, q, n_heads, sm_scale, out);
-    const view kv = dev_view(dv);
-    if (pf3::launch(kv, (const int *)blocks, pos0, n_q, q, n_heads, sm_scale, out)) return -1;
+    const pf3::args a = {dev_view(dv),
+                         (const int *)blocks,
+                         pos0,
+                         n_q,
+                         q,
+                         n_heads,
+                         sm_scale,
+                         out,
+                         {nullptr, nullptr, nullptr, 0, 1}};
+    if (pf3::launch(a, scratch, scratch_floats, version == 3 ? 128 : 0)) return -1;
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
 extern "C" int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0,
                                          int n_q, const float *q, int n_heads, float sm_scale,
-                                         float *out) {
-    return prefill_dev(dv, blocks, pos0, n_q, q, n_heads, sm_scale, out,
+                                         float *out, float *scratch, size_t scratch_floats) {
+    return prefill_dev(dv, blocks, pos0, n_q, q, n_heads, sm_scale, out, scratch, scratch_floats,
                        prefill_forced_fp32() ? 1 : 0);
 }
 
@@ -1314,16 +1396,20 @@ extern "C" int kvd_cuda_attn_prefill_v(const kvd_kv_view *hv, int n_blocks, cons
                                        float sm_scale, float *out, int version) {
     const int nb = (pos0 + n_q + hv->block_size - 1) / hv->block_size;
     const size_t nq = sizeof(float) * (size_t)n_q * n_heads * hv->head_dim;
+    // room for splits of 128 positions
+    const size_t ns = (size_t)n_q * ((pos0 + n_q + 127) / 128) * n_heads * (hv->head_dim + 2);
     dev_cache dc;
-    float *dq = nullptr, *dout = nullptr;
+    float *dq = nullptr, *dout = nullptr, *scratch = nullptr;
     int rc = -1;
     if (dc.upload(hv, n_blocks, blocks, nb) && cudaMalloc(&dq, nq) == cudaSuccess &&
         cudaMalloc(&dout, nq) == cudaSuccess &&
+        cudaMalloc(&scratch, sizeof(float) * ns) == cudaSuccess &&
         cudaMemcpy(dq, q, nq, cudaMemcpyHostToDevice) == cudaSuccess &&
-        prefill_dev(&dc.v, dc.blocks, pos0, n_q, dq, n_heads, sm_scale, dout, version) == 0 &&
+        prefill_dev(&dc.v, dc.blocks, pos0, n_q, dq, n_heads, sm_scale, dout, scratch, ns,
+                    version) == 0 &&
         cudaMemcpy(out, dout, nq, cudaMemcpyDeviceToHost) == cudaSuccess)
         rc = 0;
-    cudaFree(dq), cudaFree(dout);
+    cudaFree(dq), cudaFree(dout), cudaFree(scratch);
     return rc;
 }
 
@@ -1431,11 +1517,13 @@ extern "C" double kvd_cuda_bench_prefill(int fmt, int pos0, int n_q, int n_heads
                  nq = (size_t)n_q * n_heads * head_dim;
     unsigned char *dk = nullptr, *dv = nullptr;
     int *db = nullptr;
-    float *dq = nullptr, *dout = nullptr, *dsc = nullptr;
+    float *dq = nullptr, *dout = nullptr, *dsc = nullptr, *ds = nullptr;
     double best = 0;
+    // the scratch the model would have for a 32-sequence cache of this context
+    const size_t ns = kvd_cuda_attn_scratch_floats(32 * n_ctx, n_heads, head_dim);
     if (cudaMalloc(&dk, pool) || cudaMalloc(&dv, pool) || cudaMalloc(&db, sizeof(int) * nb) ||
         cudaMalloc(&dq, sizeof(float) * nq) || cudaMalloc(&dout, sizeof(float) * nq) ||
-        cudaMalloc(&dsc, sizeof(float) * kv_heads))
+        cudaMalloc(&dsc, sizeof(float) * kv_heads) || cudaMalloc(&ds, sizeof(float) * ns))
         goto out;
     {
         cudaMemset(dk, 0x31, pool); /* finite codes in every format */
@@ -1454,8 +1542,8 @@ extern "C" double kvd_cuda_bench_prefill(int fmt, int pos0, int n_q, int n_heads
         best = 1e30;
         for (int r = 0; r <= reps && best > 0; r++) {
             cudaEventRecord(e0);
-            if (prefill_dev(&dvw, (const int32_t *)db, pos0, n_q, dq, n_heads, 0.0625f, dout,
-                            version))
+            if (prefill_dev(&dvw, (const int32_t *)db, pos0, n_q, dq, n_heads, 0.0625f, dout, ds,
+                            ns, version))
                 best = 0;
             cudaEventRecord(e1);
             cudaEventSynchronize(e1);
@@ -1467,6 +1555,7 @@ extern "C" double kvd_cuda_bench_prefill(int fmt, int pos0, int n_q, int n_heads
         if (cudaGetLastError() != cudaSuccess) best = 0;
     }
 out:
-    cudaFree(dk), cudaFree(dv), cudaFree(db), cudaFree(dq), cudaFree(dout), cudaFree(dsc);
+    cudaFree(dk), cudaFree(dv), cudaFree(db), cudaFree(dq), cudaFree(dout), cudaFree(dsc),
+        cudaFree(ds);
     return best;
 }

@@ -47,7 +47,9 @@ int kvd_cuda_attn_probs(const kvd_kv_view *kv, int n_blocks, const int32_t *bloc
  * a power of two <= 16); 2: tensor cores, rows and heads sharing each K/V
  * stage, query and probabilities as 16-bit hi + lo pairs (head_dim
  * 64/128/256, any group, where the device's shared memory holds two
- * stages); 0: 2 where it can, else 1. -1 when the version asked for cannot
+ * stages); 3: 2 with the context split every 128 positions and the splits
+ * merged (what a short chunk deep in a long context gets, at a test's
+ * scale); 0: 2 where it can, else 1. -1 when the version asked for cannot
  * take the shape. */
 int kvd_cuda_attn_prefill_v(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int pos0,
                             int n_q, const float *q, int n_heads, float sm_scale, float *out,
@@ -127,8 +129,11 @@ int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab, i
                                    size_t scratch_floats);
 int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
                             int n_heads, float sm_scale, float *probs);
+/* scratch (may be null) lets a short chunk split its context: n_q * splits
+ * * n_heads * (head_dim + 2) floats for that many splits */
 int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,
-                              const float *q, int n_heads, float sm_scale, float *out);
+                              const float *q, int n_heads, float sm_scale, float *out,
+                              float *scratch, size_t scratch_floats);
 
 /* the model's glue, as runners/model.c does it on the CPU (model_ops.cu):
  * y = x W^T with FP32 x and BF16 W; embedding rows; RMSNorm over strided

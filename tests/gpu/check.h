@@ -17,6 +17,12 @@ static int failures = 0, checks = 0;
         }                                                                                          \
     } while (0)
 
+/* the larger of worst and e, a NaN winning over everything (a NaN result
+ * must fail the check that follows, not vanish from the maximum) */
+static inline double worst_of(double worst, double e) {
+    return worst != worst || e <= worst ? worst : e;
+}
+
 /* ||a - b|| / ||b|| */
 static inline double rel_l2(const float *a, const float *b, size_t n) {
     double num = 0, den = 0;

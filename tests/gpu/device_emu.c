@@ -270,7 +270,9 @@ int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_
     return 0;
 }
 int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,
-                              const float *q, int n_heads, float sm_scale, float *out) {
+                              const float *q, int n_heads, float sm_scale, float *out,
+                              float *scratch, size_t scratch_floats) {
+    (void)scratch, (void)scratch_floats;
     void *work = malloc(kvd_attn_work_bytes(n_heads, dv->head_dim, pos0 + n_q, 32));
     for (int r = 0; r < n_q; r++)
         kvd_attn_paged(dv, blocks, pos0 + r + 1, q + (size_t)r * n_heads * dv->head_dim, n_heads,

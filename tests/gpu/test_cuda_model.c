@@ -82,7 +82,7 @@ static void dev_hidden(void *ctx, int layer, const kvd_batch *b, const int *pos,
     hidden_rec *r = ctx;
     (void)b, (void)pos;
     double e = rel_l2(h, r->cpu + (size_t)layer * MAX_ROWS * r->H, (size_t)r->rows * r->H);
-    if (e > r->worst[layer]) r->worst[layer] = e;
+    r->worst[layer] = worst_of(r->worst[layer], e);
 }
 
 /* How many codes apart element i of two rows is: codes ordered by value
@@ -230,7 +230,7 @@ static void run(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scale
         CHECK(okd, "%s device prefill: %s\n", preset, err);
         if (!okc || !okd) goto out;
         double e = rel_l2(ld, lc, (size_t)V);
-        worst_logits = e > worst_logits ? e : worst_logits;
+        worst_logits = worst_of(worst_logits, e);
         nxt[i] = kvd_argmax(lc, V);
     }
     /* decode: both sequences per step, the CPU's greedy choices for both */
@@ -243,7 +243,7 @@ static void run(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scale
         CHECK(okd, "%s device decode: %s\n", preset, err);
         if (!okc || !okd) goto out;
         double e = rel_l2(ld, lc, (size_t)2 * V);
-        worst_logits = e > worst_logits ? e : worst_logits;
+        worst_logits = worst_of(worst_logits, e);
         nxt[0] = kvd_argmax(lc, V), nxt[1] = kvd_argmax(lc + V, V);
     }
     /* FP8: what one neighbouring code on an outlier channel allows (above) */
@@ -263,7 +263,7 @@ static void run(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scale
             ok = ok && kvd_cuda_forward(md, &kd, &b, ld, 1, err) == 0;
             CHECK(ok, "%s fork step: %s\n", preset, err);
             double e = ok ? rel_l2(ld, lc, (size_t)V) : 1;
-            worst_logits = e > worst_logits ? e : worst_logits;
+            worst_logits = worst_of(worst_logits, e);
             kvd_kvcache_release(&kc, fc);
             kvd_kvcache_release(&kd, fc);
             kvd_kvcache_release(&kq, fc);
@@ -274,8 +274,8 @@ static void run(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scale
     double worst_hidden = 0;
     int first_bad = -1;
     for (int l = 0; l < L; l++) {
-        if (rec.worst[l] > worst_hidden) worst_hidden = rec.worst[l];
-        if (first_bad < 0 && rec.worst[l] >= tol_hidden) first_bad = l;
+        worst_hidden = worst_of(worst_hidden, rec.worst[l]);
+        if (first_bad < 0 && !(rec.worst[l] < tol_hidden)) first_bad = l;
     }
     if (first_bad >= 0)
         for (int l = 0; l < L; l++)

@@ -113,7 +113,7 @@ static void attention_case(int nh, int kvh, int hd, int n_ctx) {
                     num += e * e;
                     den += (double)ocpu[h * hd + d] * ocpu[h * hd + d];
                 }
-                if (!(sqrt(num / den) <= worst)) worst = sqrt(num / den);
+                worst = worst_of(worst, sqrt(num / den));
             }
             CHECK(worst < 1e-4, "attention v%d fmt %d (%d/%d heads x %d, %d tokens): rel L2 %g\n",
                   ver, fi, nh, kvh, hd, n_ctx, worst);
@@ -477,7 +477,7 @@ static void gdn(void) {
                          beta[h], o1 + h * DV, DK, DV);
         CHECK(kvd_cuda_gdn_step(S2, q, k, v, g, beta, o2, H, DK, DV) == 0, "cuda gdn failed\n");
         double r = rel_l2(o2, o1, H * DV);
-        worst = r > worst ? r : worst;
+        worst = worst_of(worst, r);
     }
     CHECK(worst < 1e-5, "gdn: output rel L2 %g\n", worst);
     CHECK(rel_l2(S2, S1, ns) < 1e-5, "gdn: state rel L2 %g\n", rel_l2(S2, S1, ns));
@@ -512,7 +512,8 @@ static void route_and_sample(void) {
     free(x), free(xc), free(lg);
 }
 
-/* Prefill attention, both versions: chunks of query rows (100 rows at
+/* Prefill attention, both versions (and v2 split over the context every
+ * 128 positions, merged): chunks of query rows (100 rows at
  * positions 600..699 of a 700-token cache in scattered blocks, and a first
  * chunk of 40 at 0..39), each row against kvd_attn_paged over its own
  * prefix, every cache format and scaling (the checkpoint mode is the
@@ -563,7 +564,8 @@ static void prefill(void) {
                 for (int r = 0; r < nq; r++)
                     kvd_attn_paged(&view, c.seqs[s].blocks, p0 + r + 1, q + (size_t)r * NH * D, NH,
                                    sm, oc + (size_t)r * NH * D, NULL, work, 1);
-                for (int ver = 1; ver <= 2; ver++) {
+                /* v3 on the deep chunk only: the first one's 40 positions are one split */
+                for (int ver = 1; ver <= (p0 ? 3 : 2); ver++) {
                     for (size_t i = 0; i < (size_t)NQ * NH * D; i++) og[i] = 7.0f;
                     int rc = kvd_cuda_attn_prefill_v(&view, c.n_blocks, c.seqs[s].blocks, p0, nq, q,
                                                      NH, sm, og, ver);
@@ -576,7 +578,7 @@ static void prefill(void) {
                     for (int r = 0; r < nq; r++) {
                         double e = rel_l2(og + (size_t)r * NH * D, oc + (size_t)r * NH * D,
                                           (size_t)NH * D);
-                        worst = e > worst ? e : worst;
+                        worst = worst_of(worst, e);
                     }
                     CHECK(worst < 1e-4,
                           "prefill v%d mode %d heads %d dim %d pos0 %d: worst row rel L2 %g\n", ver,
