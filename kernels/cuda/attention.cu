@@ -993,11 +993,12 @@ static int prefill_fp32(const kvd_kv_view *dv, const int32_t *blocks, int pos0, 
 
 // ---- prefill on tensor cores ----
 // The query vectors of KV head h are numbered v = r G + j (row r of the
-// chunk, head j of the group). Grid (ceil(n_q G / 128), kv_heads), 8 warps a
-// CTA; warp w takes vectors 128 blockIdx.x + 16 w .. +15 as its MMA rows,
-// so rows and heads alike share every K/V stage the CTA loads. The CTA
-// streams positions 0 .. pos0 + (its last row) through shared memory in
-// v3's stages (32 positions, cp.async, nstage buffers). Per stage each warp:
+// chunk, head j of the group). Grid (ceil(n_q G / 128), kv_heads, splits),
+// 8 warps a CTA; warp w takes vectors 128 blockIdx.x + 16 w .. +15 as its
+// MMA rows, so rows and heads alike share every K/V stage the CTA loads.
+// The CTA streams positions 0 .. pos0 + (its last row) (or its split's
+// share of them) through shared memory in v3's stages (32 positions,
+// cp.async, nstage buffers). Per stage each warp:
 //   - scores: its 16 x 32 scores, query fragments (hi and lo, split once
 //     into shared memory in register order) by the K rows, v3's dim order;
 //   - masks positions past each row's own (causal), and carries its own
