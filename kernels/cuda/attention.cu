@@ -367,6 +367,24 @@ __host__ __device__ constexpr int stage_bytes(int hd, bool fp8) {
     return STAGE * (kstride(hd, fp8) + vstride(hd, fp8));
 }
 
+// K and V rows of positions p0 .. p0 + STAGE - 1 of KV head h into a
+// stage's buffers ks and vs, by cp.async from the THREADS threads of the
+// CTA; positions from t1 on are zero-filled
+template <int ROWB, int KSTR, int VSTR, int THREADS>
+__device__ inline void load_stage(const view &kv, const int *blocks, int h, int p0, int t1,
+                                  unsigned char *ks, unsigned char *vs) {
+    constexpr int CPR = ROWB / 16;
+    const int bs = kv.block_size;
+    for (int e = threadIdx.x; e < STAGE * CPR; e += THREADS) {
+        const int r = e / CPR, c = e % CPR, p = p0 + r;
+        const bool in = p < t1;
+        size_t off = 0;
+        if (in) off = (((size_t)blocks[p / bs] * kv.kv_heads + h) * bs + p % bs) * ROWB + 16 * c;
+        kvd_mma::cp_async16(ks + r * KSTR + 16 * c, kv.k + off, in ? 16 : 0);
+        kvd_mma::cp_async16(vs + r * VSTR + 16 * c, kv.v + off, in ? 16 : 0);
+    }
+}
+
 // Where a launch's queries are: one sequence (seqs null: block table btab,
 // n_ctx positions, the query at q), or the batch entries z = blockIdx.z of
 // a step (device arrays: entry z is row row0[z] at position pos[row0[z]] of
@@ -399,14 +417,14 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     using namespace kvd_mma;
     constexpr bool F16 = FMT != KVD_FMT_BF16, E5 = FMT == KVD_FMT_E5M2;
     constexpr int ROWB = row_bytes(HD, F16), KSTR = kstride(HD, F16), VSTR = vstride(HD, F16);
-    constexpr int CPR = ROWB / 16, NCH = HD / 16, SLICE = HD / WARPS, NT = SLICE / 8;
+    constexpr int NCH = HD / 16, SLICE = HD / WARPS, NT = SLICE / 8;
     extern __shared__ uint4 smem_u4[];
     unsigned char *smem = reinterpret_cast<unsigned char *>(smem_u4);
     // stage buffer i (K rows, then V rows); the scores' exchange after the last
     auto buffer = [&](int i) { return smem + (size_t)i * STAGE * (KSTR + VSTR); };
     float *sbuf = reinterpret_cast<float *>(buffer(nstage));
     const int split = blockIdx.x, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int g = lane / 4, t = lane % 4, bs = kv.block_size;
+    const int g = lane / 4, t = lane % 4;
     const int *blocks;
     int n_ctx, qrow;
     if (!row_of(R, blockIdx.z, &blocks, &n_ctx, &qrow)) return;
@@ -415,21 +433,12 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     const int nst = (t1 - t0 + STAGE - 1) / STAGE;
     q += (size_t)qrow * R.qstride;
     const size_t zsplit = (size_t)blockIdx.z * R.max_splits + split;
-    const unsigned char *kpool = kv.k, *vpool = kv.v;
 
     // stage st's K and V rows into buffer st % nstage
     auto issue = [&](int st) {
-        unsigned char *ks = buffer(st % nstage), *vs = ks + STAGE * KSTR;
-        const int p0 = t0 + st * STAGE;
-        for (int e = threadIdx.x; e < STAGE * CPR; e += WARPS * 32) {
-            const int r = e / CPR, c = e % CPR, p = p0 + r;
-            const bool in = p < t1;
-            size_t off = 0;
-            if (in)
-                off = (((size_t)blocks[p / bs] * kv.kv_heads + h) * bs + p % bs) * ROWB + 16 * c;
-            cp_async16(ks + r * KSTR + 16 * c, kpool + off, in ? 16 : 0);
-            cp_async16(vs + r * VSTR + 16 * c, vpool + off, in ? 16 : 0);
-        }
+        unsigned char *ks = buffer(st % nstage);
+        load_stage<ROWB, KSTR, VSTR, WARPS * 32>(kv, blocks, h, t0 + st * STAGE, t1, ks,
+                                                 ks + STAGE * KSTR);
     };
     for (int st = 0; st < nstage - 1; st++) {
         if (st < nst) issue(st);
@@ -623,21 +632,36 @@ static dev_limits limits_of_current() {
     return cache[dev];
 }
 
-// stage buffers a CTA takes, at most 4: as many as let two CTAs share an
-// SM (1 KB a CTA is the system's), else as many as one CTA may have; < 2:
-// no v3
-// the benchmark's overrides (0: chosen as below)
+// the benchmark's overrides of stages and split length (0: chosen as below;
+// fewer than 2 stages: no v3)
 static int bench_nstage = 0, bench_per_split = 0;
 
-static int stages_for(int hd, int fmt) {
+// stage buffers of sb bytes a CTA takes beside its fixed bytes, at most 4:
+// as many as let two CTAs share an SM (1 KB a CTA is the system's), else
+// as many as one CTA may have
+static int stages_fitting(int sb, int fixed) {
     const dev_limits d = limits_of_current();
-    if (bench_nstage) // as asked, or none where that does not fit
-        return bench_nstage * stage_bytes(hd, fmt != KVD_FMT_BF16) + SBUF <= d.smem_optin
-                   ? bench_nstage
-                   : 0;
+    const int two = (min(d.smem_sm / 2, d.smem_optin) - 1024 - fixed) / sb;
+    return min(4, two >= 2 ? two : (d.smem_optin - fixed) / sb);
+}
+
+static int stages_for(int hd, int fmt) {
     const int sb = stage_bytes(hd, fmt != KVD_FMT_BF16);
-    const int two = (min(d.smem_sm / 2, d.smem_optin) - 1024 - SBUF) / sb;
-    return min(4, two >= 2 ? two : (d.smem_optin - SBUF) / sb);
+    if (bench_nstage) // as asked, or none where that does not fit
+        return bench_nstage * sb + SBUF <= limits_of_current().smem_optin ? bench_nstage : 0;
+    return stages_fitting(sb, SBUF);
+}
+
+// a kernel's shared-memory opt-in, asked for when it changes (opted: the
+// kernel's size per device)
+template <class F> static bool opt_in(F *kernel, size_t shm, size_t opted[16]) {
+    const int dev = limits_of_current().dev;
+    if (opted[dev] == shm) return true;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm) !=
+        cudaSuccess)
+        return false;
+    opted[dev] = shm;
+    return true;
 }
 
 // positions a split: 512, or fewer (down to 128) until the grid of n
@@ -658,13 +682,7 @@ static int launch_t(const view &kv, const rows &R, int n_entries, int per_split,
                         float *) = decode_v3<HD, FMT>;
     // the shared-memory opt-in, asked for when it changes (per device)
     static size_t opted[16];
-    const int dev = limits_of_current().dev;
-    if (opted[dev] != shm) {
-        if (cudaFuncSetAttribute(decode_v3_t, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)shm) != cudaSuccess)
-            return -1;
-        opted[dev] = shm;
-    }
+    if (!opt_in(decode_v3_t, shm, opted)) return -1;
     dim3 grid((unsigned)R.max_splits, (unsigned)kv.kv_heads, (unsigned)n_entries);
     decode_v3_t<<<grid, WARPS * 32, shm>>>(kv, R, per_split, nstage, G, dq, sm_scale, pa, pm, pl);
     return 0;
@@ -768,12 +786,15 @@ extern "C" size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int hea
     return splits * (size_t)n_heads * ((size_t)head_dim + 2);
 }
 
+// whether the environment sets name to value
+static bool env_is(const char *name, const char *value) {
+    const char *e = getenv(name);
+    return e && !strcmp(e, value);
+}
+
 // KVD_CUDA_DECODE=2: decode stays on v2 (a diagnostic), read once
 static bool decode_forced_v2() {
-    static const bool forced = [] {
-        const char *e = getenv("KVD_CUDA_DECODE");
-        return e && !strcmp(e, "2");
-    }();
+    static const bool forced = env_is("KVD_CUDA_DECODE", "2");
     return forced;
 }
 
@@ -1043,12 +1064,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     constexpr bool F16 = FMT != KVD_FMT_BF16, E5 = FMT == KVD_FMT_E5M2;
     constexpr int ROWB = v3::row_bytes(HD, F16), KSTR = v3::kstride(HD, F16),
                   VSTR = v3::vstride(HD, F16);
-    constexpr int CPR = ROWB / 16, NCH = HD / 16, NT = HD / 8;
+    constexpr int NCH = HD / 16, NT = HD / 8;
     extern __shared__ uint4 smem_u4[];
     unsigned char *smem = reinterpret_cast<unsigned char *>(smem_u4);
     auto buffer = [&](int i) { return smem + (size_t)i * STAGE * (KSTR + VSTR); };
     const int h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int g = lane / 4, t = lane % 4, bs = kv.block_size;
+    const int g = lane / 4, t = lane % 4;
     const int G = n_heads / kv.kv_heads, nv = n_q * G, v0 = blockIdx.x * QV, wv0 = v0 + 16 * warp;
     // 16-bit K and V rows: the stage itself (BF16) or its FP16 copy (FP8)
     constexpr int KS16 = v3::kstride(HD, false), VS16 = v3::vstride(HD, false);
@@ -1061,20 +1082,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
               t1 = P.acc ? min(n_ctx, t0 + P.per_split) : n_ctx;
     const int warp_last = wv0 < nv ? pos0 + min(nv - 1, wv0 + 15) / G : -1;
     const int nst = t0 < t1 ? (t1 - t0 + STAGE - 1) / STAGE : 0;
-    const unsigned char *kpool = kv.k, *vpool = kv.v;
 
     auto issue = [&](int st) {
-        unsigned char *ks = buffer(st % nstage), *vs = ks + STAGE * KSTR;
-        const int p0 = t0 + st * STAGE;
-        for (int e = threadIdx.x; e < STAGE * CPR; e += WARPS * 32) {
-            const int r = e / CPR, c = e % CPR, p = p0 + r;
-            const bool in = p < t1;
-            size_t off = 0;
-            if (in)
-                off = (((size_t)blocks[p / bs] * kv.kv_heads + h) * bs + p % bs) * ROWB + 16 * c;
-            cp_async16(ks + r * KSTR + 16 * c, kpool + off, in ? 16 : 0);
-            cp_async16(vs + r * VSTR + 16 * c, vpool + off, in ? 16 : 0);
-        }
+        unsigned char *ks = buffer(st % nstage);
+        v3::load_stage<ROWB, KSTR, VSTR, WARPS * 32>(kv, blocks, h, t0 + st * STAGE, t1, ks,
+                                                     ks + STAGE * KSTR);
     };
     for (int st = 0; st < nstage - 1; st++) {
         if (st < nst) issue(st);
@@ -1249,16 +1261,14 @@ __global__ void merge_prefill(int splits, int kv_heads, int G, int hd, int n_hea
                  out + (size_t)blockIdx.y * n_heads * hd);
 }
 
-// stage buffers a CTA takes (2 to 4): as many as let two CTAs share an SM,
-// else as many as one may have; 0: the shape does not fit
+// stage buffers a CTA takes beside its query fragments (and FP8's widened
+// stage), 2 to 4 as v3's; 0: the shape does not fit
 static int stages_for(int hd, int fmt) {
-    const v3::dev_limits d = v3::limits_of_current();
-    const int sb = v3::stage_bytes(hd, fmt != KVD_FMT_BF16);
-    const int qb = wide_bytes(hd, fmt != KVD_FMT_BF16) + (hd == 64    ? qfrag_bytes<64>()
-                                                          : hd == 128 ? qfrag_bytes<128>()
-                                                                      : qfrag_bytes<256>());
-    const int two = (min(d.smem_sm / 2, d.smem_optin) - 1024 - qb) / sb;
-    const int n = min(4, two >= 2 ? two : (d.smem_optin - qb) / sb);
+    const bool fp8 = fmt != KVD_FMT_BF16;
+    const int qb = wide_bytes(hd, fp8) + (hd == 64    ? qfrag_bytes<64>()
+                                          : hd == 128 ? qfrag_bytes<128>()
+                                                      : qfrag_bytes<256>());
+    const int n = v3::stages_fitting(v3::stage_bytes(hd, fp8), qb);
     return n >= 2 ? n : 0;
 }
 
@@ -1285,13 +1295,7 @@ template <int HD, int FMT> static int launch_t(const args &a, int nstage) {
     void (*prefill_t)(view, const int *, int, int, const float *, int, float, int, float *,
                       parts_out) = prefill_tc<HD, FMT>;
     static size_t opted[16];
-    const int dev = v3::limits_of_current().dev;
-    if (opted[dev] != shm) {
-        if (cudaFuncSetAttribute(prefill_t, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)shm) != cudaSuccess)
-            return -1;
-        opted[dev] = shm;
-    }
+    if (!v3::opt_in(prefill_t, shm, opted)) return -1;
     const int G = a.n_heads / a.kv.kv_heads;
     dim3 grid((unsigned)(((size_t)a.n_q * G + QV - 1) / QV), (unsigned)a.kv.kv_heads,
               (unsigned)(a.P.acc ? a.P.splits : 1));
@@ -1322,15 +1326,15 @@ static int launch(args a, float *scratch, size_t scratch_floats, int force_ps) {
     const int hd = a.kv.head_dim, ns = stages_for(hd, a.kv.fmt);
     if (ns < 2) return -1;
     const int n_ctx = a.pos0 + a.n_q, G = a.n_heads / a.kv.kv_heads;
+    const int sms = v3::limits_of_current().sms;
     const long long ctas = (((long long)a.n_q * G + QV - 1) / QV) * a.kv.kv_heads;
     const size_t per = (size_t)a.n_q * a.n_heads * ((size_t)hd + 2); // floats a split
     const size_t room = scratch ? scratch_floats / per : 0;
     int splits = 1;
     if (force_ps > 0)
         splits = (n_ctx + force_ps - 1) / force_ps;
-    else if (ctas < v3::limits_of_current().sms)
-        splits = (int)min((v3::limits_of_current().sms + ctas - 1) / ctas,
-                          (long long)max(1, n_ctx / 512));
+    else if (ctas < sms)
+        splits = (int)min((sms + ctas - 1) / ctas, (long long)max(1, n_ctx / 512));
     if (splits > 1 && (size_t)splits > room) {
         if (force_ps > 0) return -1;
         splits = (int)room;
@@ -1340,8 +1344,8 @@ static int launch(args a, float *scratch, size_t scratch_floats, int force_ps) {
         const int ps =
             force_ps > 0 ? force_ps : ((n_ctx + splits - 1) / splits + STAGE - 1) / STAGE * STAGE;
         const int ns2 = (n_ctx + ps - 1) / ps;
-        const size_t np = (size_t)a.n_q * ns2 * a.n_heads;
-        a.P = parts_out{scratch, scratch + np * hd, scratch + np * hd + np, ps, ns2};
+        const parts pp = parts_in(scratch, (size_t)a.n_q * ns2 * a.n_heads, hd);
+        a.P = parts_out{pp.acc, pp.m, pp.l, ps, ns2};
     }
     const int rc = hd == 64    ? launch_hd<64>(a, ns)
                    : hd == 128 ? launch_hd<128>(a, ns)
@@ -1355,10 +1359,7 @@ static int launch(args a, float *scratch, size_t scratch_floats, int force_ps) {
 
 // KVD_CUDA_PREFILL=1: prefill stays on the FP32 kernel (a diagnostic), read once
 static bool prefill_forced_fp32() {
-    static const bool forced = [] {
-        const char *e = getenv("KVD_CUDA_PREFILL");
-        return e && !strcmp(e, "1");
-    }();
+    static const bool forced = env_is("KVD_CUDA_PREFILL", "1");
     return forced;
 }
 
@@ -1434,66 +1435,89 @@ extern "C" int kvd_cuda_attn_decode(const kvd_kv_view *hv, int n_blocks, const i
  * for what kvd_cuda_attn_decode_dev picks. Before each timed rep a 256 MiB
  * buffer is written, so no rep finds the cache in L2 (60 MB on an H200, more
  * than a 32K-token FP8 cache). 0 when it could not run. */
-extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim,
-                                      int reps, int version) {
-    const int bs = 16, nb = (n_ctx + bs - 1) / bs;
-    const size_t esz = fmt == KVD_FMT_BF16 ? 2 : 1,
-                 pool = (size_t)nb * kv_heads * bs * head_dim * esz,
-                 flush_bytes = (size_t)256 << 20;
-    unsigned char *dk = nullptr, *dv = nullptr, *flush = nullptr;
-    int *db = nullptr;
-    float *dq = nullptr, *ds = nullptr, *dout = nullptr, *dsc = nullptr;
-    double best = 0;
-    const size_t work = version == 1 ? (size_t)n_heads * n_ctx
-                                     : kvd_cuda_attn_scratch_floats(n_ctx, n_heads, head_dim);
-    if (cudaMalloc(&dk, pool) || cudaMalloc(&dv, pool) || cudaMalloc(&db, sizeof(int) * nb) ||
-        cudaMalloc(&dq, sizeof(float) * n_heads * head_dim) ||
-        cudaMalloc(&ds, sizeof(float) * work) ||
-        cudaMalloc(&dout, sizeof(float) * n_heads * head_dim) ||
-        cudaMalloc(&dsc, sizeof(float) * kv_heads) || cudaMalloc(&flush, flush_bytes))
-        goto out;
-    {
-        /* codes 0x00..0x3f: finite values in every format */
-        cudaMemset(dk, 0x31, pool);
-        cudaMemset(dv, 0x2a, pool);
-        cudaMemset(dq, 0, sizeof(float) * n_heads * head_dim);
+// a synthetic cache on the device for the benchmarks: n_ctx positions of
+// kv_heads heads in scattered 16-token blocks, codes 0x31 (K) and 0x2a (V),
+// finite in every format, scales 1
+struct bench_cache {
+    unsigned char *k = nullptr, *v = nullptr;
+    int *blocks = nullptr;
+    float *scale = nullptr;
+    kvd_kv_view view{};
+    ~bench_cache() { cudaFree(k), cudaFree(v), cudaFree(blocks), cudaFree(scale); }
+    bool make(int fmt, int n_ctx, int kv_heads, int head_dim) {
+        const int bs = 16, nb = (n_ctx + bs - 1) / bs;
+        const size_t pool = (size_t)nb * kv_heads * bs * head_dim * (fmt == KVD_FMT_BF16 ? 2 : 1);
+        if (kv_heads > 64 || cudaMalloc(&k, pool) || cudaMalloc(&v, pool) ||
+            cudaMalloc(&blocks, sizeof(int) * nb) || cudaMalloc(&scale, sizeof(float) * kv_heads))
+            return false;
+        cudaMemset(k, 0x31, pool);
+        cudaMemset(v, 0x2a, pool);
         int *hb = (int *)malloc(sizeof(int) * nb);
         for (int i = 0; i < nb; i++) hb[i] = (int)(((long long)i * 7919) % nb);
-        cudaMemcpy(db, hb, sizeof(int) * nb, cudaMemcpyHostToDevice);
+        cudaMemcpy(blocks, hb, sizeof(int) * nb, cudaMemcpyHostToDevice);
         free(hb);
         float one[64];
         for (int i = 0; i < 64; i++) one[i] = 1.0f;
-        cudaMemcpy(dsc, one, sizeof(float) * kv_heads, cudaMemcpyHostToDevice);
-        const kvd_kv_view dvw = {(kvd_fmt)fmt, bs, kv_heads, head_dim, dk, dv, dsc, dsc, 0};
-        const view kv = dev_view(&dvw);
-        cudaEvent_t e0, e1;
-        cudaEventCreate(&e0), cudaEventCreate(&e1);
-        best = 1e30;
-        for (int r = 0; r <= reps && best > 0; r++) {
-            cudaMemset(flush, r & 0xff, flush_bytes);
-            cudaEventRecord(e0);
-            if (version == 1) {
+        cudaMemcpy(scale, one, sizeof(float) * kv_heads, cudaMemcpyHostToDevice);
+        view = {(kvd_fmt)fmt, bs, kv_heads, head_dim, k, v, scale, scale, 0};
+        return true;
+    }
+};
+
+// seconds of body() (true: it ran), the best of reps after a warm-up, prep()
+// untimed before each; 0 when a body failed or the device reports an error
+template <class P, class B> static double best_of(int reps, P prep, B body) {
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    double best = 1e30;
+    for (int r = 0; r <= reps && best > 0; r++) {
+        prep();
+        cudaEventRecord(e0);
+        const bool ran = body();
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (!ran)
+            best = 0;
+        else if (r && ms * 1e-3 < best)
+            best = ms * 1e-3;
+    }
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return cudaGetLastError() == cudaSuccess ? best : 0;
+}
+
+extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim,
+                                      int reps, int version) {
+    const size_t flush_bytes = (size_t)256 << 20, nq = (size_t)n_heads * head_dim;
+    const size_t work = version == 1 ? (size_t)n_heads * n_ctx
+                                     : kvd_cuda_attn_scratch_floats(n_ctx, n_heads, head_dim);
+    bench_cache bc;
+    unsigned char *flush = nullptr;
+    float *dq = nullptr, *ds = nullptr, *dout = nullptr;
+    double best = 0;
+    if (bc.make(fmt, n_ctx, kv_heads, head_dim) && !cudaMalloc(&dq, sizeof(float) * nq) &&
+        !cudaMalloc(&ds, sizeof(float) * work) && !cudaMalloc(&dout, sizeof(float) * nq) &&
+        !cudaMalloc(&flush, flush_bytes)) {
+        cudaMemset(dq, 0, sizeof(float) * nq);
+        const view kv = dev_view(&bc.view);
+        const int *db = bc.blocks;
+        int r = 0;
+        best = best_of(
+            reps, [&] { cudaMemset(flush, r++ & 0xff, flush_bytes); },
+            [&] {
+                if (version != 1)
+                    return decode_dev(&bc.view, (const int32_t *)db, n_ctx, dq, n_heads, 0.0625f,
+                                      dout, ds, version) == 0;
                 dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)kv_heads);
                 scores_kernel<<<g1, 128>>>(kv, db, n_ctx, dq, n_heads, 0.0625f, ds);
                 softmax_kernel<<<(unsigned)n_heads, 256>>>(ds, n_ctx);
                 pv_kernel<<<(unsigned)n_heads, (unsigned)((head_dim + 31) / 32 * 32)>>>(
                     kv, db, n_ctx, ds, n_heads, dout);
-            } else if (decode_dev(&dvw, (const int32_t *)db, n_ctx, dq, n_heads, 0.0625f, dout, ds,
-                                  version)) {
-                best = 0;
-            }
-            cudaEventRecord(e1);
-            cudaEventSynchronize(e1);
-            float ms = 0;
-            cudaEventElapsedTime(&ms, e0, e1);
-            if (r && best > 0 && ms * 1e-3 < best) best = ms * 1e-3;
-        }
-        cudaEventDestroy(e0), cudaEventDestroy(e1);
-        if (cudaGetLastError() != cudaSuccess) best = 0;
+                return true;
+            });
     }
-out:
-    cudaFree(dk), cudaFree(dv), cudaFree(db), cudaFree(dq), cudaFree(ds), cudaFree(dout),
-        cudaFree(dsc), cudaFree(flush);
+    cudaFree(dq), cudaFree(ds), cudaFree(dout), cudaFree(flush);
     return best;
 }
 
@@ -1512,51 +1536,23 @@ extern "C" double kvd_cuda_bench_attn_v3(int fmt, int n_ctx, int n_heads, int kv
  * device in scattered 16-token blocks; 0 when it could not run. */
 extern "C" double kvd_cuda_bench_prefill(int fmt, int pos0, int n_q, int n_heads, int kv_heads,
                                          int head_dim, int reps, int version) {
-    const int bs = 16, n_ctx = pos0 + n_q, nb = (n_ctx + bs - 1) / bs;
-    const size_t esz = fmt == KVD_FMT_BF16 ? 2 : 1,
-                 pool = (size_t)nb * kv_heads * bs * head_dim * esz,
-                 nq = (size_t)n_q * n_heads * head_dim;
-    unsigned char *dk = nullptr, *dv = nullptr;
-    int *db = nullptr;
-    float *dq = nullptr, *dout = nullptr, *dsc = nullptr, *ds = nullptr;
-    double best = 0;
+    const int n_ctx = pos0 + n_q;
+    const size_t nq = (size_t)n_q * n_heads * head_dim;
     // the scratch the model would have for a 32-sequence cache of this context
     const size_t ns = kvd_cuda_attn_scratch_floats(32 * n_ctx, n_heads, head_dim);
-    if (cudaMalloc(&dk, pool) || cudaMalloc(&dv, pool) || cudaMalloc(&db, sizeof(int) * nb) ||
-        cudaMalloc(&dq, sizeof(float) * nq) || cudaMalloc(&dout, sizeof(float) * nq) ||
-        cudaMalloc(&dsc, sizeof(float) * kv_heads) || cudaMalloc(&ds, sizeof(float) * ns))
-        goto out;
-    {
-        cudaMemset(dk, 0x31, pool); /* finite codes in every format */
-        cudaMemset(dv, 0x2a, pool);
+    bench_cache bc;
+    float *dq = nullptr, *dout = nullptr, *ds = nullptr;
+    double best = 0;
+    if (bc.make(fmt, n_ctx, kv_heads, head_dim) && !cudaMalloc(&dq, sizeof(float) * nq) &&
+        !cudaMalloc(&dout, sizeof(float) * nq) && !cudaMalloc(&ds, sizeof(float) * ns)) {
         cudaMemset(dq, 0x3c, sizeof(float) * nq); /* 0.0115 */
-        int *hb = (int *)malloc(sizeof(int) * nb);
-        for (int i = 0; i < nb; i++) hb[i] = (int)(((long long)i * 7919) % nb);
-        cudaMemcpy(db, hb, sizeof(int) * nb, cudaMemcpyHostToDevice);
-        free(hb);
-        float one[64];
-        for (int i = 0; i < 64; i++) one[i] = 1.0f;
-        cudaMemcpy(dsc, one, sizeof(float) * kv_heads, cudaMemcpyHostToDevice);
-        const kvd_kv_view dvw = {(kvd_fmt)fmt, bs, kv_heads, head_dim, dk, dv, dsc, dsc, 0};
-        cudaEvent_t e0, e1;
-        cudaEventCreate(&e0), cudaEventCreate(&e1);
-        best = 1e30;
-        for (int r = 0; r <= reps && best > 0; r++) {
-            cudaEventRecord(e0);
-            if (prefill_dev(&dvw, (const int32_t *)db, pos0, n_q, dq, n_heads, 0.0625f, dout, ds,
-                            ns, version))
-                best = 0;
-            cudaEventRecord(e1);
-            cudaEventSynchronize(e1);
-            float ms = 0;
-            cudaEventElapsedTime(&ms, e0, e1);
-            if (r && best > 0 && ms * 1e-3 < best) best = ms * 1e-3;
-        }
-        cudaEventDestroy(e0), cudaEventDestroy(e1);
-        if (cudaGetLastError() != cudaSuccess) best = 0;
+        best = best_of(
+            reps, [] {},
+            [&] {
+                return prefill_dev(&bc.view, (const int32_t *)bc.blocks, pos0, n_q, dq, n_heads,
+                                   0.0625f, dout, ds, ns, version) == 0;
+            });
     }
-out:
-    cudaFree(dk), cudaFree(dv), cudaFree(db), cudaFree(dq), cudaFree(dout), cudaFree(dsc),
-        cudaFree(ds);
+    cudaFree(dq), cudaFree(dout), cudaFree(ds);
     return best;
 }
