@@ -274,7 +274,7 @@ int kvd_cmd_forward(int argc, char **argv) {
         kvd_engine m;
         if (kvd_engine_open(&m, &co.be, &w, &kv, T < 512 ? T : 512, 1, NULL, err))
             kvd_die(1, cmd, "%s", err);
-        kvd_hooks hk = {&cap, NULL, capture_kv, NULL, NULL, NULL};
+        kvd_hooks hk = {.ctx = &cap, .kv = capture_kv};
         if (dump && kvd_engine_set_hooks(&m, &hk, err)) kvd_die(1, cmd, "%s", err);
         ts = kvd_now();
         failed = kvd_engine_prefill(&m, &kv, seq, tok, T, out, 1, err);

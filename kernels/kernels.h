@@ -63,6 +63,14 @@ static inline int kvd_attn_parts(int n_ctx, int block_size) {
 void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
                     int n_heads, float sm_scale, float *out, float *probs, void *work, int n_parts);
 
+/* Two attention distributions of one query compared head by head, as the
+ * drift figures take them. p and q are [n_heads][n_ctx]; for each head h,
+ * kl[h] = sum over t with p > 0 of p (log p - log max(q, 1e-300)), in double
+ * (KL(P || Q), natural log, not clamped), and top_p[h], top_q[h] the
+ * most-attended position of each (the first of equal maxima). */
+void kvd_attn_compare(const float *p, const float *q, int n_heads, int n_ctx, double *kl,
+                      int *top_p, int *top_q);
+
 /* One step of the gated delta rule for one head. S is [dk][dv] (fp32),
  * q and k are already L2-normalised (q also scaled by dk^-0.5):
  *   S = exp(g) S;  S += k (x) beta (v - S^T k);  o = S^T q. */

@@ -117,8 +117,6 @@ double kvd_drift_kl_percentile(const kvd_drift *d, kvd_subset s, double q) {
 /* ---- what the hooks capture, per side (0 reference, 1 candidate) ---- */
 
 typedef struct {
-    float *probs, *out; /* the reference's, kept for the propagated comparison */
-    int n_ctx;
     /* this row's figures per view, accumulated after the chunk in row order
      * (the hook runs on whichever thread got the row) */
     int have[KVD_VIEW_N];
@@ -170,29 +168,24 @@ static double rel_l2(const float *a, const float *b, size_t n) {
     return num == 0 ? 0 : sqrt(num / (den > 0 ? den : 1e-300));
 }
 
-/* KL(P||Q) per head, averaged over heads; argmax agreement over heads. */
-static void att_compare(const kvd_config *c, const float *p, const float *q, const float *po,
-                        const float *qo, int n_ctx, double *kl, double *rel, double *agree,
-                        double *kl_kvh) {
+/* A view's figures from the model's per-head comparison: KL(P_ref || P_test)
+ * averaged over heads (each clamped at 0, rounding can make it a hair
+ * negative) and per KV head over its query heads, the fraction of heads
+ * whose most-attended positions agree, the outputs' relative L2 error. */
+static void att_figures(const kvd_config *c, const kvd_attn_cmp *v, double *kl, double *rel,
+                        double *agree, double *kl_kvh) {
     int nh = c->num_attention_heads, hd = c->head_dim, grp = nh / c->num_key_value_heads;
     double k = 0, a = 0;
     for (int h = 0; h < c->num_key_value_heads; h++) kl_kvh[h] = 0;
     for (int h = 0; h < nh; h++) {
-        const float *ph = p + (size_t)h * n_ctx, *qh = q + (size_t)h * n_ctx;
-        double s = 0;
-        int ap = 0, aq = 0;
-        for (int t = 0; t < n_ctx; t++) {
-            if (ph[t] > 0) s += ph[t] * (log((double)ph[t]) - log(fmax((double)qh[t], 1e-300)));
-            if (ph[t] > ph[ap]) ap = t;
-            if (qh[t] > qh[aq]) aq = t;
-        }
-        k += s > 0 ? s : 0;
-        kl_kvh[h / grp] += (s > 0 ? s : 0) / grp;
-        a += ap == aq;
+        double s = v->kl[h] > 0 ? v->kl[h] : 0;
+        k += s;
+        kl_kvh[h / grp] += s / grp;
+        a += v->top_ref[h] == v->top_test[h];
     }
     *kl = k / nh;
     *agree = a / nh;
-    *rel = rel_l2(qo, po, (size_t)nh * hd);
+    *rel = rel_l2(v->out_test, v->out_ref, (size_t)nh * hd);
 }
 
 static void accumulate_att(lockstep *L, int al, int view, int64_t pos, double kl, double rel,
@@ -205,38 +198,22 @@ static void accumulate_att(lockstep *L, int al, int view, int64_t pos, double kl
     }
 }
 
-static void on_attn(void *ctx, int al, int seq, int pos, int n_ctx, const float *probs,
-                    const float *out, const float *sp, const float *so) {
+/* isolated (the reference side: its query over the candidate-coded
+ * reference K/V, this layer's own error) and propagated (the candidate side:
+ * its own query over its own cache against the reference's row) */
+static void on_attn(void *ctx, int al, int seq, int pos, const kvd_attn_cmp *iso,
+                    const kvd_attn_cmp *prop) {
     (void)seq;
     lockstep *L = ctx;
-    const kvd_config *c = L->c;
-    size_t np = (size_t)c->num_attention_heads * n_ctx,
-           no = (size_t)c->num_attention_heads * c->head_dim;
     att_slot *s = &L->slots[(size_t)al * L->cap + (size_t)(pos - L->p0)];
-    double kl, rel, agree;
-    if (L->side == 0) {
-        /* isolated: the reference query over the candidate-coded reference K/V */
-        if (sp) {
-            att_compare(c, probs, sp, out, so, n_ctx, &kl, &rel, &agree,
-                        s->kvh_kl[KVD_VIEW_ISOLATED]);
-            s->have[KVD_VIEW_ISOLATED] = 1;
-            s->fig[KVD_VIEW_ISOLATED][KVD_ATT_KL] = kl;
-            s->fig[KVD_VIEW_ISOLATED][KVD_ATT_REL_L2] = rel;
-            s->fig[KVD_VIEW_ISOLATED][KVD_ATT_ARGMAX] = agree;
-        }
-        s->probs = realloc(s->probs, np * sizeof(float));
-        s->out = realloc(s->out, no * sizeof(float));
-        memcpy(s->probs, probs, np * sizeof(float));
-        memcpy(s->out, out, no * sizeof(float));
-        s->n_ctx = n_ctx;
-    } else if (s->probs && s->n_ctx == n_ctx) {
-        /* propagated: the candidate's own query over its own cache */
-        att_compare(c, s->probs, probs, s->out, out, n_ctx, &kl, &rel, &agree,
-                    s->kvh_kl[KVD_VIEW_PROPAGATED]);
-        s->have[KVD_VIEW_PROPAGATED] = 1;
-        s->fig[KVD_VIEW_PROPAGATED][KVD_ATT_KL] = kl;
-        s->fig[KVD_VIEW_PROPAGATED][KVD_ATT_REL_L2] = rel;
-        s->fig[KVD_VIEW_PROPAGATED][KVD_ATT_ARGMAX] = agree;
+    const kvd_attn_cmp *views[KVD_VIEW_N];
+    views[KVD_VIEW_ISOLATED] = iso;
+    views[KVD_VIEW_PROPAGATED] = prop;
+    for (int v = 0; v < KVD_VIEW_N; v++) {
+        if (!views[v]) continue;
+        att_figures(L->c, views[v], &s->fig[v][KVD_ATT_KL], &s->fig[v][KVD_ATT_REL_L2],
+                    &s->fig[v][KVD_ATT_ARGMAX], s->kvh_kl[v]);
+        s->have[v] = 1;
     }
 }
 
@@ -379,11 +356,11 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
     }
     kvd_hooks hk = {.ctx = &L,
                     .hidden = on_hidden,
-                    .attn = on_attn,
+                    .attn_cmp = on_attn,
                     .want_attn = want_attn,
                     .router = on_router};
     if (kvd_engine_set_hooks(&mr, &hk, err) || kvd_engine_set_hooks(&mc, &hk, err) ||
-        kvd_engine_set_shadow(&mr, &ks, err))
+        kvd_engine_set_shadow(&mr, &ks, err) || kvd_engine_set_reference(&mc, &mr, &kr, err))
         goto out;
     int sr = kvd_kvcache_add_seq(&kr), sc = kvd_kvcache_add_seq(&kc), ss = kvd_kvcache_add_seq(&ks);
     (void)ss;
@@ -414,7 +391,6 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
                                      s->kvh_kl[v][h]);
                 }
                 s->have[0] = s->have[1] = 0;
-                s->n_ctx = 0;
             }
         p0 = end;
         if (gi < o->n_gen && o->gen_prefix[gi] == end && o->gen_tokens > 0) {
@@ -441,8 +417,6 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
     }
     rc = 0;
 out:
-    if (L.slots)
-        for (size_t i = 0; i < (size_t)nf * R; i++) free(L.slots[i].probs), free(L.slots[i].out);
     free(L.slots);
     free(L.hid[0]), free(L.hid[1]), free(L.router[0]), free(L.router[1]);
     free(lr), free(lc);

@@ -22,6 +22,9 @@ static int cpu_set_shadow(void *m, kvd_kvcache *shadow, char *err) {
     kvd_model_set_shadow(m, shadow);
     return 0;
 }
+static int cpu_set_reference(void *m, void *ref, const kvd_kvcache *ref_kv, char *err) {
+    return kvd_model_set_reference(m, ref, ref_kv, err);
+}
 static int cpu_forward(void *m, kvd_kvcache *kv, const kvd_batch *b, float *logits, int last_only,
                        char *err) {
     return kvd_forward(m, kv, b, logits, last_only, err);
@@ -37,8 +40,15 @@ static int cpu_pull_cache(void *m, kvd_kvcache *kv) {
     return 0;
 }
 
-const kvd_engine_ops kvd_engine_cpu = {"cpu",          cpu_create,  cpu_destroy, cpu_set_hooks,
-                                       cpu_set_shadow, cpu_forward, cpu_fork,    cpu_pull_cache};
+const kvd_engine_ops kvd_engine_cpu = {.name = "cpu",
+                                       .create = cpu_create,
+                                       .destroy = cpu_destroy,
+                                       .set_hooks = cpu_set_hooks,
+                                       .set_shadow = cpu_set_shadow,
+                                       .set_reference = cpu_set_reference,
+                                       .forward = cpu_forward,
+                                       .fork = cpu_fork,
+                                       .pull_cache = cpu_pull_cache};
 
 const kvd_backend kvd_backend_cpu = {&kvd_engine_cpu, 1};
 
@@ -67,6 +77,16 @@ int kvd_engine_open(kvd_engine *e, const kvd_backend *be, const kvd_weights *w,
     e->m = ops->create(w, kv, max_rows, max_seqs, be->gpus,
                        peer && peer->ops == ops ? peer->m : NULL, err);
     return e->m ? 0 : -1;
+}
+
+int kvd_engine_set_reference(kvd_engine *e, const kvd_engine *ref, const kvd_kvcache *ref_kv,
+                             char *err) {
+    if (ref && ref->ops != e->ops) {
+        snprintf(err, KVD_ERR_LEN, "reference model: expected one on the %s back end, got %s",
+                 e->ops->name, ref->ops->name);
+        return -1;
+    }
+    return e->ops->set_reference(e->m, ref ? ref->m : NULL, ref_kv, err);
 }
 
 void kvd_engine_close(kvd_engine *e) {

@@ -20,6 +20,9 @@ typedef struct {
     void (*destroy)(void *m);
     int (*set_hooks)(void *m, const kvd_hooks *h, char *err);
     int (*set_shadow)(void *m, kvd_kvcache *shadow, char *err);
+    /* the propagated view's reference (kvd_model_set_reference): a model of
+     * the same back end, and its cache; NULL to stop */
+    int (*set_reference)(void *m, void *ref, const kvd_kvcache *ref_kv, char *err);
     kvd_step_fn forward;
     /* a branch of seq (cache and recurrent state): the new id, or -1 */
     int (*fork)(void *m, kvd_kvcache *kv, int seq);
@@ -71,6 +74,10 @@ static inline int kvd_engine_set_hooks(kvd_engine *e, const kvd_hooks *h, char *
 static inline int kvd_engine_set_shadow(kvd_engine *e, kvd_kvcache *shadow, char *err) {
     return e->ops->set_shadow(e->m, shadow, err);
 }
+/* ref (on the same back end, with its cache ref_kv) as e's reference for
+ * the attn_cmp hook's propagated view; NULL to stop */
+int kvd_engine_set_reference(kvd_engine *e, const kvd_engine *ref, const kvd_kvcache *ref_kv,
+                             char *err);
 static inline int kvd_engine_fork(kvd_engine *e, kvd_kvcache *kv, int seq) {
     return e->ops->fork(e->m, kv, seq);
 }

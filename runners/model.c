@@ -23,6 +23,13 @@ struct kvd_model {
     float *inv_freq;
     kvd_hooks hooks;
     kvd_kvcache *shadow;
+    /* the propagated view's reference model and its cache (NULL: none); as
+     * a reference, the queries of the last step, [attn layer][max_rows][nh][hd],
+     * and its row count */
+    kvd_model *ref;
+    const kvd_kvcache *ref_kv;
+    float *held;
+    int held_rows;
     /* activations, [max_rows][...] */
     float *x, *xn, *mix;
     float *qg, *kb, *vb, *att;
@@ -41,6 +48,31 @@ struct kvd_model {
 
 void kvd_model_set_shadow(kvd_model *m, kvd_kvcache *shadow) {
     m->shadow = shadow;
+}
+int kvd_model_set_reference(kvd_model *m, kvd_model *ref, const kvd_kvcache *ref_kv, char *err) {
+    if (ref) {
+        const kvd_config *a = &m->c, *b = &ref->c;
+        if (ref == m || a->num_attention_heads != b->num_attention_heads ||
+            a->head_dim != b->head_dim || m->n_full != ref->n_full || !ref_kv ||
+            ref_kv->n_layers != ref->n_full || ref->max_rows < m->max_rows) {
+            snprintf(err, KVD_ERR_LEN,
+                     "reference model: expected another model of the same attention shape, "
+                     "with its cache and at least as many rows a step");
+            return -1;
+        }
+        if (!ref->held) {
+            size_t n = (size_t)ref->n_full * ref->max_rows * b->num_attention_heads * b->head_dim;
+            ref->held = malloc(sizeof(float) * (n ? n : 1));
+            ref->held_rows = 0;
+            if (!ref->held) {
+                snprintf(err, KVD_ERR_LEN, "reference model: out of memory for its queries");
+                return -1;
+            }
+        }
+    }
+    m->ref = ref;
+    m->ref_kv = ref ? ref_kv : NULL;
+    return 0;
 }
 const kvd_config *kvd_model_config(const kvd_model *m) {
     return &m->c;
@@ -71,6 +103,7 @@ void kvd_model_free(kvd_model *m) {
                      m->gdn_o,    m->rlogit, m->topw, m->gx,    m->g1,         m->g2,   m->gy,
                      m->sh1,      m->sh2,    m->shg,  m->probs, m->conv_state, m->ssm};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(m->held);
     free(m->topi);
     free(m->rows_of);
     free(m->pos);
@@ -221,10 +254,17 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
      * depend on the thread count); threads take rows, or a row's parts */
     int split = kvd_attn_parts(max_ctx, kv->block_size);
     int by_rows = rows >= m->n_threads || split == 1;
+    const int hook_raw = m->hooks.attn != NULL,
+              shadow = m->shadow && (hook_raw || m->hooks.attn_cmp);
+    const int cmp = m->hooks.attn_cmp && (m->shadow || m->ref);
+    /* each thread's arena: the query, its distribution; with a shadow, the
+     * distribution and output over it; with a reference, the reference's;
+     * the compared figures (two views); the kernel's work */
     size_t qb = sizeof(float) * (size_t)nh * hd, pb = sizeof(float) * (size_t)nh * max_ctx;
     size_t wb = kvd_attn_work_bytes(nh, hd, max_ctx, split);
-    size_t sb = m->shadow && m->hooks.attn ? pb + qb : 0; /* shadow probs and output */
-    size_t per_thread = (qb + pb + sb + wb + 63) / 64 * 64;
+    size_t sb = shadow ? pb + qb : 0, rb = cmp && m->ref ? pb + qb : 0;
+    size_t fb = cmp ? (sizeof(double) + 2 * sizeof(int)) * 2 * (size_t)nh : 0;
+    size_t per_thread = (qb + pb + sb + rb + fb + wb + 63) / 64 * 64;
     size_t need = per_thread * (size_t)m->n_threads;
     if (need > m->probs_cap) {
         void *p = realloc(m->probs, need);
@@ -236,6 +276,8 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
         m->probs_cap = need;
     }
     kvd_kv_view view = kvd_kvcache_view(kv, al);
+    const kvd_model *ref = m->ref;
+    if (m->held) m->held_rows = rows;
 #pragma omp parallel for schedule(dynamic, 1) if (by_rows)
     for (int r = 0; r < rows; r++) {
 #ifdef _OPENMP
@@ -245,26 +287,50 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
 #endif
         char *arena = (char *)m->probs + (size_t)tid * per_thread;
         float *qh = (float *)arena, *pr = (float *)(arena + qb);
+        float *sp = (float *)(arena + qb + pb), *so = (float *)(arena + qb + 2 * pb);
+        float *rp = (float *)(arena + qb + pb + sb), *ro = (float *)(arena + qb + 2 * pb + sb);
+        double *kl = (double *)(arena + qb + pb + sb + rb);
+        int *top = (int *)(kl + 2 * nh);
+        void *work = arena + qb + pb + sb + rb + fb;
         const float *q = m->qg + (size_t)r * nh * 2 * hd;
         for (int h = 0; h < nh; h++)
             memcpy(qh + (size_t)h * hd, q + (size_t)h * 2 * hd, sizeof(float) * (size_t)hd);
+        if (m->held) memcpy(m->held + ((size_t)al * m->max_rows + r) * nh * hd, qh, qb);
         int n_ctx = m->pos[r] + 1, parts = kvd_attn_parts(n_ctx, kv->block_size);
-        void *work = arena + qb + pb + sb;
         float *out = m->att + (size_t)r * nh * hd;
         kvd_attn_paged(&view, kv->seqs[m->row_seq[r]].blocks, n_ctx, qh, nh, sm_scale, out, pr,
                        work, parts);
-        if (m->hooks.attn && (!m->hooks.want_attn ||
-                              m->hooks.want_attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r]))) {
-            float *sp = NULL, *so = NULL;
-            if (m->shadow) {
-                sp = (float *)(arena + qb + pb);
-                so = (float *)(arena + qb + 2 * pb);
-                kvd_kv_view sv = kvd_kvcache_view(m->shadow, al);
-                kvd_attn_paged(&sv, m->shadow->seqs[m->row_seq[r]].blocks, n_ctx, qh, nh, sm_scale,
-                               so, sp, work, parts);
-            }
+        if ((!hook_raw && !cmp) ||
+            (m->hooks.want_attn && !m->hooks.want_attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r])))
+            continue;
+        if (shadow) {
+            kvd_kv_view sv = kvd_kvcache_view(m->shadow, al);
+            kvd_attn_paged(&sv, m->shadow->seqs[m->row_seq[r]].blocks, n_ctx, qh, nh, sm_scale, so,
+                           sp, work, parts);
+        }
+        kvd_attn_cmp views[2], *iso = NULL, *prop = NULL;
+        if (cmp && shadow) {
+            kvd_attn_compare(pr, sp, nh, n_ctx, kl, top, top + nh);
+            views[0] = (kvd_attn_cmp){kl, top, top + nh, out, so};
+            iso = &views[0];
+        }
+        /* the reference's row at the same position, over its own cache */
+        if (cmp && ref && r < ref->held_rows && ref->pos[r] == m->pos[r]) {
+            kvd_kv_view rv = kvd_kvcache_view(m->ref_kv, al);
+            kvd_attn_paged(&rv, m->ref_kv->seqs[ref->row_seq[r]].blocks, n_ctx,
+                           ref->held + ((size_t)al * ref->max_rows + r) * nh * hd, nh, sm_scale, ro,
+                           rp, work, parts);
+            kvd_attn_compare(rp, pr, nh, n_ctx, kl + nh, top + 2 * nh, top + 3 * nh);
+            views[1] = (kvd_attn_cmp){kl + nh, top + 2 * nh, top + 3 * nh, ro, out};
+            prop = &views[1];
+        }
 #pragma omp critical(kvd_attn_hook)
-            m->hooks.attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r], n_ctx, pr, out, sp, so);
+        {
+            if (hook_raw)
+                m->hooks.attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r], n_ctx, pr, out,
+                              shadow ? sp : NULL, shadow ? so : NULL);
+            if (iso || prop)
+                m->hooks.attn_cmp(m->hooks.ctx, al, m->row_seq[r], m->pos[r], iso, prop);
         }
     }
 

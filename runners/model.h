@@ -20,6 +20,17 @@ typedef struct {
     const int32_t *tok;
 } kvd_batch;
 
+/* One view of a sampled row's attention, compared by the model itself
+ * (kvd_attn_compare) so that only these figures leave it: per head, the KL
+ * divergence KL(P_ref || P_test) of the two distributions over the row's
+ * context and the most-attended position of each; and the two outputs
+ * before the gate, [heads][head_dim]. */
+typedef struct {
+    const double *kl;
+    const int *top_ref, *top_test;
+    const float *out_ref, *out_test;
+} kvd_attn_cmp;
+
 /* Observation points for drift measurement and tests; any may be NULL. */
 typedef struct {
     void *ctx;
@@ -30,9 +41,19 @@ typedef struct {
     /* attention of a full-attention layer for one row: the distribution
      * [heads][n_ctx] and the output before the gate [heads][head_dim]; with a
      * shadow cache set, the same for this row's query over the shadow cache
-     * (else NULL). Called for the rows want_attn accepts (all when NULL). */
+     * (else NULL). Called for the rows want_attn accepts (all when NULL).
+     * The CPU model's only: whole distributions are what the device model
+     * keeps on the device (attn_cmp below). */
     void (*attn)(void *ctx, int attn_layer, int seq, int pos, int n_ctx, const float *probs,
                  const float *out, const float *shadow_probs, const float *shadow_out);
+    /* the rows want_attn accepts (all when NULL), compared in one or two
+     * views (NULL where a view is off): isolated, with a shadow cache set,
+     * this row's query over its own cache (ref) against over the shadow
+     * (test); propagated, with a reference model set whose last step had
+     * this row at the same position, the reference's query over its cache
+     * (ref) against this row's own (test). */
+    void (*attn_cmp)(void *ctx, int attn_layer, int seq, int pos, const kvd_attn_cmp *isolated,
+                     const kvd_attn_cmp *propagated);
     int (*want_attn)(void *ctx, int attn_layer, int seq, int pos);
     /* top-k experts chosen for each row of an MoE layer, [rows][k] */
     void (*router)(void *ctx, int layer, const kvd_batch *b, const int *experts);
@@ -51,6 +72,14 @@ void kvd_model_set_hooks(kvd_model *m, const kvd_hooks *h);
  * the isolated view of a candidate mode: the reference's own query and
  * reference K/V, passed through the candidate's codec. NULL to stop. */
 void kvd_model_set_shadow(kvd_model *m, kvd_kvcache *shadow);
+
+/* The propagated view's reference: a model over the same config whose step
+ * runs just before each of this model's over the same rows (the drift run's
+ * lock step), with ref_kv its cache. From now on ref keeps the queries of
+ * its last step, and the attn_cmp hook compares each sampled row against
+ * the reference's row at the same position, recomputed over ref_kv. NULL to
+ * stop. Both must outlive the setting. 0, or -1 with err set. */
+int kvd_model_set_reference(kvd_model *m, kvd_model *ref, const kvd_kvcache *ref_kv, char *err);
 
 /* Clear the recurrent state (conv and DeltaNet) of one sequence slot, or
  * copy one slot's into another (with kvd_kvcache_fork: a branch). */

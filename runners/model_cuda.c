@@ -107,10 +107,24 @@ struct kvd_cuda_model {
     int kv_heads, head_dim;
     dev_kv kc, sc;
     kvd_kvcache *shadow;
-    /* the attention hook's rows: distributions and outputs on the device
-     * (reference, shadow) and their host copies, for up to probs_ctx positions */
-    float *d_probs, *d_sprobs, *d_sout, *h_probs, *h_sprobs, *h_out, *h_sout, *h_k, *h_v;
+    /* the propagated view's reference model (rank 0; NULL: none); as a
+     * reference, each rank's queries of the last step, [attn layer][max_rows]
+     * [heads][head_dim], and the step's rows (rank 0) */
+    struct kvd_cuda_model *ref;
+    float *d_held;
+    int held_rows;
+    /* the attn_cmp hook's sampled rows, each rank's heads: the distributions
+     * over the row's own cache, the shadow and the reference's cache, for up
+     * to probs_ctx positions; the outputs (own, shadow, reference) and the
+     * figures (KL then the two tops, per view) */
+    float *d_probs, *d_sprobs, *d_rprobs, *d_outs;
+    double *d_kl;
+    int *d_top;
     size_t probs_ctx;
+    /* rank 0: the views of every head, and the K/V hook's rows */
+    float *h_outs, *h_k, *h_v;
+    double *h_kl;
+    int *h_top;
     /* recurrent state per sequence slot and DeltaNet layer */
     float *conv_state, *ssm;
     size_t conv_len, ssm_len; /* per sequence slot, all DeltaNet layers */
@@ -161,11 +175,10 @@ static void rank_free(kvd_cuda_model *m) {
     kvd_cuda_set_device(m->p.rank);
     dev_allocs_free(&m->mem);
     dev_weights_release(m->wt);
-    kvd_cuda_free(m->d_probs), kvd_cuda_free(m->d_sprobs);
+    kvd_cuda_free(m->d_probs), kvd_cuda_free(m->d_sprobs), kvd_cuda_free(m->d_rprobs);
     free(m->kc.kpool), free(m->kc.vpool), free(m->kc.h_slot);
     free(m->sc.kpool), free(m->sc.vpool), free(m->sc.h_slot);
-    free(m->h_probs), free(m->h_sprobs), free(m->h_out), free(m->h_sout), free(m->h_k),
-        free(m->h_v);
+    free(m->h_outs), free(m->h_kl), free(m->h_top), free(m->h_k), free(m->h_v);
     free(m->stage16);
     free(m->h_pos), free(m->h_row_seq), free(m->h_topi), free(m->h_slots);
     free(m->h_seqs), free(m->h_row0), free(m->h_ntok), free(m->h_x);
@@ -616,7 +629,9 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_synth *lazy_s,
     m->kv_heads = (int)kvh;
     m->head_dim = (int)hd;
     if (dev_kv_init(m, &m->kc, kv)) goto oom;
-    DBUF(m->d_sout, nh * hd);
+    DBUF(m->d_outs, 3 * nh * hd);
+    DBUF(m->d_kl, 2 * nh);
+    DBUF(m->d_top, 4 * nh);
     DBUF(m->nonfinite, 2 * (size_t)c->num_hidden_layers + 2);
     m->attn_scratch_floats = kvd_cuda_attn_scratch_floats(kv->n_blocks * kv->block_size,
                                                           c->num_attention_heads, c->head_dim);
@@ -642,11 +657,12 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_synth *lazy_s,
         const size_t fnh = (size_t)full->num_attention_heads,
                      fkvh = (size_t)full->num_key_value_heads;
         m->h_x = malloc(sizeof(float) * R * H);
-        m->h_out = malloc(sizeof(float) * fnh * hd);
-        m->h_sout = malloc(sizeof(float) * fnh * hd);
+        m->h_outs = malloc(sizeof(float) * 3 * fnh * hd);
+        m->h_kl = malloc(sizeof(double) * 2 * fnh);
+        m->h_top = malloc(sizeof(int) * 4 * fnh);
         m->h_k = malloc(sizeof(float) * R * fkvh * hd);
         m->h_v = malloc(sizeof(float) * R * fkvh * hd);
-        if (!m->h_x || !m->h_out || !m->h_sout || !m->h_k || !m->h_v) goto oom;
+        if (!m->h_x || !m->h_outs || !m->h_kl || !m->h_top || !m->h_k || !m->h_v) goto oom;
     }
     if (kvd_cuda_sync(why, sizeof why)) {
         snprintf(err, KVD_ERR_LEN, "device model: %s", why);
@@ -757,7 +773,12 @@ kvd_cuda_model *kvd_cuda_model_new_synth(const kvd_config *cfg, const kvd_synth 
 }
 
 int kvd_cuda_model_set_hooks(kvd_cuda_model *m, const kvd_hooks *h, char *err) {
-    (void)err;
+    if (h && h->attn) {
+        snprintf(err, KVD_ERR_LEN,
+                 "device model: attention is observed through the attn_cmp hook (figures "
+                 "compared on the device), not as whole distributions");
+        return -1;
+    }
     if (h) {
         m->hooks = *h;
     } else {
@@ -809,6 +830,34 @@ int kvd_cuda_model_set_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err)
     for (int r = 0; r < m->p.n && !rc; r++) rc = rank_shadow(m->rk[r], shadow, err);
     kvd_cuda_set_device(0);
     return rc;
+}
+
+int kvd_cuda_model_set_reference(kvd_cuda_model *m, kvd_cuda_model *ref, char *err) {
+    if (ref && (ref == m || ref->p.n != m->p.n || ref->n_full != m->n_full ||
+                ref->head_dim != m->head_dim || ref->max_rows < m->max_rows ||
+                ref->full.num_attention_heads != m->full.num_attention_heads)) {
+        snprintf(err, KVD_ERR_LEN,
+                 "device model: a reference must be another model of the same attention shape "
+                 "over as many GPUs, with at least as many rows a step");
+        return -1;
+    }
+    for (int r = 0; ref && r < ref->p.n; r++) {
+        kvd_cuda_model *q = ref->rk[r];
+        if (q->d_held) continue;
+        kvd_cuda_set_device(r);
+        q->d_held = dalloc(&q->mem, sizeof(float) * (size_t)q->n_full * q->max_rows *
+                                        q->c.num_attention_heads * q->head_dim);
+        if (!q->d_held) {
+            kvd_cuda_set_device(0);
+            snprintf(err, KVD_ERR_LEN,
+                     "device model: out of device memory for the reference's "
+                     "queries");
+            return -1;
+        }
+    }
+    kvd_cuda_set_device(0);
+    m->ref = ref;
+    return 0;
 }
 
 void kvd_cuda_model_reset_seq(kvd_cuda_model *m0, int seq) {
@@ -921,39 +970,57 @@ static int kv_hook(kvd_cuda_model *m0, int al, int rows) {
     return 0;
 }
 
-/* room for the attention hook's distributions over n_ctx positions: each
- * rank's heads on its device, every head's on the host (rank 0) */
+/* room for the attn_cmp hook's distributions over n_ctx positions, each
+ * rank's heads on its device */
 static int probs_room(kvd_cuda_model *m0, size_t n_ctx) {
     if (n_ctx <= m0->probs_ctx) return 0;
     int ok = 1;
     for (int r = 0; r < m0->p.n; r++) {
         kvd_cuda_model *m = m0->rk[r];
-        const size_t np = (size_t)m->c.num_attention_heads * n_ctx;
+        const size_t nb = sizeof(float) * (size_t)m->c.num_attention_heads * n_ctx;
         kvd_cuda_set_device(r);
-        kvd_cuda_free(m->d_probs), kvd_cuda_free(m->d_sprobs);
-        m->d_probs = kvd_cuda_alloc(sizeof(float) * np);
-        m->d_sprobs = kvd_cuda_alloc(sizeof(float) * np);
-        ok &= m->d_probs && m->d_sprobs;
+        kvd_cuda_free(m->d_probs), kvd_cuda_free(m->d_sprobs), kvd_cuda_free(m->d_rprobs);
+        m->d_probs = kvd_cuda_alloc(nb);
+        m->d_sprobs = kvd_cuda_alloc(nb);
+        m->d_rprobs = kvd_cuda_alloc(nb);
+        ok &= m->d_probs && m->d_sprobs && m->d_rprobs;
     }
     kvd_cuda_set_device(0);
-    const size_t np = (size_t)m0->full.num_attention_heads * n_ctx;
-    free(m0->h_probs), free(m0->h_sprobs);
-    m0->h_probs = malloc(sizeof(float) * np);
-    m0->h_sprobs = malloc(sizeof(float) * np);
-    m0->probs_ctx = ok && m0->h_probs && m0->h_sprobs ? n_ctx : 0;
-    return m0->probs_ctx ? 0 : -1;
+    m0->probs_ctx = ok ? n_ctx : 0;
+    return ok ? 0 : -1;
 }
 
-/* The attn hook, for the rows want_attn accepts: the distribution over the
- * cache and the output before the gate (att), and with a shadow cache the
- * same row's query over it; each rank gives its heads, the hook sees them
- * all, as model.c gives them. */
+/* one query's distribution and output over a cache of model m (the current
+ * device's rank): the probabilities kernel and decode, so that both sides of
+ * a view run the same kernels and equal inputs compare equal */
+static int row_attention(kvd_cuda_model *m, dev_kv *kc, int al, int seq, int n_ctx, const float *q,
+                         float *probs, float *out, float *scratch) {
+    const int nhl = m->c.num_attention_heads;
+    const float sm_scale = 1.0f / sqrtf((float)m->head_dim);
+    kvd_kv_view view = dev_kv_view(m, kc, al);
+    const int32_t *tab = kc->btab + (size_t)seq * kc->n_blocks;
+    return kvd_cuda_attn_probs_dev(&view, tab, n_ctx, q, nhl, sm_scale, probs) |
+           kvd_cuda_attn_decode_dev(&view, tab, n_ctx, q, nhl, sm_scale, out, scratch);
+}
+
+/* The attn_cmp hook, for the rows want_attn accepts: each view's two
+ * distributions compared on the device, so only per-head figures and the
+ * outputs cross to the host (a distribution at 128K tokens and 32 heads is
+ * 16 MB; its figures are 512 bytes). Each rank compares its heads; the hook
+ * sees them all, in model.c's layout. The isolated view: this row's query
+ * over the cache and over the shadow; the propagated view: the reference's
+ * query of the same row (its last step) over the reference's cache, against
+ * this row's over its own. */
 static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
-    const int hd = m0->head_dim;
-    const float sm_scale = 1.0f / sqrtf((float)hd);
+    const int hd = m0->head_dim, nh = m0->full.num_attention_heads;
+    const kvd_cuda_model *ref0 = m0->ref;
     for (int i = 0; i < rows; i++) {
         int seq = m0->h_row_seq[i], pos = m0->h_pos[i], n_ctx = pos + 1, rc = 0;
-        if (m0->hooks.want_attn && !m0->hooks.want_attn(m0->hooks.ctx, al, seq, pos)) continue;
+        const int iso = m0->shadow != NULL;
+        const int prop = ref0 && i < ref0->held_rows && ref0->h_pos[i] == pos;
+        if ((!iso && !prop) ||
+            (m0->hooks.want_attn && !m0->hooks.want_attn(m0->hooks.ctx, al, seq, pos)))
+            continue;
         if (probs_room(m0, (size_t)n_ctx)) {
             snprintf(err, KVD_ERR_LEN, "attention: out of memory for %d-token distributions",
                      n_ctx);
@@ -961,34 +1028,49 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
         }
         for (int r = 0; r < m0->p.n; r++) {
             kvd_cuda_model *m = m0->rk[r];
-            const int nhl = m->c.num_attention_heads;
-            const size_t no = (size_t)nhl * hd, np = sizeof(float) * (size_t)nhl * n_ctx;
-            const size_t po = (size_t)m->p.nh0 * n_ctx, oo = (size_t)m->p.nh0 * hd;
-            const float *q = m->qh + (size_t)i * no;
-            kvd_kv_view view = dev_kv_view(m, &m->kc, al);
+            const int nhl = m->c.num_attention_heads, h0 = m->p.nh0;
+            const size_t no = (size_t)nhl * hd;
+            float *own = m->d_outs, *sout = own + no, *rout = sout + no;
             kvd_cuda_set_device(r);
-            rc |= kvd_cuda_attn_probs_dev(&view, m->kc.btab + (size_t)seq * m->kc.n_blocks, n_ctx,
-                                          q, nhl, sm_scale, m->d_probs);
-            rc |= kvd_cuda_download(m0->h_probs + po, m->d_probs, np);
-            rc |= kvd_cuda_download(m0->h_out + oo, m->att + (size_t)i * no, sizeof(float) * no);
-            if (m->shadow) {
-                kvd_kv_view sview = dev_kv_view(m, &m->sc, al);
-                const int32_t *tab = m->sc.btab + (size_t)seq * m->sc.n_blocks;
-                rc |= kvd_cuda_attn_decode_dev(&sview, tab, n_ctx, q, nhl, sm_scale, m->d_sout,
-                                               m->attn_scratch);
-                rc |= kvd_cuda_attn_probs_dev(&sview, tab, n_ctx, q, nhl, sm_scale, m->d_sprobs);
-                rc |= kvd_cuda_download(m0->h_sprobs + po, m->d_sprobs, np);
-                rc |= kvd_cuda_download(m0->h_sout + oo, m->d_sout, sizeof(float) * no);
+            rc |= row_attention(m, &m->kc, al, seq, n_ctx, m->qh + (size_t)i * no, m->d_probs, own,
+                                m->attn_scratch);
+            if (iso) {
+                rc |= row_attention(m, &m->sc, al, seq, n_ctx, m->qh + (size_t)i * no, m->d_sprobs,
+                                    sout, m->attn_scratch);
+                rc |= kvd_cuda_attn_compare_dev(m->d_probs, m->d_sprobs, nhl, n_ctx, m->d_kl,
+                                                m->d_top, m->d_top + nhl);
             }
+            if (prop) {
+                kvd_cuda_model *rm = ref0->rk[r];
+                const float *rq = rm->d_held + ((size_t)al * rm->max_rows + i) * no;
+                rc |= row_attention(rm, &rm->kc, al, ref0->h_row_seq[i], n_ctx, rq, m->d_rprobs,
+                                    rout, m->attn_scratch);
+                rc |= kvd_cuda_attn_compare_dev(m->d_rprobs, m->d_probs, nhl, n_ctx, m->d_kl + nhl,
+                                                m->d_top + 2 * nhl, m->d_top + 3 * nhl);
+            }
+            /* [own | shadow | reference] outputs, the KL and the tops per view,
+             * each into its heads' place among all heads */
+            for (int v = 0; v < 3; v++)
+                rc |= kvd_cuda_download(m0->h_outs + ((size_t)v * nh + h0) * hd, m->d_outs + v * no,
+                                        sizeof(float) * no);
+            for (int v = 0; v < 2; v++)
+                rc |= kvd_cuda_download(m0->h_kl + (size_t)v * nh + h0, m->d_kl + v * nhl,
+                                        sizeof(double) * nhl);
+            for (int v = 0; v < 4; v++)
+                rc |= kvd_cuda_download(m0->h_top + (size_t)v * nh + h0, m->d_top + v * nhl,
+                                        sizeof(int) * nhl);
         }
         kvd_cuda_set_device(0);
         if (rc) {
             if (!kvd_cuda_sync(err, KVD_ERR_LEN))
-                snprintf(err, KVD_ERR_LEN, "attention: the sampled row's distribution failed");
+                snprintf(err, KVD_ERR_LEN, "attention: the sampled row's comparison failed");
             return -1;
         }
-        m0->hooks.attn(m0->hooks.ctx, al, seq, pos, n_ctx, m0->h_probs, m0->h_out,
-                       m0->shadow ? m0->h_sprobs : NULL, m0->shadow ? m0->h_sout : NULL);
+        const float *o = m0->h_outs, *so = o + (size_t)nh * hd, *ro = so + (size_t)nh * hd;
+        const int *t = m0->h_top;
+        kvd_attn_cmp vi = {m0->h_kl, t, t + nh, o, so};
+        kvd_attn_cmp vp = {m0->h_kl + nh, t + 2 * nh, t + 3 * nh, ro, o};
+        m0->hooks.attn_cmp(m0->hooks.ctx, al, seq, pos, iso ? &vi : NULL, prop ? &vp : NULL);
     }
     return 0;
 }
@@ -1013,6 +1095,9 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
     dev_kv_write(m, &m->kc, al, rows);
     if (m->shadow) dev_kv_write(m, &m->sc, al, rows);
     kvd_cudaop_split_query(m->qg, m->qh, rows, nh, hd);
+    if (m->d_held) /* a reference keeps its queries for the propagated view */
+        kvd_cuda_copy(m->d_held + (size_t)al * m->max_rows * nh * hd, m->qh,
+                      sizeof(float) * (size_t)rows * nh * hd);
     kvd_kv_view view = dev_kv_view(m, &m->kc, al);
     /* the one-token entries in one launch where the kernel allows it (the
      * rest one by one); prefill entries one by one */
@@ -1219,6 +1304,7 @@ int kvd_cuda_forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, fl
             }
     size_t n = (size_t)rows * H;
     int rc = 0;
+    m0->held_rows = m0->d_held ? rows : 0;
     for (int r = 0; r < n_ranks && !rc; r++) {
         kvd_cuda_model *m = rk[r];
         if (r) {
@@ -1248,7 +1334,7 @@ int kvd_cuda_forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, fl
                 rc = -1;
                 break;
             }
-            if (m0->hooks.attn && attn_hook(m0, al, rows, err)) {
+            if (m0->hooks.attn_cmp && attn_hook(m0, al, rows, err)) {
                 rc = -1;
                 break;
             }
@@ -1343,6 +1429,10 @@ static int eng_set_hooks(void *m, const kvd_hooks *h, char *err) {
 static int eng_set_shadow(void *m, kvd_kvcache *shadow, char *err) {
     return kvd_cuda_model_set_shadow(m, shadow, err);
 }
+static int eng_set_reference(void *m, void *ref, const kvd_kvcache *ref_kv, char *err) {
+    (void)ref_kv; /* the reference's device cache is its own */
+    return kvd_cuda_model_set_reference(m, ref, err);
+}
 static int eng_fork(void *m, kvd_kvcache *kv, int seq) {
     return kvd_cuda_model_fork(m, kv, seq);
 }
@@ -1358,5 +1448,12 @@ static int eng_pull_cache(void *m_, kvd_kvcache *kv) {
     return 0;
 }
 
-const kvd_engine_ops kvd_engine_cuda = {"cuda",         eng_create, eng_destroy, eng_set_hooks,
-                                        eng_set_shadow, dev_step,   eng_fork,    eng_pull_cache};
+const kvd_engine_ops kvd_engine_cuda = {.name = "cuda",
+                                        .create = eng_create,
+                                        .destroy = eng_destroy,
+                                        .set_hooks = eng_set_hooks,
+                                        .set_shadow = eng_set_shadow,
+                                        .set_reference = eng_set_reference,
+                                        .forward = dev_step,
+                                        .fork = eng_fork,
+                                        .pull_cache = eng_pull_cache};

@@ -41,8 +41,9 @@ void kvd_cuda_model_free(kvd_cuda_model *m);
 
 /* Hooks, called as on the CPU with host copies of what the device computed:
  * the residual stream, the router's choices, K and V before the cache, and
- * for the rows want_attn accepts the attention distribution and output (a
- * probabilities kernel over the same cache). 0, or -1 with err set. */
+ * for the rows want_attn accepts the attn_cmp views, compared on the device
+ * (a probabilities kernel and decode over each cache). The attn hook's
+ * whole distributions are refused. 0, or -1 with err set. */
 int kvd_cuda_model_set_hooks(kvd_cuda_model *m, const kvd_hooks *h, char *err);
 
 /* kvd_model_set_shadow on the device: every K/V row is also written into a
@@ -50,6 +51,13 @@ int kvd_cuda_model_set_hooks(kvd_cuda_model *m, const kvd_hooks *h, char *err);
  * shadow must have the same mode and size), whose host bookkeeping is
  * shadow's. NULL to stop. 0, or -1 with err set. */
 int kvd_cuda_model_set_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err);
+
+/* kvd_model_set_reference on the device: ref (over as many GPUs, the same
+ * attention shape) keeps each rank's queries of its last step on the device,
+ * and this model's attn_cmp hook compares each sampled row against the
+ * reference's row over the reference's own device cache. NULL to stop. 0,
+ * or -1 with err set. */
+int kvd_cuda_model_set_reference(kvd_cuda_model *m, kvd_cuda_model *ref, char *err);
 
 /* Clear one sequence slot's recurrent state (conv and DeltaNet), or copy
  * one slot's into another. */

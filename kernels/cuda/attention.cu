@@ -928,6 +928,74 @@ extern "C" int kvd_cuda_attn_probs(const kvd_kv_view *hv, int n_blocks, const in
     return rc;
 }
 
+// ---- two distributions of one query compared, head by head (the drift
+// figures' sampled rows; kvd_attn_compare's twin). One block a head: each
+// thread sums p (log p - log q) over its positions in double and keeps the
+// first largest p and q it saw; a tree in shared memory combines the sums,
+// and the maxima by value, then by the earlier position.
+#define CMP_THREADS 256
+
+__device__ inline void take_top(float &v, int &i, float v2, int i2) {
+    if (v2 > v || (v2 == v && i2 < i)) v = v2, i = i2;
+}
+
+__global__ void compare_kernel(const float *p, const float *q, int n_ctx, double *kl, int *top_p,
+                               int *top_q) {
+    const float *ph = p + (size_t)blockIdx.x * n_ctx, *qh = q + (size_t)blockIdx.x * n_ctx;
+    __shared__ double sum[CMP_THREADS];
+    __shared__ float pv[CMP_THREADS], qv[CMP_THREADS];
+    __shared__ int pi[CMP_THREADS], qi[CMP_THREADS];
+    const int t0 = threadIdx.x;
+    double s = 0.0;
+    float bp = -INFINITY, bq = -INFINITY;
+    int ip = n_ctx, iq = n_ctx;
+    for (int t = t0; t < n_ctx; t += CMP_THREADS) {
+        float a = ph[t], b = qh[t];
+        if (a > 0.0f) s += (double)a * (log((double)a) - log(fmax((double)b, 1e-300)));
+        take_top(bp, ip, a, t);
+        take_top(bq, iq, b, t);
+    }
+    sum[t0] = s, pv[t0] = bp, qv[t0] = bq, pi[t0] = ip, qi[t0] = iq;
+    __syncthreads();
+    for (int w = CMP_THREADS / 2; w > 0; w /= 2) {
+        if (t0 < w) {
+            sum[t0] += sum[t0 + w];
+            take_top(pv[t0], pi[t0], pv[t0 + w], pi[t0 + w]);
+            take_top(qv[t0], qi[t0], qv[t0 + w], qi[t0 + w]);
+        }
+        __syncthreads();
+    }
+    if (t0 == 0) kl[blockIdx.x] = sum[0], top_p[blockIdx.x] = pi[0], top_q[blockIdx.x] = qi[0];
+}
+
+extern "C" int kvd_cuda_attn_compare_dev(const float *p, const float *q, int n_heads, int n_ctx,
+                                         double *kl, int *top_p, int *top_q) {
+    if (n_heads < 1 || n_ctx < 1) return -1;
+    compare_kernel<<<(unsigned)n_heads, CMP_THREADS>>>(p, q, n_ctx, kl, top_p, top_q);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int kvd_cuda_attn_compare(const float *p, const float *q, int n_heads, int n_ctx,
+                                     double *kl, int *top_p, int *top_q) {
+    const size_t np = sizeof(float) * (size_t)n_heads * n_ctx, nt = sizeof(int) * n_heads;
+    float *dp = nullptr, *dq = nullptr;
+    double *dk = nullptr;
+    int *dt = nullptr, rc = -1;
+    if (n_heads >= 1 && n_ctx >= 1 && cudaMalloc(&dp, np) == cudaSuccess &&
+        cudaMalloc(&dq, np) == cudaSuccess &&
+        cudaMalloc(&dk, sizeof(double) * n_heads) == cudaSuccess &&
+        cudaMalloc(&dt, 2 * nt) == cudaSuccess &&
+        cudaMemcpy(dp, p, np, cudaMemcpyHostToDevice) == cudaSuccess &&
+        cudaMemcpy(dq, q, np, cudaMemcpyHostToDevice) == cudaSuccess &&
+        kvd_cuda_attn_compare_dev(dp, dq, n_heads, n_ctx, dk, dt, dt + n_heads) == 0 &&
+        cudaMemcpy(kl, dk, sizeof(double) * n_heads, cudaMemcpyDeviceToHost) == cudaSuccess &&
+        cudaMemcpy(top_p, dt, nt, cudaMemcpyDeviceToHost) == cudaSuccess &&
+        cudaMemcpy(top_q, dt + n_heads, nt, cudaMemcpyDeviceToHost) == cudaSuccess)
+        rc = 0;
+    cudaFree(dp), cudaFree(dq), cudaFree(dk), cudaFree(dt);
+    return rc;
+}
+
 // ---- prefill: a chunk of query rows, row r at position pos0 + r attending
 // to positions 0 .. pos0 + r (causal). One block per (row, KV head), one warp
 // per query head of the group; keys and then values in tiles of 16

@@ -40,6 +40,10 @@ int kvd_cuda_attn_decode_v(const kvd_kv_view *kv, int n_blocks, const int32_t *b
 int kvd_cuda_attn_probs(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int n_ctx,
                         const float *q, int n_heads, float sm_scale, float *probs);
 
+/* kvd_attn_compare on the device (host memory in and out). */
+int kvd_cuda_attn_compare(const float *p, const float *q, int n_heads, int n_ctx, double *kl,
+                          int *top_p, int *top_q);
+
 /* Prefill attention for n_q query rows of one sequence, row r at position
  * pos0 + r over positions 0 .. pos0 + r (each row as kvd_attn_paged with
  * n_ctx = pos0 + r + 1); q and out [n_q][n_heads][head_dim]. Version 1:
@@ -129,6 +133,9 @@ int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab, i
                                    size_t scratch_floats);
 int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
                             int n_heads, float sm_scale, float *probs);
+/* kvd_attn_compare with every pointer on the device */
+int kvd_cuda_attn_compare_dev(const float *p, const float *q, int n_heads, int n_ctx, double *kl,
+                              int *top_p, int *top_q);
 /* scratch (may be null) lets a short chunk split its context: n_q * splits
  * * n_heads * (head_dim + 2) floats for that many splits */
 int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,

@@ -205,8 +205,8 @@ static void run(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scale
         return;
     }
     hidden_rec rec = {H, L, 0, malloc(sizeof(float) * (size_t)L * MAX_ROWS * H), {0}, &kq, 0};
-    kvd_hooks hc = {&rec, cpu_hidden, NULL, NULL, NULL, NULL};
-    kvd_hooks hd = {&rec, dev_hidden, dev_kv, NULL, NULL, NULL};
+    kvd_hooks hc = {.ctx = &rec, .hidden = cpu_hidden};
+    kvd_hooks hd = {.ctx = &rec, .hidden = dev_hidden, .kv = dev_kv};
     kvd_model_set_hooks(mc, &hc);
     CHECK(kvd_cuda_model_set_hooks(md, &hd, err) == 0, "%s: %s\n", preset, err);
     int sa = kvd_kvcache_add_seq(&kc), sb = kvd_kvcache_add_seq(&kc);
@@ -504,6 +504,16 @@ static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_sca
                       fabs((double)av->flushed - (double)bv->flushed) <= 1e-3 * (double)av->n,
                   "drift layer %d: the candidate cache's counters differ\n", l);
         }
+        /* a BF16 candidate is the reference: each view then compares equal
+         * inputs through the same kernels on both sides, so every attention
+         * figure is exactly that of no drift, as on the CPU */
+        for (size_t i = 0; mode == KVD_KV_BF16 && i < na; i++) {
+            int metric = (int)(i / (KVD_NSUB * KVD_NB) % KVD_ATT_N);
+            double want = metric == KVD_ATT_ARGMAX ? 1.0 : 0.0;
+            CHECK(dd.att[i].n == 0 || kvd_stat_mean(&dd.att[i]) == want,
+                  "drift bf16: attention figure %d is %.9g on the device, want exactly %g\n",
+                  (int)i, kvd_stat_mean(&dd.att[i]), want);
+        }
         /* the figures are not trivially equal: the candidate drifted */
         CHECK(mode == KVD_KV_BF16 || kvd_stat_mean(&dc.out[KVD_OUT_KL][0][8]) > 0,
               "drift: no output KL at all in mode %s\n", kvd_kv_mode_name(mode));
@@ -515,8 +525,15 @@ static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_sca
     kvd_weights_free(&w);
 }
 
-/* a split that does not divide is refused, naming the count */
-static void tp_refusal(void) {
+static void raw_attn(void *ctx, int al, int seq, int pos, int n_ctx, const float *p,
+                     const float *out, const float *sp, const float *so) {
+    (void)ctx, (void)al, (void)seq, (void)pos, (void)n_ctx, (void)p, (void)out, (void)sp, (void)so;
+}
+
+/* what the device model refuses, naming it: a split that does not divide;
+ * whole attention distributions (it compares them on the device); a
+ * reference of another shape */
+static void refusals(void) {
     char err[KVD_ERR_LEN] = "";
     kvd_config cfg;
     kvd_weights w;
@@ -528,6 +545,18 @@ static void tp_refusal(void) {
     CHECK(!m && strstr(err, "linear_num_key_heads 2 does not split into 4"),
           "tiny over 4 GPUs: expected a refusal naming linear_num_key_heads, got '%s'\n", err);
     kvd_cuda_model_free(m);
+    kvd_cuda_model *a = kvd_cuda_model_new_tp(&w, &kv, 64, 1, 1, err);
+    kvd_cuda_model *b = a ? kvd_cuda_model_new_shared(a, &kv, 128, 1, err) : NULL;
+    CHECK(a && b, "tiny on 1 GPU: %s\n", err);
+    if (a && b) {
+        kvd_hooks h = {.attn = raw_attn};
+        CHECK(kvd_cuda_model_set_hooks(a, &h, err) == -1 && strstr(err, "attn_cmp"),
+              "the attn hook: expected a refusal naming attn_cmp, got '%s'\n", err);
+        CHECK(kvd_cuda_model_set_reference(b, a, err) == -1 && strstr(err, "rows a step"),
+              "a reference of fewer rows: expected a refusal, got '%s'\n", err);
+        CHECK(kvd_cuda_model_set_reference(a, b, err) == 0, "a reference: %s\n", err);
+    }
+    kvd_cuda_model_free(b), kvd_cuda_model_free(a);
     kvd_kvcache_free(&kv);
     kvd_weights_free(&w);
 }
@@ -560,13 +589,14 @@ int main(void) {
         run(presets[p], KVD_KV_BF16, NULL, NULL, 2);
         run(presets[p], KVD_KV_FP8_CAL, &cal, NULL, 2);
         if (p == 1) run(presets[p], KVD_KV_FP8_CAL, &cal, NULL, 4);
+        drift_figures(presets[p], KVD_KV_BF16, NULL, 1);
         drift_figures(presets[p], KVD_KV_FP8_CAL, &cal, 1);
         drift_figures(presets[p], KVD_KV_FP8_UNSCALED, NULL, 1);
         drift_figures(presets[p], KVD_KV_FP8_UNSCALED, NULL, 2);
         kvd_kv_scales_free(&cal);
     }
     lazy_weights();
-    tp_refusal();
+    refusals();
     printf("cuda model: %d passed, %d failed\n", checks - failures, failures);
     return failures ? 1 : 0;
 }

@@ -2,8 +2,9 @@
  * codecs bit for bit (both saturation modes, with scales), decode attention
  * over a scattered paged cache in every format within a stated tolerance,
  * the GEMM against a double product, the layer blocks (RMSNorm, RoPE,
- * SwiGLU, the gated delta rule, routing, sampling) and the paged cache write
- * (pool bytes and counters identical).
+ * SwiGLU, the gated delta rule, routing, sampling), the paged cache write
+ * (pool bytes and counters identical) and the comparison of two attention
+ * distributions.
  * Skips (77) with the reason when no device is visible. */
 #include <math.h>
 #include <stdio.h>
@@ -606,6 +607,64 @@ static void prefill(void) {
     kvd_kv_scales_free(&sc);
 }
 
+/* Two distributions compared head by head (the drift figures' sampled rows)
+ * against kvd_attn_compare: KL within 1e-12 relative (the device sums in
+ * another order), the most-attended positions exact. The distributions have
+ * zeros where P is (no term) and where Q is (the 1e-300 floor: a term of
+ * p * 690), and tied maxima (the first must win); contexts from one
+ * position to more than the kernel's threads cover many times. One case is
+ * known in closed form. */
+static void compare(void) {
+    const int shapes[5][2] = {{1, 1}, {1, 2}, {3, 255}, {6, 1000}, {2, 70001}};
+    for (int si = 0; si < 5; si++) {
+        const int nh = shapes[si][0], n = shapes[si][1];
+        const size_t np = (size_t)nh * n;
+        float *p = malloc(sizeof(float) * np), *q = malloc(sizeof(float) * np);
+        double kc[6], kg[6];
+        int pc[6], qc[6], pg[6], qg[6];
+        uint64_t key = kvd_rng_key((uint64_t)si, "gpu.compare");
+        for (int h = 0; h < nh; h++) {
+            float *ph = p + (size_t)h * n, *qh = q + (size_t)h * n;
+            double sp = 0, sq = 0;
+            for (int t = 0; t < n; t++) {
+                size_t i = (size_t)h * n + t;
+                ph[t] = t % 7 == 3 ? 0.0f : expf(2.0f * kvd_rng_normal(key, i));
+                qh[t] = t % 11 == 5 ? 0.0f : ph[t] * expf(0.3f * kvd_rng_normal(key, i + np));
+            }
+            if (n > 2) { /* tied maxima, the later one found first by some thread */
+                int a = (h * 37) % (n / 2), b = n - 1 - (h * 11) % (n / 2);
+                ph[a] = ph[b] = 1e4f;
+                qh[b - 1] = qh[b] = 1e4f;
+            }
+            for (int t = 0; t < n; t++) sp += ph[t], sq += qh[t];
+            for (int t = 0; t < n; t++) ph[t] = (float)(ph[t] / sp), qh[t] = (float)(qh[t] / sq);
+        }
+        if (n == 2) p[0] = p[1] = 0.5f, q[0] = 0.25f, q[1] = 0.75f;
+        kvd_attn_compare(p, q, nh, n, kc, pc, qc);
+        CHECK(kvd_cuda_attn_compare(p, q, nh, n, kg, pg, qg) == 0, "cuda compare failed\n");
+        for (int h = 0; h < nh; h++) {
+            CHECK(fabs(kg[h] - kc[h]) <= 1e-12 * fabs(kc[h]) + 1e-300,
+                  "compare %d x %d head %d: KL %.17g on the device, %.17g on the CPU\n", nh, n, h,
+                  kg[h], kc[h]);
+            CHECK(pg[h] == pc[h] && qg[h] == qc[h],
+                  "compare %d x %d head %d: tops %d/%d on the device, %d/%d on the CPU\n", nh, n, h,
+                  pg[h], qg[h], pc[h], qc[h]);
+        }
+        if (n == 2) { /* 0.5 ln(0.5 / 0.25) + 0.5 ln(0.5 / 0.75); the first of equal maxima */
+            double want = 0.5 * log(2.0) + 0.5 * log(2.0 / 3.0);
+            CHECK(fabs(kc[0] - want) < 1e-15 && pc[0] == 0 && qc[0] == 1,
+                  "compare: KL %.17g (want %.17g), tops %d/%d (want 0/1)\n", kc[0], want, pc[0],
+                  qc[0]);
+        }
+        if (n > 2) {
+            int a = 0, b = n - 1;
+            CHECK(pc[0] == a && qc[0] == b - 1,
+                  "compare: tops %d/%d, want the first maxima %d/%d\n", pc[0], qc[0], a, b - 1);
+        }
+        free(p), free(q);
+    }
+}
+
 /* The chunked delta rule (prefill) against its CPU twin: four heads of 300
  * tokens (four chunks and a partial one) at the real head dims from a
  * non-zero state. Both run each sum in the same order; exp() in double may
@@ -651,6 +710,7 @@ int main(void) {
     dense();
     kv_write();
     prefill();
+    compare();
     gdn();
     gdn_chunked();
     route_and_sample();

@@ -254,7 +254,7 @@ static void sink_and_retrieval(void **st) {
     attn_stats a = {tok, C.num_attention_heads, {0}, {0}, 0};
     runner r;
     runner_init(&r, KVD_KV_BF16, T, 64, 1, NULL);
-    kvd_hooks h = {&a, NULL, NULL, on_attn, NULL, NULL};
+    kvd_hooks h = {.ctx = &a, .attn = on_attn};
     kvd_model_set_hooks(r.m, &h);
     int s = kvd_kvcache_add_seq(&r.kv);
     assert_int_equal(kvd_prefill(r.m, &r.kv, s, tok, T, NULL, 0, err), 0);
