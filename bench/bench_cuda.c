@@ -105,6 +105,138 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gp
     return rc;
 }
 
+/* seconds of the fastest of reps runs of f (which returns 0 when it ran),
+ * the device's queue drained before the clock stops; -1 when one failed */
+typedef int (*timed_fn)(void *ctx);
+static double fastest(timed_fn f, void *ctx, int reps) {
+    char err[KVD_ERR_LEN];
+    double best = -1;
+    for (int i = 0; i < reps; i++) {
+        kvd_cuda_sync(err, sizeof err);
+        double t0 = now_s();
+        if (f(ctx) || kvd_cuda_sync(err, sizeof err)) return -1;
+        double t = now_s() - t0;
+        if (best < 0 || t < best) best = t;
+    }
+    return best;
+}
+
+/* the drift comparisons' operands: a and x on the host (n values each), on
+ * the device, and room for the figures */
+typedef struct {
+    int rows, n, host_rows;
+    float *a, *x, *da, *dx, *back;
+    void *dout, *hout;
+    int which; /* 0 logits, 1 residual stream, 2 attention distributions */
+} cmp_case;
+
+static int cmp_device(void *p) {
+    cmp_case *c = p;
+    if (c->which == 0) return kvd_cuda_logits_compare_dev(c->da, c->dx, c->rows, c->n, c->dout);
+    if (c->which == 1) return kvd_cuda_hidden_compare_dev(c->da, c->dx, c->rows, c->n, c->dout);
+    double *kl = c->dout;
+    int *top = (int *)(kl + c->rows);
+    return kvd_cuda_attn_compare_dev(c->da, c->dx, c->rows, c->n, kl, top, top + c->rows);
+}
+/* what the host did before: both sides copied back, then compared on one thread */
+static int cmp_copy(void *p) {
+    cmp_case *c = p;
+    size_t bytes = sizeof(float) * (size_t)c->rows * c->n;
+    return kvd_cuda_download(c->back, c->da, bytes) || kvd_cuda_download(c->back, c->dx, bytes);
+}
+static int cmp_host(void *p) {
+    cmp_case *c = p;
+    const size_t n = (size_t)c->n;
+    for (int r = 0; r < c->host_rows; r++) {
+        if (c->which == 0) {
+            ((kvd_logit_cmp *)c->hout)[r] = kvd_compare_logits(c->a + r * n, c->x + r * n, c->n);
+        } else if (c->which == 1) {
+            kvd_hidden_compare(c->a + r * n, c->x + r * n, 1, c->n, (kvd_hidden_cmp *)c->hout + r);
+        } else {
+            double *kl = c->hout;
+            int *top = (int *)(kl + c->rows);
+            kvd_attn_compare(c->a + r * n, c->x + r * n, 1, c->n, kl + r, top + r,
+                             top + c->rows + r);
+        }
+    }
+    return 0;
+}
+
+/* The drift run's comparisons at a preset's shapes (qwen3.5-397b-a17b's in
+ * the benchmark), for one 256-row chunk (logits; the residual stream of one
+ * layer) and one sampled row at ctx tokens (every head's attention
+ * distribution; 128K in the benchmark): on the device, where
+ * the model now makes them, against copying both sides back and comparing
+ * on one host thread (the host times a few rows and scales). 0, or -1. */
+static int bench_compare(int reps, const char *preset, int ctx) {
+    kvd_config q;
+    char err[KVD_ERR_LEN];
+    if (kvd_config_preset(preset, &q, err)) return -1;
+    struct {
+        const char *what;
+        int rows, n, host_rows, which, per_chunk;
+    } cases[3] = {
+        {"logits", 256, q.vocab_size, 8, 0, 1},
+        {"residual stream, a layer", 256, q.hidden_size, 256, 1, q.num_hidden_layers},
+        {"attention, 1 sampled row", q.num_attention_heads, ctx, 4, 2,
+         kvd_config_n_full(&q) * 256 / 16},
+    };
+    printf("\nthe drift figures' comparisons, %s shapes (ms): on the device, against both "
+           "sides copied\nback and compared on one host thread (what the drift run did "
+           "before); per_chunk: how many a 256-row\nchunk makes (attention: every 16th row of "
+           "each full-attention layer, the drift run's default)\n%-27s %10s %10s %10s %9s "
+           "%9s\n",
+           preset, "comparison", "device", "copy_back", "host", "speedup", "per_chunk");
+    int fail = 0;
+    double chunk_dev = 0, chunk_before = 0;
+    for (int ci = 0; ci < 3; ci++) {
+        cmp_case c = {cases[ci].rows, cases[ci].n, cases[ci].host_rows, 0, 0, 0, 0, 0, 0, 0,
+                      cases[ci].which};
+        const size_t nv = (size_t)c.rows * c.n;
+        const size_t fb =
+            (sizeof(kvd_logit_cmp) + sizeof(kvd_hidden_cmp) + 2 * sizeof(double)) * c.rows;
+        c.a = malloc(sizeof(float) * nv), c.x = malloc(sizeof(float) * nv);
+        c.back = malloc(sizeof(float) * nv);
+        c.hout = malloc(fb);
+        c.da = kvd_cuda_alloc(sizeof(float) * nv), c.dx = kvd_cuda_alloc(sizeof(float) * nv);
+        c.dout = kvd_cuda_alloc(fb);
+        double td = -1, tc = -1, th = -1;
+        if (c.a && c.x && c.back && c.hout && c.da && c.dx && c.dout) {
+            /* xorshift values in [-1, 1) (the timings do not depend on their
+             * law, and 10^8 normal draws would take seconds); attention's
+             * positive, as distributions are */
+            uint64_t st = 0x9e3779b97f4a7c15ull + (uint64_t)ci;
+            for (size_t i = 0; i < nv; i++) {
+                st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+                float v = (float)(st >> 40) / (float)(1 << 23) - 1.0f, e = (float)(st & 255) / 128;
+                c.a[i] = c.which == 2 ? 1e-5f * (1.5f + v) : 4.0f * v;
+                c.x[i] = c.a[i] * (1.0f + 0.01f * (e - 1.0f));
+            }
+            if (!kvd_cuda_upload(c.da, c.a, sizeof(float) * nv) &&
+                !kvd_cuda_upload(c.dx, c.x, sizeof(float) * nv)) {
+                td = fastest(cmp_device, &c, reps);
+                tc = fastest(cmp_copy, &c, reps > 3 ? 3 : reps);
+                th = fastest(cmp_host, &c, 1) * c.rows / c.host_rows;
+            }
+        }
+        fail |= td <= 0 || tc <= 0 || th <= 0;
+        chunk_dev += td * cases[ci].per_chunk, chunk_before += (tc + th) * cases[ci].per_chunk;
+        if (td > 0 && tc > 0 && th > 0)
+            printf("%-27s %10.3f %10.2f %10.1f %8.0fx %9d\n", cases[ci].what, td * 1e3, tc * 1e3,
+                   th * 1e3, (tc + th) / td, cases[ci].per_chunk);
+        else
+            printf("%-27s failed\n", cases[ci].what);
+        free(c.a), free(c.x), free(c.back), free(c.hout);
+        kvd_cuda_free(c.da), kvd_cuda_free(c.dx), kvd_cuda_free(c.dout);
+    }
+    if (!fail)
+        printf("a 256-row chunk's comparisons: %.1f ms on the device, %.0f ms copied back and "
+               "compared on one host thread\n(%.0fx; the attention rows at %d tokens, a "
+               "%d-token trace has %d chunks)\n",
+               chunk_dev * 1e3, chunk_before * 1e3, chunk_before / chunk_dev, ctx, ctx, ctx / 256);
+    return fail ? -1 : 0;
+}
+
 /* The device side: copy bandwidth, decode attention at the qwen3.5 shape
  * (32 query heads, 2 KV heads, head_dim 256) at 32K and 128K tokens, and the
  * BF16 GEMM at the model's projection shapes. */
@@ -222,5 +354,6 @@ int kvd_bench_cuda(int reps) {
                "TFLOP/s; v2 does each product twice, hi and lo, so 0.5 is the tensor cores' "
                "rate)\n",
                pf_best / (gemm_best * 1e9), gemm_best / 1e3);
+    fail |= bench_compare(reps, "qwen3.5-397b-a17b", 131072) != 0;
     return fail;
 }

@@ -71,6 +71,25 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
 void kvd_attn_compare(const float *p, const float *q, int n_heads, int n_ctx, double *kl,
                       int *top_p, int *top_q);
 
+/* The residual stream of a test run against a reference's, row by row
+ * (rows of n values, a the reference's): sums in double, in order, of the
+ * squared difference, the reference's and the test's squares and their
+ * products. The relative L2 error is sqrt(err2 / ref2), the cosine
+ * dot / sqrt(ref2 test2). */
+typedef struct {
+    double err2, ref2, dot, test2;
+} kvd_hidden_cmp;
+void kvd_hidden_compare(const float *a, const float *x, int rows, int n, kvd_hidden_cmp *out);
+
+/* Two next-token distributions from their logits: KL(P_a || P_x) in nats
+ * (double, clamped at 0), whether their argmaxes agree (the first of equal
+ * maxima), and each side's log-sum-exp (so log p(token) = logit - lse). */
+typedef struct {
+    double kl, lse_a, lse_x;
+    int same_argmax;
+} kvd_logit_cmp;
+kvd_logit_cmp kvd_compare_logits(const float *a, const float *x, int V);
+
 /* One step of the gated delta rule for one head. S is [dk][dv] (fp32),
  * q and k are already L2-normalised (q also scaled by dk^-0.5):
  *   S = exp(g) S;  S += k (x) beta (v - S^T k);  o = S^T q. */

@@ -70,28 +70,6 @@ void kvd_drift_free(kvd_drift *d) {
     memset(d, 0, sizeof *d);
 }
 
-kvd_logit_cmp kvd_compare_logits(const float *a, const float *x, int V) {
-    kvd_logit_cmp r;
-    double ma = -INFINITY, mx = -INFINITY;
-    int ia = 0, ix = 0;
-    for (int i = 0; i < V; i++) {
-        if (a[i] > ma) ma = a[i], ia = i;
-        if (x[i] > mx) mx = x[i], ix = i;
-    }
-    double sa = 0, sx = 0;
-    for (int i = 0; i < V; i++) sa += exp(a[i] - ma), sx += exp(x[i] - mx);
-    r.lse_a = ma + log(sa);
-    r.lse_x = mx + log(sx);
-    double kl = 0;
-    for (int i = 0; i < V; i++) {
-        double pa = a[i] - r.lse_a, px = x[i] - r.lse_x;
-        kl += exp(pa) * (pa - px);
-    }
-    r.kl = kl > 0 ? kl : 0; /* rounding can leave -1e-17 */
-    r.same_argmax = ia == ix;
-    return r;
-}
-
 static int cmp_f(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
     return (x > y) - (x < y);
@@ -130,19 +108,34 @@ typedef struct {
     const uint8_t *is_copy, *copy_start;
     int sample_every;
     int side;
-    int64_t p0;      /* first position of the chunk */
-    int rows;        /* rows of the chunk */
-    int cap;         /* most rows a chunk has */
-    float *hid[2];   /* [layer][rows][H] */
-    int *router[2];  /* [layer][rows][k] */
-    att_slot *slots; /* [attn layer][rows] */
+    int64_t p0; /* first position of the chunk */
+    int rows;   /* rows of the chunk */
+    int cap;    /* most rows a chunk has */
+    double *hrel,
+        *hcos; /* the candidate's residual stream against the reference's, [layer][rows] */
+    kvd_logit_cmp *lcmp; /* the candidate's logits against the reference's, [rows] */
+    int *router[2];      /* [layer][rows][k] */
+    att_slot *slots;     /* [attn layer][rows] */
 } lockstep;
 
-static void on_hidden(void *ctx, int layer, const kvd_batch *b, const int *pos, const float *h) {
+/* the candidate side's residual streams, compared by the model: relative L2
+ * error and cosine similarity (1 where the two are equal) */
+static void on_hidden(void *ctx, int layer, const kvd_batch *b, const int *pos,
+                      const kvd_hidden_cmp *rows) {
     (void)b, (void)pos;
     lockstep *L = ctx;
-    size_t n = (size_t)L->rows * L->c->hidden_size;
-    memcpy(L->hid[L->side] + (size_t)layer * n, h, n * sizeof(float));
+    for (int r = 0; r < L->rows; r++) {
+        const kvd_hidden_cmp *h = &rows[r];
+        double rel = h->err2 == 0 ? 0 : sqrt(h->err2 / (h->ref2 > 0 ? h->ref2 : 1e-300));
+        L->hrel[(size_t)layer * L->cap + r] = rel;
+        L->hcos[(size_t)layer * L->cap + r] = rel != 0 ? h->dot / sqrt(h->ref2 * h->test2) : 1.0;
+    }
+}
+
+static void on_logits(void *ctx, const kvd_batch *b, const int *pos, const kvd_logit_cmp *rows) {
+    (void)b, (void)pos;
+    lockstep *L = ctx;
+    memcpy(L->lcmp, rows, sizeof(kvd_logit_cmp) * (size_t)L->rows);
 }
 
 static void on_router(void *ctx, int layer, const kvd_batch *b, const int *experts) {
@@ -223,21 +216,12 @@ static void compare_chunk(lockstep *L, const float *lr, const float *lc, const u
                           int64_t n) {
     const kvd_config *c = L->c;
     kvd_drift *d = L->d;
-    const int H = c->hidden_size, V = c->vocab_size, K = c->num_experts_per_tok;
+    const int V = c->vocab_size, K = c->num_experts_per_tok;
     for (int r = 0; r < L->rows; r++) {
         int64_t pos = L->p0 + r;
         int b = kvd_bucket(pos), sub = L->is_copy[pos] ? KVD_SUB_COPY : KVD_SUB_OTHER;
         for (int l = 0; l < c->num_hidden_layers; l++) {
-            const float *a = L->hid[0] + ((size_t)l * L->rows + r) * H;
-            const float *x = L->hid[1] + ((size_t)l * L->rows + r) * H;
-            double rel = rel_l2(x, a, (size_t)H), cs = 1.0;
-            if (rel != 0) {
-                double dot = 0, na = 0, nx = 0;
-                for (int i = 0; i < H; i++)
-                    dot += (double)a[i] * x[i], na += (double)a[i] * a[i],
-                        nx += (double)x[i] * x[i];
-                cs = dot / sqrt(na * nx);
-            }
+            double rel = L->hrel[(size_t)l * L->cap + r], cs = L->hcos[(size_t)l * L->cap + r];
             kvd_stat_add(kvd_drift_hid(d, l, KVD_HID_REL_L2, KVD_SUB_ALL, b), rel);
             kvd_stat_add(kvd_drift_hid(d, l, KVD_HID_REL_L2, sub, b), rel);
             kvd_stat_add(kvd_drift_hid(d, l, KVD_HID_COS, KVD_SUB_ALL, b), cs);
@@ -257,7 +241,7 @@ static void compare_chunk(lockstep *L, const float *lr, const float *lc, const u
         /* output: the prediction at pos is of token pos + 1 */
         if (pos + 1 >= n) continue;
         const float *a = lr + (size_t)r * V, *x = lc + (size_t)r * V;
-        kvd_logit_cmp lc1 = kvd_compare_logits(a, x, V);
+        const kvd_logit_cmp lc1 = L->lcmp[r];
         double kl = lc1.kl;
         uint32_t next = tok[pos + 1];
         double nll_a = lc1.lse_a - a[next], nll_x = lc1.lse_x - x[next];
@@ -319,7 +303,7 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
                   const uint8_t *is_copy, const uint8_t *copy_start, int64_t n, kvd_kv_mode mode,
                   const kvd_kv_scales *scales, const kvd_drift_opts *o, kvd_drift *d, char *err) {
     const kvd_config *c = &w->cfg;
-    const int R = 256, H = c->hidden_size, V = c->vocab_size;
+    const int R = 256, V = c->vocab_size;
     const int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads;
     int64_t cap = n + (o->n_gen > 0 ? (int64_t)o->gen_tokens * 2 + n : 0) + 16;
     kvd_kvcache kr, kc, ks;
@@ -344,18 +328,20 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
     L.is_copy = is_copy;
     L.copy_start = copy_start;
     L.sample_every = o->sample_every > 0 ? o->sample_every : 16;
-    size_t hn = (size_t)c->num_hidden_layers * R * H;
+    size_t hn = (size_t)c->num_hidden_layers * R;
     size_t rn = (size_t)c->num_hidden_layers * R *
                 (c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1);
-    L.hid[0] = malloc(hn * sizeof(float)), L.hid[1] = malloc(hn * sizeof(float));
+    L.hrel = malloc(hn * sizeof(double)), L.hcos = malloc(hn * sizeof(double));
+    L.lcmp = malloc((size_t)R * sizeof(kvd_logit_cmp));
     L.router[0] = calloc(rn, sizeof(int)), L.router[1] = calloc(rn, sizeof(int));
     L.slots = calloc((size_t)nf * R, sizeof(att_slot));
-    if (!lr || !lc || !L.hid[0] || !L.hid[1] || !L.router[0] || !L.router[1] || !L.slots) {
+    if (!lr || !lc || !L.hrel || !L.hcos || !L.lcmp || !L.router[0] || !L.router[1] || !L.slots) {
         snprintf(err, KVD_ERR_LEN, "drift: out of memory");
         goto out;
     }
     kvd_hooks hk = {.ctx = &L,
-                    .hidden = on_hidden,
+                    .hidden_cmp = on_hidden,
+                    .logits_cmp = on_logits,
                     .attn_cmp = on_attn,
                     .want_attn = want_attn,
                     .router = on_router};
@@ -418,7 +404,7 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
     rc = 0;
 out:
     free(L.slots);
-    free(L.hid[0]), free(L.hid[1]), free(L.router[0]), free(L.router[1]);
+    free(L.hrel), free(L.hcos), free(L.lcmp), free(L.router[0]), free(L.router[1]);
     free(lr), free(lc);
     kvd_engine_close(&mc), kvd_engine_close(&mr);
     kvd_kvcache_free(&kr), kvd_kvcache_free(&kc), kvd_kvcache_free(&ks);

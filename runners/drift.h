@@ -92,14 +92,7 @@ static inline kvd_stat *kvd_drift_att_kvh(kvd_drift *d, int al, int h, int v, in
     return &d->att_kvh[(((size_t)al * d->kv_heads + h) * KVD_VIEW_N + v) * KVD_NB + b];
 }
 
-/* Two next-token distributions from their logits: KL(P_a || P_x) in nats
- * (double, clamped at 0), whether their argmaxes agree, and each side's
- * log-sum-exp (so log p(token) = logit - lse). */
-typedef struct {
-    double kl, lse_a, lse_x;
-    int same_argmax;
-} kvd_logit_cmp;
-kvd_logit_cmp kvd_compare_logits(const float *a, const float *x, int V);
+/* kvd_compare_logits and kvd_logit_cmp: kernels/kernels.h */
 
 /* Run the BF16 reference and candidate `mode` over the first n tokens of
  * tok (is_copy[i]: token i copies earlier content; copy_start[i]: it starts

@@ -23,13 +23,16 @@ struct kvd_model {
     float *inv_freq;
     kvd_hooks hooks;
     kvd_kvcache *shadow;
-    /* the propagated view's reference model and its cache (NULL: none); as
-     * a reference, the queries of the last step, [attn layer][max_rows][nh][hd],
-     * and its row count */
+    /* the comparing hooks' reference model and its cache (NULL: none); as
+     * a reference, its last step's row count, queries [attn layer][max_rows]
+     * [nh][hd], residual streams [layer][max_rows][H] and logits
+     * [max_rows][V] (held_logits_rows of them: 0 when it gave no row's) */
     kvd_model *ref;
     const kvd_kvcache *ref_kv;
-    float *held;
-    int held_rows;
+    float *held, *held_x, *held_logits;
+    int held_rows, held_logits_rows;
+    kvd_hidden_cmp *hcmp; /* [max_rows] */
+    kvd_logit_cmp *lcmp;  /* [max_rows] */
     /* activations, [max_rows][...] */
     float *x, *xn, *mix;
     float *qg, *kb, *vb, *att;
@@ -54,20 +57,33 @@ int kvd_model_set_reference(kvd_model *m, kvd_model *ref, const kvd_kvcache *ref
         const kvd_config *a = &m->c, *b = &ref->c;
         if (ref == m || a->num_attention_heads != b->num_attention_heads ||
             a->head_dim != b->head_dim || m->n_full != ref->n_full || !ref_kv ||
-            ref_kv->n_layers != ref->n_full || ref->max_rows < m->max_rows) {
+            a->num_hidden_layers != b->num_hidden_layers || a->hidden_size != b->hidden_size ||
+            a->vocab_size != b->vocab_size || ref_kv->n_layers != ref->n_full ||
+            ref->max_rows < m->max_rows) {
             snprintf(err, KVD_ERR_LEN,
                      "reference model: expected another model of the same attention shape, "
                      "with its cache and at least as many rows a step");
             return -1;
         }
         if (!ref->held) {
-            size_t n = (size_t)ref->n_full * ref->max_rows * b->num_attention_heads * b->head_dim;
-            ref->held = malloc(sizeof(float) * (n ? n : 1));
-            ref->held_rows = 0;
-            if (!ref->held) {
-                snprintf(err, KVD_ERR_LEN, "reference model: out of memory for its queries");
+            size_t R = (size_t)ref->max_rows;
+            size_t nq = (size_t)ref->n_full * R * b->num_attention_heads * b->head_dim;
+            ref->held = malloc(sizeof(float) * (nq ? nq : 1));
+            ref->held_x = malloc(sizeof(float) * (size_t)b->num_hidden_layers * R * b->hidden_size);
+            ref->held_logits = malloc(sizeof(float) * R * (size_t)b->vocab_size);
+            ref->held_rows = ref->held_logits_rows = 0;
+            if (!ref->held || !ref->held_x || !ref->held_logits) {
+                snprintf(err, KVD_ERR_LEN,
+                         "reference model: out of memory for its queries, residual streams "
+                         "and logits");
                 return -1;
             }
+        }
+        if (!m->hcmp) m->hcmp = malloc(sizeof(kvd_hidden_cmp) * (size_t)m->max_rows);
+        if (!m->lcmp) m->lcmp = malloc(sizeof(kvd_logit_cmp) * (size_t)m->max_rows);
+        if (!m->hcmp || !m->lcmp) {
+            snprintf(err, KVD_ERR_LEN, "reference model: out of memory");
+            return -1;
         }
     }
     m->ref = ref;
@@ -103,7 +119,7 @@ void kvd_model_free(kvd_model *m) {
                      m->gdn_o,    m->rlogit, m->topw, m->gx,    m->g1,         m->g2,   m->gy,
                      m->sh1,      m->sh2,    m->shg,  m->probs, m->conv_state, m->ssm};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    free(m->held);
+    free(m->held), free(m->held_x), free(m->held_logits), free(m->hcmp), free(m->lcmp);
     free(m->topi);
     free(m->rows_of);
     free(m->pos);
@@ -277,7 +293,6 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
     }
     kvd_kv_view view = kvd_kvcache_view(kv, al);
     const kvd_model *ref = m->ref;
-    if (m->held) m->held_rows = rows;
 #pragma omp parallel for schedule(dynamic, 1) if (by_rows)
     for (int r = 0; r < rows; r++) {
 #ifdef _OPENMP
@@ -315,7 +330,7 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
             iso = &views[0];
         }
         /* the reference's row at the same position, over its own cache */
-        if (cmp && ref && r < ref->held_rows && ref->pos[r] == m->pos[r]) {
+        if (cmp && ref) {
             kvd_kv_view rv = kvd_kvcache_view(m->ref_kv, al);
             kvd_attn_paged(&rv, m->ref_kv->seqs[ref->row_seq[r]].blocks, n_ctx,
                            ref->held + ((size_t)al * ref->max_rows + r) * nh * hd, nh, sm_scale, ro,
@@ -591,12 +606,29 @@ int kvd_batch_rows(const kvd_config *c, kvd_kvcache *kv, const kvd_batch *b, int
     return rows;
 }
 
+int kvd_reference_rows(int ref_rows, const int *ref_pos, int rows, const int *pos, char *err) {
+    int bad = ref_rows == rows ? -1 : 0;
+    for (int r = 0; r < rows && r < ref_rows && bad < 0; r++)
+        if (ref_pos[r] != pos[r]) bad = r;
+    if (bad < 0) return 0;
+    snprintf(err, KVD_ERR_LEN,
+             "reference model: its last step had %d rows, this one %d (row %d at position %d, "
+             "expected the same rows at the same positions)",
+             ref_rows, rows, bad, bad < ref_rows ? ref_pos[bad] : -1);
+    return -1;
+}
+
 int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits, int last_only,
                 char *err) {
     const kvd_config *c = &m->c;
     const int H = c->hidden_size, V = c->vocab_size;
     int rows = kvd_batch_rows(c, kv, b, m->max_rows, m->max_seqs, m->pos, m->row_seq, err), r;
     if (rows < 0) return -1;
+    const size_t n = (size_t)rows * H;
+    if (m->ref && (m->hooks.attn_cmp || m->hooks.hidden_cmp || m->hooks.logits_cmp) &&
+        kvd_reference_rows(m->ref->held_rows, m->ref->pos, rows, m->pos, err))
+        return -1;
+    if (m->held) m->held_rows = rows, m->held_logits_rows = 0;
 
     /* embed */
     for (r = 0; r < rows; r++)
@@ -624,6 +656,14 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
         for (size_t i = 0; i < (size_t)rows * H; i++) m->x[i] += m->mix[i];
         if (check_finite(m, m->x, rows, l, "the residual stream", err)) return -1;
         if (m->hooks.hidden) m->hooks.hidden(m->hooks.ctx, l, b, m->pos, m->x);
+        if (m->held_x) memcpy(m->held_x + (size_t)l * m->max_rows * H, m->x, sizeof(float) * n);
+        if (m->ref && m->hooks.hidden_cmp) {
+            const float *a = m->ref->held_x + (size_t)l * m->ref->max_rows * H;
+#pragma omp parallel for schedule(static)
+            for (int i = 0; i < rows; i++)
+                kvd_hidden_compare(a + (size_t)i * H, m->x + (size_t)i * H, 1, H, m->hcmp + i);
+            m->hooks.hidden_cmp(m->hooks.ctx, l, b, m->pos, m->hcmp);
+        }
     }
 
     if (!logits) return 0;
@@ -632,6 +672,22 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
                     (float)c->rms_norm_eps, 1);
     if (!last_only) {
         kvd_linear(m->xn, m->w->lm_head, logits, rows, V, H);
+        if (m->held_logits) {
+            memcpy(m->held_logits, logits, sizeof(float) * (size_t)rows * V);
+            m->held_logits_rows = rows;
+        }
+        if (m->ref && m->hooks.logits_cmp) {
+            if (m->ref->held_logits_rows != rows) {
+                snprintf(err, KVD_ERR_LEN,
+                         "reference model: its last step gave no logits for these %d rows", rows);
+                return -1;
+            }
+#pragma omp parallel for schedule(dynamic, 8)
+            for (int i = 0; i < rows; i++)
+                m->lcmp[i] = kvd_compare_logits(m->ref->held_logits + (size_t)i * V,
+                                                logits + (size_t)i * V, V);
+            m->hooks.logits_cmp(m->hooks.ctx, b, m->pos, m->lcmp);
+        }
     } else {
         int last = -1;
         for (int s = 0; s < b->n; s++) {

@@ -36,6 +36,14 @@ typedef struct {
     void *ctx;
     /* the residual stream after layer `layer`, [rows][hidden] */
     void (*hidden)(void *ctx, int layer, const kvd_batch *b, const int *pos, const float *h);
+    /* with a reference model set (kvd_model_set_reference), compared by the
+     * model itself so that only the figures leave it: each row's residual
+     * stream after `layer` against the reference's row, [rows]; and in steps
+     * that give every row's logits, each row's logits against the
+     * reference's (a the reference), [rows] */
+    void (*hidden_cmp)(void *ctx, int layer, const kvd_batch *b, const int *pos,
+                       const kvd_hidden_cmp *rows);
+    void (*logits_cmp)(void *ctx, const kvd_batch *b, const int *pos, const kvd_logit_cmp *rows);
     /* K (after k_norm and RoPE) and V as computed, before the cache stores them */
     void (*kv)(void *ctx, int attn_layer, int seq, int pos, const float *k, const float *v);
     /* attention of a full-attention layer for one row: the distribution
@@ -73,12 +81,14 @@ void kvd_model_set_hooks(kvd_model *m, const kvd_hooks *h);
  * reference K/V, passed through the candidate's codec. NULL to stop. */
 void kvd_model_set_shadow(kvd_model *m, kvd_kvcache *shadow);
 
-/* The propagated view's reference: a model over the same config whose step
- * runs just before each of this model's over the same rows (the drift run's
- * lock step), with ref_kv its cache. From now on ref keeps the queries of
- * its last step, and the attn_cmp hook compares each sampled row against
- * the reference's row at the same position, recomputed over ref_kv. NULL to
- * stop. Both must outlive the setting. 0, or -1 with err set. */
+/* The reference of the comparing hooks (attn_cmp's propagated view,
+ * hidden_cmp, logits_cmp): a model over the same config whose step runs
+ * just before each of this model's over the same rows at the same
+ * positions (the drift run's lock step; a step of other rows fails while a
+ * comparing hook is set), with ref_kv its cache. From now on ref keeps its
+ * last step's queries, residual streams and logits; a sampled row's
+ * reference attention is recomputed over ref_kv. NULL to stop. Both must
+ * outlive the setting. 0, or -1 with err set. */
 int kvd_model_set_reference(kvd_model *m, kvd_model *ref, const kvd_kvcache *ref_kv, char *err);
 
 /* Clear the recurrent state (conv and DeltaNet) of one sequence slot, or
@@ -113,6 +123,11 @@ const kvd_config *kvd_model_config(const kvd_model *m);
  * set. Shared by the CPU and device forward passes. */
 int kvd_batch_rows(const kvd_config *c, kvd_kvcache *kv, const kvd_batch *b, int max_rows,
                    int max_seqs, int *pos, int *row_seq, char *err);
+
+/* 0 when a reference's last step (ref_rows rows at positions ref_pos) had
+ * this step's rows at the same positions, else -1 with err set naming the
+ * first that differs. Shared by the CPU and device forward passes. */
+int kvd_reference_rows(int ref_rows, const int *ref_pos, int rows, const int *pos, char *err);
 
 /* The index among full-attention layers of layer l, or -1. */
 int kvd_model_attn_index(const kvd_model *m, int layer);

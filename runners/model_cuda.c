@@ -107,12 +107,16 @@ struct kvd_cuda_model {
     int kv_heads, head_dim;
     dev_kv kc, sc;
     kvd_kvcache *shadow;
-    /* the propagated view's reference model (rank 0; NULL: none); as a
+    /* the comparing hooks' reference model (rank 0; NULL: none); as a
      * reference, each rank's queries of the last step, [attn layer][max_rows]
-     * [heads][head_dim], and the step's rows (rank 0) */
+     * [heads][head_dim], and on rank 0 its residual streams [layer][max_rows]
+     * [H], its row count and how many rows' logits it left in `logits` */
     struct kvd_cuda_model *ref;
-    float *d_held;
-    int held_rows;
+    float *d_held, *d_hx;
+    int held_rows, held_logits_rows;
+    /* rank 0, comparing: the figures on the device and their host copies */
+    kvd_hidden_cmp *d_hcmp, *h_hcmp;
+    kvd_logit_cmp *d_lcmp, *h_lcmp;
     /* the attn_cmp hook's sampled rows, each rank's heads: the distributions
      * over the row's own cache, the shadow and the reference's cache, for up
      * to probs_ctx positions; the outputs (own, shadow, reference) and the
@@ -179,6 +183,7 @@ static void rank_free(kvd_cuda_model *m) {
     free(m->kc.kpool), free(m->kc.vpool), free(m->kc.h_slot);
     free(m->sc.kpool), free(m->sc.vpool), free(m->sc.h_slot);
     free(m->h_outs), free(m->h_kl), free(m->h_top), free(m->h_k), free(m->h_v);
+    free(m->h_hcmp), free(m->h_lcmp);
     free(m->stage16);
     free(m->h_pos), free(m->h_row_seq), free(m->h_topi), free(m->h_slots);
     free(m->h_seqs), free(m->h_row0), free(m->h_ntok), free(m->h_x);
@@ -835,27 +840,43 @@ int kvd_cuda_model_set_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err)
 int kvd_cuda_model_set_reference(kvd_cuda_model *m, kvd_cuda_model *ref, char *err) {
     if (ref && (ref == m || ref->p.n != m->p.n || ref->n_full != m->n_full ||
                 ref->head_dim != m->head_dim || ref->max_rows < m->max_rows ||
-                ref->full.num_attention_heads != m->full.num_attention_heads)) {
+                ref->full.num_attention_heads != m->full.num_attention_heads ||
+                ref->full.num_hidden_layers != m->full.num_hidden_layers ||
+                ref->full.hidden_size != m->full.hidden_size ||
+                ref->full.vocab_size != m->full.vocab_size)) {
         snprintf(err, KVD_ERR_LEN,
                  "device model: a reference must be another model of the same attention shape "
                  "over as many GPUs, with at least as many rows a step");
         return -1;
     }
+    const size_t R = (size_t)(ref ? ref->max_rows : 0);
+    int ok = 1;
     for (int r = 0; ref && r < ref->p.n; r++) {
         kvd_cuda_model *q = ref->rk[r];
         if (q->d_held) continue;
         kvd_cuda_set_device(r);
-        q->d_held = dalloc(&q->mem, sizeof(float) * (size_t)q->n_full * q->max_rows *
+        q->d_held = dalloc(&q->mem, sizeof(float) * (size_t)q->n_full * R *
                                         q->c.num_attention_heads * q->head_dim);
-        if (!q->d_held) {
-            kvd_cuda_set_device(0);
-            snprintf(err, KVD_ERR_LEN,
-                     "device model: out of device memory for the reference's "
-                     "queries");
-            return -1;
-        }
+        if (r == 0)
+            q->d_hx = dalloc(&q->mem, sizeof(float) * (size_t)q->full.num_hidden_layers * R *
+                                          q->full.hidden_size);
+        ok &= q->d_held && (r || q->d_hx);
     }
     kvd_cuda_set_device(0);
+    if (ref && !m->d_hcmp) {
+        const size_t mr = (size_t)m->max_rows;
+        m->d_hcmp = dalloc(&m->mem, sizeof(kvd_hidden_cmp) * mr);
+        m->d_lcmp = dalloc(&m->mem, sizeof(kvd_logit_cmp) * mr);
+        m->h_hcmp = malloc(sizeof(kvd_hidden_cmp) * mr);
+        m->h_lcmp = malloc(sizeof(kvd_logit_cmp) * mr);
+        ok &= m->d_hcmp && m->d_lcmp && m->h_hcmp && m->h_lcmp;
+    }
+    if (!ok) {
+        snprintf(err, KVD_ERR_LEN,
+                 "device model: out of memory for the reference's queries, "
+                 "residual streams and the figures");
+        return -1;
+    }
     m->ref = ref;
     return 0;
 }
@@ -1017,7 +1038,7 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
     for (int i = 0; i < rows; i++) {
         int seq = m0->h_row_seq[i], pos = m0->h_pos[i], n_ctx = pos + 1, rc = 0;
         const int iso = m0->shadow != NULL;
-        const int prop = ref0 && i < ref0->held_rows && ref0->h_pos[i] == pos;
+        const int prop = ref0 != NULL; /* the same rows: checked at the step's start */
         if ((!iso && !prop) ||
             (m0->hooks.want_attn && !m0->hooks.want_attn(m0->hooks.ctx, al, seq, pos)))
             continue;
@@ -1304,7 +1325,13 @@ int kvd_cuda_forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, fl
             }
     size_t n = (size_t)rows * H;
     int rc = 0;
+    const kvd_cuda_model *ref0 = m0->ref;
+    const kvd_hooks *hk = &m0->hooks;
+    if (ref0 && (hk->attn_cmp || hk->hidden_cmp || hk->logits_cmp) &&
+        kvd_reference_rows(ref0->held_rows, ref0->h_pos, rows, m0->h_pos, err))
+        return -1;
     m0->held_rows = m0->d_held ? rows : 0;
+    m0->held_logits_rows = 0;
     for (int r = 0; r < n_ranks && !rc; r++) {
         kvd_cuda_model *m = rk[r];
         if (r) {
@@ -1368,6 +1395,21 @@ int kvd_cuda_forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, fl
             }
             m0->hooks.hidden(m0->hooks.ctx, l, b, m0->h_pos, m0->h_x);
         }
+        if (!rc && m0->d_hx)
+            rc = kvd_cuda_copy(m0->d_hx + (size_t)l * m0->max_rows * H, m0->x, sizeof(float) * n);
+        if (!rc && ref0 && hk->hidden_cmp) {
+            rc = kvd_cuda_hidden_compare_dev(ref0->d_hx + (size_t)l * ref0->max_rows * H, m0->x,
+                                             rows, H, m0->d_hcmp) ||
+                 kvd_cuda_download(m0->h_hcmp, m0->d_hcmp, sizeof(kvd_hidden_cmp) * rows);
+            if (rc) {
+                if (!kvd_cuda_sync(err, KVD_ERR_LEN))
+                    snprintf(err, KVD_ERR_LEN,
+                             "device model: comparing the residual streams "
+                             "failed");
+                break;
+            }
+            hk->hidden_cmp(hk->ctx, l, b, m0->h_pos, m0->h_hcmp);
+        }
     }
     kvd_cuda_set_device(0);
     if (rc) return -1;
@@ -1379,6 +1421,22 @@ int kvd_cuda_forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, fl
         if (!last_only) {
             kvd_cudaop_linear(m->xn, m->wt->lm_head, m->logits, rows, V, H);
             n_out = rows;
+            m0->held_logits_rows = m0->d_held ? rows : 0; /* they stay in logits */
+            if (ref0 && hk->logits_cmp) {
+                if (ref0->held_logits_rows != rows) {
+                    snprintf(err, KVD_ERR_LEN,
+                             "reference model: its last step gave no logits for these %d rows",
+                             rows);
+                    return -1;
+                }
+                if (kvd_cuda_logits_compare_dev(ref0->logits, m->logits, rows, V, m0->d_lcmp) ||
+                    kvd_cuda_download(m0->h_lcmp, m0->d_lcmp, sizeof(kvd_logit_cmp) * rows)) {
+                    if (!kvd_cuda_sync(err, KVD_ERR_LEN))
+                        snprintf(err, KVD_ERR_LEN, "device model: comparing the logits failed");
+                    return -1;
+                }
+                hk->logits_cmp(hk->ctx, b, m0->h_pos, m0->h_lcmp);
+            }
         } else {
             int last = -1;
             for (int s = 0; s < b->n; s++) {

@@ -500,20 +500,3 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
         }
     }
 }
-
-void kvd_attn_compare(const float *p, const float *q, int n_heads, int n_ctx, double *kl,
-                      int *top_p, int *top_q) {
-    for (int h = 0; h < n_heads; h++) {
-        const float *ph = p + (size_t)h * n_ctx, *qh = q + (size_t)h * n_ctx;
-        double s = 0;
-        int ap = 0, aq = 0;
-        for (int t = 0; t < n_ctx; t++) {
-            if (ph[t] > 0) s += ph[t] * (log((double)ph[t]) - log(fmax((double)qh[t], 1e-300)));
-            if (ph[t] > ph[ap]) ap = t;
-            if (qh[t] > qh[aq]) aq = t;
-        }
-        kl[h] = s;
-        top_p[h] = ap;
-        top_q[h] = aq;
-    }
-}

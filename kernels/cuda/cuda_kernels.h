@@ -40,9 +40,12 @@ int kvd_cuda_attn_decode_v(const kvd_kv_view *kv, int n_blocks, const int32_t *b
 int kvd_cuda_attn_probs(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int n_ctx,
                         const float *q, int n_heads, float sm_scale, float *probs);
 
-/* kvd_attn_compare on the device (host memory in and out). */
+/* The drift comparisons on the device (compare.cu), host memory in and out:
+ * kvd_attn_compare, kvd_hidden_compare, kvd_compare_logits over rows. */
 int kvd_cuda_attn_compare(const float *p, const float *q, int n_heads, int n_ctx, double *kl,
                           int *top_p, int *top_q);
+int kvd_cuda_hidden_compare(const float *a, const float *x, int rows, int n, kvd_hidden_cmp *out);
+int kvd_cuda_logits_compare(const float *a, const float *x, int rows, int V, kvd_logit_cmp *out);
 
 /* Prefill attention for n_q query rows of one sequence, row r at position
  * pos0 + r over positions 0 .. pos0 + r (each row as kvd_attn_paged with
@@ -133,9 +136,13 @@ int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab, i
                                    size_t scratch_floats);
 int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
                             int n_heads, float sm_scale, float *probs);
-/* kvd_attn_compare with every pointer on the device */
+/* the same with every pointer on the device */
 int kvd_cuda_attn_compare_dev(const float *p, const float *q, int n_heads, int n_ctx, double *kl,
                               int *top_p, int *top_q);
+int kvd_cuda_hidden_compare_dev(const float *a, const float *x, int rows, int n,
+                                kvd_hidden_cmp *out);
+int kvd_cuda_logits_compare_dev(const float *a, const float *x, int rows, int V,
+                                kvd_logit_cmp *out);
 /* scratch (may be null) lets a short chunk split its context: n_q * splits
  * * n_heads * (head_dim + 2) floats for that many splits */
 int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,

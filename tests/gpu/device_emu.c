@@ -274,6 +274,17 @@ int kvd_cuda_attn_compare_dev(const float *p, const float *q, int n_heads, int n
     kvd_attn_compare(p, q, n_heads, n_ctx, kl, top_p, top_q);
     return 0;
 }
+int kvd_cuda_hidden_compare_dev(const float *a, const float *x, int rows, int n,
+                                kvd_hidden_cmp *out) {
+    kvd_hidden_compare(a, x, rows, n, out);
+    return 0;
+}
+int kvd_cuda_logits_compare_dev(const float *a, const float *x, int rows, int V,
+                                kvd_logit_cmp *out) {
+    for (int r = 0; r < rows; r++)
+        out[r] = kvd_compare_logits(a + (size_t)r * V, x + (size_t)r * V, V);
+    return 0;
+}
 int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,
                               const float *q, int n_heads, float sm_scale, float *out,
                               float *scratch, size_t scratch_floats) {

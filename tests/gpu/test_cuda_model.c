@@ -504,15 +504,27 @@ static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_sca
                       fabs((double)av->flushed - (double)bv->flushed) <= 1e-3 * (double)av->n,
                   "drift layer %d: the candidate cache's counters differ\n", l);
         }
-        /* a BF16 candidate is the reference: each view then compares equal
-         * inputs through the same kernels on both sides, so every attention
-         * figure is exactly that of no drift, as on the CPU */
+        /* a BF16 candidate is the reference: each comparison then sees equal
+         * inputs computed by the same kernels on both sides, so every
+         * attention, hidden-state and output figure is exactly that of no
+         * drift, as on the CPU */
         for (size_t i = 0; mode == KVD_KV_BF16 && i < na; i++) {
             int metric = (int)(i / (KVD_NSUB * KVD_NB) % KVD_ATT_N);
             double want = metric == KVD_ATT_ARGMAX ? 1.0 : 0.0;
             CHECK(dd.att[i].n == 0 || kvd_stat_mean(&dd.att[i]) == want,
                   "drift bf16: attention figure %d is %.9g on the device, want exactly %g\n",
                   (int)i, kvd_stat_mean(&dd.att[i]), want);
+        }
+        for (size_t i = 0; mode == KVD_KV_BF16 && i < nh; i++) {
+            double want = (i / (KVD_NSUB * KVD_NB) % KVD_HID_N) == KVD_HID_COS ? 1.0 : 0.0;
+            CHECK(dd.hid[i].n == 0 || kvd_stat_mean(&dd.hid[i]) == want,
+                  "drift bf16: hidden figure %d is %.17g on the device, want exactly %g\n", (int)i,
+                  kvd_stat_mean(&dd.hid[i]), want);
+        }
+        for (int i = 0; mode == KVD_KV_BF16 && i < KVD_NSUB * KVD_NB; i++) {
+            const kvd_stat *kl = &dd.out[KVD_OUT_KL][0][0] + i;
+            CHECK(kl->n == 0 || kvd_stat_mean(kl) == 0,
+                  "drift bf16: output KL %.9g on the device, want exactly 0\n", kvd_stat_mean(kl));
         }
         /* the figures are not trivially equal: the candidate drifted */
         CHECK(mode == KVD_KV_BF16 || kvd_stat_mean(&dc.out[KVD_OUT_KL][0][8]) > 0,

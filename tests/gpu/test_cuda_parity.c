@@ -3,8 +3,8 @@
  * over a scattered paged cache in every format within a stated tolerance,
  * the GEMM against a double product, the layer blocks (RMSNorm, RoPE,
  * SwiGLU, the gated delta rule, routing, sampling), the paged cache write
- * (pool bytes and counters identical) and the comparison of two attention
- * distributions.
+ * (pool bytes and counters identical) and the drift figures' comparisons
+ * (attention distributions, residual streams, logits).
  * Skips (77) with the reason when no device is visible. */
 #include <math.h>
 #include <stdio.h>
@@ -665,6 +665,77 @@ static void compare(void) {
     }
 }
 
+/* The residual streams' and the logits' comparisons against their twins,
+ * with cases known in closed form: the four sums within 1e-12 relative;
+ * the log-sum-exps within 1e-12, the KL within 1e-10 relative and 1e-12
+ * (rounding noise where the two distributions nearly agree),
+ * whether the argmaxes agree exactly (tied maxima included). */
+static void compare_rows(void) {
+    enum { ROWS = 5 };
+    const int widths[3] = {2, 700, 50000};
+    for (int wi = 0; wi < 3; wi++) {
+        const int n = widths[wi];
+        const size_t nn = (size_t)ROWS * n;
+        float *a = malloc(sizeof(float) * nn), *x = malloc(sizeof(float) * nn);
+        uint64_t key = kvd_rng_key((uint64_t)wi, "gpu.compare.rows");
+        for (size_t i = 0; i < nn; i++) {
+            a[i] = 3.0f * kvd_rng_normal(key, i);
+            x[i] = a[i] + 0.05f * kvd_rng_normal(key, i + nn);
+        }
+        memcpy(x + n, a + n, sizeof(float) * n); /* row 1: equal */
+        if (n > 2) {                             /* row 2: tied maxima, on both sides */
+            a[2 * n + 5] = a[2 * n + n - 3] = 40.0f;
+            x[2 * n + 5] = x[2 * n + n - 3] = 40.0f;
+        }
+        if (n == 2) { /* row 0 in closed form */
+            a[0] = 3, a[1] = 4, x[0] = 3, x[1] = 5;
+            a[2 * n] = 0, a[2 * n + 1] = logf(3.0f), x[2 * n] = 0, x[2 * n + 1] = 0;
+        }
+        kvd_hidden_cmp hc[ROWS], hg[ROWS];
+        kvd_logit_cmp lc[ROWS], lg[ROWS];
+        kvd_hidden_compare(a, x, ROWS, n, hc);
+        for (int r = 0; r < ROWS; r++)
+            lc[r] = kvd_compare_logits(a + (size_t)r * n, x + (size_t)r * n, n);
+        CHECK(kvd_cuda_hidden_compare(a, x, ROWS, n, hg) == 0, "cuda hidden compare failed\n");
+        CHECK(kvd_cuda_logits_compare(a, x, ROWS, n, lg) == 0, "cuda logits compare failed\n");
+        for (int r = 0; r < ROWS; r++) {
+            const double c4[4] = {hc[r].err2, hc[r].ref2, hc[r].dot, hc[r].test2};
+            const double g4[4] = {hg[r].err2, hg[r].ref2, hg[r].dot, hg[r].test2};
+            for (int k = 0; k < 4; k++)
+                CHECK(fabs(g4[k] - c4[k]) <= 1e-12 * fabs(c4[k]),
+                      "hidden compare width %d row %d sum %d: %.17g on the device, %.17g on the "
+                      "CPU\n",
+                      n, r, k, g4[k], c4[k]);
+            CHECK(fabs(lg[r].lse_a - lc[r].lse_a) <= 1e-12 * fabs(lc[r].lse_a) &&
+                      fabs(lg[r].lse_x - lc[r].lse_x) <= 1e-12 * fabs(lc[r].lse_x) &&
+                      fabs(lg[r].kl - lc[r].kl) <= 1e-10 * lc[r].kl + 1e-12 &&
+                      lg[r].same_argmax == lc[r].same_argmax,
+                  "logits compare width %d row %d: kl %.17g/%.17g lse %.17g/%.17g same %d/%d "
+                  "(device/CPU)\n",
+                  n, r, lg[r].kl, lc[r].kl, lg[r].lse_a, lc[r].lse_a, lg[r].same_argmax,
+                  lc[r].same_argmax);
+        }
+        CHECK(hc[1].err2 == 0 && lc[1].kl == 0 && lc[1].same_argmax == 1,
+              "width %d: equal rows compare as unequal\n", n);
+        if (n > 2)
+            CHECK(lc[2].same_argmax == 1 && lg[2].same_argmax == 1,
+                  "width %d: tied maxima on both sides must agree\n", n);
+        if (n == 2) {
+            /* a = (3, 4), x = (3, 5); logits (0, ln 3) against (0, 0): P = (1/4, 3/4),
+             * Q = (1/2, 1/2), KL = 1/4 ln(1/2) + 3/4 ln(3/2) */
+            double kl = 0.25 * log(0.5) + 0.75 * log(1.5);
+            CHECK(hc[0].err2 == 1 && hc[0].ref2 == 25 && hc[0].dot == 29 && hc[0].test2 == 34,
+                  "hidden compare: sums %g %g %g %g, want 1 25 29 34\n", hc[0].err2, hc[0].ref2,
+                  hc[0].dot, hc[0].test2);
+            CHECK(fabs(lc[2].kl - kl) < 1e-7 && fabs(lc[2].lse_a - log(4.0)) < 1e-7 &&
+                      fabs(lc[2].lse_x - log(2.0)) < 1e-15 && lc[2].same_argmax == 0,
+                  "logits compare: kl %.17g (want %.17g), lse %.17g %.17g\n", lc[2].kl, kl,
+                  lc[2].lse_a, lc[2].lse_x);
+        }
+        free(a), free(x);
+    }
+}
+
 /* The chunked delta rule (prefill) against its CPU twin: four heads of 300
  * tokens (four chunks and a partial one) at the real head dims from a
  * non-zero state. Both run each sum in the same order; exp() in double may
@@ -711,6 +782,7 @@ int main(void) {
     kv_write();
     prefill();
     compare();
+    compare_rows();
     gdn();
     gdn_chunked();
     route_and_sample();
