@@ -119,16 +119,16 @@ struct kvd_cuda_model {
     kvd_logit_cmp *d_lcmp, *h_lcmp;
     /* the attn_cmp hook's sampled rows, each rank's heads: the distributions
      * over the row's own cache, the shadow and the reference's cache, for up
-     * to probs_ctx positions; the outputs (own, shadow, reference) and the
-     * figures (KL then the two tops, per view) */
-    float *d_probs, *d_sprobs, *d_rprobs, *d_outs;
-    double *d_kl;
-    int *d_top;
+     * to probs_ctx positions; each row's views (view_bytes a row, see
+     * attn_hook), for max_rows rows, allocated with the first */
+    float *d_probs, *d_sprobs, *d_rprobs;
+    unsigned char *d_views;
     size_t probs_ctx;
-    /* rank 0: the views of every head, and the K/V hook's rows */
-    float *h_outs, *h_k, *h_v;
-    double *h_kl;
-    int *h_top;
+    /* rank 0: each sampled row's views of every head, the staging of one
+     * rank's, and the K/V hook's rows */
+    unsigned char *h_views, *h_stage;
+    int *h_sel;
+    float *h_k, *h_v;
     /* recurrent state per sequence slot and DeltaNet layer */
     float *conv_state, *ssm;
     size_t conv_len, ssm_len; /* per sequence slot, all DeltaNet layers */
@@ -182,7 +182,7 @@ static void rank_free(kvd_cuda_model *m) {
     kvd_cuda_free(m->d_probs), kvd_cuda_free(m->d_sprobs), kvd_cuda_free(m->d_rprobs);
     free(m->kc.kpool), free(m->kc.vpool), free(m->kc.h_slot);
     free(m->sc.kpool), free(m->sc.vpool), free(m->sc.h_slot);
-    free(m->h_outs), free(m->h_kl), free(m->h_top), free(m->h_k), free(m->h_v);
+    free(m->h_views), free(m->h_stage), free(m->h_sel), free(m->h_k), free(m->h_v);
     free(m->h_hcmp), free(m->h_lcmp);
     free(m->stage16);
     free(m->h_pos), free(m->h_row_seq), free(m->h_topi), free(m->h_slots);
@@ -634,9 +634,6 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_synth *lazy_s,
     m->kv_heads = (int)kvh;
     m->head_dim = (int)hd;
     if (dev_kv_init(m, &m->kc, kv)) goto oom;
-    DBUF(m->d_outs, 3 * nh * hd);
-    DBUF(m->d_kl, 2 * nh);
-    DBUF(m->d_top, 4 * nh);
     DBUF(m->nonfinite, 2 * (size_t)c->num_hidden_layers + 2);
     m->attn_scratch_floats = kvd_cuda_attn_scratch_floats(kv->n_blocks * kv->block_size,
                                                           c->num_attention_heads, c->head_dim);
@@ -659,15 +656,11 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_synth *lazy_s,
         !m->h_ntok)
         goto oom;
     if (part->rank == 0) { /* the hooks' copies, of every rank's heads */
-        const size_t fnh = (size_t)full->num_attention_heads,
-                     fkvh = (size_t)full->num_key_value_heads;
+        const size_t fkvh = (size_t)full->num_key_value_heads;
         m->h_x = malloc(sizeof(float) * R * H);
-        m->h_outs = malloc(sizeof(float) * 3 * fnh * hd);
-        m->h_kl = malloc(sizeof(double) * 2 * fnh);
-        m->h_top = malloc(sizeof(int) * 4 * fnh);
         m->h_k = malloc(sizeof(float) * R * fkvh * hd);
         m->h_v = malloc(sizeof(float) * R * fkvh * hd);
-        if (!m->h_x || !m->h_outs || !m->h_kl || !m->h_top || !m->h_k || !m->h_v) goto oom;
+        if (!m->h_x || !m->h_k || !m->h_v) goto oom;
     }
     if (kvd_cuda_sync(why, sizeof why)) {
         snprintf(err, KVD_ERR_LEN, "device model: %s", why);
@@ -1024,74 +1017,127 @@ static int row_attention(kvd_cuda_model *m, dev_kv *kc, int al, int seq, int n_c
            kvd_cuda_attn_decode_dev(&view, tab, n_ctx, q, nhl, sm_scale, out, scratch);
 }
 
+/* One sampled row's views over nh heads: the outputs before the gate (own,
+ * shadow, reference; [3][nh][head_dim] floats), the KL per view ([2][nh]
+ * doubles) and the most-attended positions ([isolated ref, test,
+ * propagated ref, test][nh] ints). */
+static size_t view_bytes(int nh, int hd) {
+    return (sizeof(float) * 3 * (size_t)hd + sizeof(double) * 2 + sizeof(int) * 4) * (size_t)nh;
+}
+typedef struct {
+    float *out;
+    double *kl;
+    int *top;
+} row_views;
+static row_views views_at(unsigned char *base, int k, int nh, int hd) {
+    unsigned char *p = base + (size_t)k * view_bytes(nh, hd);
+    row_views v = {(float *)p, NULL, NULL};
+    v.kl = (double *)(v.out + 3 * (size_t)nh * hd);
+    v.top = (int *)(v.kl + 2 * nh);
+    return v;
+}
+
+/* each rank's room for max_rows rows' views; rank 0's host copies */
+static int views_room(kvd_cuda_model *m0) {
+    if (m0->h_views) return 0;
+    const int hd = m0->head_dim, nh = m0->full.num_attention_heads, R = m0->max_rows;
+    int ok = 1;
+    for (int r = 0; r < m0->p.n; r++) {
+        kvd_cuda_model *m = m0->rk[r];
+        kvd_cuda_set_device(r);
+        m->d_views = dalloc(&m->mem, view_bytes(m->c.num_attention_heads, hd) * R);
+        ok &= m->d_views != NULL;
+    }
+    kvd_cuda_set_device(0);
+    m0->h_stage = malloc(view_bytes(nh, hd) * R);
+    m0->h_sel = malloc(sizeof(int) * R);
+    m0->h_views = ok && m0->h_stage && m0->h_sel ? malloc(view_bytes(nh, hd) * R) : NULL;
+    return m0->h_views ? 0 : -1;
+}
+
 /* The attn_cmp hook, for the rows want_attn accepts: each view's two
  * distributions compared on the device, so only per-head figures and the
  * outputs cross to the host (a distribution at 128K tokens and 32 heads is
- * 16 MB; its figures are 512 bytes). Each rank compares its heads; the hook
- * sees them all, in model.c's layout. The isolated view: this row's query
+ * 16 MB; its figures are 512 bytes). The isolated view: this row's query
  * over the cache and over the shadow; the propagated view: the reference's
  * query of the same row (its last step) over the reference's cache, against
- * this row's over its own. */
+ * this row's over its own. Each rank compares its heads for every sampled
+ * row of the step, its launches queued back to back, and copies all the
+ * rows' views back at once; the hook sees every head, in model.c's layout. */
 static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
     const int hd = m0->head_dim, nh = m0->full.num_attention_heads;
     const kvd_cuda_model *ref0 = m0->ref;
+    const int iso = m0->shadow != NULL;
+    const int prop = ref0 != NULL; /* the same rows: checked at the step's start */
+    if (!iso && !prop) return 0;
+    if (views_room(m0)) {
+        snprintf(err, KVD_ERR_LEN, "attention: out of memory for the sampled rows' figures");
+        return -1;
+    }
+    int n = 0, max_ctx = 0, rc = 0;
     for (int i = 0; i < rows; i++) {
-        int seq = m0->h_row_seq[i], pos = m0->h_pos[i], n_ctx = pos + 1, rc = 0;
-        const int iso = m0->shadow != NULL;
-        const int prop = ref0 != NULL; /* the same rows: checked at the step's start */
-        if ((!iso && !prop) ||
-            (m0->hooks.want_attn && !m0->hooks.want_attn(m0->hooks.ctx, al, seq, pos)))
-            continue;
-        if (probs_room(m0, (size_t)n_ctx)) {
-            snprintf(err, KVD_ERR_LEN, "attention: out of memory for %d-token distributions",
-                     n_ctx);
-            return -1;
-        }
-        for (int r = 0; r < m0->p.n; r++) {
-            kvd_cuda_model *m = m0->rk[r];
-            const int nhl = m->c.num_attention_heads, h0 = m->p.nh0;
-            const size_t no = (size_t)nhl * hd;
-            float *own = m->d_outs, *sout = own + no, *rout = sout + no;
-            kvd_cuda_set_device(r);
-            rc |= row_attention(m, &m->kc, al, seq, n_ctx, m->qh + (size_t)i * no, m->d_probs, own,
-                                m->attn_scratch);
+        int seq = m0->h_row_seq[i], pos = m0->h_pos[i];
+        if (m0->hooks.want_attn && !m0->hooks.want_attn(m0->hooks.ctx, al, seq, pos)) continue;
+        m0->h_sel[n++] = i;
+        max_ctx = pos + 1 > max_ctx ? pos + 1 : max_ctx;
+    }
+    if (!n) return 0;
+    if (probs_room(m0, (size_t)max_ctx)) {
+        snprintf(err, KVD_ERR_LEN, "attention: out of memory for %d-token distributions", max_ctx);
+        return -1;
+    }
+    for (int r = 0; r < m0->p.n; r++) {
+        kvd_cuda_model *m = m0->rk[r];
+        const int nhl = m->c.num_attention_heads, h0 = m->p.nh0;
+        const size_t no = (size_t)nhl * hd;
+        kvd_cuda_set_device(r);
+        for (int k = 0; k < n; k++) {
+            const int i = m0->h_sel[k], seq = m0->h_row_seq[i], n_ctx = m0->h_pos[i] + 1;
+            row_views v = views_at(m->d_views, k, nhl, hd);
+            const float *q = m->qh + (size_t)i * no;
+            rc |= row_attention(m, &m->kc, al, seq, n_ctx, q, m->d_probs, v.out, m->attn_scratch);
             if (iso) {
-                rc |= row_attention(m, &m->sc, al, seq, n_ctx, m->qh + (size_t)i * no, m->d_sprobs,
-                                    sout, m->attn_scratch);
-                rc |= kvd_cuda_attn_compare_dev(m->d_probs, m->d_sprobs, nhl, n_ctx, m->d_kl,
-                                                m->d_top, m->d_top + nhl);
+                rc |= row_attention(m, &m->sc, al, seq, n_ctx, q, m->d_sprobs, v.out + no,
+                                    m->attn_scratch);
+                rc |= kvd_cuda_attn_compare_dev(m->d_probs, m->d_sprobs, nhl, n_ctx, v.kl, v.top,
+                                                v.top + nhl);
             }
             if (prop) {
                 kvd_cuda_model *rm = ref0->rk[r];
                 const float *rq = rm->d_held + ((size_t)al * rm->max_rows + i) * no;
                 rc |= row_attention(rm, &rm->kc, al, ref0->h_row_seq[i], n_ctx, rq, m->d_rprobs,
-                                    rout, m->attn_scratch);
-                rc |= kvd_cuda_attn_compare_dev(m->d_rprobs, m->d_probs, nhl, n_ctx, m->d_kl + nhl,
-                                                m->d_top + 2 * nhl, m->d_top + 3 * nhl);
+                                    v.out + 2 * no, m->attn_scratch);
+                rc |= kvd_cuda_attn_compare_dev(m->d_rprobs, m->d_probs, nhl, n_ctx, v.kl + nhl,
+                                                v.top + 2 * nhl, v.top + 3 * nhl);
             }
-            /* [own | shadow | reference] outputs, the KL and the tops per view,
-             * each into its heads' place among all heads */
-            for (int v = 0; v < 3; v++)
-                rc |= kvd_cuda_download(m0->h_outs + ((size_t)v * nh + h0) * hd, m->d_outs + v * no,
-                                        sizeof(float) * no);
-            for (int v = 0; v < 2; v++)
-                rc |= kvd_cuda_download(m0->h_kl + (size_t)v * nh + h0, m->d_kl + v * nhl,
-                                        sizeof(double) * nhl);
-            for (int v = 0; v < 4; v++)
-                rc |= kvd_cuda_download(m0->h_top + (size_t)v * nh + h0, m->d_top + v * nhl,
-                                        sizeof(int) * nhl);
         }
-        kvd_cuda_set_device(0);
-        if (rc) {
-            if (!kvd_cuda_sync(err, KVD_ERR_LEN))
-                snprintf(err, KVD_ERR_LEN, "attention: the sampled row's comparison failed");
-            return -1;
+        rc |= kvd_cuda_download(m0->h_stage, m->d_views, view_bytes(nhl, hd) * n);
+        /* each row's parts into their heads' places among all heads */
+        for (int k = 0; k < n && !rc; k++) {
+            row_views a = views_at(m0->h_stage, k, nhl, hd), b = views_at(m0->h_views, k, nh, hd);
+            for (int t = 0; t < 3; t++)
+                memcpy(b.out + ((size_t)t * nh + h0) * hd, a.out + t * no, sizeof(float) * no);
+            for (int t = 0; t < 2; t++)
+                memcpy(b.kl + (size_t)t * nh + h0, a.kl + t * nhl, sizeof(double) * nhl);
+            for (int t = 0; t < 4; t++)
+                memcpy(b.top + (size_t)t * nh + h0, a.top + t * nhl, sizeof(int) * nhl);
         }
-        const float *o = m0->h_outs, *so = o + (size_t)nh * hd, *ro = so + (size_t)nh * hd;
-        const int *t = m0->h_top;
-        kvd_attn_cmp vi = {m0->h_kl, t, t + nh, o, so};
-        kvd_attn_cmp vp = {m0->h_kl + nh, t + 2 * nh, t + 3 * nh, ro, o};
-        m0->hooks.attn_cmp(m0->hooks.ctx, al, seq, pos, iso ? &vi : NULL, prop ? &vp : NULL);
+    }
+    kvd_cuda_set_device(0);
+    if (rc) {
+        if (!kvd_cuda_sync(err, KVD_ERR_LEN))
+            snprintf(err, KVD_ERR_LEN, "attention: the sampled rows' comparison failed");
+        return -1;
+    }
+    for (int k = 0; k < n; k++) {
+        const int i = m0->h_sel[k];
+        row_views b = views_at(m0->h_views, k, nh, hd);
+        const float *o = b.out, *so = o + (size_t)nh * hd, *ro = so + (size_t)nh * hd;
+        const int *t = b.top;
+        kvd_attn_cmp vi = {b.kl, t, t + nh, o, so};
+        kvd_attn_cmp vp = {b.kl + nh, t + 2 * nh, t + 3 * nh, ro, o};
+        m0->hooks.attn_cmp(m0->hooks.ctx, al, m0->h_row_seq[i], m0->h_pos[i], iso ? &vi : NULL,
+                           prop ? &vp : NULL);
     }
     return 0;
 }
