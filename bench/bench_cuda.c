@@ -234,6 +234,24 @@ static int bench_compare(int reps, const char *preset, int ctx) {
                "compared on one host thread\n(%.0fx; the attention rows at %d tokens, a "
                "%d-token trace has %d chunks)\n",
                chunk_dev * 1e3, chunk_before * 1e3, chunk_before / chunk_dev, ctx, ctx, ctx / 256);
+    /* the distributions the attention views compare: a chunk's 16 sampled
+     * rows one at a time, against the group kernels that read each K row
+     * once for all of them */
+    printf("\nthe distributions of a 256-row chunk's 16 sampled rows at %d tokens (ms), "
+           "%d/%d heads x %d:\n%6s %12s %10s %8s %11s\n",
+           ctx, q.num_attention_heads, q.num_key_value_heads, q.head_dim, "cache", "row_by_row",
+           "grouped", "speedup", "K_GB_s");
+    for (int f = 0; f < 2; f++) {
+        double t1 = kvd_cuda_bench_probs_rows(f, ctx, q.num_attention_heads, q.num_key_value_heads,
+                                              q.head_dim, 16, reps > 3 ? 3 : reps, 0);
+        double t2 = kvd_cuda_bench_probs_rows(f, ctx, q.num_attention_heads, q.num_key_value_heads,
+                                              q.head_dim, 16, reps > 3 ? 3 : reps, 1);
+        double kb = (double)ctx * q.num_key_value_heads * q.head_dim * (f ? 1 : 2);
+        fail |= t1 <= 0 || t2 <= 0;
+        if (t1 > 0 && t2 > 0)
+            printf("%6s %12.2f %10.2f %7.1fx %11.1f\n", f ? "e4m3" : "bf16", t1 * 1e3, t2 * 1e3,
+                   t1 / t2, kb / t2 / 1e9);
+    }
     return fail ? -1 : 0;
 }
 

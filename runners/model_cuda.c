@@ -118,16 +118,21 @@ struct kvd_cuda_model {
     kvd_hidden_cmp *d_hcmp, *h_hcmp;
     kvd_logit_cmp *d_lcmp, *h_lcmp;
     /* the attn_cmp hook's sampled rows, each rank's heads: the distributions
-     * over the row's own cache, the shadow and the reference's cache, for up
-     * to probs_ctx positions; each row's views (view_bytes a row, see
-     * attn_hook), for max_rows rows, allocated with the first */
-    float *d_probs, *d_sprobs, *d_rprobs;
-    unsigned char *d_views;
+     * of a group of rows over their own cache, the shadow and the
+     * reference's cache, [ATTN_GROUP][heads][probs_ctx]; for up to max_rows
+     * rows (allocated with the first): the outputs before the gate
+     * [row][own, shadow, reference][heads][head_dim], the KL [view][row]
+     * [heads], the most-attended positions [isolated ref, test, propagated
+     * ref, test][row][heads], and each row's index and context */
+    float *d_probs, *d_sprobs, *d_rprobs, *d_outs;
+    double *d_kl;
+    int *d_top, *d_rowidx;
     size_t probs_ctx;
-    /* rank 0: each sampled row's views of every head, the staging of one
-     * rank's, and the K/V hook's rows */
-    unsigned char *h_views, *h_stage;
-    int *h_sel;
+    /* rank 0: the same of every head, a rank's staging, the sampled rows
+     * ([2][max_rows]: index, context), and the K/V hook's rows */
+    float *h_outs, *h_souts;
+    double *h_kl, *h_skl;
+    int *h_top, *h_stop, *h_sel;
     float *h_k, *h_v;
     /* recurrent state per sequence slot and DeltaNet layer */
     float *conv_state, *ssm;
@@ -182,7 +187,8 @@ static void rank_free(kvd_cuda_model *m) {
     kvd_cuda_free(m->d_probs), kvd_cuda_free(m->d_sprobs), kvd_cuda_free(m->d_rprobs);
     free(m->kc.kpool), free(m->kc.vpool), free(m->kc.h_slot);
     free(m->sc.kpool), free(m->sc.vpool), free(m->sc.h_slot);
-    free(m->h_views), free(m->h_stage), free(m->h_sel), free(m->h_k), free(m->h_v);
+    free(m->h_outs), free(m->h_souts), free(m->h_kl), free(m->h_skl), free(m->h_top);
+    free(m->h_stop), free(m->h_sel), free(m->h_k), free(m->h_v);
     free(m->h_hcmp), free(m->h_lcmp);
     free(m->stage16);
     free(m->h_pos), free(m->h_row_seq), free(m->h_topi), free(m->h_slots);
@@ -986,12 +992,13 @@ static int kv_hook(kvd_cuda_model *m0, int al, int rows) {
 
 /* room for the attn_cmp hook's distributions over n_ctx positions, each
  * rank's heads on its device */
+#define ATTN_GROUP 16
 static int probs_room(kvd_cuda_model *m0, size_t n_ctx) {
     if (n_ctx <= m0->probs_ctx) return 0;
     int ok = 1;
     for (int r = 0; r < m0->p.n; r++) {
         kvd_cuda_model *m = m0->rk[r];
-        const size_t nb = sizeof(float) * (size_t)m->c.num_attention_heads * n_ctx;
+        const size_t nb = sizeof(float) * ATTN_GROUP * (size_t)m->c.num_attention_heads * n_ctx;
         kvd_cuda_set_device(r);
         kvd_cuda_free(m->d_probs), kvd_cuda_free(m->d_sprobs), kvd_cuda_free(m->d_rprobs);
         m->d_probs = kvd_cuda_alloc(nb);
@@ -1004,55 +1011,59 @@ static int probs_room(kvd_cuda_model *m0, size_t n_ctx) {
     return ok ? 0 : -1;
 }
 
-/* one query's distribution and output over a cache of model m (the current
- * device's rank): the probabilities kernel and decode, so that both sides of
- * a view run the same kernels and equal inputs compare equal */
-static int row_attention(kvd_cuda_model *m, dev_kv *kc, int al, int seq, int n_ctx, const float *q,
-                         float *probs, float *out, float *scratch) {
-    const int nhl = m->c.num_attention_heads;
-    const float sm_scale = 1.0f / sqrtf((float)m->head_dim);
-    kvd_kv_view view = dev_kv_view(m, kc, al);
-    const int32_t *tab = kc->btab + (size_t)seq * kc->n_blocks;
-    return kvd_cuda_attn_probs_dev(&view, tab, n_ctx, q, nhl, sm_scale, probs) |
-           kvd_cuda_attn_decode_dev(&view, tab, n_ctx, q, nhl, sm_scale, out, scratch);
-}
-
-/* One sampled row's views over nh heads: the outputs before the gate (own,
- * shadow, reference; [3][nh][head_dim] floats), the KL per view ([2][nh]
- * doubles) and the most-attended positions ([isolated ref, test,
- * propagated ref, test][nh] ints). */
-static size_t view_bytes(int nh, int hd) {
-    return (sizeof(float) * 3 * (size_t)hd + sizeof(double) * 2 + sizeof(int) * 4) * (size_t)nh;
-}
-typedef struct {
-    float *out;
-    double *kl;
-    int *top;
-} row_views;
-static row_views views_at(unsigned char *base, int k, int nh, int hd) {
-    unsigned char *p = base + (size_t)k * view_bytes(nh, hd);
-    row_views v = {(float *)p, NULL, NULL};
-    v.kl = (double *)(v.out + 3 * (size_t)nh * hd);
-    v.top = (int *)(v.kl + 2 * nh);
-    return v;
-}
-
-/* each rank's room for max_rows rows' views; rank 0's host copies */
+/* each rank's room for max_rows sampled rows' figures; rank 0's copies */
 static int views_room(kvd_cuda_model *m0) {
-    if (m0->h_views) return 0;
-    const int hd = m0->head_dim, nh = m0->full.num_attention_heads, R = m0->max_rows;
+    if (m0->h_sel) return 0;
+    const size_t hd = (size_t)m0->head_dim, nh = (size_t)m0->full.num_attention_heads,
+                 R = (size_t)m0->max_rows;
     int ok = 1;
     for (int r = 0; r < m0->p.n; r++) {
         kvd_cuda_model *m = m0->rk[r];
+        const size_t nhl = (size_t)m->c.num_attention_heads;
         kvd_cuda_set_device(r);
-        m->d_views = dalloc(&m->mem, view_bytes(m->c.num_attention_heads, hd) * R);
-        ok &= m->d_views != NULL;
+        m->d_outs = dalloc(&m->mem, sizeof(float) * R * 3 * nhl * hd);
+        m->d_kl = dalloc(&m->mem, sizeof(double) * 2 * R * nhl);
+        m->d_top = dalloc(&m->mem, sizeof(int) * 4 * R * nhl);
+        m->d_rowidx = dalloc(&m->mem, sizeof(int) * 2 * R);
+        ok &= m->d_outs && m->d_kl && m->d_top && m->d_rowidx;
     }
     kvd_cuda_set_device(0);
-    m0->h_stage = malloc(view_bytes(nh, hd) * R);
-    m0->h_sel = malloc(sizeof(int) * R);
-    m0->h_views = ok && m0->h_stage && m0->h_sel ? malloc(view_bytes(nh, hd) * R) : NULL;
-    return m0->h_views ? 0 : -1;
+    float **f[2] = {&m0->h_outs, &m0->h_souts};
+    double **d[2] = {&m0->h_kl, &m0->h_skl};
+    int **t[2] = {&m0->h_top, &m0->h_stop};
+    for (int i = 0; i < 2; i++) {
+        *f[i] = malloc(sizeof(float) * R * 3 * nh * hd);
+        *d[i] = malloc(sizeof(double) * 2 * R * nh);
+        *t[i] = malloc(sizeof(int) * 4 * R * nh);
+        ok &= *f[i] && *d[i] && *t[i];
+    }
+    m0->h_sel = ok ? malloc(sizeof(int) * 2 * R) : NULL;
+    return m0->h_sel ? 0 : -1;
+}
+
+/* A group of sampled rows (n, from index s0 of the step's selection, of one
+ * sequence) over one cache of model m (the current device's rank): their
+ * distributions into probs ([n][heads][stride]) and each row's output into
+ * its slot `slot` of the outputs. The probabilities kernel and decode, so
+ * that both sides of a view run the same kernels and equal inputs compare
+ * equal. */
+static int group_attention(kvd_cuda_model *m, kvd_cuda_model *om, dev_kv *kc, int al, int seq,
+                           int s0, int n, int max_ctx, const float *q, const int *h_sel,
+                           float *probs, int slot) {
+    const int nhl = m->c.num_attention_heads, hd = m->head_dim, R = m->max_rows;
+    const float sm_scale = 1.0f / sqrtf((float)hd);
+    const size_t no = (size_t)nhl * hd;
+    kvd_kv_view view = dev_kv_view(m, kc, al);
+    const int32_t *tab = kc->btab + (size_t)seq * kc->n_blocks;
+    int rc = kvd_cuda_attn_probs_rows_dev(&view, tab, n, om->d_rowidx + s0, om->d_rowidx + R + s0,
+                                          max_ctx, q, no, nhl, sm_scale, probs, (size_t)max_ctx);
+    for (int k = 0; k < n; k++) {
+        const int i = h_sel[s0 + k], n_ctx = h_sel[R + s0 + k];
+        rc |= kvd_cuda_attn_decode_dev(&view, tab, n_ctx, q + (size_t)i * no, nhl, sm_scale,
+                                       om->d_outs + ((size_t)(s0 + k) * 3 + slot) * no,
+                                       om->attn_scratch);
+    }
+    return rc;
 }
 
 /* The attn_cmp hook, for the rows want_attn accepts: each view's two
@@ -1061,11 +1072,13 @@ static int views_room(kvd_cuda_model *m0) {
  * 16 MB; its figures are 512 bytes). The isolated view: this row's query
  * over the cache and over the shadow; the propagated view: the reference's
  * query of the same row (its last step) over the reference's cache, against
- * this row's over its own. Each rank compares its heads for every sampled
- * row of the step, its launches queued back to back, and copies all the
- * rows' views back at once; the hook sees every head, in model.c's layout. */
+ * this row's over its own. Each rank takes the step's sampled rows in
+ * groups of up to ATTN_GROUP rows of one sequence, whose distributions read
+ * each K row once for the group, queues every launch back to back, and
+ * copies the figures of all rows back at once; the hook sees every head,
+ * in model.c's layout. */
 static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
-    const int hd = m0->head_dim, nh = m0->full.num_attention_heads;
+    const int hd = m0->head_dim, nh = m0->full.num_attention_heads, R = m0->max_rows;
     const kvd_cuda_model *ref0 = m0->ref;
     const int iso = m0->shadow != NULL;
     const int prop = ref0 != NULL; /* the same rows: checked at the step's start */
@@ -1075,10 +1088,11 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
         return -1;
     }
     int n = 0, max_ctx = 0, rc = 0;
+    int *sel = m0->h_sel, *ctx = sel + R;
     for (int i = 0; i < rows; i++) {
         int seq = m0->h_row_seq[i], pos = m0->h_pos[i];
         if (m0->hooks.want_attn && !m0->hooks.want_attn(m0->hooks.ctx, al, seq, pos)) continue;
-        m0->h_sel[n++] = i;
+        sel[n] = i, ctx[n++] = pos + 1;
         max_ctx = pos + 1 > max_ctx ? pos + 1 : max_ctx;
     }
     if (!n) return 0;
@@ -1089,38 +1103,57 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
     for (int r = 0; r < m0->p.n; r++) {
         kvd_cuda_model *m = m0->rk[r];
         const int nhl = m->c.num_attention_heads, h0 = m->p.nh0;
-        const size_t no = (size_t)nhl * hd;
+        const size_t no = (size_t)nhl * hd, ro = (size_t)R * nhl;
         kvd_cuda_set_device(r);
-        for (int k = 0; k < n; k++) {
-            const int i = m0->h_sel[k], seq = m0->h_row_seq[i], n_ctx = m0->h_pos[i] + 1;
-            row_views v = views_at(m->d_views, k, nhl, hd);
-            const float *q = m->qh + (size_t)i * no;
-            rc |= row_attention(m, &m->kc, al, seq, n_ctx, q, m->d_probs, v.out, m->attn_scratch);
+        rc |= kvd_cuda_upload(m->d_rowidx, sel, sizeof(int) * R) ||
+              kvd_cuda_upload(m->d_rowidx + R, ctx, sizeof(int) * R);
+        for (int s0 = 0, s1; s0 < n && !rc; s0 = s1) {
+            /* a group: consecutive sampled rows of one sequence (and one of the
+             * reference's) */
+            const int seq = m0->h_row_seq[sel[s0]];
+            const int rseq = prop ? ref0->h_row_seq[sel[s0]] : 0;
+            for (s1 = s0 + 1; s1 < n && s1 - s0 < ATTN_GROUP && m0->h_row_seq[sel[s1]] == seq &&
+                              (!prop || ref0->h_row_seq[sel[s1]] == rseq);
+                 s1++)
+                ;
+            const int gn = s1 - s0;
+            int gmax = 0;
+            for (int k = s0; k < s1; k++) gmax = ctx[k] > gmax ? ctx[k] : gmax;
+            const size_t st = (size_t)gmax;
+            rc |= group_attention(m, m, &m->kc, al, seq, s0, gn, gmax, m->qh, sel, m->d_probs, 0);
             if (iso) {
-                rc |= row_attention(m, &m->sc, al, seq, n_ctx, q, m->d_sprobs, v.out + no,
-                                    m->attn_scratch);
-                rc |= kvd_cuda_attn_compare_dev(m->d_probs, m->d_sprobs, nhl, n_ctx, v.kl, v.top,
-                                                v.top + nhl);
+                rc |= group_attention(m, m, &m->sc, al, seq, s0, gn, gmax, m->qh, sel, m->d_sprobs,
+                                      1);
+                rc |= kvd_cuda_attn_compare_rows_dev(
+                    m->d_probs, m->d_sprobs, nhl, gn, m->d_rowidx + R + s0, st,
+                    m->d_kl + (size_t)s0 * nhl, m->d_top + (size_t)s0 * nhl,
+                    m->d_top + ro + (size_t)s0 * nhl, (size_t)nhl);
             }
             if (prop) {
                 kvd_cuda_model *rm = ref0->rk[r];
-                const float *rq = rm->d_held + ((size_t)al * rm->max_rows + i) * no;
-                rc |= row_attention(rm, &rm->kc, al, ref0->h_row_seq[i], n_ctx, rq, m->d_rprobs,
-                                    v.out + 2 * no, m->attn_scratch);
-                rc |= kvd_cuda_attn_compare_dev(m->d_rprobs, m->d_probs, nhl, n_ctx, v.kl + nhl,
-                                                v.top + 2 * nhl, v.top + 3 * nhl);
+                rc |= group_attention(rm, m, &rm->kc, al, rseq, s0, gn, gmax,
+                                      rm->d_held + (size_t)al * rm->max_rows * no, sel, m->d_rprobs,
+                                      2);
+                rc |= kvd_cuda_attn_compare_rows_dev(
+                    m->d_rprobs, m->d_probs, nhl, gn, m->d_rowidx + R + s0, st,
+                    m->d_kl + ro + (size_t)s0 * nhl, m->d_top + 2 * ro + (size_t)s0 * nhl,
+                    m->d_top + 3 * ro + (size_t)s0 * nhl, (size_t)nhl);
             }
         }
-        rc |= kvd_cuda_download(m0->h_stage, m->d_views, view_bytes(nhl, hd) * n);
-        /* each row's parts into their heads' places among all heads */
+        /* every row's figures back at once, then into their heads' places */
+        rc |= kvd_cuda_download(m0->h_souts, m->d_outs, sizeof(float) * n * 3 * no) ||
+              kvd_cuda_download(m0->h_skl, m->d_kl, sizeof(double) * 2 * ro) ||
+              kvd_cuda_download(m0->h_stop, m->d_top, sizeof(int) * 4 * ro);
         for (int k = 0; k < n && !rc; k++) {
-            row_views a = views_at(m0->h_stage, k, nhl, hd), b = views_at(m0->h_views, k, nh, hd);
             for (int t = 0; t < 3; t++)
-                memcpy(b.out + ((size_t)t * nh + h0) * hd, a.out + t * no, sizeof(float) * no);
+                memcpy(m0->h_outs + (((size_t)k * 3 + t) * nh + h0) * hd,
+                       m0->h_souts + ((size_t)k * 3 + t) * no, sizeof(float) * no);
             for (int t = 0; t < 2; t++)
-                memcpy(b.kl + (size_t)t * nh + h0, a.kl + t * nhl, sizeof(double) * nhl);
+                memcpy(m0->h_kl + ((size_t)t * R + k) * nh + h0,
+                       m0->h_skl + t * ro + (size_t)k * nhl, sizeof(double) * nhl);
             for (int t = 0; t < 4; t++)
-                memcpy(b.top + (size_t)t * nh + h0, a.top + t * nhl, sizeof(int) * nhl);
+                memcpy(m0->h_top + ((size_t)t * R + k) * nh + h0,
+                       m0->h_stop + t * ro + (size_t)k * nhl, sizeof(int) * nhl);
         }
     }
     kvd_cuda_set_device(0);
@@ -1130,12 +1163,14 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
         return -1;
     }
     for (int k = 0; k < n; k++) {
-        const int i = m0->h_sel[k];
-        row_views b = views_at(m0->h_views, k, nh, hd);
-        const float *o = b.out, *so = o + (size_t)nh * hd, *ro = so + (size_t)nh * hd;
-        const int *t = b.top;
-        kvd_attn_cmp vi = {b.kl, t, t + nh, o, so};
-        kvd_attn_cmp vp = {b.kl + nh, t + 2 * nh, t + 3 * nh, ro, o};
+        const int i = sel[k];
+        const float *o = m0->h_outs + (size_t)k * 3 * nh * hd, *so = o + (size_t)nh * hd,
+                    *rout = so + (size_t)nh * hd;
+        const double *kl = m0->h_kl + (size_t)k * nh;
+        const int *t = m0->h_top + (size_t)k * nh;
+        const size_t rn = (size_t)R * nh;
+        kvd_attn_cmp vi = {kl, t, t + rn, o, so};
+        kvd_attn_cmp vp = {kl + rn, t + 2 * rn, t + 3 * rn, rout, o};
         m0->hooks.attn_cmp(m0->hooks.ctx, al, m0->h_row_seq[i], m0->h_pos[i], iso ? &vi : NULL,
                            prop ? &vp : NULL);
     }

@@ -56,10 +56,9 @@ __global__ void scores_kernel(view kv, const int *blocks, int n_ctx, const float
     }
 }
 
-__global__ void softmax_kernel(float *s, int n_ctx) {
-    float *x = s + (size_t)blockIdx.x * n_ctx;
-    __shared__ float red[256];
-    __shared__ double dred[256];
+// x[0, n) in place: exp(x - max) over their sum (in double), by one block of
+// 256 threads with its shared red and dred
+__device__ inline void softmax_row(float *x, int n_ctx, float *red, double *dred) {
     float m = -INFINITY;
     for (int i = threadIdx.x; i < n_ctx; i += blockDim.x) m = fmaxf(m, x[i]);
     red[threadIdx.x] = m;
@@ -83,6 +82,12 @@ __global__ void softmax_kernel(float *s, int n_ctx) {
     }
     float inv = (float)(1.0 / dred[0]);
     for (int i = threadIdx.x; i < n_ctx; i += blockDim.x) x[i] *= inv;
+}
+
+__global__ void softmax_kernel(float *s, int n_ctx) {
+    __shared__ float red[256];
+    __shared__ double dred[256];
+    softmax_row(s + (size_t)blockIdx.x * n_ctx, n_ctx, red, dred);
 }
 
 __global__ void pv_kernel(view kv, const int *blocks, int n_ctx, const float *s, int n_heads,
@@ -896,6 +901,89 @@ out:
     return rc;
 }
 
+// ---- the distributions of several query rows of one sequence (the drift
+// figures' sampled rows of a step), each over its own context. A CTA takes
+// 32 positions of one KV head: it decodes their K rows once into shared
+// memory, transposed, and each warp takes one (row, query head) vector at a
+// time, a lane a position. The sums run over the dimensions in the order of
+// scores_kernel, so a row's distribution is the one the plain kernels give,
+// bit for bit; the K rows are read once for all the rows instead of once a
+// row. Then one softmax a (row, head).
+#define ROWS_TILE 32
+
+__global__ void rows_scores_kernel(view kv, const int *blocks, int n, const int *qrow,
+                                   const int *n_ctx, int max_ctx, const float *q, size_t q_stride,
+                                   int n_heads, float sm_scale, float *s, size_t stride) {
+    extern __shared__ float kt[]; // [head_dim][ROWS_TILE]
+    const int h = blockIdx.y, g = n_heads / kv.kv_heads, hd = kv.head_dim;
+    const int p0 = blockIdx.x * ROWS_TILE, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int i = threadIdx.x; i < ROWS_TILE * hd; i += blockDim.x) {
+        const int p = i / hd, d = i % hd, pos = p0 + p;
+        kt[d * ROWS_TILE + p] = pos < max_ctx ? load_val(kv, kv.k, blocks[pos / kv.block_size], h,
+                                                         pos % kv.block_size, d)
+                                              : 0.0f;
+    }
+    __syncthreads();
+    const int pos = p0 + lane, warps = blockDim.x >> 5;
+    const float kmul = sm_scale * kv.k_scale[h];
+    for (int vi = warp; vi < n * g; vi += warps) {
+        const int k = vi / g, j = vi % g;
+        if (pos >= n_ctx[k]) continue;
+        const float *qj = q + (size_t)qrow[k] * q_stride + (size_t)(h * g + j) * hd;
+        float dot = 0.0f;
+        for (int d = 0; d < hd; d++) dot += qj[d] * kt[d * ROWS_TILE + lane];
+        s[((size_t)k * n_heads + h * g + j) * stride + pos] = dot * kmul;
+    }
+}
+
+__global__ void softmax_rows_kernel(float *s, const int *n_ctx, int n_heads, size_t stride) {
+    __shared__ float red[256];
+    __shared__ double dred[256];
+    const int k = blockIdx.y;
+    softmax_row(s + ((size_t)k * n_heads + blockIdx.x) * stride, n_ctx[k], red, dred);
+}
+
+extern "C" int kvd_cuda_attn_probs_rows_dev(const kvd_kv_view *dv, const int32_t *blocks, int n,
+                                            const int *qrow, const int *n_ctx, int max_ctx,
+                                            const float *q, size_t q_stride, int n_heads,
+                                            float sm_scale, float *probs, size_t stride) {
+    if (n < 1 || max_ctx < 1 || stride < (size_t)max_ctx) return -1;
+    view kv = dev_view(dv);
+    dim3 g1((unsigned)((max_ctx + ROWS_TILE - 1) / ROWS_TILE), (unsigned)dv->kv_heads);
+    dim3 g2((unsigned)n_heads, (unsigned)n);
+    const size_t smem = sizeof(float) * ROWS_TILE * dv->head_dim;
+    auto *scores = rows_scores_kernel;
+    scores<<<g1, 256, smem>>>(kv, (const int *)blocks, n, qrow, n_ctx, max_ctx, q, q_stride,
+                              n_heads, sm_scale, probs, stride);
+    softmax_rows_kernel<<<g2, 256>>>(probs, n_ctx, n_heads, stride);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int kvd_cuda_attn_probs_rows(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
+                                        int n, const int *qrow, const int *n_ctx, const float *q,
+                                        size_t q_stride, int q_rows, int n_heads, float sm_scale,
+                                        float *probs) {
+    int max_ctx = 0;
+    for (int k = 0; k < n; k++) max_ctx = n_ctx[k] > max_ctx ? n_ctx[k] : max_ctx;
+    const size_t nq = sizeof(float) * q_stride * q_rows,
+                 np = sizeof(float) * (size_t)n * n_heads * max_ctx;
+    dev_cache dc;
+    float *dq = nullptr, *dp = nullptr;
+    int *di = nullptr, rc = -1;
+    if (n >= 1 && dc.upload(hv, n_blocks, blocks, n_blocks) && cudaMalloc(&dq, nq) == cudaSuccess &&
+        cudaMalloc(&dp, np) == cudaSuccess && cudaMemset(dp, 0, np) == cudaSuccess &&
+        cudaMalloc(&di, sizeof(int) * 2 * n) == cudaSuccess &&
+        cudaMemcpy(dq, q, nq, cudaMemcpyHostToDevice) == cudaSuccess &&
+        cudaMemcpy(di, qrow, sizeof(int) * n, cudaMemcpyHostToDevice) == cudaSuccess &&
+        cudaMemcpy(di + n, n_ctx, sizeof(int) * n, cudaMemcpyHostToDevice) == cudaSuccess &&
+        kvd_cuda_attn_probs_rows_dev(&dc.v, dc.blocks, n, di, di + n, max_ctx, dq, q_stride,
+                                     n_heads, sm_scale, dp, (size_t)max_ctx) == 0 &&
+        cudaMemcpy(probs, dp, np, cudaMemcpyDeviceToHost) == cudaSuccess)
+        rc = 0;
+    cudaFree(dq), cudaFree(dp), cudaFree(di);
+    return rc;
+}
+
 // The attention distribution of one query over positions [0, n_ctx): the
 // plain scores and softmax kernels, on device pointers (kvd_attn_paged's
 // probs; the drift figures' sampled rows).
@@ -1485,6 +1573,45 @@ template <class P, class B> static double best_of(int reps, P prep, B body) {
     }
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     return cudaGetLastError() == cudaSuccess ? best : 0;
+}
+
+// The distributions of `rows` sampled rows of one sequence, their contexts
+// ending every 16 positions up to n_ctx (a 256-row chunk's sampled rows):
+// batched 0, one launch pair a row (kvd_cuda_attn_probs_dev); 1, the group
+// kernels (kvd_cuda_attn_probs_rows_dev). Seconds, the best of reps.
+extern "C" double kvd_cuda_bench_probs_rows(int fmt, int n_ctx, int n_heads, int kv_heads,
+                                            int head_dim, int rows, int reps, int batched) {
+    const size_t nq = (size_t)n_heads * head_dim;
+    bench_cache bc;
+    float *dq = nullptr, *dp = nullptr;
+    int *di = nullptr;
+    double best = 0;
+    int *hi = (int *)malloc(sizeof(int) * 2 * rows);
+    for (int k = 0; k < rows; k++) hi[k] = k, hi[rows + k] = n_ctx - 16 * (rows - 1 - k);
+    if (rows >= 1 && hi[rows] >= 1 && bc.make(fmt, n_ctx, kv_heads, head_dim) &&
+        !cudaMalloc(&dq, sizeof(float) * nq * rows) &&
+        !cudaMalloc(&dp, sizeof(float) * rows * (size_t)n_heads * n_ctx) &&
+        !cudaMalloc(&di, sizeof(int) * 2 * rows) &&
+        !cudaMemcpy(di, hi, sizeof(int) * 2 * rows, cudaMemcpyHostToDevice)) {
+        cudaMemset(dq, 0, sizeof(float) * nq * rows);
+        best = best_of(
+            reps, [] {},
+            [&] {
+                if (batched)
+                    return kvd_cuda_attn_probs_rows_dev(&bc.view, bc.blocks, rows, di, di + rows,
+                                                        n_ctx, dq, nq, n_heads, 0.0625f, dp,
+                                                        (size_t)n_ctx) == 0;
+                for (int k = 0; k < rows; k++)
+                    if (kvd_cuda_attn_probs_dev(&bc.view, bc.blocks, hi[rows + k],
+                                                dq + (size_t)k * nq, n_heads, 0.0625f,
+                                                dp + (size_t)k * n_heads * n_ctx))
+                        return false;
+                return true;
+            });
+    }
+    free(hi);
+    cudaFree(dq), cudaFree(dp), cudaFree(di);
+    return best;
 }
 
 extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim,

@@ -25,18 +25,25 @@ __device__ inline double block_sum(double v, double *sh) {
     return r;
 }
 
-// ---- attention: two distributions of one query, head by head (the
-// sampled rows). One block a head: each thread sums p (log p - log q) over
+// ---- attention: two distributions of a query, head by head (the sampled
+// rows). One block a (head, row): each thread sums p (log p - log q) over
 // its positions and keeps the first largest p and q it saw; the tree
 // combines the sums, and the maxima by value, then by the earlier position.
+// Row k's distributions start at k * n_heads * stride, its context is
+// n_ctx_rows[k] (or n_ctx for all), its figures at k * out_stride.
 
 __device__ inline void take_top(float &v, int &i, float v2, int i2) {
     if (v2 > v || (v2 == v && i2 < i)) v = v2, i = i2;
 }
 
-__global__ void attn_kernel(const float *p, const float *q, int n_ctx, double *kl, int *top_p,
-                            int *top_q) {
-    const float *ph = p + (size_t)blockIdx.x * n_ctx, *qh = q + (size_t)blockIdx.x * n_ctx;
+__global__ void attn_kernel(const float *p, const float *q, int n_heads, const int *n_ctx_rows,
+                            int n_ctx, size_t stride, double *kl, int *top_p, int *top_q,
+                            size_t out_stride) {
+    const int row = blockIdx.y;
+    const size_t off = ((size_t)row * n_heads + blockIdx.x) * stride;
+    const size_t o = (size_t)row * out_stride + blockIdx.x;
+    if (n_ctx_rows) n_ctx = n_ctx_rows[row];
+    const float *ph = p + off, *qh = q + off;
     __shared__ double sum[CMP_THREADS];
     __shared__ float pv[CMP_THREADS], qv[CMP_THREADS];
     __shared__ int pi[CMP_THREADS], qi[CMP_THREADS];
@@ -60,7 +67,7 @@ __global__ void attn_kernel(const float *p, const float *q, int n_ctx, double *k
         }
         __syncthreads();
     }
-    if (t0 == 0) kl[blockIdx.x] = sum[0], top_p[blockIdx.x] = pi[0], top_q[blockIdx.x] = qi[0];
+    if (t0 == 0) kl[o] = sum[0], top_p[o] = pi[0], top_q[o] = qi[0];
 }
 
 // ---- the residual stream: per row, the four sums of kvd_hidden_compare ----
@@ -121,7 +128,18 @@ __global__ void logits_kernel(const float *a, const float *x, int V, kvd_logit_c
 extern "C" int kvd_cuda_attn_compare_dev(const float *p, const float *q, int n_heads, int n_ctx,
                                          double *kl, int *top_p, int *top_q) {
     if (n_heads < 1 || n_ctx < 1) return -1;
-    attn_kernel<<<(unsigned)n_heads, CMP_THREADS>>>(p, q, n_ctx, kl, top_p, top_q);
+    attn_kernel<<<(unsigned)n_heads, CMP_THREADS>>>(p, q, n_heads, nullptr, n_ctx, (size_t)n_ctx,
+                                                    kl, top_p, top_q, 0);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int kvd_cuda_attn_compare_rows_dev(const float *p, const float *q, int n_heads, int n,
+                                              const int *n_ctx, size_t stride, double *kl,
+                                              int *top_p, int *top_q, size_t out_stride) {
+    if (n_heads < 1 || n < 1) return -1;
+    dim3 grid((unsigned)n_heads, (unsigned)n);
+    attn_kernel<<<grid, CMP_THREADS>>>(p, q, n_heads, n_ctx, 0, stride, kl, top_p, top_q,
+                                       out_stride);
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 

@@ -40,6 +40,13 @@ int kvd_cuda_attn_decode_v(const kvd_kv_view *kv, int n_blocks, const int32_t *b
 int kvd_cuda_attn_probs(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int n_ctx,
                         const float *q, int n_heads, float sm_scale, float *probs);
 
+/* kvd_cuda_attn_probs_rows_dev (below) with the pools, the block table
+ * (n_blocks entries), qrow, n_ctx and q (q_rows rows of q_stride floats) in
+ * host memory; probs [n][n_heads][the largest n_ctx]. */
+int kvd_cuda_attn_probs_rows(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int n,
+                             const int *qrow, const int *n_ctx, const float *q, size_t q_stride,
+                             int q_rows, int n_heads, float sm_scale, float *probs);
+
 /* The drift comparisons on the device (compare.cu), host memory in and out:
  * kvd_attn_compare, kvd_hidden_compare, kvd_compare_logits over rows. */
 int kvd_cuda_attn_compare(const float *p, const float *q, int n_heads, int n_ctx, double *kl,
@@ -143,6 +150,20 @@ int kvd_cuda_hidden_compare_dev(const float *a, const float *x, int rows, int n,
                                 kvd_hidden_cmp *out);
 int kvd_cuda_logits_compare_dev(const float *a, const float *x, int rows, int V,
                                 kvd_logit_cmp *out);
+/* The distributions of n query rows of one sequence (block table blocks),
+ * row k's query at q + qrow[k] * q_stride and its context n_ctx[k]
+ * positions: probs [n][n_heads][stride], stride >= every n_ctx; qrow and
+ * n_ctx on the device, max_ctx their largest context. Row by row what
+ * kvd_cuda_attn_probs_dev gives, the K rows read once for all rows. And
+ * kvd_cuda_attn_compare_dev over those rows' distributions (n_ctx[k] of
+ * row k's), row k's figures at kl, top_p, top_q + k * out_stride. */
+int kvd_cuda_attn_probs_rows_dev(const kvd_kv_view *dv, const int32_t *blocks, int n,
+                                 const int *qrow, const int *n_ctx, int max_ctx, const float *q,
+                                 size_t q_stride, int n_heads, float sm_scale, float *probs,
+                                 size_t stride);
+int kvd_cuda_attn_compare_rows_dev(const float *p, const float *q, int n_heads, int n,
+                                   const int *n_ctx, size_t stride, double *kl, int *top_p,
+                                   int *top_q, size_t out_stride);
 /* scratch (may be null) lets a short chunk split its context: n_q * splits
  * * n_heads * (head_dim + 2) floats for that many splits */
 int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,
@@ -235,6 +256,11 @@ double kvd_cuda_bench_attn_v3(int fmt, int n_ctx, int n_heads, int kv_heads, int
  * could not run. */
 double kvd_cuda_bench_prefill(int fmt, int pos0, int n_q, int n_heads, int kv_heads, int head_dim,
                               int reps, int version);
+/* Seconds for the distributions of `rows` sampled rows whose contexts end
+ * every 16 positions up to n_ctx: one row at a time (batched 0) or by the
+ * group kernels (1); 0 when it could not run. */
+double kvd_cuda_bench_probs_rows(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim,
+                                 int rows, int reps, int batched);
 /* Every algorithm the heuristic offers for a shape (up to 32), each timed:
  * GFLOP/s of its first choice (the one the back end runs) and of the fastest. */
 int kvd_cuda_bench_gemm_algos(int M, int N, int K, int reps, double *first, double *best,

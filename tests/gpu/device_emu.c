@@ -274,6 +274,32 @@ int kvd_cuda_attn_compare_dev(const float *p, const float *q, int n_heads, int n
     kvd_attn_compare(p, q, n_heads, n_ctx, kl, top_p, top_q);
     return 0;
 }
+int kvd_cuda_attn_probs_rows_dev(const kvd_kv_view *dv, const int32_t *blocks, int n,
+                                 const int *qrow, const int *n_ctx, int max_ctx, const float *q,
+                                 size_t q_stride, int n_heads, float sm_scale, float *probs,
+                                 size_t stride) {
+    (void)max_ctx;
+    float *row = malloc(sizeof(float) * (size_t)n_heads * stride);
+    for (int k = 0; k < n; k++) {
+        kvd_cuda_attn_probs_dev(dv, blocks, n_ctx[k], q + (size_t)qrow[k] * q_stride, n_heads,
+                                sm_scale, row);
+        for (int h = 0; h < n_heads; h++)
+            memcpy(probs + ((size_t)k * n_heads + h) * stride, row + (size_t)h * n_ctx[k],
+                   sizeof(float) * (size_t)n_ctx[k]);
+    }
+    free(row);
+    return 0;
+}
+int kvd_cuda_attn_compare_rows_dev(const float *p, const float *q, int n_heads, int n,
+                                   const int *n_ctx, size_t stride, double *kl, int *top_p,
+                                   int *top_q, size_t out_stride) {
+    for (int k = 0; k < n; k++)
+        for (int h = 0; h < n_heads; h++) {
+            const size_t off = ((size_t)k * n_heads + h) * stride, o = k * out_stride + h;
+            kvd_attn_compare(p + off, q + off, 1, n_ctx[k], kl + o, top_p + o, top_q + o);
+        }
+    return 0;
+}
 int kvd_cuda_hidden_compare_dev(const float *a, const float *x, int rows, int n,
                                 kvd_hidden_cmp *out) {
     kvd_hidden_compare(a, x, rows, n, out);

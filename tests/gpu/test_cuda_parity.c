@@ -64,6 +64,64 @@ static void write_pools(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v, s
     }
 }
 
+/* Several rows at once, as the drift figures' sampled rows of a step run:
+ * three queries over contexts of n_ctx, n_ctx - 17 and (n_ctx + 1) / 2
+ * positions. Each row's distribution must be the single row's bit for bit
+ * (the same sums in the same order); the rows' comparison, row by row,
+ * kvd_attn_compare's on the same distributions (KL within 1e-12 relative,
+ * the most-attended positions exactly). */
+static void probs_rows_case(const kvd_kv_view *view, int nb, const int32_t *blocks, int n_ctx,
+                            int nh, int hd, uint64_t key) {
+    enum { N = 3 };
+    const int ctx[N] = {n_ctx, n_ctx > 17 ? n_ctx - 17 : n_ctx, (n_ctx + 1) / 2};
+    const int qrow[N] = {2, 0, 1}; /* not in order: each row reads its own query */
+    const size_t nq = (size_t)nh * hd, np = (size_t)N * nh * n_ctx;
+    float *q = malloc(sizeof(float) * 2 * N * nq), *p = malloc(sizeof(float) * 2 * np);
+    float *one = malloc(sizeof(float) * (size_t)nh * n_ctx);
+    for (size_t i = 0; i < 2 * N * nq; i++) q[i] = kvd_rng_normal(key, i + (1ull << 40));
+    int ok = 1;
+    for (int set = 0; set < 2; set++)
+        ok &= kvd_cuda_attn_probs_rows(view, nb, blocks, N, qrow, ctx, q + set * N * nq, nq, N, nh,
+                                       1.0f / 16.0f, p + set * np) == 0;
+    CHECK(ok, "cuda attention probs over rows failed\n");
+    size_t differ = 0;
+    for (int k = 0; k < N && ok; k++) {
+        ok &= kvd_cuda_attn_probs(view, nb, blocks, ctx[k], q + (size_t)qrow[k] * nq, nh,
+                                  1.0f / 16.0f, one) == 0;
+        for (int h = 0; h < nh; h++)
+            differ += memcmp(p + ((size_t)k * nh + h) * n_ctx, one + (size_t)h * ctx[k],
+                             sizeof(float) * ctx[k]) != 0;
+    }
+    CHECK(ok && differ == 0, "probs over rows: %zu of %d heads differ from the single row's\n",
+          differ, N * nh);
+    /* the two sets compared, row by row */
+    float *dp = kvd_cuda_alloc(sizeof(float) * 2 * np);
+    int *dctx = kvd_cuda_alloc(sizeof(int) * N), *dtop = kvd_cuda_alloc(sizeof(int) * 2 * N * nh);
+    double *dkl = kvd_cuda_alloc(sizeof(double) * N * nh), kl[N * 32], klc[32];
+    int top[2 * N * 32], tpc[32], tqc[32];
+    ok = dp && dctx && dtop && dkl && nh <= 32 && !kvd_cuda_upload(dp, p, sizeof(float) * 2 * np) &&
+         !kvd_cuda_upload(dctx, ctx, sizeof(int) * N) &&
+         !kvd_cuda_attn_compare_rows_dev(dp, dp + np, nh, N, dctx, (size_t)n_ctx, dkl, dtop,
+                                         dtop + N * nh, (size_t)nh) &&
+         !kvd_cuda_download(kl, dkl, sizeof(double) * N * nh) &&
+         !kvd_cuda_download(top, dtop, sizeof(int) * 2 * N * nh);
+    CHECK(ok, "cuda compare over rows failed\n");
+    for (int k = 0; k < N && ok; k++) {
+        for (int h = 0; h < nh; h++) {
+            const size_t off = ((size_t)k * nh + h) * n_ctx;
+            kvd_attn_compare(p + off, p + np + off, 1, ctx[k], klc + h, tpc + h, tqc + h);
+        }
+        for (int h = 0; h < nh; h++)
+            CHECK(fabs(kl[k * nh + h] - klc[h]) <= 1e-12 * fabs(klc[h]) &&
+                      top[k * nh + h] == tpc[h] && top[N * nh + k * nh + h] == tqc[h],
+                  "compare over rows, row %d head %d: KL %.17g / %.17g, tops %d %d / %d %d\n", k, h,
+                  kl[k * nh + h], klc[h], top[k * nh + h], top[N * nh + k * nh + h], tpc[h],
+                  tqc[h]);
+    }
+    kvd_cuda_free(dp), kvd_cuda_free(dctx), kvd_cuda_free(dtop), kvd_cuda_free(dkl);
+    free(q), free(p), free(one);
+}
+
 /* Decode attention of every kernel version against kvd_attn_paged: a
  * scattered block table, every cache format, shapes that cover each GQA
  * group size the model has (1 to 16, powers of two or not), each head_dim,
@@ -137,6 +195,7 @@ static void attention_case(int nh, int kvh, int hd, int n_ctx) {
                   sum);
         }
         free(pg);
+        probs_rows_case(&view, nb, blocks, n_ctx, nh, hd, key);
         free(src), free(q), free(ocpu), free(ogpu), free(k), free(v), free(blocks), free(work),
             free(probs);
     }
