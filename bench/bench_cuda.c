@@ -132,7 +132,8 @@ typedef struct {
 
 static int cmp_device(void *p) {
     cmp_case *c = p;
-    if (c->which == 0) return kvd_cuda_logits_compare_dev(c->da, c->dx, c->rows, c->n, c->dout);
+    if (c->which == 0)
+        return kvd_cuda_logits_compare_dev(c->da, c->dx, c->rows, c->n, NULL, c->dout);
     if (c->which == 1) return kvd_cuda_hidden_compare_dev(c->da, c->dx, c->rows, c->n, c->dout);
     double *kl = c->dout;
     int *top = (int *)(kl + c->rows);
@@ -149,7 +150,8 @@ static int cmp_host(void *p) {
     const size_t n = (size_t)c->n;
     for (int r = 0; r < c->host_rows; r++) {
         if (c->which == 0) {
-            ((kvd_logit_cmp *)c->hout)[r] = kvd_compare_logits(c->a + r * n, c->x + r * n, c->n);
+            ((kvd_logit_cmp *)c->hout)[r] =
+                kvd_compare_logits(c->a + r * n, c->x + r * n, c->n, -1);
         } else if (c->which == 1) {
             kvd_hidden_compare(c->a + r * n, c->x + r * n, 1, c->n, (kvd_hidden_cmp *)c->hout + r);
         } else {

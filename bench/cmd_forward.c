@@ -93,7 +93,7 @@ typedef struct {
 static logit_cmp compare_logits(const float *ref, const float *x, int T, int V) {
     logit_cmp r = {0, 0, 0};
     for (int t = 0; t < T; t++) {
-        kvd_logit_cmp c = kvd_compare_logits(ref + (size_t)t * V, x + (size_t)t * V, V);
+        kvd_logit_cmp c = kvd_compare_logits(ref + (size_t)t * V, x + (size_t)t * V, V, -1);
         r.kl_mean += c.kl / T;
         r.kl_max = c.kl > r.kl_max ? c.kl : r.kl_max;
         r.top1 += c.same_argmax / (double)T;

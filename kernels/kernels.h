@@ -83,12 +83,13 @@ void kvd_hidden_compare(const float *a, const float *x, int rows, int n, kvd_hid
 
 /* Two next-token distributions from their logits: KL(P_a || P_x) in nats
  * (double, clamped at 0), whether their argmaxes agree (the first of equal
- * maxima), and each side's log-sum-exp (so log p(token) = logit - lse). */
+ * maxima), each side's log-sum-exp (so log p(token) = logit - lse), and
+ * each side's logit of token `target` (NaN when target < 0). */
 typedef struct {
-    double kl, lse_a, lse_x;
+    double kl, lse_a, lse_x, a_target, x_target;
     int same_argmax;
 } kvd_logit_cmp;
-kvd_logit_cmp kvd_compare_logits(const float *a, const float *x, int V);
+kvd_logit_cmp kvd_compare_logits(const float *a, const float *x, int V, int target);
 
 /* One step of the gated delta rule for one head. S is [dk][dv] (fp32),
  * q and k are already L2-normalised (q also scaled by dk^-0.5):

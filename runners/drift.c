@@ -216,7 +216,7 @@ static void compare_chunk(lockstep *L, const float *lr, const float *lc, const u
                           int64_t n) {
     const kvd_config *c = L->c;
     kvd_drift *d = L->d;
-    const int V = c->vocab_size, K = c->num_experts_per_tok;
+    const int K = c->num_experts_per_tok;
     for (int r = 0; r < L->rows; r++) {
         int64_t pos = L->p0 + r;
         int b = kvd_bucket(pos), sub = L->is_copy[pos] ? KVD_SUB_COPY : KVD_SUB_OTHER;
@@ -240,11 +240,14 @@ static void compare_chunk(lockstep *L, const float *lr, const float *lc, const u
         }
         /* output: the prediction at pos is of token pos + 1 */
         if (pos + 1 >= n) continue;
-        const float *a = lr + (size_t)r * V, *x = lc + (size_t)r * V;
+        /* the next token's logits: the model's, within the chunk; the last
+         * row's, from the logits the step gave back */
         const kvd_logit_cmp lc1 = L->lcmp[r];
         double kl = lc1.kl;
         uint32_t next = tok[pos + 1];
-        double nll_a = lc1.lse_a - a[next], nll_x = lc1.lse_x - x[next];
+        double a_next = r + 1 < L->rows ? lc1.a_target : lr[next];
+        double x_next = r + 1 < L->rows ? lc1.x_target : lc[next];
+        double nll_a = lc1.lse_a - a_next, nll_x = lc1.lse_x - x_next;
         double v[KVD_OUT_N] = {kl, lc1.same_argmax, exp(-nll_x) - exp(-nll_a), nll_x - nll_a};
         int osub = L->is_copy[pos + 1] ? KVD_SUB_COPY : KVD_SUB_OTHER;
         int ob = kvd_bucket(pos);
@@ -312,7 +315,8 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
     kvd_engine mr = {0}, mc = {0};
     lockstep L;
     memset(&L, 0, sizeof L);
-    float *lr = malloc(sizeof(float) * (size_t)R * V), *lc = malloc(sizeof(float) * (size_t)R * V);
+    /* each chunk's last row's logits (the models compare every row's) */
+    float *lr = malloc(sizeof(float) * (size_t)V), *lc = malloc(sizeof(float) * (size_t)V);
     if (kvd_kvcache_init(&kr, KVD_KV_BF16, nf, kvh, c->head_dim, KVD_KV_BLOCK, cap, NULL, 1, err) ||
         kvd_kvcache_init(&kc, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, cap, scales, o->saturate,
                          err) ||
@@ -362,9 +366,9 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
         int32_t *chunk = (int32_t *)(tok + p0);
         kvd_batch br = {1, &sr, &rows, chunk}, bc = {1, &sc, &rows, chunk};
         L.side = 0;
-        if (kvd_engine_forward(&mr, &kr, &br, lr, 0, err)) goto out;
+        if (kvd_engine_forward(&mr, &kr, &br, lr, 1, err)) goto out;
         L.side = 1;
-        if (kvd_engine_forward(&mc, &kc, &bc, lc, 0, err)) goto out;
+        if (kvd_engine_forward(&mc, &kc, &bc, lc, 1, err)) goto out;
         compare_chunk(&L, lr, lc, tok, n);
         for (int al = 0; al < nf; al++)
             for (int r = 0; r < rows; r++) {
@@ -383,8 +387,7 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
             if (kvd_engine_set_hooks(&mr, NULL, err) || kvd_engine_set_hooks(&mc, NULL, err) ||
                 kvd_engine_set_shadow(&mr, NULL, err))
                 goto out;
-            if (generate(&mr, &kr, &mc, &kc, end, o->gen_tokens, lr + (size_t)(rows - 1) * V,
-                         lc + (size_t)(rows - 1) * V, V, &d->gen[d->n_gen], err))
+            if (generate(&mr, &kr, &mc, &kc, end, o->gen_tokens, lr, lc, V, &d->gen[d->n_gen], err))
                 goto out;
             d->n_gen++;
             if (kvd_engine_set_hooks(&mr, &hk, err) || kvd_engine_set_hooks(&mc, &hk, err) ||

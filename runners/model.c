@@ -33,6 +33,8 @@ struct kvd_model {
     int held_rows, held_logits_rows;
     kvd_hidden_cmp *hcmp; /* [max_rows] */
     kvd_logit_cmp *lcmp;  /* [max_rows] */
+    int *targets;         /* [max_rows] */
+    float *all_logits;    /* [max_rows][V]: every row's, when the caller wants the last */
     /* activations, [max_rows][...] */
     float *x, *xn, *mix;
     float *qg, *kb, *vb, *att;
@@ -81,7 +83,10 @@ int kvd_model_set_reference(kvd_model *m, kvd_model *ref, const kvd_kvcache *ref
         }
         if (!m->hcmp) m->hcmp = malloc(sizeof(kvd_hidden_cmp) * (size_t)m->max_rows);
         if (!m->lcmp) m->lcmp = malloc(sizeof(kvd_logit_cmp) * (size_t)m->max_rows);
-        if (!m->hcmp || !m->lcmp) {
+        if (!m->targets) m->targets = malloc(sizeof(int) * (size_t)m->max_rows);
+        if (!m->all_logits)
+            m->all_logits = malloc(sizeof(float) * (size_t)m->max_rows * a->vocab_size);
+        if (!m->hcmp || !m->lcmp || !m->targets || !m->all_logits) {
             snprintf(err, KVD_ERR_LEN, "reference model: out of memory");
             return -1;
         }
@@ -120,6 +125,7 @@ void kvd_model_free(kvd_model *m) {
                      m->sh1,      m->sh2,    m->shg,  m->probs, m->conv_state, m->ssm};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m->held), free(m->held_x), free(m->held_logits), free(m->hcmp), free(m->lcmp);
+    free(m->targets), free(m->all_logits);
     free(m->topi);
     free(m->rows_of);
     free(m->pos);
@@ -670,23 +676,34 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
     for (r = 0; r < rows; r++)
         kvd_rmsnorm(m->xn + (size_t)r * H, m->x + (size_t)r * H, m->w->final_norm, H,
                     (float)c->rms_norm_eps, 1);
-    if (!last_only) {
-        kvd_linear(m->xn, m->w->lm_head, logits, rows, V, H);
+    /* every row's logits where the caller, a reference's keeping or a
+     * comparison wants them; with last_only, each sequence's last row's then
+     * goes back */
+    const int cmp = m->ref && m->hooks.logits_cmp;
+    if (!last_only || cmp || m->held_logits) {
+        float *all = !last_only ? logits : m->held_logits ? m->held_logits : m->all_logits;
+        kvd_linear(m->xn, m->w->lm_head, all, rows, V, H);
         if (m->held_logits) {
-            memcpy(m->held_logits, logits, sizeof(float) * (size_t)rows * V);
+            if (all != m->held_logits)
+                memcpy(m->held_logits, all, sizeof(float) * (size_t)rows * V);
             m->held_logits_rows = rows;
         }
-        if (m->ref && m->hooks.logits_cmp) {
+        if (cmp) {
             if (m->ref->held_logits_rows != rows) {
                 snprintf(err, KVD_ERR_LEN,
                          "reference model: its last step gave no logits for these %d rows", rows);
                 return -1;
             }
+            kvd_batch_targets(b, m->targets);
 #pragma omp parallel for schedule(dynamic, 8)
             for (int i = 0; i < rows; i++)
                 m->lcmp[i] = kvd_compare_logits(m->ref->held_logits + (size_t)i * V,
-                                                logits + (size_t)i * V, V);
+                                                all + (size_t)i * V, V, m->targets[i]);
             m->hooks.logits_cmp(m->hooks.ctx, b, m->pos, m->lcmp);
+        }
+        for (int s = 0, last = -1; last_only && s < b->n; s++) {
+            last += b->n_tok[s];
+            memcpy(logits + (size_t)s * V, all + (size_t)last * V, sizeof(float) * V);
         }
     } else {
         int last = -1;
@@ -696,6 +713,12 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
         }
     }
     return 0;
+}
+
+void kvd_batch_targets(const kvd_batch *b, int *target) {
+    for (int s = 0, r = 0; s < b->n; s++)
+        for (int t = 0; t < b->n_tok[s]; t++, r++)
+            target[r] = t + 1 < b->n_tok[s] ? b->tok[r + 1] : -1;
 }
 
 int kvd_prefill_steps(kvd_step_fn step, void *model, int max_rows, int vocab, kvd_kvcache *kv,

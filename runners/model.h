@@ -39,8 +39,10 @@ typedef struct {
     /* with a reference model set (kvd_model_set_reference), compared by the
      * model itself so that only the figures leave it: each row's residual
      * stream after `layer` against the reference's row, [rows]; and in steps
-     * that give every row's logits, each row's logits against the
-     * reference's (a the reference), [rows] */
+     * that give logits (every row's, or with last_only each sequence's last
+     * row's: the model computes every row's all the same), each row's logits
+     * against the reference's (a the reference; the target is the row's next
+     * token in the batch, kvd_batch_targets), [rows] */
     void (*hidden_cmp)(void *ctx, int layer, const kvd_batch *b, const int *pos,
                        const kvd_hidden_cmp *rows);
     void (*logits_cmp)(void *ctx, const kvd_batch *b, const int *pos, const kvd_logit_cmp *rows);
@@ -128,6 +130,10 @@ int kvd_batch_rows(const kvd_config *c, kvd_kvcache *kv, const kvd_batch *b, int
  * this step's rows at the same positions, else -1 with err set naming the
  * first that differs. Shared by the CPU and device forward passes. */
 int kvd_reference_rows(int ref_rows, const int *ref_pos, int rows, const int *pos, char *err);
+
+/* Each row's next token within the batch (the token of the sequence's next
+ * row), or -1 for a sequence's last row: the targets of logits_cmp. */
+void kvd_batch_targets(const kvd_batch *b, int *target);
 
 /* The index among full-attention layers of layer l, or -1. */
 int kvd_model_attn_index(const kvd_model *m, int layer);

@@ -114,9 +114,11 @@ struct kvd_cuda_model {
     struct kvd_cuda_model *ref;
     float *d_held, *d_hx;
     int held_rows, held_logits_rows;
-    /* rank 0, comparing: the figures on the device and their host copies */
+    /* rank 0, comparing: the figures on the device and their host copies,
+     * the logits' target tokens */
     kvd_hidden_cmp *d_hcmp, *h_hcmp;
     kvd_logit_cmp *d_lcmp, *h_lcmp;
+    int *d_target, *h_target;
     /* the attn_cmp hook's sampled rows, each rank's heads: the distributions
      * of a group of rows over their own cache, the shadow and the
      * reference's cache, [ATTN_GROUP][heads][probs_ctx]; for up to max_rows
@@ -189,7 +191,7 @@ static void rank_free(kvd_cuda_model *m) {
     free(m->sc.kpool), free(m->sc.vpool), free(m->sc.h_slot);
     free(m->h_outs), free(m->h_souts), free(m->h_kl), free(m->h_skl), free(m->h_top);
     free(m->h_stop), free(m->h_sel), free(m->h_k), free(m->h_v);
-    free(m->h_hcmp), free(m->h_lcmp);
+    free(m->h_hcmp), free(m->h_lcmp), free(m->h_target);
     free(m->stage16);
     free(m->h_pos), free(m->h_row_seq), free(m->h_topi), free(m->h_slots);
     free(m->h_seqs), free(m->h_row0), free(m->h_ntok), free(m->h_x);
@@ -866,9 +868,11 @@ int kvd_cuda_model_set_reference(kvd_cuda_model *m, kvd_cuda_model *ref, char *e
         const size_t mr = (size_t)m->max_rows;
         m->d_hcmp = dalloc(&m->mem, sizeof(kvd_hidden_cmp) * mr);
         m->d_lcmp = dalloc(&m->mem, sizeof(kvd_logit_cmp) * mr);
+        m->d_target = dalloc(&m->mem, sizeof(int) * mr);
         m->h_hcmp = malloc(sizeof(kvd_hidden_cmp) * mr);
         m->h_lcmp = malloc(sizeof(kvd_logit_cmp) * mr);
-        ok &= m->d_hcmp && m->d_lcmp && m->h_hcmp && m->h_lcmp;
+        m->h_target = malloc(sizeof(int) * mr);
+        ok &= m->d_hcmp && m->d_lcmp && m->d_target && m->h_hcmp && m->h_lcmp && m->h_target;
     }
     if (!ok) {
         snprintf(err, KVD_ERR_LEN,
@@ -1494,39 +1498,40 @@ int kvd_cuda_forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, fl
     }
     kvd_cuda_set_device(0);
     if (rc) return -1;
-    /* the logits from rank 0 (every rank holds the same residual stream) */
+    /* the logits from rank 0 (every rank holds the same residual stream):
+     * every row's where the caller, a reference's keeping or a comparison
+     * wants them (with last_only, each sequence's last row then goes back),
+     * else the last rows' alone */
     kvd_cuda_model *m = m0;
-    int n_out = 0;
-    if (logits) {
-        kvd_cudaop_rmsnorm(m->xn, H, m->x, H, m->wt->final_norm, rows, H, eps, 1);
-        if (!last_only) {
-            kvd_cudaop_linear(m->xn, m->wt->lm_head, m->logits, rows, V, H);
-            n_out = rows;
-            m0->held_logits_rows = m0->d_held ? rows : 0; /* they stay in logits */
-            if (ref0 && hk->logits_cmp) {
-                if (ref0->held_logits_rows != rows) {
-                    snprintf(err, KVD_ERR_LEN,
-                             "reference model: its last step gave no logits for these %d rows",
-                             rows);
-                    return -1;
-                }
-                if (kvd_cuda_logits_compare_dev(ref0->logits, m->logits, rows, V, m0->d_lcmp) ||
-                    kvd_cuda_download(m0->h_lcmp, m0->d_lcmp, sizeof(kvd_logit_cmp) * rows)) {
-                    if (!kvd_cuda_sync(err, KVD_ERR_LEN))
-                        snprintf(err, KVD_ERR_LEN, "device model: comparing the logits failed");
-                    return -1;
-                }
-                hk->logits_cmp(hk->ctx, b, m0->h_pos, m0->h_lcmp);
+    const int cmp = ref0 && hk->logits_cmp, all = logits && (!last_only || cmp || m0->d_held);
+    if (logits) kvd_cudaop_rmsnorm(m->xn, H, m->x, H, m->wt->final_norm, rows, H, eps, 1);
+    if (all) {
+        kvd_cudaop_linear(m->xn, m->wt->lm_head, m->logits, rows, V, H);
+        m0->held_logits_rows = m0->d_held ? rows : 0; /* they stay in logits */
+        if (cmp) {
+            if (ref0->held_logits_rows != rows) {
+                snprintf(err, KVD_ERR_LEN,
+                         "reference model: its last step gave no logits for these %d rows", rows);
+                return -1;
             }
-        } else {
-            int last = -1;
-            for (int s = 0; s < b->n; s++) {
-                last += b->n_tok[s];
-                kvd_cuda_copy(m->gx + (size_t)s * H, m->xn + (size_t)last * H, sizeof(float) * H);
+            kvd_batch_targets(b, m0->h_target);
+            if (kvd_cuda_upload(m0->d_target, m0->h_target, sizeof(int) * rows) ||
+                kvd_cuda_logits_compare_dev(ref0->logits, m->logits, rows, V, m0->d_target,
+                                            m0->d_lcmp) ||
+                kvd_cuda_download(m0->h_lcmp, m0->d_lcmp, sizeof(kvd_logit_cmp) * rows)) {
+                if (!kvd_cuda_sync(err, KVD_ERR_LEN))
+                    snprintf(err, KVD_ERR_LEN, "device model: comparing the logits failed");
+                return -1;
             }
-            kvd_cudaop_linear(m->gx, m->wt->lm_head, m->logits, b->n, V, H);
-            n_out = b->n;
+            hk->logits_cmp(hk->ctx, b, m0->h_pos, m0->h_lcmp);
         }
+    } else if (logits) {
+        int last = -1;
+        for (int s = 0; s < b->n; s++) {
+            last += b->n_tok[s];
+            kvd_cuda_copy(m->gx + (size_t)s * H, m->xn + (size_t)last * H, sizeof(float) * H);
+        }
+        kvd_cudaop_linear(m->gx, m->wt->lm_head, m->logits, b->n, V, H);
     }
     for (int r = 0; r < n_ranks && !rc; r++) {
         kvd_cuda_set_device(r);
@@ -1534,9 +1539,22 @@ int kvd_cuda_forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, fl
     }
     kvd_cuda_set_device(0);
     if (rc) return -1;
-    if (logits && kvd_cuda_download(logits, m->logits, sizeof(float) * (size_t)n_out * V)) {
-        snprintf(err, KVD_ERR_LEN, "device model: copying the logits back failed");
-        return -1;
+    if (logits) {
+        /* every row's; or each sequence's last row, from every row's or from
+         * the last rows' alone */
+        const size_t vb = sizeof(float) * V;
+        if (!last_only)
+            rc = kvd_cuda_download(logits, m->logits, vb * rows);
+        else if (!all)
+            rc = kvd_cuda_download(logits, m->logits, vb * b->n);
+        for (int s = 0, last = -1; last_only && all && s < b->n && !rc; s++) {
+            last += b->n_tok[s];
+            rc = kvd_cuda_download(logits + (size_t)s * V, m->logits + (size_t)last * V, vb);
+        }
+        if (rc) {
+            snprintf(err, KVD_ERR_LEN, "device model: copying the logits back failed");
+            return -1;
+        }
     }
     return 0;
 }

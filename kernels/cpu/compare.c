@@ -39,7 +39,7 @@ void kvd_hidden_compare(const float *a, const float *x, int rows, int n, kvd_hid
     }
 }
 
-kvd_logit_cmp kvd_compare_logits(const float *a, const float *x, int V) {
+kvd_logit_cmp kvd_compare_logits(const float *a, const float *x, int V, int target) {
     kvd_logit_cmp r;
     double ma = -INFINITY, mx = -INFINITY;
     int ia = 0, ix = 0;
@@ -58,5 +58,7 @@ kvd_logit_cmp kvd_compare_logits(const float *a, const float *x, int V) {
     }
     r.kl = kl > 0 ? kl : 0; /* rounding can leave -1e-17 */
     r.same_argmax = ia == ix;
+    r.a_target = target >= 0 && target < V ? a[target] : NAN;
+    r.x_target = target >= 0 && target < V ? x[target] : NAN;
     return r;
 }

@@ -86,7 +86,8 @@ __global__ void hidden_kernel(const float *a, const float *x, int n, kvd_hidden_
 
 // ---- the logits: per row, kvd_compare_logits (the largest logit and its
 // first position on each side, the log-sum-exps, then the KL) ----
-__global__ void logits_kernel(const float *a, const float *x, int V, kvd_logit_cmp *out) {
+__global__ void logits_kernel(const float *a, const float *x, int V, const int *target,
+                              kvd_logit_cmp *out) {
     const float *ar = a + (size_t)blockIdx.x * V, *xr = x + (size_t)blockIdx.x * V;
     __shared__ double sh[CMP_THREADS];
     __shared__ float av[CMP_THREADS], xv[CMP_THREADS];
@@ -121,6 +122,9 @@ __global__ void logits_kernel(const float *a, const float *x, int V, kvd_logit_c
         kvd_logit_cmp r;
         r.kl = kl > 0.0 ? kl : 0.0;
         r.lse_a = lse_a, r.lse_x = lse_x, r.same_argmax = same;
+        const int t = target ? target[blockIdx.x] : -1;
+        r.a_target = t >= 0 && t < V ? (double)ar[t] : (double)NAN;
+        r.x_target = t >= 0 && t < V ? (double)xr[t] : (double)NAN;
         out[blockIdx.x] = r;
     }
 }
@@ -151,9 +155,9 @@ extern "C" int kvd_cuda_hidden_compare_dev(const float *a, const float *x, int r
 }
 
 extern "C" int kvd_cuda_logits_compare_dev(const float *a, const float *x, int rows, int V,
-                                           kvd_logit_cmp *out) {
+                                           const int *target, kvd_logit_cmp *out) {
     if (rows < 1 || V < 1) return -1;
-    logits_kernel<<<(unsigned)rows, CMP_THREADS>>>(a, x, V, out);
+    logits_kernel<<<(unsigned)rows, CMP_THREADS>>>(a, x, V, target, out);
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
@@ -191,25 +195,31 @@ extern "C" int kvd_cuda_attn_compare(const float *p, const float *q, int n_heads
                : -1;
 }
 
-// a per-row comparison (one T a row) with host memory in and out
-template <typename T>
-static int rows_on_host(int (*dev)(const float *, const float *, int, int, T *), const float *a,
-                        const float *x, int rows, int n, T *out) {
+extern "C" int kvd_cuda_hidden_compare(const float *a, const float *x, int rows, int n,
+                                       kvd_hidden_cmp *out) {
     if (rows < 1 || n < 1) return -1;
-    const size_t ob = sizeof(T) * rows;
+    const size_t ob = sizeof(kvd_hidden_cmp) * rows;
     cmp_io io;
-    return io.up(a, x, (size_t)rows * n, ob) && dev(io.a, io.x, rows, n, (T *)io.out) == 0 &&
+    return io.up(a, x, (size_t)rows * n, ob) &&
+                   kvd_cuda_hidden_compare_dev(io.a, io.x, rows, n, (kvd_hidden_cmp *)io.out) ==
+                       0 &&
                    io.down(out, 0, ob)
                ? 0
                : -1;
 }
 
-extern "C" int kvd_cuda_hidden_compare(const float *a, const float *x, int rows, int n,
-                                       kvd_hidden_cmp *out) {
-    return rows_on_host(kvd_cuda_hidden_compare_dev, a, x, rows, n, out);
-}
-
 extern "C" int kvd_cuda_logits_compare(const float *a, const float *x, int rows, int V,
-                                       kvd_logit_cmp *out) {
-    return rows_on_host(kvd_cuda_logits_compare_dev, a, x, rows, V, out);
+                                       const int *target, kvd_logit_cmp *out) {
+    if (rows < 1 || V < 1) return -1;
+    const size_t ob = sizeof(kvd_logit_cmp) * rows, tb = sizeof(int) * rows;
+    cmp_io io;
+    int *dt = nullptr;
+    const bool ok =
+        io.up(a, x, (size_t)rows * V, ob) &&
+        (!target || (cudaMalloc(&dt, tb) == cudaSuccess &&
+                     cudaMemcpy(dt, target, tb, cudaMemcpyHostToDevice) == cudaSuccess)) &&
+        kvd_cuda_logits_compare_dev(io.a, io.x, rows, V, dt, (kvd_logit_cmp *)io.out) == 0 &&
+        io.down(out, 0, ob);
+    cudaFree(dt);
+    return ok ? 0 : -1;
 }

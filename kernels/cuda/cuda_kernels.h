@@ -48,11 +48,13 @@ int kvd_cuda_attn_probs_rows(const kvd_kv_view *kv, int n_blocks, const int32_t 
                              int q_rows, int n_heads, float sm_scale, float *probs);
 
 /* The drift comparisons on the device (compare.cu), host memory in and out:
- * kvd_attn_compare, kvd_hidden_compare, kvd_compare_logits over rows. */
+ * kvd_attn_compare, kvd_hidden_compare, kvd_compare_logits over rows
+ * (target: each row's target token, or NULL for none). */
 int kvd_cuda_attn_compare(const float *p, const float *q, int n_heads, int n_ctx, double *kl,
                           int *top_p, int *top_q);
 int kvd_cuda_hidden_compare(const float *a, const float *x, int rows, int n, kvd_hidden_cmp *out);
-int kvd_cuda_logits_compare(const float *a, const float *x, int rows, int V, kvd_logit_cmp *out);
+int kvd_cuda_logits_compare(const float *a, const float *x, int rows, int V, const int *target,
+                            kvd_logit_cmp *out);
 
 /* Prefill attention for n_q query rows of one sequence, row r at position
  * pos0 + r over positions 0 .. pos0 + r (each row as kvd_attn_paged with
@@ -148,7 +150,7 @@ int kvd_cuda_attn_compare_dev(const float *p, const float *q, int n_heads, int n
                               int *top_p, int *top_q);
 int kvd_cuda_hidden_compare_dev(const float *a, const float *x, int rows, int n,
                                 kvd_hidden_cmp *out);
-int kvd_cuda_logits_compare_dev(const float *a, const float *x, int rows, int V,
+int kvd_cuda_logits_compare_dev(const float *a, const float *x, int rows, int V, const int *target,
                                 kvd_logit_cmp *out);
 /* The distributions of n query rows of one sequence (block table blocks),
  * row k's query at q + qrow[k] * q_stride and its context n_ctx[k]

@@ -305,10 +305,11 @@ int kvd_cuda_hidden_compare_dev(const float *a, const float *x, int rows, int n,
     kvd_hidden_compare(a, x, rows, n, out);
     return 0;
 }
-int kvd_cuda_logits_compare_dev(const float *a, const float *x, int rows, int V,
+int kvd_cuda_logits_compare_dev(const float *a, const float *x, int rows, int V, const int *target,
                                 kvd_logit_cmp *out) {
     for (int r = 0; r < rows; r++)
-        out[r] = kvd_compare_logits(a + (size_t)r * V, x + (size_t)r * V, V);
+        out[r] =
+            kvd_compare_logits(a + (size_t)r * V, x + (size_t)r * V, V, target ? target[r] : -1);
     return 0;
 }
 int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,

@@ -753,10 +753,24 @@ static void compare_rows(void) {
         kvd_hidden_cmp hc[ROWS], hg[ROWS];
         kvd_logit_cmp lc[ROWS], lg[ROWS];
         kvd_hidden_compare(a, x, ROWS, n, hc);
+        const int target[ROWS] = {0, n - 1, -1, n / 2, 1};
         for (int r = 0; r < ROWS; r++)
-            lc[r] = kvd_compare_logits(a + (size_t)r * n, x + (size_t)r * n, n);
+            lc[r] = kvd_compare_logits(a + (size_t)r * n, x + (size_t)r * n, n, target[r]);
         CHECK(kvd_cuda_hidden_compare(a, x, ROWS, n, hg) == 0, "cuda hidden compare failed\n");
-        CHECK(kvd_cuda_logits_compare(a, x, ROWS, n, lg) == 0, "cuda logits compare failed\n");
+        CHECK(kvd_cuda_logits_compare(a, x, ROWS, n, target, lg) == 0,
+              "cuda logits compare failed\n");
+        for (int r = 0; r < ROWS; r++) {
+            /* the target's logits as given, NaN for none, on both */
+            const float *ar = a + (size_t)r * n, *xr = x + (size_t)r * n;
+            const int t = target[r];
+            for (int side = 0; side < 2; side++) {
+                const kvd_logit_cmp *c = side ? &lg[r] : &lc[r];
+                CHECK(t < 0 ? isnan(c->a_target) && isnan(c->x_target)
+                            : c->a_target == ar[t] && c->x_target == xr[t],
+                      "logits compare width %d row %d: target %d's logits %g %g (%s)\n", n, r, t,
+                      c->a_target, c->x_target, side ? "device" : "CPU");
+            }
+        }
         for (int r = 0; r < ROWS; r++) {
             const double c4[4] = {hc[r].err2, hc[r].ref2, hc[r].dot, hc[r].test2};
             const double g4[4] = {hg[r].err2, hg[r].ref2, hg[r].dot, hg[r].test2};
