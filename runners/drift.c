@@ -1,7 +1,11 @@
 /* kvdrift: lock-step drift. The trace goes through both models in the same
- * chunks; hooks capture what each computes (hidden states after every layer,
- * routed experts, attention at sampled positions) and the chunk's figures are
- * accumulated before the next chunk, so no whole-run state is kept. */
+ * chunks, the reference first. The candidate has the reference set as its
+ * reference, so the model itself compares its hidden states after every
+ * layer, its logits and its attention at sampled positions with the
+ * reference's, where they were computed (on the device, on a GPU); the hooks
+ * receive the comparisons' figures, and the routed experts of each side.
+ * The chunk's figures are accumulated before the next chunk, so no
+ * whole-run state is kept. */
 #include "drift.h"
 
 #include <math.h>
@@ -92,7 +96,8 @@ double kvd_drift_kl_percentile(const kvd_drift *d, kvd_subset s, double q) {
     return r;
 }
 
-/* ---- what the hooks capture, per side (0 reference, 1 candidate) ---- */
+/* ---- what the hooks receive: figures (the candidate's side) and the
+ * routed experts of each side (0 reference, 1 candidate) ---- */
 
 typedef struct {
     /* this row's figures per view, accumulated after the chunk in row order
@@ -111,11 +116,12 @@ typedef struct {
     int64_t p0; /* first position of the chunk */
     int rows;   /* rows of the chunk */
     int cap;    /* most rows a chunk has */
-    double *hrel,
-        *hcos; /* the candidate's residual stream against the reference's, [layer][rows] */
-    kvd_logit_cmp *lcmp; /* the candidate's logits against the reference's, [rows] */
-    int *router[2];      /* [layer][rows][k] */
-    att_slot *slots;     /* [attn layer][rows] */
+    /* the candidate's residual stream against the reference's, [layer][rows];
+     * its logits against the reference's, [rows] */
+    double *hrel, *hcos;
+    kvd_logit_cmp *lcmp;
+    int *router[2];  /* [layer][rows][k] */
+    att_slot *slots; /* [attn layer][rows] */
 } lockstep;
 
 /* the candidate side's residual streams, compared by the model: relative L2

@@ -994,8 +994,8 @@ static int kv_hook(kvd_cuda_model *m0, int al, int rows) {
     return 0;
 }
 
-/* room for the attn_cmp hook's distributions over n_ctx positions, each
- * rank's heads on its device */
+/* room for the attn_cmp hook's distributions of a group (ATTN_GROUP rows)
+ * over n_ctx positions, each rank's heads on its device */
 #define ATTN_GROUP 16
 static int probs_room(kvd_cuda_model *m0, size_t n_ctx) {
     if (n_ctx <= m0->probs_ctx) return 0;
@@ -1046,10 +1046,12 @@ static int views_room(kvd_cuda_model *m0) {
 }
 
 /* A group of sampled rows (n, from index s0 of the step's selection, of one
- * sequence) over one cache of model m (the current device's rank): their
- * distributions into probs ([n][heads][stride]) and each row's output into
- * its slot `slot` of the outputs. The probabilities kernel and decode, so
- * that both sides of a view run the same kernels and equal inputs compare
+ * sequence) over one cache kc of model m (the current device's rank: the
+ * model's own, its shadow, or the reference's), their queries q's rows:
+ * the distributions into probs ([n][heads][max_ctx]) and each row's output
+ * into slot `slot` of the comparing model om's outputs (om's row indices
+ * and decode scratch too). The probabilities kernels and decode, so that
+ * both sides of a view run the same kernels and equal inputs compare
  * equal. */
 static int group_attention(kvd_cuda_model *m, kvd_cuda_model *om, dev_kv *kc, int al, int seq,
                            int s0, int n, int max_ctx, const float *q, const int *h_sel,

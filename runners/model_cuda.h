@@ -53,10 +53,11 @@ int kvd_cuda_model_set_hooks(kvd_cuda_model *m, const kvd_hooks *h, char *err);
 int kvd_cuda_model_set_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err);
 
 /* kvd_model_set_reference on the device: ref (over as many GPUs, the same
- * attention shape) keeps each rank's queries of its last step on the device,
- * and this model's attn_cmp hook compares each sampled row against the
- * reference's row over the reference's own device cache. NULL to stop. 0,
- * or -1 with err set. */
+ * shapes) keeps its last step's queries (each rank's heads), residual
+ * streams and logits (rank 0) on the device, and this model's comparing
+ * hooks compare against them there: the attention of each sampled row over
+ * the reference's own device cache, the residual stream after every layer,
+ * the logits. NULL to stop. 0, or -1 with err set. */
 int kvd_cuda_model_set_reference(kvd_cuda_model *m, kvd_cuda_model *ref, char *err);
 
 /* Clear one sequence slot's recurrent state (conv and DeltaNet), or copy
