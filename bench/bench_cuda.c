@@ -148,18 +148,16 @@ static int cmp_copy(void *p) {
 static int cmp_host(void *p) {
     cmp_case *c = p;
     const size_t n = (size_t)c->n;
-    for (int r = 0; r < c->host_rows; r++) {
-        if (c->which == 0) {
+    if (c->which == 1) {
+        kvd_hidden_compare(c->a, c->x, c->host_rows, c->n, c->hout);
+    } else if (c->which == 2) {
+        double *kl = c->hout;
+        int *top = (int *)(kl + c->rows);
+        kvd_attn_compare(c->a, c->x, c->host_rows, c->n, kl, top, top + c->rows);
+    } else {
+        for (int r = 0; r < c->host_rows; r++)
             ((kvd_logit_cmp *)c->hout)[r] =
                 kvd_compare_logits(c->a + r * n, c->x + r * n, c->n, -1);
-        } else if (c->which == 1) {
-            kvd_hidden_compare(c->a + r * n, c->x + r * n, 1, c->n, (kvd_hidden_cmp *)c->hout + r);
-        } else {
-            double *kl = c->hout;
-            int *top = (int *)(kl + c->rows);
-            kvd_attn_compare(c->a + r * n, c->x + r * n, 1, c->n, kl + r, top + r,
-                             top + c->rows + r);
-        }
     }
     return 0;
 }

@@ -1111,8 +1111,7 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
         const int nhl = m->c.num_attention_heads, h0 = m->p.nh0;
         const size_t no = (size_t)nhl * hd, ro = (size_t)R * nhl;
         kvd_cuda_set_device(r);
-        rc |= kvd_cuda_upload(m->d_rowidx, sel, sizeof(int) * R) ||
-              kvd_cuda_upload(m->d_rowidx + R, ctx, sizeof(int) * R);
+        rc |= kvd_cuda_upload(m->d_rowidx, sel, sizeof(int) * 2 * R); /* sel, then ctx */
         for (int s0 = 0, s1; s0 < n && !rc; s0 = s1) {
             /* a group: consecutive sampled rows of one sequence (and one of the
              * reference's) */

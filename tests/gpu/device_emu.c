@@ -269,11 +269,6 @@ int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_
     free(work), free(out);
     return 0;
 }
-int kvd_cuda_attn_compare_dev(const float *p, const float *q, int n_heads, int n_ctx, double *kl,
-                              int *top_p, int *top_q) {
-    kvd_attn_compare(p, q, n_heads, n_ctx, kl, top_p, top_q);
-    return 0;
-}
 int kvd_cuda_attn_probs_rows_dev(const kvd_kv_view *dv, const int32_t *blocks, int n,
                                  const int *qrow, const int *n_ctx, int max_ctx, const float *q,
                                  size_t q_stride, int n_heads, float sm_scale, float *probs,
