@@ -234,23 +234,38 @@ static int bench_compare(int reps, const char *preset, int ctx) {
                "compared on one host thread\n(%.0fx; the attention rows at %d tokens, a "
                "%d-token trace has %d chunks)\n",
                chunk_dev * 1e3, chunk_before * 1e3, chunk_before / chunk_dev, ctx, ctx, ctx / 256);
-    /* the distributions the attention views compare: a chunk's 16 sampled
-     * rows one at a time, against the group kernels that read each K row
-     * once for all of them */
-    printf("\nthe distributions of a 256-row chunk's 16 sampled rows at %d tokens (ms), "
-           "%d/%d heads x %d:\n%6s %12s %10s %8s %11s\n",
-           ctx, q.num_attention_heads, q.num_key_value_heads, q.head_dim, "cache", "row_by_row",
-           "grouped", "speedup", "K_GB_s");
-    for (int f = 0; f < 2; f++) {
-        double t1 = kvd_cuda_bench_probs_rows(f, ctx, q.num_attention_heads, q.num_key_value_heads,
-                                              q.head_dim, 16, reps > 3 ? 3 : reps, 0);
-        double t2 = kvd_cuda_bench_probs_rows(f, ctx, q.num_attention_heads, q.num_key_value_heads,
-                                              q.head_dim, 16, reps > 3 ? 3 : reps, 1);
-        double kb = (double)ctx * q.num_key_value_heads * q.head_dim * (f ? 1 : 2);
-        fail |= t1 <= 0 || t2 <= 0;
-        if (t1 > 0 && t2 > 0)
-            printf("%6s %12.2f %10.2f %7.1fx %11.1f\n", f ? "e4m3" : "bf16", t1 * 1e3, t2 * 1e3,
-                   t1 / t2, kb / t2 / 1e9);
+    /* the distributions the attention views compare, and each view's
+     * outputs: a chunk's 16 sampled rows one at a time, against the group
+     * launches that read each K (and V) row from HBM once for all of them.
+     * The scores are FP32 dot products (the CPU's sums, bit for bit across
+     * the device's kernels): their rate in FP32 TFLOP/s beside the K rows'
+     * read rate says which of the two bounds the group kernel; decode runs
+     * on tensor cores, its rate the K and V rows once over the time */
+    double flops = 0;
+    for (int k = 0; k < 16; k++)
+        flops += 2.0 * q.num_attention_heads * q.head_dim * (double)(ctx - 16 * (15 - k));
+    for (int outputs = 0; outputs < 2; outputs++) {
+        printf("\nthe %s of a 256-row chunk's 16 sampled rows at %d tokens (ms), %d/%d heads x "
+               "%d:\n%6s %12s %10s %8s %11s%s\n",
+               outputs ? "outputs" : "distributions", ctx, q.num_attention_heads,
+               q.num_key_value_heads, q.head_dim, "cache", "row_by_row", "grouped", "speedup",
+               outputs ? "KV_GB_s" : "K_GB_s", outputs ? "" : "   TFLOP_s");
+        for (int f = 0; f < 2; f++) {
+            const int r = reps > 3 ? 3 : reps;
+            double t1 = kvd_cuda_bench_sampled_rows(outputs, f, ctx, q.num_attention_heads,
+                                                    q.num_key_value_heads, q.head_dim, 16, r, 0);
+            double t2 = kvd_cuda_bench_sampled_rows(outputs, f, ctx, q.num_attention_heads,
+                                                    q.num_key_value_heads, q.head_dim, 16, r, 1);
+            double kb =
+                (double)ctx * q.num_key_value_heads * q.head_dim * (f ? 1 : 2) * (outputs ? 2 : 1);
+            fail |= t1 <= 0 || t2 <= 0;
+            if (t1 > 0 && t2 > 0 && outputs)
+                printf("%6s %12.2f %10.2f %7.1fx %11.1f\n", f ? "e4m3" : "bf16", t1 * 1e3, t2 * 1e3,
+                       t1 / t2, kb / t2 / 1e9);
+            else if (t1 > 0 && t2 > 0)
+                printf("%6s %12.2f %10.2f %7.1fx %11.1f %9.1f\n", f ? "e4m3" : "bf16", t1 * 1e3,
+                       t2 * 1e3, t1 / t2, kb / t2 / 1e9, flops / t2 / 1e12);
+        }
     }
     return fail ? -1 : 0;
 }

@@ -1050,9 +1050,11 @@ static int views_room(kvd_cuda_model *m0) {
  * model's own, its shadow, or the reference's), their queries q's rows:
  * the distributions into probs ([n][heads][max_ctx]) and each row's output
  * into slot `slot` of the comparing model om's outputs (om's row indices
- * and decode scratch too). The probabilities kernels and decode, so that
- * both sides of a view run the same kernels and equal inputs compare
- * equal. */
+ * and decode scratch too). The probabilities kernels and decode (the
+ * group's rows in one launch where it takes them, else row by row), so
+ * that both sides of a view run the same kernels and equal inputs compare
+ * equal: the three calls of a group have the same rows, contexts and
+ * scratch, so they take the same path and the same splits. */
 static int group_attention(kvd_cuda_model *m, kvd_cuda_model *om, dev_kv *kc, int al, int seq,
                            int s0, int n, int max_ctx, const float *q, const int *h_sel,
                            float *probs, int slot) {
@@ -1063,7 +1065,12 @@ static int group_attention(kvd_cuda_model *m, kvd_cuda_model *om, dev_kv *kc, in
     const int32_t *tab = kc->btab + (size_t)seq * kc->n_blocks;
     int rc = kvd_cuda_attn_probs_rows_dev(&view, tab, n, om->d_rowidx + s0, om->d_rowidx + R + s0,
                                           max_ctx, q, no, nhl, sm_scale, probs, (size_t)max_ctx);
-    for (int k = 0; k < n; k++) {
+    if (!kvd_cuda_attn_decode_rows_dev(&view, tab, n, om->d_rowidx + s0, om->d_rowidx + R + s0,
+                                       max_ctx, q, no, nhl, sm_scale,
+                                       om->d_outs + ((size_t)s0 * 3 + slot) * no, 3 * no,
+                                       om->attn_scratch, om->attn_scratch_floats))
+        return rc;
+    for (int k = 0; k < n; k++) { /* where the rows' launch cannot take them */
         const int i = h_sel[s0 + k], n_ctx = h_sel[R + s0 + k];
         rc |= kvd_cuda_attn_decode_dev(&view, tab, n_ctx, q + (size_t)i * no, nhl, sm_scale,
                                        om->d_outs + ((size_t)(s0 + k) * 3 + slot) * no,

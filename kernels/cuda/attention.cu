@@ -16,6 +16,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -390,26 +391,39 @@ __device__ inline void load_stage(const view &kv, const int *blocks, int h, int 
     }
 }
 
-// Where a launch's queries are: one sequence (seqs null: block table btab,
-// n_ctx positions, the query at q), or the batch entries z = blockIdx.z of
-// a step (device arrays: entry z is row row0[z] at position pos[row0[z]] of
-// sequence seqs[z], whose block table is btab + seqs[z] * btab_stride;
-// entries of more than one token are someone else's). A split past its
-// sequence's end does nothing; entry z's partial results start at split
-// z * max_splits.
+// Where a launch's queries are, entry z of three kinds:
+//   - one query (seqs and ctx null): block table btab, n_ctx positions, the
+//     query at q, the output at out;
+//   - a step's batch entries (seqs set; device arrays): entry z is row
+//     row0[z] at position pos[row0[z]] of sequence seqs[z], whose block
+//     table is btab + seqs[z] * btab_stride; entries of more than one token
+//     are someone else's. Query and output are that row's, qstride apart;
+//   - listed rows of one sequence (seqs null, ctx set: the drift figures'
+//     sampled rows): entry z is query row row0[z] over ctx[z] positions of
+//     btab, its output the z-th, ostride apart.
+// A split past its entry's context does nothing; entry z's partial results
+// start at split z * max_splits.
 struct rows {
     const int *seqs, *row0, *ntok, *pos;
     const int *btab;
     int btab_stride, n_ctx, max_splits, qstride;
+    const int *ctx;
+    int ostride;
 };
 
-__device__ inline bool row_of(const rows &R, int z, const int **blocks, int *n_ctx, int *qrow) {
+// entry z's block table, context, query row and output row; false for an
+// entry that is not a one-token decode
+__device__ inline bool row_of(const rows &R, int z, const int **blocks, int *n_ctx, int *qrow,
+                              int *orow) {
     if (!R.seqs) {
-        *blocks = R.btab, *n_ctx = R.n_ctx, *qrow = 0;
+        *blocks = R.btab;
+        *n_ctx = R.ctx ? R.ctx[z] : R.n_ctx;
+        *qrow = R.ctx ? R.row0[z] : 0;
+        *orow = z;
         return true;
     }
     if (R.ntok[z] != 1) return false;
-    *qrow = R.row0[z];
+    *qrow = *orow = R.row0[z];
     *n_ctx = R.pos[*qrow] + 1;
     *blocks = R.btab + (size_t)R.seqs[z] * R.btab_stride;
     return true;
@@ -428,16 +442,18 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     // stage buffer i (K rows, then V rows); the scores' exchange after the last
     auto buffer = [&](int i) { return smem + (size_t)i * STAGE * (KSTR + VSTR); };
     float *sbuf = reinterpret_cast<float *>(buffer(nstage));
-    const int split = blockIdx.x, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int g = lane / 4, t = lane % 4;
+    // entries vary fastest: the listed rows of one sequence read the same
+    // K and V rows at the same time, once from HBM and then from L2
+    const int z = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int *blocks;
-    int n_ctx, qrow;
-    if (!row_of(R, blockIdx.z, &blocks, &n_ctx, &qrow)) return;
+    int n_ctx, qrow, orow;
+    if (!row_of(R, z, &blocks, &n_ctx, &qrow, &orow)) return;
     const int t0 = split * per_split, t1 = min(n_ctx, t0 + per_split);
     if (t0 >= t1) return;
     const int nst = (t1 - t0 + STAGE - 1) / STAGE;
     q += (size_t)qrow * R.qstride;
-    const size_t zsplit = (size_t)blockIdx.z * R.max_splits + split;
+    const size_t zsplit = (size_t)z * R.max_splits + split;
 
     // stage st's K and V rows into buffer st % nstage
     auto issue = [&](int st) {
@@ -688,7 +704,8 @@ static int launch_t(const view &kv, const rows &R, int n_entries, int per_split,
     // the shared-memory opt-in, asked for when it changes (per device)
     static size_t opted[16];
     if (!opt_in(decode_v3_t, shm, opted)) return -1;
-    dim3 grid((unsigned)R.max_splits, (unsigned)kv.kv_heads, (unsigned)n_entries);
+    if (R.max_splits > 65535) return -1;
+    dim3 grid((unsigned)n_entries, (unsigned)kv.kv_heads, (unsigned)R.max_splits);
     decode_v3_t<<<grid, WARPS * 32, shm>>>(kv, R, per_split, nstage, G, dq, sm_scale, pa, pm, pl);
     return 0;
 }
@@ -718,12 +735,12 @@ __global__ void merge_rows(rows R, int per_split, int kv_heads, int G, int hd,
                            const float *part_acc, const float *part_m, const float *part_l,
                            const float *v_scale, float *out) {
     const int *blocks;
-    int n_ctx, qrow;
-    if (!row_of(R, blockIdx.y, &blocks, &n_ctx, &qrow)) return;
+    int n_ctx, qrow, orow;
+    if (!row_of(R, blockIdx.y, &blocks, &n_ctx, &qrow, &orow)) return;
     const size_t z0 = (size_t)blockIdx.y * R.max_splits, np = z0 * kv_heads * G;
     merge_splits((n_ctx + per_split - 1) / per_split, kv_heads, G, hd, blockIdx.x,
                  part_acc + np * hd, part_m + np, part_l + np, v_scale,
-                 out + (size_t)qrow * R.qstride);
+                 out + (size_t)orow * R.ostride);
 }
 
 /* v3 and the merge on device buffers, n entries of R; part buffers hold
@@ -825,8 +842,8 @@ static int decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, c
     const int splits = (n_ctx + per_split - 1) / per_split;
     const parts P = parts_in(scratch, (size_t)splits * n_heads, dv->head_dim);
     if (use3) {
-        const v3::rows R = {nullptr, nullptr, nullptr, nullptr, (const int *)blocks,
-                            0,       n_ctx,   splits,  0};
+        v3::rows R{};
+        R.btab = (const int *)blocks, R.n_ctx = n_ctx, R.max_splits = splits;
         return v3::launch(kv, R, 1, q, n_heads, sm_scale, out, per_split, P.acc, P.m, P.l);
     }
     return launch_v2(kv, (const int *)blocks, n_ctx, q, n_heads, sm_scale, out, splits, P.acc, P.m,
@@ -840,6 +857,19 @@ extern "C" int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *bl
                       decode_forced_v2() ? 2 : 0);
 }
 
+// v3's split length for n entries of up to max_ctx positions: the one the
+// grid wants, longer where the scratch (n_heads * (hd + 2) floats an entry
+// and split) is short; -1 where even one split an entry does not fit
+static int split_in(int max_ctx, int kv_heads, int n, int n_heads, int hd, size_t scratch_floats) {
+    int ps = v3::per_split_for(max_ctx, kv_heads, n);
+    const size_t per_split_floats = (size_t)n * n_heads * ((size_t)hd + 2);
+    while ((size_t)((max_ctx + ps - 1) / ps) * per_split_floats > scratch_floats) {
+        if (ps >= max_ctx) return -1;
+        ps *= 2;
+    }
+    return ps;
+}
+
 extern "C" int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab,
                                               int btab_stride, const int *seqs, const int *row0,
                                               const int *ntok, const int *pos, int n, int max_ctx,
@@ -848,17 +878,41 @@ extern "C" int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32
     const int G = n_heads / dv->kv_heads, hd = dv->head_dim;
     const view kv = dev_view(dv);
     if (n < 1 || max_ctx < 1 || decode_forced_v2() || !v3::ok(kv, G)) return -1;
-    // the split length the grid wants, longer where the scratch is short
-    int ps = v3::per_split_for(max_ctx, dv->kv_heads, n);
-    const size_t per_split_floats = (size_t)n * n_heads * ((size_t)hd + 2);
-    while ((size_t)((max_ctx + ps - 1) / ps) * per_split_floats > scratch_floats) {
-        if (ps >= max_ctx) return -1;
-        ps *= 2;
-    }
+    const int ps = split_in(max_ctx, dv->kv_heads, n, n_heads, hd, scratch_floats);
+    if (ps < 0) return -1;
     const int splits = (max_ctx + ps - 1) / ps;
     const parts P = parts_in(scratch, (size_t)n * splits * n_heads, hd);
-    const v3::rows R = {seqs,        row0, ntok,   pos,         (const int *)btab,
-                        btab_stride, 0,    splits, n_heads * hd};
+    v3::rows R{};
+    R.seqs = seqs, R.row0 = row0, R.ntok = ntok, R.pos = pos;
+    R.btab = (const int *)btab, R.btab_stride = btab_stride, R.max_splits = splits;
+    R.qstride = R.ostride = n_heads * hd;
+    return v3::launch(kv, R, n, q, n_heads, sm_scale, out, ps, P.acc, P.m, P.l);
+}
+
+// Listed query rows of one sequence (the drift figures' sampled rows of a
+// step): entry k is q's row qrow[k] over n_ctx[k] positions of blocks, its
+// output at out + k * out_stride; one v3 launch and one merge for all of
+// them. The entries of a split run side by side (the grid's fastest
+// dimension), so K and V are read from HBM about once for all the rows.
+// -1 (nothing queued) where v3 does not take the shape or the scratch is too
+// short even for splits as long as max_ctx; callers then decode row by row.
+extern "C" int kvd_cuda_attn_decode_rows_dev(const kvd_kv_view *dv, const int32_t *blocks, int n,
+                                             const int *qrow, const int *n_ctx, int max_ctx,
+                                             const float *q, size_t q_stride, int n_heads,
+                                             float sm_scale, float *out, size_t out_stride,
+                                             float *scratch, size_t scratch_floats) {
+    const int G = n_heads / dv->kv_heads, hd = dv->head_dim;
+    const view kv = dev_view(dv);
+    if (n < 1 || max_ctx < 1 || q_stride > INT_MAX || out_stride > INT_MAX || decode_forced_v2() ||
+        !v3::ok(kv, G))
+        return -1;
+    const int ps = split_in(max_ctx, dv->kv_heads, n, n_heads, hd, scratch_floats);
+    if (ps < 0) return -1;
+    const int splits = (max_ctx + ps - 1) / ps;
+    const parts P = parts_in(scratch, (size_t)n * splits * n_heads, hd);
+    v3::rows R{};
+    R.row0 = qrow, R.ctx = n_ctx, R.btab = (const int *)blocks, R.max_splits = splits;
+    R.qstride = (int)q_stride, R.ostride = (int)out_stride;
     return v3::launch(kv, R, n, q, n_heads, sm_scale, out, ps, P.acc, P.m, P.l);
 }
 
@@ -903,36 +957,76 @@ out:
 
 // ---- the distributions of several query rows of one sequence (the drift
 // figures' sampled rows of a step), each over its own context. A CTA takes
-// 32 positions of one KV head: it decodes their K rows once into shared
-// memory, transposed, and each warp takes one (row, query head) vector at a
-// time, a lane a position. The sums run over the dimensions in the order of
-// scores_kernel, so a row's distribution is the one the plain kernels give,
-// bit for bit; the K rows are read once for all the rows instead of once a
-// row. Then one softmax a (row, head).
-#define ROWS_TILE 32
+// ROWS_TILE positions of one KV head and decodes their K rows once into
+// shared memory, transposed; the (row, query head) vectors of the group then
+// come through in passes of ROWS_VEC. A dot product is 2 * head_dim loads
+// and head_dim multiply-adds, so a lane a (vector, position) pair would wait
+// on shared memory, not on arithmetic: each thread instead holds a 4 x 4
+// tile of dots (4 vectors, 4 positions) and reads, per dimension, one float4
+// of K and one of Q (staged in shared memory ROWS_DC dimensions at a time)
+// for 16 multiply-adds. Every dot still sums over the dimensions in
+// scores_kernel's order, from the same start, so a row's distribution is
+// the one the plain kernels give, bit for bit; the K rows are read once for
+// all the rows instead of once a row. Then one softmax a (row, head).
+#define ROWS_TILE 32 // positions a CTA
+#define ROWS_VEC 128 // (row, head) vectors a pass
+#define ROWS_DC 16   // dimensions of Q staged at a time
+#define ROWS_THREADS (ROWS_TILE / 4 * ROWS_VEC / 4)
+// shared rows padded by a float4: the K tile's transposing stores (a warp
+// over 32 dimensions of one position) hit 4-way instead of 32-way bank
+// conflicts, Q's staging 2-way instead of 16-way
+#define ROWS_KSTR (ROWS_TILE + 4)
+#define ROWS_QSTR (ROWS_VEC + 4)
 
-__global__ void rows_scores_kernel(view kv, const int *blocks, int n, const int *qrow,
-                                   const int *n_ctx, int max_ctx, const float *q, size_t q_stride,
-                                   int n_heads, float sm_scale, float *s, size_t stride) {
-    extern __shared__ float kt[]; // [head_dim][ROWS_TILE]
-    const int h = blockIdx.y, g = n_heads / kv.kv_heads, hd = kv.head_dim;
-    const int p0 = blockIdx.x * ROWS_TILE, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int i = threadIdx.x; i < ROWS_TILE * hd; i += blockDim.x) {
+__global__ void __launch_bounds__(ROWS_THREADS)
+    rows_scores_kernel(view kv, const int *blocks, int n, const int *qrow, const int *n_ctx,
+                       int max_ctx, const float *q, size_t q_stride, int n_heads, float sm_scale,
+                       float *s, size_t stride) {
+    extern __shared__ float4 smem4[]; // K: [head_dim][ROWS_KSTR]; then Q: [ROWS_DC][ROWS_QSTR]
+    float *kt = reinterpret_cast<float *>(smem4);
+    const int h = blockIdx.y, g = n_heads / kv.kv_heads, hd = kv.head_dim, nv = n * g;
+    const int p0 = blockIdx.x * ROWS_TILE, t = threadIdx.x;
+    const int pg = t % (ROWS_TILE / 4), vl = t / (ROWS_TILE / 4); // 4 positions, 4 vectors
+    float *qs = kt + (size_t)hd * ROWS_KSTR;
+    for (int i = t; i < ROWS_TILE * hd; i += ROWS_THREADS) {
         const int p = i / hd, d = i % hd, pos = p0 + p;
-        kt[d * ROWS_TILE + p] = pos < max_ctx ? load_val(kv, kv.k, blocks[pos / kv.block_size], h,
+        kt[d * ROWS_KSTR + p] = pos < max_ctx ? load_val(kv, kv.k, blocks[pos / kv.block_size], h,
                                                          pos % kv.block_size, d)
                                               : 0.0f;
     }
-    __syncthreads();
-    const int pos = p0 + lane, warps = blockDim.x >> 5;
     const float kmul = sm_scale * kv.k_scale[h];
-    for (int vi = warp; vi < n * g; vi += warps) {
-        const int k = vi / g, j = vi % g;
-        if (pos >= n_ctx[k]) continue;
-        const float *qj = q + (size_t)qrow[k] * q_stride + (size_t)(h * g + j) * hd;
-        float dot = 0.0f;
-        for (int d = 0; d < hd; d++) dot += qj[d] * kt[d * ROWS_TILE + lane];
-        s[((size_t)k * n_heads + h * g + j) * stride + pos] = dot * kmul;
+    for (int v0 = 0; v0 < nv; v0 += ROWS_VEC) {
+        float acc[4][4] = {};
+        for (int d0 = 0; d0 < hd; d0 += ROWS_DC) {
+            __syncthreads(); // the K tile written; the last chunk of Q read
+            for (int i = t; i < ROWS_DC * ROWS_VEC; i += ROWS_THREADS) {
+                const int vi = i / ROWS_DC, dd = i % ROWS_DC, v = v0 + vi;
+                float x = 0.0f;
+                if (v < nv && d0 + dd < hd)
+                    x = q[(size_t)qrow[v / g] * q_stride + (size_t)(h * g + v % g) * hd + d0 + dd];
+                qs[dd * ROWS_QSTR + vi] = x;
+            }
+            __syncthreads();
+            const int dn = hd - d0 < ROWS_DC ? hd - d0 : ROWS_DC;
+            for (int dd = 0; dd < dn; dd++) {
+                const float4 k4 =
+                    *reinterpret_cast<const float4 *>(kt + (d0 + dd) * ROWS_KSTR + pg * 4);
+                const float4 q4 = *reinterpret_cast<const float4 *>(qs + dd * ROWS_QSTR + vl * 4);
+                const float kx[4] = {k4.x, k4.y, k4.z, k4.w}, qx[4] = {q4.x, q4.y, q4.z, q4.w};
+                for (int a = 0; a < 4; a++)
+                    for (int b = 0; b < 4; b++) acc[a][b] += qx[a] * kx[b];
+            }
+        }
+        for (int a = 0; a < 4; a++) {
+            const int v = v0 + vl * 4 + a;
+            if (v >= nv) break;
+            const int k = v / g, ctx = n_ctx[k];
+            float *srow = s + ((size_t)k * n_heads + h * g + v % g) * stride;
+            for (int b = 0; b < 4; b++) {
+                const int pos = p0 + pg * 4 + b;
+                if (pos < ctx) srow[pos] = acc[a][b] * kmul;
+            }
+        }
     }
 }
 
@@ -951,10 +1045,11 @@ extern "C" int kvd_cuda_attn_probs_rows_dev(const kvd_kv_view *dv, const int32_t
     view kv = dev_view(dv);
     dim3 g1((unsigned)((max_ctx + ROWS_TILE - 1) / ROWS_TILE), (unsigned)dv->kv_heads);
     dim3 g2((unsigned)n_heads, (unsigned)n);
-    const size_t smem = sizeof(float) * ROWS_TILE * dv->head_dim;
+    const size_t smem = sizeof(float) * ((size_t)ROWS_KSTR * dv->head_dim + ROWS_DC * ROWS_QSTR);
+    if (smem > 48 * 1024) return -1; /* head_dim up to 320 */
     auto *scores = rows_scores_kernel;
-    scores<<<g1, 256, smem>>>(kv, (const int *)blocks, n, qrow, n_ctx, max_ctx, q, q_stride,
-                              n_heads, sm_scale, probs, stride);
+    scores<<<g1, ROWS_THREADS, smem>>>(kv, (const int *)blocks, n, qrow, n_ctx, max_ctx, q,
+                                       q_stride, n_heads, sm_scale, probs, stride);
     softmax_rows_kernel<<<g2, 256>>>(probs, n_ctx, n_heads, stride);
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
@@ -1575,42 +1670,54 @@ template <class P, class B> static double best_of(int reps, P prep, B body) {
     return cudaGetLastError() == cudaSuccess ? best : 0;
 }
 
-// The distributions of `rows` sampled rows of one sequence, their contexts
-// ending every 16 positions up to n_ctx (a 256-row chunk's sampled rows):
-// batched 0, one launch pair a row (kvd_cuda_attn_probs_dev); 1, the group
-// kernels (kvd_cuda_attn_probs_rows_dev). Seconds, the best of reps.
-extern "C" double kvd_cuda_bench_probs_rows(int fmt, int n_ctx, int n_heads, int kv_heads,
-                                            int head_dim, int rows, int reps, int batched) {
-    const size_t nq = (size_t)n_heads * head_dim;
+// `rows` sampled rows of one sequence, their contexts ending every 16
+// positions up to n_ctx (a 256-row chunk's sampled rows): their
+// distributions (outputs 0) or their outputs (1), batched 0, one row at a
+// time (kvd_cuda_attn_probs_dev, kvd_cuda_attn_decode_dev); 1, the group
+// launches (kvd_cuda_attn_probs_rows_dev, kvd_cuda_attn_decode_rows_dev),
+// decode's scratch the model's (splits of 128 positions for one row).
+// Seconds, the best of reps.
+extern "C" double kvd_cuda_bench_sampled_rows(int outputs, int fmt, int n_ctx, int n_heads,
+                                              int kv_heads, int head_dim, int rows, int reps,
+                                              int batched) {
+    const size_t nq = (size_t)n_heads * head_dim,
+                 sf = kvd_cuda_attn_scratch_floats(n_ctx, n_heads, head_dim);
     bench_cache bc;
-    float *dq = nullptr, *dp = nullptr;
+    float *dq = nullptr, *dp = nullptr, *ds = nullptr;
     int *di = nullptr;
     double best = 0;
     int *hi = (int *)malloc(sizeof(int) * 2 * rows);
     for (int k = 0; k < rows; k++) hi[k] = k, hi[rows + k] = n_ctx - 16 * (rows - 1 - k);
     if (rows >= 1 && hi[rows] >= 1 && bc.make(fmt, n_ctx, kv_heads, head_dim) &&
         !cudaMalloc(&dq, sizeof(float) * nq * rows) &&
-        !cudaMalloc(&dp, sizeof(float) * rows * (size_t)n_heads * n_ctx) &&
-        !cudaMalloc(&di, sizeof(int) * 2 * rows) &&
+        !cudaMalloc(&dp, sizeof(float) * rows * (outputs ? nq : (size_t)n_heads * n_ctx)) &&
+        !cudaMalloc(&ds, sizeof(float) * sf) && !cudaMalloc(&di, sizeof(int) * 2 * rows) &&
         !cudaMemcpy(di, hi, sizeof(int) * 2 * rows, cudaMemcpyHostToDevice)) {
         cudaMemset(dq, 0, sizeof(float) * nq * rows);
         best = best_of(
             reps, [] {},
             [&] {
+                if (batched && outputs)
+                    return kvd_cuda_attn_decode_rows_dev(&bc.view, bc.blocks, rows, di, di + rows,
+                                                         n_ctx, dq, nq, n_heads, 0.0625f, dp, nq,
+                                                         ds, sf) == 0;
                 if (batched)
                     return kvd_cuda_attn_probs_rows_dev(&bc.view, bc.blocks, rows, di, di + rows,
                                                         n_ctx, dq, nq, n_heads, 0.0625f, dp,
                                                         (size_t)n_ctx) == 0;
                 for (int k = 0; k < rows; k++)
-                    if (kvd_cuda_attn_probs_dev(&bc.view, bc.blocks, hi[rows + k],
-                                                dq + (size_t)k * nq, n_heads, 0.0625f,
-                                                dp + (size_t)k * n_heads * n_ctx))
+                    if (outputs ? kvd_cuda_attn_decode_dev(&bc.view, bc.blocks, hi[rows + k],
+                                                           dq + (size_t)k * nq, n_heads, 0.0625f,
+                                                           dp + (size_t)k * nq, ds)
+                                : kvd_cuda_attn_probs_dev(&bc.view, bc.blocks, hi[rows + k],
+                                                          dq + (size_t)k * nq, n_heads, 0.0625f,
+                                                          dp + (size_t)k * n_heads * n_ctx))
                         return false;
                 return true;
             });
     }
     free(hi);
-    cudaFree(dq), cudaFree(dp), cudaFree(di);
+    cudaFree(dq), cudaFree(dp), cudaFree(ds), cudaFree(di);
     return best;
 }
 

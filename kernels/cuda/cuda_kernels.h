@@ -143,6 +143,17 @@ int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab, i
                                    const int *pos, int n, int max_ctx, const float *q, int n_heads,
                                    float sm_scale, float *out, float *scratch,
                                    size_t scratch_floats);
+/* Decode for n listed query rows of one sequence (block table blocks), the
+ * drift figures' sampled rows: row k's query at q + qrow[k] * q_stride over
+ * n_ctx[k] positions, its output at out + k * out_stride; qrow and n_ctx on
+ * the device, max_ctx their largest context. One launch (version 3) whose
+ * rows read each K and V row from HBM about once between them. -1, nothing
+ * queued, where version 3 cannot take the shape or the scratch, or
+ * KVD_CUDA_DECODE=2: then decode row by row. */
+int kvd_cuda_attn_decode_rows_dev(const kvd_kv_view *dv, const int32_t *blocks, int n,
+                                  const int *qrow, const int *n_ctx, int max_ctx, const float *q,
+                                  size_t q_stride, int n_heads, float sm_scale, float *out,
+                                  size_t out_stride, float *scratch, size_t scratch_floats);
 int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
                             int n_heads, float sm_scale, float *probs);
 /* the same with every pointer on the device */
@@ -258,11 +269,12 @@ double kvd_cuda_bench_attn_v3(int fmt, int n_ctx, int n_heads, int kv_heads, int
  * could not run. */
 double kvd_cuda_bench_prefill(int fmt, int pos0, int n_q, int n_heads, int kv_heads, int head_dim,
                               int reps, int version);
-/* Seconds for the distributions of `rows` sampled rows whose contexts end
- * every 16 positions up to n_ctx: one row at a time (batched 0) or by the
- * group kernels (1); 0 when it could not run. */
-double kvd_cuda_bench_probs_rows(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim,
-                                 int rows, int reps, int batched);
+/* Seconds for `rows` sampled rows whose contexts end every 16 positions up
+ * to n_ctx: their distributions (outputs 0) or their decode outputs (1),
+ * one row at a time (batched 0) or by the group launches (1); 0 when it
+ * could not run. */
+double kvd_cuda_bench_sampled_rows(int outputs, int fmt, int n_ctx, int n_heads, int kv_heads,
+                                   int head_dim, int rows, int reps, int batched);
 /* Every algorithm the heuristic offers for a shape (up to 32), each timed:
  * GFLOP/s of its first choice (the one the back end runs) and of the fastest. */
 int kvd_cuda_bench_gemm_algos(int M, int N, int K, int reps, double *first, double *best,

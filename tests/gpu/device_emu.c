@@ -260,6 +260,17 @@ int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab, i
     }
     return 0;
 }
+int kvd_cuda_attn_decode_rows_dev(const kvd_kv_view *dv, const int32_t *blocks, int n,
+                                  const int *qrow, const int *n_ctx, int max_ctx, const float *q,
+                                  size_t q_stride, int n_heads, float sm_scale, float *out,
+                                  size_t out_stride, float *scratch, size_t scratch_floats) {
+    (void)max_ctx, (void)scratch_floats;
+    for (int k = 0; k < n; k++)
+        kvd_attn_paged(dv, blocks, n_ctx[k], q + (size_t)qrow[k] * q_stride, n_heads, sm_scale,
+                       out + (size_t)k * out_stride, NULL, scratch,
+                       kvd_attn_parts(n_ctx[k], dv->block_size));
+    return 0;
+}
 int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
                             int n_heads, float sm_scale, float *probs) {
     int parts = kvd_attn_parts(n_ctx, dv->block_size);

@@ -65,16 +65,19 @@ static void write_pools(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v, s
 }
 
 /* Several rows at once, as the drift figures' sampled rows of a step run:
- * three queries over contexts of n_ctx, n_ctx - 17 and (n_ctx + 1) / 2
- * positions. Each row's distribution must be the single row's bit for bit
- * (the same sums in the same order); the rows' comparison, row by row,
- * kvd_attn_compare's on the same distributions (KL within 1e-12 relative,
- * the most-attended positions exactly). */
+ * N (up to 16) queries over contexts of n_ctx, n_ctx - 17, (n_ctx + 1) / 2,
+ * then n_ctx - 16 k positions. Each row's distribution must be the single
+ * row's bit for bit (the same sums in the same order); the rows'
+ * comparison, row by row, kvd_attn_compare's on the same distributions (KL
+ * within 1e-12 relative, the most-attended positions exactly). */
 static void probs_rows_case(const kvd_kv_view *view, int nb, const int32_t *blocks, int n_ctx,
-                            int nh, int hd, uint64_t key) {
-    enum { N = 3 };
-    const int ctx[N] = {n_ctx, n_ctx > 17 ? n_ctx - 17 : n_ctx, (n_ctx + 1) / 2};
-    const int qrow[N] = {2, 0, 1}; /* not in order: each row reads its own query */
+                            int nh, int hd, uint64_t key, int N) {
+    int ctx[16], qrow[16];
+    for (int k = 0; k < N; k++) {
+        ctx[k] = k == 0 ? n_ctx : k == 1 ? n_ctx - 17 : k == 2 ? (n_ctx + 1) / 2 : n_ctx - 16 * k;
+        ctx[k] = ctx[k] < 1 ? 1 : ctx[k];
+        qrow[k] = (7 * k + 2) % N; /* not in order: each row reads its own query */
+    }
     const size_t nq = (size_t)nh * hd, np = (size_t)N * nh * n_ctx;
     float *q = malloc(sizeof(float) * 2 * N * nq), *p = malloc(sizeof(float) * 2 * np);
     float *one = malloc(sizeof(float) * (size_t)nh * n_ctx);
@@ -97,9 +100,10 @@ static void probs_rows_case(const kvd_kv_view *view, int nb, const int32_t *bloc
     /* the two sets compared, row by row */
     float *dp = kvd_cuda_alloc(sizeof(float) * 2 * np);
     int *dctx = kvd_cuda_alloc(sizeof(int) * N), *dtop = kvd_cuda_alloc(sizeof(int) * 2 * N * nh);
-    double *dkl = kvd_cuda_alloc(sizeof(double) * N * nh), kl[N * 32], klc[32];
-    int top[2 * N * 32], tpc[32], tqc[32];
-    ok = dp && dctx && dtop && dkl && nh <= 32 && !kvd_cuda_upload(dp, p, sizeof(float) * 2 * np) &&
+    double *dkl = kvd_cuda_alloc(sizeof(double) * N * nh), kl[16 * 32], klc[32];
+    int top[2 * 16 * 32], tpc[32], tqc[32];
+    ok = dp && dctx && dtop && dkl && nh <= 32 && N <= 16 &&
+         !kvd_cuda_upload(dp, p, sizeof(float) * 2 * np) &&
          !kvd_cuda_upload(dctx, ctx, sizeof(int) * N) &&
          !kvd_cuda_attn_compare_rows_dev(dp, dp + np, nh, N, dctx, (size_t)n_ctx, dkl, dtop,
                                          dtop + N * nh, (size_t)nh) &&
@@ -195,7 +199,9 @@ static void attention_case(int nh, int kvh, int hd, int n_ctx) {
                   sum);
         }
         free(pg);
-        probs_rows_case(&view, nb, blocks, n_ctx, nh, hd, key);
+        /* three rows; at the qwen3.5 shape sixteen, whose 256 (row, head)
+         * vectors take the group kernel two passes */
+        probs_rows_case(&view, nb, blocks, n_ctx, nh, hd, key, nh == 32 ? 16 : 3);
         free(src), free(q), free(ocpu), free(ogpu), free(k), free(v), free(blocks), free(work),
             free(probs);
     }
@@ -322,6 +328,83 @@ static void attention_batch(void) {
     }
 }
 
+/* Decode for listed rows of one sequence (the drift figures' sampled rows,
+ * one launch for a group) against kvd_attn_paged row by row: rows out of
+ * order, contexts from 1 to 1000, outputs into every third slot (the other
+ * slots must keep what they held), G 3 and 16, and a scratch so short that
+ * the splits must grow. A scratch too short for even one split an entry
+ * is refused with nothing written (the caller then decodes row by row). */
+static void attention_rows(void) {
+    enum { N = 6, KVH = 2, HD = 128, BS = 16, NB = 70 };
+    const int ctx[N] = {1000, 17, 1, 640, 999, 333}, qrow[N] = {4, 0, 5, 2, 1, 3};
+    const int heads[2] = {6, 32};
+    for (int c = 0; c < 4; c++) {
+        const int fi = c & 1, NH = heads[c >> 1];
+        const kvd_fmt fmt = fi ? KVD_FMT_E4M3 : KVD_FMT_BF16;
+        const size_t esz = kvd_fmt_bytes(fmt), n = (size_t)NB * KVH * BS * HD;
+        const size_t no = (size_t)NH * HD, qn = N * no, on = 3 * N * no;
+        float *src = malloc(sizeof(float) * n), *q = malloc(sizeof(float) * qn);
+        float *out = malloc(sizeof(float) * on), *ref = malloc(sizeof(float) * no);
+        uint8_t *k = malloc(n * esz), *v = malloc(n * esz);
+        uint64_t key = kvd_rng_key((uint64_t)c, "gpu.attn.rows");
+        for (size_t i = 0; i < n; i++) src[i] = 1.5f * kvd_rng_normal(key, i);
+        for (size_t i = 0; i < qn; i++) q[i] = kvd_rng_normal(key, i + n);
+        for (size_t i = 0; i < on; i++) out[i] = 7.0f;
+        float ks[KVH] = {0.015f, 0.02f}, vs[KVH] = {0.01f, 0.012f}, one[KVH] = {1, 1};
+        write_pools(fmt, src, k, v, n, 0.015f, 0.01f);
+        int32_t blocks[NB];
+        for (int i = 0; i < NB; i++) blocks[i] = (int32_t)((i * 37) % NB);
+        kvd_kv_view view = {fmt, BS, KVH, HD, k, v, fi ? ks : one, fi ? vs : one, 0};
+        /* four splits a row fit: 256-position splits (the grid would take 128) */
+        const size_t split_floats = (size_t)N * NH * (HD + 2), scratch_floats = 4 * split_floats;
+        void *dk = kvd_cuda_alloc(n * esz), *dv = kvd_cuda_alloc(n * esz);
+        float *dks = kvd_cuda_alloc(sizeof ks), *dvs = kvd_cuda_alloc(sizeof vs);
+        int32_t *dbt = kvd_cuda_alloc(sizeof blocks);
+        int *didx = kvd_cuda_alloc(sizeof(int) * 2 * N);
+        float *dq = kvd_cuda_alloc(sizeof(float) * qn), *dout = kvd_cuda_alloc(sizeof(float) * on);
+        float *dscr = kvd_cuda_alloc(sizeof(float) * scratch_floats);
+        int up = kvd_cuda_upload(dk, k, n * esz) | kvd_cuda_upload(dv, v, n * esz) |
+                 kvd_cuda_upload(dks, view.k_scale, sizeof ks) |
+                 kvd_cuda_upload(dvs, view.v_scale, sizeof vs) |
+                 kvd_cuda_upload(dbt, blocks, sizeof blocks) |
+                 kvd_cuda_upload(didx, qrow, sizeof qrow) |
+                 kvd_cuda_upload(didx + N, ctx, sizeof ctx) |
+                 kvd_cuda_upload(dq, q, sizeof(float) * qn) |
+                 kvd_cuda_upload(dout, out, sizeof(float) * on);
+        kvd_kv_view dview = {fmt, BS, KVH, HD, dk, dv, dks, dvs, 0};
+        char err[256];
+        /* slot 1 of three a row */
+        int rc = kvd_cuda_attn_decode_rows_dev(&dview, dbt, N, didx, didx + N, 1000, dq, no, NH,
+                                               0.09f, dout + no, 3 * no, dscr, scratch_floats);
+        int short_rc =
+            kvd_cuda_attn_decode_rows_dev(&dview, dbt, N, didx, didx + N, 1000, dq, no, NH, 0.09f,
+                                          dout, 3 * no, dscr, split_floats - 1);
+        CHECK(up == 0 && rc == 0 && kvd_cuda_sync(err, sizeof err) == 0 &&
+                  kvd_cuda_download(out, dout, sizeof(float) * on) == 0,
+              "decode over listed rows (%d heads, fmt %d) failed (%d)\n", NH, fi, rc);
+        CHECK(short_rc != 0, "decode over listed rows took a scratch of no whole split\n");
+        void *work = malloc(kvd_attn_work_bytes(NH, HD, 1000, 3));
+        for (int r = 0; r < N; r++) {
+            int kept = 1;
+            for (size_t i = 0; i < no; i++)
+                kept &= out[3 * r * no + i] == 7.0f && out[(3 * r + 2) * no + i] == 7.0f;
+            CHECK(kept, "decode over listed rows (%d heads, fmt %d) wrote outside row %d's slot\n",
+                  NH, fi, r);
+            kvd_attn_paged(&view, blocks, ctx[r], q + (size_t)qrow[r] * no, NH, 0.09f, ref, NULL,
+                           work, 3);
+            double e = rel_l2(out + (3 * r + 1) * no, ref, no);
+            CHECK(e < 1e-4,
+                  "decode over listed rows (%d heads, fmt %d) row %d (%d tokens): rel L2 %g\n", NH,
+                  fi, r, ctx[r], e);
+        }
+        free(work);
+        kvd_cuda_free(dk), kvd_cuda_free(dv), kvd_cuda_free(dks), kvd_cuda_free(dvs);
+        kvd_cuda_free(dbt), kvd_cuda_free(didx), kvd_cuda_free(dq), kvd_cuda_free(dout);
+        kvd_cuda_free(dscr);
+        free(src), free(q), free(out), free(ref), free(k), free(v);
+    }
+}
+
 static void attention(void) {
     attention_case(8, 2, 256, 3000);  /* G 4 */
     attention_case(32, 2, 256, 1100); /* the qwen3.5 shape, G 16 */
@@ -329,6 +412,7 @@ static void attention(void) {
     attention_case(4, 4, 64, 130);    /* G 1 */
     attention_codes();
     attention_batch();
+    attention_rows();
 }
 
 /* cuBLASLt BF16 GEMM against a double-precision product of the same BF16
