@@ -21,6 +21,7 @@
 #include "../runners/model.h"
 #include "../runners/weights.h"
 #include "bench_cuda.h"
+#include "lockstep.h"
 #include "commands.h"
 #include "util.h"
 
@@ -365,71 +366,6 @@ static int bench_kernels(int reps) {
     return fail;
 }
 
-/* The lock-step drift run against a plain forward of the candidate alone over
- * the same trace: what measuring costs. */
-static int bench_lockstep(const kvd_model_opts *mo, int64_t ctx, int reps) {
-    char err[KVD_ERR_LEN];
-    kvd_weights w;
-    kvd_model_opts_build(mo, "bench", &w);
-    const kvd_config *c = &w.cfg;
-    kvd_trace t;
-    kvd_trace_spec sp;
-    kvd_trace_spec_defaults(&sp);
-    sp.length = ctx + 1;
-    sp.vocab_size = c->vocab_size;
-    if (kvd_trace_generate(&sp, &t, err)) kvd_die(1, "bench", "%s", err);
-    uint8_t *copy = calloc((size_t)ctx + 1, 1), *start = calloc((size_t)ctx + 1, 1);
-    for (int64_t r = 0; r < t.n_refs; r++)
-        if (t.refs[r].pos <= ctx)
-            copy[t.refs[r].pos] = 1,
-            start[t.refs[r].pos] = r == 0 || t.refs[r - 1].pos != t.refs[r].pos - 1;
-    int nf = kvd_config_n_full(c);
-    float *logits = malloc(sizeof(float) * 256 * (size_t)c->vocab_size);
-    double best_plain = 1e30, best_lock = 1e30;
-    for (int r = 0; r < reps; r++) {
-        kvd_kvcache kv;
-        if (kvd_kvcache_init(&kv, KVD_KV_FP8_UNSCALED, nf, c->num_key_value_heads, c->head_dim,
-                             KVD_KV_BLOCK, ctx + 16, NULL, 1, err))
-            kvd_die(1, "bench", "%s", err);
-        kvd_model *m = kvd_model_new(&w, 256, 1, err);
-        int s = kvd_kvcache_add_seq(&kv);
-        double t0 = kvd_now();
-        /* the candidate alone, all logits, in the same 256-token steps */
-        for (int64_t p = 0; p < ctx; p += 256) {
-            int n = (int)(ctx - p < 256 ? ctx - p : 256);
-            kvd_batch b = {1, &s, &n, (const int32_t *)t.tokens + p};
-            if (kvd_forward(m, &kv, &b, logits, 0, err)) kvd_die(1, "bench", "%s", err);
-        }
-        double tp = kvd_now() - t0;
-        kvd_model_free(m);
-        kvd_kvcache_free(&kv);
-        kvd_drift d;
-        kvd_drift_init(&d, c, ctx);
-        kvd_drift_opts o;
-        kvd_drift_opts_defaults(&o);
-        o.gen_tokens = 0;
-        t0 = kvd_now();
-        if (kvd_drift_run(&kvd_backend_cpu, &w, t.tokens, copy, start, ctx, KVD_KV_FP8_UNSCALED,
-                          NULL, &o, &d, err))
-            kvd_die(1, "bench", "%s", err);
-        double tl = kvd_now() - t0;
-        kvd_drift_free(&d);
-        best_plain = tp < best_plain ? tp : best_plain;
-        best_lock = tl < best_lock ? tl : best_lock;
-    }
-    printf(
-        "lock-step drift run vs the candidate alone, %s, %lld tokens, fp8-unscaled (best of %d):\n"
-        "  candidate alone (all logits): %8.3f s  (%.1f tok/s)\n"
-        "  lock step with BF16 + figures: %8.3f s\n"
-        "  ratio: %.2fx (goal <= 2.5x)\n",
-        c->name, (long long)ctx, reps, best_plain, ctx / best_plain, best_lock,
-        best_lock / best_plain);
-    free(logits), free(copy), free(start);
-    kvd_trace_free(&t);
-    kvd_weights_free(&w);
-    return 0;
-}
-
 int kvd_cmd_bench(int argc, char **argv) {
     const char *cmd = "bench";
     if (argc >= 1 && !strcmp(argv[0], "cuda")) {
@@ -446,7 +382,8 @@ int kvd_cmd_bench(int argc, char **argv) {
         kvd_model_opts_init(&mo);
         int64_t ctx = 2048;
         int reps = 2;
-        const char *f;
+        const char *f, *backend = "cpu";
+        kvd_backend be = {NULL, 1};
         while ((f = kvd_args_next(&a))) {
             if (kvd_model_opts_flag(&mo, &a, f)) continue;
             if (!strcmp(f, "--context"))
@@ -455,15 +392,27 @@ int kvd_cmd_bench(int argc, char **argv) {
                 reps = (int)kvd_args_long(&a, f, 1, 100);
             else if (!strcmp(f, "--threads"))
                 kvd_set_threads((int)kvd_args_long(&a, f, 1, 4096));
+            else if (!strcmp(f, "--backend"))
+                backend = kvd_args_value(&a, f);
+            else if (!strcmp(f, "--gpus"))
+                be.gpus = (int)kvd_args_long(&a, f, 1, KVD_MAX_GPUS);
             else
                 kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
         }
-        return bench_lockstep(&mo, ctx, reps);
+        kvd_use_backend(&be, backend, cmd, NULL, 0);
+        kvd_weights w;
+        char err[KVD_ERR_LEN];
+        kvd_model_opts_build(&mo, cmd, &w);
+        int rc = kvd_bench_lockstep(&be, &w, ctx, reps, err);
+        kvd_weights_free(&w);
+        if (rc) kvd_die(1, cmd, "%s", err);
+        return 0;
     }
     if (argc < 1 || strcmp(argv[0], "kernels") != 0)
         kvd_die(KVD_EXIT_USAGE, cmd,
                 "expected 'kernels' or 'lockstep' (usage: kvdrift bench kernels [--reps N] "
-                "[--threads N]; kvdrift bench lockstep [--model PRESET] [--context N])");
+                "[--threads N]; kvdrift bench lockstep [--model PRESET] [--context N] [--backend "
+                "cpu|cuda] [--gpus N])");
     kvd_args a = {argc - 1, argv + 1, 0, cmd};
     int reps = 10;
     const char *f;

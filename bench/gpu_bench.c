@@ -4,13 +4,43 @@
  * usage: kvd_gpu_bench [REPS]                       the kernels
  *        kvd_gpu_bench model [PRESET [CTX [STEPS [fp8|bf16 [GPUS]]]]] the
  *        whole model's decode (default qwen3.5-397b-a17b, 512, 8, bf16, 1; fp8:
- *        an FP8 cache too; GPUS: split over that many, tensor parallel) */
+ *        an FP8 cache too; GPUS: split over that many, tensor parallel)
+ *        kvd_gpu_bench lockstep [PRESET [CTX [GPUS]]] the drift run against the
+ *        candidate alone on the device (default small, 16384, 1) */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/cuda/cuda_kernels.h"
 #include "bench_cuda.h"
+#include "lockstep.h"
+
+static int lockstep(const char *preset, int ctx, int gpus) {
+    char err[KVD_ERR_LEN];
+    if (!kvd_cuda_available(err, sizeof err)) {
+        printf("kvd_gpu_bench lockstep: %s; nothing to measure\n", err);
+        return 0;
+    }
+    kvd_config cfg;
+    kvd_synth syn;
+    kvd_weights w;
+    kvd_synth_defaults(&syn);
+    if (kvd_config_preset(preset, &cfg, err) || kvd_weights_synth(&w, &cfg, &syn, err)) {
+        fprintf(stderr, "kvd_gpu_bench lockstep: %s\n", err);
+        return 1;
+    }
+    const kvd_backend be = {&kvd_engine_cuda, gpus};
+    int rc = kvd_bench_lockstep(&be, &w, ctx, 1, err);
+    if (rc) fprintf(stderr, "kvd_gpu_bench lockstep: %s\n", err);
+    kvd_weights_free(&w);
+    return rc ? 1 : 0;
+}
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "lockstep")) {
+        int ctx = argc > 3 ? atoi(argv[3]) : 16384, gpus = argc > 4 ? atoi(argv[4]) : 1;
+        return lockstep(argc > 2 ? argv[2] : "small", ctx < 16 ? 16 : ctx, gpus < 1 ? 1 : gpus);
+    }
     if (argc > 1 && !strcmp(argv[1], "model")) {
         const char *preset = argc > 2 ? argv[2] : "qwen3.5-397b-a17b";
         int ctx = argc > 3 ? atoi(argv[3]) : 512, steps = argc > 4 ? atoi(argv[4]) : 8;

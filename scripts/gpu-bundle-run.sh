@@ -34,10 +34,10 @@ export LD_LIBRARY_PATH="$lib:${lt:+$(dirname "$lt"):}${nccl:+$(dirname "$nccl"):
   echo "== parity"
   # limits add up to 470 s when the model test passes (the whole check
   # inside 8 minutes), 550 s when it fails and is run again
-  timeout 60 "$here/test_cuda_parity"
+  timeout 50 "$here/test_cuda_parity"
   echo "parity exit $?"
   echo "== the whole model on the device against the CPU"
-  timeout 120 "$here/test_cuda_model"
+  timeout 110 "$here/test_cuda_model"
   rc=$?
   echo "model exit $rc"
   if [ "$rc" != 0 ]; then
@@ -46,10 +46,13 @@ export LD_LIBRARY_PATH="$lib:${lt:+$(dirname "$lt"):}${nccl:+$(dirname "$nccl"):
     echo "model (v2 decode, v1 prefill) exit $?"
   fi
   echo "== device benchmarks"
-  timeout 130 "$here/kvd_gpu_bench" 10
+  timeout 120 "$here/kvd_gpu_bench" 10
   echo "bench exit $?"
   echo "== the whole model: decode tokens/s, qwen3.5-397b-a17b"
-  timeout 160 "$here/kvd_gpu_bench" model qwen3.5-397b-a17b 512 8
+  timeout 150 "$here/kvd_gpu_bench" model qwen3.5-397b-a17b 512 8
   echo "model bench exit $?"
+  echo "== what the drift measurement costs on the device: lock step against the candidate alone"
+  timeout 40 "$here/kvd_gpu_bench" lockstep small 16384
+  echo "lockstep bench exit $?"
 } 2>&1 | tee "$out/gpu-check.log"
 grep -q "^parity exit 0$" "$out/gpu-check.log" && grep -q "^model exit 0$" "$out/gpu-check.log"
