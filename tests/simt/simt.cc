@@ -220,22 +220,45 @@ void to_fiber(int t) {
 
 int release_warp(const config &c, int w, int n);
 
+// The order threads run in between two synchronisations: ascending (lane
+// 0 first, warp 0 first, block (0,0,0) first), or, with KVD_SIMT_ORDER=
+// reverse in the environment, descending. A kernel whose threads read what
+// others write without a barrier or warp operation between them (a race on
+// a GPU, where they run at once) sees those writes in one order and not in
+// the other, so running the tests both ways shows the race.
+bool reverse_order() {
+    static const bool rev = [] {
+        const char *e = std::getenv("KVD_SIMT_ORDER");
+        return e && !std::strcmp(e, "reverse");
+    }();
+    return rev;
+}
+
+// i-th of n in the run order
+inline int nth(int i, int n) {
+    return reverse_order() ? n - 1 - i : i;
+}
+
 // The running thread stops (at a barrier, a warp operation or its end):
 // the next lane of its warp runs; after the warp's last lane, the warp's
 // operations that can complete do, and its first released lane runs on (the
-// warp stays together); else back to the scheduler.
+// warp stays together); else back to the scheduler. Lanes in run order.
 void yield_lane(fiber &f, bool finished) {
     const int base = f.warp * 32, lanes = std::min(32, block_n - base);
-    for (int l = f.lane + 1; l < lanes; l++)
-        if (fibers[base + l].st == READY) return switch_from(f, base + l, finished);
+    const int at = reverse_order() ? lanes - 1 - f.lane : f.lane;
+    for (int i = at + 1; i < lanes; i++)
+        if (fibers[base + nth(i, lanes)].st == READY)
+            return switch_from(f, base + nth(i, lanes), finished);
     int r = release_warp(*block_cfg, f.warp, block_n);
     if (r < 0) block_failed = true;
     if (r > 0)
-        for (int l = 0; l < lanes; l++)
+        for (int i = 0; i < lanes; i++) {
+            const int l = nth(i, lanes);
             if (fibers[base + l].st == READY) {
                 if (base + l == cur) return; // this very lane goes on
                 return switch_from(f, base + l, finished);
             }
+        }
     switch_from(f, -1, finished);
 }
 
@@ -434,12 +457,16 @@ int run_block(const config &c, uint3 bid) {
     block_cfg = &c, block_n = n, block_failed = false;
     for (;;) {
         // each warp runs until it stops at a barrier, finishes or is stuck
-        for (int w = 0; w * 32 < n && !block_failed; w++)
-            for (int t = w * 32; t < std::min(n, w * 32 + 32); t++)
-                if (fibers[t].st == READY) {
-                    to_fiber(t);
+        // (warps and their lanes in run order)
+        const int warps = (n + 31) / 32;
+        for (int i = 0; i < warps && !block_failed; i++) {
+            const int w = nth(i, warps), lanes = std::min(32, n - w * 32);
+            for (int j = 0; j < lanes; j++)
+                if (fibers[w * 32 + nth(j, lanes)].st == READY) {
+                    to_fiber(w * 32 + nth(j, lanes));
                     break;
                 }
+        }
         if (block_failed) return -1;
         int done = 0, at_barrier = 0;
         for (int t = 0; t < n; t++) {
@@ -496,10 +523,12 @@ void run(const config &c, const std::function<void()> &body_) {
     for (int t = 0; t < n; t++) stack_of(t);
     dyn_smem.assign(c.shmem ? c.shmem : 1, 0xff);
     body = &body_;
-    for (unsigned z = 0; z < c.grid.z; z++)
-        for (unsigned y = 0; y < c.grid.y; y++)
-            for (unsigned x = 0; x < c.grid.x; x++)
-                if (run_block(c, {x, y, z})) {
+    for (unsigned k = 0; k < c.grid.z; k++)
+        for (unsigned j = 0; j < c.grid.y; j++)
+            for (unsigned i = 0; i < c.grid.x; i++)
+                if (run_block(c, {(unsigned)nth((int)i, (int)c.grid.x),
+                                  (unsigned)nth((int)j, (int)c.grid.y),
+                                  (unsigned)nth((int)k, (int)c.grid.z)})) {
                     sticky_error = cudaErrorLaunchFailure;
                     fail(sticky_error);
                     body = nullptr;

@@ -23,7 +23,12 @@
 //     lane of the mask that has exited): the launch fails with the threads
 //     named;
 //   - device memory starts as 0xff bytes (NaN floats, -1 integers), so a
-//     read of what was never written shows.
+//     read of what was never written shows;
+//   - with KVD_SIMT_ORDER=reverse, threads, warps and blocks run in
+//     descending order instead of ascending, so a read of another thread's
+//     write with no barrier or warp operation between them (a race on a
+//     GPU) sees the write in one order and not in the other (the sanitizer
+//     build's tests run reversed).
 // Under AddressSanitizer (the CI's second build) every device buffer is an
 // ordinary heap block, so the kernels' out-of-bounds accesses are caught
 // like the host's. Arithmetic is IEEE single precision without contraction

@@ -155,6 +155,19 @@ __global__ void barrier_split(int *out) {
     out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 2, 1);
 }
 
+// a race: each thread reads its neighbours' shared slots (the next thread's,
+// the other warp's) and the next block's global flag, with no barrier
+// between the writes and the reads
+__global__ void racy(int *out, int *flags) {
+    __shared__ int s[64];
+    const int t = threadIdx.x, b = blockIdx.x;
+    s[t] = 1000 * (b + 1) + t;
+    flags[b] = 1;
+    out[b * 192 + t] = s[(t + 1) % 64];
+    out[b * 192 + 64 + t] = s[(t + 32) % 64];
+    out[b * 192 + 128 + t] = flags[(b + 1) % gridDim.x];
+}
+
 template <class T> T *dev(size_t n) {
     T *p = nullptr;
     cudaMalloc(&p, sizeof(T) * n);
@@ -525,7 +538,38 @@ void gemm_plans() {
     CHECK(!failed && !bad, "gemm plans: %d products failed, %d outputs wrong\n", failed, bad);
 }
 
+// The run order between synchronisations, ascending or (KVD_SIMT_ORDER=
+// reverse) descending: a racy read sees the other thread's (block's) write
+// in one order and not in the other. Threads run in the order of their
+// index, warp by warp, and so do blocks.
+void run_order() {
+    const char *e = std::getenv("KVD_SIMT_ORDER");
+    const bool rev = e && !std::strcmp(e, "reverse");
+    const char *order = rev ? "reverse" : "ascending";
+    int *o = dev<int>(2 * 192), *f = dev<int>(2);
+    cudaMemset(f, 0, sizeof(int) * 2);
+    racy % launch("racy", 2, 64)(o, f);
+    CHECK(cudaGetLastError() == cudaSuccess, "racy: launch failed\n");
+    std::vector<int> h(2 * 192);
+    cudaMemcpy(h.data(), o, sizeof(int) * 2 * 192, cudaMemcpyDeviceToHost);
+    auto before = [rev](int a, int b) { return rev ? a > b : a < b; }; // a ran before b
+    for (int b = 0; b < 2; b++)
+        for (int t = 0; t < 64; t++) {
+            const int *r = h.data() + b * 192, nl = (t + 1) % 64, nw = (t + 32) % 64;
+            CHECK((r[t] == 1000 * (b + 1) + nl) == before(nl, t),
+                  "%s order, block %d thread %d: read %d of thread %d\n", order, b, t, r[t], nl);
+            CHECK((r[64 + t] == 1000 * (b + 1) + nw) == before(nw, t),
+                  "%s order, block %d thread %d: read %d of thread %d\n", order, b, t, r[64 + t],
+                  nw);
+            CHECK(r[128 + t] == (int)before((b + 1) % 2, b),
+                  "%s order, block %d: the other block %s\n", order, b,
+                  r[128 + t] ? "ran" : "did not run");
+        }
+    cudaFree(o), cudaFree(f);
+}
+
 int main() {
+    run_order();
     barriers_and_shared();
     gathers_and_fragments();
     gemm_plans();
