@@ -151,6 +151,8 @@ __device__ inline void cp_async16(void *dst, const void *src, int src_bytes) {
     unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
                  "r"(src_bytes));
+#elif defined(KVD_SIMT_H) // landing at the wait that completes it
+    kvd_simt::async_copy16(dst, src, src_bytes);
 #else
     unsigned char *d = static_cast<unsigned char *>(dst);
     const unsigned char *s = static_cast<const unsigned char *>(src);
@@ -160,6 +162,8 @@ __device__ inline void cp_async16(void *dst, const void *src, int src_bytes) {
 __device__ inline void cp_async_commit() {
 #ifdef KVD_PTX_MMA
     asm volatile("cp.async.commit_group;\n" ::);
+#elif defined(KVD_SIMT_H)
+    kvd_simt::async_commit();
 #endif
 }
 // wait until at most n (0 to 3) of this thread's committed groups are pending
@@ -179,6 +183,8 @@ __device__ inline void cp_async_wait(int n) {
         asm volatile("cp.async.wait_group 3;\n" ::);
         break;
     }
+#elif defined(KVD_SIMT_H)
+    kvd_simt::async_wait(n);
 #else
     (void)n;
 #endif

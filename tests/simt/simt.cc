@@ -129,6 +129,15 @@ struct fiber {
     unsigned mask;
     uint64_t value, result;
     int arg, width;
+    // cp.async copies not landed yet: destination, the source's bytes and
+    // the group (commits before it); commits so far
+    struct async_op {
+        unsigned char *dst;
+        unsigned char bytes[16];
+        int group;
+    };
+    std::vector<async_op> async;
+    int commits;
 };
 
 #ifdef KVD_SIMT_ASAN
@@ -452,6 +461,7 @@ int run_block(const config &c, uint3 bid) {
         f.lane = t % 32, f.warp = t / 32;
         f.st = READY;
         f.fake_stack = nullptr;
+        f.async.clear(), f.commits = 0;
         start_fiber(t, stacks[t]);
     }
     block_cfg = &c, block_n = n, block_failed = false;
@@ -541,6 +551,31 @@ void syncthreads() {
     fiber &f = fibers[cur];
     f.st = AT_BARRIER;
     yield_lane(f, false);
+}
+
+void async_copy16(void *dst, const void *src, int src_bytes) {
+    fiber &f = fibers[cur];
+    fiber::async_op op;
+    op.dst = static_cast<unsigned char *>(dst), op.group = f.commits;
+    const unsigned char *s = static_cast<const unsigned char *>(src);
+    for (int i = 0; i < 16; i++) op.bytes[i] = i < src_bytes ? s[i] : 0;
+    f.async.push_back(op);
+}
+
+void async_commit() {
+    fibers[cur].commits++;
+}
+
+void async_wait(int n) {
+    fiber &f = fibers[cur];
+    size_t kept = 0;
+    for (size_t i = 0; i < f.async.size(); i++) {
+        if (f.async[i].group < f.commits - n)
+            std::memcpy(f.async[i].dst, f.async[i].bytes, 16);
+        else
+            f.async[kept++] = f.async[i];
+    }
+    f.async.resize(kept);
 }
 
 const unsigned (*warp_gather(const unsigned *words, int n))[8] {

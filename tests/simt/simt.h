@@ -24,6 +24,9 @@
 //     named;
 //   - device memory starts as 0xff bytes (NaN floats, -1 integers), so a
 //     read of what was never written shows;
+//   - cp.async copies (kernels/cuda/mma.cuh) land only at the
+//     cp.async.wait_group that completes them, so a read of a stage that
+//     was not waited for sees the old bytes;
 //   - with KVD_SIMT_ORDER=reverse, threads, warps and blocks run in
 //     descending order instead of ascending, so a read of another thread's
 //     write with no barrier or warp operation between them (a race on a
@@ -167,6 +170,15 @@ uint64_t warp_op(warp_kind k, unsigned mask, uint64_t value, int arg, int width)
 // switch point instead of 32.
 const unsigned (*warp_gather(const unsigned *words, int n))[8];
 void syncthreads();
+// cp.async as a GPU may run it, late: the running thread's 16-byte copy
+// (zeros past src_bytes) takes its source now and lands in shared memory
+// only when async_wait lets its group complete (or never, if the thread
+// ends first). async_commit closes the thread's open group; async_wait(n)
+// completes all its committed groups but the newest n. A kernel that reads
+// a stage before waiting for it reads what was there before.
+void async_copy16(void *dst, const void *src, int src_bytes);
+void async_commit();
+void async_wait(int n);
 
 template <class... A> struct pending {
     config c;

@@ -168,6 +168,27 @@ __global__ void racy(int *out, int *flags) {
     out[b * 192 + 128 + t] = flags[(b + 1) % gridDim.x];
 }
 
+// cp.async in three groups of one 16-byte copy each (the third of 7 bytes,
+// zero-filled), read back after waits that leave 2, 1 and 0 groups pending:
+// a copy lands only when its group is waited for, and a wait-less group
+// (the fourth, never committed) never lands
+__global__ void async_copies(const unsigned char *src, unsigned char *out) {
+    __shared__ unsigned char s[4][16];
+    const int t = threadIdx.x;
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 16; j++) s[i][j] = 0xee;
+    for (int g = 0; g < 3; g++) {
+        kvd_mma::cp_async16(s[g], src + 16 * g, g == 2 ? 7 : 16);
+        kvd_mma::cp_async_commit();
+    }
+    kvd_mma::cp_async16(s[3], src + 48, 16);
+    for (int w = 2; w >= 0; w--) {
+        kvd_mma::cp_async_wait(w);
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 16; j++) out[((t * 3 + (2 - w)) * 4 + i) * 16 + j] = s[i][j];
+    }
+}
+
 template <class T> T *dev(size_t n) {
     T *p = nullptr;
     cudaMalloc(&p, sizeof(T) * n);
@@ -568,8 +589,29 @@ void run_order() {
     cudaFree(o), cudaFree(f);
 }
 
+// cp.async lands at the wait that completes its group, not before
+void async_copy() {
+    std::vector<unsigned char> src(64), out(3 * 64);
+    for (int i = 0; i < 64; i++) src[i] = (unsigned char)(i + 1);
+    unsigned char *ds = dev<unsigned char>(64), *dout = dev<unsigned char>(3 * 64);
+    cudaMemcpy(ds, src.data(), 64, cudaMemcpyHostToDevice);
+    async_copies % launch("async_copies", 1, 1)(ds, dout);
+    CHECK(cudaGetLastError() == cudaSuccess, "async_copies: launch failed\n");
+    cudaMemcpy(out.data(), dout, 3 * 64, cudaMemcpyDeviceToHost);
+    for (int k = 0; k < 3; k++)     // after waiting with 2 - k groups pending
+        for (int i = 0; i < 4; i++) // buffer i: group i's copy
+            for (int j = 0; j < 16; j++) {
+                const int got = out[(k * 4 + i) * 16 + j];
+                const int want = i > k ? 0xee : i == 2 && j >= 7 ? 0 : 16 * i + j + 1;
+                CHECK(got == want, "cp.async after wait_group %d, buffer %d byte %d: %d, not %d\n",
+                      2 - k, i, j, got, want);
+            }
+    cudaFree(ds), cudaFree(dout);
+}
+
 int main() {
     run_order();
+    async_copy();
     barriers_and_shared();
     gathers_and_fragments();
     gemm_plans();
