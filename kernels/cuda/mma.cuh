@@ -131,6 +131,9 @@ __device__ inline void ldsm_x2_trans(unsigned r[2], const void *row) {
                  : "r"(addr));
 #else
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#ifdef KVD_SIMT_H
+    if (lane < 16) kvd_simt::need_aligned(row, 16, "ldmatrix's row");
+#endif
     const unsigned long long me = (unsigned long long)(uintptr_t)row;
     const unsigned mine[2] = {(unsigned)me, (unsigned)(me >> 32)};
     const lane_regs L(mine, 2);

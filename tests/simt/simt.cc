@@ -553,7 +553,17 @@ void syncthreads() {
     yield_lane(f, false);
 }
 
+void need_aligned(const void *p, unsigned align, const char *what) {
+    if ((uintptr_t)p % align == 0) return;
+    char msg[160];
+    std::snprintf(msg, sizeof msg, "%s at %p, not %u-byte aligned", what, p, align);
+    if (!block_failed) describe(*block_cfg, fibers[cur], msg); // the launch's first
+    block_failed = true;
+}
+
 void async_copy16(void *dst, const void *src, int src_bytes) {
+    need_aligned(dst, 16, "cp.async's shared destination");
+    need_aligned(src, 16, "cp.async's global source");
     fiber &f = fibers[cur];
     fiber::async_op op;
     op.dst = static_cast<unsigned char *>(dst), op.group = f.commits;

@@ -24,6 +24,7 @@
 //     named;
 //   - device memory starts as 0xff bytes (NaN floats, -1 integers), so a
 //     read of what was never written shows;
+//   - cp.async's addresses and ldmatrix's rows must be 16-byte aligned;
 //   - cp.async copies (kernels/cuda/mma.cuh) land only at the
 //     cp.async.wait_group that completes them, so a read of a stage that
 //     was not waited for sees the old bytes;
@@ -177,6 +178,9 @@ void syncthreads();
 // completes all its committed groups but the newest n. A kernel that reads
 // a stage before waiting for it reads what was there before.
 void async_copy16(void *dst, const void *src, int src_bytes);
+// p is a multiple of align bytes, as `what` (an instruction) needs, else
+// the launch fails with the thread named (a misaligned address on a GPU)
+void need_aligned(const void *p, unsigned align, const char *what);
 void async_commit();
 void async_wait(int n);
 

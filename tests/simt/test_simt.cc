@@ -189,6 +189,26 @@ __global__ void async_copies(const unsigned char *src, unsigned char *out) {
     }
 }
 
+// cp.async and ldmatrix at an offset (0: aligned)
+__global__ void misaligned(const unsigned char *src, int which, int off, unsigned *out) {
+    __shared__ uint4 s4[4]; // 16-byte aligned
+    unsigned char *s = reinterpret_cast<unsigned char *>(s4);
+    unsigned r[2] = {0, 0};
+    if (which == 0) {
+        kvd_mma::cp_async16(s + off, src, 16);
+        kvd_mma::cp_async_commit();
+        kvd_mma::cp_async_wait(0);
+    } else if (which == 1) {
+        kvd_mma::cp_async16(s, src + off, 16);
+        kvd_mma::cp_async_commit();
+        kvd_mma::cp_async_wait(0);
+    } else {
+        const int lane = threadIdx.x % 32;
+        kvd_mma::ldsm_x2_trans(r, s + (lane == 3 ? off : 0));
+    }
+    out[threadIdx.x] = r[0] + s[0];
+}
+
 template <class T> T *dev(size_t n) {
     T *p = nullptr;
     cudaMalloc(&p, sizeof(T) * n);
@@ -609,9 +629,30 @@ void async_copy() {
     cudaFree(ds), cudaFree(dout);
 }
 
+// cp.async's addresses and ldmatrix's rows off 16-byte boundaries fail the
+// launch, as they fault on a GPU; aligned, they run
+void alignment() {
+    unsigned char *src = dev<unsigned char>(64);
+    unsigned *out = dev<unsigned>(32);
+    cudaMemset(src, 0, 64);
+    const char *what[3] = {"cp.async destination", "cp.async source", "ldmatrix row"};
+    for (int which = 0; which < 3; which++) {
+        for (int off : {0, 8}) {
+            misaligned % launch("misaligned", 1, 32)(src, which, off, out);
+            const cudaError_t e = cudaGetLastError();
+            CHECK(off ? e == cudaErrorLaunchFailure : e == cudaSuccess,
+                  "%s at offset %d: launch %s\n", what[which], off,
+                  e == cudaSuccess ? "ran" : "failed");
+            cudaDeviceReset();
+        }
+    }
+    cudaFree(src), cudaFree(out);
+}
+
 int main() {
     run_order();
     async_copy();
+    alignment();
     barriers_and_shared();
     gathers_and_fragments();
     gemm_plans();
