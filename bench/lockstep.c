@@ -57,25 +57,29 @@ int kvd_bench_lockstep(const kvd_backend *be, const kvd_weights *w, int64_t ctx,
         if (t.refs[r].pos <= ctx)
             copy[t.refs[r].pos] = 1,
             start[t.refs[r].pos] = r == 0 || t.refs[r - 1].pos != t.refs[r].pos - 1;
-    double best[3] = {1e30, 1e30, 1e30}; /* alone (all logits), alone (last row), lock step */
+    /* alone (all logits), alone (last row), lock step, lock step sampling
+     * attention at copy starts only */
+    double best[4] = {1e30, 1e30, 1e30, 1e30};
     for (int r = 0; r < reps && rc == 0; r++) {
         for (int last = 0; last < 2 && rc == 0; last++) {
             double s = alone(be, w, (const int32_t *)t.tokens, ctx, last, logits, err);
             rc = s < 0 ? -1 : 0;
             if (s >= 0 && s < best[last]) best[last] = s;
         }
-        if (rc) break;
-        kvd_drift d;
-        kvd_drift_init(&d, c, ctx);
-        kvd_drift_opts o;
-        kvd_drift_opts_defaults(&o);
-        o.gen_tokens = 0;
-        double t0 = seconds();
-        rc = kvd_drift_run(be, w, t.tokens, copy, start, ctx, KVD_KV_FP8_UNSCALED, NULL, &o, &d,
-                           err);
-        double s = seconds() - t0;
-        kvd_drift_free(&d);
-        if (rc == 0 && s < best[2]) best[2] = s;
+        for (int few = 0; few < 2 && rc == 0; few++) {
+            kvd_drift d;
+            kvd_drift_init(&d, c, ctx);
+            kvd_drift_opts o;
+            kvd_drift_opts_defaults(&o);
+            o.gen_tokens = 0;
+            if (few) o.sample_every = 1 << 30;
+            double t0 = seconds();
+            rc = kvd_drift_run(be, w, t.tokens, copy, start, ctx, KVD_KV_FP8_UNSCALED, NULL, &o, &d,
+                               err);
+            double s = seconds() - t0;
+            kvd_drift_free(&d);
+            if (rc == 0 && s < best[2 + few]) best[2 + few] = s;
+        }
     }
     if (rc == 0)
         printf("lock-step drift run vs the candidate alone, %s on %s%s, %lld tokens, fp8-unscaled "
@@ -83,10 +87,12 @@ int kvd_bench_lockstep(const kvd_backend *be, const kvd_weights *w, int64_t ctx,
                "  candidate alone, every row's logits: %8.3f s  (%.1f tok/s)\n"
                "  candidate alone, last row's logits:  %8.3f s  (%.1f tok/s)\n"
                "  lock step with BF16 + figures:       %8.3f s\n"
-               "  ratio: %.2fx to every row's logits (goal <= 2.5x), %.2fx to the last row's\n",
+               "  ratio: %.2fx to every row's logits (goal <= 2.5x), %.2fx to the last row's\n"
+               "  lock step, attention sampled at copy starts only: %.3f s (the sampled rows: "
+               "%.0f%% of the lock step)\n",
                c->name, be->ops->name, be->gpus > 1 ? " (tensor parallel)" : "", (long long)ctx,
                reps, best[0], ctx / best[0], best[1], ctx / best[1], best[2], best[2] / best[0],
-               best[2] / best[1]);
+               best[2] / best[1], best[3], 100.0 * (best[2] - best[3]) / best[2]);
     free(logits), free(copy), free(start);
     kvd_trace_free(&t);
     return rc;

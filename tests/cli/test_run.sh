@@ -206,11 +206,12 @@ if "$bin" version | grep -q "^cuda: no CUDA device visible"; then
   done
 fi
 
-# bench lockstep: the drift run and the candidate alone, three times and
-# their ratios (a benchmark: only that it runs and reports sane figures)
+# bench lockstep: the drift run (twice) and the candidate alone (twice),
+# their times and ratios (a benchmark: only that it runs and reports sane figures)
 if "$bin" bench lockstep --model tiny --context 256 --reps 1 >"$work/ls.out" 2>"$work/ls.err" &&
   awk '/every row.s logits:/ {a = $6} /last row.s logits:/ {b = $6} /lock step with BF16/ {c = $7}
-       /^  ratio: / {r = $2 + 0} END {exit !(a > 0 && b > 0 && c > 0 && r > 0 && r < 100 &&
+       /copy starts only:/ {d = $9} /^  ratio: / {r = $2 + 0}
+       END {exit !(a > 0 && b > 0 && c > 0 && d > 0 && r > 0 && r < 100 &&
        (r - c / a) ^ 2 < 0.0625 * r * r)}' "$work/ls.out"; then ok; else bad "bench lockstep: $(cat "$work/ls.out" "$work/ls.err")"; fi
 
 echo "run: $pass passed, $fail failed"
