@@ -959,29 +959,33 @@ out:
 // figures' sampled rows of a step), each over its own context. A CTA takes
 // ROWS_TILE positions of one KV head and decodes their K rows once into
 // shared memory, transposed; the (row, query head) vectors of the group then
-// come through in passes of ROWS_VEC. A dot product is 2 * head_dim loads
-// and head_dim multiply-adds, so a lane a (vector, position) pair would wait
-// on shared memory, not on arithmetic: each thread instead holds a 4 x 4
-// tile of dots (4 vectors, 4 positions) and reads, per dimension, one float4
-// of K and one of Q (staged in shared memory ROWS_DC dimensions at a time)
-// for 16 multiply-adds. Every dot still sums over the dimensions in
+// come through in passes of VEC (128, or 64 or 32 where the group has no
+// more, so that a small model's few vectors leave no thread idle). A dot product is 2 * head_dim
+// loads and head_dim multiply-adds, so a lane a (vector, position) pair would wait on shared
+// memory, not on arithmetic: each thread instead holds a 4 x 4 tile of dots (4 vectors, 4
+// positions) and reads, per dimension, one float4 of K and one of Q (staged in shared memory
+// ROWS_DC dimensions at a time) for 16 multiply-adds. Every dot still sums over the dimensions in
 // scores_kernel's order, from the same start, so a row's distribution is
 // the one the plain kernels give, bit for bit; the K rows are read once for
 // all the rows instead of once a row. Then one softmax a (row, head).
 #define ROWS_TILE 32 // positions a CTA
-#define ROWS_VEC 128 // (row, head) vectors a pass
 #define ROWS_DC 16   // dimensions of Q staged at a time
-#define ROWS_THREADS (ROWS_TILE / 4 * ROWS_VEC / 4)
 // shared rows padded by a float4: the K tile's transposing stores (a warp
 // over 32 dimensions of one position) hit 4-way instead of 32-way bank
 // conflicts, Q's staging 2-way instead of 16-way
 #define ROWS_KSTR (ROWS_TILE + 4)
-#define ROWS_QSTR (ROWS_VEC + 4)
 
-__global__ void __launch_bounds__(ROWS_THREADS)
+template <int VEC>
+__host__ __device__ constexpr int rows_threads() { // 4 positions and 4 vectors a thread
+    return ROWS_TILE / 4 * (VEC / 4);
+}
+
+template <int VEC>
+__global__ void __launch_bounds__(rows_threads<VEC>())
     rows_scores_kernel(view kv, const int *blocks, int n, const int *qrow, const int *n_ctx,
                        int max_ctx, const float *q, size_t q_stride, int n_heads, float sm_scale,
                        float *s, size_t stride) {
+    constexpr int ROWS_VEC = VEC, ROWS_THREADS = rows_threads<VEC>(), ROWS_QSTR = VEC + 4;
     extern __shared__ float4 smem4[]; // K: [head_dim][ROWS_KSTR]; then Q: [ROWS_DC][ROWS_QSTR]
     float *kt = reinterpret_cast<float *>(smem4);
     const int h = blockIdx.y, g = n_heads / kv.kv_heads, hd = kv.head_dim, nv = n * g;
@@ -1045,11 +1049,16 @@ extern "C" int kvd_cuda_attn_probs_rows_dev(const kvd_kv_view *dv, const int32_t
     view kv = dev_view(dv);
     dim3 g1((unsigned)((max_ctx + ROWS_TILE - 1) / ROWS_TILE), (unsigned)dv->kv_heads);
     dim3 g2((unsigned)n_heads, (unsigned)n);
-    const size_t smem = sizeof(float) * ((size_t)ROWS_KSTR * dv->head_dim + ROWS_DC * ROWS_QSTR);
+    const int nv = n * (n_heads / dv->kv_heads), vec = nv > 64 ? 128 : nv > 32 ? 64 : 32;
+    const size_t smem = sizeof(float) * ((size_t)ROWS_KSTR * dv->head_dim + ROWS_DC * (vec + 4));
     if (smem > 48 * 1024) return -1; /* head_dim up to 320 */
-    auto *scores = rows_scores_kernel;
-    scores<<<g1, ROWS_THREADS, smem>>>(kv, (const int *)blocks, n, qrow, n_ctx, max_ctx, q,
-                                       q_stride, n_heads, sm_scale, probs, stride);
+    void (*scores)(view, const int *, int, const int *, const int *, int, const float *, size_t,
+                   int, float, float *, size_t) = vec == 128  ? rows_scores_kernel<128>
+                                                  : vec == 64 ? rows_scores_kernel<64>
+                                                              : rows_scores_kernel<32>;
+    const unsigned threads = (unsigned)(ROWS_TILE / 4 * (vec / 4));
+    scores<<<g1, threads, smem>>>(kv, (const int *)blocks, n, qrow, n_ctx, max_ctx, q, q_stride,
+                                  n_heads, sm_scale, probs, stride);
     softmax_rows_kernel<<<g2, 256>>>(probs, n_ctx, n_heads, stride);
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }

@@ -199,9 +199,10 @@ static void attention_case(int nh, int kvh, int hd, int n_ctx) {
                   sum);
         }
         free(pg);
-        /* three rows; at the qwen3.5 shape sixteen, whose 256 (row, head)
-         * vectors take the group kernel two passes */
-        probs_rows_case(&view, nb, blocks, n_ctx, nh, hd, key, nh == 32 ? 16 : 3);
+        /* sixteen rows at GQA 16 (256 (row, head) vectors: two passes of
+         * 128) and GQA 4 (64 vectors: one pass of 64), else three (9 and 3
+         * vectors: passes of 32) */
+        probs_rows_case(&view, nb, blocks, n_ctx, nh, hd, key, nh / kvh >= 4 ? 16 : 3);
         free(src), free(q), free(ocpu), free(ogpu), free(k), free(v), free(blocks), free(work),
             free(probs);
     }
