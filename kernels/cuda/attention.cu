@@ -958,16 +958,18 @@ out:
 // ---- the distributions of several query rows of one sequence (the drift
 // figures' sampled rows of a step), each over its own context. A CTA takes
 // ROWS_TILE positions of one KV head and decodes their K rows once into
-// shared memory, transposed; the (row, query head) vectors of the group then
+// shared memory, transposed; the group's (row, query head) vectors then
 // come through in passes of VEC (128, or 64 or 32 where the group has no
-// more, so that a small model's few vectors leave no thread idle). A dot product is 2 * head_dim
-// loads and head_dim multiply-adds, so a lane a (vector, position) pair would wait on shared
-// memory, not on arithmetic: each thread instead holds a 4 x 4 tile of dots (4 vectors, 4
-// positions) and reads, per dimension, one float4 of K and one of Q (staged in shared memory
-// ROWS_DC dimensions at a time) for 16 multiply-adds. Every dot still sums over the dimensions in
-// scores_kernel's order, from the same start, so a row's distribution is
-// the one the plain kernels give, bit for bit; the K rows are read once for
-// all the rows instead of once a row. Then one softmax a (row, head).
+// more, so that a small model's few vectors leave no thread idle).
+// A dot product is head_dim multiply-adds on 2 * head_dim loads, so a lane
+// a (vector, position) pair would wait on shared memory, not arithmetic.
+// Each thread instead holds a 4 x 4 tile of dot products (4 vectors, 4
+// positions) and reads, per dimension, one float4 of K and one of Q (Q
+// staged in shared memory ROWS_DC dimensions at a time): 16 multiply-adds
+// on two loads. Every dot product still sums over the dimensions in
+// scores_kernel's order from the same start, so a row's distribution is
+// the plain kernels', bit for bit; the K rows are read once for all the
+// rows instead of once a row. Then one softmax a (row, head).
 #define ROWS_TILE 32 // positions a CTA
 #define ROWS_DC 16   // dimensions of Q staged at a time
 // shared rows padded by a float4: the K tile's transposing stores (a warp
