@@ -561,6 +561,18 @@ void need_aligned(const void *p, unsigned align, const char *what) {
     block_failed = true;
 }
 
+void launch_bound(long long max_threads) {
+    const fiber &f = fibers[cur];
+    const long long n = (long long)f.ctx.bdim.x * f.ctx.bdim.y * f.ctx.bdim.z;
+    if (n <= max_threads) return;
+    char msg[160];
+    std::snprintf(msg, sizeof msg,
+                  "a block of %lld threads, over the kernel's __launch_bounds__ (%lld)", n,
+                  max_threads);
+    if (!block_failed) describe(*block_cfg, f, msg); // the launch's first
+    block_failed = true;
+}
+
 void async_copy16(void *dst, const void *src, int src_bytes) {
     need_aligned(dst, 16, "cp.async's shared destination");
     need_aligned(src, 16, "cp.async's global source");

@@ -2,11 +2,12 @@
 // kernel in kernels/cuda runs on any machine, held to its CPU twin by the
 // same tests that run on a GPU. The .cu files are compiled by the host C++
 // compiler against this header (tests/simt/include holds the CUDA header
-// names, each including it); tests/simt/translate.cmake first rewrites the
-// two constructs that are not C++: a launch `k<<<grid, block, shmem>>>(args)`
-// becomes `k % kvd_simt::launch("k", grid, block, shmem)(args)`, and
+// names, each including it); tests/simt/translate.cmake first rewrites what
+// is not C++ or means more on a GPU: a launch `k<<<grid, block, shmem>>>(args)`
+// becomes `k % kvd_simt::launch("k", grid, block, shmem)(args)`,
 // `extern __shared__ T name[];` a pointer to the block's dynamic shared
-// memory.
+// memory, and a kernel's `__launch_bounds__(MAX, ...)` a check of its block
+// size at the start of its body.
 //
 // Every CUDA thread is a fiber with its own stack; a block's threads run one
 // after another until each finishes or waits at __syncthreads or a warp
@@ -24,6 +25,7 @@
 //     named;
 //   - device memory starts as 0xff bytes (NaN floats, -1 integers), so a
 //     read of what was never written shows;
+//   - a block no larger than the kernel's __launch_bounds__;
 //   - cp.async's addresses and ldmatrix's rows must be 16-byte aligned;
 //   - cp.async copies (kernels/cuda/mma.cuh) land only at the
 //     cp.async.wait_group that completes them, so a read of a stage that
@@ -181,6 +183,10 @@ void async_copy16(void *dst, const void *src, int src_bytes);
 // p is a multiple of align bytes, as `what` (an instruction) needs, else
 // the launch fails with the thread named (a misaligned address on a GPU)
 void need_aligned(const void *p, unsigned align, const char *what);
+// a kernel's __launch_bounds__ maximum (translate.cmake puts the call at
+// the start of its body): a block of more threads fails the launch, as
+// the GPU refuses it
+void launch_bound(long long max_threads);
 void async_commit();
 void async_wait(int n);
 

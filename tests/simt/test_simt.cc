@@ -209,6 +209,12 @@ __global__ void misaligned(const unsigned char *src, int which, int off, unsigne
     out[threadIdx.x] = r[0] + s[0];
 }
 
+// a kernel with __launch_bounds__(64), as translate.cmake writes it
+__global__ void bounded(int *out) {
+    kvd_simt::launch_bound(64);
+    out[threadIdx.x] = 1;
+}
+
 template <class T> T *dev(size_t n) {
     T *p = nullptr;
     cudaMalloc(&p, sizeof(T) * n);
@@ -630,7 +636,8 @@ void async_copy() {
 }
 
 // cp.async's addresses and ldmatrix's rows off 16-byte boundaries fail the
-// launch, as they fault on a GPU; aligned, they run
+// launch, as they fault on a GPU; aligned, they run. So does a block larger
+// than the kernel's __launch_bounds__.
 void alignment() {
     unsigned char *src = dev<unsigned char>(64);
     unsigned *out = dev<unsigned>(32);
@@ -647,6 +654,14 @@ void alignment() {
         }
     }
     cudaFree(src), cudaFree(out);
+    // a block over the kernel's launch bound fails; at the bound it runs
+    int *o = dev<int>(128);
+    bounded % launch("bounded", 2, 64)(o);
+    CHECK(cudaGetLastError() == cudaSuccess, "64 threads within a bound of 64: refused\n");
+    bounded % launch("bounded", 1, 128)(o);
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure, "128 threads over a bound of 64: ran\n");
+    cudaDeviceReset();
+    cudaFree(o);
 }
 
 int main() {
