@@ -4,19 +4,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "../kernels/cuda/cuda_kernels.h"
 #include "../runners/config.h"
 #include "../runners/model_cuda.h"
 #include "../runners/weights.h"
 #include "bench_cuda.h"
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+#include "clock.h"
 
 /* The whole model on the device at one preset: C sequences of ctx tokens
  * each (prefilled), then decode steps of all C at once, the logits of every
@@ -53,7 +47,7 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gp
             rc = -1;
             break;
         }
-        double t0 = now_s();
+        double t0 = kvd_now();
         kvd_cuda_model *m = kvd_cuda_model_new_synth(&cfg, &syn, &kv, 512, 32, gpus, err);
         if (!m) {
             fprintf(stderr, "bench model: %s\n", err);
@@ -62,7 +56,7 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gp
             break;
         }
         printf("  %s cache: weights made and uploaded in %.1f s\n", kvd_kv_mode_name(modes[mi]),
-               now_s() - t0);
+               kvd_now() - t0);
         for (int ci = 0; ci < 3 && rc == 0; ci++) {
             int C = Cs[ci], seqs[32], ones[32];
             int32_t nxt[32];
@@ -79,9 +73,9 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gp
             double t = 0;
             for (int st = 0; st < steps + 2 && rc == 0; st++) {
                 kvd_batch b = {C, seqs, ones, nxt};
-                double a = now_s();
+                double a = kvd_now();
                 rc = kvd_cuda_forward(m, &kv, &b, logits, 1, err);
-                if (st >= 2) t += now_s() - a; /* two warm-up steps */
+                if (st >= 2) t += kvd_now() - a; /* two warm-up steps */
                 for (int s = 0; s < C; s++) nxt[s] = kvd_argmax(logits + (size_t)s * V, V);
             }
             if (rc) {
@@ -113,9 +107,9 @@ static double fastest(timed_fn f, void *ctx, int reps) {
     double best = -1;
     for (int i = 0; i < reps; i++) {
         kvd_cuda_sync(err, sizeof err);
-        double t0 = now_s();
+        double t0 = kvd_now();
         if (f(ctx) || kvd_cuda_sync(err, sizeof err)) return -1;
-        double t = now_s() - t0;
+        double t = kvd_now() - t0;
         if (best < 0 || t < best) best = t;
     }
     return best;

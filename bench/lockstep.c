@@ -4,16 +4,10 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "../datasets/trace.h"
 #include "../runners/drift.h"
-
-static double seconds(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+#include "clock.h"
 
 /* the candidate alone over tok[0, ctx): its model opened, 256-token steps,
  * closed; seconds, or -1 */
@@ -22,7 +16,7 @@ static double alone(const kvd_backend *be, const kvd_weights *w, const int32_t *
     const kvd_config *c = &w->cfg;
     kvd_kvcache kv;
     kvd_engine e;
-    double t0 = seconds();
+    double t0 = kvd_now();
     if (kvd_kvcache_init(&kv, KVD_KV_FP8_UNSCALED, kvd_config_n_full(c), c->num_key_value_heads,
                          c->head_dim, KVD_KV_BLOCK, ctx + 16, NULL, 1, err))
         return -1;
@@ -37,7 +31,7 @@ static double alone(const kvd_backend *be, const kvd_weights *w, const int32_t *
         kvd_engine_close(&e);
     }
     kvd_kvcache_free(&kv);
-    return rc ? -1 : seconds() - t0;
+    return rc ? -1 : kvd_now() - t0;
 }
 
 int kvd_bench_lockstep(const kvd_backend *be, const kvd_weights *w, int64_t ctx, int reps,
@@ -73,10 +67,10 @@ int kvd_bench_lockstep(const kvd_backend *be, const kvd_weights *w, int64_t ctx,
             kvd_drift_opts_defaults(&o);
             o.gen_tokens = 0;
             if (few) o.sample_every = 1 << 30;
-            double t0 = seconds();
+            double t0 = kvd_now();
             rc = kvd_drift_run(be, w, t.tokens, copy, start, ctx, KVD_KV_FP8_UNSCALED, NULL, &o, &d,
                                err);
-            double s = seconds() - t0;
+            double s = kvd_now() - t0;
             kvd_drift_free(&d);
             if (rc == 0 && s < best[2 + few]) best[2 + few] = s;
         }

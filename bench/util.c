@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -251,12 +250,6 @@ int kvd_threads(void) {
 #else
     return 1;
 #endif
-}
-
-double kvd_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 const char *kvd_describe_model(const kvd_config *c, char *buf, int len) {

@@ -9,6 +9,7 @@
 #include "../runners/engine.h"
 #include "../runners/kvcache.h"
 #include "../runners/weights.h"
+#include "clock.h"
 
 /* Exit codes: 0 ok, 1 failure of the measured thing (regression, --strict), 2 usage or input. */
 #define KVD_EXIT_USAGE 2
@@ -57,7 +58,6 @@ double kvd_parse_bytes(const char *s);
 
 void kvd_set_threads(int n);
 int kvd_threads(void);
-double kvd_now(void);
 const char *kvd_describe_model(const kvd_config *c, char *buf, int len);
 
 /* --backend NAME with be->gpus already set by --gpus: the back end, with

@@ -1058,7 +1058,9 @@ static int views_room(kvd_cuda_model *m0) {
 static int group_attention(kvd_cuda_model *m, kvd_cuda_model *om, dev_kv *kc, int al, int seq,
                            int s0, int n, int max_ctx, const float *q, const int *h_sel,
                            float *probs, int slot) {
-    const int nhl = m->c.num_attention_heads, hd = m->head_dim, R = m->max_rows;
+    /* the row indices and contexts are om's, [2][om's max_rows] (a reference
+     * may hold more rows than the model comparing with it) */
+    const int nhl = m->c.num_attention_heads, hd = m->head_dim, R = om->max_rows;
     const float sm_scale = 1.0f / sqrtf((float)hd);
     const size_t no = (size_t)nhl * hd;
     kvd_kv_view view = dev_kv_view(m, kc, al);

@@ -41,6 +41,20 @@ void fiber_entry();
 
 thread_ctx *self = nullptr;
 
+// The order threads run in between two synchronisations: ascending (lane
+// 0 first, warp 0 first, block (0,0,0) first), or, with KVD_SIMT_ORDER=
+// reverse in the environment, descending. A kernel whose threads read what
+// others write without a barrier or warp operation between them (a race on
+// a GPU, where they run at once) sees those writes in one order and not in
+// the other, so running the tests both ways shows the race.
+bool reverse_order() {
+    static const bool rev = [] {
+        const char *e = std::getenv("KVD_SIMT_ORDER");
+        return e && !std::strcmp(e, "reverse");
+    }();
+    return rev;
+}
+
 namespace {
 
 const int n_devices = 8; // tensor-parallel tests split over up to this many
@@ -228,20 +242,6 @@ void to_fiber(int t) {
 }
 
 int release_warp(const config &c, int w, int n);
-
-// The order threads run in between two synchronisations: ascending (lane
-// 0 first, warp 0 first, block (0,0,0) first), or, with KVD_SIMT_ORDER=
-// reverse in the environment, descending. A kernel whose threads read what
-// others write without a barrier or warp operation between them (a race on
-// a GPU, where they run at once) sees those writes in one order and not in
-// the other, so running the tests both ways shows the race.
-bool reverse_order() {
-    static const bool rev = [] {
-        const char *e = std::getenv("KVD_SIMT_ORDER");
-        return e && !std::strcmp(e, "reverse");
-    }();
-    return rev;
-}
 
 // i-th of n in the run order
 inline int nth(int i, int n) {
@@ -553,24 +553,28 @@ void syncthreads() {
     yield_lane(f, false);
 }
 
+// a fault of the running thread: the launch fails, the first one named
+static void thread_fault(const char *what) {
+    if (!block_failed) describe(*block_cfg, fibers[cur], what);
+    block_failed = true;
+}
+
 void need_aligned(const void *p, unsigned align, const char *what) {
     if ((uintptr_t)p % align == 0) return;
     char msg[160];
     std::snprintf(msg, sizeof msg, "%s at %p, not %u-byte aligned", what, p, align);
-    if (!block_failed) describe(*block_cfg, fibers[cur], msg); // the launch's first
-    block_failed = true;
+    thread_fault(msg);
 }
 
 void launch_bound(long long max_threads) {
-    const fiber &f = fibers[cur];
-    const long long n = (long long)f.ctx.bdim.x * f.ctx.bdim.y * f.ctx.bdim.z;
+    const dim3 &d = fibers[cur].ctx.bdim;
+    const long long n = (long long)d.x * d.y * d.z;
     if (n <= max_threads) return;
     char msg[160];
     std::snprintf(msg, sizeof msg,
                   "a block of %lld threads, over the kernel's __launch_bounds__ (%lld)", n,
                   max_threads);
-    if (!block_failed) describe(*block_cfg, f, msg); // the launch's first
-    block_failed = true;
+    thread_fault(msg);
 }
 
 void async_copy16(void *dst, const void *src, int src_bytes) {

@@ -183,6 +183,8 @@ void async_copy16(void *dst, const void *src, int src_bytes);
 // p is a multiple of align bytes, as `what` (an instruction) needs, else
 // the launch fails with the thread named (a misaligned address on a GPU)
 void need_aligned(const void *p, unsigned align, const char *what);
+// whether threads run in descending order (KVD_SIMT_ORDER=reverse)
+bool reverse_order();
 // a kernel's __launch_bounds__ maximum (translate.cmake puts the call at
 // the start of its body): a block of more threads fails the launch, as
 // the GPU refuses it

@@ -590,8 +590,7 @@ void gemm_plans() {
 // in one order and not in the other. Threads run in the order of their
 // index, warp by warp, and so do blocks.
 void run_order() {
-    const char *e = std::getenv("KVD_SIMT_ORDER");
-    const bool rev = e && !std::strcmp(e, "reverse");
+    const bool rev = kvd_simt::reverse_order();
     const char *order = rev ? "reverse" : "ascending";
     int *o = dev<int>(2 * 192), *f = dev<int>(2);
     cudaMemset(f, 0, sizeof(int) * 2);
