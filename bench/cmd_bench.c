@@ -13,6 +13,7 @@
 #include <omp.h>
 #endif
 
+#include "../kernels/backend.h"
 #include "../kernels/kernels.h"
 #include "../datasets/trace.h"
 #include "../runners/config.h"
@@ -369,11 +370,15 @@ static int bench_kernels(int reps) {
 int kvd_cmd_bench(int argc, char **argv) {
     const char *cmd = "bench";
     if (argc >= 1 && !strcmp(argv[0], "cuda")) {
+        if (argc > 1)
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "cuda: unexpected argument '%s' (usage: kvdrift bench cuda)", argv[1]);
+        /* asked for by name, so no device is an error (as for --backend cuda) */
+        kvd_cuda_info ci;
+        kvd_cuda_probe(&ci);
+        if (ci.devices < 1) kvd_die(1, cmd, "cuda: %s", ci.name);
 #ifdef KVD_HAVE_CUDA
-        return kvd_bench_cuda(10);
-#else
-        printf("kvdrift bench cuda: the CUDA back end is not compiled in (nvcc was not found)\n");
-        return 0;
+        return kvd_bench_cuda(10) ? 1 : 0;
 #endif
     }
     if (argc >= 1 && !strcmp(argv[0], "lockstep")) {
@@ -410,9 +415,9 @@ int kvd_cmd_bench(int argc, char **argv) {
     }
     if (argc < 1 || strcmp(argv[0], "kernels") != 0)
         kvd_die(KVD_EXIT_USAGE, cmd,
-                "expected 'kernels' or 'lockstep' (usage: kvdrift bench kernels [--reps N] "
-                "[--threads N]; kvdrift bench lockstep [--model PRESET] [--context N] [--backend "
-                "cpu|cuda] [--gpus N])");
+                "expected 'kernels', 'lockstep' or 'cuda' (usage: kvdrift bench kernels [--reps "
+                "N] [--threads N]; kvdrift bench lockstep [--model PRESET] [--context N] "
+                "[--backend cpu|cuda] [--gpus N]; kvdrift bench cuda)");
     kvd_args a = {argc - 1, argv + 1, 0, cmd};
     int reps = 10;
     const char *f;

@@ -142,11 +142,14 @@ expect 2 "--gpus 2: needs --backend cuda" -- run --model tiny --gpus 2 -o "$work
 expect 2 "--gpus: expected 1 to 16, got '0'" -- run --model tiny --gpus 0 -o "$work/g.h5"
 expect 2 "bench: --backend: expected cpu or cuda, got 'tpu'" -- bench lockstep --model tiny --backend tpu
 expect 2 "bench: --gpus 2: needs --backend cuda" -- bench lockstep --model tiny --gpus 2
+expect 2 "bench: expected 'kernels', 'lockstep' or 'cuda'" -- bench kernel
+expect 2 "bench: cuda: unexpected argument '--reps'" -- bench cuda --reps 3
 if "$bin" version 2>/dev/null | grep -q "^cuda: no CUDA device visible"; then
   expect 1 "--backend cuda: no CUDA device visible" -- forward --model tiny --backend cuda --dump "$work/d"
   expect 1 "--backend cuda: no CUDA device visible" -- forward --model tiny --backend cuda --tokens 16
   expect 1 "--backend cuda: no CUDA device visible" -- calibrate --model tiny --backend cuda -o "$work/s.json"
   expect 1 "--backend cuda: no CUDA device visible" -- bench lockstep --model tiny --backend cuda
+  expect 1 "bench: cuda: no CUDA device visible" -- bench cuda
 fi
 
 echo "cli errors: $pass passed, $fail failed"
