@@ -319,7 +319,9 @@ int kvd_bench_cuda(int reps) {
      * finds, which is the tensor cores' rate as cuBLASLt reaches it */
     printf("\nprefill attention, 32/2 heads x 256, a chunk ending the context (v1: FP32 cores, "
            "a block per row;\nv2: tensor cores, rows sharing each K/V stage, what the model "
-           "runs; the 64-row chunk's context is split):\n%8s %5s %-6s %4s %10s %9s %8s\n",
+           "runs; v4: v2 splitting its query\nagain every stage, as it does where shared memory "
+           "is short (sm_120); the 64-row chunk's\ncontext is split):\n%8s %5s %-6s %4s %10s "
+           "%9s %8s\n",
            "context", "rows", "cache", "ver", "time_ms", "TFLOP_s", "vs_v1");
     double pf_best = 0;
     for (int ci = 0; ci < 4; ci++)
@@ -327,7 +329,9 @@ int kvd_bench_cuda(int reps) {
             const int nq = ci < 2 ? 512 : 64, p0 = ctxs[ci % 2] - nq;
             const double flop = 2.0 * 2 * nq * 32 * 256 * (p0 + (nq + 1) / 2.0);
             double t1 = 0;
-            for (int ver = 1; ver <= 2; ver++) {
+            static const int vers[3] = {1, 2, 4};
+            for (int vi = 0; vi < 3; vi++) {
+                const int ver = vers[vi];
                 double t = kvd_cuda_bench_prefill(f, p0, nq, 32, 2, 256, reps > 3 ? 3 : reps, ver);
                 fail |= t <= 0;
                 if (ver == 1) t1 = t;

@@ -1221,6 +1221,11 @@ static int prefill_fp32(const kvd_kv_view *dv, const int32_t *blocks, int pos0, 
 //   - values: the probabilities, straight from the score registers as A
 //     fragments, by all of V (ldmatrix .trans), output 16 x head_dim in
 //     registers.
+// The query fragments take 16 bytes a lane per 16 dimensions for hi and lo:
+// 64 KB a CTA at head_dim 128, 128 KB at 256. Where shared memory cannot
+// hold them beside two stages (sm_120's 99 KB a block), QSH is false and
+// each warp splits its query again per stage, straight from q (L1/L2): the
+// same fragments, so the same bits, for more integer work per MMA.
 // An FP8 stage is first widened to FP16 in shared memory by the whole CTA
 // (decoding it in every warp's registers, as v3 does for its one query,
 // would cost eight times the integer work and the registers head_dim 256
@@ -1250,7 +1255,7 @@ struct parts_out {
     int per_split, splits;
 };
 
-template <int HD, int FMT>
+template <int HD, int FMT, bool QSH>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     prefill_tc(view kv, const int *blocks, int pos0, int n_q, const float *q, int n_heads,
                float sm_scale, int nstage, float *out, parts_out P) {
@@ -1268,7 +1273,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     // 16-bit K and V rows: the stage itself (BF16) or its FP16 copy (FP8)
     constexpr int KS16 = v3::kstride(HD, false), VS16 = v3::vstride(HD, false);
     unsigned char *wide = buffer(nstage);
-    uint4 *qf = reinterpret_cast<uint4 *>(wide + wide_bytes(HD, F16)) + (size_t)warp * NCH * 2 * 32;
+    uint4 *qf =
+        QSH ? reinterpret_cast<uint4 *>(wide + wide_bytes(HD, F16)) + (size_t)warp * NCH * 2 * 32
+            : nullptr;
     // the CTA's positions [t0, t1) (its rows' and its split's), and the
     // last one any of this warp's rows attends
     const int n_ctx = pos0 + min(nv - 1, v0 + QV - 1) / G + 1;
@@ -1317,19 +1324,24 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         frexpf(mx, &e);
         if (mx > 0.0f && mx < INFINITY) qscale = ldexpf(1.0f, 14 - e);
     }
-    for (int c = 0; c < NCH; c++) {
+    // chunk c's A fragments, hi and lo (dims 16 c .. 16 c + 15 in v3's order)
+    auto frags = [&](int c, unsigned ah[4], unsigned al[4]) {
         const int d = 64 * (c / 4) + 16 * t + 4 * (c % 4);
-        unsigned a[2][4];
+#pragma unroll
         for (int rr = 0; rr < 2; rr++) {
             float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (qv[rr]) x = *reinterpret_cast<const float4 *>(qv[rr] + d);
-            split2<F16>(x.x * qscale, x.y * qscale, &a[0][rr], &a[1][rr]);
-            split2<F16>(x.z * qscale, x.w * qscale, &a[0][2 + rr], &a[1][2 + rr]);
+            split2<F16>(x.x * qscale, x.y * qscale, &ah[rr], &al[rr]);
+            split2<F16>(x.z * qscale, x.w * qscale, &ah[2 + rr], &al[2 + rr]);
         }
-        for (int part = 0; part < 2; part++)
-            qf[(2 * c + part) * 32 + lane] =
-                make_uint4(a[part][0], a[part][1], a[part][2], a[part][3]);
-    } // (each lane reads back only its own fragments)
+    };
+    if constexpr (QSH)
+        for (int c = 0; c < NCH; c++) {
+            unsigned ah[4], al[4];
+            frags(c, ah, al);
+            qf[(2 * c) * 32 + lane] = make_uint4(ah[0], ah[1], ah[2], ah[3]);
+            qf[(2 * c + 1) * 32 + lane] = make_uint4(al[0], al[1], al[2], al[3]);
+        } // (each lane reads back only its own fragments)
     const float kmul2 =
         sm_scale * kv.k_scale[h] * v3::LOG2E * (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / qscale;
     const float pscale = F16 ? 16384.0f : 1.0f;
@@ -1377,9 +1389,15 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             }
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                const uint4 fh = qf[(2 * (4 * i + j)) * 32 + lane],
-                            fl = qf[(2 * (4 * i + j) + 1) * 32 + lane];
-                const unsigned ah[4] = {fh.x, fh.y, fh.z, fh.w}, al[4] = {fl.x, fl.y, fl.z, fl.w};
+                unsigned ah[4], al[4];
+                if constexpr (QSH) {
+                    const uint4 fh = qf[(2 * (4 * i + j)) * 32 + lane],
+                                fl = qf[(2 * (4 * i + j) + 1) * 32 + lane];
+                    ah[0] = fh.x, ah[1] = fh.y, ah[2] = fh.z, ah[3] = fh.w;
+                    al[0] = fl.x, al[1] = fl.y, al[2] = fl.z, al[3] = fl.w;
+                } else {
+                    frags(4 * i + j, ah, al);
+                }
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++) {
                     const unsigned b[2] = {w[nt][2 * j], w[nt][2 * j + 1]};
@@ -1455,19 +1473,28 @@ __global__ void merge_prefill(int splits, int kv_heads, int G, int hd, int n_hea
                  out + (size_t)blockIdx.y * n_heads * hd);
 }
 
-// stage buffers a CTA takes beside its query fragments (and FP8's widened
-// stage), 2 to 4 as v3's; 0: the shape does not fit
-static int stages_for(int hd, int fmt) {
+// A launch's shared memory: its stage buffers (2 to 4, as v3's) and
+// whether the query fragments are among them. They are where two stages
+// still fit beside them (an H100's or H200's 227 KB a block), else each
+// warp splits its query per stage (qsh false). nstage 0: no layout fits.
+struct layout {
+    int nstage;
+    bool qsh;
+};
+static size_t qfrag_for(int hd) {
+    return hd == 64 ? qfrag_bytes<64>() : hd == 128 ? qfrag_bytes<128>() : qfrag_bytes<256>();
+}
+static layout layout_for(int hd, int fmt, bool force_split_query) {
     const bool fp8 = fmt != KVD_FMT_BF16;
-    const int qb = wide_bytes(hd, fp8) + (hd == 64    ? qfrag_bytes<64>()
-                                          : hd == 128 ? qfrag_bytes<128>()
-                                                      : qfrag_bytes<256>());
-    const int n = v3::stages_fitting(v3::stage_bytes(hd, fp8), qb);
-    return n >= 2 ? n : 0;
+    const int sb = v3::stage_bytes(hd, fp8), wb = wide_bytes(hd, fp8);
+    int n = force_split_query ? 0 : v3::stages_fitting(sb, wb + (int)qfrag_for(hd));
+    if (n >= 2) return {n, true};
+    n = v3::stages_fitting(sb, wb);
+    return {n >= 2 ? n : 0, false};
 }
 
 static bool ok(int hd, int fmt) {
-    return (hd == 64 || hd == 128 || hd == 256) && stages_for(hd, fmt) >= 2;
+    return (hd == 64 || hd == 128 || hd == 256) && layout_for(hd, fmt, false).nstage >= 2;
 }
 
 // one launch's arguments
@@ -1482,12 +1509,12 @@ struct args {
     parts_out P;
 };
 
-template <int HD, int FMT> static int launch_t(const args &a, int nstage) {
+template <int HD, int FMT, bool QSH> static int launch_t(const args &a, int nstage) {
     constexpr bool F16 = FMT != KVD_FMT_BF16;
-    const size_t shm =
-        (size_t)nstage * v3::stage_bytes(HD, F16) + wide_bytes(HD, F16) + qfrag_bytes<HD>();
+    const size_t shm = (size_t)nstage * v3::stage_bytes(HD, F16) + wide_bytes(HD, F16) +
+                       (QSH ? qfrag_bytes<HD>() : 0);
     void (*prefill_t)(view, const int *, int, int, const float *, int, float, int, float *,
-                      parts_out) = prefill_tc<HD, FMT>;
+                      parts_out) = prefill_tc<HD, FMT, QSH>;
     static size_t opted[16];
     if (!v3::opt_in(prefill_t, shm, opted)) return -1;
     const int G = a.n_heads / a.kv.kv_heads;
@@ -1498,14 +1525,18 @@ template <int HD, int FMT> static int launch_t(const args &a, int nstage) {
     return 0;
 }
 
-template <int HD> static int launch_hd(const args &a, int nstage) {
+template <int HD, int FMT> static int launch_f(const args &a, layout L) {
+    return L.qsh ? launch_t<HD, FMT, true>(a, L.nstage) : launch_t<HD, FMT, false>(a, L.nstage);
+}
+
+template <int HD> static int launch_hd(const args &a, layout L) {
     switch (a.kv.fmt) {
     case KVD_FMT_BF16:
-        return launch_t<HD, KVD_FMT_BF16>(a, nstage);
+        return launch_f<HD, KVD_FMT_BF16>(a, L);
     case KVD_FMT_E4M3:
-        return launch_t<HD, KVD_FMT_E4M3>(a, nstage);
+        return launch_f<HD, KVD_FMT_E4M3>(a, L);
     case KVD_FMT_E5M2:
-        return launch_t<HD, KVD_FMT_E5M2>(a, nstage);
+        return launch_f<HD, KVD_FMT_E5M2>(a, L);
     default:
         return -1;
     }
@@ -1516,9 +1547,12 @@ template <int HD> static int launch_hd(const args &a, int nstage) {
 // many as the scratch holds (force_ps > 0: splits of that many positions,
 // for the tests). The chunk's CTAs all start at position 0, so a short
 // chunk deep in a long context would otherwise leave most SMs idle.
-static int launch(args a, float *scratch, size_t scratch_floats, int force_ps) {
-    const int hd = a.kv.head_dim, ns = stages_for(hd, a.kv.fmt);
-    if (ns < 2) return -1;
+// split_query: the query split per stage even where shared memory would
+// hold its fragments (the tests' and the benchmark's).
+static int launch(args a, float *scratch, size_t scratch_floats, int force_ps, bool split_query) {
+    const int hd = a.kv.head_dim;
+    const layout L = layout_for(hd, a.kv.fmt, split_query);
+    if (L.nstage < 2) return -1;
     const int n_ctx = a.pos0 + a.n_q, G = a.n_heads / a.kv.kv_heads;
     const int sms = v3::limits_of_current().sms;
     const long long ctas = (((long long)a.n_q * G + QV - 1) / QV) * a.kv.kv_heads;
@@ -1541,9 +1575,9 @@ static int launch(args a, float *scratch, size_t scratch_floats, int force_ps) {
         const parts pp = parts_in(scratch, (size_t)a.n_q * ns2 * a.n_heads, hd);
         a.P = parts_out{pp.acc, pp.m, pp.l, ps, ns2};
     }
-    const int rc = hd == 64    ? launch_hd<64>(a, ns)
-                   : hd == 128 ? launch_hd<128>(a, ns)
-                               : launch_hd<256>(a, ns);
+    const int rc = hd == 64    ? launch_hd<64>(a, L)
+                   : hd == 128 ? launch_hd<128>(a, L)
+                               : launch_hd<256>(a, L);
     if (rc || !a.P.acc) return rc;
     merge_prefill<<<dim3((unsigned)a.n_heads, (unsigned)a.n_q), 128>>>(
         a.P.splits, a.kv.kv_heads, G, hd, a.n_heads, a.P.acc, a.P.m, a.P.l, a.kv.v_scale, a.out);
@@ -1559,7 +1593,9 @@ static bool prefill_forced_fp32() {
 
 // prefill on device buffers: version 2 (tensor cores) where the shape and
 // the device's shared memory allow it, else 1 (FP32); 1 or 2 forces one,
-// 3 is 2 split over the context every 128 positions (the tests')
+// 3 is 2 split over the context every 128 positions (the tests'); 4 and 5
+// are 2 and 3 with the query split per stage (sm_120's layout at head_dim
+// 256, on any device)
 static int prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,
                        const float *q, int n_heads, float sm_scale, float *out, float *scratch,
                        size_t scratch_floats, int version) {
@@ -1576,7 +1612,9 @@ static int prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, i
                          sm_scale,
                          out,
                          {nullptr, nullptr, nullptr, 0, 1}};
-    if (pf3::launch(a, scratch, scratch_floats, version == 3 ? 128 : 0)) return -1;
+    if (pf3::launch(a, scratch, scratch_floats, version == 3 || version == 5 ? 128 : 0,
+                    version >= 4))
+        return -1;
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 

@@ -65,7 +65,10 @@ int kvd_cuda_logits_compare(const float *a, const float *x, int rows, int V, con
  * 64/128/256, any group, where the device's shared memory holds two
  * stages); 3: 2 with the context split every 128 positions and the splits
  * merged (what a short chunk deep in a long context gets, at a test's
- * scale); 0: 2 where it can, else 1. -1 when the version asked for cannot
+ * scale); 4 and 5: 2 and 3 with each warp splitting its query again every
+ * stage instead of keeping the pieces in shared memory (what version 2 does
+ * where shared memory is short, as on sm_120; the same results bit for
+ * bit); 0: 2 where it can, else 1. -1 when the version asked for cannot
  * take the shape. */
 int kvd_cuda_attn_prefill_v(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int pos0,
                             int n_q, const float *q, int n_heads, float sm_scale, float *out,

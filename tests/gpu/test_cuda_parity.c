@@ -658,7 +658,8 @@ static void route_and_sample(void) {
 }
 
 /* Prefill attention, both versions (and v2 split over the context every
- * 128 positions, merged): chunks of query rows (100 rows at
+ * 128 positions, merged; and both of those with the query split per stage,
+ * which must give their bits exactly): chunks of query rows (100 rows at
  * positions 600..699 of a 700-token cache in scattered blocks, and a first
  * chunk of 40 at 0..39), each row against kvd_attn_paged over its own
  * prefix, every cache format and scaling (the checkpoint mode is the
@@ -685,6 +686,7 @@ static void prefill(void) {
         float *k = malloc(sizeof(float) * KH * D), *v = malloc(sizeof(float) * KH * D);
         float *q = malloc(sizeof(float) * NQ * NH * D), *oc = malloc(sizeof(float) * NQ * NH * D),
               *og = malloc(sizeof(float) * NQ * NH * D);
+        float *o2 = malloc(sizeof(float) * NQ * NH * D), *o3 = malloc(sizeof(float) * NQ * NH * D);
         void *work = malloc(kvd_attn_work_bytes(NH, D, T, 1));
         fill(q, (size_t)NQ * NH * D, "gpu.prefill.q", 1.0f);
         for (int mi = 0; mi < KVD_KV_N_MODES; mi++) {
@@ -715,8 +717,14 @@ static void prefill(void) {
                 for (int r = 0; r < nq; r++)
                     kvd_attn_paged(&view, c.seqs[s].blocks, p0 + r + 1, q + (size_t)r * NH * D, NH,
                                    sm, oc + (size_t)r * NH * D, NULL, work, 1);
-                /* v3 on the deep chunk only: the first one's 40 positions are one split */
-                for (int ver = 1; ver <= (p0 ? 3 : 2); ver++) {
+                /* v3 on the deep chunk only: the first one's 40 positions are one
+                 * split; v4 there too, on a BF16 and an FP8 cache (their two ways
+                 * of reading stages), and v5 where the cases are not quick */
+                for (int ver = 1; ver <= 5; ver++) {
+                    if ((!p0 && ver >= 3) ||
+                        (ver >= 4 && mi != KVD_KV_BF16 && mi != KVD_KV_FP8_CAL) ||
+                        (ver == 5 && quick))
+                        continue;
                     for (size_t i = 0; i < (size_t)NQ * NH * D; i++) og[i] = 7.0f;
                     int rc = kvd_cuda_attn_prefill_v(&view, c.n_blocks, c.seqs[s].blocks, p0, nq, q,
                                                      NH, sm, og, ver);
@@ -742,11 +750,19 @@ static void prefill(void) {
                     for (size_t i = (size_t)nq * NH * D; i < (size_t)NQ * NH * D; i++)
                         past += og[i] != 7.0f;
                     CHECK(!past, "prefill v%d wrote %zu values past its %d rows\n", ver, past, nq);
+                    /* the query split per stage (v4, v5) gives v2's and v3's bits */
+                    const size_t nout = (size_t)nq * NH * D;
+                    if (ver == 2 || ver == 3)
+                        memcpy(ver == 2 ? o2 : o3, og, sizeof(float) * nout);
+                    else if (ver >= 4)
+                        CHECK(!memcmp(og, ver == 4 ? o2 : o3, sizeof(float) * nout),
+                              "prefill v%d mode %d heads %d dim %d pos0 %d: not v%d's bits\n", ver,
+                              mi, NH, D, p0, ver - 2);
                 }
             }
             kvd_kvcache_free(&c);
         }
-        free(k), free(v), free(q), free(oc), free(og), free(work);
+        free(k), free(v), free(q), free(oc), free(og), free(o2), free(o3), free(work);
     }
     kvd_kv_scales_free(&sc);
 }
@@ -926,24 +942,58 @@ static void gdn_chunked(void) {
     free(q), free(k), free(v), free(g), free(b), free(o1), free(o2), free(S1), free(S2);
 }
 
+/* whether name is one of the comma-separated list's entries */
+static int listed(const char *list, const char *name) {
+    const size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        const size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n)) return 1;
+        p += len + (e != NULL);
+    }
+    return 0;
+}
+
+/* how many entries a comma-separated list has */
+static int entries(const char *list) {
+    int n = 1;
+    for (const char *p = list; *p; p++) n += *p == ',';
+    return n;
+}
+
 int main(void) {
     char why[256];
     if (!kvd_cuda_available(why, sizeof why)) {
         printf("SKIP: %s: the CUDA parity tests need a GPU\n", why);
         return 77;
     }
-    codecs();
-    attention();
-    gemm();
-    linear_w16();
-    dense();
-    kv_write();
-    prefill();
-    compare();
-    compare_rows();
-    gdn();
-    gdn_chunked();
-    route_and_sample();
+    /* KVD_TEST_ONLY=attention,prefill: those sections alone */
+    static const struct {
+        const char *name;
+        void (*run)(void);
+    } sections[] = {{"codecs", codecs},
+                    {"attention", attention},
+                    {"gemm", gemm},
+                    {"linear_w16", linear_w16},
+                    {"dense", dense},
+                    {"kv_write", kv_write},
+                    {"prefill", prefill},
+                    {"compare", compare},
+                    {"compare_rows", compare_rows},
+                    {"gdn", gdn},
+                    {"gdn_chunked", gdn_chunked},
+                    {"route_and_sample", route_and_sample}};
+    const size_t n_sections = sizeof sections / sizeof sections[0];
+    const char *only = getenv("KVD_TEST_ONLY");
+    int named = 0;
+    for (size_t i = 0; only && i < n_sections; i++) named += listed(only, sections[i].name);
+    if (only && named != entries(only)) {
+        fprintf(stderr, "KVD_TEST_ONLY=%s: expected section names (codecs, attention, ...)\n",
+                only);
+        return 2;
+    }
+    for (size_t i = 0; i < n_sections; i++)
+        if (!only || listed(only, sections[i].name)) sections[i].run();
     printf("cuda parity: %d passed, %d failed\n", checks - failures, failures);
     return failures ? 1 : 0;
 }

@@ -55,11 +55,29 @@ bool reverse_order() {
     return rev;
 }
 
+// The device the simulator reports: an H200 (compute capability 9.0), or,
+// with KVD_SIMT_DEVICE=sm_120 in the environment, a GeForce RTX 5090-class
+// part (12.0: 170 multiprocessors, 99 KB of shared memory a block). The
+// kernels choose their stages, splits and paths from these figures, so the
+// parity tests run under each take the paths that device takes.
+const simt_device &device() {
+    static const simt_device d = [] {
+        const char *e = std::getenv("KVD_SIMT_DEVICE");
+        if (e && !std::strcmp(e, "sm_120"))
+            return simt_device{"sm_120", 12, 0, 170, 99 * 1024, 100 * 1024};
+        if (e && *e && std::strcmp(e, "sm_90")) {
+            std::fprintf(stderr, "kvd_simt: KVD_SIMT_DEVICE=%s: expected sm_90 or sm_120\n", e);
+            std::exit(2);
+        }
+        return simt_device{"sm_90", 9, 0, 132, 227 * 1024, 228 * 1024};
+    }();
+    return d;
+}
+
 namespace {
 
 const int n_devices = 8; // tensor-parallel tests split over up to this many
 int cur_device = 0;
-const size_t kOptinMax = 227 * 1024; // an H100's or H200's per-block opt-in
 std::map<std::pair<const void *, int>, size_t> shmem_optin;
 cudaError_t last_error = cudaSuccess, sticky_error = cudaSuccess;
 
@@ -646,7 +664,7 @@ void bad_pointer(const config &c, int arg, const void *p) {
 }
 
 cudaError_t func_set_shmem(const void *kernel, int bytes) {
-    if (bytes < 0 || (size_t)bytes > kOptinMax) {
+    if (bytes < 0 || (size_t)bytes > device().smem_optin) {
         fail(cudaErrorInvalidValue);
         return cudaErrorInvalidValue;
     }
@@ -749,10 +767,11 @@ cudaError_t cudaGetDeviceCount(int *n) {
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev) {
     if (dev < 0 || dev >= n_devices) return cudaErrorInvalidDevice;
     std::memset(p, 0, sizeof *p);
-    std::snprintf(p->name, sizeof p->name, "kvdrift SIMT simulator");
-    p->major = 9, p->minor = 0, p->multiProcessorCount = 132, p->warpSize = 32; // an H200's
+    const simt_device &d = device();
+    std::snprintf(p->name, sizeof p->name, "kvdrift SIMT simulator (%s)", d.arch);
+    p->major = d.major, p->minor = d.minor, p->multiProcessorCount = d.sms, p->warpSize = 32;
     p->maxThreadsPerBlock = 1024, p->sharedMemPerBlock = 48 * 1024;
-    p->sharedMemPerBlockOptin = kOptinMax, p->sharedMemPerMultiprocessor = 228 * 1024;
+    p->sharedMemPerBlockOptin = d.smem_optin, p->sharedMemPerMultiprocessor = d.smem_sm;
     p->totalGlobalMem = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGE_SIZE);
     return cudaSuccess;
 }

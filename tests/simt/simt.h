@@ -35,6 +35,9 @@
 //     write with no barrier or warp operation between them (a race on a
 //     GPU) sees the write in one order and not in the other (the sanitizer
 //     build's tests run reversed).
+// The device it reports is an H200, or with KVD_SIMT_DEVICE=sm_120 a part
+// with sm_120's limits (99 KB of shared memory a block), so the paths the
+// kernels choose for either device's limits run in the tests.
 // Under AddressSanitizer (the CI's second build) every device buffer is an
 // ordinary heap block, so the kernels' out-of-bounds accesses are caught
 // like the host's. Arithmetic is IEEE single precision without contraction
@@ -185,6 +188,13 @@ void async_copy16(void *dst, const void *src, int src_bytes);
 void need_aligned(const void *p, unsigned align, const char *what);
 // whether threads run in descending order (KVD_SIMT_ORDER=reverse)
 bool reverse_order();
+// the simulated device's figures (KVD_SIMT_DEVICE: sm_90, the default, or sm_120)
+struct simt_device {
+    const char *arch;
+    int major, minor, sms;
+    size_t smem_optin, smem_sm; // shared memory: a block's opt-in, a multiprocessor's
+};
+const simt_device &device();
 // a kernel's __launch_bounds__ maximum (translate.cmake puts the call at
 // the start of its body): a block of more threads fails the launch, as
 // the GPU refuses it
