@@ -354,10 +354,10 @@ int kvd_config_validate(const kvd_config *c, char *err) {
     }
     if (c->num_experts > 0) {
         if (c->num_experts_per_tok <= 0 || c->num_experts_per_tok > c->num_experts ||
-            c->num_experts_per_tok > 64) {
+            c->num_experts_per_tok > KVD_MAX_TOPK) {
             snprintf(err, KVD_ERR_LEN,
-                     "field 'num_experts_per_tok': expected 1..min(num_experts=%d, 64), got %d",
-                     c->num_experts, c->num_experts_per_tok);
+                     "field 'num_experts_per_tok': expected 1..min(num_experts=%d, %d), got %d",
+                     c->num_experts, KVD_MAX_TOPK, c->num_experts_per_tok);
             return -1;
         }
         if (c->moe_intermediate_size <= 0) {

@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #define KVD_MAX_LAYERS 256
+#define KVD_MAX_TOPK 64 /* num_experts_per_tok at most */
 #define KVD_ERR_LEN 512
 
 typedef enum { KVD_LAYER_LINEAR = 0, KVD_LAYER_FULL = 1 } kvd_layer_type;

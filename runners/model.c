@@ -41,6 +41,11 @@ struct kvd_model {
     float *qkvz, *ba, *conv, *z, *beta, *gdec, *gdn_o;
     float *rlogit, *topw, *gx, *g1, *g2, *gy, *sh1, *sh2, *shg;
     int *topi, *rows_of;
+    /* routed experts: slots grouped by expert (start [E + 1], at [max_rows K]:
+     * where each slot's output is in ey [max_rows K][H]) and a per-thread
+     * scratch of an expert's rows and hidden activations */
+    int *e_start, *slot_at;
+    float *ey, *e_scratch;
     int *pos, *row_seq;
     /* attention scratch (query, probabilities, merge state), one arena per thread */
     void *probs;
@@ -119,15 +124,17 @@ static size_t ssm_len(const kvd_config *c) {
 
 void kvd_model_free(kvd_model *m) {
     if (!m) return;
-    float *bufs[] = {m->inv_freq, m->x,      m->xn,   m->mix,   m->qg,         m->kb,   m->vb,
-                     m->att,      m->qkvz,   m->ba,   m->conv,  m->z,          m->beta, m->gdec,
-                     m->gdn_o,    m->rlogit, m->topw, m->gx,    m->g1,         m->g2,   m->gy,
-                     m->sh1,      m->sh2,    m->shg,  m->probs, m->conv_state, m->ssm};
+    float *bufs[] = {m->inv_freq, m->x,          m->xn,    m->mix,    m->qg,       m->kb,
+                     m->vb,       m->att,        m->qkvz,  m->ba,     m->conv,     m->z,
+                     m->beta,     m->gdec,       m->gdn_o, m->rlogit, m->topw,     m->gx,
+                     m->g1,       m->g2,         m->gy,    m->sh1,    m->sh2,      m->shg,
+                     m->probs,    m->conv_state, m->ssm,   m->ey,     m->e_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m->held), free(m->held_x), free(m->held_logits), free(m->hcmp), free(m->lcmp);
     free(m->targets), free(m->all_logits);
     free(m->topi);
     free(m->rows_of);
+    free(m->e_start), free(m->slot_at);
     free(m->pos);
     free(m->row_seq);
     free(m);
@@ -188,6 +195,8 @@ kvd_model *kvd_model_new(const kvd_weights *w, int max_rows, int max_seqs, char 
     ALLOC(m->g1, R * I);
     ALLOC(m->g2, R * I);
     ALLOC(m->gy, R * H);
+    ALLOC(m->e_start, E + 1);
+    ALLOC(m->slot_at, R * K);
     ALLOC(m->sh1, R * Is);
     ALLOC(m->sh2, R * Is);
     ALLOC(m->shg, R);
@@ -197,12 +206,16 @@ kvd_model *kvd_model_new(const kvd_weights *w, int max_rows, int max_seqs, char 
         calloc((size_t)max_seqs * (size_t)m->n_lin * conv_state_len(c) + 1, sizeof(float));
     m->ssm = calloc((size_t)max_seqs * (size_t)m->n_lin * ssm_len(c) + 1, sizeof(float));
     if (!m->conv_state || !m->ssm) goto oom;
-#undef ALLOC
 #ifdef _OPENMP
     m->n_threads = omp_get_max_threads();
 #else
     m->n_threads = 1;
 #endif
+    if (c->num_experts > 0) {
+        ALLOC(m->ey, R * K * H);
+        ALLOC(m->e_scratch, (size_t)m->n_threads * R * (H + 2 * I));
+    }
+#undef ALLOC
     return m;
 oom:
     snprintf(err, KVD_ERR_LEN, "model: out of memory for %d rows x %d sequences", max_rows,
@@ -499,27 +512,54 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
     }
     if (m->hooks.router) m->hooks.router(m->hooks.ctx, layer, b, m->topi);
 
-    /* routed experts: gather each expert's rows, run its SwiGLU as GEMMs,
-     * scatter back weighted; experts in order, so sums are deterministic */
-    memset(m->mix, 0, sizeof(float) * (size_t)rows * H);
+    /* routed experts: each expert's rows gathered and its SwiGLU run as
+     * GEMMs, the experts side by side (a thread an expert at a time, its
+     * GEMMs single-threaded: at the experts' widths one GEMM is too narrow
+     * to split), each output kept per slot; then every row adds its slots
+     * weighted in ascending expert order, so the sums are the same bits on
+     * any thread count */
+    const int slots = rows * K;
+    for (int e = 0; e <= E; e++) m->e_start[e] = 0;
+    for (int i = 0; i < slots; i++) m->e_start[m->topi[i] + 1]++;
+    for (int e = 0; e < E; e++) m->e_start[e + 1] += m->e_start[e];
+    for (int i = 0; i < slots; i++) { /* rows ascending within an expert */
+        const int at = m->e_start[m->topi[i]]++;
+        m->rows_of[at] = i, m->slot_at[i] = at;
+    }
+    for (int e = E; e > 0; e--) m->e_start[e] = m->e_start[e - 1]; /* each back to its start */
+    m->e_start[0] = 0;
+    const size_t scratch = (size_t)m->max_rows * (size_t)(H + 2 * I);
+#pragma omp parallel for schedule(dynamic) num_threads(m->n_threads) if (m->n_threads > 1)
     for (int e = 0; e < E; e++) {
-        int n = 0;
-        for (int r = 0; r < rows; r++)
-            for (int j = 0; j < K; j++)
-                if (m->topi[(size_t)r * K + j] == e) m->rows_of[n++] = r * K + j;
+        const int a = m->e_start[e], n = m->e_start[e + 1] - a;
         if (n == 0) continue;
+#ifdef _OPENMP
+        float *gx = m->e_scratch + (size_t)omp_get_thread_num() * scratch;
+#else
+        float *gx = m->e_scratch;
+#endif
+        float *g1 = gx + (size_t)m->max_rows * H, *g2 = g1 + (size_t)m->max_rows * I;
         for (int i = 0; i < n; i++)
-            memcpy(m->gx + (size_t)i * H, m->xn + (size_t)(m->rows_of[i] / K) * H,
+            memcpy(gx + (size_t)i * H, m->xn + (size_t)(m->rows_of[a + i] / K) * H,
                    sizeof(float) * (size_t)H);
-        kvd_linear(m->gx, lw->exp_gate[e], m->g1, n, I, H);
-        kvd_linear(m->gx, lw->exp_up[e], m->g2, n, I, H);
-        kvd_swiglu(m->g1, m->g2, (size_t)n * I);
-        kvd_linear(m->g1, lw->exp_down[e], m->gy, n, H, I);
-        for (int i = 0; i < n; i++) {
-            int r = m->rows_of[i] / K;
-            float wgt = m->topw[m->rows_of[i]];
-            float *dst = m->mix + (size_t)r * H;
-            const float *y = m->gy + (size_t)i * H;
+        kvd_linear(gx, lw->exp_gate[e], g1, n, I, H);
+        kvd_linear(gx, lw->exp_up[e], g2, n, I, H);
+        kvd_swiglu(g1, g2, (size_t)n * I);
+        kvd_linear(g1, lw->exp_down[e], m->ey + (size_t)a * H, n, H, I);
+    }
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++) {
+        int js[KVD_MAX_TOPK]; /* the row's slots, ascending expert */
+        for (int j = 0; j < K; j++) {
+            int k = j;
+            for (; k > 0 && m->topi[r * K + js[k - 1]] > m->topi[r * K + j]; k--) js[k] = js[k - 1];
+            js[k] = j;
+        }
+        float *dst = m->mix + (size_t)r * H;
+        for (int d = 0; d < H; d++) dst[d] = 0.0f;
+        for (int jj = 0; jj < K; jj++) {
+            const int i = r * K + js[jj];
+            const float wgt = m->topw[i], *y = m->ey + (size_t)m->slot_at[i] * H;
             for (int d = 0; d < H; d++) dst[d] += wgt * y[d];
         }
     }
