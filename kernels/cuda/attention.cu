@@ -1599,7 +1599,7 @@ static bool prefill_forced_fp32() {
 static int prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,
                        const float *q, int n_heads, float sm_scale, float *out, float *scratch,
                        size_t scratch_floats, int version) {
-    if (n_q < 1 || n_heads % dv->kv_heads) return -1;
+    if (n_q < 1 || n_heads % dv->kv_heads || version < 0 || version > 5) return -1;
     const bool ok2 = version != 1 && pf3::ok(dv->head_dim, (int)dv->fmt);
     if (version >= 2 && !ok2) return -1;
     if (!ok2) return prefill_fp32(dv, blocks, pos0, n_q, q, n_heads, sm_scale, out);

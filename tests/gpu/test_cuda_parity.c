@@ -760,6 +760,15 @@ static void prefill(void) {
                               mi, NH, D, p0, ver - 2);
                 }
             }
+            if (mi == KVD_KV_BF16) { /* no version 6: refused, nothing written */
+                for (size_t i = 0; i < (size_t)NQ * NH * D; i++) og[i] = 7.0f;
+                int rc = kvd_cuda_attn_prefill_v(&view, c.n_blocks, c.seqs[s].blocks, 0, 40, q, NH,
+                                                 1.0f / sqrtf((float)D), og, 6);
+                size_t touched = 0;
+                for (size_t i = 0; i < (size_t)NQ * NH * D; i++) touched += og[i] != 7.0f;
+                CHECK(rc == -1 && !touched, "prefill took version 6 (rc %d, %zu written)\n", rc,
+                      touched);
+            }
             kvd_kvcache_free(&c);
         }
         free(k), free(v), free(q), free(oc), free(og), free(o2), free(o3), free(work);
