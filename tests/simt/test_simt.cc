@@ -334,21 +334,32 @@ void simulator_checks() {
     dyn_shared % launch("dyn_shared", 1, 64, 49 * 1024)(d);
     CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "49 KB shared: not refused\n");
     CHECK(cudaGetLastError() == cudaSuccess, "a refused launch left the context broken\n");
+    // the simulated device (KVD_SIMT_DEVICE) as the kernels read it
+    const kvd_simt::simt_device &sd = kvd_simt::device();
+    cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, 0) == cudaSuccess, "no device properties\n");
+    CHECK(prop.major == sd.major && prop.multiProcessorCount == sd.sms &&
+              prop.sharedMemPerBlockOptin == sd.smem_optin &&
+              prop.sharedMemPerMultiprocessor == sd.smem_sm,
+          "%s: the properties are not the device's\n", sd.arch);
+    CHECK(sd.smem_optin == (std::strcmp(sd.arch, "sm_120") ? 227u : 99u) * 1024,
+          "%s: a %zu-byte opt-in limit\n", sd.arch, sd.smem_optin);
     // the opt-in, per kernel: up to it the launch runs, past it (or past
-    // the device's 227 KB) it is refused
-    CHECK(cudaFuncSetAttribute(dyn_shared, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               100 * 1024) == cudaSuccess,
-          "a 100 KB opt-in refused\n");
-    dyn_shared % launch("dyn_shared", 1, 64, 100 * 1024)(d);
-    CHECK(cudaGetLastError() == cudaSuccess, "100 KB shared with a 100 KB opt-in: refused\n");
-    dyn_shared % launch("dyn_shared", 1, 64, 100 * 1024 + 16)(d);
+    // the device's 227 KB, or sm_120's 99 KB) it is refused
+    const int optin = (int)sd.smem_optin - 1024;
+    CHECK(cudaFuncSetAttribute(dyn_shared, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) ==
+              cudaSuccess,
+          "a %d-byte opt-in refused\n", optin);
+    dyn_shared % launch("dyn_shared", 1, 64, optin)(d);
+    CHECK(cudaGetLastError() == cudaSuccess, "shared memory up to the opt-in: refused\n");
+    dyn_shared % launch("dyn_shared", 1, 64, optin + 16)(d);
     CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "past the opt-in: not refused\n");
     touch % launch("touch", 1, 64, 49 * 1024)(d);
     CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration,
           "another kernel took dyn_shared's opt-in\n");
     CHECK(cudaFuncSetAttribute(dyn_shared, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               228 * 1024) == cudaErrorInvalidValue,
-          "an opt-in past 227 KB accepted\n");
+                               (int)sd.smem_optin + 1) == cudaErrorInvalidValue,
+          "an opt-in past the device's limit accepted\n");
     CHECK(cudaGetLastError() == cudaErrorInvalidValue, "the refused opt-in left no error\n");
 
     CHECK(cudaMemcpy(d, h.data(), sizeof(float) * 65, cudaMemcpyHostToDevice) ==
