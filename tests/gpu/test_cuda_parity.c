@@ -719,11 +719,13 @@ static void prefill(void) {
                                    sm, oc + (size_t)r * NH * D, NULL, work, 1);
                 /* v3 on the deep chunk only: the first one's 40 positions are one
                  * split; v4 there too, on a BF16 and an FP8 cache (their two ways
-                 * of reading stages), and v5 where the cases are not quick */
+                 * of reading stages), and v5; quick cases (the sanitizers, which
+                 * look for bad accesses: the same code at every head_dim) take
+                 * v4 below head_dim 256 only */
                 for (int ver = 1; ver <= 5; ver++) {
                     if ((!p0 && ver >= 3) ||
                         (ver >= 4 && mi != KVD_KV_BF16 && mi != KVD_KV_FP8_CAL) ||
-                        (ver == 5 && quick))
+                        (quick && (ver == 5 || (ver == 4 && D == 256))))
                         continue;
                     for (size_t i = 0; i < (size_t)NQ * NH * D; i++) og[i] = 7.0f;
                     int rc = kvd_cuda_attn_prefill_v(&view, c.n_blocks, c.seqs[s].blocks, p0, nq, q,
