@@ -39,7 +39,7 @@ struct kvd_model {
     float *x, *xn, *mix;
     float *qg, *kb, *vb, *att;
     float *qkvz, *ba, *conv, *z, *beta, *gdec, *gdn_o;
-    float *rlogit, *topw, *gx, *g1, *g2, *gy, *sh1, *sh2, *shg;
+    float *rlogit, *topw, *gx, *g1, *g2, *sh1, *sh2, *shg;
     int *topi, *rows_of;
     /* routed experts: slots grouped by expert (start [E + 1], at [max_rows K]:
      * where each slot's output is in ey [max_rows K][H]) and a per-thread
@@ -122,13 +122,22 @@ static size_t ssm_len(const kvd_config *c) {
            (size_t)c->linear_value_head_dim;
 }
 
+/* the calling thread's number in its parallel region (0 outside one) */
+static int thread_num(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
 void kvd_model_free(kvd_model *m) {
     if (!m) return;
-    float *bufs[] = {m->inv_freq, m->x,          m->xn,    m->mix,    m->qg,       m->kb,
-                     m->vb,       m->att,        m->qkvz,  m->ba,     m->conv,     m->z,
-                     m->beta,     m->gdec,       m->gdn_o, m->rlogit, m->topw,     m->gx,
-                     m->g1,       m->g2,         m->gy,    m->sh1,    m->sh2,      m->shg,
-                     m->probs,    m->conv_state, m->ssm,   m->ey,     m->e_scratch};
+    float *bufs[] = {m->inv_freq,   m->x,    m->xn,    m->mix,      m->qg,   m->kb,
+                     m->vb,         m->att,  m->qkvz,  m->ba,       m->conv, m->z,
+                     m->beta,       m->gdec, m->gdn_o, m->rlogit,   m->topw, m->gx,
+                     m->g1,         m->g2,   m->sh1,   m->sh2,      m->shg,  m->probs,
+                     m->conv_state, m->ssm,  m->ey,    m->e_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m->held), free(m->held_x), free(m->held_logits), free(m->hcmp), free(m->lcmp);
     free(m->targets), free(m->all_logits);
@@ -194,7 +203,6 @@ kvd_model *kvd_model_new(const kvd_weights *w, int max_rows, int max_seqs, char 
     ALLOC(m->gx, R * H);
     ALLOC(m->g1, R * I);
     ALLOC(m->g2, R * I);
-    ALLOC(m->gy, R * H);
     ALLOC(m->e_start, E + 1);
     ALLOC(m->slot_at, R * K);
     ALLOC(m->sh1, R * Is);
@@ -314,11 +322,7 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
     const kvd_model *ref = m->ref;
 #pragma omp parallel for schedule(dynamic, 1) if (by_rows)
     for (int r = 0; r < rows; r++) {
-#ifdef _OPENMP
-        int tid = by_rows ? omp_get_thread_num() : 0;
-#else
-        int tid = 0;
-#endif
+        int tid = by_rows ? thread_num() : 0;
         char *arena = (char *)m->probs + (size_t)tid * per_thread;
         float *qh = (float *)arena, *pr = (float *)(arena + qb);
         float *sp = (float *)(arena + qb + pb), *so = (float *)(arena + qb + 2 * pb);
@@ -533,11 +537,7 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
     for (int e = 0; e < E; e++) {
         const int a = m->e_start[e], n = m->e_start[e + 1] - a;
         if (n == 0) continue;
-#ifdef _OPENMP
-        float *gx = m->e_scratch + (size_t)omp_get_thread_num() * scratch;
-#else
-        float *gx = m->e_scratch;
-#endif
+        float *gx = m->e_scratch + (size_t)thread_num() * scratch;
         float *g1 = gx + (size_t)m->max_rows * H, *g2 = g1 + (size_t)m->max_rows * I;
         for (int i = 0; i < n; i++)
             memcpy(gx + (size_t)i * H, m->xn + (size_t)(m->rows_of[a + i] / K) * H,

@@ -1054,13 +1054,16 @@ extern "C" int kvd_cuda_attn_probs_rows_dev(const kvd_kv_view *dv, const int32_t
     const int nv = n * (n_heads / dv->kv_heads), vec = nv > 64 ? 128 : nv > 32 ? 64 : 32;
     const size_t smem = sizeof(float) * ((size_t)ROWS_KSTR * dv->head_dim + ROWS_DC * (vec + 4));
     if (smem > 48 * 1024) return -1; /* head_dim up to 320 */
-    void (*scores)(view, const int *, int, const int *, const int *, int, const float *, size_t,
-                   int, float, float *, size_t) = vec == 128  ? rows_scores_kernel<128>
-                                                  : vec == 64 ? rows_scores_kernel<64>
-                                                              : rows_scores_kernel<32>;
-    const unsigned threads = (unsigned)(ROWS_TILE / 4 * (vec / 4));
-    scores<<<g1, threads, smem>>>(kv, (const int *)blocks, n, qrow, n_ctx, max_ctx, q, q_stride,
-                                  n_heads, sm_scale, probs, stride);
+    auto scores = [&](auto kernel, int threads) {
+        kernel<<<g1, threads, smem>>>(kv, (const int *)blocks, n, qrow, n_ctx, max_ctx, q, q_stride,
+                                      n_heads, sm_scale, probs, stride);
+    };
+    if (vec == 128)
+        scores(rows_scores_kernel<128>, rows_threads<128>());
+    else if (vec == 64)
+        scores(rows_scores_kernel<64>, rows_threads<64>());
+    else
+        scores(rows_scores_kernel<32>, rows_threads<32>());
     softmax_rows_kernel<<<g2, 256>>>(probs, n_ctx, n_heads, stride);
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
