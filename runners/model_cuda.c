@@ -1118,7 +1118,9 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
     for (int r = 0; r < m0->p.n; r++) {
         kvd_cuda_model *m = m0->rk[r];
         const int nhl = m->c.num_attention_heads, h0 = m->p.nh0;
-        const size_t no = (size_t)nhl * hd, ro = (size_t)R * nhl;
+        /* the figures' device layout: [view or kind][this step's n rows][heads],
+         * so that only the n sampled rows' figures come back */
+        const size_t no = (size_t)nhl * hd, ro = (size_t)n * nhl;
         kvd_cuda_set_device(r);
         rc |= kvd_cuda_upload(m->d_rowidx, sel, sizeof(int) * 2 * R); /* sel, then ctx */
         for (int s0 = 0, s1; s0 < n && !rc; s0 = s1) {
@@ -1154,7 +1156,7 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
                     m->d_top + 3 * ro + (size_t)s0 * nhl, (size_t)nhl);
             }
         }
-        /* every row's figures back at once, then into their heads' places */
+        /* the sampled rows' figures back at once, then into their heads' places */
         rc |= kvd_cuda_download(m0->h_souts, m->d_outs, sizeof(float) * n * 3 * no) ||
               kvd_cuda_download(m0->h_skl, m->d_kl, sizeof(double) * 2 * ro) ||
               kvd_cuda_download(m0->h_stop, m->d_top, sizeof(int) * 4 * ro);
