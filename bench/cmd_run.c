@@ -4,6 +4,7 @@
  * concurrency. After every finished cell the results file is rewritten
  * whole (atomically), so a sweep that dies keeps every finished cell and a
  * rerun of the same command resumes. */
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
@@ -33,7 +34,7 @@ typedef struct {
     int n_ctx;
     int traces;
     uint64_t seed;
-    const char *out, *spec_path, *backend;
+    const char *out, *backend;
     kvd_backend be; /* backend's, with the GPUs */
     kvd_cal_recipe recipe;
     int per_head, calib_tokens;
@@ -55,96 +56,171 @@ static char *own(run_opts *o, const char *s) {
     return d;
 }
 
-static int parse_list(const char *s, int64_t *out, int max, int64_t lo, int64_t hi) {
+/* A comma-separated list into its items (each at most 63 characters);
+ * -1 on an empty item ("1,,2", a trailing comma) or more than max. */
+static int split_list(const char *s, char item[][64], int max) {
     int n = 0;
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", s);
-    for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+    for (const char *p = s;; p++) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == 0 || len > 63 || n == max) return -1;
+        memcpy(item[n], p, len);
+        item[n++][len] = 0;
+        if (!e) return n;
+        p = e;
+    }
+}
+
+/* the index of the first value listed twice, or -1: a list whose items
+ * repeat would run (or skip) the same cell twice */
+static int repeated(const int64_t *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (v[i] == v[j]) return i;
+    return -1;
+}
+
+static int parse_list(const char *s, int64_t *out, int max, int64_t lo, int64_t hi) {
+    char item[MAX_LIST][64];
+    int n = split_list(s, item, max);
+    for (int i = 0; i < n; i++) {
         char *end;
-        long long v = strtoll(t, &end, 10);
-        if (end == t || *end || v < lo || v > hi || n == max) return -1;
-        out[n++] = v;
+        errno = 0;
+        long long v = strtoll(item[i], &end, 10);
+        if (errno || *end || v < lo || v > hi) return -1;
+        out[i] = v;
     }
     return n;
 }
 
 static int parse_modes(const char *s, run_opts *o) {
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", s);
-    o->n_modes = 0;
-    for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+    char item[KVD_KV_N_MODES][64];
+    int n = split_list(s, item, KVD_KV_N_MODES);
+    for (int i = 0; i < n; i++) {
         kvd_kv_mode m;
-        if (kvd_kv_mode_parse(t, &m)) return -1;
-        o->modes[o->n_modes++] = m;
+        if (kvd_kv_mode_parse(item[i], &m)) return -1;
+        o->modes[i] = m;
     }
-    return o->n_modes > 0 ? 0 : -1;
+    o->n_modes = n > 0 ? n : 0;
+    return n > 0 ? 0 : -1;
 }
 
-static void set_flag(run_opts *o, const char *cmd, const char *flag, const char *val) {
+/* One of run's settings, the flag f and (where it takes one) its value next
+ * in a; the same checks for the command line and a spec file. 0 when f is
+ * not one of run's flags. */
+static int run_flag(run_opts *o, kvd_args *a, const char *f) {
+    const char *cmd = a->cmd;
     int64_t tmp[MAX_LIST];
     int n;
-    if (!strcmp(flag, "--kv")) {
+    if (kvd_model_opts_flag(&o->mo, a, f)) return 1;
+    if (!strcmp(f, "-o") || !strcmp(f, "--output")) {
+        o->out = kvd_args_value(a, f);
+    } else if (!strcmp(f, "--traces")) {
+        o->traces = (int)kvd_args_long(a, f, 1, 10000);
+    } else if (!strcmp(f, "--seed")) {
+        o->seed = (uint64_t)kvd_args_long(a, f, 0, 2147483647L);
+    } else if (!strcmp(f, "--per-head")) {
+        o->per_head = 1;
+    } else if (!strcmp(f, "--attn-per-head")) {
+        o->attn_per_head = 1;
+    } else if (!strcmp(f, "--scales")) {
+        o->scales_path = kvd_args_value(a, f);
+    } else if (!strcmp(f, "--calib-tokens")) {
+        o->calib_tokens = (int)kvd_args_long(a, f, 1, 1 << 24);
+    } else if (!strcmp(f, "--sample-every")) {
+        o->dopt.sample_every = (int)kvd_args_long(a, f, 1, 1 << 20);
+    } else if (!strcmp(f, "--gen-tokens")) {
+        o->dopt.gen_tokens = (int)kvd_args_long(a, f, 0, 1 << 16);
+    } else if (!strcmp(f, "--decode-tokens")) {
+        o->decode_tokens = (int)kvd_args_long(a, f, 2, 1 << 16);
+    } else if (!strcmp(f, "--threads")) {
+        kvd_set_threads((int)kvd_args_long(a, f, 1, 4096));
+    } else if (!strcmp(f, "--kv")) {
+        const char *val = kvd_args_value(a, f);
         if (parse_modes(val, o))
             kvd_die(KVD_EXIT_USAGE, cmd,
                     "--kv: expected a list of bf16, fp8-cal, fp8-unscaled, fp8-e5m2, fp8-ckpt, got "
                     "'%s'",
                     val);
-    } else if (!strcmp(flag, "--concurrency")) {
+        for (int i = 0; i < o->n_modes; i++) tmp[i] = o->modes[i];
+        const int r = repeated(tmp, o->n_modes);
+        if (r >= 0)
+            kvd_die(KVD_EXIT_USAGE, cmd, "--kv: %s is listed twice in '%s'",
+                    kvd_kv_mode_name((kvd_kv_mode)o->modes[r]), val);
+    } else if (!strcmp(f, "--concurrency")) {
+        const char *val = kvd_args_value(a, f);
         if ((n = parse_list(val, tmp, MAX_LIST, 1, 1024)) <= 0)
-            kvd_die(KVD_EXIT_USAGE, cmd, "--concurrency: expected a list of 1..1024, got '%s'",
-                    val);
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--concurrency: expected a list of up to %d levels in 1..1024, got '%s'",
+                    MAX_LIST, val);
+        const int r = repeated(tmp, n);
+        if (r >= 0)
+            kvd_die(KVD_EXIT_USAGE, cmd, "--concurrency: %lld is listed twice in '%s'",
+                    (long long)tmp[r], val);
         o->n_conc = n;
         for (int i = 0; i < n; i++) o->conc[i] = (int)tmp[i];
-    } else if (!strcmp(flag, "--context")) {
+    } else if (!strcmp(f, "--context")) {
+        const char *val = kvd_args_value(a, f);
         if ((n = parse_list(val, tmp, MAX_LIST, 16, 1 << 24)) <= 0)
             kvd_die(KVD_EXIT_USAGE, cmd,
-                    "--context: expected a list of token counts >= 16, got '%s'", val);
+                    "--context: expected a list of up to %d token counts >= 16, got '%s'", MAX_LIST,
+                    val);
+        const int r = repeated(tmp, n);
+        if (r >= 0)
+            kvd_die(KVD_EXIT_USAGE, cmd, "--context: %lld is listed twice in '%s'",
+                    (long long)tmp[r], val);
         o->n_ctx = n;
         for (int i = 0; i < n; i++) o->ctx[i] = tmp[i];
-    } else if (!strcmp(flag, "--kv-budget")) {
+    } else if (!strcmp(f, "--kv-budget")) {
+        const char *val = kvd_args_value(a, f);
         o->kv_budget = kvd_parse_bytes(val);
         if (o->kv_budget <= 0)
             kvd_die(KVD_EXIT_USAGE, cmd,
                     "--kv-budget: expected a size like 40GiB or 512MiB, got '%s'", val);
-    } else if (!strcmp(flag, "--calibration")) {
+    } else if (!strcmp(f, "--calibration")) {
+        const char *val = kvd_args_value(a, f);
         if (kvd_cal_recipe_parse(val, &o->recipe))
             kvd_die(KVD_EXIT_USAGE, cmd,
                     "--calibration: expected absmax, modelopt or vllm-dynamic, got '%s'", val);
-    } else if (!strcmp(flag, "--cells")) {
-        char list[128];
-        snprintf(list, sizeof list, "%s", val);
+    } else if (!strcmp(f, "--cells")) {
+        const char *val = kvd_args_value(a, f);
+        char item[4][64];
+        int k = split_list(val, item, 4);
         o->cells = 0;
-        for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
-            if (!strcmp(t, "drift")) {
-                o->cells |= 1;
-            } else if (!strcmp(t, "throughput")) {
-                o->cells |= 2;
-            } else {
-                kvd_die(KVD_EXIT_USAGE, cmd,
-                        "--cells: expected a list of drift and throughput, got '%s'", val);
-            }
-        }
-    } else if (!strcmp(flag, "--backend")) {
+        for (int i = 0; i < k; i++)
+            o->cells |= !strcmp(item[i], "drift") ? 1 : !strcmp(item[i], "throughput") ? 2 : 4;
+        if (k <= 0 || (o->cells & 4))
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--cells: expected a list of drift and throughput, got '%s'", val);
+    } else if (!strcmp(f, "--backend")) {
+        const char *val = kvd_args_value(a, f);
         if (strcmp(val, "cpu") && strcmp(val, "cuda"))
             kvd_die(KVD_EXIT_USAGE, cmd, "--backend: expected cpu or cuda, got '%s'", val);
         o->backend = val;
-    } else if (!strcmp(flag, "--gpus")) {
+    } else if (!strcmp(f, "--gpus")) {
+        const char *val = kvd_args_value(a, f);
         char *end;
         long g = strtol(val, &end, 10);
         if (*end || end == val || g < 1 || g > KVD_MAX_GPUS)
             kvd_die(KVD_EXIT_USAGE, cmd, "--gpus: expected 1 to %d, got '%s'", KVD_MAX_GPUS, val);
         o->be.gpus = (int)g;
     } else {
-        kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s' (see kvdrift run --help)", flag);
+        return 0;
     }
+    return 1;
 }
 
-/* A JSON spec holds the same settings as the flags, by the flags' names. */
-static void load_spec(run_opts *o, const char *cmd, const char *path) {
+/* A JSON spec holds the same settings as the flags, by the flags' names
+ * ("gen_tokens" or "gen-tokens"), checked as the flags are; a message about
+ * one names the file. */
+static void load_spec(run_opts *o, const char *path) {
     char err[KVD_ERR_LEN];
+    /* kvd_die's "kvdrift CMD: ": the spec's messages name it */
+    static char cmd[KVD_ERR_LEN];
+    snprintf(cmd, sizeof cmd, "run: %s", path);
     json_t *j = kvd_json_load(path, err);
-    if (!j) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
-    if (!json_is_object(j)) kvd_die(KVD_EXIT_USAGE, cmd, "%s: expected a JSON object", path);
+    if (!j) kvd_die(KVD_EXIT_USAGE, "run", "%s", err);
+    if (!json_is_object(j)) kvd_die(KVD_EXIT_USAGE, "run", "%s: expected a JSON object", path);
     const char *key;
     json_t *v;
     json_object_foreach(j, key, v) {
@@ -169,51 +245,131 @@ static void load_spec(run_opts *o, const char *cmd, const char *path) {
                 else if (json_is_integer(e))
                     snprintf(one, sizeof one, "%lld", (long long)json_integer_value(e));
                 else
-                    kvd_die(KVD_EXIT_USAGE, cmd, "%s: field '%s': expected strings or integers",
-                            path, key);
+                    kvd_die(KVD_EXIT_USAGE, cmd, "field '%s': expected strings or integers", key);
                 if (i) strncat(val, ",", sizeof val - strlen(val) - 1);
                 strncat(val, one, sizeof val - strlen(val) - 1);
             }
         } else if (json_is_boolean(v)) {
             snprintf(val, sizeof val, "%s", json_is_true(v) ? "1" : "0");
         } else {
-            kvd_die(KVD_EXIT_USAGE, cmd, "%s: field '%s': unsupported value", path, key);
+            kvd_die(KVD_EXIT_USAGE, cmd, "field '%s': unsupported value", key);
         }
-        /* route through the same parsers as the command line */
+        /* switches: true or false (1 or 0) */
+        int *sw = !strcmp(flag, "--per-head")        ? &o->per_head
+                  : !strcmp(flag, "--attn-per-head") ? &o->attn_per_head
+                                                     : NULL;
+        if (sw) {
+            if (strcmp(val, "0") && strcmp(val, "1"))
+                kvd_die(KVD_EXIT_USAGE, cmd, "field '%s': expected true or false, got '%s'", key,
+                        val);
+            *sw = val[0] == '1';
+            continue;
+        }
         /* values outlive this loop (a preset name, a path): keep a copy */
         char *argv2[2] = {flag, own(o, val)};
         kvd_args a = {2, argv2, 1, cmd};
-        if (kvd_model_opts_flag(&o->mo, &a, flag)) continue;
-        if (!strcmp(flag, "--traces"))
-            o->traces = (int)strtol(val, NULL, 10);
-        else if (!strcmp(flag, "--seed"))
-            o->seed = strtoull(val, NULL, 10);
-        else if (!strcmp(flag, "--scales"))
-            o->scales_path = argv2[1];
-        else if (!strcmp(flag, "--attn-per-head"))
-            o->attn_per_head = strcmp(val, "0") != 0;
-        else if (!strcmp(flag, "--per-head"))
-            o->per_head = strcmp(val, "0") != 0;
-        else if (!strcmp(flag, "--calib-tokens"))
-            o->calib_tokens = (int)strtol(val, NULL, 10);
-        else if (!strcmp(flag, "--sample-every"))
-            o->dopt.sample_every = (int)strtol(val, NULL, 10);
-        else if (!strcmp(flag, "--gen-tokens"))
-            o->dopt.gen_tokens = (int)strtol(val, NULL, 10);
-        else if (!strcmp(flag, "--decode-tokens"))
-            o->decode_tokens = (int)strtol(val, NULL, 10);
-        else if (!strcmp(flag, "--output"))
-            o->out = argv2[1];
-        else
-            set_flag(o, cmd, flag, val);
+        if (!strcmp(flag, "--spec") || !run_flag(o, &a, flag))
+            kvd_die(KVD_EXIT_USAGE, cmd, "unknown field '%s' (the fields are run's flags)", key);
     }
-    if (o->traces < 1 || o->calib_tokens < 1 || o->dopt.sample_every < 1 ||
-        o->dopt.gen_tokens < 0 || o->decode_tokens < 2)
-        kvd_die(KVD_EXIT_USAGE, cmd,
-                "%s: expected traces, calib_tokens, sample_every >= 1, gen_tokens >= 0 and "
-                "decode_tokens >= 2",
-                path);
     json_decref(j);
+}
+
+/* ---- resuming ---- */
+
+/* What decides a cell's figures besides the model (model_config) and the
+ * traces (trace_spec), as JSON keyed by run's flags. Not in it: which cells
+ * (--kv, --context, --concurrency, --cells), where they go, thread counts. */
+static char *run_settings(const run_opts *o, const kvd_config *c, const char *cmd) {
+    json_t *wj = kvd_model_opts_weights_json(&o->mo, c);
+    if (!wj) kvd_die(KVD_EXIT_USAGE, cmd, "%s: no longer readable", o->mo.profile);
+    json_t *j = json_object();
+    json_object_set_new(j, "backend", json_string(o->backend));
+    json_object_set_new(j, "gpus", json_integer(o->be.gpus));
+    json_object_set_new(j, "weights", wj);
+    json_object_set_new(j, "traces", json_integer(o->traces));
+    json_object_set_new(j, "seed", json_integer((json_int_t)o->seed));
+    json_object_set_new(j, "gen-tokens", json_integer(o->dopt.gen_tokens));
+    json_object_set_new(j, "sample-every", json_integer(o->dopt.sample_every));
+    json_object_set_new(j, "fp8-saturate", json_boolean(o->dopt.saturate));
+    json_object_set_new(j, "calibration", json_string(kvd_cal_recipe_name(o->recipe)));
+    json_object_set_new(j, "per-head", json_boolean(o->per_head));
+    json_object_set_new(j, "calib-tokens", json_integer(o->calib_tokens));
+    json_object_set_new(j, "scales", o->scales_path ? json_string(o->scales_path) : json_null());
+    json_object_set_new(j, "attn-per-head", json_boolean(o->attn_per_head));
+    json_object_set_new(j, "decode-tokens", json_integer(o->decode_tokens));
+    json_object_set_new(j, "kv-budget", json_integer((json_int_t)llround(o->kv_budget)));
+    char *txt = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return txt;
+}
+
+static void show_value(const json_t *v, char *out, size_t n) {
+    if (json_is_string(v)) {
+        snprintf(out, n, "%s", json_string_value(v));
+    } else if (!v || json_is_null(v)) {
+        snprintf(out, n, "(none)");
+    } else {
+        char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(9));
+        snprintf(out, n, "%s", t ? t : "?");
+        free(t);
+    }
+}
+
+/* A file's finished cells ran under its settings, model and traces; a run
+ * that differs in any of them must not add its cells beside them (the file
+ * would describe one sweep and hold two). Names the first difference. */
+static void check_resume(const char *cmd, const char *path, const char *was_settings,
+                         const char *was_model, const char *was_trace, const char *settings,
+                         const char *model, const char *trace) {
+    const char *fix = "write to another file (-o), or remove it to start over";
+    if (!was_settings)
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "%s: its cells cannot be resumed: it records no run settings (an older "
+                "kvdrift wrote it); %s",
+                path, fix);
+    json_t *a = json_loads(was_settings, 0, NULL), *b = json_loads(settings, 0, NULL);
+    if (!a) kvd_die(KVD_EXIT_USAGE, cmd, "%s: attribute run_settings: expected JSON", path);
+    const char *key;
+    json_t *v;
+    json_object_foreach(b, key, v) {
+        const json_t *w = json_object_get(a, key);
+        if (w && json_equal((json_t *)w, v)) continue;
+        char x[256], y[256];
+        if (!strcmp(key, "weights") && json_is_object(w)) {
+            /* the first knob (or source) that differs */
+            const char *wk;
+            json_t *wv;
+            json_object_foreach(v, wk, wv) {
+                const json_t *ww = json_object_get(w, wk);
+                if (ww && json_equal((json_t *)ww, wv)) continue;
+                show_value(ww, x, sizeof x), show_value(wv, y, sizeof y);
+                kvd_die(KVD_EXIT_USAGE, cmd,
+                        "%s holds cells of other weights (their %s %s, this run's %s): %s", path,
+                        wk, x, y, fix);
+            }
+        }
+        show_value(w, x, sizeof x), show_value(v, y, sizeof y);
+        kvd_die(KVD_EXIT_USAGE, cmd, "%s holds cells run with --%s %s, this run has --%s %s: %s",
+                path, key, x, key, y, fix);
+    }
+    json_decref(a), json_decref(b);
+    if (!was_model || strcmp(was_model, model))
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "%s holds cells of another model (its model_config differs from this run's): %s",
+                path, fix);
+    if (!was_trace || strcmp(was_trace, trace)) {
+        /* with the seed and --gen-tokens equal, the length: a trace's tokens
+         * depend on its length, which the largest context sets */
+        json_t *t0 = json_loads(was_trace ? was_trace : "{}", 0, NULL),
+               *t1 = json_loads(trace, 0, NULL);
+        long long l0 = (long long)json_integer_value(json_object_get(t0, "length")),
+                  l1 = (long long)json_integer_value(json_object_get(t1, "length"));
+        json_decref(t0), json_decref(t1);
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "%s holds cells over traces of %lld tokens, this run's are %lld (the largest "
+                "--context sets a trace's length, and its tokens depend on it): %s",
+                path, l0, l1, fix);
+    }
 }
 
 /* ---- progress ---- */
@@ -646,7 +802,8 @@ static const char *const run_help =
     "usage: kvdrift run [flags] -o run.h5        (or: kvdrift run --spec sweep.json)\n"
     "Runs each KV mode in lock step with the BF16 reference over synthetic agentic-coding\n"
     "traces and records drift per layer and position bucket, and throughput per concurrency,\n"
-    "to an HDF5 results file (docs/results-schema.md). Rerunning the same command resumes.\n"
+    "to an HDF5 results file (docs/results-schema.md). Rerunning the same command resumes\n"
+    "(other modes, contexts and concurrency levels may be added; other settings are refused).\n"
     "  --kv LIST            modes (default bf16,fp8-cal,fp8-unscaled,fp8-e5m2)\n"
     "  --concurrency LIST   throughput concurrency levels (default 1,2,4,8,16,32)\n"
     "  --context LIST       context lengths in tokens (default 4096)\n"
@@ -691,36 +848,15 @@ int kvd_cmd_run(int argc, char **argv) {
     kvd_args a = {argc, argv, 0, cmd};
     const char *f;
     while ((f = kvd_args_next(&a))) {
-        if (kvd_model_opts_flag(&o.mo, &a, f)) continue;
-        if (!strcmp(f, "-o") || !strcmp(f, "--output"))
-            o.out = kvd_args_value(&a, f);
-        else if (!strcmp(f, "--spec"))
-            load_spec(&o, cmd, kvd_args_value(&a, f));
-        else if (!strcmp(f, "--traces"))
-            o.traces = (int)kvd_args_long(&a, f, 1, 10000);
-        else if (!strcmp(f, "--seed"))
-            o.seed = (uint64_t)kvd_args_long(&a, f, 0, 2147483647L);
-        else if (!strcmp(f, "--per-head"))
-            o.per_head = 1;
-        else if (!strcmp(f, "--attn-per-head"))
-            o.attn_per_head = 1;
-        else if (!strcmp(f, "--scales"))
-            o.scales_path = kvd_args_value(&a, f);
-        else if (!strcmp(f, "--calib-tokens"))
-            o.calib_tokens = (int)kvd_args_long(&a, f, 1, 1 << 24);
-        else if (!strcmp(f, "--sample-every"))
-            o.dopt.sample_every = (int)kvd_args_long(&a, f, 1, 1 << 20);
-        else if (!strcmp(f, "--gen-tokens"))
-            o.dopt.gen_tokens = (int)kvd_args_long(&a, f, 0, 1 << 16);
-        else if (!strcmp(f, "--decode-tokens"))
-            o.decode_tokens = (int)kvd_args_long(&a, f, 2, 1 << 16);
-        else if (!strcmp(f, "--threads"))
-            kvd_set_threads((int)kvd_args_long(&a, f, 1, 4096));
-        else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+        if (run_flag(&o, &a, f)) continue;
+        if (!strcmp(f, "--spec")) {
+            load_spec(&o, kvd_args_value(&a, f));
+        } else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
             printf("%s%s", run_help, kvd_model_opts_help);
             return 0;
-        } else
-            set_flag(&o, cmd, f, kvd_args_value(&a, f));
+        } else {
+            kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s' (see kvdrift run --help)", f);
+        }
     }
     if (!o.out) kvd_die(KVD_EXIT_USAGE, cmd, "expected -o FILE (or \"output\" in the spec)");
     char err[KVD_ERR_LEN], device[128];
@@ -738,12 +874,11 @@ int kvd_cmd_run(int argc, char **argv) {
     kvd_results res;
     kvd_results_init(&res);
     kvd_tmp_sweep(o.out); /* what a killed run left */
-    if (access(o.out, F_OK) == 0) {
-        if (kvd_results_load(&res, o.out, err))
-            kvd_die(KVD_EXIT_USAGE, cmd, "%s (remove it to start over)", err);
-        fprintf(stderr, "kvdrift run: resuming %s: %lld cells already finished\n", o.out,
-                (long long)res.t[KVD_T_CELLS].n);
-    }
+    if (access(o.out, F_OK) == 0 && kvd_results_load(&res, o.out, err))
+        kvd_die(KVD_EXIT_USAGE, cmd, "%s (remove it to start over)", err);
+    /* what the file says it holds, checked below against this run */
+    char *was_model = res.model_json, *was_trace = res.trace_json, *was_settings = res.settings;
+    res.settings = run_settings(&o, c, cmd);
     res.model_json = kvd_config_to_json(c);
     snprintf(res.backend, sizeof res.backend, "%s", o.backend);
     snprintf(res.device, sizeof res.device, "%s", device);
@@ -768,8 +903,14 @@ int kvd_cmd_run(int argc, char **argv) {
         if (kvd_trace_generate(&sp, &tr[i], err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
     }
     sp.seed = o.seed;
-    free(res.trace_json);
     res.trace_json = kvd_trace_spec_json(&sp);
+    if (res.t[KVD_T_CELLS].n > 0) {
+        check_resume(cmd, o.out, was_settings, was_model, was_trace, res.settings, res.model_json,
+                     res.trace_json);
+        fprintf(stderr, "kvdrift run: resuming %s: %lld cells already finished\n", o.out,
+                (long long)res.t[KVD_T_CELLS].n);
+    }
+    free(was_model), free(was_trace), free(was_settings);
 
     kvd_kv_scales sc = {0}, am = {0};
     kvd_kv_scales ck = {0};

@@ -144,6 +144,9 @@ typedef struct {
     kvd_table t[KVD_T_N];
     /* provenance, root attributes */
     char *model_json, *trace_json, *command;
+    /* what decides a cell's figures beyond the model and the traces (JSON,
+     * keys named like run's flags): a resumed sweep must match it */
+    char *settings;
     /* read back from a file (written ones come from the build and the clock) */
     char version[32], git_rev[32], written_utc[32], host[128];
     char backend[16], device[128];

@@ -6,6 +6,7 @@
 #include "../runners/fileio.h"
 
 #include <csv.h>
+#include <jansson.h>
 
 #include <errno.h>
 #include <stdarg.h>
@@ -66,7 +67,7 @@ const char *const kvd_model_opts_help =
     "  --activation-profile F  CSV layer,k_outlier_scale,v_rms: per-layer K/V magnitudes\n"
     "  --weight-seed N         seed of the synthetic weights (default 1234)\n"
     "  --k-outlier-scale X     |K| of the key outlier channels (default 320)\n"
-    "  --k-outlier-channels N  key outlier channels per layer (default 3.5)\n"
+    "  --k-outlier-channels N  key outlier channels per layer (default 4)\n"
     "  --v-rms X               rms of V entries (default 0.005)\n"
     "  --sink X                attention-sink strength (default 3.5)\n"
     "  --retrieval X           same-token retrieval strength (default 1.5)\n";
@@ -204,6 +205,32 @@ void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, kvd_weights 
     if (o->profile && load_profile(o->profile, &cfg, &s, err))
         kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
     if (kvd_weights_synth(w, &cfg, &s, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+}
+
+json_t *kvd_model_opts_weights_json(const kvd_model_opts *o, const kvd_config *cfg) {
+    if (o->model_dir) return json_pack("{s:s}", "checkpoint", o->model_dir);
+    kvd_synth s = o->synth;
+    char err[KVD_ERR_LEN];
+    json_t *j =
+        json_pack("{s:I, s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "seed", (json_int_t)s.seed,
+                  "k_outlier_channels", s.k_outlier_channels, "k_outlier_scale",
+                  (double)s.k_outlier_scale, "k_rms", (double)s.k_rms, "v_rms", (double)s.v_rms,
+                  "layer_spread", (double)s.layer_spread, "sink_strength", (double)s.sink_strength,
+                  "retrieval_strength", (double)s.retrieval_strength);
+    if (o->profile) { /* the profile's values, not its name: the file may change */
+        if (load_profile(o->profile, cfg, &s, err)) {
+            json_decref(j);
+            return NULL;
+        }
+        json_t *k = json_array(), *v = json_array();
+        for (int l = 0; l < cfg->num_hidden_layers; l++) {
+            json_array_append_new(k, json_real(s.layer_k_scale[l]));
+            json_array_append_new(v, json_real(s.layer_v_rms[l]));
+        }
+        json_object_set_new(j, "layer_k_outlier_scale", k);
+        json_object_set_new(j, "layer_v_rms", v);
+    }
+    return j;
 }
 
 void kvd_model_opts_ckpt_scales(const kvd_model_opts *o, const char *cmd, const kvd_config *cfg,

@@ -51,6 +51,11 @@ void kvd_model_opts_init(kvd_model_opts *o);
 int kvd_model_opts_flag(kvd_model_opts *o, kvd_args *a, const char *flag);
 /* Resolve config and synthesize weights; exits with a clear message on error. */
 void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, kvd_weights *w);
+/* Where the weights kvd_model_opts_build made come from, as JSON: a
+ * checkpoint's directory, or every knob of the synthetic ones (a profile's
+ * per-layer values included); NULL when the profile no longer reads. */
+struct json_t;
+struct json_t *kvd_model_opts_weights_json(const kvd_model_opts *o, const kvd_config *cfg);
 extern const char *const kvd_model_opts_help;
 
 /* "40GiB", "512MiB", "2GB": bytes; 0 when not a size. */

@@ -140,6 +140,29 @@ expect 2 "--backend: expected cpu or cuda, got 'tpu'" -- calibrate --model tiny 
 expect 2 "--gpus 2: needs --backend cuda" -- forward --model tiny --gpus 2 --tokens 16
 expect 2 "--gpus 2: needs --backend cuda" -- run --model tiny --gpus 2 -o "$work/g.h5"
 expect 2 "--gpus: expected 1 to 16, got '0'" -- run --model tiny --gpus 0 -o "$work/g.h5"
+# run's lists: an empty item, an item listed twice (it would run, or skip, a cell twice)
+expect 2 "--concurrency: expected a list of up to 16 levels in 1\.\.1024, got '1,,2'" -- run --model tiny --concurrency 1,,2 -o "$work/g.h5"
+expect 2 "--context: expected a list of up to 16 token counts >= 16, got '256,'" -- run --model tiny --context 256, -o "$work/g.h5"
+expect 2 "--context: 512 is listed twice in '512,256,0512'" -- run --model tiny --context 512,256,0512 -o "$work/g.h5"
+expect 2 "--kv: bf16 is listed twice in 'bf16,fp8-cal,bf16'" -- run --model tiny --kv bf16,fp8-cal,bf16 -o "$work/g.h5"
+expect 2 "--concurrency: 4 is listed twice" -- run --model tiny --concurrency 4,4 -o "$work/g.h5"
+expect 2 "--cells: expected a list of drift and throughput, got 'drift,,'" -- run --model tiny --cells drift,, -o "$work/g.h5"
+# a spec's fields are checked as the flags are, and a message names the file
+printf '{"model": "tiny", "seed": "abc", "output": "%s"}' "$work/g.h5" >"$work/seed.json"
+expect 2 "run: .*seed\.json: --seed: expected an integer in 0\.\.2147483647, got 'abc'" -- run --spec "$work/seed.json"
+printf '{"model": "tiny", "traces": 0}' >"$work/traces.json"
+expect 2 "traces\.json: --traces: expected an integer in 1\.\.10000, got '0'" -- run --spec "$work/traces.json"
+printf '{"model": "tiny", "contexts": [256]}' >"$work/field.json"
+expect 2 "field\.json: unknown field 'contexts'" -- run --spec "$work/field.json"
+printf '{"model": "tiny", "per_head": "yes"}' >"$work/switch.json"
+expect 2 "switch\.json: field 'per_head': expected true or false, got 'yes'" -- run --spec "$work/switch.json"
+printf '{"model": "tiny", "kv": ["bf16", "bf16"]}' >"$work/twice.json"
+expect 2 "twice\.json: --kv: bf16 is listed twice" -- run --spec "$work/twice.json"
+if [ -e "$work/g.h5" ]; then
+  fail=$((fail + 1)); echo "FAIL: a refused run left a results file"
+else
+  pass=$((pass + 1))
+fi
 expect 2 "bench: --backend: expected cpu or cuda, got 'tpu'" -- bench lockstep --model tiny --backend tpu
 expect 2 "bench: --gpus 2: needs --backend cuda" -- bench lockstep --model tiny --gpus 2
 expect 2 "bench: expected 'kernels', 'lockstep' or 'cuda'" -- bench kernel

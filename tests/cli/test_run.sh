@@ -178,6 +178,42 @@ for p in ("/drift/summary", "/drift/layers", "/drift/attention"):
     assert np.array_equal(a[p][:]["mean" if p != "/drift/summary" else "value"], b[p][:]["mean" if p != "/drift/summary" else "value"], equal_nan=True), p
 PY
 
+# resuming: a file's cells ran under its settings, model and traces; a run
+# that differs in any of them is refused and leaves the file as it was, one
+# that only adds cells resumes
+c1=(run --model tiny --kv fp8-cal --context 256 --concurrency 1 --seed 3 --calib-tokens 700 --gen-tokens 0 --decode-tokens 2)
+cp "$work/c1.h5" "$work/c1.before"
+resume_refused() { # PATTERN ARGS...: exit 2, the message, the file untouched
+  local pat="$1"
+  shift
+  "$bin" "$@" -o "$work/c1.h5" >/dev/null 2>"$work/e5"
+  local rc=$?
+  if [ $rc -eq 2 ] && grep -qE -- "$pat" "$work/e5" && cmp -s "$work/c1.h5" "$work/c1.before"; then ok; else bad "resume of another sweep ($*): exit $rc, $(cat "$work/e5")"; fi
+}
+resume_refused "c1.h5 holds cells run with --seed 3, this run has --seed 4" "${c1[@]}" --seed 4
+resume_refused "c1.h5 holds cells of other weights \(their seed 1234, this run's 9\)" "${c1[@]}" --weight-seed 9
+resume_refused "c1.h5 holds cells run with --calibration absmax, this run has --calibration modelopt" "${c1[@]}" --calibration modelopt
+resume_refused "c1.h5 holds cells over traces of 257 tokens, this run's are 513" "${c1[@]}" --context 256,512
+resume_refused "c1.h5 holds cells of another model" run --model small --kv fp8-cal --context 256 --concurrency 1 --seed 3 --calib-tokens 700 --gen-tokens 0 --decode-tokens 2
+if "$bin" "${c1[@]}" --kv fp8-cal,bf16 --context 128,256 -o "$work/c1.h5" >/dev/null 2>"$work/e5" &&
+  grep -q "resuming .*c1.h5: 2 cells already finished" "$work/e5"; then ok; else bad "adding modes and a shorter context did not resume: $(cat "$work/e5")"; fi
+"$py" - "$work/c1.before" "$work/c1.h5" <<'PY' && ok || bad "the resumed file lost or changed its first cells"
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+assert len(a["/cells"]) == 2 and len(b["/cells"]) == 2 * 2 * 2, (len(a["/cells"]), len(b["/cells"]))
+assert a.attrs["run_settings"] == b.attrs["run_settings"] and a.attrs["trace_spec"] == b.attrs["trace_spec"]
+assert np.array_equal(a["/calibration/k_scale"][:], b["/calibration/k_scale"][:])
+s = b["/drift/summary"][:]
+old = a["/drift/summary"][:]
+new = s[(s["mode"] == b"fp8-cal") & (s["context"] == 256)]
+assert np.array_equal(np.sort(old, order=["metric", "subset"]), np.sort(new, order=["metric", "subset"]))
+PY
+# a file from before run_settings was recorded: its settings are unknown
+cp "$work/c2.h5" "$work/old.h5"
+"$py" -c "import h5py, sys; del h5py.File(sys.argv[1], 'r+').attrs['run_settings']" "$work/old.h5"
+"$bin" run --model tiny --kv fp8-cal --context 256 --concurrency 1 --seed 3 --scales "$work/cal.json" --gen-tokens 0 --decode-tokens 2 -o "$work/old.h5" >/dev/null 2>"$work/e5"; rc=$?
+if [ $rc -eq 2 ] && grep -q "old.h5: its cells cannot be resumed: it records no run settings" "$work/e5"; then ok; else bad "a file without run settings resumed: exit $rc, $(cat "$work/e5")"; fi
+
 # bad input
 "$bin" run --model tiny --context 8 -o "$work/x.h5" 2>"$work/e1"; rc=$?
 if [ $rc -eq 2 ] && grep -q -- "--context: expected" "$work/e1"; then ok; else bad "--context 8 not refused"; fi
