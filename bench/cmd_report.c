@@ -114,19 +114,28 @@ int kvd_cmd_compare(int argc, char **argv) {
     kvd_check *checks;
     int n = kvd_compare(&runs[0], &runs[1], th, nth, &checks, err);
     if (n < 0) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
-    int breaches = 0;
+    int breaches = 0, missing = 0;
     for (int i = 0; i < n; i++) {
         const kvd_check *c = &checks[i];
         if (!c->breach) continue;
         breaches++;
         char bk[24] = "";
         if (c->bucket >= 0) snprintf(bk, sizeof bk, " bucket %d", c->bucket);
+        if (c->missing) {
+            missing++;
+            printf("REGRESSION %s %s context %lld%s: baseline %.6g, candidate %s\n", c->metric,
+                   c->mode, c->context, bk, c->base,
+                   isnan(c->cand) ? "none (absent, or NaN)" : "not finite");
+            continue;
+        }
         printf("REGRESSION %s %s context %lld%s: baseline %.6g, candidate %.6g (worse by %.3g, "
                "%.1f%%; allowed %.3g and %.0f%%)\n",
                c->metric, c->mode, c->context, bk, c->base, c->cand, c->abs_inc,
                isfinite(c->rel_inc) ? 100 * c->rel_inc : INFINITY, c->max_abs, 100 * c->max_rel);
     }
-    printf("compare: %d checks, %d regressions: %s\n", n, breaches,
+    char miss[48] = "";
+    if (missing) snprintf(miss, sizeof miss, " (%d missing in the candidate)", missing);
+    printf("compare: %d checks, %d regressions%s: %s\n", n, breaches, miss,
            breaches ? "REGRESSION" : "pass");
     if (out) {
         kvd_buf b = {0};

@@ -235,9 +235,10 @@ static void push(import_ctx *c, const char *idtxt, const char *kindtxt) {
     errno = 0;
     long long v = strtoll(idtxt, &end, 10);
     if (errno || end == idtxt || *end || v < 0) {
+        /* a text import has no columns: whitespace-separated ids */
         snprintf(c->err, KVD_ERR_LEN,
-                 "%s:%ld: column 'id': expected a non-negative integer token id, got '%s'", c->path,
-                 c->line, idtxt);
+                 "%s:%ld: %sexpected a non-negative integer token id, got '%s'", c->path, c->line,
+                 kindtxt ? "column 'id': " : "", idtxt);
         c->failed = 1;
         return;
     }
@@ -348,7 +349,7 @@ static void csv_row(int term, void *data) {
         c->header_checked = 1;
         if (!strcmp(c->id, "id") && (c->col == 1 || !strcmp(c->kind, "segment"))) goto next;
     }
-    push(c, c->id, c->col > 1 ? c->kind : NULL);
+    push(c, c->id, c->col > 1 ? c->kind : ""); /* "": no segment column */
 next:
     c->col = 0;
     c->id[0] = c->kind[0] = 0;

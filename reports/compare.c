@@ -22,7 +22,7 @@ typedef struct {
     kvd_threshold *th;
     int n, cap;
     int col[5]; /* column index of each field */
-    int field, line, header_done, failed;
+    int field, line, header_done, header_n, failed;
     char cur[8][64];
     const char *path;
     char *err;
@@ -58,6 +58,7 @@ static void th_row(int term, void *data) {
     if (c->failed) return;
     if (!c->header_done) {
         c->header_done = 1;
+        c->header_n = nf;
         for (int k = 0; k < 5; k++) {
             c->col[k] = -1;
             for (int i = 0; i < nf && i < 8; i++)
@@ -74,6 +75,12 @@ static void th_row(int term, void *data) {
         return;
     }
     if (nf == 1 && !c->cur[0][0]) return; /* blank line */
+    if (nf > c->header_n) {
+        snprintf(c->err, KVD_ERR_LEN, "%s:%d: expected %d fields as in the header, got %d", c->path,
+                 c->line, c->header_n, nf);
+        c->failed = 1;
+        return;
+    }
     if (c->n == c->cap) {
         c->cap = c->cap ? 2 * c->cap : 32;
         c->th = realloc(c->th, sizeof *c->th * (size_t)c->cap);
@@ -220,7 +227,7 @@ static double tput_metric(const kvd_run *r, const char *mode, long long ctx, int
 
 static void add_check(kvd_check **out, int *n, int *cap, const kvd_threshold *t, const char *mode,
                       long long ctx, int bucket, double base, double cand, const char *metric) {
-    if (!isfinite(base) || !isfinite(cand)) return;
+    if (!isfinite(base)) return; /* nothing to hold the candidate to */
     if (*n == *cap) {
         *cap = *cap ? 2 * *cap : 64;
         *out = realloc(*out, sizeof **out * (size_t)*cap);
@@ -237,15 +244,16 @@ static void add_check(kvd_check **out, int *n, int *cap, const kvd_threshold *t,
     c->rel_inc = base != 0 ? c->abs_inc / fabs(base) : (c->abs_inc > 0 ? INFINITY : 0);
     c->max_abs = t->max_abs;
     c->max_rel = t->max_rel;
-    c->breach = c->abs_inc > t->max_abs && c->rel_inc > t->max_rel;
+    c->missing = !isfinite(cand);
+    c->breach = c->missing || (c->abs_inc > t->max_abs && c->rel_inc > t->max_rel);
 }
 
 int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *th, int n_th,
                 kvd_check **out, char *err) {
     *out = NULL;
     int n = 0, cap = 0;
-    const char *bm[KVD_KV_N_MODES], *cm[KVD_KV_N_MODES];
-    int nb = kvd_run_modes(base, bm), nc = kvd_run_modes(cand, cm);
+    const char *bm[KVD_KV_N_MODES];
+    int nb = kvd_run_modes(base, bm);
     long long ctx = kvd_run_max_context(base);
     if (ctx != kvd_run_max_context(cand)) {
         snprintf(err, KVD_ERR_LEN, "%s and %s: expected the same context (%lld vs %lld tokens)",
@@ -268,6 +276,16 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
             *out = NULL;
             return -1;
         }
+        kvd_kv_mode km;
+        if (strcmp(t->mode, "*") && kvd_kv_mode_parse(t->mode, &km)) {
+            snprintf(err, KVD_ERR_LEN,
+                     "thresholds line %d: unknown mode '%s' (expected * or one of bf16, fp8-cal, "
+                     "fp8-unscaled, fp8-e5m2, fp8-ckpt)",
+                     t->line, t->mode);
+            free(*out);
+            *out = NULL;
+            return -1;
+        }
         int bucket = -1;
         if (strcmp(t->bucket, "*")) {
             char *end;
@@ -283,10 +301,9 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
             }
         }
         for (int i = 0; i < nb; i++) {
+            /* every mode of the baseline's: one the candidate lacks is missing */
             if (strcmp(t->mode, "*") && strcmp(t->mode, bm[i])) continue;
-            int both = 0;
-            for (int j = 0; j < nc; j++) both |= !strcmp(bm[i], cm[j]);
-            if (!both || (!strcmp(bm[i], "bf16") && !is_tp)) continue;
+            if (!strcmp(bm[i], "bf16") && !is_tp) continue;
             if (is_sum) {
                 add_check(out, &n, &cap, t, bm[i], ctx, -1,
                           kvd_run_summary(base, bm[i], ctx, "all", t->metric),
@@ -310,6 +327,12 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
                 }
             }
         }
+    }
+    if (n == 0) {
+        snprintf(err, KVD_ERR_LEN,
+                 "%s: none of the figures the thresholds name is in it: nothing was compared",
+                 base->path);
+        return -1;
     }
     return n;
 }
@@ -351,7 +374,10 @@ void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, cons
                        "class=\"l %s\">%s</td></tr>\n",
                        c[i].metric, c[i].mode, bk, c[i].base, c[i].cand, c[i].abs_inc,
                        100 * c[i].rel_inc, c[i].max_abs, 100 * c[i].max_rel,
-                       c[i].breach ? "bad" : "ok", c[i].breach ? "regressed" : "ok");
+                       c[i].breach ? "bad" : "ok",
+                       c[i].missing  ? "missing in the candidate"
+                       : c[i].breach ? "regressed"
+                                     : "ok");
     }
     kvd_buf_puts(b, "</table>\n</body></html>\n");
 }

@@ -49,10 +49,14 @@ typedef struct {
     int bucket; /* -1: the whole run */
     double base, cand, abs_inc, rel_inc, max_abs, max_rel;
     int breach;
+    int missing; /* the baseline has the figure, the candidate none (absent or not finite):
+                    a regression, for a gate that passed what it could not see would pass a
+                    sweep that died or produced NaN */
 } kvd_check;
 
-/* Apply every threshold; returns the number of checks (malloc'd in *out),
- * or -1 with err when a threshold names something neither file has. */
+/* Apply every threshold to the figures the baseline has; returns the number
+ * of checks (malloc'd in *out), or -1 with err when a threshold names
+ * something no run can have, or when nothing at all was compared. */
 int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *th, int n_th,
                 kvd_check **out, char *err);
 void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, const kvd_check *c,

@@ -116,6 +116,40 @@ PY
 [ $rc -eq 1 ] && grep -q "^REGRESSION kl_mean fp8-cal context 512: baseline" "$work/c1.out" &&
   [ "$(grep -c '^REGRESSION' "$work/c1.out")" -eq 1 ] && xmllint --noout "$work/diff.html" && ok ||
   bad "crafted regression: exit $rc: $(cat "$work/c1.out")"
+# a candidate without a figure the baseline has (a sweep that died, a NaN)
+# regresses: a gate that passed what it could not see would pass them
+cp "$work/r.h5" "$work/part.h5"
+"$py" - "$work/part.h5" <<'PY'
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "r+")
+for p in ("/drift/output", "/drift/layers", "/drift/attention", "/drift/summary", "/drift/kv", "/drift/generation", "/throughput", "/cells"):
+    a = f[p][:]
+    del f[p]
+    f[p] = a[a["mode"] != b"fp8-unscaled"]
+s = f["/drift/summary"][:]
+s["value"][(s["mode"] == b"fp8-cal") & (s["subset"] == b"all") & (s["metric"] == b"kl_p99")] = np.nan
+f["/drift/summary"][...] = s
+PY
+printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_mean,*,*,1,1\nkl_p99,fp8-cal,*,1,1\ndecode_tok_s,fp8-unscaled,*,0,1\n' >"$work/tm.csv"
+"$bin" compare "$work/r.h5" "$work/part.h5" --thresholds "$work/tm.csv" -o "$work/miss.html" >"$work/cm.out"; rc=$?
+[ $rc -eq 1 ] && grep -q "^REGRESSION kl_mean fp8-unscaled context 512: baseline .*, candidate none (absent, or NaN)$" "$work/cm.out" &&
+  grep -q "^REGRESSION kl_p99 fp8-cal context 512: baseline .*, candidate none" "$work/cm.out" &&
+  grep -q "^REGRESSION decode_tok_s@c2 fp8-unscaled context 512: baseline .*, candidate none" "$work/cm.out" &&
+  grep -q "^compare: 5 checks, 4 regressions (4 missing in the candidate): REGRESSION$" "$work/cm.out" &&
+  grep -q "missing in the candidate" "$work/miss.html" && ok || bad "a candidate missing figures: exit $rc: $(cat "$work/cm.out")"
+# the other way round, figures the baseline lacks are new, not compared
+"$bin" compare "$work/part.h5" "$work/r.h5" --thresholds "$work/tm.csv" >"$work/cn.out"; rc=$?
+[ $rc -eq 0 ] && grep -q "^compare: 1 checks, 0 regressions: pass$" "$work/cn.out" && ok || bad "a candidate with more figures: exit $rc: $(cat "$work/cn.out")"
+# thresholds that compare nothing, name no mode, or carry a stray field
+printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_mean,bf16,*,0.1,0.1\n' >"$work/t4.csv"
+"$bin" compare "$work/r.h5" "$work/r.h5" --thresholds "$work/t4.csv" 2>"$work/e5"; rc=$?
+[ $rc -eq 2 ] && grep -q "r.h5: none of the figures the thresholds name is in it: nothing was compared" "$work/e5" && ok || bad "nothing compared: exit $rc $(cat "$work/e5")"
+printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_mean,fp9,*,0.1,0.1\n' >"$work/t5.csv"
+"$bin" compare "$work/r.h5" "$work/r.h5" --thresholds "$work/t5.csv" 2>"$work/e6"; rc=$?
+[ $rc -eq 2 ] && grep -q "thresholds line 2: unknown mode 'fp9'" "$work/e6" && ok || bad "unknown mode: exit $rc $(cat "$work/e6")"
+printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_mean,*,*,0.1,0.1,9\n' >"$work/t6.csv"
+"$bin" compare "$work/r.h5" "$work/r.h5" --thresholds "$work/t6.csv" 2>"$work/e7"; rc=$?
+[ $rc -eq 2 ] && grep -q "t6.csv:2: expected 5 fields as in the header, got 6" "$work/e7" && ok || bad "a stray field: exit $rc $(cat "$work/e7")"
 printf 'metric,mode,max_abs_increase,max_rel_increase\nkl_mean,*,0.1,0.1\n' >"$work/t1.csv"
 "$bin" compare "$work/r.h5" "$work/r.h5" --thresholds "$work/t1.csv" 2>"$work/e1"; rc=$?
 [ $rc -eq 2 ] && grep -q "t1.csv:1: missing column 'bucket'" "$work/e1" && ok || bad "missing column: exit $rc $(cat "$work/e1")"

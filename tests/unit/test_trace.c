@@ -160,6 +160,10 @@ static void imports(void **st) {
     assert_int_equal(kvd_trace_import_text(p, 50, &t, err), -1);
     assert_non_null(strstr(err, ":2: token id 99: expected < vocab size 50"));
     unlink(p);
+    p = write_tmp("3 4\n5 five 6\n"); /* text has no columns to name */
+    assert_int_equal(kvd_trace_import_text(p, 100, &t, err), -1);
+    assert_non_null(strstr(err, ":2: expected a non-negative integer token id, got 'five'"));
+    unlink(p);
     p = write_tmp("id,segment\n0,system\n4,system\n7,user\n8,file\n9,file\n");
     assert_int_equal(kvd_trace_import_csv(p, 100, &t, err), 0);
     assert_int_equal(t.n, 5);
