@@ -42,8 +42,10 @@ int kvd_cmd_report(int argc, char **argv) {
             return 0;
         } else if (f[0] == '-') {
             kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
-        } else if (nf < 64) {
+        } else if (nf < KVD_REPORT_MAX_RUNS) {
             files[nf++] = (char *)f;
+        } else {
+            kvd_die(KVD_EXIT_USAGE, cmd, "expected at most %d result files", KVD_REPORT_MAX_RUNS);
         }
     }
     if (nf == 0) kvd_die(KVD_EXIT_USAGE, cmd, "expected one or more result files");

@@ -12,20 +12,62 @@
 #include "../runners/kvcache.h"
 #include "svg.h"
 
+/* a run's label: the last `parts` components of its path, ".h5" dropped */
+static void set_label(kvd_run *r, int parts) {
+    const char *p = r->path + strlen(r->path);
+    for (int seen = 0; p > r->path; p--)
+        if (p[-1] == '/' && ++seen == parts) break;
+    snprintf(r->label, sizeof r->label, "%s", p);
+    char *dot = strrchr(r->label, '.');
+    if (dot && !strcmp(dot, ".h5")) *dot = 0;
+}
+
+/* Labels name runs in every table and chart, so no two may be the same:
+ * runs whose file names clash (a/run.h5, b/run.h5) take more of their path
+ * (a/run, b/run), and one file given twice is numbered. */
+static void unique_labels(kvd_run *runs, int n) {
+    int parts[KVD_REPORT_MAX_RUNS], clash[KVD_REPORT_MAX_RUNS];
+    for (int i = 0; i < n; i++) parts[i] = 1, set_label(&runs[i], 1);
+    for (int round = 0; round < 64; round++) {
+        int any = 0;
+        for (int i = 0; i < n; i++) {
+            clash[i] = 0;
+            for (int j = 0; j < n; j++)
+                if (j != i && !strcmp(runs[i].label, runs[j].label) &&
+                    strcmp(runs[i].path, runs[j].path))
+                    clash[i] = 1;
+            any |= clash[i];
+        }
+        if (!any) break;
+        for (int i = 0; i < n; i++)
+            if (clash[i]) set_label(&runs[i], ++parts[i]);
+    }
+    for (int i = 1; i < n; i++) {
+        int k = 1;
+        for (int j = 0; j < i; j++) k += !strcmp(runs[i].path, runs[j].path);
+        if (k > 1) {
+            size_t len = strlen(runs[i].label);
+            snprintf(runs[i].label + len, sizeof runs[i].label - len, " #%d", k);
+        }
+    }
+}
+
 int kvd_runs_load(kvd_run *runs, int n, char *const *paths, char *err) {
+    if (n > KVD_REPORT_MAX_RUNS) {
+        snprintf(err, KVD_ERR_LEN, "expected at most %d result files, got %d", KVD_REPORT_MAX_RUNS,
+                 n);
+        return -1;
+    }
     for (int i = 0; i < n; i++) {
         memset(&runs[i], 0, sizeof runs[i]);
         kvd_results_init(&runs[i].r);
         snprintf(runs[i].path, sizeof runs[i].path, "%s", paths[i]);
-        const char *base = strrchr(paths[i], '/');
-        snprintf(runs[i].label, sizeof runs[i].label, "%s", base ? base + 1 : paths[i]);
-        char *dot = strrchr(runs[i].label, '.');
-        if (dot && !strcmp(dot, ".h5")) *dot = 0;
         if (kvd_results_load(&runs[i].r, paths[i], err)) {
             kvd_runs_free(runs, i + 1);
             return -1;
         }
     }
+    unique_labels(runs, n);
     return 0;
 }
 
@@ -612,10 +654,20 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
                            t.dec, t.cap, verdict_word(v.kl));
         }
     }
-    kvd_buf_printf(b,
-                   "\nContext %lld tokens; verdict by mean output KL: negligible < 0.001 nats "
-                   "< noticeable < 0.01 < degraded.\n",
-                   n ? kvd_run_max_context(&runs[0]) : 0);
+    /* each run's figures are at its largest context: one figure when they agree */
+    int same = 1;
+    for (int i = 1; i < n; i++)
+        same &= kvd_run_max_context(&runs[i]) == kvd_run_max_context(&runs[0]);
+    if (same) {
+        kvd_buf_printf(b, "\nContext %lld tokens", n ? kvd_run_max_context(&runs[0]) : 0);
+    } else {
+        kvd_buf_puts(b, "\nContext:");
+        for (int i = 0; i < n; i++)
+            kvd_buf_printf(b, "%s %s %lld tokens", i ? "," : "", runs[i].label,
+                           kvd_run_max_context(&runs[i]));
+    }
+    kvd_buf_puts(b, "; verdict by mean output KL: negligible < 0.001 nats < noticeable < 0.01 < "
+                    "degraded.\n");
 }
 
 static void csv_row(FILE *f, int n, const char *const *v) {

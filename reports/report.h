@@ -14,7 +14,12 @@ typedef struct {
     kvd_results r;
 } kvd_run;
 
-/* Load result files; -1 with err naming the file on failure. */
+/* the most result files one report takes */
+#define KVD_REPORT_MAX_RUNS 64
+
+/* Load result files (at most KVD_REPORT_MAX_RUNS); -1 with err naming the
+ * file on failure. Each gets a label of its own: its file name, or as much
+ * of its path as tells it from the others. */
 int kvd_runs_load(kvd_run *runs, int n, char *const *paths, char *err);
 void kvd_runs_free(kvd_run *runs, int n);
 

@@ -87,6 +87,16 @@ done
 ok
 
 "$bin" report "$work/r.h5" --format md >"$work/r.md" && grep -q '^| r | fp8-unscaled |' "$work/r.md" && ok || bad "markdown"
+# runs are told apart: file names that clash take more of their path, one
+# file given twice is numbered; more files than a report takes are refused
+mkdir -p "$work/a" "$work/b"
+cp "$work/r.h5" "$work/a/r.h5"
+cp "$work/r.h5" "$work/b/r.h5"
+"$bin" report "$work/a/r.h5" "$work/b/r.h5" "$work/a/r.h5" --format md >"$work/ab.md" &&
+  [ "$(grep -c '^| a/r | fp8-cal |' "$work/ab.md")" -eq 1 ] && [ "$(grep -c '^| b/r | fp8-cal |' "$work/ab.md")" -eq 1 ] &&
+  [ "$(grep -c '^| a/r #2 | fp8-cal |' "$work/ab.md")" -eq 1 ] && ok || bad "clashing run labels: $(cat "$work/ab.md")"
+"$bin" report $(for i in $(seq 65); do echo "$work/r.h5"; done) --format md >/dev/null 2>"$work/e65"; rc=$?
+[ $rc -eq 2 ] && grep -q "expected at most 64 result files" "$work/e65" && ok || bad "65 files: exit $rc $(cat "$work/e65")"
 "$bin" report "$work/r.h5" "$work/r.h5" -o "$work/two.html" 2>/dev/null && xmllint --noout "$work/two.html" && grep -q "r: fp8-cal" "$work/two.html" && ok || bad "two files side by side"
 "$bin" report "$work/r.h5" --format csv -o "$work/r.csv" 2>/dev/null
 "$py" - "$work/r.h5" "$work/r.csv" <<'PY' && ok || bad "csv"
