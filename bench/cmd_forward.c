@@ -62,6 +62,7 @@ static void get_scales(const cal_opts *o, const kvd_weights *w, uint64_t seed, c
         am->k = am->v = NULL;
         return;
     }
+    kvd_check_positions(cmd, "--calib-tokens", o->calib_tokens, c);
     double t0 = kvd_now();
     if (kvd_calibrate_trace(&o->be, w, seed, o->calib_tokens, o->recipe, o->per_head, sc, am, err))
         kvd_die(1, cmd, "%s", err);
@@ -213,10 +214,15 @@ int kvd_cmd_forward(int argc, char **argv) {
     double t0 = kvd_now();
     kvd_model_opts_build(&mo, cmd, &w);
     const kvd_config *c = &w.cfg;
+    kvd_check_positions(cmd, "--tokens", T, c);
     char desc[512];
     printf("model %s\n", kvd_describe_model(c, desc, sizeof desc));
-    printf("weights: synthetic, seed %llu, BF16 (%d tensors, built in %.2f s)\n",
-           (unsigned long long)mo.synth.seed, w.n_tensors, kvd_now() - t0);
+    if (mo.model_dir)
+        printf("weights: checkpoint %s (%d tensors, loaded in %.2f s)\n", mo.model_dir, w.n_tensors,
+               kvd_now() - t0);
+    else
+        printf("weights: synthetic, seed %llu, BF16 (%d tensors, built in %.2f s)\n",
+               (unsigned long long)mo.synth.seed, w.n_tensors, kvd_now() - t0);
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)T);
     kvd_tokens_synth(seed, T, c->vocab_size, tok);
     printf("trace: %d synthetic tokens, seed %llu\n", T, (unsigned long long)seed);

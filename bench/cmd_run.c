@@ -866,10 +866,16 @@ int kvd_cmd_run(int argc, char **argv) {
     const kvd_config *c = &w.cfg;
     int64_t max_ctx = 0;
     for (int i = 0; i < o.n_ctx; i++) max_ctx = o.ctx[i] > max_ctx ? o.ctx[i] : max_ctx;
-    if (max_ctx > c->max_position_embeddings)
+    /* the tokens generated after the largest context run on past it */
+    const int after = (o.cells & 1) && o.dopt.gen_tokens > o.decode_tokens ? o.dopt.gen_tokens
+                      : (o.cells & 2)                                      ? o.decode_tokens
+                                                                           : o.dopt.gen_tokens;
+    if (max_ctx + after > c->max_position_embeddings)
         kvd_die(KVD_EXIT_USAGE, cmd,
-                "--context: %lld is beyond the model's max_position_embeddings %d",
-                (long long)max_ctx, c->max_position_embeddings);
+                "--context: %lld and the %d tokens generated after it (--gen-tokens, "
+                "--decode-tokens) run past the model's max_position_embeddings %d",
+                (long long)max_ctx, after, c->max_position_embeddings);
+    kvd_check_positions(cmd, "--calib-tokens", o.calib_tokens, c);
 
     kvd_results res;
     kvd_results_init(&res);

@@ -207,6 +207,13 @@ void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, kvd_weights 
     if (kvd_weights_synth(w, &cfg, &s, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
 }
 
+void kvd_check_positions(const char *cmd, const char *flag, int64_t n, const kvd_config *c) {
+    if (n > c->max_position_embeddings)
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "%s: %lld tokens is beyond the model's max_position_embeddings %d", flag,
+                (long long)n, c->max_position_embeddings);
+}
+
 json_t *kvd_model_opts_weights_json(const kvd_model_opts *o, const kvd_config *cfg) {
     if (o->model_dir) return json_pack("{s:s}", "checkpoint", o->model_dir);
     kvd_synth s = o->synth;

@@ -51,6 +51,9 @@ void kvd_model_opts_init(kvd_model_opts *o);
 int kvd_model_opts_flag(kvd_model_opts *o, kvd_args *a, const char *flag);
 /* Resolve config and synthesize weights; exits with a clear message on error. */
 void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, kvd_weights *w);
+/* Exits with a usage error naming flag when a sequence of n tokens would
+ * run past the model's max_position_embeddings. */
+void kvd_check_positions(const char *cmd, const char *flag, int64_t n, const kvd_config *c);
 /* Where the weights kvd_model_opts_build made come from, as JSON: a
  * checkpoint's directory, or every knob of the synthetic ones (a profile's
  * per-layer values included); NULL when the profile no longer reads. */

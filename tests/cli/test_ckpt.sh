@@ -27,7 +27,8 @@ expect() {
 
 "$bin" export --model tiny -o "$work/ck" >/dev/null
 "$bin" forward --model tiny --tokens 200 --kv bf16,fp8-unscaled --dump "$work/syn" >/dev/null
-"$bin" forward --model-dir "$work/ck" --tokens 200 --kv bf16,fp8-unscaled --dump "$work/real" >/dev/null
+"$bin" forward --model-dir "$work/ck" --tokens 200 --kv bf16,fp8-unscaled --dump "$work/real" >"$work/real.out"
+grep -q "^weights: checkpoint $work/ck (305 tensors" "$work/real.out" && ok || bad "forward --model-dir does not say whose weights: $(sed -n 2p "$work/real.out")"
 cmp -s "$work/syn/bf16/logits.f32" "$work/real/bf16/logits.f32" &&
   cmp -s "$work/syn/fp8-unscaled/logits.f32" "$work/real/fp8-unscaled/logits.f32" && ok ||
   bad "exported then loaded: logits differ from the synthetic model's"

@@ -140,6 +140,11 @@ expect 2 "--backend: expected cpu or cuda, got 'tpu'" -- calibrate --model tiny 
 expect 2 "--gpus 2: needs --backend cuda" -- forward --model tiny --gpus 2 --tokens 16
 expect 2 "--gpus 2: needs --backend cuda" -- run --model tiny --gpus 2 -o "$work/g.h5"
 expect 2 "--gpus: expected 1 to 16, got '0'" -- run --model tiny --gpus 0 -o "$work/g.h5"
+# sequences longer than the model's positions are refused before any work
+expect 2 "--tokens: 70000 tokens is beyond the model's max_position_embeddings 65536" -- forward --model tiny --tokens 70000
+expect 2 "--calib-tokens: 70000 tokens is beyond the model's max_position_embeddings 65536" -- calibrate --model tiny --calib-tokens 70000 -o "$work/s.json"
+expect 2 "--context: 65530 and the 32 tokens generated after it \(--gen-tokens, --decode-tokens\) run past the model's max_position_embeddings 65536" -- run --model tiny --context 65530 -o "$work/g.h5"
+expect 2 "--calib-tokens: 65537 tokens is beyond" -- run --model tiny --calib-tokens 65537 -o "$work/g.h5"
 # run's lists: an empty item, an item listed twice (it would run, or skip, a cell twice)
 expect 2 "--concurrency: expected a list of up to 16 levels in 1\.\.1024, got '1,,2'" -- run --model tiny --concurrency 1,,2 -o "$work/g.h5"
 expect 2 "--context: expected a list of up to 16 token counts >= 16, got '256,'" -- run --model tiny --context 256, -o "$work/g.h5"
