@@ -408,6 +408,7 @@ int kvd_cmd_bench(int argc, char **argv) {
         kvd_weights w;
         char err[KVD_ERR_LEN];
         kvd_model_opts_build(&mo, cmd, &w);
+        kvd_check_positions(cmd, "--context", ctx, &w.cfg);
         int rc = kvd_bench_lockstep(&be, &w, ctx, reps, err);
         kvd_weights_free(&w);
         if (rc) kvd_die(1, cmd, "%s", err);

@@ -337,6 +337,19 @@ int kvd_results_load(kvd_results *r, const char *path, char *err) {
         return -1;
     }
     int ver = 0, rc = 0;
+    /* another kvdrift file (a trace set) or some other HDF5 file: say which */
+    char fmt[64] = "";
+    hsize_t fd;
+    H5T_class_t fc;
+    size_t fsz = 0;
+    if (H5LTget_attribute_info(f, "/", "format", &fd, &fc, &fsz) < 0 || fsz >= sizeof fmt ||
+        H5LTget_attribute_string(f, "/", "format", fmt) < 0 || strcmp(fmt, "kvdrift-results")) {
+        snprintf(err, KVD_ERR_LEN,
+                 "%s: attribute 'format': expected \"kvdrift-results\", got %s%s%s", path,
+                 fmt[0] ? "\"" : "", fmt[0] ? fmt : "none", fmt[0] ? "\"" : "");
+        H5Fclose(f);
+        return -1;
+    }
     if (H5LTget_attribute_int(f, "/", "schema_version", &ver) < 0 || ver != KVD_SCHEMA_VERSION) {
         snprintf(err, KVD_ERR_LEN, "%s: attribute schema_version: expected %d, got %d", path,
                  KVD_SCHEMA_VERSION, ver);

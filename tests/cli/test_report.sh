@@ -169,6 +169,9 @@ printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_mean,*,*,0.1,0.
 printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_meen,*,*,0.1,0.1\n' >"$work/t3.csv"
 "$bin" compare "$work/r.h5" "$work/r.h5" --thresholds "$work/t3.csv" 2>"$work/e3"; rc=$?
 [ $rc -eq 2 ] && grep -q "thresholds line 2: unknown metric 'kl_meen'" "$work/e3" && ok || bad "unknown metric: exit $rc"
+"$bin" trace gen --length 64 -o "$work/trace.h5" >/dev/null
+"$bin" report "$work/trace.h5" --format md 2>"$work/e8"; rc=$?
+[ $rc -eq 2 ] && grep -q "trace.h5: attribute 'format': expected \"kvdrift-results\", got \"kvdrift-trace\"" "$work/e8" && ok || bad "a trace file as results: exit $rc $(cat "$work/e8")"
 "$bin" compare "$work/r.h5" "$work/missing.h5" 2>"$work/e4"; rc=$?
 [ $rc -eq 2 ] && grep -q "missing.h5" "$work/e4" && ok || bad "missing file: exit $rc"
 
