@@ -116,6 +116,9 @@ int kvd_cmd_compare(int argc, char **argv) {
     kvd_check *checks;
     int n = kvd_compare(&runs[0], &runs[1], th, nth, &checks, err);
     if (n < 0) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    char diff[1024];
+    kvd_run_differences(&runs[0], &runs[1], diff, sizeof diff);
+    if (diff[0]) printf("note: the runs differ in %s\n", diff);
     int breaches = 0, missing = 0;
     for (int i = 0; i < n; i++) {
         const kvd_check *c = &checks[i];

@@ -329,6 +329,33 @@ static int read_2d_float(hid_t f, const char *p, int *rows, int *cols, float **o
     return H5LTread_dataset_float(f, p, *out) < 0 ? -1 : 0;
 }
 
+/* A string attribute of the root group, fixed-length (as kvdrift writes
+ * them) or variable-length (as h5py does); malloc'd, NULL when absent or
+ * not one string. */
+static char *root_string_attr(hid_t f, const char *name) {
+    if (H5Aexists(f, name) <= 0) return NULL;
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+    if (a < 0) return NULL;
+    hid_t t = H5Aget_type(a), sp = H5Aget_space(a), mt = H5Tcopy(H5T_C_S1);
+    char *out = NULL;
+    if (H5Tget_class(t) == H5T_STRING && H5Sget_simple_extent_npoints(sp) == 1) {
+        H5Tset_cset(mt, H5Tget_cset(t));
+        if (H5Tis_variable_str(t) > 0) {
+            char *v = NULL;
+            H5Tset_size(mt, H5T_VARIABLE);
+            if (H5Aread(a, mt, &v) >= 0 && v) out = strdup(v);
+            if (v) H5free_memory(v);
+        } else {
+            size_t n = H5Tget_size(t);
+            H5Tset_size(mt, n + 1);
+            out = calloc(n + 2, 1);
+            if (out && H5Aread(a, mt, out) < 0) free(out), out = NULL;
+        }
+    }
+    H5Tclose(mt), H5Sclose(sp), H5Tclose(t), H5Aclose(a);
+    return out;
+}
+
 int kvd_results_load(kvd_results *r, const char *path, char *err) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -338,12 +365,10 @@ int kvd_results_load(kvd_results *r, const char *path, char *err) {
     }
     int ver = 0, rc = 0;
     /* another kvdrift file (a trace set) or some other HDF5 file: say which */
-    char fmt[64] = "";
-    hsize_t fd;
-    H5T_class_t fc;
-    size_t fsz = 0;
-    if (H5LTget_attribute_info(f, "/", "format", &fd, &fc, &fsz) < 0 || fsz >= sizeof fmt ||
-        H5LTget_attribute_string(f, "/", "format", fmt) < 0 || strcmp(fmt, "kvdrift-results")) {
+    char fmt[64] = "", *fa = root_string_attr(f, "format");
+    snprintf(fmt, sizeof fmt, "%s", fa ? fa : "");
+    free(fa);
+    if (strcmp(fmt, "kvdrift-results")) {
         snprintf(err, KVD_ERR_LEN,
                  "%s: attribute 'format': expected \"kvdrift-results\", got %s%s%s", path,
                  fmt[0] ? "\"" : "", fmt[0] ? fmt : "none", fmt[0] ? "\"" : "");
@@ -374,21 +399,15 @@ int kvd_results_load(kvd_results *r, const char *path, char *err) {
               {"command", NULL, 0, &r->command},
               {"run_settings", NULL, 0, &r->settings}};
     for (size_t i = 0; !rc && i < sizeof at / sizeof at[0]; i++) {
-        hsize_t d;
-        H5T_class_t cls;
-        size_t sz = 0;
-        if (H5LTget_attribute_info(f, "/", at[i].name, &d, &cls, &sz) < 0) continue;
-        char *v = calloc(sz + 1, 1);
-        if (H5LTget_attribute_string(f, "/", at[i].name, v) >= 0) {
-            if (at[i].dyn) {
-                free(*at[i].dyn);
-                *at[i].dyn = v;
-                v = NULL;
-            } else {
-                snprintf(at[i].fixed, at[i].len, "%s", v);
-            }
+        char *v = root_string_attr(f, at[i].name);
+        if (!v) continue;
+        if (at[i].dyn) {
+            free(*at[i].dyn);
+            *at[i].dyn = v;
+        } else {
+            snprintf(at[i].fixed, at[i].len, "%s", v);
+            free(v);
         }
-        free(v);
     }
     unsigned long seeds[2] = {0, 0};
     if (!rc && H5LTget_attribute_ulong(f, "/", "seeds", seeds) >= 0)

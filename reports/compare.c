@@ -5,6 +5,7 @@
  * speed; an empty allowance is 0). */
 #include <csv.h>
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -337,6 +338,54 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
     return n;
 }
 
+static void add_diff(char *out, size_t n, const char *what) {
+    size_t len = strlen(out);
+    snprintf(out + len, n - len, "%s%s", len ? ", " : "", what);
+}
+
+static void value_text(const json_t *v, char *out, size_t n) {
+    if (json_is_string(v)) {
+        snprintf(out, n, "%s", json_string_value(v));
+    } else if (!v) {
+        snprintf(out, n, "none");
+    } else {
+        char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(9));
+        snprintf(out, n, "%s", t ? t : "?");
+        free(t);
+    }
+}
+
+void kvd_run_differences(const kvd_run *a, const kvd_run *b, char *out, size_t n) {
+    out[0] = 0;
+    const char *sa = a->r.settings, *sb = b->r.settings;
+    if (!sa || !sb) {
+        if (sa || sb) add_diff(out, n, "run settings (one file does not record them)");
+    } else {
+        json_t *ja = json_loads(sa, 0, NULL), *jb = json_loads(sb, 0, NULL);
+        const char *key;
+        json_t *v;
+        json_object_foreach(ja, key, v) {
+            const json_t *w = json_object_get(jb, key);
+            if (w && json_equal(v, (json_t *)w)) continue;
+            char what[200], x[48], y[48];
+            if (json_is_object(v) || json_is_object(w)) {
+                snprintf(what, sizeof what, "%s", key);
+            } else {
+                value_text(v, x, sizeof x), value_text(w, y, sizeof y);
+                snprintf(what, sizeof what, "%s (%s against %s)", key, x, y);
+            }
+            add_diff(out, n, what);
+        }
+        json_decref(ja), json_decref(jb);
+    }
+    const char *ma = a->r.model_json ? a->r.model_json : "",
+               *mb = b->r.model_json ? b->r.model_json : "";
+    if (strcmp(ma, mb)) add_diff(out, n, "the model config");
+    const char *ta = a->r.trace_json ? a->r.trace_json : "",
+               *tb = b->r.trace_json ? b->r.trace_json : "";
+    if (strcmp(ta, tb)) add_diff(out, n, "the trace spec");
+}
+
 void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, const kvd_check *c,
                       int n) {
     int breaches = 0;
@@ -353,6 +402,13 @@ void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, cons
     kvd_buf_xml(b, cand->label);
     kvd_buf_printf(b, " (candidate)</h1>\n<p class=\"%s\">%d checks, %d regressions: %s</p>\n",
                    breaches ? "bad" : "ok", n, breaches, breaches ? "REGRESSION" : "pass");
+    char diff[1024];
+    kvd_run_differences(base, cand, diff, sizeof diff);
+    if (diff[0]) {
+        kvd_buf_puts(b, "<p class=\"note\">The runs differ in: ");
+        kvd_buf_xml(b, diff);
+        kvd_buf_puts(b, ".</p>\n");
+    }
     kvd_run pair[2] = {*base, *cand};
     /* KL against position for both, modes as series */
     kvd_buf_puts(b, "<h2>Output drift, baseline and candidate</h2>\n");

@@ -582,6 +582,11 @@ static void provenance(kvd_buf *b, const kvd_run *r) {
     kvd_buf_puts(b, "</pre><p class=\"note\">trace spec:</p><pre>");
     kvd_buf_xml(b, r->r.trace_json ? r->r.trace_json : "");
     kvd_buf_puts(b, "</pre>\n");
+    if (r->r.settings) {
+        kvd_buf_puts(b, "<p class=\"note\">run settings:</p><pre>");
+        kvd_buf_xml(b, r->r.settings);
+        kvd_buf_puts(b, "</pre>\n");
+    }
 }
 
 void kvd_report_html_kl(kvd_buf *b, const kvd_run *runs, int n) {

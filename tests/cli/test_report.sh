@@ -126,6 +126,20 @@ PY
 [ $rc -eq 1 ] && grep -q "^REGRESSION kl_mean fp8-cal context 512: baseline" "$work/c1.out" &&
   [ "$(grep -c '^REGRESSION' "$work/c1.out")" -eq 1 ] && xmllint --noout "$work/diff.html" && ok ||
   bad "crafted regression: exit $rc: $(cat "$work/c1.out")"
+# runs that differ in more than their figures say so (here: the trace seed)
+cp "$work/r.h5" "$work/seed5.h5"
+"$py" - "$work/seed5.h5" <<'PY'
+import sys, json, h5py
+f = h5py.File(sys.argv[1], "r+")
+s = json.loads(f.attrs["run_settings"])
+assert s["seed"] == 1 and s["backend"] == "cpu", s
+s["seed"] = 5
+f.attrs["run_settings"] = json.dumps(s)
+PY
+"$bin" compare "$work/r.h5" "$work/seed5.h5" -o "$work/seed5.html" >"$work/c5.out"; rc=$?
+[ $rc -eq 0 ] && grep -q "^note: the runs differ in seed (1 against 5)$" "$work/c5.out" &&
+  grep -q "The runs differ in: seed (1 against 5)" "$work/seed5.html" &&
+  ! grep -q "^note:" "$work/c0.out" && ok || bad "runs with other settings: exit $rc: $(cat "$work/c5.out")"
 # a candidate without a figure the baseline has (a sweep that died, a NaN)
 # regresses: a gate that passed what it could not see would pass them
 cp "$work/r.h5" "$work/part.h5"
