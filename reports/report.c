@@ -76,10 +76,11 @@ void kvd_runs_free(kvd_run *runs, int n) {
 }
 
 long long kvd_run_max_context(const kvd_run *r) {
-    const kvd_table *t = &r->r.t[KVD_T_SUMMARY];
+    /* every finished cell, drift or throughput (a run may hold either alone) */
+    const kvd_table *t = &r->r.t[KVD_T_CELLS];
     long long m = 0;
     for (int64_t i = 0; i < t->n; i++) {
-        long long c = KVD_ROW(t, kvd_row_summary, i)->context;
+        long long c = KVD_ROW(t, kvd_row_cell, i)->context;
         m = c > m ? c : m;
     }
     return m;
