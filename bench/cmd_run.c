@@ -303,18 +303,6 @@ static char *run_settings(const run_opts *o, const kvd_config *c, const char *cm
     return txt;
 }
 
-static void show_value(const json_t *v, char *out, size_t n) {
-    if (json_is_string(v)) {
-        snprintf(out, n, "%s", json_string_value(v));
-    } else if (!v || json_is_null(v)) {
-        snprintf(out, n, "(none)");
-    } else {
-        char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(9));
-        snprintf(out, n, "%s", t ? t : "?");
-        free(t);
-    }
-}
-
 /* A file's finished cells ran under its settings, model and traces; a run
  * that differs in any of them must not add its cells beside them (the file
  * would describe one sweep and hold two). Names the first difference. */
@@ -342,13 +330,13 @@ static void check_resume(const char *cmd, const char *path, const char *was_sett
             json_object_foreach(v, wk, wv) {
                 const json_t *ww = json_object_get(w, wk);
                 if (ww && json_equal((json_t *)ww, wv)) continue;
-                show_value(ww, x, sizeof x), show_value(wv, y, sizeof y);
+                kvd_json_text(ww, x, sizeof x), kvd_json_text(wv, y, sizeof y);
                 kvd_die(KVD_EXIT_USAGE, cmd,
                         "%s holds cells of other weights (their %s %s, this run's %s): %s", path,
                         wk, x, y, fix);
             }
         }
-        show_value(w, x, sizeof x), show_value(v, y, sizeof y);
+        kvd_json_text(w, x, sizeof x), kvd_json_text(v, y, sizeof y);
         kvd_die(KVD_EXIT_USAGE, cmd, "%s holds cells run with --%s %s, this run has --%s %s: %s",
                 path, key, x, key, y, fix);
     }

@@ -273,9 +273,7 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
                      "such as kl_mean, an output metric kl|top1_agree|delta_p|delta_nll, attn_kl, "
                      "attn_kl_isolated, hidden_rel_l2_last, decode_tok_s or prefill_tok_s)",
                      t->line, t->metric);
-            free(*out);
-            *out = NULL;
-            return -1;
+            goto refuse;
         }
         kvd_kv_mode km;
         if (strcmp(t->mode, "*") && kvd_kv_mode_parse(t->mode, &km)) {
@@ -283,9 +281,7 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
                      "thresholds line %d: unknown mode '%s' (expected * or one of bf16, fp8-cal, "
                      "fp8-unscaled, fp8-e5m2, fp8-ckpt)",
                      t->line, t->mode);
-            free(*out);
-            *out = NULL;
-            return -1;
+            goto refuse;
         }
         int bucket = -1;
         if (strcmp(t->bucket, "*")) {
@@ -296,9 +292,7 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
                          "thresholds line %d: bucket '%s': expected * or, for an output metric, "
                          "a bucket number 0..63",
                          t->line, t->bucket);
-                free(*out);
-                *out = NULL;
-                return -1;
+                goto refuse;
             }
         }
         for (int i = 0; i < nb; i++) {
@@ -333,26 +327,18 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
         snprintf(err, KVD_ERR_LEN,
                  "%s: none of the figures the thresholds name is in it: nothing was compared",
                  base->path);
-        return -1;
+        goto refuse;
     }
     return n;
+refuse:
+    free(*out);
+    *out = NULL;
+    return -1;
 }
 
 static void add_diff(char *out, size_t n, const char *what) {
     size_t len = strlen(out);
     snprintf(out + len, n - len, "%s%s", len ? ", " : "", what);
-}
-
-static void value_text(const json_t *v, char *out, size_t n) {
-    if (json_is_string(v)) {
-        snprintf(out, n, "%s", json_string_value(v));
-    } else if (!v) {
-        snprintf(out, n, "none");
-    } else {
-        char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(9));
-        snprintf(out, n, "%s", t ? t : "?");
-        free(t);
-    }
 }
 
 void kvd_run_differences(const kvd_run *a, const kvd_run *b, char *out, size_t n) {
@@ -371,7 +357,7 @@ void kvd_run_differences(const kvd_run *a, const kvd_run *b, char *out, size_t n
             if (json_is_object(v) || json_is_object(w)) {
                 snprintf(what, sizeof what, "%s", key);
             } else {
-                value_text(v, x, sizeof x), value_text(w, y, sizeof y);
+                kvd_json_text(v, x, sizeof x), kvd_json_text(w, y, sizeof y);
                 snprintf(what, sizeof what, "%s (%s against %s)", key, x, y);
             }
             add_diff(out, n, what);

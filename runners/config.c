@@ -174,6 +174,19 @@ static int get_bool(json_t *o, const char *path, const char *key, int *out, char
     return 0;
 }
 
+void kvd_json_text(const void *value, char *out, size_t n) {
+    const json_t *v = value;
+    if (json_is_string(v)) {
+        snprintf(out, n, "%s", json_string_value(v));
+    } else if (!v || json_is_null(v)) {
+        snprintf(out, n, "none");
+    } else {
+        char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(9));
+        snprintf(out, n, "%s", t ? t : "?");
+        free(t);
+    }
+}
+
 void *kvd_json_load(const char *path, char *err) {
     FILE *f = fopen(path, "rb");
     if (!f) {

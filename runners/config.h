@@ -64,6 +64,11 @@ char *kvd_config_to_json(const kvd_config *cfg);
  * the file and, for bad JSON, the line and column. */
 void *kvd_json_load(const char *path, char *err);
 
+/* A JSON value (a const json_t *, NULL for none) as a reader should see it
+ * in a message: a string without quotes, "none" for NULL or null, anything
+ * else compact JSON; cut to n bytes. */
+void kvd_json_text(const void *value, char *out, size_t n);
+
 /* Put "prefix: " in front of the message in err (KVD_ERR_LEN bytes). */
 void kvd_err_prefix(char *err, const char *prefix);
 
