@@ -19,7 +19,7 @@ static int lockstep(const char *preset, int ctx, int gpus) {
     char err[KVD_ERR_LEN];
     if (!kvd_cuda_available(err, sizeof err)) {
         printf("kvd_gpu_bench lockstep: %s; nothing to measure\n", err);
-        return 0;
+        return 1;
     }
     kvd_config cfg;
     kvd_synth syn;
