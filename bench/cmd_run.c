@@ -274,6 +274,19 @@ static void load_spec(run_opts *o, const char *path) {
     json_decref(j);
 }
 
+/* The traces' spec for the results file: the generator's, with the length
+ * as the rule every context's traces follow. */
+static char *trace_spec_json(const kvd_trace_spec *sp) {
+    char *txt = kvd_trace_spec_json(sp);
+    json_t *j = json_loads(txt, 0, NULL);
+    free(txt);
+    json_object_del(j, "length");
+    json_object_set_new(j, "length_per_context", json_string("context + gen_tokens + 1"));
+    txt = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(j);
+    return txt;
+}
+
 /* ---- resuming ---- */
 
 /* What decides a cell's figures besides the model (model_config) and the
@@ -345,19 +358,10 @@ static void check_resume(const char *cmd, const char *path, const char *was_sett
         kvd_die(KVD_EXIT_USAGE, cmd,
                 "%s holds cells of another model (its model_config differs from this run's): %s",
                 path, fix);
-    if (!was_trace || strcmp(was_trace, trace)) {
-        /* with the seed and --gen-tokens equal, the length: a trace's tokens
-         * depend on its length, which the largest context sets */
-        json_t *t0 = json_loads(was_trace ? was_trace : "{}", 0, NULL),
-               *t1 = json_loads(trace, 0, NULL);
-        long long l0 = (long long)json_integer_value(json_object_get(t0, "length")),
-                  l1 = (long long)json_integer_value(json_object_get(t1, "length"));
-        json_decref(t0), json_decref(t1);
+    if (!was_trace || strcmp(was_trace, trace))
         kvd_die(KVD_EXIT_USAGE, cmd,
-                "%s holds cells over traces of %lld tokens, this run's are %lld (the largest "
-                "--context sets a trace's length, and its tokens depend on it): %s",
-                path, l0, l1, fix);
-    }
+                "%s holds cells over other traces (its trace_spec %s, this run's %s): %s", path,
+                was_trace ? was_trace : "none", trace, fix);
 }
 
 /* ---- progress ---- */
@@ -886,18 +890,25 @@ int kvd_cmd_run(int argc, char **argv) {
     free(res.command);
     res.command = strdup(cmdline);
 
-    /* traces: the evaluation set, and a held-out calibration trace */
-    kvd_trace *tr = calloc((size_t)o.traces, sizeof *tr);
+    /* the evaluation traces: each context its own, trace i with seed + i, as
+     * long as the context and the tokens generated after it. A trace's tokens
+     * depend on its length (its system prompt is at most an eighth of it), so
+     * cutting one long trace for every context would make a short context's
+     * figures depend on the sweep's longest (at 2048 of 32K tokens, nothing
+     * but the system prompt). The calibration trace is held out apart. */
+    kvd_trace *tr = calloc((size_t)o.n_ctx * o.traces, sizeof *tr);
     kvd_trace_spec sp;
     kvd_trace_spec_defaults(&sp);
-    sp.length = max_ctx + o.dopt.gen_tokens + 1;
     sp.vocab_size = c->vocab_size;
-    for (int i = 0; i < o.traces; i++) {
-        sp.seed = o.seed + (uint64_t)i;
-        if (kvd_trace_generate(&sp, &tr[i], err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
-    }
+    for (int ci = 0; ci < o.n_ctx; ci++)
+        for (int i = 0; i < o.traces; i++) {
+            sp.length = o.ctx[ci] + o.dopt.gen_tokens + 1;
+            sp.seed = o.seed + (uint64_t)i;
+            if (kvd_trace_generate(&sp, &tr[(size_t)ci * o.traces + i], err))
+                kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+        }
     sp.seed = o.seed;
-    res.trace_json = kvd_trace_spec_json(&sp);
+    res.trace_json = trace_spec_json(&sp);
     if (res.t[KVD_T_CELLS].n > 0) {
         check_resume(cmd, o.out, was_settings, was_model, was_trace, res.settings, res.model_json,
                      res.trace_json);
@@ -938,6 +949,7 @@ int kvd_cmd_run(int argc, char **argv) {
     int failed = 0;
     for (int ci = 0; ci < o.n_ctx; ci++) {
         int64_t ctx = o.ctx[ci];
+        kvd_trace *ctr = tr + (size_t)ci * o.traces; /* this context's traces */
         for (int mi = 0; mi < o.n_modes; mi++) {
             kvd_kv_mode mode = (kvd_kv_mode)o.modes[mi];
             const kvd_kv_scales *msc = mode == KVD_KV_FP8_CAL    ? &sc
@@ -954,12 +966,12 @@ int kvd_cmd_run(int argc, char **argv) {
                 }
                 double t0 = kvd_now();
                 uint8_t *is_copy = calloc((size_t)ctx + 1, 1), *start = calloc((size_t)ctx + 1, 1);
-                for (int64_t r = 0; r < tr[t].n_refs; r++) {
-                    int64_t p = tr[t].refs[r].pos;
+                for (int64_t r = 0; r < ctr[t].n_refs; r++) {
+                    int64_t p = ctr[t].refs[r].pos;
                     if (p > ctx) break;
                     is_copy[p] = 1;
-                    int cont = r > 0 && tr[t].refs[r - 1].pos == p - 1 &&
-                               tr[t].refs[r - 1].src == tr[t].refs[r].src - 1;
+                    int cont = r > 0 && ctr[t].refs[r - 1].pos == p - 1 &&
+                               ctr[t].refs[r - 1].src == ctr[t].refs[r].src - 1;
                     start[p] = !cont;
                 }
                 kvd_drift_opts dop = o.dopt;
@@ -973,8 +985,8 @@ int kvd_cmd_run(int argc, char **argv) {
                 }
                 kvd_drift d;
                 if (kvd_drift_init(&d, c, ctx)) kvd_die(1, cmd, "out of memory");
-                if (kvd_drift_run(&o.be, &w, tr[t].tokens, is_copy, start, ctx, mode, msc, &dop, &d,
-                                  err)) {
+                if (kvd_drift_run(&o.be, &w, ctr[t].tokens, is_copy, start, ctx, mode, msc, &dop,
+                                  &d, err)) {
                     fprintf(stderr, "\nkvdrift run: cell %s: %s\n", cell, err);
                     failed = 1;
                 } else {
@@ -998,7 +1010,7 @@ int kvd_cmd_run(int argc, char **argv) {
                 double t0 = kvd_now();
                 kvd_row_tput row;
                 memset(&row, 0, sizeof row);
-                if (throughput_cell(&w, tr, o.traces, mode, msc, o.conc[k], ctx, &o, &row, err)) {
+                if (throughput_cell(&w, ctr, o.traces, mode, msc, o.conc[k], ctx, &o, &row, err)) {
                     fprintf(stderr, "\nkvdrift run: cell %s: %s\n", cell, err);
                     failed = 1;
                 } else {
@@ -1020,7 +1032,7 @@ int kvd_cmd_run(int argc, char **argv) {
     printf("\nwrote %s: %lld cells (%lld drift rows, %lld throughput rows)\n", o.out,
            (long long)res.t[KVD_T_CELLS].n, (long long)res.t[KVD_T_OUTPUT].n,
            (long long)res.t[KVD_T_TPUT].n);
-    for (int i = 0; i < o.traces; i++) kvd_trace_free(&tr[i]);
+    for (int i = 0; i < o.n_ctx * o.traces; i++) kvd_trace_free(&tr[i]);
     free(tr);
     kvd_kv_scales_free(&sc), kvd_kv_scales_free(&am), kvd_kv_scales_free(&ck);
     kvd_results_free(&res);
