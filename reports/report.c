@@ -282,6 +282,23 @@ static const char *series_label(char *buf, size_t n, const kvd_run *runs, int nr
     return buf;
 }
 
+/* A chart holds at most `cap` series (bars: groups); where the runs have more
+ * (runs x modes, bf16 left out where `skip_bf16`), say which it shows, as the
+ * tables below still hold every figure. */
+static void capped_note(kvd_buf *b, const kvd_run *runs, int n, int cap, int skip_bf16) {
+    int want = 0;
+    for (int i = 0; i < n; i++) {
+        const char *modes[KVD_KV_N_MODES];
+        int nm = kvd_run_modes(&runs[i], modes);
+        for (int m = 0; m < nm; m++) want += !(skip_bf16 && !strcmp(modes[m], "bf16"));
+    }
+    if (want > cap)
+        kvd_buf_printf(b,
+                       "<p class=\"note\">This chart shows the first %d of %d series (runs in "
+                       "order, then KV modes); the tables hold every figure.</p>\n",
+                       cap, want);
+}
+
 /* storage for chart series that outlives the call building them */
 typedef struct {
     double x[KVD_SVG_MAX_SERIES][64], y[KVD_SVG_MAX_SERIES][64], lo[KVD_SVG_MAX_SERIES][64],
@@ -331,6 +348,7 @@ static void kl_by_position(kvd_buf *b, const kvd_run *runs, int n, const char *s
         }
     }
     kvd_svg_lines(b, &ch);
+    capped_note(b, runs, n, KVD_SVG_MAX_SERIES, 0);
 }
 
 static void hidden_heatmaps(kvd_buf *b, const kvd_run *r, const char *run_label, int many) {
@@ -469,6 +487,7 @@ static void copy_bars(kvd_buf *b, const kvd_run *runs, int n) {
                        lp,
                        v2};
     kvd_svg_bars(b, &c);
+    capped_note(b, runs, n, 32, 1);
 }
 
 static void throughput_charts(kvd_buf *b, const kvd_run *runs, int n) {
@@ -509,6 +528,7 @@ static void throughput_charts(kvd_buf *b, const kvd_run *runs, int n) {
     }
     kvd_svg_lines(b, &a);
     kvd_svg_lines(b, &c);
+    capped_note(b, runs, n, KVD_SVG_MAX_SERIES, 0);
 }
 
 static void tradeoff_chart(kvd_buf *b, const kvd_run *runs, int n) {
@@ -537,6 +557,7 @@ static void tradeoff_chart(kvd_buf *b, const kvd_run *runs, int n) {
         }
     }
     kvd_svg_lines(b, &ch);
+    capped_note(b, runs, n, KVD_SVG_MAX_SERIES, 0);
 }
 
 static void kv_table(kvd_buf *b, const kvd_run *r) {

@@ -95,6 +95,10 @@ cp "$work/r.h5" "$work/b/r.h5"
 "$bin" report "$work/a/r.h5" "$work/b/r.h5" "$work/a/r.h5" --format md >"$work/ab.md" &&
   [ "$(grep -c '^| a/r | fp8-cal |' "$work/ab.md")" -eq 1 ] && [ "$(grep -c '^| b/r | fp8-cal |' "$work/ab.md")" -eq 1 ] &&
   [ "$(grep -c '^| a/r #2 | fp8-cal |' "$work/ab.md")" -eq 1 ] && ok || bad "clashing run labels: $(cat "$work/ab.md")"
+# a chart that cannot hold every run's modes says which it shows
+"$bin" report $(for i in $(seq 9); do echo "$work/r.h5"; done) -o "$work/nine.html" 2>/dev/null &&
+  [ "$(grep -c "This chart shows the first 24 of 27 series" "$work/nine.html")" -eq 3 ] &&
+  ! grep -q "This chart shows" "$work/r.html" && ok || bad "charts with more series than they hold"
 "$bin" report $(for i in $(seq 65); do echo "$work/r.h5"; done) --format md >/dev/null 2>"$work/e65"; rc=$?
 [ $rc -eq 2 ] && grep -q "expected at most 64 result files" "$work/e65" && ok || bad "65 files: exit $rc $(cat "$work/e65")"
 "$bin" report "$work/r.h5" "$work/r.h5" -o "$work/two.html" 2>/dev/null && xmllint --noout "$work/two.html" && grep -q "r: fp8-cal" "$work/two.html" && ok || bad "two files side by side"
