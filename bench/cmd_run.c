@@ -909,12 +909,9 @@ int kvd_cmd_run(int argc, char **argv) {
         }
     sp.seed = o.seed;
     res.trace_json = trace_spec_json(&sp);
-    if (res.t[KVD_T_CELLS].n > 0) {
+    if (res.t[KVD_T_CELLS].n > 0)
         check_resume(cmd, o.out, was_settings, was_model, was_trace, res.settings, res.model_json,
                      res.trace_json);
-        fprintf(stderr, "kvdrift run: resuming %s: %lld cells already finished\n", o.out,
-                (long long)res.t[KVD_T_CELLS].n);
-    }
     free(was_model), free(was_trace), free(was_settings);
 
     kvd_kv_scales sc = {0}, am = {0};
@@ -935,6 +932,17 @@ int kvd_cmd_run(int argc, char **argv) {
         if (!o.scales_path && kvd_calibrate_trace(&o.be, &w, o.seed, o.calib_tokens, o.recipe,
                                                   o.per_head, &sc, &am, err))
             kvd_die(1, cmd, "%s", err);
+        /* the file's fp8-cal cells ran with its scales (a --scales file may
+         * have changed since) */
+        const size_t ns = (size_t)sc.n_layers * sc.kv_heads;
+        if (res.t[KVD_T_CELLS].n > 0 && res.k_scale &&
+            (res.cal_layers != sc.n_layers || res.cal_heads != sc.kv_heads ||
+             memcmp(res.k_scale, sc.k, sizeof(float) * ns) ||
+             memcmp(res.v_scale, sc.v, sizeof(float) * ns)))
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "%s holds fp8-cal cells run with other scales (its /calibration) than this "
+                    "run's%s%s: write to another file (-o), or remove it to start over",
+                    o.out, o.scales_path ? " from " : "", o.scales_path ? o.scales_path : "");
         free(res.k_scale), free(res.v_scale);
         res.cal_layers = sc.n_layers, res.cal_heads = sc.kv_heads;
         res.k_scale = malloc(sizeof(float) * (size_t)sc.n_layers * sc.kv_heads);
@@ -942,6 +950,9 @@ int kvd_cmd_run(int argc, char **argv) {
         memcpy(res.k_scale, sc.k, sizeof(float) * (size_t)sc.n_layers * sc.kv_heads);
         memcpy(res.v_scale, sc.v, sizeof(float) * (size_t)sc.n_layers * sc.kv_heads);
     }
+    if (res.t[KVD_T_CELLS].n > 0)
+        fprintf(stderr, "kvdrift run: resuming %s: %lld cells already finished\n", o.out,
+                (long long)res.t[KVD_T_CELLS].n);
 
     progress pr = {o.n_ctx * o.n_modes *
                        ((o.cells & 1 ? o.traces : 0) + (o.cells & 2 ? o.n_conc : 0)),
