@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gitrev.h" /* KVD_GIT_REV: a resumed file must be this build's */
 #include "../datasets/calibset.h"
 #include "../datasets/trace.h"
 #include "../runners/calibrate.h"
@@ -319,10 +320,17 @@ static char *run_settings(const run_opts *o, const kvd_config *c, const char *cm
 /* A file's finished cells ran under its settings, model and traces; a run
  * that differs in any of them must not add its cells beside them (the file
  * would describe one sweep and hold two). Names the first difference. */
-static void check_resume(const char *cmd, const char *path, const char *was_settings,
-                         const char *was_model, const char *was_trace, const char *settings,
-                         const char *model, const char *trace) {
+static void check_resume(const char *cmd, const char *path, const char *was_rev,
+                         const char *was_settings, const char *was_model, const char *was_trace,
+                         const char *settings, const char *model, const char *trace) {
     const char *fix = "write to another file (-o), or remove it to start over";
+    /* the file names one build; another's figures may differ in the last
+     * bits, or more where the build fixed something */
+    if (strcmp(was_rev, KVD_GIT_REV))
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "%s holds cells of kvdrift %s, this is %s (the figures of two builds may "
+                "differ): %s",
+                path, was_rev[0] ? was_rev : "of an unknown revision", KVD_GIT_REV, fix);
     if (!was_settings)
         kvd_die(KVD_EXIT_USAGE, cmd,
                 "%s: its cells cannot be resumed: it records no run settings (an older "
@@ -910,8 +918,8 @@ int kvd_cmd_run(int argc, char **argv) {
     sp.seed = o.seed;
     res.trace_json = trace_spec_json(&sp);
     if (res.t[KVD_T_CELLS].n > 0)
-        check_resume(cmd, o.out, was_settings, was_model, was_trace, res.settings, res.model_json,
-                     res.trace_json);
+        check_resume(cmd, o.out, res.git_rev, was_settings, was_model, was_trace, res.settings,
+                     res.model_json, res.trace_json);
     free(was_model), free(was_trace), free(was_settings);
 
     kvd_kv_scales sc = {0}, am = {0};

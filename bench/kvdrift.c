@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "gitrev.h" /* KVD_GIT_REV, written at build time */
 #include "../kernels/backend.h"
 #include "../runners/fileio.h"
 #include "commands.h"

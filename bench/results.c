@@ -1,4 +1,5 @@
 /* kvdrift: results tables and their HDF5 file (see results.h). */
+#include "gitrev.h" /* KVD_GIT_REV, written at build time */
 #include "results.h"
 
 #include <hdf5.h>
