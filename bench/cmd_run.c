@@ -8,6 +8,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -880,8 +881,16 @@ int kvd_cmd_run(int argc, char **argv) {
     kvd_results res;
     kvd_results_init(&res);
     kvd_tmp_sweep(o.out); /* what a killed run left */
+    struct stat st;
+    if (stat(o.out, &st) == 0 && S_ISDIR(st.st_mode))
+        kvd_die(KVD_EXIT_USAGE, cmd, "-o %s: a directory; expected a results file", o.out);
+    /* an existing file is resumed: one that is not a results file is named
+     * as such, not suggested for removal alone (it may be a trace set) */
     if (access(o.out, F_OK) == 0 && kvd_results_load(&res, o.out, err))
-        kvd_die(KVD_EXIT_USAGE, cmd, "%s (remove it to start over)", err);
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "%s; a run resumes the file it writes, and cannot resume this one: write to "
+                "another file (-o), or remove it to start over",
+                err);
     /* what the file says it holds, checked below against this run */
     char *was_model = res.model_json, *was_trace = res.trace_json, *was_settings = res.settings;
     res.settings = run_settings(&o, c, cmd);

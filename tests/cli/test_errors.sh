@@ -140,6 +140,11 @@ expect 2 "--backend: expected cpu or cuda, got 'tpu'" -- calibrate --model tiny 
 expect 2 "--gpus 2: needs --backend cuda" -- forward --model tiny --gpus 2 --tokens 16
 expect 2 "--gpus 2: needs --backend cuda" -- run --model tiny --gpus 2 -o "$work/g.h5"
 expect 2 "--gpus: expected 1 to 16, got '0'" -- run --model tiny --gpus 0 -o "$work/g.h5"
+# -o names what run would resume: a directory, a file that is not a results file
+mkdir -p "$work/outdir"
+expect 2 "-o .*outdir: a directory; expected a results file" -- run --model tiny -o "$work/outdir"
+"$bin" trace gen --length 64 -o "$work/trace.h5" >/dev/null
+expect 2 "trace.h5: attribute 'format': expected \"kvdrift-results\", got \"kvdrift-trace\"; a run resumes the file it writes, and cannot resume this one" -- run --model tiny -o "$work/trace.h5"
 # sequences longer than the model's positions are refused before any work
 expect 2 "--tokens: 70000 tokens is beyond the model's max_position_embeddings 65536" -- forward --model tiny --tokens 70000
 expect 2 "--calib-tokens: 70000 tokens is beyond the model's max_position_embeddings 65536" -- calibrate --model tiny --calib-tokens 70000 -o "$work/s.json"
