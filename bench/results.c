@@ -226,7 +226,7 @@ static int write_2d(hid_t f, const char *path, hsize_t r, hsize_t c, hid_t type,
 
 int kvd_results_save(const kvd_results *r, const char *path, char *err) {
     char tmp[4200];
-    hid_t f = kvd_h5_create(path, tmp, sizeof tmp, err);
+    hid_t f = kvd_h5_create(path, "kvdrift-results", tmp, sizeof tmp, err);
     if (f < 0) return -1;
     int rc = 0, ver = KVD_SCHEMA_VERSION;
     rc |= H5LTset_attribute_string(f, "/", "format", "kvdrift-results") < 0;

@@ -8,8 +8,10 @@
 #include <stddef.h>
 
 /* Create the temporary for path (its name into tmp, tmp_len bytes) with
- * HDF5's own error printing off; < 0 with err set when it cannot be made. */
-hid_t kvd_h5_create(const char *path, char *tmp, size_t tmp_len, char *err);
+ * HDF5's own error printing off; < 0 with err set when it cannot be made, or
+ * when path is an HDF5 file whose root "format" is not `format` (the file
+ * about to be written: another kind is never replaced). */
+hid_t kvd_h5_create(const char *path, const char *format, char *tmp, size_t tmp_len, char *err);
 /* Close f; rename the temporary over path when ok and the close succeeded,
  * else remove it. 0 when path now holds the file. */
 int kvd_h5_commit(hid_t f, const char *tmp, const char *path, int ok, char *err);

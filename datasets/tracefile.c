@@ -52,7 +52,7 @@ static int write_1d(hid_t g, const char *name, hid_t type, hsize_t n, const void
 
 int kvd_trace_save(const char *path, const kvd_trace *traces, int n, char *err) {
     char tmp[4200];
-    hid_t f = kvd_h5_create(path, tmp, sizeof tmp, err);
+    hid_t f = kvd_h5_create(path, TRACE_FORMAT, tmp, sizeof tmp, err);
     if (f < 0) return -1;
     int rc = 0;
     rc |= H5LTset_attribute_string(f, "/", "format", TRACE_FORMAT) < 0;

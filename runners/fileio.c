@@ -72,8 +72,30 @@ int kvd_atomic_end(const char *tmp, const char *path, int ok, char *err) {
     return 0;
 }
 
+/* Whether path is an HDF5 file (its signature at offset 0, where kvdrift's
+ * results and trace sets have it). */
+static int is_hdf5(const char *path) {
+    static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    unsigned char head[8];
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t n = fread(head, 1, sizeof head, f);
+    fclose(f);
+    return n == sizeof head && !memcmp(head, sig, sizeof sig);
+}
+
 int kvd_afile_open(kvd_afile *a, const char *path, char *err) {
     memset(a, 0, sizeof *a);
+    /* these writers make JSON, HTML, CSV, safetensors and raw dumps, never
+     * HDF5: an HDF5 file where one would go is a sweep's results or a trace
+     * set named by mistake (`report run.h5 -o run.h5`), not to be replaced */
+    if (is_hdf5(path)) {
+        snprintf(err, KVD_ERR_LEN,
+                 "%s: an HDF5 file (results or traces?) is there, and this output is not one: "
+                 "choose another name",
+                 path);
+        return -1;
+    }
     snprintf(a->path, sizeof a->path, "%s", path);
     snprintf(a->tmp, sizeof a->tmp, "%s.tmp.%ld", path, (long)getpid());
     a->f = fopen(a->tmp, "wb");

@@ -145,6 +145,18 @@ mkdir -p "$work/outdir"
 expect 2 "-o .*outdir: a directory; expected a results file" -- run --model tiny -o "$work/outdir"
 "$bin" trace gen --length 64 -o "$work/trace.h5" >/dev/null
 expect 2 "trace.h5: attribute 'format': expected \"kvdrift-results\", got \"kvdrift-trace\"; a run resumes the file it writes, and cannot resume this one" -- run --model tiny -o "$work/trace.h5"
+# an output never replaces a file of another kind: a results file named as a
+# report's, a calibration's or a trace set's output is left as it was
+"$bin" run --model tiny --kv bf16 --context 64 --concurrency 1 --gen-tokens 0 --decode-tokens 2 -o "$work/res.h5" >/dev/null 2>&1
+cp "$work/res.h5" "$work/res.before"
+expect 2 "res.h5: an HDF5 file \(results or traces\?\) is there, and this output is not one: choose another name" -- report "$work/res.h5" -o "$work/res.h5"
+expect 1 "res.h5: an HDF5 file \(results or traces\?\) is there" -- calibrate --model tiny --calib-tokens 64 -o "$work/res.h5"
+expect 1 "res.h5: an HDF5 file of another kind \(format \"kvdrift-results\"\) is there, not a kvdrift-trace file" -- trace gen --length 64 -o "$work/res.h5"
+if cmp -s "$work/res.h5" "$work/res.before" && ! ls "$work"/res.h5.tmp.* >/dev/null 2>&1; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL: a refused output changed the results file or left a temporary"
+fi
 # sequences longer than the model's positions are refused before any work
 expect 2 "--tokens: 70000 tokens is beyond the model's max_position_embeddings 65536" -- forward --model tiny --tokens 70000
 expect 2 "--calib-tokens: 70000 tokens is beyond the model's max_position_embeddings 65536" -- calibrate --model tiny --calib-tokens 70000 -o "$work/s.json"
