@@ -4,6 +4,7 @@
 #include "report.h"
 
 #include <csv.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -604,10 +605,14 @@ static void provenance(kvd_buf *b, const kvd_run *r) {
     kvd_buf_puts(b, "</pre><p class=\"note\">trace spec:</p><pre>");
     kvd_buf_xml(b, r->r.trace_json ? r->r.trace_json : "");
     kvd_buf_puts(b, "</pre>\n");
-    if (r->r.settings) {
+    if (r->r.settings) { /* one key a line */
+        json_t *j = json_loads(r->r.settings, 0, NULL);
+        char *txt = j ? json_dumps(j, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
         kvd_buf_puts(b, "<p class=\"note\">run settings:</p><pre>");
-        kvd_buf_xml(b, r->r.settings);
+        kvd_buf_xml(b, txt ? txt : r->r.settings);
         kvd_buf_puts(b, "</pre>\n");
+        free(txt);
+        json_decref(j);
     }
 }
 
