@@ -17,6 +17,7 @@ fi
   --gen-tokens 4 --decode-tokens 3 --calib-tokens 512 -o "$work/r.h5" >/dev/null 2>&1 || bad "sweep failed"
 "$bin" report "$work/r.h5" -o "$work/r.html" 2>/dev/null && ok || bad "report html failed"
 xmllint --noout "$work/r.html" 2>"$work/x.err" && ok || bad "HTML is not well-formed: $(head -3 "$work/x.err")"
+grep -q '^ &quot;calib-tokens&quot;: 512,$' "$work/r.html" && ok || bad "the provenance does not show the run settings"
 
 "$py" - "$work/r.h5" "$work/r.html" "$work" <<'PY' && ok || bad "plotted values differ from the file"
 import sys, re
