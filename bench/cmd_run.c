@@ -294,12 +294,16 @@ static char *trace_spec_json(const kvd_trace_spec *sp) {
 /* What decides a cell's figures besides the model (model_config) and the
  * traces (trace_spec), as JSON keyed by run's flags. Not in it: which cells
  * (--kv, --context, --concurrency, --cells), where they go, thread counts. */
-static char *run_settings(const run_opts *o, const kvd_config *c, const char *cmd) {
+static char *run_settings(const run_opts *o, const kvd_config *c, const char *device,
+                          const char *cmd) {
     json_t *wj = kvd_model_opts_weights_json(&o->mo, c);
     if (!wj) kvd_die(KVD_EXIT_USAGE, cmd, "%s: no longer readable", o->mo.profile);
     json_t *j = json_object();
     json_object_set_new(j, "backend", json_string(o->backend));
     json_object_set_new(j, "gpus", json_integer(o->be.gpus));
+    /* a GPU's throughput (and its last bits) are that GPU's; the CPU's
+     * description is its thread count, which a rerun may change */
+    if (strcmp(o->backend, "cpu")) json_object_set_new(j, "device", json_string(device));
     json_object_set_new(j, "weights", wj);
     json_object_set_new(j, "traces", json_integer(o->traces));
     json_object_set_new(j, "seed", json_integer((json_int_t)o->seed));
@@ -893,7 +897,7 @@ int kvd_cmd_run(int argc, char **argv) {
                 err);
     /* what the file says it holds, checked below against this run */
     char *was_model = res.model_json, *was_trace = res.trace_json, *was_settings = res.settings;
-    res.settings = run_settings(&o, c, cmd);
+    res.settings = run_settings(&o, c, device, cmd);
     res.model_json = kvd_config_to_json(c);
     snprintf(res.backend, sizeof res.backend, "%s", o.backend);
     snprintf(res.device, sizeof res.device, "%s", device);
