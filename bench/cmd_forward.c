@@ -27,6 +27,7 @@ typedef struct {
     int calib_tokens;
     const char *backend;
     kvd_backend be; /* backend's, after use_backend */
+    int cal_given;  /* --calibration, --per-head or --calib-tokens named */
 } cal_opts;
 
 static int cal_flag(cal_opts *o, kvd_args *a, const char *f) {
@@ -37,10 +38,12 @@ static int cal_flag(cal_opts *o, kvd_args *a, const char *f) {
         if (kvd_cal_recipe_parse(v, &o->recipe))
             kvd_die(KVD_EXIT_USAGE, a->cmd,
                     "--calibration: expected absmax, modelopt or vllm-dynamic, got '%s'", v);
+        o->cal_given = 1;
     } else if (!strcmp(f, "--per-head")) {
-        o->per_head = 1;
+        o->per_head = o->cal_given = 1;
     } else if (!strcmp(f, "--calib-tokens")) {
         o->calib_tokens = (int)kvd_args_long(a, f, 1, 1 << 24);
+        o->cal_given = 1;
     } else if (!strcmp(f, "--backend")) {
         o->backend = kvd_args_value(a, f);
     } else if (!strcmp(f, "--gpus")) {
@@ -164,7 +167,7 @@ int kvd_cmd_forward(int argc, char **argv) {
     kvd_args a = {argc, argv, 0, cmd};
     kvd_model_opts mo;
     kvd_model_opts_init(&mo);
-    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024, "cpu", {NULL, 1}};
+    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024, "cpu", {NULL, 1}, 0};
     const char *kv_list = "bf16,fp8-cal,fp8-unscaled,fp8-e5m2", *dump = NULL;
     int T = 1024, saturate = 1;
     uint64_t seed = 1;
@@ -209,6 +212,10 @@ int kvd_cmd_forward(int argc, char **argv) {
         want[m] = 1;
     }
     want[KVD_KV_BF16] = 1;
+    if (co.scales_path && co.cal_given) /* before any work */
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "--scales gives fp8-cal's scales, and --calibration, --per-head and "
+                "--calib-tokens make them: expected one or the other");
 
     kvd_weights w;
     double t0 = kvd_now();
@@ -334,7 +341,7 @@ int kvd_cmd_calibrate(int argc, char **argv) {
     kvd_args a = {argc, argv, 0, cmd};
     kvd_model_opts mo;
     kvd_model_opts_init(&mo);
-    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024, "cpu", {NULL, 1}};
+    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024, "cpu", {NULL, 1}, 0};
     const char *out = NULL, *f;
     uint64_t seed = 1;
     while ((f = kvd_args_next(&a))) {

@@ -40,6 +40,7 @@ typedef struct {
     kvd_backend be; /* backend's, with the GPUs */
     kvd_cal_recipe recipe;
     int per_head, calib_tokens;
+    int cal_given; /* --calibration, --per-head or --calib-tokens named */
     double kv_budget;
     kvd_drift_opts dopt;
     int decode_tokens;
@@ -123,12 +124,14 @@ static int run_flag(run_opts *o, kvd_args *a, const char *f) {
         o->seed = (uint64_t)kvd_args_long(a, f, 0, 2147483647L);
     } else if (!strcmp(f, "--per-head")) {
         o->per_head = 1;
+        o->cal_given = 1;
     } else if (!strcmp(f, "--attn-per-head")) {
         o->attn_per_head = 1;
     } else if (!strcmp(f, "--scales")) {
         o->scales_path = kvd_args_value(a, f);
     } else if (!strcmp(f, "--calib-tokens")) {
         o->calib_tokens = (int)kvd_args_long(a, f, 1, 1 << 24);
+        o->cal_given = 1;
     } else if (!strcmp(f, "--sample-every")) {
         o->dopt.sample_every = (int)kvd_args_long(a, f, 1, 1 << 20);
     } else if (!strcmp(f, "--gen-tokens")) {
@@ -184,6 +187,7 @@ static int run_flag(run_opts *o, kvd_args *a, const char *f) {
         if (kvd_cal_recipe_parse(val, &o->recipe))
             kvd_die(KVD_EXIT_USAGE, cmd,
                     "--calibration: expected absmax, modelopt or vllm-dynamic, got '%s'", val);
+        o->cal_given = 1;
     } else if (!strcmp(f, "--cells")) {
         const char *val = kvd_args_value(a, f);
         char item[4][64];
@@ -265,6 +269,7 @@ static void load_spec(run_opts *o, const char *path) {
                 kvd_die(KVD_EXIT_USAGE, cmd, "field '%s': expected true or false, got '%s'", key,
                         val);
             *sw = val[0] == '1';
+            o->cal_given |= sw == &o->per_head && *sw;
             continue;
         }
         /* values outlive this loop (a preset name, a path): keep a copy */
@@ -864,6 +869,10 @@ int kvd_cmd_run(int argc, char **argv) {
         }
     }
     if (!o.out) kvd_die(KVD_EXIT_USAGE, cmd, "expected -o FILE (or \"output\" in the spec)");
+    if (o.scales_path && o.cal_given)
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "--scales gives fp8-cal's scales, and --calibration, --per-head and "
+                "--calib-tokens make them: expected one or the other");
     char err[KVD_ERR_LEN], device[128];
     kvd_use_backend(&o.be, o.backend, cmd, device, (int)sizeof device);
     kvd_weights w;
@@ -944,7 +953,8 @@ int kvd_cmd_run(int argc, char **argv) {
         }
     int need_cal = 0;
     for (int i = 0; i < o.n_modes; i++) need_cal |= o.modes[i] == KVD_KV_FP8_CAL;
-    if (need_cal && o.scales_path) {
+    /* a --scales file is read (and checked) whether or not fp8-cal runs */
+    if (o.scales_path) {
         int nf = kvd_config_n_full(c);
         if (kvd_scales_load(o.scales_path, &sc, nf, c->num_key_value_heads, err))
             kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);

@@ -157,6 +157,11 @@ if cmp -s "$work/res.h5" "$work/res.before" && ! ls "$work"/res.h5.tmp.* >/dev/n
 else
   fail=$((fail + 1)); echo "FAIL: a refused output changed the results file or left a temporary"
 fi
+# --scales gives fp8-cal's scales; the calibration flags make them: not both.
+# A --scales file is read even when no fp8-cal mode runs (a typo shows)
+expect 2 "--scales gives fp8-cal's scales, and --calibration, --per-head and --calib-tokens make them" -- run --model tiny --per-head --scales "$work/scales.json" -o "$work/g.h5"
+expect 2 "--scales gives fp8-cal's scales" -- forward --model tiny --scales "$work/scales.json" --calibration modelopt
+expect 2 "nope.json: cannot open" -- run --model tiny --kv bf16 --context 64 --scales "$work/nope.json" -o "$work/g.h5"
 # sequences longer than the model's positions are refused before any work
 expect 2 "--tokens: 70000 tokens is beyond the model's max_position_embeddings 65536" -- forward --model tiny --tokens 70000
 expect 2 "--calib-tokens: 70000 tokens is beyond the model's max_position_embeddings 65536" -- calibrate --model tiny --calib-tokens 70000 -o "$work/s.json"
