@@ -212,10 +212,7 @@ int kvd_cmd_forward(int argc, char **argv) {
         want[m] = 1;
     }
     want[KVD_KV_BF16] = 1;
-    if (co.scales_path && co.cal_given) /* before any work */
-        kvd_die(KVD_EXIT_USAGE, cmd,
-                "--scales gives fp8-cal's scales, and --calibration, --per-head and "
-                "--calib-tokens make them: expected one or the other");
+    kvd_check_scales_flags(cmd, co.scales_path, co.cal_given); /* before any work */
 
     kvd_weights w;
     double t0 = kvd_now();

@@ -83,6 +83,15 @@ static int repeated(const int64_t *v, int n) {
     return -1;
 }
 
+/* A flag's list of numbers: exits naming the flag on a value listed twice */
+static void refuse_repeats(const char *cmd, const char *flag, const int64_t *v, int n,
+                           const char *val) {
+    const int r = repeated(v, n);
+    if (r >= 0)
+        kvd_die(KVD_EXIT_USAGE, cmd, "%s: %lld is listed twice in '%s'", flag, (long long)v[r],
+                val);
+}
+
 static int parse_list(const char *s, int64_t *out, int max, int64_t lo, int64_t hi) {
     char item[MAX_LIST][64];
     int n = split_list(s, item, max);
@@ -158,10 +167,7 @@ static int run_flag(run_opts *o, kvd_args *a, const char *f) {
             kvd_die(KVD_EXIT_USAGE, cmd,
                     "--concurrency: expected a list of up to %d levels in 1..1024, got '%s'",
                     MAX_LIST, val);
-        const int r = repeated(tmp, n);
-        if (r >= 0)
-            kvd_die(KVD_EXIT_USAGE, cmd, "--concurrency: %lld is listed twice in '%s'",
-                    (long long)tmp[r], val);
+        refuse_repeats(cmd, f, tmp, n, val);
         o->n_conc = n;
         for (int i = 0; i < n; i++) o->conc[i] = (int)tmp[i];
     } else if (!strcmp(f, "--context")) {
@@ -170,10 +176,7 @@ static int run_flag(run_opts *o, kvd_args *a, const char *f) {
             kvd_die(KVD_EXIT_USAGE, cmd,
                     "--context: expected a list of up to %d token counts >= 16, got '%s'", MAX_LIST,
                     val);
-        const int r = repeated(tmp, n);
-        if (r >= 0)
-            kvd_die(KVD_EXIT_USAGE, cmd, "--context: %lld is listed twice in '%s'",
-                    (long long)tmp[r], val);
+        refuse_repeats(cmd, f, tmp, n, val);
         o->n_ctx = n;
         for (int i = 0; i < n; i++) o->ctx[i] = tmp[i];
     } else if (!strcmp(f, "--kv-budget")) {
@@ -869,10 +872,7 @@ int kvd_cmd_run(int argc, char **argv) {
         }
     }
     if (!o.out) kvd_die(KVD_EXIT_USAGE, cmd, "expected -o FILE (or \"output\" in the spec)");
-    if (o.scales_path && o.cal_given)
-        kvd_die(KVD_EXIT_USAGE, cmd,
-                "--scales gives fp8-cal's scales, and --calibration, --per-head and "
-                "--calib-tokens make them: expected one or the other");
+    kvd_check_scales_flags(cmd, o.scales_path, o.cal_given);
     char err[KVD_ERR_LEN], device[128];
     kvd_use_backend(&o.be, o.backend, cmd, device, (int)sizeof device);
     kvd_weights w;
@@ -880,10 +880,10 @@ int kvd_cmd_run(int argc, char **argv) {
     const kvd_config *c = &w.cfg;
     int64_t max_ctx = 0;
     for (int i = 0; i < o.n_ctx; i++) max_ctx = o.ctx[i] > max_ctx ? o.ctx[i] : max_ctx;
-    /* the tokens generated after the largest context run on past it */
-    const int after = (o.cells & 1) && o.dopt.gen_tokens > o.decode_tokens ? o.dopt.gen_tokens
-                      : (o.cells & 2)                                      ? o.decode_tokens
-                                                                           : o.dopt.gen_tokens;
+    /* the tokens generated after the largest context run on past it: drift
+     * cells' greedy continuation, throughput cells' decode */
+    int after = o.cells & 1 ? o.dopt.gen_tokens : 0;
+    if ((o.cells & 2) && o.decode_tokens > after) after = o.decode_tokens;
     if (max_ctx + after > c->max_position_embeddings)
         kvd_die(KVD_EXIT_USAGE, cmd,
                 "--context: %lld and the %d tokens generated after it (--gen-tokens, "
@@ -904,6 +904,7 @@ int kvd_cmd_run(int argc, char **argv) {
                 "%s; a run resumes the file it writes, and cannot resume this one: write to "
                 "another file (-o), or remove it to start over",
                 err);
+    const int resuming = res.t[KVD_T_CELLS].n > 0;
     /* what the file says it holds, checked below against this run */
     char *was_model = res.model_json, *was_trace = res.trace_json, *was_settings = res.settings;
     res.settings = run_settings(&o, c, device, cmd);
@@ -939,7 +940,7 @@ int kvd_cmd_run(int argc, char **argv) {
         }
     sp.seed = o.seed;
     res.trace_json = trace_spec_json(&sp);
-    if (res.t[KVD_T_CELLS].n > 0)
+    if (resuming)
         check_resume(cmd, o.out, res.git_rev, was_settings, was_model, was_trace, res.settings,
                      res.model_json, res.trace_json);
     free(was_model), free(was_trace), free(was_settings);
@@ -966,7 +967,7 @@ int kvd_cmd_run(int argc, char **argv) {
         /* the file's fp8-cal cells ran with its scales (a --scales file may
          * have changed since) */
         const size_t ns = (size_t)sc.n_layers * sc.kv_heads;
-        if (res.t[KVD_T_CELLS].n > 0 && res.k_scale &&
+        if (resuming && res.k_scale &&
             (res.cal_layers != sc.n_layers || res.cal_heads != sc.kv_heads ||
              memcmp(res.k_scale, sc.k, sizeof(float) * ns) ||
              memcmp(res.v_scale, sc.v, sizeof(float) * ns)))
@@ -976,12 +977,12 @@ int kvd_cmd_run(int argc, char **argv) {
                     o.out, o.scales_path ? " from " : "", o.scales_path ? o.scales_path : "");
         free(res.k_scale), free(res.v_scale);
         res.cal_layers = sc.n_layers, res.cal_heads = sc.kv_heads;
-        res.k_scale = malloc(sizeof(float) * (size_t)sc.n_layers * sc.kv_heads);
-        res.v_scale = malloc(sizeof(float) * (size_t)sc.n_layers * sc.kv_heads);
-        memcpy(res.k_scale, sc.k, sizeof(float) * (size_t)sc.n_layers * sc.kv_heads);
-        memcpy(res.v_scale, sc.v, sizeof(float) * (size_t)sc.n_layers * sc.kv_heads);
+        res.k_scale = malloc(sizeof(float) * ns);
+        res.v_scale = malloc(sizeof(float) * ns);
+        memcpy(res.k_scale, sc.k, sizeof(float) * ns);
+        memcpy(res.v_scale, sc.v, sizeof(float) * ns);
     }
-    if (res.t[KVD_T_CELLS].n > 0)
+    if (resuming)
         fprintf(stderr, "kvdrift run: resuming %s: %lld cells already finished\n", o.out,
                 (long long)res.t[KVD_T_CELLS].n);
 

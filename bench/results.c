@@ -226,10 +226,10 @@ static int write_2d(hid_t f, const char *path, hsize_t r, hsize_t c, hid_t type,
 
 int kvd_results_save(const kvd_results *r, const char *path, char *err) {
     char tmp[4200];
-    hid_t f = kvd_h5_create(path, "kvdrift-results", tmp, sizeof tmp, err);
+    hid_t f = kvd_h5_create(path, KVD_RESULTS_FORMAT, tmp, sizeof tmp, err);
     if (f < 0) return -1;
     int rc = 0, ver = KVD_SCHEMA_VERSION;
-    rc |= H5LTset_attribute_string(f, "/", "format", "kvdrift-results") < 0;
+    rc |= H5LTset_attribute_string(f, "/", "format", KVD_RESULTS_FORMAT) < 0;
     rc |= H5LTset_attribute_int(f, "/", "schema_version", &ver, 1) < 0;
     rc |= H5LTset_attribute_string(f, "/", "kvdrift_version", KVD_VERSION) < 0;
     rc |= H5LTset_attribute_string(f, "/", "git_revision", KVD_GIT_REV) < 0;
@@ -330,33 +330,6 @@ static int read_2d_float(hid_t f, const char *p, int *rows, int *cols, float **o
     return H5LTread_dataset_float(f, p, *out) < 0 ? -1 : 0;
 }
 
-/* A string attribute of the root group, fixed-length (as kvdrift writes
- * them) or variable-length (as h5py does); malloc'd, NULL when absent or
- * not one string. */
-static char *root_string_attr(hid_t f, const char *name) {
-    if (H5Aexists(f, name) <= 0) return NULL;
-    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
-    if (a < 0) return NULL;
-    hid_t t = H5Aget_type(a), sp = H5Aget_space(a), mt = H5Tcopy(H5T_C_S1);
-    char *out = NULL;
-    if (H5Tget_class(t) == H5T_STRING && H5Sget_simple_extent_npoints(sp) == 1) {
-        H5Tset_cset(mt, H5Tget_cset(t));
-        if (H5Tis_variable_str(t) > 0) {
-            char *v = NULL;
-            H5Tset_size(mt, H5T_VARIABLE);
-            if (H5Aread(a, mt, &v) >= 0 && v) out = strdup(v);
-            if (v) H5free_memory(v);
-        } else {
-            size_t n = H5Tget_size(t);
-            H5Tset_size(mt, n + 1);
-            out = calloc(n + 2, 1);
-            if (out && H5Aread(a, mt, out) < 0) free(out), out = NULL;
-        }
-    }
-    H5Tclose(mt), H5Sclose(sp), H5Tclose(t), H5Aclose(a);
-    return out;
-}
-
 int kvd_results_load(kvd_results *r, const char *path, char *err) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -366,13 +339,7 @@ int kvd_results_load(kvd_results *r, const char *path, char *err) {
     }
     int ver = 0, rc = 0;
     /* another kvdrift file (a trace set) or some other HDF5 file: say which */
-    char fmt[64] = "", *fa = root_string_attr(f, "format");
-    snprintf(fmt, sizeof fmt, "%s", fa ? fa : "");
-    free(fa);
-    if (strcmp(fmt, "kvdrift-results")) {
-        snprintf(err, KVD_ERR_LEN,
-                 "%s: attribute 'format': expected \"kvdrift-results\", got %s%s%s", path,
-                 fmt[0] ? "\"" : "", fmt[0] ? fmt : "none", fmt[0] ? "\"" : "");
+    if (kvd_h5_check_format(f, path, KVD_RESULTS_FORMAT, err)) {
         H5Fclose(f);
         return -1;
     }
@@ -400,7 +367,7 @@ int kvd_results_load(kvd_results *r, const char *path, char *err) {
               {"command", NULL, 0, &r->command},
               {"run_settings", NULL, 0, &r->settings}};
     for (size_t i = 0; !rc && i < sizeof at / sizeof at[0]; i++) {
-        char *v = root_string_attr(f, at[i].name);
+        char *v = kvd_h5_root_string(f, at[i].name);
         if (!v) continue;
         if (at[i].dyn) {
             free(*at[i].dyn);

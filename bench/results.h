@@ -11,6 +11,8 @@
 #include <stdio.h>
 
 #define KVD_SCHEMA_VERSION 1
+/* the root attribute "format" of a results file */
+#define KVD_RESULTS_FORMAT "kvdrift-results"
 
 typedef enum { KVD_COL_STR, KVD_COL_I32, KVD_COL_I64, KVD_COL_F64 } kvd_coltype;
 

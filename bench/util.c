@@ -214,6 +214,13 @@ void kvd_check_positions(const char *cmd, const char *flag, int64_t n, const kvd
                 (long long)n, c->max_position_embeddings);
 }
 
+void kvd_check_scales_flags(const char *cmd, const char *scales_path, int cal_given) {
+    if (scales_path && cal_given)
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "--scales gives fp8-cal's scales, and --calibration, --per-head and "
+                "--calib-tokens make them: expected one or the other");
+}
+
 json_t *kvd_model_opts_weights_json(const kvd_model_opts *o, const kvd_config *cfg) {
     if (o->model_dir) return json_pack("{s:s}", "checkpoint", o->model_dir);
     kvd_synth s = o->synth;

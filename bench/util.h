@@ -54,6 +54,9 @@ void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, kvd_weights 
 /* Exits with a usage error naming flag when a sequence of n tokens would
  * run past the model's max_position_embeddings. */
 void kvd_check_positions(const char *cmd, const char *flag, int64_t n, const kvd_config *c);
+/* --scales gives fp8-cal's scales; the calibration flags (cal_given: any of
+ * --calibration, --per-head, --calib-tokens) make them: exits when both. */
+void kvd_check_scales_flags(const char *cmd, const char *scales_path, int cal_given);
 /* Where the weights kvd_model_opts_build made come from, as JSON: a
  * checkpoint's directory, or every knob of the synthetic ones (a profile's
  * per-layer values included); NULL when the profile no longer reads. */

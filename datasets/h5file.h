@@ -7,6 +7,14 @@
 #include <hdf5.h>
 #include <stddef.h>
 
+/* A string attribute of f's root group, fixed-length (as kvdrift writes
+ * them) or variable-length (as h5py does); malloc'd, NULL when absent or not
+ * one string. */
+char *kvd_h5_root_string(hid_t f, const char *name);
+/* 0 when f's root attribute "format" is `format`; else -1 with err naming
+ * path and what the attribute holds. */
+int kvd_h5_check_format(hid_t f, const char *path, const char *format, char *err);
+
 /* Create the temporary for path (its name into tmp, tmp_len bytes) with
  * HDF5's own error printing off; < 0 with err set when it cannot be made, or
  * when path is an HDF5 file whose root "format" is not `format` (the file

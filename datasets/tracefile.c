@@ -188,14 +188,8 @@ int kvd_trace_load(const char *path, kvd_trace **traces, int *n, char *err) {
         snprintf(err, KVD_ERR_LEN, "%s: not a readable HDF5 file (truncated or corrupt?)", path);
         return -1;
     }
-    char fmt[64] = "";
-    hsize_t dims;
-    H5T_class_t cls;
-    size_t sz = 0;
-    if (H5LTget_attribute_info(f, "/", "format", &dims, &cls, &sz) < 0 || sz >= sizeof fmt ||
-        H5LTget_attribute_string(f, "/", "format", fmt) < 0 || strcmp(fmt, TRACE_FORMAT) != 0) {
+    if (kvd_h5_check_format(f, path, TRACE_FORMAT, err)) {
         H5Fclose(f);
-        snprintf(err, KVD_ERR_LEN, "%s: attribute 'format': expected \"%s\"", path, TRACE_FORMAT);
         return -1;
     }
     load_ctx c = {NULL, 0, 0, path, err, 0};

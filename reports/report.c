@@ -283,21 +283,15 @@ static const char *series_label(char *buf, size_t n, const kvd_run *runs, int nr
     return buf;
 }
 
-/* A chart holds at most `cap` series (bars: groups); where the runs have more
- * (runs x modes, bf16 left out where `skip_bf16`), say which it shows, as the
- * tables below still hold every figure. */
-static void capped_note(kvd_buf *b, const kvd_run *runs, int n, int cap, int skip_bf16) {
-    int want = 0;
-    for (int i = 0; i < n; i++) {
-        const char *modes[KVD_KV_N_MODES];
-        int nm = kvd_run_modes(&runs[i], modes);
-        for (int m = 0; m < nm; m++) want += !(skip_bf16 && !strcmp(modes[m], "bf16"));
-    }
-    if (want > cap)
+/* A chart holds at most `cap` series (bars: groups); the loops that fill
+ * one count every series they would draw (`wanted`) and draw the first cap.
+ * Where they wanted more, say which are shown: the tables hold every figure. */
+static void capped_note(kvd_buf *b, int cap, int wanted) {
+    if (wanted > cap)
         kvd_buf_printf(b,
                        "<p class=\"note\">This chart shows the first %d of %d series (runs in "
                        "order, then KV modes); the tables hold every figure.</p>\n",
-                       cap, want);
+                       cap, wanted);
 }
 
 /* storage for chart series that outlives the call building them */
@@ -317,11 +311,13 @@ static void kl_by_position(kvd_buf *b, const kvd_run *runs, int n, const char *s
                          1,
                          0,
                          {{0}}};
+    int wanted = 0; /* series the runs have for this chart */
     for (int i = 0; i < n; i++) {
         const char *modes[KVD_KV_N_MODES];
         int nm = kvd_run_modes(&runs[i], modes);
         long long ctx = kvd_run_max_context(&runs[i]);
-        for (int m = 0; m < nm && ch.n_series < KVD_SVG_MAX_SERIES; m++) {
+        for (int m = 0; m < nm; m++) {
+            if (wanted++ >= KVD_SVG_MAX_SERIES) continue;
             int s = ch.n_series, k = 0;
             /* pool traces per bucket */
             double sum[64] = {0}, cnt[64] = {0}, ci[64] = {0};
@@ -349,7 +345,7 @@ static void kl_by_position(kvd_buf *b, const kvd_run *runs, int n, const char *s
         }
     }
     kvd_svg_lines(b, &ch);
-    capped_note(b, runs, n, KVD_SVG_MAX_SERIES, 0);
+    capped_note(b, KVD_SVG_MAX_SERIES, wanted);
 }
 
 static void hidden_heatmaps(kvd_buf *b, const kvd_run *r, const char *run_label, int many) {
@@ -464,11 +460,12 @@ static void copy_bars(kvd_buf *b, const kvd_run *runs, int n) {
     static const char *gp[32];
     double vals[2 * 32];
     int ng = 0;
+    int wanted = 0; /* series the runs have for this chart */
     for (int i = 0; i < n; i++) {
         const char *modes[KVD_KV_N_MODES];
         int nm = kvd_run_modes(&runs[i], modes);
-        for (int m = 0; m < nm && ng < 32; m++) {
-            if (!strcmp(modes[m], "bf16")) continue;
+        for (int m = 0; m < nm; m++) {
+            if (!strcmp(modes[m], "bf16") || wanted++ >= 32) continue;
             series_label(groups[ng], sizeof groups[ng], runs, n, i, modes[m]);
             gp[ng] = groups[ng];
             vals[ng] = kvd_run_summary(&runs[i], modes[m], 0, "copy", "kl_mean");
@@ -488,7 +485,7 @@ static void copy_bars(kvd_buf *b, const kvd_run *runs, int n) {
                        lp,
                        v2};
     kvd_svg_bars(b, &c);
-    capped_note(b, runs, n, 32, 1);
+    capped_note(b, 32, wanted);
 }
 
 static void throughput_charts(kvd_buf *b, const kvd_run *runs, int n) {
@@ -507,12 +504,14 @@ static void throughput_charts(kvd_buf *b, const kvd_run *runs, int n) {
                         0,
                         0,
                         {{0}}};
+    int wanted = 0; /* series the runs have for this chart */
     for (int i = 0; i < n; i++) {
         const char *modes[KVD_KV_N_MODES];
         int nm = kvd_run_modes(&runs[i], modes);
         long long ctx = kvd_run_max_context(&runs[i]);
         int cs[64], nc = concurrencies(&runs[i], ctx, cs);
-        for (int m = 0; m < nm && a.n_series < KVD_SVG_MAX_SERIES; m++) {
+        for (int m = 0; m < nm; m++) {
+            if (wanted++ >= KVD_SVG_MAX_SERIES) continue;
             int s = a.n_series, k = 0;
             for (int j = 0; j < nc && k < 64; j++) {
                 const kvd_row_tput *x = tput(&runs[i], modes[m], cs[j], ctx);
@@ -529,7 +528,7 @@ static void throughput_charts(kvd_buf *b, const kvd_run *runs, int n) {
     }
     kvd_svg_lines(b, &a);
     kvd_svg_lines(b, &c);
-    capped_note(b, runs, n, KVD_SVG_MAX_SERIES, 0);
+    capped_note(b, KVD_SVG_MAX_SERIES, wanted);
 }
 
 static void tradeoff_chart(kvd_buf *b, const kvd_run *runs, int n) {
@@ -541,14 +540,15 @@ static void tradeoff_chart(kvd_buf *b, const kvd_run *runs, int n) {
                          0,
                          0,
                          {{0}}};
+    int wanted = 0; /* series the runs have for this chart */
     for (int i = 0; i < n; i++) {
         const char *modes[KVD_KV_N_MODES];
         int nm = kvd_run_modes(&runs[i], modes);
         long long ctx = kvd_run_max_context(&runs[i]);
         int cs[64], nc = concurrencies(&runs[i], ctx, cs);
-        for (int m = 0; m < nm && ch.n_series < KVD_SVG_MAX_SERIES; m++) {
+        for (int m = 0; m < nm; m++) {
             const kvd_row_tput *x = nc ? tput(&runs[i], modes[m], cs[0], ctx) : NULL;
-            if (!x) continue;
+            if (!x || wanted++ >= KVD_SVG_MAX_SERIES) continue;
             int s = ch.n_series;
             st.x[s][0] = 1073741824.0 / x->kv_bytes_per_token;
             st.y[s][0] = kvd_run_summary(&runs[i], modes[m], ctx, "all", "kl_mean");
@@ -558,7 +558,7 @@ static void tradeoff_chart(kvd_buf *b, const kvd_run *runs, int n) {
         }
     }
     kvd_svg_lines(b, &ch);
-    capped_note(b, runs, n, KVD_SVG_MAX_SERIES, 0);
+    capped_note(b, KVD_SVG_MAX_SERIES, wanted);
 }
 
 static void kv_table(kvd_buf *b, const kvd_run *r) {
