@@ -364,6 +364,8 @@ int kvd_cmd_calibrate(int argc, char **argv) {
         }
     }
     if (!out) kvd_die(KVD_EXIT_USAGE, cmd, "expected -o FILE for the scales");
+    char oerr[KVD_ERR_LEN];
+    if (kvd_output_check(out, oerr)) kvd_die(KVD_EXIT_USAGE, cmd, "-o: %s", oerr);
     if (co.scales_path) kvd_die(KVD_EXIT_USAGE, cmd, "--scales is an input of other commands");
     kvd_use_backend(&co.be, co.backend, cmd, NULL, 0);
     kvd_weights w;

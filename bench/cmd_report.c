@@ -55,8 +55,9 @@ int kvd_cmd_report(int argc, char **argv) {
     }
     if (!strcmp(format, "html") && !out)
         kvd_die(KVD_EXIT_USAGE, cmd, "--format html: expected -o FILE");
-    kvd_run *runs = calloc((size_t)nf, sizeof *runs);
     char err[KVD_ERR_LEN];
+    if (out && kvd_output_check(out, err)) kvd_die(KVD_EXIT_USAGE, cmd, "-o: %s", err);
+    kvd_run *runs = calloc((size_t)nf, sizeof *runs);
     if (kvd_runs_load(runs, nf, files, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
     kvd_buf b = {0};
     if (!strcmp(format, "html")) {
@@ -108,6 +109,9 @@ int kvd_cmd_compare(int argc, char **argv) {
     }
     if (nf != 2) kvd_die(KVD_EXIT_USAGE, cmd, "expected two result files: BASE.h5 CAND.h5");
     char err[KVD_ERR_LEN];
+    /* before the verdict is printed: a gate that says "pass" and then exits 2
+     * because its page cannot be written reads as two answers */
+    if (out && kvd_output_check(out, err)) kvd_die(KVD_EXIT_USAGE, cmd, "-o: %s", err);
     kvd_threshold *th;
     int nth;
     if (kvd_thresholds_load(thr, &th, &nth, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);

@@ -84,8 +84,12 @@ static int is_hdf5(const char *path) {
     return n == sizeof head && !memcmp(head, sig, sizeof sig);
 }
 
-int kvd_afile_open(kvd_afile *a, const char *path, char *err) {
-    memset(a, 0, sizeof *a);
+int kvd_output_check(const char *path, char *err) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(err, KVD_ERR_LEN, "%s: a directory: expected a file name", path);
+        return -1;
+    }
     /* these writers make JSON, HTML, CSV, safetensors and raw dumps, never
      * HDF5: an HDF5 file where one would go is a sweep's results or a trace
      * set named by mistake (`report run.h5 -o run.h5`), not to be replaced */
@@ -96,6 +100,21 @@ int kvd_afile_open(kvd_afile *a, const char *path, char *err) {
                  path);
         return -1;
     }
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1,
+             slash ? path : ".");
+    if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(err, KVD_ERR_LEN, "%s: cannot create: %s (directory %s)", path, strerror(errno),
+                 dir);
+        return -1;
+    }
+    return 0;
+}
+
+int kvd_afile_open(kvd_afile *a, const char *path, char *err) {
+    memset(a, 0, sizeof *a);
+    if (kvd_output_check(path, err)) return -1;
     snprintf(a->path, sizeof a->path, "%s", path);
     snprintf(a->tmp, sizeof a->tmp, "%s.tmp.%ld", path, (long)getpid());
     a->f = fopen(a->tmp, "wb");

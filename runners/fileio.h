@@ -13,6 +13,11 @@ typedef struct {
     int failed;
 } kvd_afile;
 
+/* Whether a file (not HDF5) could be written at path, asked before the work
+ * that makes it: not a directory, not an HDF5 file (results or traces named
+ * by mistake), in a directory that exists and can be written; -1 with err. */
+int kvd_output_check(const char *path, char *err);
+
 int kvd_afile_open(kvd_afile *a, const char *path, char *err);
 int kvd_afile_write(kvd_afile *a, const void *p, size_t n);
 /* Flush, fsync and rename into place; 0 on success, -1 (file removed) on error. */

@@ -150,7 +150,17 @@ expect 2 "trace.h5: attribute 'format': expected \"kvdrift-results\", got \"kvdr
 "$bin" run --model tiny --kv bf16 --context 64 --concurrency 1 --gen-tokens 0 --decode-tokens 2 -o "$work/res.h5" >/dev/null 2>&1
 cp "$work/res.h5" "$work/res.before"
 expect 2 "res.h5: an HDF5 file \(results or traces\?\) is there, and this output is not one: choose another name" -- report "$work/res.h5" -o "$work/res.h5"
-expect 1 "res.h5: an HDF5 file \(results or traces\?\) is there" -- calibrate --model tiny --calib-tokens 64 -o "$work/res.h5"
+expect 2 "calibrate: -o: .*res.h5: an HDF5 file \(results or traces\?\) is there" -- calibrate --model tiny --calib-tokens 64 -o "$work/res.h5"
+# compare checks its -o before the verdict: a gate that printed "pass" and
+# then exited 2 would give two answers
+expect 2 "compare: -o: .*res.h5: an HDF5 file \(results or traces\?\) is there" -- compare "$work/res.h5" "$work/res.h5" -o "$work/res.h5"
+if [ -s "$work/out" ]; then
+  fail=$((fail + 1)); echo "FAIL: compare printed a verdict before refusing its -o:"; sed 's/^/  | /' "$work/out"
+else
+  pass=$((pass + 1))
+fi
+expect 2 "compare: -o: .*nodir/diff.html: cannot create: No such file or directory \(directory .*nodir\)" -- compare "$work/res.h5" "$work/res.h5" -o "$work/nodir/diff.html"
+expect 2 "report: -o: .*outdir: a directory: expected a file name" -- report "$work/res.h5" -o "$work/outdir"
 expect 1 "res.h5: an HDF5 file of another kind \(format \"kvdrift-results\"\) is there, not a kvdrift-trace file" -- trace gen --length 64 -o "$work/res.h5"
 if cmp -s "$work/res.h5" "$work/res.before" && ! ls "$work"/res.h5.tmp.* >/dev/null 2>&1; then
   pass=$((pass + 1))
