@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The optional check against Hugging Face transformers' own Qwen3-Next
+# (hf_check.py), on the tiny and small presets. It needs a Python with torch
+# and transformers: $KVD_HF_PYTHON, else the .venv-hf that
+# scripts/setup-hf.sh makes, else the python3 first on PATH. Skips (77) with
+# a message when none has them; the project's own set-up does not install
+# them (several GB from PyPI).
+# usage: run_hf.sh KVDRIFT WORK_DIR
+set -euo pipefail
+bin="$1"
+work="$2"
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+py=""
+for cand in "${KVD_HF_PYTHON:-}" "$root/.venv-hf/bin/python" "$(command -v python3 || true)"; do
+  [ -n "$cand" ] && [ -x "$cand" ] || continue
+  if "$cand" -c "import torch, transformers.models.qwen3_next" 2>/dev/null; then
+    py="$cand"
+    break
+  fi
+done
+if [ -z "$py" ]; then
+  echo "SKIP: no Python with torch and transformers (Qwen3-Next): bash scripts/setup-hf.sh makes .venv-hf (several GB from PyPI), or set KVD_HF_PYTHON"
+  exit 77
+fi
+rm -rf "$work"
+mkdir -p "$work"
+rc=0
+# check NAME PRESET FORWARD_FLAGS...: forward's dump against transformers
+check() {
+  local name="$1" preset="$2"
+  shift 2
+  echo "== $name"
+  [ -d "$work/$preset-ckpt" ] || "$bin" export --model "$preset" -o "$work/$preset-ckpt" >/dev/null
+  "$bin" forward --model "$preset" --tokens 512 --calib-tokens 512 "$@" --dump "$work/$name-dump" \
+    >"$work/$name-forward.txt"
+  HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error "$py" "$here/hf_check.py" "$work/$preset-ckpt" \
+    "$work/$name-dump" "$work/$name-forward.txt" || rc=1
+}
+check tiny tiny --kv bf16,fp8-cal,fp8-unscaled,fp8-e5m2
+check small small --kv bf16,fp8-cal,fp8-unscaled,fp8-e5m2
+check tiny-per-head tiny --kv bf16,fp8-cal --per-head --calibration modelopt
+exit $rc
