@@ -37,9 +37,15 @@ static int cmp_begin(const void *a, const void *b) {
 }
 
 int kvd_st_open(kvd_checkpoint *c, const char *path, char *err) {
-    if (c->n_files == 64) {
-        snprintf(err, KVD_ERR_LEN, "%s: more than 64 checkpoint files", path);
-        return -1;
+    if (c->n_files == c->cap_files) {
+        int cap = c->cap_files ? 2 * c->cap_files : 8;
+        kvd_st_file *f = realloc(c->files, sizeof *f * (size_t)cap);
+        if (!f) {
+            snprintf(err, KVD_ERR_LEN, "%s: out of memory", path);
+            return -1;
+        }
+        c->files = f;
+        c->cap_files = cap;
     }
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
@@ -192,12 +198,29 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(((const kvd_st_tensor *)a)->name, ((const kvd_st_tensor *)b)->name);
+}
+
+/* add a shard's file name once */
+static int add_name(char ***names, int *n, int *cap, const char *f) {
+    for (int i = 0; i < *n; i++)
+        if (!strcmp((*names)[i], f)) return 0;
+    if (*n == *cap) {
+        *cap = *cap ? 2 * *cap : 16;
+        char **nn = realloc(*names, sizeof *nn * (size_t)*cap);
+        if (!nn) return -1;
+        *names = nn;
+    }
+    return ((*names)[(*n)++] = strdup(f)) ? 0 : -1;
+}
+
 int kvd_checkpoint_open(kvd_checkpoint *c, const char *dir, char *err) {
     memset(c, 0, sizeof *c);
     char path[4300];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-    char *names[64];
-    int n = 0;
+    char **names = NULL;
+    int n = 0, cap = 0, rc = -1;
     if (access(path, F_OK) == 0) {
         json_t *ix = kvd_json_load(path, err);
         if (!ix) return -1;
@@ -212,15 +235,16 @@ int kvd_checkpoint_open(kvd_checkpoint *c, const char *dir, char *err) {
         json_object_foreach(wm, k, v) {
             const char *f = json_string_value(v);
             if (!f || strchr(f, '/')) {
-                json_decref(ix);
                 snprintf(err, KVD_ERR_LEN, "%s: weight_map[%s]: expected a file name in %s", path,
                          k, dir);
-                for (int i = 0; i < n; i++) free(names[i]);
-                return -1;
+                json_decref(ix);
+                goto out;
             }
-            int seen = 0;
-            for (int i = 0; i < n; i++) seen |= !strcmp(names[i], f);
-            if (!seen && n < 64) names[n++] = strdup(f);
+            if (add_name(&names, &n, &cap, f)) {
+                snprintf(err, KVD_ERR_LEN, "%s: out of memory", path);
+                json_decref(ix);
+                goto out;
+            }
         }
         json_decref(ix);
     } else {
@@ -230,34 +254,56 @@ int kvd_checkpoint_open(kvd_checkpoint *c, const char *dir, char *err) {
             return -1;
         }
         struct dirent *e;
-        while ((e = readdir(d)) && n < 64)
-            if (ends_with(e->d_name, ".safetensors")) names[n++] = strdup(e->d_name);
+        int oom = 0;
+        while (!oom && (e = readdir(d)))
+            if (ends_with(e->d_name, ".safetensors")) oom = add_name(&names, &n, &cap, e->d_name);
         closedir(d);
+        if (oom) {
+            snprintf(err, KVD_ERR_LEN, "%s: out of memory", dir);
+            goto out;
+        }
     }
     if (n == 0) {
         snprintf(err, KVD_ERR_LEN, "%s: no *.safetensors files", dir);
-        return -1;
+        goto out;
     }
     qsort(names, (size_t)n, sizeof names[0], cmp_str);
-    int rc = 0;
     for (int i = 0; i < n; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        if (!rc && kvd_st_open(c, path, err)) rc = -1;
-        free(names[i]);
+        if (kvd_st_open(c, path, err)) goto out;
     }
+    if (c->n) qsort(c->t, (size_t)c->n, sizeof *c->t, cmp_name);
+    for (int i = 1; i < c->n; i++)
+        if (!strcmp(c->t[i].name, c->t[i - 1].name)) {
+            snprintf(err, KVD_ERR_LEN, "%s: tensor %s is in both %s and %s", dir, c->t[i].name,
+                     c->files[c->t[i - 1].file].path, c->files[c->t[i].file].path);
+            goto out;
+        }
+    rc = 0;
+out:
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
     if (rc) kvd_checkpoint_close(c);
     return rc;
 }
 
 void kvd_checkpoint_close(kvd_checkpoint *c) {
     for (int i = 0; i < c->n_files; i++) munmap(c->files[i].map, c->files[i].size);
+    free(c->files);
     free(c->t);
     memset(c, 0, sizeof *c);
 }
 
 const kvd_st_tensor *kvd_checkpoint_find(const kvd_checkpoint *c, const char *name) {
-    for (int i = 0; i < c->n; i++)
-        if (!strcmp(c->t[i].name, name)) return &c->t[i];
+    int lo = 0, hi = c->n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, d = strcmp(c->t[mid].name, name);
+        if (!d) return &c->t[mid];
+        if (d < 0)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
     return NULL;
 }
 
@@ -282,26 +328,38 @@ static float f16_to_f32(uint16_t h) {
 }
 
 int kvd_st_to_f32(const kvd_st_tensor *t, float *out, char *err) {
-    const uint8_t *p = t->data;
+    return kvd_st_range_to_f32(t, 0, t->numel, out, err);
+}
+
+int kvd_st_range_to_f32(const kvd_st_tensor *t, int64_t first, int64_t n, float *out, char *err) {
+    if (first < 0 || n < 0 || first > t->numel - n) {
+        snprintf(err, KVD_ERR_LEN, "tensor %s: values %lld..%lld of %lld", t->name,
+                 (long long)first, (long long)(first + n), (long long)t->numel);
+        return -1;
+    }
     switch (t->dtype) {
     case KVD_ST_F32:
-        memcpy(out, p, (size_t)t->numel * 4);
+        memcpy(out, t->data + 4 * first, (size_t)n * 4);
         return 0;
     case KVD_ST_F64:
-        for (int64_t i = 0; i < t->numel; i++) {
+        for (int64_t i = 0; i < n; i++) {
             double d;
-            memcpy(&d, p + 8 * i, 8);
+            memcpy(&d, t->data + 8 * (first + i), 8);
             out[i] = (float)d;
         }
         return 0;
-    case KVD_ST_BF16:
-        for (int64_t i = 0; i < t->numel; i++)
+    case KVD_ST_BF16: {
+        const uint8_t *p = t->data + 2 * first;
+        for (int64_t i = 0; i < n; i++)
             out[i] = kvd_bf16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
         return 0;
-    case KVD_ST_F16:
-        for (int64_t i = 0; i < t->numel; i++)
+    }
+    case KVD_ST_F16: {
+        const uint8_t *p = t->data + 2 * first;
+        for (int64_t i = 0; i < n; i++)
             out[i] = f16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
         return 0;
+    }
     default:
         snprintf(err, KVD_ERR_LEN,
                  "tensor %s is %s: quantized (FP8 / NVFP4-packed) or integer weights are not "

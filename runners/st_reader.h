@@ -36,14 +36,16 @@ typedef struct {
 } kvd_st_tensor;
 
 typedef struct {
-    int n_files;
-    struct {
-        char path[4096];
-        void *map;
-        size_t size;
-    } files[64];
+    char path[4096];
+    void *map;
+    size_t size;
+} kvd_st_file;
+
+typedef struct {
+    int n_files, cap_files;
+    kvd_st_file *files;
     int n, cap;
-    kvd_st_tensor *t;
+    kvd_st_tensor *t; /* sorted by name once kvd_checkpoint_open returns */
 } kvd_checkpoint;
 
 const char *kvd_st_dtype_name(kvd_st_dtype d);
@@ -51,13 +53,17 @@ const char *kvd_st_dtype_name(kvd_st_dtype d);
 /* Open one safetensors file into c (appending its tensors). */
 int kvd_st_open(kvd_checkpoint *c, const char *path, char *err);
 /* Open a checkpoint directory: model.safetensors.index.json's shards, or
- * every *.safetensors in it. */
+ * every *.safetensors in it, as many as there are. A tensor name found in
+ * two files is refused. */
 int kvd_checkpoint_open(kvd_checkpoint *c, const char *dir, char *err);
 void kvd_checkpoint_close(kvd_checkpoint *c);
+/* The tensor of that name (binary search: a 397B MoE checkpoint holds ~10^5). */
 const kvd_st_tensor *kvd_checkpoint_find(const kvd_checkpoint *c, const char *name);
 
 /* Copy a tensor into floats (F32, F16, BF16; F64 narrowed); -1 with err for
  * a dtype that cannot be used for compute (FP8, integer-packed NVFP4, ...). */
 int kvd_st_to_f32(const kvd_st_tensor *t, float *out, char *err);
+/* The same for values first .. first + n - 1 (row-major order). */
+int kvd_st_range_to_f32(const kvd_st_tensor *t, int64_t first, int64_t n, float *out, char *err);
 
 #endif
