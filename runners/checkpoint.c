@@ -24,40 +24,166 @@ static void shape_str(char *b, size_t n, int nd, const int64_t *sh) {
     if (k < n) snprintf(b + k, n - k, "]");
 }
 
-/* Newer checkpoints fuse the experts: mlp.experts.gate_up_proj [E, 2I, H]
- * and mlp.experts.down_proj [E, H, I]. Slice expert e's matrix out. */
-static int from_fused(const kvd_checkpoint *c, const kvd_tensor *t, char *err, int *done) {
-    int layer, e;
-    char which[32];
-    *done = 0;
-    if (sscanf(t->name, "model.layers.%d.mlp.experts.%d.%31[a-z_].weight", &layer, &e, which) != 3)
-        return 0;
-    char name[160];
-    int gate = !strcmp(which, "gate_proj"), up = !strcmp(which, "up_proj");
-    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s", layer,
-             gate || up ? "gate_up_proj" : "down_proj");
+/* A checkpoint tensor under kvdrift's (Qwen3-Next's) name, or under the
+ * prefix Qwen3.5's multimodal checkpoints give the language model
+ * (model.language_model.layers..., beside model.visual... and mtp...). */
+static const kvd_st_tensor *find_named(const kvd_checkpoint *c, const char *name) {
     const kvd_st_tensor *s = kvd_checkpoint_find(c, name);
-    if (!s) return 0;
-    int64_t rows = t->shape[0], cols = t->shape[1];
-    int64_t want1 = gate || up ? 2 * rows : rows;
-    if (s->ndim != 3 || s->shape[0] <= e || s->shape[1] != want1 || s->shape[2] != cols) {
-        char got[96];
-        shape_str(got, sizeof got, s->ndim, s->shape);
+    if (s || strncmp(name, "model.", 6) != 0) return s;
+    char alt[200];
+    snprintf(alt, sizeof alt, "model.language_model.%s", name + 6);
+    return kvd_checkpoint_find(c, alt);
+}
+
+/* Where one of kvdrift's tensors comes from in a checkpoint:
+ *  - WHOLE: a tensor of its own name (or prefixed, see find_named);
+ *  - EXPERT: expert e's slice of the fused mlp.experts.gate_up_proj
+ *    [E, 2I, H] (gate rows, then up rows) or mlp.experts.down_proj [E, H, I],
+ *    as transformers 5 holds them;
+ *  - QKVZ, BA: Qwen3.5's split Gated DeltaNet projections, in_proj_qkv
+ *    (rows q | k | v, each head after head) with in_proj_z, and in_proj_b
+ *    with in_proj_a, interleaved per key head into Qwen3-Next's fused
+ *    in_proj_qkvz (q_g | k_g | v_g | z_g for key head g, v_g and z_g its
+ *    value heads) and in_proj_ba (b_g | a_g): the order Qwen3-Next's
+ *    fix_query_key_value_ordering reads; conv1d's channels are q | k | v in
+ *    both. */
+typedef enum { SRC_WHOLE, SRC_EXPERT, SRC_QKVZ, SRC_BA } src_kind;
+
+typedef struct {
+    src_kind kind;
+    const kvd_st_tensor *s[2];
+    int64_t first; /* SRC_EXPERT: the slice's first value */
+} source;
+
+static int bad_shape(const kvd_checkpoint *c, char *err, const kvd_st_tensor *s, const char *want) {
+    char got[96];
+    shape_str(got, sizeof got, s->ndim, s->shape);
+    snprintf(err, KVD_ERR_LEN, "%s: tensor %s: shape %s, expected %s from config.json",
+             c->files[s->file].path, s->name, got, want);
+    return -1;
+}
+
+static int is_2d(const kvd_st_tensor *s, int64_t r, int64_t cols) {
+    return s->ndim == 2 && s->shape[0] == r && s->shape[1] == cols;
+}
+
+/* 0: found; 1: the checkpoint has no such tensor (missing: the message);
+ * -1: err says why it cannot be used */
+static int find_source(const kvd_checkpoint *c, const kvd_config *cfg, const kvd_tensor *t,
+                       source *src, char *err) {
+    memset(src, 0, sizeof *src);
+    if ((src->s[0] = find_named(c, t->name))) {
+        if (same_shape(t, src->s[0])) return 0;
+        char want[96];
+        shape_str(want, sizeof want, t->ndim, t->shape);
+        return bad_shape(c, err, src->s[0], want);
+    }
+    int layer, e;
+    char which[32], name[160], want[96];
+    if (sscanf(t->name, "model.layers.%d.mlp.experts.%d.%31[a-z_].weight", &layer, &e, which) ==
+        3) {
+        int gate = !strcmp(which, "gate_proj"), up = !strcmp(which, "up_proj");
+        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%s", layer,
+                 gate || up ? "gate_up_proj" : "down_proj");
+        const kvd_st_tensor *s = find_named(c, name);
+        if (!s) {
+            snprintf(err, KVD_ERR_LEN,
+                     "tensor %s is missing, and so is the fused %s (the config asks for them)",
+                     t->name, name);
+            return 1;
+        }
+        int64_t rows = t->shape[0], cols = t->shape[1], r1 = gate || up ? 2 * rows : rows;
+        if (s->ndim != 3 || s->shape[0] != cfg->num_experts || s->shape[1] != r1 ||
+            s->shape[2] != cols) {
+            snprintf(want, sizeof want, "[%d, %lld, %lld]", cfg->num_experts, (long long)r1,
+                     (long long)cols);
+            return bad_shape(c, err, s, want);
+        }
+        src->kind = SRC_EXPERT;
+        src->s[0] = s;
+        src->first = (int64_t)e * r1 * cols + (up ? rows * cols : 0);
+        return 0;
+    }
+    int qkvz = 0, ba = 0, n = 0;
+    if (sscanf(t->name, "model.layers.%d.linear_attn.in_proj_%31[a-z].weight%n", &layer, which,
+               &n) == 2 &&
+        t->name[n] == 0) {
+        qkvz = !strcmp(which, "qkvz");
+        ba = !strcmp(which, "ba");
+    }
+    if (!qkvz && !ba) {
+        snprintf(err, KVD_ERR_LEN, "tensor %s is missing (the config asks for it)", t->name);
+        return 1;
+    }
+    const int64_t H = cfg->hidden_size, kd = kvd_key_dim(cfg), vd = kvd_value_dim(cfg),
+                  nv = cfg->linear_num_value_heads;
+    const char *part[2] = {qkvz ? "qkv" : "b", qkvz ? "z" : "a"};
+    const int64_t rows[2] = {qkvz ? 2 * kd + vd : nv, qkvz ? vd : nv};
+    char names[2][160];
+    for (int k = 0; k < 2; k++) {
+        snprintf(names[k], sizeof names[k], "model.layers.%d.linear_attn.in_proj_%s.weight", layer,
+                 part[k]);
+        src->s[k] = find_named(c, names[k]);
+    }
+    if (!src->s[0] && !src->s[1]) {
         snprintf(err, KVD_ERR_LEN,
-                 "%s: shape %s does not match the config (expected [E, %lld, %lld])", name, got,
-                 (long long)want1, (long long)cols);
-        return -1;
+                 "tensor %s is missing, and so is its Qwen3.5 split form in_proj_%s + in_proj_%s "
+                 "(the config asks for them)",
+                 t->name, part[0], part[1]);
+        return 1;
     }
-    float *all = malloc(sizeof(float) * (size_t)s->numel);
-    if (!all || kvd_st_to_f32(s, all, err)) {
-        free(all);
-        return -1;
+    for (int k = 0; k < 2; k++) {
+        if (!src->s[k]) {
+            snprintf(err, KVD_ERR_LEN,
+                     "tensor %s is missing (the split form of %s has in_proj_%s, not in_proj_%s)",
+                     names[k], t->name, part[1 - k], part[k]);
+            return 1;
+        }
+        if (!is_2d(src->s[k], rows[k], H)) {
+            snprintf(want, sizeof want, "[%lld, %lld]", (long long)rows[k], (long long)H);
+            return bad_shape(c, err, src->s[k], want);
+        }
     }
-    size_t per = (size_t)(want1 * cols), off = (size_t)e * per + (up ? (size_t)(rows * cols) : 0);
-    memcpy(t->data, all + off, sizeof(float) * (size_t)(rows * cols));
-    free(all);
-    *done = 1;
+    src->kind = qkvz ? SRC_QKVZ : SRC_BA;
     return 0;
+}
+
+/* rows [r0, r0 + n) of a [*, H] tensor into out */
+static int rows_f32(const kvd_st_tensor *s, int64_t r0, int64_t n, int64_t H, float *out,
+                    char *err) {
+    return kvd_st_range_to_f32(s, r0 * H, n * H, out, err);
+}
+
+static int fill(const source *src, const kvd_config *cfg, const kvd_tensor *t, char *err) {
+    float *out = t->data;
+    const int64_t H = cfg->hidden_size, nk = cfg->linear_num_key_heads,
+                  dk = cfg->linear_key_head_dim, dv = cfg->linear_value_head_dim,
+                  r = cfg->linear_num_value_heads / cfg->linear_num_key_heads;
+    switch (src->kind) {
+    case SRC_WHOLE:
+        return kvd_st_to_f32(src->s[0], out, err);
+    case SRC_EXPERT:
+        return kvd_st_range_to_f32(src->s[0], src->first, t->numel, out, err);
+    case SRC_QKVZ: /* per key head g: q_g, k_g, then its value heads' v and z */
+        for (int64_t g = 0; g < nk; g++) {
+            if (rows_f32(src->s[0], g * dk, dk, H, out, err) ||
+                rows_f32(src->s[0], nk * dk + g * dk, dk, H, out + dk * H, err) ||
+                rows_f32(src->s[0], 2 * nk * dk + g * r * dv, r * dv, H, out + 2 * dk * H, err) ||
+                rows_f32(src->s[1], g * r * dv, r * dv, H, out + (2 * dk + r * dv) * H, err))
+                return -1;
+            out += (2 * dk + 2 * r * dv) * H;
+        }
+        return 0;
+    case SRC_BA: /* per key head g: its value heads' b, then their a */
+        for (int64_t g = 0; g < nk; g++) {
+            if (rows_f32(src->s[0], g * r, r, H, out, err) ||
+                rows_f32(src->s[1], g * r, r, H, out + r * H, err))
+                return -1;
+            out += 2 * r * H;
+        }
+        return 0;
+    }
+    return -1;
 }
 
 int kvd_weights_load(kvd_weights *w, const char *dir, char *err) {
@@ -81,25 +207,12 @@ int kvd_weights_load(kvd_weights *w, const char *dir, char *err) {
             snprintf(err, KVD_ERR_LEN, "%s: out of memory", t->name);
             goto out;
         }
-        const kvd_st_tensor *s = kvd_checkpoint_find(&c, t->name);
-        if (!s) {
-            int done;
-            if (from_fused(&c, t, err, &done)) goto out;
-            if (done) continue;
-            snprintf(err, KVD_ERR_LEN, "%s: tensor %s: missing (the config asks for it)", dir,
-                     t->name);
-            goto out;
-        }
-        if (!same_shape(t, s)) {
-            char got[96], want[96];
-            shape_str(got, sizeof got, s->ndim, s->shape);
-            shape_str(want, sizeof want, t->ndim, t->shape);
-            snprintf(err, KVD_ERR_LEN, "%s: tensor %s: shape %s, expected %s from config.json",
-                     c.files[s->file].path, t->name, got, want);
-            goto out;
-        }
-        if (kvd_st_to_f32(s, t->data, err)) {
-            kvd_err_prefix(err, c.files[s->file].path);
+        source src;
+        int found = find_source(&c, &cfg, t, &src, err);
+        if (found > 0) kvd_err_prefix(err, dir);
+        if (found) goto out;
+        if (fill(&src, &cfg, t, err)) {
+            kvd_err_prefix(err, c.files[src.s[0]->file].path);
             goto out;
         }
     }
@@ -119,7 +232,7 @@ static const kvd_st_tensor *find_scale(const kvd_checkpoint *c, int layer, int i
     char name[160];
     for (int k = 0; k < 2; k++) {
         snprintf(name, sizeof name, pat[is_v][k], layer);
-        const kvd_st_tensor *t = kvd_checkpoint_find(c, name);
+        const kvd_st_tensor *t = find_named(c, name);
         if (t) return t;
     }
     return NULL;
@@ -244,6 +357,17 @@ int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err) {
                          kvd_st_dtype_name(t->dtype));
             a->weights_loadable = 0;
         }
+    }
+    /* unquantized: every tensor the config asks for, under any name and in
+     * any layout the loader reads (quantized weights have other shapes) */
+    kvd_weights w;
+    if (a->weights_loadable && kvd_weights_plan(&w, cfg, err) == 0) {
+        for (int i = 0; i < w.n_tensors && !a->load_problem[0]; i++) {
+            source src;
+            find_source(&c, cfg, &w.tensors[i], &src, a->load_problem);
+        }
+        a->weights_loadable = !a->load_problem[0];
+        kvd_weights_free(&w);
     }
     for (int l = 0; l < cfg->num_hidden_layers; l++) {
         if (cfg->layer_types[l] != KVD_LAYER_FULL) continue;

@@ -29,8 +29,10 @@ typedef struct {
     int scales_per_head;
     int missing_layers[KVD_MAX_LAYERS]; /* indices (model layer numbers) without scales */
     int n_missing;
-    int weights_loadable; /* every weight tensor is BF16/F16/F32 */
-    char unloadable[160]; /* first tensor that is not */
+    int weights_loadable;           /* every tensor the config asks for is there, in BF16/F16/F32 */
+    char unloadable[160];           /* the first weight tensor that is quantized, if any */
+    char load_problem[KVD_ERR_LEN]; /* else why --model-dir cannot load it (a tensor the
+                                       config asks for is missing, or of another shape) */
 } kvd_audit;
 
 int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err);

@@ -201,6 +201,96 @@ void *kvd_json_load(const char *path, char *err) {
     return root;
 }
 
+/* The model families this reads, by model_type (the text model's, else the
+ * top level's): Qwen3-Next and Qwen3.5 (MoE and dense). A field config.json
+ * leaves out takes the default of that family's Hugging Face config class;
+ * hf_defaults holds Qwen3-Next's, and these the Qwen3.5 classes' where they
+ * differ (configuration_qwen3_5_moe.py, configuration_qwen3_5.py). A file
+ * without model_type (a --config of one's own) reads as Qwen3-Next. */
+static int family_defaults(json_t *root, json_t *o, const char *path, kvd_config *c, char *err) {
+    const char *mt = json_string_value(json_object_get(o, "model_type"));
+    if (!mt) mt = json_string_value(json_object_get(root, "model_type"));
+    if (!mt || !strcmp(mt, "qwen3_next")) return 0;
+    if (!strcmp(mt, "qwen3_5_moe") || !strcmp(mt, "qwen3_5_moe_text")) {
+        c->vocab_size = 248320;
+        c->num_hidden_layers = 40;
+        c->num_experts = 256;
+        c->num_experts_per_tok = 8;
+        return 0;
+    }
+    if (!strcmp(mt, "qwen3_5") || !strcmp(mt, "qwen3_5_text")) {
+        c->vocab_size = 248320;
+        c->hidden_size = 4096;
+        c->intermediate_size = 12288;
+        c->num_hidden_layers = 32;
+        c->num_key_value_heads = 4;
+        c->num_experts = 0; /* no such field: the feed-forward is dense */
+        return 0;
+    }
+    snprintf(err, KVD_ERR_LEN,
+             "%s: field 'model_type': expected qwen3_next, qwen3_5_moe or qwen3_5 (a hybrid "
+             "Gated DeltaNet model), got \"%s\"",
+             path, mt);
+    return -1;
+}
+
+/* What kvdrift's model does not compute: refused by name rather than run as
+ * something else. */
+static int check_unsupported(json_t *root, json_t *o, const char *path, char *err) {
+    json_t *v = json_object_get(o, "attention_bias");
+    if (json_is_true(v)) {
+        snprintf(err, KVD_ERR_LEN,
+                 "%s: field 'attention_bias': true is not supported (the attention projections "
+                 "have no bias here)",
+                 path);
+        return -1;
+    }
+    const char *act = json_string_value(json_object_get(o, "hidden_act"));
+    if (act && strcmp(act, "silu") != 0) {
+        snprintf(err, KVD_ERR_LEN, "%s: field 'hidden_act': expected \"silu\", got \"%s\"", path,
+                 act);
+        return -1;
+    }
+    json_t *rp = json_object_get(o, "rope_parameters");
+    if (!json_is_object(rp)) rp = json_object_get(o, "rope_scaling");
+    const char *rt = json_string_value(json_object_get(rp, "rope_type"));
+    if (!rt) rt = json_string_value(json_object_get(rp, "type"));
+    if (rt && strcmp(rt, "default") != 0) {
+        snprintf(err, KVD_ERR_LEN,
+                 "%s: field 'rope_parameters.rope_type': \"%s\" is not supported (expected "
+                 "\"default\": RoPE without scaling)",
+                 path, rt);
+        return -1;
+    }
+    (void)root;
+    return 0;
+}
+
+/* Qwen3-Next's mlp_only_layers and decoder_sparse_step choose dense layers in
+ * a MoE model: none (kvdrift's default) or all (a dense model) are what the
+ * model computes; a mix is refused. */
+static int mlp_only_layers(json_t *o, const char *path, kvd_config *c, char *err) {
+    int step = 1;
+    if (get_int(o, path, "decoder_sparse_step", &step, err)) return -1;
+    json_t *ml = json_object_get(o, "mlp_only_layers");
+    size_t n = json_is_array(ml) ? json_array_size(ml) : 0;
+    if (ml && !json_is_null(ml) && !json_is_array(ml)) {
+        snprintf(err, KVD_ERR_LEN,
+                 "%s: field 'mlp_only_layers': expected an array of layer indices", path);
+        return -1;
+    }
+    if (c->num_experts == 0 || (n == 0 && step == 1)) return 0;
+    if (n == (size_t)c->num_hidden_layers) {
+        c->num_experts = 0; /* every layer dense */
+        return 0;
+    }
+    snprintf(err, KVD_ERR_LEN,
+             "%s: fields 'mlp_only_layers' and 'decoder_sparse_step': dense layers among MoE "
+             "ones are not supported (expected no dense layer or all of them)",
+             path);
+    return -1;
+}
+
 int kvd_config_load(const char *path, kvd_config *c, char *err) {
     json_t *root = kvd_json_load(path, err);
     if (!root) return -1;
@@ -215,6 +305,8 @@ int kvd_config_load(const char *path, kvd_config *c, char *err) {
     if (json_is_object(tc)) o = tc;
 
     hf_defaults(c);
+    if (family_defaults(root, o, path, c, err)) goto out;
+    if (check_unsupported(root, o, path, err)) goto out;
     const char *base = strrchr(path, '/');
     snprintf(c->name, sizeof c->name, "%s", base ? base + 1 : path);
     struct {
@@ -246,6 +338,11 @@ int kvd_config_load(const char *path, kvd_config *c, char *err) {
     if (get_num(o, path, "partial_rotary_factor", &c->partial_rotary_factor, err)) goto out;
     if (get_num(o, path, "rms_norm_eps", &c->rms_norm_eps, err)) goto out;
     if (get_bool(o, path, "norm_topk_prob", &c->norm_topk_prob, err)) goto out;
+    /* a multimodal checkpoint says it at the top, a text-only one in place */
+    if (get_bool(root, path, "tie_word_embeddings", &c->tie_word_embeddings, err)) goto out;
+    if (o != root && get_bool(o, path, "tie_word_embeddings", &c->tie_word_embeddings, err))
+        goto out;
+    if (mlp_only_layers(o, path, c, err)) goto out;
     /* newer transformers keep RoPE settings in rope_parameters */
     json_t *rp = json_object_get(o, "rope_parameters");
     if (json_is_object(rp)) {
@@ -407,7 +504,7 @@ char *kvd_config_to_json(const kvd_config *c) {
     json_object_set_new(o, "model_type", json_string("qwen3_next"));
     json_object_set_new(o, "torch_dtype", json_string("bfloat16"));
     json_object_set_new(o, "hidden_act", json_string("silu"));
-    json_object_set_new(o, "tie_word_embeddings", json_false());
+    json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
     json_object_set_new(o, "attention_bias", json_false());
     json_object_set_new(o, "decoder_sparse_step", json_integer(1));
     json_t *mlp_only = json_array();

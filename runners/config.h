@@ -37,6 +37,7 @@ typedef struct {
     int intermediate_size;
     int norm_topk_prob;
     int vocab_size;
+    int tie_word_embeddings; /* the output projection is the embedding's */
     double rms_norm_eps;
     int max_position_embeddings;
     /* how this preset differs from the published model, for the reader */
@@ -50,8 +51,10 @@ int kvd_config_preset(const char *name, kvd_config *cfg, char *err);
 /* Names of the presets, NULL-terminated. */
 const char *const *kvd_config_preset_names(void);
 
-/* Load a Hugging Face style config.json. Unknown fields are ignored, missing
- * ones take Qwen3-Next defaults where the HF class has one. */
+/* Load a Hugging Face style config.json: Qwen3-Next (model_type qwen3_next,
+ * or none), Qwen3.5 MoE or dense (qwen3_5_moe, qwen3_5; the text model's
+ * fields in text_config). Unknown fields are ignored, missing ones take the
+ * defaults of the family's HF config class. */
 int kvd_config_load(const char *path, kvd_config *cfg, char *err);
 
 /* Check the shapes; err names the first bad field and what was expected. */

@@ -122,7 +122,7 @@ static void plan(reg *r, const kvd_config *c) {
 #undef L
     }
     add(r, "model.norm.weight", 1, H, 0, 0);
-    add(r, "lm_head.weight", 2, c->vocab_size, H, 0);
+    if (!c->tie_word_embeddings) add(r, "lm_head.weight", 2, c->vocab_size, H, 0);
 }
 
 const kvd_tensor *kvd_weights_find(const kvd_weights *w, const char *name) {
@@ -144,7 +144,7 @@ void kvd_weights_bind(kvd_weights *w) {
         calloc((size_t)c->num_hidden_layers * 3 * (size_t)(E ? E : 1), sizeof(float *));
     w->embed = need(w, "model.embed_tokens.weight");
     w->final_norm = need(w, "model.norm.weight");
-    w->lm_head = need(w, "lm_head.weight");
+    w->lm_head = c->tie_word_embeddings ? w->embed : need(w, "lm_head.weight");
     for (int i = 0; i < c->num_hidden_layers; i++) {
         kvd_layer_weights *l = &w->layers[i];
         memset(l, 0, sizeof *l);

@@ -98,8 +98,106 @@ def main():
             f = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view("<f4")
             t[name] = (to, shape, f.astype("<f4" if to == "F32" else "<f2").tobytes())
         write(sys.argv[2], t)
+    elif cmd == "qwen35":  # SRC DST SHARDS: a Qwen3-Next-named checkpoint in Qwen3.5's layout
+        qwen35(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif cmd == "drop":  # DIR NAME: remove one tensor from a sharded checkpoint
+        d, name = sys.argv[2], sys.argv[3]
+        ix = json.load(open(f"{d}/model.safetensors.index.json"))
+        f = ix["weight_map"].pop(name)
+        t = read(f"{d}/{f}")
+        del t[name]
+        write(f"{d}/{f}", t)
+        json.dump(ix, open(f"{d}/model.safetensors.index.json", "w"))
+    elif cmd == "dup":  # DIR NAME: the same tensor in a second shard as well
+        d, name = sys.argv[2], sys.argv[3]
+        ix = json.load(open(f"{d}/model.safetensors.index.json"))
+        t = read(f"{d}/{ix['weight_map'][name]}")
+        write(f"{d}/extra.safetensors", {name: t[name]})
+        ix["weight_map"]["extra.copy"] = "extra.safetensors"
+        json.dump(ix, open(f"{d}/model.safetensors.index.json", "w"))
+    elif cmd == "lm-head-is-embed":  # DIR: lm_head.weight := the embedding (still untied)
+        t = read(f"{sys.argv[2]}/model.safetensors")
+        t["lm_head.weight"] = t["model.embed_tokens.weight"]
+        write(f"{sys.argv[2]}/model.safetensors", t)
+    elif cmd == "tie":  # DIR: tie_word_embeddings true, no lm_head.weight
+        d = sys.argv[2]
+        t = read(f"{d}/model.safetensors")
+        del t["lm_head.weight"]
+        write(f"{d}/model.safetensors", t)
+        edit_config(d, lambda c: c.update(tie_word_embeddings=True))
+    elif cmd == "config":  # DIR KEY JSON_VALUE: set one config.json field
+        edit_config(sys.argv[2], lambda c: c.update({sys.argv[3]: json.loads(sys.argv[4])}))
     else:
         raise SystemExit(f"unknown command {cmd}")
+
+
+def edit_config(d, change):
+    c = json.load(open(f"{d}/config.json"))
+    change(c)
+    json.dump(c, open(f"{d}/config.json", "w"), indent=2)
+
+
+def qwen35(src, dst, shards):
+    """Rewrite src (kvdrift export: Qwen3-Next names, fused Gated DeltaNet
+    projections) as a multimodal Qwen3.5 checkpoint: the config's fields in
+    text_config (RoPE in rope_parameters, with the mRoPE keys), the language
+    model under model.language_model., vision and MTP tensors beside it, the
+    projections split into in_proj_qkv / in_proj_z / in_proj_b / in_proj_a,
+    spread over `shards` files with an index. The split follows Qwen3-Next's
+    fix_query_key_value_ordering: in_proj_qkvz rows are, per key head,
+    q (dk) | k (dk) | v (r dv) | z (r dv); in_proj_ba rows b (r) | a (r)."""
+    import os
+    cfg = json.load(open(f"{src}/config.json"))
+    t = read(f"{src}/model.safetensors")
+    H, nk, nv = cfg["hidden_size"], cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv, r = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], nv // nk
+
+    def rows(name, n):
+        dt, shape, data = t[name]
+        assert dt == "BF16" and shape[1] == H
+        return np.frombuffer(data, dtype="<u2").reshape(nk, n, H)
+
+    out = {}
+    for name, v in t.items():
+        if name.endswith("in_proj_qkvz.weight"):
+            x = rows(name, 2 * dk + 2 * r * dv)
+            q, k = x[:, :dk], x[:, dk:2 * dk]
+            vv, z = x[:, 2 * dk:2 * dk + r * dv], x[:, 2 * dk + r * dv:]
+            qkv = np.concatenate([q.reshape(-1, H), k.reshape(-1, H), vv.reshape(-1, H)])
+            base = name[:-len("in_proj_qkvz.weight")]
+            out[base + "in_proj_qkv.weight"] = ("BF16", list(qkv.shape), qkv.tobytes())
+            out[base + "in_proj_z.weight"] = ("BF16", [nv * dv, H], z.reshape(-1, H).tobytes())
+        elif name.endswith("in_proj_ba.weight"):
+            x = rows(name, 2 * r)
+            base = name[:-len("in_proj_ba.weight")]
+            out[base + "in_proj_b.weight"] = ("BF16", [nv, H], x[:, :r].reshape(-1, H).tobytes())
+            out[base + "in_proj_a.weight"] = ("BF16", [nv, H], x[:, r:].reshape(-1, H).tobytes())
+        else:
+            out[name] = v
+    out = {(n.replace("model.", "model.language_model.", 1) if n.startswith("model.") else n): v
+           for n, v in out.items()}
+    out["model.visual.patch_embed.proj.weight"] = ("BF16", [8, 3], bytes(48))
+    out["mtp.fc.weight"] = ("BF16", [H, 2 * H], bytes(4 * H * H))
+    text = dict(cfg, model_type="qwen3_5_moe_text",
+                rope_parameters={"rope_type": "default", "rope_theta": cfg["rope_theta"],
+                                 "partial_rotary_factor": cfg["partial_rotary_factor"],
+                                 "mrope_interleaved": True, "mrope_section": [11, 11, 10]})
+    for k in ("rope_theta", "partial_rotary_factor", "architectures", "mlp_only_layers",
+              "decoder_sparse_step", "norm_topk_prob", "tie_word_embeddings"):
+        text.pop(k, None)
+    os.makedirs(dst, exist_ok=True)
+    json.dump({"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+               "tie_word_embeddings": False, "text_config": text,
+               "vision_config": {"model_type": "qwen3_5_moe_vision", "depth": 1}},
+              open(f"{dst}/config.json", "w"), indent=2)
+    names = sorted(out)
+    weight_map = {}
+    for i in range(shards):
+        part = names[i::shards]
+        f = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        write(f"{dst}/{f}", {n: out[n] for n in part})
+        weight_map.update({n: f for n in part})
+    json.dump({"metadata": {}, "weight_map": weight_map}, open(f"{dst}/model.safetensors.index.json", "w"))
 
 
 if __name__ == "__main__":

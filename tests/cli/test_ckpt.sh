@@ -2,9 +2,11 @@
 # Real checkpoints and kvdrift audit, on checkpoints the test builds itself:
 # the exported tiny model loads back with bit-identical logits (also with the
 # experts fused); FP8 KV scales come from the checkpoint; audit sees FP8 KV
-# without scales, with scales and without quantization; malformed JSON,
-# offsets past the end, overlapping tensors, truncated files and FP8 weights
-# are refused with a clear message.
+# without scales, with scales and without quantization; Qwen3.5's layout
+# (text_config, model.language_model., split Gated DeltaNet projections, many
+# shards) and tied embeddings load; malformed JSON, offsets past the end,
+# overlapping or duplicated tensors, truncated files, FP8 weights and config
+# fields the model does not compute are refused with a clear message.
 set -u
 bin="$1"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -97,6 +99,48 @@ expect 2 "hf_quant_config.json: line 1, column" -- audit "$work/badjson"
 
 # hostile and damaged safetensors
 cp -r "$work/ck" "$work/past"
+# Qwen3.5's layout (multimodal config with text_config and rope_parameters,
+# the language model under model.language_model., split Gated DeltaNet
+# projections, vision and MTP tensors, 70 shards): the same logits, bit for bit
+st qwen35 "$work/ck" "$work/q35" 70
+"$bin" forward --model-dir "$work/q35" --tokens 200 --kv bf16,fp8-unscaled --dump "$work/q35d" >/dev/null 2>"$work/err" &&
+  cmp -s "$work/syn/bf16/logits.f32" "$work/q35d/bf16/logits.f32" &&
+  cmp -s "$work/syn/fp8-unscaled/logits.f32" "$work/q35d/fp8-unscaled/logits.f32" && ok ||
+  bad "Qwen3.5 layout: logits differ from the synthetic model's: $(cat "$work/err")"
+expect 0 "weights: BF16/F16/F32, loadable with --model-dir" -- audit "$work/q35"
+cp -r "$work/q35" "$work/q35-noz"
+st drop "$work/q35-noz" model.language_model.layers.0.linear_attn.in_proj_z.weight
+expect 2 "q35-noz: tensor model.layers.0.linear_attn.in_proj_z.weight is missing \(the split form of model.layers.0.linear_attn.in_proj_qkvz.weight has in_proj_qkv, not in_proj_z\)" -- forward --model-dir "$work/q35-noz" --tokens 8
+expect 0 "weights: not loadable with --model-dir: tensor model.layers.0.linear_attn.in_proj_z.weight is missing" -- audit "$work/q35-noz"
+cp -r "$work/q35" "$work/q35-nonorm"
+st drop "$work/q35-nonorm" model.language_model.norm.weight
+expect 2 "tensor model.norm.weight is missing \(the config asks for it\)" -- forward --model-dir "$work/q35-nonorm" --tokens 8
+cp -r "$work/q35" "$work/q35-dup"
+st dup "$work/q35-dup" model.language_model.layers.3.self_attn.k_proj.weight
+expect 2 "q35-dup: tensor model.language_model.layers.3.self_attn.k_proj.weight is in both .*/(extra|model-00015-of-00070).safetensors and .*/(extra|model-00015-of-00070).safetensors" -- forward --model-dir "$work/q35-dup" --tokens 8
+# tied embeddings: without lm_head.weight the embedding is the output
+# projection, so the logits equal an untied checkpoint whose lm_head is a copy
+cp -r "$work/ck" "$work/copied"
+st lm-head-is-embed "$work/copied"
+cp -r "$work/copied" "$work/tied"
+st tie "$work/tied"
+"$bin" forward --model-dir "$work/copied" --tokens 64 --kv bf16 --dump "$work/copiedd" >/dev/null 2>&1
+"$bin" forward --model-dir "$work/tied" --tokens 64 --kv bf16 --dump "$work/tiedd" >"$work/out" 2>"$work/err" &&
+  grep -q "(304 tensors" "$work/out" && cmp -s "$work/copiedd/bf16/logits.f32" "$work/tiedd/bf16/logits.f32" &&
+  ! cmp -s "$work/real/bf16/logits.f32" "$work/tiedd/bf16/logits.f32" && ok ||
+  bad "tied embeddings: $(cat "$work/err") $(sed -n 2p "$work/out")"
+# config.json fields the model does not compute are refused by name
+cfgcase() { # NAME KEY JSON_VALUE PATTERN
+  cp -r "$work/ck" "$work/$1"
+  st config "$work/$1" "$2" "$3"
+  expect 2 "$4" -- forward --model-dir "$work/$1" --tokens 8
+}
+cfgcase llama model_type '"llama"' "config.json: field 'model_type': expected qwen3_next, qwen3_5_moe or qwen3_5 .*got \"llama\""
+cfgcase bias attention_bias true "field 'attention_bias': true is not supported"
+cfgcase yarn rope_scaling '{"rope_type": "yarn", "factor": 4.0}' "rope_type': \"yarn\" is not supported"
+cfgcase gelu hidden_act '"gelu"' "field 'hidden_act': expected \"silu\", got \"gelu\""
+cfgcase mixed mlp_only_layers '[0, 1]' "dense layers among MoE ones are not supported"
+
 st past-end "$work/past/model.safetensors"
 expect 2 "model.safetensors: tensor .*: data_offsets .* outside the .* data bytes" -- forward --model-dir "$work/past" --tokens 8
 expect 2 "data_offsets" -- audit "$work/past"

@@ -4,18 +4,25 @@ usage: hf_check.py CKPT_DIR DUMP_DIR FORWARD_TXT
 
 An optional check beside the NumPy reference (check.py): it needs torch and
 transformers (several GB from PyPI), which the project's own set-up does not
-install. CKPT_DIR is `kvdrift export` output, DUMP_DIR and FORWARD_TXT are
+install. CKPT_DIR is a checkpoint (`kvdrift export` output, or a Qwen3.5 one
+transformers wrote: hf_make_qwen35.py), DUMP_DIR and FORWARD_TXT are
 `kvdrift forward --dump` output and its printed table for the same weights,
 in mode bf16 and any of fp8-cal (per layer or per head), fp8-unscaled and
 fp8-e5m2.
 
-transformers loads the checkpoint as Qwen3NextForCausalLM (float32 compute
-on the BF16 weights, as kvdrift computes) through its own weight mapping and
-its own Gated DeltaNet, MoE and attention code. The one thing added is what
-the KV cache does to K and V: a registered attention function rounds them
-the way each mode stores them (BF16; E4M3 of x / scale, saturating at 448,
-times the scale; E5M2 saturating at 57344), with torch's own float8
-conversions as the codec.
+transformers loads the checkpoint as Qwen3NextForCausalLM, or
+Qwen3_5MoeForCausalLM / Qwen3_5ForCausalLM (float32 compute on the BF16
+weights, as kvdrift computes) through its own weight mapping and its own
+Gated DeltaNet, MoE and attention code. The one thing added is what
+the KV cache does to K and V: a registered attention function reads, in
+place of its own K and V, what the C's cache stored (its dumped BF16 or FP8
+bytes, decoded by torch, times the scale), as check.py does. A value within
+float32 noise of a rounding midpoint may round the other way in the two
+computations; feeding that one step on would leave the comparison measuring
+that flip (amplified by a router choosing between near-tied experts on
+random weights) rather than the model. That the stored bytes are the right
+ones is checked on its own: torch's codecs (BF16, E4M3 of x / scale
+saturating at 448, E5M2 saturating at 57344) applied to the C's K and V.
 
 Checks:
   - the checkpoint loads with no missing, unexpected or mismatched weights;
@@ -38,12 +45,14 @@ from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 MODES = ("bf16", "fp8-cal", "fp8-unscaled", "fp8-e5m2")
+CLASSES = ("Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForCausalLM")
 # mode -> (torch's format, its largest finite value); the cache saturates
 FP8 = {"fp8-cal": (torch.float8_e4m3fn, 448.0), "fp8-unscaled": (torch.float8_e4m3fn, 448.0),
        "fp8-e5m2": (torch.float8_e5m2, 57344.0)}
 
-# what the registered attention function does on this pass
-state = {"mode": "bf16", "scales": None, "attn_ordinal": {}, "kv": {}}
+# what the registered attention function does on this pass: the layer
+# ordinals, the K and V it saw, and what the C's cache gave back
+state = {"attn_ordinal": {}, "kv": {}, "stored": {}}
 
 
 def fp8_codes(x, mode, s):
@@ -52,23 +61,24 @@ def fp8_codes(x, mode, s):
     return torch.clamp(x / s, -top, top).to(fmt)
 
 
-def kv_store(x, mode, scale):
-    """x [batch, kv_heads, T, head_dim] float32 as the cache gives it back."""
+def decode_stored(raw, mode, scale, shape):
+    """The C cache's bytes [T, kv_heads, head_dim] as the values it gives back,
+    [1, kv_heads, T, head_dim] float32."""
     if mode == "bf16":
-        return x.to(torch.bfloat16).to(torch.float32)
-    s = scale.view(1, -1, 1, 1)
-    return fp8_codes(x, mode, s).to(torch.float32) * s
+        x = torch.from_numpy(raw.view("<i2").reshape(shape).copy()).view(torch.bfloat16)
+        x = x.to(torch.float32)
+    else:
+        fmt = FP8[mode][0]
+        x = torch.from_numpy(raw.reshape(shape).copy()).view(fmt).to(torch.float32)
+        x = x * scale.view(1, -1, 1)
+    return x.transpose(0, 1).unsqueeze(0)
 
 
 def kvdrift_kv_attention(module, query, key, value, attention_mask, **kwargs):
     al = state["attn_ordinal"][module.layer_idx]
     state["kv"][al] = (key.detach().clone(), value.detach().clone())
-    mode = state["mode"]
-    ks = vs = None
-    if mode != "bf16":
-        ks, vs = state["scales"][al]
-    return sdpa_attention_forward(module, query, kv_store(key, mode, ks), kv_store(value, mode, vs),
-                                  attention_mask, **kwargs)
+    k_stored, v_stored = state["stored"][al]
+    return sdpa_attention_forward(module, query, k_stored, v_stored, attention_mask, **kwargs)
 
 
 def rel_l2(a, b):
@@ -112,9 +122,9 @@ def main():
                                                        attn_implementation="kvdrift_kv",
                                                        output_loading_info=True)
     model.eval()
-    cfg = model.config
+    cfg = model.config.get_text_config()
     lost = {k: sorted(v) for k, v in info.items() if v}
-    check(type(model).__name__ == "Qwen3NextForCausalLM" and not lost,
+    check(type(model).__name__ in CLASSES and not lost,
           f"{ckpt} loads as {type(model).__name__} with every weight in place"
           + (f" (not: {lost})" if lost else ""))
     full = [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"]
@@ -135,12 +145,15 @@ def main():
 
     logp = {}
     for mode in modes:
-        state["mode"] = mode
-        state["scales"] = cal if mode == "fp8-cal" else ones
+        d = os.path.join(dump, mode)
+        scales = cal if mode == "fp8-cal" else ones
         state["kv"] = {}
+        state["stored"] = {
+            al: tuple(decode_stored(np.fromfile(os.path.join(d, f"{w}_cache.{al}.bin"), dtype=np.uint8),
+                                    mode, scales[al][i], (T, kvh, hd)) for i, w in enumerate("kv"))
+            for al in range(len(full))}
         with torch.no_grad():
             logits_hf = model(ids, use_cache=False).logits[0].numpy()
-        d = os.path.join(dump, mode)
         logits_c = np.fromfile(os.path.join(d, "logits.f32"), dtype="<f4").reshape(T, V)
         e = rel_l2(logits_c, logits_hf)
         check(e < 1e-4, f"{mode}: logits over {T} tokens, relative L2 {e:.2e} < 1e-4")
@@ -159,7 +172,7 @@ def main():
                     got = raw.view("<u2").reshape(T, kvh, hd)
                     name = "BF16"
                 else:
-                    s = state["scales"][al]["kv".index(which)].view(1, -1, 1)
+                    s = scales[al]["kv".index(which)].view(1, -1, 1)
                     want = fp8_codes(x, mode, s).view(torch.uint8).numpy()
                     got = raw.reshape(T, kvh, hd)
                     name = ("E5M2" if mode == "fp8-e5m2" else "E4M3") + "(value / scale), saturating"

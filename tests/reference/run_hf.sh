@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The optional check against Hugging Face transformers' own Qwen3-Next
-# (hf_check.py), on the tiny and small presets. It needs a Python with torch
+# The optional check against Hugging Face transformers' own Qwen3-Next and
+# Qwen3.5 (hf_check.py): kvdrift's tiny and small exports, and Qwen3.5
+# checkpoints transformers writes itself (hf_make_qwen35.py). It needs a Python with torch
 # and transformers: $KVD_HF_PYTHON, else the .venv-hf that
 # scripts/setup-hf.sh makes, else the python3 first on PATH. Skips (77) with
 # a message when none has them; the project's own set-up does not install
@@ -26,18 +27,27 @@ fi
 rm -rf "$work"
 mkdir -p "$work"
 rc=0
-# check NAME PRESET FORWARD_FLAGS...: forward's dump against transformers
+export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
+# check NAME CKPT_DIR FORWARD_FLAGS...: forward's dump against transformers
 check() {
-  local name="$1" preset="$2"
+  local name="$1" ckpt="$2"
   shift 2
   echo "== $name"
-  [ -d "$work/$preset-ckpt" ] || "$bin" export --model "$preset" -o "$work/$preset-ckpt" >/dev/null
-  "$bin" forward --model "$preset" --tokens 512 --calib-tokens 512 "$@" --dump "$work/$name-dump" \
+  "$bin" forward --tokens 512 --calib-tokens 512 "$@" --dump "$work/$name-dump" \
     >"$work/$name-forward.txt"
-  HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error "$py" "$here/hf_check.py" "$work/$preset-ckpt" \
-    "$work/$name-dump" "$work/$name-forward.txt" || rc=1
+  "$py" "$here/hf_check.py" "$ckpt" "$work/$name-dump" "$work/$name-forward.txt" || rc=1
 }
-check tiny tiny --kv bf16,fp8-cal,fp8-unscaled,fp8-e5m2
-check small small --kv bf16,fp8-cal,fp8-unscaled,fp8-e5m2
-check tiny-per-head tiny --kv bf16,fp8-cal --per-head --calibration modelopt
+# kvdrift's own export (Qwen3-Next names), the forward on the same synthetic weights
+for preset in tiny small; do
+  "$bin" export --model "$preset" -o "$work/$preset-ckpt" >/dev/null
+done
+check tiny "$work/tiny-ckpt" --model tiny --kv bf16,fp8-cal,fp8-unscaled,fp8-e5m2
+check small "$work/small-ckpt" --model small --kv bf16,fp8-cal,fp8-unscaled,fp8-e5m2
+check tiny-per-head "$work/tiny-ckpt" --model tiny --kv bf16,fp8-cal --per-head --calibration modelopt
+# Qwen3.5 checkpoints as transformers writes them, read by --model-dir
+"$py" "$here/hf_make_qwen35.py" "$work/qwen35"
+for kind in moe moe-text dense; do
+  check "qwen3.5-$kind" "$work/qwen35/$kind" --model-dir "$work/qwen35/$kind" \
+    --kv bf16,fp8-cal,fp8-unscaled,fp8-e5m2
+done
 exit $rc
