@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Runs the NumPy reference check: export the tiny model, run the C forward
-# with a dump, compare. Skips (77) only when Debian's python3-numpy is absent.
+# Runs the NumPy reference checks: export the tiny model, run the C forward
+# with a dump, compare (check.py); run a drift sweep and compare the figures
+# it wrote (check_run.py). Skips (77) only when python3-numpy or python3-h5py
+# is absent.
 set -euo pipefail
 bin="$1"
 work="$2"
 py=/usr/bin/python3
-if ! "$py" -c "import numpy" 2>/dev/null; then
-  echo "SKIP: $py has no numpy (scripts/setup.sh installs python3-numpy)"
+if ! "$py" -c "import numpy, h5py" 2>/dev/null; then
+  echo "SKIP: $py has no numpy or h5py (scripts/setup.sh installs python3-numpy and python3-h5py)"
   exit 77
 fi
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -15,4 +17,16 @@ mkdir -p "$work"
 "$bin" export --model tiny -o "$work/ckpt"
 "$bin" forward --model tiny --tokens 512 --calib-tokens 512 --kv bf16,fp8-cal,fp8-unscaled \
   --dump "$work/dump" >"$work/forward.txt"
-"$py" "$here/check.py" "$work/ckpt" "$work/dump"
+rc=0
+"$py" "$here/check.py" "$work/ckpt" "$work/dump" || rc=1
+# the figures a sweep writes, against the same reference: one 512-token
+# trace, generation branches on (they must leave the trace's figures alone)
+gen=32
+"$bin" run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 512 --traces 1 --seed 7 \
+  --gen-tokens $gen --cells drift -o "$work/run.h5" >/dev/null 2>"$work/run.err" || {
+  cat "$work/run.err"
+  exit 1
+}
+"$bin" trace gen --length $((512 + gen + 1)) --seed 7 --vocab 512 -o "$work/trace.h5" >/dev/null
+"$py" "$here/check_run.py" "$work/ckpt" "$work/run.h5" "$work/trace.h5" || rc=1
+exit $rc
