@@ -6,6 +6,14 @@ usage: check_run.py CKPT_DIR RESULTS.h5 TRACES.h5
 CKPT_DIR is `kvdrift export` output of the model the sweep ran, RESULTS.h5 a
 drift sweep of one trace at one context over bf16, fp8-cal and fp8-unscaled,
 TRACES.h5 that trace (`kvdrift trace gen` with the sweep's seed and length).
+Besides /drift/summary it checks /drift/layers (the residual stream after
+every layer: relative L2 error and cosine against BF16, every position) and
+/drift/attention (per full-attention layer at the sampled positions: every
+16th and each copy's first token; KL(P_ref || P_test) of the attention
+distribution averaged over heads, agreement of the most-attended position,
+relative L2 error of the attention output before the gate; the isolated view
+is the reference's query over the reference's K and V through the mode's
+codec, the propagated view the mode's own run against the reference's).
 
 The reference computes the trace in float64 with each mode's cache (its own
 BF16 rounding and E4M3 codec, fp8-cal with the scales the results file
@@ -28,7 +36,7 @@ import sys
 import h5py
 import numpy as np
 
-from qwen3next_ref import Qwen3NextRef
+from qwen3next_ref import Qwen3NextRef, store
 
 MODES = ("fp8-cal", "fp8-unscaled")
 # figure -> (relative tolerance, absolute tolerance)
@@ -62,6 +70,37 @@ def figures(lp_ref, lp, nxt):
             "delta_p_rms": np.sqrt(np.mean(dp * dp)), "ln_ppl_ratio": dnll.mean()}
 
 
+def attention(q, kq, vq):
+    """Causal attention of every position: P [heads, T, T], output [T, heads, hd]."""
+    T, nh, hd = q.shape
+    grp = nh // kq.shape[1]
+    kr, vr = np.repeat(kq, grp, axis=1), np.repeat(vq, grp, axis=1)
+    s = np.einsum("thd,uhd->htu", q, kr) / np.sqrt(hd)
+    s = np.where(np.tril(np.ones((T, T), dtype=bool))[None], s, -np.inf)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    p = s / s.sum(-1, keepdims=True)
+    return p, np.einsum("htu,uhd->thd", p, vr)
+
+
+def att_figures(p_ref, o_ref, p_test, o_test, pos):
+    """Per sampled position: mean over heads of KL (each clamped at 0),
+    share of heads whose argmax agrees, output relative L2 over all heads."""
+    pr, pt = p_ref[:, pos], p_test[:, pos]  # [heads, n, T]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kl = np.where(pr > 0, pr * (np.log(pr) - np.log(pt)), 0).sum(-1)
+    kl = np.maximum(kl, 0).mean(0)
+    agree = (pr.argmax(-1) == pt.argmax(-1)).mean(0)
+    d = (o_test[pos] - o_ref[pos]).reshape(len(pos), -1)
+    rel = np.linalg.norm(d, axis=-1) / np.linalg.norm(o_ref[pos].reshape(len(pos), -1), axis=-1)
+    return {"kl": kl, "argmax_agree": agree, "out_rel_l2": rel}
+
+
+def file_mean(rows):
+    """The n-weighted mean of a figure's rows over the position buckets, and n."""
+    n = rows["n"].sum()
+    return (float((rows["n"] * rows["mean"]).sum() / n) if n else float("nan")), int(n)
+
+
 def main():
     ckpt, results, traces = sys.argv[1:4]
     failures, checks = [], 0
@@ -75,6 +114,7 @@ def main():
 
     with h5py.File(results, "r") as f:
         summ = f["drift/summary"][:]
+        layers, att = f["drift/layers"][:], f["drift/attention"][:]
         ks, vs = f["calibration/k_scale"][:], f["calibration/v_scale"][:]
     with h5py.File(traces, "r") as f:
         g = f["traces"][sorted(f["traces"])[0]]
@@ -85,17 +125,52 @@ def main():
           f"{results}: one context ({ctx}) and one trace")
     copied = np.zeros(len(tokens), dtype=bool)
     copied[refs["pos"]] = True
+    # a copy's first token: not the continuation of the previous reference
+    first = np.zeros(len(tokens), dtype=bool)
+    for i, (p, src) in enumerate(zip(refs["pos"], refs["src"])):
+        first[p] = not (i > 0 and refs["pos"][i - 1] == p - 1 and refs["src"][i - 1] == src - 1)
     tok = tokens[:ctx]
     nxt = tok[1:]
     model = Qwen3NextRef(ckpt)
     kvh = model.cfg["num_key_value_heads"]
     scales = {"k": list(ks.reshape(-1, kvh)), "v": list(vs.reshape(-1, kvh))}
+    model.record = rec_ref = {}
     lp_ref = log_softmax(model.forward(tok, "bf16")[0])[:-1]
+    sampled = np.nonzero((np.arange(ctx) % 16 == 0) | first[:ctx])[0]
+    ref_att = [attention(a["q"], a["kq"], a["vq"]) for a in rec_ref["attn"]]
     subsets = {"all": np.ones(ctx - 1, dtype=bool), "copy": copied[1:ctx], "other": ~copied[1:ctx]}
     print(f"context {ctx}: {int(subsets['copy'].sum())} of {ctx - 1} predictions are of copied tokens")
     for mode in MODES:
+        model.record = rec = {}
         logits, _ = model.forward(tok, mode, scales)
         lp = log_softmax(logits)[:-1]
+        # hidden states after every layer, every position
+        for layer, (xr, xm) in enumerate(zip(rec_ref["hidden"], rec["hidden"])):
+            rel = np.linalg.norm(xm - xr, axis=-1) / np.linalg.norm(xr, axis=-1)
+            cos = (xm * xr).sum(-1) / (np.linalg.norm(xm, axis=-1) * np.linalg.norm(xr, axis=-1))
+            for metric, want, tol in (("rel_l2", rel.mean(), 0.01), ("cosine", cos.mean(), 1e-6)):
+                got, n = file_mean(layers[(layers["mode"] == mode.encode()) & (layers["layer"] == layer) &
+                                          (layers["subset"] == b"all") & (layers["metric"] == metric.encode())])
+                check(n == ctx and abs(got - want) <= tol * abs(want),
+                      f"{mode} layer {layer} hidden {metric}: kvdrift {got:.6g} over {n} positions, "
+                      f"reference {want:.6g} over {ctx} (within {tol:g} relative)")
+        # attention per full-attention layer, both views, at the sampled positions
+        for al, a in enumerate(rec["attn"]):
+            sc = (scales["k"][al], scales["v"][al]) if mode == "fp8-cal" else (np.ones(kvh), np.ones(kvh))
+            iso_k = store(rec_ref["attn"][al]["k"], "fp8", sc[0])[0]
+            iso_v = store(rec_ref["attn"][al]["v"], "fp8", sc[1])[0]
+            p_ref, o_ref = ref_att[al]
+            views = {"isolated": att_figures(p_ref, o_ref, *attention(rec_ref["attn"][al]["q"], iso_k, iso_v), sampled),
+                     "propagated": att_figures(p_ref, o_ref, *attention(a["q"], a["kq"], a["vq"]), sampled)}
+            for view, figs in views.items():
+                for metric, tol in (("kl", 0.02), ("argmax_agree", 0.01), ("out_rel_l2", 0.02)):
+                    want = float(figs[metric].mean())
+                    got, n = file_mean(att[(att["mode"] == mode.encode()) & (att["attn_layer"] == al) &
+                                           (att["kv_head"] < 0) & (att["view"] == view.encode()) &
+                                           (att["subset"] == b"all") & (att["metric"] == metric.encode())])
+                    check(n == len(sampled) and abs(got - want) <= tol * abs(want),
+                          f"{mode} attention layer {al} {view} {metric}: kvdrift {got:.6g} at {n} positions, "
+                          f"reference {want:.6g} at {len(sampled)} (within {tol:g} relative)")
         for sub, sel in subsets.items():
             want = figures(lp_ref[sel], lp[sel], nxt[sel])
             for name, (rel, ab) in TOL.items():

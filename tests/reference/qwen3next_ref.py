@@ -123,6 +123,10 @@ class Qwen3NextRef:
         with open(os.path.join(ckpt, "config.json")) as f:
             self.cfg = json.load(f)
         self.w = load_safetensors(os.path.join(ckpt, "model.safetensors"))
+        # when a dict, forward fills it: "hidden", the residual stream after
+        # every layer; "attn", per full-attention layer the query after
+        # RoPE, K and V before the cache and as the cache gives them back
+        self.record = None
 
     def forward(self, tokens, kv_mode="bf16", scales=None, cache_codes=None):
         """Logits [T, vocab] and, per full-attention layer, (K, V, K codes,
@@ -154,6 +158,8 @@ class Qwen3NextRef:
             h = x + mix
             hn = rms_norm(h, W[p + "post_attention_layernorm.weight"], eps, True)
             x = h + self.moe(hn, p)
+            if self.record is not None:
+                self.record.setdefault("hidden", []).append(x)
         x = rms_norm(x, W["model.norm.weight"], eps, True)
         return x @ W["lm_head.weight"].T, caches
 
@@ -181,6 +187,8 @@ class Qwen3NextRef:
         if forced is not None and mode == "fp8":
             kq = e4m3_decode(forced[0]) * np.asarray(ks, dtype=np.float32)[:, None].astype(np.float64)
             vq = e4m3_decode(forced[1]) * np.asarray(vs, dtype=np.float32)[:, None].astype(np.float64)
+        if self.record is not None:
+            self.record.setdefault("attn", []).append({"q": q, "k": k, "v": v, "kq": kq, "vq": vq})
         grp = nh // kvh
         kr = np.repeat(kq, grp, axis=1)  # [T, nh, hd]
         vr = np.repeat(vq, grp, axis=1)
