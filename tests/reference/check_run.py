@@ -7,7 +7,8 @@ CKPT_DIR is `kvdrift export` output of the model the sweep ran, RESULTS.h5 a
 drift sweep of one trace at one context over bf16, fp8-cal and fp8-unscaled,
 TRACES.h5 that trace (`kvdrift trace gen` with the sweep's seed and length).
 Besides /drift/summary it checks /drift/layers (the residual stream after
-every layer: relative L2 error and cosine against BF16, every position) and
+every layer: relative L2 error and cosine against BF16, every position; the
+share of positions whose routed expert set differs from BF16's) and
 /drift/attention (per full-attention layer at the sampled positions: every
 16th and each copy's first token; KL(P_ref || P_test) of the attention
 distribution averaged over heads, agreement of the most-attended position,
@@ -154,6 +155,14 @@ def main():
                 check(n == ctx and abs(got - want) <= tol * abs(want),
                       f"{mode} layer {layer} hidden {metric}: kvdrift {got:.6g} over {n} positions, "
                       f"reference {want:.6g} over {ctx} (within {tol:g} relative)")
+        # router flips: the share of positions whose routed expert set differs
+        for layer, (er, em) in enumerate(zip(rec_ref["experts"], rec["experts"])):
+            want = float(np.any(er != em, axis=-1).mean())
+            got, n = file_mean(layers[(layers["mode"] == mode.encode()) & (layers["layer"] == layer) &
+                                      (layers["metric"] == b"router_flip")])
+            check(n == ctx and abs(got - want) <= 2 / ctx,
+                  f"{mode} layer {layer} router flips: kvdrift {got:.6g} over {n} positions, "
+                  f"reference {want:.6g} (within 2 positions)")
         # attention per full-attention layer, both views, at the sampled positions
         for al, a in enumerate(rec["attn"]):
             sc = (scales["k"][al], scales["v"][al]) if mode == "fp8-cal" else (np.ones(kvh), np.ones(kvh))

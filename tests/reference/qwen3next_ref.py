@@ -124,8 +124,9 @@ class Qwen3NextRef:
             self.cfg = json.load(f)
         self.w = load_safetensors(os.path.join(ckpt, "model.safetensors"))
         # when a dict, forward fills it: "hidden", the residual stream after
-        # every layer; "attn", per full-attention layer the query after
-        # RoPE, K and V before the cache and as the cache gives them back
+        # every layer; "experts", every layer's routed experts (sorted);
+        # "attn", per full-attention layer the query after RoPE, K and V
+        # before the cache and as the cache gives them back
         self.record = None
 
     def forward(self, tokens, kv_mode="bf16", scales=None, cache_codes=None):
@@ -242,6 +243,8 @@ class Qwen3NextRef:
         pr = np.exp(logits - logits.max(-1, keepdims=True))
         pr /= pr.sum(-1, keepdims=True)
         top = np.argsort(-pr, axis=-1, kind="stable")[:, :k]
+        if self.record is not None:
+            self.record.setdefault("experts", []).append(np.sort(top, axis=-1))
         tw = np.take_along_axis(pr, top, -1)
         if c["norm_topk_prob"]:
             tw = tw / tw.sum(-1, keepdims=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the NumPy reference checks: export the tiny model, run the C forward
-# with a dump, compare (check.py); run a drift sweep and compare the figures
-# it wrote (check_run.py). Skips (77) only when python3-numpy or python3-h5py
+# with a dump, compare (check.py); run drift sweeps and compare the figures
+# they wrote (check_run.py, check_gen.py). Skips (77) only when python3-numpy or python3-h5py
 # is absent.
 set -euo pipefail
 bin="$1"
@@ -29,4 +29,13 @@ gen=32
 }
 "$bin" trace gen --length $((512 + gen + 1)) --seed 7 --vocab 512 -o "$work/trace.h5" >/dev/null
 "$py" "$here/check_run.py" "$work/ckpt" "$work/run.h5" "$work/trace.h5" || rc=1
+# greedy generation from the trace's prefixes, short enough for the
+# reference to recompute every step (seed 3: continuations that diverge)
+"$bin" run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 96 --traces 1 --seed 3 \
+  --gen-tokens 12 --cells drift -o "$work/gen.h5" >/dev/null 2>"$work/run.err" || {
+  cat "$work/run.err"
+  exit 1
+}
+"$bin" trace gen --length $((96 + 12 + 1)) --seed 3 --vocab 512 -o "$work/gen-trace.h5" >/dev/null
+"$py" "$here/check_gen.py" "$work/ckpt" "$work/gen.h5" "$work/gen-trace.h5" || rc=1
 exit $rc
