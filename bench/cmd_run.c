@@ -305,7 +305,9 @@ static char *trace_spec_json(const kvd_trace_spec *sp) {
 static char *run_settings(const run_opts *o, const kvd_config *c, const char *device,
                           const char *cmd) {
     json_t *wj = kvd_model_opts_weights_json(&o->mo, c);
-    if (!wj) kvd_die(KVD_EXIT_USAGE, cmd, "%s: no longer readable", o->mo.profile);
+    if (!wj)
+        kvd_die(KVD_EXIT_USAGE, cmd, "%s: no longer readable",
+                o->mo.model_dir ? o->mo.model_dir : o->mo.profile);
     json_t *j = json_object();
     json_object_set_new(j, "backend", json_string(o->backend));
     json_object_set_new(j, "gpus", json_integer(o->be.gpus));

@@ -222,7 +222,11 @@ void kvd_check_scales_flags(const char *cmd, const char *scales_path, int cal_gi
 }
 
 json_t *kvd_model_opts_weights_json(const kvd_model_opts *o, const kvd_config *cfg) {
-    if (o->model_dir) return json_pack("{s:s}", "checkpoint", o->model_dir);
+    if (o->model_dir) {
+        char fp[40], err[KVD_ERR_LEN];
+        if (kvd_checkpoint_fingerprint(o->model_dir, fp, sizeof fp, err)) return NULL;
+        return json_pack("{s:s, s:s}", "checkpoint", o->model_dir, "contents", fp);
+    }
     kvd_synth s = o->synth;
     char err[KVD_ERR_LEN];
     json_t *j =

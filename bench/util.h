@@ -58,8 +58,9 @@ void kvd_check_positions(const char *cmd, const char *flag, int64_t n, const kvd
  * --calibration, --per-head, --calib-tokens) make them: exits when both. */
 void kvd_check_scales_flags(const char *cmd, const char *scales_path, int cal_given);
 /* Where the weights kvd_model_opts_build made come from, as JSON: a
- * checkpoint's directory, or every knob of the synthetic ones (a profile's
- * per-layer values included); NULL when the profile no longer reads. */
+ * checkpoint's directory and the fingerprint of its contents, or every knob
+ * of the synthetic ones (a profile's per-layer values included); NULL when
+ * the checkpoint or profile no longer reads. */
 struct json_t;
 struct json_t *kvd_model_opts_weights_json(const kvd_model_opts *o, const kvd_config *cfg);
 extern const char *const kvd_model_opts_help;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fileio.h"
 #include "st_reader.h"
 
 static int same_shape(const kvd_tensor *t, const kvd_st_tensor *s) {
@@ -381,5 +382,47 @@ int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err) {
         }
     }
     kvd_checkpoint_close(&c);
+    return 0;
+}
+
+/* FNV-1a, 64-bit */
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+int kvd_checkpoint_fingerprint(const char *dir, char *out, size_t n, char *err) {
+    char path[4300];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len;
+    char *cfg = kvd_read_file(path, &len, err);
+    if (!cfg) return -1;
+    uint64_t h = fnv(0xcbf29ce484222325ull, cfg, len);
+    free(cfg);
+    kvd_checkpoint c;
+    if (kvd_checkpoint_open(&c, dir, err)) return -1;
+    for (int f = 0; f < c.n_files; f++) {
+        /* the file's name (not its directory), size and header: names,
+         * dtypes, shapes, offsets */
+        const char *base = strrchr(c.files[f].path, '/');
+        base = base ? base + 1 : c.files[f].path;
+        const unsigned char *m = c.files[f].map;
+        uint64_t hl = 0;
+        for (int i = 0; i < 8; i++) hl |= (uint64_t)m[i] << (8 * i);
+        h = fnv(h, base, strlen(base) + 1);
+        h = fnv(h, &c.files[f].size, sizeof c.files[f].size);
+        h = fnv(h, m, 8 + (size_t)hl);
+    }
+    /* and the values of the KV scales, which a re-calibration changes
+     * without changing any header */
+    for (int i = 0; i < c.n; i++) {
+        size_t nl = strlen(c.t[i].name);
+        if (nl > 6 && (!strcmp(c.t[i].name + nl - 6, "_scale")) &&
+            (strstr(c.t[i].name, "k_scale") || strstr(c.t[i].name, "v_scale")))
+            h = fnv(h, c.t[i].data, c.t[i].nbytes);
+    }
+    kvd_checkpoint_close(&c);
+    snprintf(out, n, "fnv1a64:%016llx", (unsigned long long)h);
     return 0;
 }

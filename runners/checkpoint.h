@@ -35,6 +35,14 @@ typedef struct {
                                        config asks for is missing, or of another shape) */
 } kvd_audit;
 
+/* What identifies a checkpoint's contents for a resumed sweep, cheaply:
+ * config.json, every safetensors file's name, size and header, and the KV
+ * scales' values, hashed ("fnv1a64:<16 hex digits>"). A checkpoint copied
+ * elsewhere keeps it; one rewritten with other shapes, dtypes, tensors,
+ * config or scales does not (weights rewritten in place with the same
+ * layout are not detected: that would read every byte). */
+int kvd_checkpoint_fingerprint(const char *dir, char *out, size_t n, char *err);
+
 int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err);
 
 #endif

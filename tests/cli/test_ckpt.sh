@@ -92,6 +92,17 @@ printf '{"format": "kvdrift-kv-scales", "version": 1, "granularity": "per-layer"
   ! cmp -s "$work/sc/fp8-ckpt/logits.f32" "$work/real/fp8-unscaled/logits.f32" && ok ||
   bad "fp8-ckpt with the checkpoint's scales differs from fp8-cal with the same scales: $(cat "$work/err")"
 
+# a sweep over a checkpoint resumes only over the same contents: scales
+# re-calibrated in place (same files, same headers) are another sweep
+"$bin" run --model-dir "$work/scaled" --kv bf16,fp8-ckpt --context 64 --concurrency 1 --gen-tokens 0 \
+  --decode-tokens 2 -o "$work/ck-run.h5" >/dev/null 2>&1 || bad "run --model-dir failed"
+expect 0 "resuming .*ck-run.h5: 4 cells already finished" -- run --model-dir "$work/scaled" --kv bf16,fp8-ckpt --context 64 --concurrency 1 --gen-tokens 0 --decode-tokens 2 -o "$work/ck-run.h5"
+cp "$work/ck-run.h5" "$work/ck-run.before"
+st add-scales "$work/scaled" 3:0.5:0.0002 7:1.5:0.0001
+expect 2 "ck-run.h5 holds cells of other weights \(their contents fnv1a64:[0-9a-f]{16}, this run's fnv1a64:[0-9a-f]{16}\)" -- run --model-dir "$work/scaled" --kv bf16,fp8-ckpt --context 64 --concurrency 1 --gen-tokens 0 --decode-tokens 2 -o "$work/ck-run.h5"
+cmp -s "$work/ck-run.h5" "$work/ck-run.before" && ok || bad "a refused resume changed the results file"
+st add-scales "$work/scaled" 3:0.75:0.0002 7:1.5:0.0001
+
 # malformed JSON
 cp -r "$work/ck" "$work/badjson"
 printf '{"quantization": {"kv_cache_quant_algo": "FP8",}}\n' >"$work/badjson/hf_quant_config.json"
