@@ -407,7 +407,7 @@ int kvd_cmd_bench(int argc, char **argv) {
         kvd_use_backend(&be, backend, cmd, NULL, 0);
         kvd_weights w;
         char err[KVD_ERR_LEN];
-        kvd_model_opts_build(&mo, cmd, &w);
+        kvd_model_opts_build(&mo, cmd, &be, &w);
         kvd_check_positions(cmd, "--context", ctx, &w.cfg);
         int rc = kvd_bench_lockstep(&be, &w, ctx, reps, err);
         kvd_weights_free(&w);

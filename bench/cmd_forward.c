@@ -216,7 +216,7 @@ int kvd_cmd_forward(int argc, char **argv) {
 
     kvd_weights w;
     double t0 = kvd_now();
-    kvd_model_opts_build(&mo, cmd, &w);
+    kvd_model_opts_build(&mo, cmd, &co.be, &w);
     const kvd_config *c = &w.cfg;
     kvd_check_positions(cmd, "--tokens", T, c);
     char desc[512];
@@ -369,7 +369,7 @@ int kvd_cmd_calibrate(int argc, char **argv) {
     if (co.scales_path) kvd_die(KVD_EXIT_USAGE, cmd, "--scales is an input of other commands");
     kvd_use_backend(&co.be, co.backend, cmd, NULL, 0);
     kvd_weights w;
-    kvd_model_opts_build(&mo, cmd, &w);
+    kvd_model_opts_build(&mo, cmd, &co.be, &w);
     kvd_kv_scales sc, am;
     get_scales(&co, &w, seed, cmd, &sc, &am, 1);
     char err[KVD_ERR_LEN];
@@ -411,7 +411,7 @@ int kvd_cmd_export(int argc, char **argv) {
     }
     if (!out) kvd_die(KVD_EXIT_USAGE, cmd, "expected -o DIR");
     kvd_weights w;
-    kvd_model_opts_build(&mo, cmd, &w);
+    kvd_model_opts_build(&mo, cmd, NULL, &w);
     char err[KVD_ERR_LEN];
     if (kvd_export(&w, out, err)) kvd_die(1, cmd, "%s", err);
     int64_t n = 0;

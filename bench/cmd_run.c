@@ -878,7 +878,7 @@ int kvd_cmd_run(int argc, char **argv) {
     char err[KVD_ERR_LEN], device[128];
     kvd_use_backend(&o.be, o.backend, cmd, device, (int)sizeof device);
     kvd_weights w;
-    kvd_model_opts_build(&o.mo, cmd, &w);
+    kvd_model_opts_build(&o.mo, cmd, &o.be, &w);
     const kvd_config *c = &w.cfg;
     int64_t max_ctx = 0;
     for (int i = 0; i < o.n_ctx; i++) max_ctx = o.ctx[i] > max_ctx ? o.ctx[i] : max_ctx;

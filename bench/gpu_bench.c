@@ -25,7 +25,7 @@ static int lockstep(const char *preset, int ctx, int gpus) {
     kvd_synth syn;
     kvd_weights w;
     kvd_synth_defaults(&syn);
-    if (kvd_config_preset(preset, &cfg, err) || kvd_weights_synth(&w, &cfg, &syn, err)) {
+    if (kvd_config_preset(preset, &cfg, err) || kvd_weights_lazy_synth(&w, &cfg, &syn, err)) {
         fprintf(stderr, "kvd_gpu_bench lockstep: %s\n", err);
         return 1;
     }

@@ -188,14 +188,20 @@ static int load_profile(const char *path, const kvd_config *cfg, kvd_synth *s, c
     return p.failed ? -1 : 0;
 }
 
-void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, kvd_weights *w) {
+void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, const kvd_backend *be,
+                          kvd_weights *w) {
     kvd_config cfg;
     char err[KVD_ERR_LEN];
+    /* the device back end uploads the weights once, as BF16: made one tensor
+     * at a time, they need host memory for the largest tensor only (a
+     * 397B-shaped model's are 120 GB in FP32) */
+    int lazy = be && be->ops && be->ops != &kvd_engine_cpu;
     if (o->model_dir) {
         if (o->profile)
             kvd_die(KVD_EXIT_USAGE, cmd,
                     "--activation-profile shapes synthetic weights, not --model-dir ones");
-        if (kvd_weights_load(w, o->model_dir, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+        if ((lazy ? kvd_weights_lazy_load : kvd_weights_load)(w, o->model_dir, err))
+            kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
         return;
     }
     int rc = o->config_path ? kvd_config_load(o->config_path, &cfg, err)
@@ -204,7 +210,8 @@ void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, kvd_weights 
     kvd_synth s = o->synth;
     if (o->profile && load_profile(o->profile, &cfg, &s, err))
         kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
-    if (kvd_weights_synth(w, &cfg, &s, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    if ((lazy ? kvd_weights_lazy_synth : kvd_weights_synth)(w, &cfg, &s, err))
+        kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
 }
 
 void kvd_check_positions(const char *cmd, const char *flag, int64_t n, const kvd_config *c) {

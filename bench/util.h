@@ -49,8 +49,11 @@ void kvd_model_opts_ckpt_scales(const kvd_model_opts *o, const char *cmd, const 
 void kvd_model_opts_init(kvd_model_opts *o);
 /* Consume a model flag if `flag` is one; returns 1 when consumed. */
 int kvd_model_opts_flag(kvd_model_opts *o, kvd_args *a, const char *flag);
-/* Resolve config and synthesize weights; exits with a clear message on error. */
-void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, kvd_weights *w);
+/* Resolve config and build the weights (a checkpoint's, or synthetic) for
+ * back end be (lazy for the device one; NULL: in memory, for the host's own
+ * use); exits with a clear message on error. */
+void kvd_model_opts_build(const kvd_model_opts *o, const char *cmd, const kvd_backend *be,
+                          kvd_weights *w);
 /* Exits with a usage error naming flag when a sequence of n tokens would
  * run past the model's max_position_embeddings. */
 void kvd_check_positions(const char *cmd, const char *flag, int64_t n, const kvd_config *c);

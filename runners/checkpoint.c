@@ -225,6 +225,77 @@ out:
     return rc;
 }
 
+/* Lazy weights from a checkpoint: the checkpoint stays open (mapped), and
+ * each tensor is found (and its dtype and shape checked) up front, made
+ * from the mapping when the upload asks for it. */
+typedef struct {
+    kvd_checkpoint c;
+    source *src; /* per planned tensor */
+    const kvd_tensor *first;
+} lazy_ckpt;
+
+static void lazy_ckpt_free(void *ctx) {
+    lazy_ckpt *l = ctx;
+    if (!l) return;
+    kvd_checkpoint_close(&l->c);
+    free(l->src);
+    free(l);
+}
+
+static int lazy_ckpt_make(void *ctx, const kvd_config *cfg, kvd_tensor *t, char *err) {
+    lazy_ckpt *l = ctx;
+    const source *src = &l->src[t - l->first];
+    if (fill(src, cfg, t, err)) {
+        kvd_err_prefix(err, l->c.files[src->s[0]->file].path);
+        return -1;
+    }
+    return 0;
+}
+
+int kvd_weights_lazy_load(kvd_weights *w, const char *dir, char *err) {
+    char path[4300];
+    kvd_config cfg;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (kvd_config_load(path, &cfg, err)) return -1;
+    const char *base = strrchr(dir, '/');
+    snprintf(cfg.name, sizeof cfg.name, "%s", base && base[1] ? base + 1 : dir);
+    lazy_ckpt *l = calloc(1, sizeof *l);
+    if (!l) {
+        snprintf(err, KVD_ERR_LEN, "%s: out of memory", dir);
+        return -1;
+    }
+    if (kvd_checkpoint_open(&l->c, dir, err)) {
+        free(l);
+        return -1;
+    }
+    if (kvd_weights_lazy(w, &cfg, lazy_ckpt_make, l, lazy_ckpt_free, err)) return -1;
+    l->first = w->tensors;
+    l->src = calloc((size_t)w->n_tensors, sizeof *l->src);
+    if (!l->src) {
+        snprintf(err, KVD_ERR_LEN, "%s: out of memory", dir);
+        kvd_weights_free(w);
+        return -1;
+    }
+    /* every tensor there, of a usable dtype, before any upload starts */
+    for (int i = 0; i < w->n_tensors; i++) {
+        int found = find_source(&l->c, &cfg, &w->tensors[i], &l->src[i], err);
+        for (int k = 0; !found && k < 2; k++) {
+            const kvd_st_tensor *s = l->src[i].s[k];
+            float one;
+            if (s && kvd_st_range_to_f32(s, 0, s->numel ? 1 : 0, &one, err)) {
+                kvd_err_prefix(err, l->c.files[s->file].path);
+                found = -1;
+            }
+        }
+        if (found) {
+            if (found > 0) kvd_err_prefix(err, dir);
+            kvd_weights_free(w);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* The scale tensor of a full-attention layer under the names exporters use. */
 static const kvd_st_tensor *find_scale(const kvd_checkpoint *c, int layer, int is_v) {
     static const char *const pat[2][2] = {

@@ -10,6 +10,9 @@
 
 /* Weights from DIR; -1 with err naming the tensor or file on any problem. */
 int kvd_weights_load(kvd_weights *w, const char *dir, char *err);
+/* The same as lazy weights (see kvd_weights): every tensor found and
+ * checked now, each made from the mapped file when an upload reads it. */
+int kvd_weights_lazy_load(kvd_weights *w, const char *dir, char *err);
 
 /* KV scales from the checkpoint's k_scale / v_scale tensors (ModelOpt's
  * self_attn.k_proj.k_scale or llm-compressor's self_attn.k_scale), a scalar

@@ -7,6 +7,12 @@
 static void *cpu_create(const kvd_weights *w, const kvd_kvcache *kv, int max_rows, int max_seqs,
                         int gpus, void *peer, char *err) {
     (void)kv, (void)peer, (void)gpus; /* the CPU model borrows w and takes any cache */
+    if (w->make) {
+        snprintf(err, KVD_ERR_LEN,
+                 "cpu back end: the weights are lazy (made only as a device upload reads "
+                 "them); the CPU model needs them all in memory");
+        return NULL;
+    }
     return kvd_model_new(w, max_rows, max_seqs, err);
 }
 static void cpu_destroy(void *m) {

@@ -13,7 +13,6 @@
  * over the ranks after each mixer and each MoE layer; everything else is
  * replicated. One device is one rank, through the same code. Rank 0 is the
  * handle callers hold, and holds the others. */
-#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE, madvise */
 #include "model_cuda.h"
 
 #include <math.h>
@@ -21,8 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "../kernels/cuda/cuda_kernels.h"
 #include "engine.h"
@@ -142,10 +139,11 @@ struct kvd_cuda_model {
     /* host staging */
     int *h_pos, *h_row_seq, *h_topi, *h_slots, *h_seqs, *h_row0, *h_ntok;
     float *h_x;
-    /* synthetic weights made one tensor at a time, just before their upload
-     * (kvd_cuda_model_new_synth), and a BF16 staging buffer */
-    kvd_weights *lazy_w;
-    const kvd_synth *lazy_s;
+    /* the weights being uploaded (lazy ones are made one tensor at a time,
+     * just before their upload; what went wrong making one), and a BF16
+     * staging buffer */
+    const kvd_weights *up_w;
+    char up_err[KVD_ERR_LEN];
     uint16_t *stage16;
     size_t stage16_n;
     /* the model's own device allocations */
@@ -208,24 +206,14 @@ void kvd_cuda_model_free(kvd_cuda_model *m) {
     kvd_cuda_set_device(0);
 }
 
-/* In lazy mode: make the tensor that src belongs to before its upload, and
- * give its pages back after. */
-static kvd_tensor *lazy_make(kvd_cuda_model *m, const float *src) {
-    if (!m->lazy_s) return NULL;
-    for (int i = 0; i < m->lazy_w->n_tensors; i++) {
-        kvd_tensor *t = &m->lazy_w->tensors[i];
-        if (!t->data || src < t->data || src >= t->data + t->numel) continue;
-        kvd_weights_fill(t, &m->lazy_w->cfg, m->lazy_s);
-        return t;
-    }
-    return NULL;
-}
-static void lazy_release(kvd_tensor *t) {
-    if (!t) return;
-    size_t pg = (size_t)sysconf(_SC_PAGESIZE), a = (size_t)(uintptr_t)t->data;
-    size_t b = a + (size_t)t->numel * sizeof(float);
-    a = (a + pg - 1) / pg * pg, b = b / pg * pg;
-    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+/* Lazy weights: make the tensor that src belongs to before its upload
+ * (kvd_weights_make; a failure sets *bad and up_err), and give its pages
+ * back after (kvd_weights_unmake). */
+static kvd_tensor *lazy_make(kvd_cuda_model *m, const float *src, int *bad) {
+    int rc;
+    kvd_tensor *t = kvd_weights_make(m->up_w, src, &rc, m->up_err);
+    if (rc) *bad = 1;
+    return t;
 }
 
 /* rows [r0, r0 + nr) and columns [c0, c0 + nc) of a matrix with ld columns,
@@ -245,7 +233,8 @@ static void *up_slice(kvd_cuda_model *m, dev_allocs *to, const float *src, size_
         *bad = 1;
         return NULL;
     }
-    kvd_tensor *made = lazy_make(m, src);
+    kvd_tensor *made = lazy_make(m, src, bad);
+    if (*bad) return NULL;
     if (nc == ld) {
         const size_t chunk = (size_t)1 << 20;
         const float *s0 = src + r0 * ld;
@@ -261,7 +250,7 @@ static void *up_slice(kvd_cuda_model *m, dev_allocs *to, const float *src, size_
             kvd_quant_bf16(src + (r0 + (size_t)r) * ld + c0, m->stage16 + (size_t)r * nc, nc);
     }
     if (kvd_cuda_upload(d, m->stage16, n * 2)) *bad = 1;
-    lazy_release(made);
+    kvd_weights_unmake(made);
     return d;
 }
 static void *up_mat(kvd_cuda_model *m, dev_allocs *to, const float *src, size_t rows, size_t cols,
@@ -276,14 +265,14 @@ static float *up_rows(kvd_cuda_model *m, dev_allocs *to, const float *src, size_
     size_t n = 0;
     for (int i = 0; i < k; i++) n += nr[i] * len;
     float *d = dalloc(to, n * sizeof(float) + 4);
-    kvd_tensor *made = lazy_make(m, src);
+    kvd_tensor *made = d ? lazy_make(m, src, bad) : NULL;
     size_t o = 0;
     for (int i = 0; i < k && d && !*bad; i++) {
         if (kvd_cuda_upload(d + o, src + r0[i] * len, nr[i] * len * sizeof(float))) *bad = 1;
         o += nr[i] * len;
     }
     if (!d) *bad = 1;
-    lazy_release(made);
+    kvd_weights_unmake(made);
     return d;
 }
 static float *up_vec(kvd_cuda_model *m, dev_allocs *to, const float *src, size_t n, int *bad) {
@@ -551,10 +540,9 @@ static int upload_weights(kvd_cuda_model *m, const kvd_weights *w) {
 /* One rank on its device: its share of the weights (or peer's, the same
  * rank of a model over the same weights), its cache pools, state and
  * buffers. */
-static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_synth *lazy_s,
-                                const kvd_cuda_model *peer, const kvd_kvcache *kv, int max_rows,
-                                int max_seqs, const kvd_config *full, const dev_part *part,
-                                char *err) {
+static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_cuda_model *peer,
+                                const kvd_kvcache *kv, int max_rows, int max_seqs,
+                                const kvd_config *full, const dev_part *part, char *err) {
     char why[256];
     if (kvd_cuda_set_device(part->rank)) {
         snprintf(err, KVD_ERR_LEN, "--gpus: device %d cannot be used", part->rank);
@@ -568,8 +556,7 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_synth *lazy_s,
     const kvd_config *c = &m->c;
     m->max_rows = max_rows;
     m->max_seqs = max_seqs;
-    m->lazy_w = (kvd_weights *)w;
-    m->lazy_s = lazy_s;
+    m->up_w = w;
     kvd_config_layer_indices(c, m->attn_index, m->lin_index, &m->n_full, &m->n_lin);
     if (m->n_full > kv->n_layers) {
         snprintf(err, KVD_ERR_LEN, "device model: the KV cache has %d layers, the model %d",
@@ -675,23 +662,26 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_synth *lazy_s,
         rank_free(m);
         return NULL;
     }
-    m->lazy_w = NULL, m->lazy_s = NULL;
+    m->up_w = NULL;
     free(m->stage16);
     m->stage16 = NULL, m->stage16_n = 0;
     return m;
 oom:
-    snprintf(err, KVD_ERR_LEN,
-             "device model: out of device or host memory for the weights, a %lld-block cache "
-             "and %d rows x %d sequences",
-             (long long)kv->n_blocks, max_rows, max_seqs);
+    if (m && m->up_err[0])
+        snprintf(err, KVD_ERR_LEN, "device model: %s", m->up_err);
+    else
+        snprintf(err, KVD_ERR_LEN,
+                 "device model: out of device or host memory for the weights, a %lld-block "
+                 "cache and %d rows x %d sequences",
+                 (long long)kv->n_blocks, max_rows, max_seqs);
     rank_free(m);
     return NULL;
 }
 
 /* The model over n ranks (devices 0 .. n-1); with peer, over its weights. */
-static kvd_cuda_model *model_new(const kvd_weights *w, const kvd_synth *lazy_s,
-                                 const kvd_cuda_model *peer, const kvd_kvcache *kv, int max_rows,
-                                 int max_seqs, int n, char *err) {
+static kvd_cuda_model *model_new(const kvd_weights *w, const kvd_cuda_model *peer,
+                                 const kvd_kvcache *kv, int max_rows, int max_seqs, int n,
+                                 char *err) {
     const kvd_config *c = peer ? &peer->full : &w->cfg;
     char why[256];
     if (!kvd_cuda_available(why, sizeof why)) {
@@ -713,8 +703,8 @@ static kvd_cuda_model *model_new(const kvd_weights *w, const kvd_synth *lazy_s,
     if (!comm) return NULL;
     kvd_cuda_model *m0 = NULL;
     for (int r = 0; r < n; r++) {
-        kvd_cuda_model *m = rank_new(w, lazy_s, peer ? peer->rk[r] : NULL, kv, max_rows, max_seqs,
-                                     c, &parts[r], err);
+        kvd_cuda_model *m =
+            rank_new(w, peer ? peer->rk[r] : NULL, kv, max_rows, max_seqs, c, &parts[r], err);
         if (!m) {
             if (m0) {
                 m0->p.n = r; /* the ranks made so far */
@@ -735,45 +725,25 @@ static kvd_cuda_model *model_new(const kvd_weights *w, const kvd_synth *lazy_s,
 
 kvd_cuda_model *kvd_cuda_model_new(const kvd_weights *w, const kvd_kvcache *kv, int max_rows,
                                    int max_seqs, char *err) {
-    return model_new(w, NULL, NULL, kv, max_rows, max_seqs, 1, err);
+    return model_new(w, NULL, kv, max_rows, max_seqs, 1, err);
 }
 
 kvd_cuda_model *kvd_cuda_model_new_tp(const kvd_weights *w, const kvd_kvcache *kv, int max_rows,
                                       int max_seqs, int n_gpus, char *err) {
-    return model_new(w, NULL, NULL, kv, max_rows, max_seqs, n_gpus, err);
+    return model_new(w, NULL, kv, max_rows, max_seqs, n_gpus, err);
 }
 
 kvd_cuda_model *kvd_cuda_model_new_shared(const kvd_cuda_model *peer, const kvd_kvcache *kv,
                                           int max_rows, int max_seqs, char *err) {
-    return model_new(NULL, NULL, peer, kv, max_rows, max_seqs, 1, err);
+    return model_new(NULL, peer, kv, max_rows, max_seqs, 1, err);
 }
 
 kvd_cuda_model *kvd_cuda_model_new_synth(const kvd_config *cfg, const kvd_synth *s,
                                          const kvd_kvcache *kv, int max_rows, int max_seqs,
                                          int n_gpus, char *err) {
     kvd_weights w;
-    if (kvd_weights_plan(&w, cfg, err)) return NULL;
-    size_t pg = (size_t)sysconf(_SC_PAGESIZE), total = 0;
-    for (int i = 0; i < w.n_tensors; i++)
-        total += ((size_t)w.tensors[i].numel * sizeof(float) + pg - 1) / pg * pg;
-    /* address space for every tensor, memory only for the one being made */
-    char *base = mmap(NULL, total ? total : pg, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (base == MAP_FAILED) {
-        snprintf(err, KVD_ERR_LEN, "device model: cannot reserve %zu bytes of address space",
-                 total);
-        kvd_weights_free(&w);
-        return NULL;
-    }
-    size_t off = 0;
-    for (int i = 0; i < w.n_tensors; i++) {
-        w.tensors[i].data = (float *)(base + off);
-        off += ((size_t)w.tensors[i].numel * sizeof(float) + pg - 1) / pg * pg;
-    }
-    kvd_weights_bind(&w);
-    kvd_cuda_model *m = model_new(&w, s, NULL, kv, max_rows, max_seqs, n_gpus, err);
-    munmap(base, total ? total : pg);
-    for (int i = 0; i < w.n_tensors; i++) w.tensors[i].data = NULL;
+    if (kvd_weights_lazy_synth(&w, cfg, s, err)) return NULL;
+    kvd_cuda_model *m = model_new(&w, NULL, kv, max_rows, max_seqs, n_gpus, err);
     kvd_weights_free(&w);
     return m;
 }

@@ -1,12 +1,15 @@
 /* kvdrift: tensor registry and synthetic weights. Every value is a pure
  * function of (seed, tensor name, element index), rounded to BF16, so any
  * back end, thread count or machine builds the same model. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE, madvise */
 #include "weights.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "../kernels/fp8.h"
 
@@ -358,8 +361,91 @@ int kvd_weights_synth(kvd_weights *w, const kvd_config *cfg, const kvd_synth *s,
 }
 
 void kvd_weights_free(kvd_weights *w) {
+    if (w->lazy_base) {
+        munmap(w->lazy_base, w->lazy_len);
+        for (int i = 0; i < w->n_tensors; i++) w->tensors[i].data = NULL;
+    }
+    if (w->make_ctx_free) w->make_ctx_free(w->make_ctx);
     for (int i = 0; i < w->n_tensors; i++) free(w->tensors[i].data);
     free(w->tensors);
     free(w->expert_ptrs);
     memset(w, 0, sizeof *w);
+}
+
+/* ---- lazy weights ---- */
+
+int kvd_weights_lazy(kvd_weights *w, const kvd_config *cfg,
+                     int (*make)(void *ctx, const kvd_config *cfg, kvd_tensor *t, char *err),
+                     void *ctx, void (*ctx_free)(void *ctx), char *err) {
+    if (kvd_weights_plan(w, cfg, err)) {
+        if (ctx_free) ctx_free(ctx);
+        return -1;
+    }
+    w->make = make, w->make_ctx = ctx, w->make_ctx_free = ctx_free;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), total = 0;
+    for (int i = 0; i < w->n_tensors; i++)
+        total += ((size_t)w->tensors[i].numel * sizeof(float) + pg - 1) / pg * pg;
+    total = total ? total : pg;
+    /* address space for every tensor, memory only for the ones being made */
+    void *base = mmap(NULL, total, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) {
+        snprintf(err, KVD_ERR_LEN, "weights: cannot reserve %zu bytes of address space", total);
+        kvd_weights_free(w);
+        return -1;
+    }
+    w->lazy_base = base, w->lazy_len = total;
+    size_t off = 0;
+    for (int i = 0; i < w->n_tensors; i++) {
+        w->tensors[i].data = (float *)((char *)base + off);
+        off += ((size_t)w->tensors[i].numel * sizeof(float) + pg - 1) / pg * pg;
+    }
+    kvd_weights_bind(w);
+    return 0;
+}
+
+static int make_synth(void *ctx, const kvd_config *cfg, kvd_tensor *t, char *err) {
+    (void)err;
+    kvd_weights_fill(t, cfg, ctx);
+    return 0;
+}
+
+int kvd_weights_lazy_synth(kvd_weights *w, const kvd_config *cfg, const kvd_synth *s, char *err) {
+    kvd_synth *copy = malloc(sizeof *copy);
+    if (!copy) {
+        snprintf(err, KVD_ERR_LEN, "weights: out of memory");
+        return -1;
+    }
+    *copy = *s;
+    return kvd_weights_lazy(w, cfg, make_synth, copy, free, err);
+}
+
+kvd_tensor *kvd_weights_make(const kvd_weights *w, const void *p, int *rc, char *err) {
+    *rc = 0;
+    if (!w || !w->lazy_base) return NULL;
+    /* the tensors lie in address order: the last one starting at or below p */
+    int lo = 0, hi = w->n_tensors - 1, at = -1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        if ((const void *)w->tensors[mid].data <= p)
+            at = mid, lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    kvd_tensor *t = at >= 0 ? &w->tensors[at] : NULL;
+    if (!t || (const float *)p >= t->data + t->numel) return NULL;
+    if (w->make(w->make_ctx, &w->cfg, t, err)) {
+        *rc = -1;
+        kvd_weights_unmake(t);
+        return NULL;
+    }
+    return t;
+}
+
+void kvd_weights_unmake(kvd_tensor *t) {
+    if (!t) return;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), a = (size_t)(uintptr_t)t->data;
+    size_t b = a + (size_t)t->numel * sizeof(float);
+    a = (a + pg - 1) / pg * pg, b = (b + pg - 1) / pg * pg;
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
 }

@@ -53,6 +53,17 @@ typedef struct {
     const float *embed, *final_norm, *lm_head;
     kvd_layer_weights layers[KVD_MAX_LAYERS];
     const float **expert_ptrs; /* backing store of the per-layer expert arrays */
+    /* lazy weights (kvd_weights_lazy): every tensor's data is reserved
+     * address space with no memory behind it until make fills it, just
+     * before a device upload reads it (kvd_weights_make); the upload gives
+     * the pages back after (kvd_weights_unmake). A model too large for host
+     * memory in FP32 needs only its largest tensor's. Only the device back
+     * end takes them. */
+    int (*make)(void *ctx, const kvd_config *cfg, kvd_tensor *t, char *err);
+    void *make_ctx;
+    void (*make_ctx_free)(void *ctx);
+    void *lazy_base;
+    size_t lazy_len;
 } kvd_weights;
 
 /* Allocate every tensor of cfg and fill it synthetically. */
@@ -65,6 +76,18 @@ void kvd_weights_bind(kvd_weights *w);
 /* Fill one planned tensor (its data allocated) as kvd_weights_synth does. */
 void kvd_weights_fill(kvd_tensor *t, const kvd_config *cfg, const kvd_synth *s);
 const kvd_tensor *kvd_weights_find(const kvd_weights *w, const char *name);
+
+/* Lazy weights of cfg made by make(ctx, ...) (ctx freed with ctx_free by
+ * kvd_weights_free); the synthetic ones as kvd_weights_synth makes them. */
+int kvd_weights_lazy(kvd_weights *w, const kvd_config *cfg,
+                     int (*make)(void *ctx, const kvd_config *cfg, kvd_tensor *t, char *err),
+                     void *ctx, void (*ctx_free)(void *ctx), char *err);
+int kvd_weights_lazy_synth(kvd_weights *w, const kvd_config *cfg, const kvd_synth *s, char *err);
+/* For lazy weights: the tensor whose data holds p, made (NULL: not lazy,
+ * or p in no tensor; -1 in *rc with err when making it failed); and its
+ * pages given back. */
+kvd_tensor *kvd_weights_make(const kvd_weights *w, const void *p, int *rc, char *err);
+void kvd_weights_unmake(kvd_tensor *t);
 
 /* Deterministic standard normal for (key, index): the counter-based generator. */
 float kvd_rng_normal(uint64_t key, uint64_t i);

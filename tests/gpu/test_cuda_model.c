@@ -33,14 +33,18 @@
  * Where the residual stream first departs is printed, layer by layer. A
  * branch of one sequence (fork) then decodes a step alone on both. Skips (77)
  * with the reason when no device is visible. */
+#define _DEFAULT_SOURCE /* mkdtemp */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../../kernels/cuda/cuda_kernels.h"
 #include "../../kernels/kernels.h"
+#include "../../runners/checkpoint.h"
 #include "../../runners/drift.h"
+#include "../../runners/export.h"
 #include "../../runners/engine.h"
 #include "../../runners/model.h"
 #include "../../runners/model_cuda.h"
@@ -370,7 +374,9 @@ out:
 }
 
 /* Weights made one tensor at a time just before their upload (the path for
- * presets too large for host memory): the same logits as uploaded whole. */
+ * presets too large for host memory, and for every model on the device back
+ * end): synthetic, and read from a checkpoint (the same weights exported),
+ * the same logits as uploaded whole. A CPU engine refuses lazy weights. */
 static void lazy_weights(void) {
     char err[KVD_ERR_LEN];
     kvd_config cfg;
@@ -387,24 +393,46 @@ static void lazy_weights(void) {
                      1, err);
     kvd_kvcache_init(&k2, KVD_KV_BF16, nf, cfg.num_key_value_heads, cfg.head_dim, 128, 1024, NULL,
                      1, err);
+    kvd_kvcache k3;
+    kvd_kvcache_init(&k3, KVD_KV_BF16, nf, cfg.num_key_value_heads, cfg.head_dim, 128, 1024, NULL,
+                     1, err);
+    char dir[] = "/tmp/kvd-lazy-XXXXXX";
+    kvd_weights lw = {0};
+    int have_dir = mkdtemp(dir) != NULL;
+    CHECK(have_dir && kvd_export(&w, dir, err) == 0 && kvd_weights_lazy_load(&lw, dir, err) == 0,
+          "lazy checkpoint weights: %s\n", have_dir ? err : "no temporary directory");
+    CHECK(lw.make && kvd_engine_cpu.create(&lw, &k3, 64, 1, 1, NULL, err) == NULL &&
+              strstr(err, "lazy"),
+          "a CPU engine over lazy weights: expected a refusal, got '%s'\n", err);
     kvd_cuda_model *a = kvd_cuda_model_new(&w, &k1, 64, 1, err);
     kvd_cuda_model *b = a ? kvd_cuda_model_new_synth(&cfg, &syn, &k2, 64, 1, 1, err) : NULL;
-    CHECK(a && b, "lazy weights: %s\n", err);
-    if (a && b) {
+    kvd_cuda_model *c = b && lw.make ? kvd_cuda_model_new(&lw, &k3, 64, 1, err) : NULL;
+    CHECK(a && b && c, "lazy weights: %s\n", err);
+    if (a && b && c) {
         int32_t tok[50];
         tokens(13, 50, V, tok);
-        int s1 = kvd_kvcache_add_seq(&k1), s2 = kvd_kvcache_add_seq(&k2), n = 50;
-        float *l1 = malloc(sizeof(float) * V), *l2 = malloc(sizeof(float) * V);
-        kvd_batch b1 = {1, &s1, &n, tok}, b2 = {1, &s2, &n, tok};
+        int s1 = kvd_kvcache_add_seq(&k1), s2 = kvd_kvcache_add_seq(&k2),
+            s3 = kvd_kvcache_add_seq(&k3), n = 50;
+        float *l1 = malloc(sizeof(float) * V), *l2 = malloc(sizeof(float) * V),
+              *l3 = malloc(sizeof(float) * V);
+        kvd_batch b1 = {1, &s1, &n, tok}, b2 = {1, &s2, &n, tok}, b3 = {1, &s3, &n, tok};
         CHECK(kvd_cuda_forward(a, &k1, &b1, l1, 1, err) == 0 &&
-                  kvd_cuda_forward(b, &k2, &b2, l2, 1, err) == 0,
+                  kvd_cuda_forward(b, &k2, &b2, l2, 1, err) == 0 &&
+                  kvd_cuda_forward(c, &k3, &b3, l3, 1, err) == 0,
               "lazy weights forward: %s\n", err);
-        CHECK(!memcmp(l1, l2, sizeof(float) * V), "lazy weights: logits differ\n");
-        free(l1), free(l2);
+        CHECK(!memcmp(l1, l2, sizeof(float) * V), "lazy synthetic weights: logits differ\n");
+        CHECK(!memcmp(l1, l3, sizeof(float) * V), "lazy checkpoint weights: logits differ\n");
+        free(l1), free(l2), free(l3);
     }
-    kvd_cuda_model_free(a), kvd_cuda_model_free(b);
-    kvd_kvcache_free(&k1), kvd_kvcache_free(&k2);
-    kvd_weights_free(&w);
+    kvd_cuda_model_free(a), kvd_cuda_model_free(b), kvd_cuda_model_free(c);
+    kvd_kvcache_free(&k1), kvd_kvcache_free(&k2), kvd_kvcache_free(&k3);
+    kvd_weights_free(&w), kvd_weights_free(&lw);
+    if (have_dir) {
+        char p[64];
+        snprintf(p, sizeof p, "%s/config.json", dir), remove(p);
+        snprintf(p, sizeof p, "%s/model.safetensors", dir), remove(p);
+        rmdir(dir);
+    }
 }
 
 /* ---- drift figures: kvd_drift_run on the device against the CPU ----
