@@ -129,8 +129,17 @@ static void plan(reg *r, const kvd_config *c) {
 }
 
 const kvd_tensor *kvd_weights_find(const kvd_weights *w, const char *name) {
-    for (int i = 0; i < w->n_tensors; i++)
-        if (strcmp(w->tensors[i].name, name) == 0) return &w->tensors[i];
+    /* binary search over the name order made with the plan: binding a
+     * 512-expert model looks up ~10^5 names */
+    int lo = 0, hi = w->n_tensors - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, d = strcmp(w->by_name[mid]->name, name);
+        if (!d) return w->by_name[mid];
+        if (d < 0)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
     return NULL;
 }
 
@@ -332,6 +341,10 @@ void kvd_weights_fill(kvd_tensor *t, const kvd_config *cfg, const kvd_synth *s) 
     fill(t, cfg, s);
 }
 
+static int cmp_name(const void *a, const void *b) {
+    return strcmp((*(kvd_tensor *const *)a)->name, (*(kvd_tensor *const *)b)->name);
+}
+
 int kvd_weights_plan(kvd_weights *w, const kvd_config *cfg, char *err) {
     memset(w, 0, sizeof *w);
     if (kvd_config_validate(cfg, err)) return -1;
@@ -340,6 +353,14 @@ int kvd_weights_plan(kvd_weights *w, const kvd_config *cfg, char *err) {
     plan(&r, cfg);
     w->tensors = r.t;
     w->n_tensors = r.n;
+    w->by_name = malloc(sizeof *w->by_name * (size_t)(r.n ? r.n : 1));
+    if (!w->by_name) {
+        snprintf(err, KVD_ERR_LEN, "weights: out of memory");
+        kvd_weights_free(w);
+        return -1;
+    }
+    for (int i = 0; i < r.n; i++) w->by_name[i] = &w->tensors[i];
+    qsort(w->by_name, (size_t)r.n, sizeof *w->by_name, cmp_name);
     return 0;
 }
 
@@ -368,6 +389,7 @@ void kvd_weights_free(kvd_weights *w) {
     if (w->make_ctx_free) w->make_ctx_free(w->make_ctx);
     for (int i = 0; i < w->n_tensors; i++) free(w->tensors[i].data);
     free(w->tensors);
+    free(w->by_name);
     free(w->expert_ptrs);
     memset(w, 0, sizeof *w);
 }

@@ -50,6 +50,7 @@ typedef struct {
     kvd_config cfg;
     int n_tensors;
     kvd_tensor *tensors;
+    kvd_tensor **by_name; /* the tensors in name order, for kvd_weights_find */
     const float *embed, *final_norm, *lm_head;
     kvd_layer_weights layers[KVD_MAX_LAYERS];
     const float **expert_ptrs; /* backing store of the per-layer expert arrays */
