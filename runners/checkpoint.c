@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../kernels/fp8.h"
 #include "fileio.h"
 #include "st_reader.h"
 
@@ -54,7 +55,76 @@ typedef struct {
     src_kind kind;
     const kvd_st_tensor *s[2];
     int64_t first; /* SRC_EXPERT: the slice's first value */
+    /* FP8 parts: the scale tensor and the rows x columns each value covers */
+    const kvd_st_tensor *scale[2];
+    int64_t br[2], bc[2];
 } source;
+
+static int is_fp8(const kvd_st_tensor *s) {
+    return s->dtype == KVD_ST_F8_E4M3 || s->dtype == KVD_ST_F8_E5M2;
+}
+
+/* A part's values must be usable: a float dtype, or FP8 with its scale.
+ * FP8 weights (Qwen's and DeepSeek's block-quantized checkpoints, ModelOpt,
+ * compressed-tensors) are dequantized on load, code * scale in FP32, the
+ * scale their companion NAME_scale_inv (block FP8) or NAME_scale: one value
+ * (per tensor), one per row (per output channel), or one per block of
+ * weight_block rows x columns (128 x 128 unless the config says). */
+static int check_part(const kvd_checkpoint *c, const kvd_config *cfg, source *src, int k,
+                      char *err) {
+    const kvd_st_tensor *s = src->s[k];
+    if (!is_fp8(s)) {
+        float none;
+        if (kvd_st_range_to_f32(s, 0, 0, &none, err)) {
+            kvd_err_prefix(err, c->files[s->file].path);
+            return -1;
+        }
+        return 0;
+    }
+    char name[200];
+    const kvd_st_tensor *sc = NULL;
+    for (int v = 0; v < 2 && !sc; v++) {
+        snprintf(name, sizeof name, "%s%s", s->name, v ? "_scale" : "_scale_inv");
+        sc = kvd_checkpoint_find(c, name);
+    }
+    if (!sc || s->ndim != 2 || src->kind == SRC_EXPERT) {
+        snprintf(err, KVD_ERR_LEN,
+                 "%s: tensor %s is %s %s: FP8 weights are read as 2-D matrices with a "
+                 "%s_scale_inv or %s_scale beside them",
+                 c->files[s->file].path, s->name, kvd_st_dtype_name(s->dtype),
+                 !sc ? "without its scale" : "and not a 2-D matrix", s->name, s->name);
+        return -1;
+    }
+    const int64_t R = s->shape[0], C = s->shape[1];
+    const int64_t b0 = cfg->weight_block[0] > 0 ? cfg->weight_block[0] : 128,
+                  b1 = cfg->weight_block[1] > 0 ? cfg->weight_block[1] : 128;
+    if (sc->numel == 1) {
+        src->br[k] = R, src->bc[k] = C; /* per tensor */
+    } else if ((sc->ndim == 1 && sc->shape[0] == R) ||
+               (sc->ndim == 2 && sc->shape[0] == R && sc->shape[1] == 1)) {
+        src->br[k] = 1, src->bc[k] = C; /* per row */
+    } else if (sc->ndim == 2 && sc->shape[0] == (R + b0 - 1) / b0 &&
+               sc->shape[1] == (C + b1 - 1) / b1) {
+        src->br[k] = b0, src->bc[k] = b1; /* per block */
+    } else {
+        char got[96];
+        shape_str(got, sizeof got, sc->ndim, sc->shape);
+        snprintf(err, KVD_ERR_LEN,
+                 "%s: tensor %s: shape %s, expected 1 value, %lld (one per row) or [%lld, %lld] "
+                 "(one per %lld x %lld block) for the FP8 %s",
+                 c->files[sc->file].path, sc->name, got, (long long)R,
+                 (long long)((R + b0 - 1) / b0), (long long)((C + b1 - 1) / b1), (long long)b0,
+                 (long long)b1, s->name);
+        return -1;
+    }
+    float none;
+    if (kvd_st_range_to_f32(sc, 0, 0, &none, err)) {
+        kvd_err_prefix(err, c->files[sc->file].path);
+        return -1;
+    }
+    src->scale[k] = sc;
+    return 0;
+}
 
 static int bad_shape(const kvd_checkpoint *c, char *err, const kvd_st_tensor *s, const char *want) {
     char got[96];
@@ -74,7 +144,7 @@ static int find_source(const kvd_checkpoint *c, const kvd_config *cfg, const kvd
                        source *src, char *err) {
     memset(src, 0, sizeof *src);
     if ((src->s[0] = find_named(c, t->name))) {
-        if (same_shape(t, src->s[0])) return 0;
+        if (same_shape(t, src->s[0])) return check_part(c, cfg, src, 0, err);
         char want[96];
         shape_str(want, sizeof want, t->ndim, t->shape);
         return bad_shape(c, err, src->s[0], want);
@@ -103,7 +173,7 @@ static int find_source(const kvd_checkpoint *c, const kvd_config *cfg, const kvd
         src->kind = SRC_EXPERT;
         src->s[0] = s;
         src->first = (int64_t)e * r1 * cols + (up ? rows * cols : 0);
-        return 0;
+        return check_part(c, cfg, src, 0, err);
     }
     int qkvz = 0, ba = 0, n = 0;
     if (sscanf(t->name, "model.layers.%d.linear_attn.in_proj_%31[a-z].weight%n", &layer, which,
@@ -146,13 +216,35 @@ static int find_source(const kvd_checkpoint *c, const kvd_config *cfg, const kvd
         }
     }
     src->kind = qkvz ? SRC_QKVZ : SRC_BA;
+    for (int k = 0; k < 2; k++)
+        if (check_part(c, cfg, src, k, err)) return -1;
     return 0;
 }
 
-/* rows [r0, r0 + n) of a [*, H] tensor into out */
-static int rows_f32(const kvd_st_tensor *s, int64_t r0, int64_t n, int64_t H, float *out,
-                    char *err) {
-    return kvd_st_range_to_f32(s, r0 * H, n * H, out, err);
+/* rows [r0, r0 + n) of part k (a [rows, ...] tensor) into out, FP8 ones
+ * dequantized */
+static int part_rows(const source *src, int k, int64_t r0, int64_t n, float *out, char *err) {
+    const kvd_st_tensor *s = src->s[k];
+    const int64_t C = s->shape[0] > 0 ? s->numel / s->shape[0] : 0;
+    if (!src->scale[k]) return kvd_st_range_to_f32(s, r0 * C, n * C, out, err);
+    const kvd_st_tensor *sc = src->scale[k];
+    float *sv = malloc(sizeof(float) * (size_t)sc->numel);
+    if (!sv || kvd_st_to_f32(sc, sv, err)) {
+        if (!sv) snprintf(err, KVD_ERR_LEN, "%s: out of memory", sc->name);
+        free(sv);
+        return -1;
+    }
+    const int64_t br = src->br[k], bc = src->bc[k], nbc = (C + bc - 1) / bc;
+    const int e5m2 = s->dtype == KVD_ST_F8_E5M2;
+    for (int64_t r = r0; r < r0 + n; r++) {
+        const uint8_t *code = s->data + r * C;
+        const float *row_sc = sv + (r / br) * nbc;
+        float *o = out + (r - r0) * C;
+        for (int64_t j = 0; j < C; j++)
+            o[j] = (e5m2 ? kvd_e5m2_to_f32(code[j]) : kvd_e4m3_to_f32(code[j])) * row_sc[j / bc];
+    }
+    free(sv);
+    return 0;
 }
 
 static int fill(const source *src, const kvd_config *cfg, const kvd_tensor *t, char *err) {
@@ -162,23 +254,23 @@ static int fill(const source *src, const kvd_config *cfg, const kvd_tensor *t, c
                   r = cfg->linear_num_value_heads / cfg->linear_num_key_heads;
     switch (src->kind) {
     case SRC_WHOLE:
-        return kvd_st_to_f32(src->s[0], out, err);
+        return part_rows(src, 0, 0, src->s[0]->ndim ? src->s[0]->shape[0] : 1, out, err);
     case SRC_EXPERT:
         return kvd_st_range_to_f32(src->s[0], src->first, t->numel, out, err);
     case SRC_QKVZ: /* per key head g: q_g, k_g, then its value heads' v and z */
         for (int64_t g = 0; g < nk; g++) {
-            if (rows_f32(src->s[0], g * dk, dk, H, out, err) ||
-                rows_f32(src->s[0], nk * dk + g * dk, dk, H, out + dk * H, err) ||
-                rows_f32(src->s[0], 2 * nk * dk + g * r * dv, r * dv, H, out + 2 * dk * H, err) ||
-                rows_f32(src->s[1], g * r * dv, r * dv, H, out + (2 * dk + r * dv) * H, err))
+            if (part_rows(src, 0, g * dk, dk, out, err) ||
+                part_rows(src, 0, nk * dk + g * dk, dk, out + dk * H, err) ||
+                part_rows(src, 0, 2 * nk * dk + g * r * dv, r * dv, out + 2 * dk * H, err) ||
+                part_rows(src, 1, g * r * dv, r * dv, out + (2 * dk + r * dv) * H, err))
                 return -1;
             out += (2 * dk + 2 * r * dv) * H;
         }
         return 0;
     case SRC_BA: /* per key head g: its value heads' b, then their a */
         for (int64_t g = 0; g < nk; g++) {
-            if (rows_f32(src->s[0], g * r, r, H, out, err) ||
-                rows_f32(src->s[1], g * r, r, H, out + r * H, err))
+            if (part_rows(src, 0, g * r, r, out, err) ||
+                part_rows(src, 1, g * r, r, out + r * H, err))
                 return -1;
             out += 2 * r * H;
         }
@@ -279,14 +371,6 @@ int kvd_weights_lazy_load(kvd_weights *w, const char *dir, char *err) {
     /* every tensor there, of a usable dtype, before any upload starts */
     for (int i = 0; i < w->n_tensors; i++) {
         int found = find_source(&l->c, &cfg, &w->tensors[i], &l->src[i], err);
-        for (int k = 0; !found && k < 2; k++) {
-            const kvd_st_tensor *s = l->src[i].s[k];
-            float one;
-            if (s && kvd_st_range_to_f32(s, 0, s->numel ? 1 : 0, &one, err)) {
-                kvd_err_prefix(err, l->c.files[s->file].path);
-                found = -1;
-            }
-        }
         if (found) {
             if (found > 0) kvd_err_prefix(err, dir);
             kvd_weights_free(w);
@@ -422,6 +506,12 @@ int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err) {
     for (int i = 0; i < c.n; i++) {
         const kvd_st_tensor *t = &c.t[i];
         int is_weight = strstr(t->name, ".weight") != NULL;
+        /* FP8 weights are dequantized on load when their scales are there
+         * (the check over the plan below says whether they are) */
+        if (is_weight && is_fp8(t)) {
+            a->fp8_weights++;
+            continue;
+        }
         if (is_weight && t->dtype != KVD_ST_BF16 && t->dtype != KVD_ST_F16 &&
             t->dtype != KVD_ST_F32) {
             if (a->weights_loadable)

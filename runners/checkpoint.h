@@ -32,8 +32,11 @@ typedef struct {
     int scales_per_head;
     int missing_layers[KVD_MAX_LAYERS]; /* indices (model layer numbers) without scales */
     int n_missing;
-    int weights_loadable;           /* every tensor the config asks for is there, in BF16/F16/F32 */
-    char unloadable[160];           /* the first weight tensor that is quantized, if any */
+    /* every tensor the config asks for is there, in BF16/F16/F32 or in FP8
+     * with its scales */
+    int weights_loadable;
+    int fp8_weights;      /* weight tensors stored in FP8 */
+    char unloadable[160]; /* the first weight tensor quantized otherwise (NVFP4, int), if any */
     char load_problem[KVD_ERR_LEN]; /* else why --model-dir cannot load it (a tensor the
                                        config asks for is missing, or of another shape) */
 } kvd_audit;

@@ -343,6 +343,23 @@ int kvd_config_load(const char *path, kvd_config *c, char *err) {
     if (o != root && get_bool(o, path, "tie_word_embeddings", &c->tie_word_embeddings, err))
         goto out;
     if (mlp_only_layers(o, path, c, err)) goto out;
+    /* block-quantized FP8 weights (Qwen's and DeepSeek's FP8 checkpoints) */
+    json_t *qc = json_object_get(root, "quantization_config");
+    if (!json_is_object(qc) && o != root) qc = json_object_get(o, "quantization_config");
+    json_t *wb = json_object_get(qc, "weight_block_size");
+    if (wb && !json_is_null(wb)) {
+        json_int_t b0 = json_integer_value(json_array_get(wb, 0)),
+                   b1 = json_integer_value(json_array_get(wb, 1));
+        if (!json_is_array(wb) || json_array_size(wb) != 2 || b0 <= 0 || b1 <= 0 || b0 > 65536 ||
+            b1 > 65536) {
+            snprintf(err, KVD_ERR_LEN,
+                     "%s: field 'quantization_config.weight_block_size': expected [rows, "
+                     "columns], two positive integers",
+                     path);
+            goto out;
+        }
+        c->weight_block[0] = (int)b0, c->weight_block[1] = (int)b1;
+    }
     /* newer transformers keep RoPE settings in rope_parameters */
     json_t *rp = json_object_get(o, "rope_parameters");
     if (json_is_object(rp)) {

@@ -40,6 +40,9 @@ typedef struct {
     int tie_word_embeddings; /* the output projection is the embedding's */
     double rms_norm_eps;
     int max_position_embeddings;
+    /* FP8 weights' scale blocks (quantization_config.weight_block_size;
+     * 0: none given, 128 x 128 assumed where block scales are found) */
+    int weight_block[2];
     /* how this preset differs from the published model, for the reader */
     char note[256];
 } kvd_config;

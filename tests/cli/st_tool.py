@@ -84,11 +84,13 @@ def main():
             if b[1] - b[0] <= a[1] - a[0]:
                 h[names[1]]["data_offsets"] = [a[0], a[0] + (b[1] - b[0])]
         write(sys.argv[2], t, patch)
-    elif cmd == "fp8-weight":  # FILE NAME: re-type one weight as F8_E4M3 (half the bytes)
+    elif cmd == "fp8-weight":  # FILE NAME [DTYPE]: re-type one weight as F8_E4M3 (or DTYPE), half the bytes
         t = read(sys.argv[2])
         dt, shape, data = t[sys.argv[3]]
-        t[sys.argv[3]] = ("F8_E4M3", shape, data[: len(data) // 2])
+        t[sys.argv[3]] = (sys.argv[4] if len(sys.argv) > 4 else "F8_E4M3", shape, data[: len(data) // 2])
         write(sys.argv[2], t)
+    elif cmd == "fp8-quantize":  # DIR MODE REF_DIR: FP8 weights with scales, and their values in F32
+        fp8_quantize(sys.argv[2], sys.argv[3], sys.argv[4])
     elif cmd == "retype":  # FILE F32|F16: every BF16 tensor re-stored in another float dtype
         t = read(sys.argv[2])
         to = sys.argv[3]
@@ -129,6 +131,80 @@ def main():
         edit_config(sys.argv[2], lambda c: c.update({sys.argv[3]: json.loads(sys.argv[4])}))
     else:
         raise SystemExit(f"unknown command {cmd}")
+
+
+def fp8_quantize(d, mode, ref):
+    """Quantize every projection of checkpoint d (not the embeddings, the
+    output or the routers) to E4M3 in place, as FP8
+    checkpoints store them: mode "block64" (NAME_scale_inv, one scale per
+    64 x 64 block, quantization_config.weight_block_size), "channel"
+    (NAME_scale [rows, 1]) or "tensor" (NAME_scale, one value); scale =
+    absmax / 448 of what it covers. Write to ref the same checkpoint with the
+    dequantized values (code * scale, in float32) as F32 tensors, in one
+    file. A sharded checkpoint keeps each scale in its weight's shard."""
+    import os
+    import shutil
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+    from qwen3next_ref import e4m3_decode, e4m3_encode
+    index = f"{d}/model.safetensors.index.json"
+    ix = json.load(open(index)) if os.path.exists(index) else None
+    files = sorted(set(ix["weight_map"].values())) if ix else ["model.safetensors"]
+    deq = {}
+    for f in files:
+        t = read(f"{d}/{f}")
+        out = quantize_file(t, mode, deq, e4m3_encode, e4m3_decode)
+        write(f"{d}/{f}", out)
+        if ix:
+            ix["weight_map"].update({n: f for n in out})
+    if ix:
+        json.dump(ix, open(index, "w"))
+    qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
+    if mode == "block64":
+        qc["weight_block_size"] = [64, 64]
+    edit_config(d, lambda c: c.update(quantization_config=qc))
+    os.makedirs(ref, exist_ok=True)
+    write(f"{ref}/model.safetensors", deq)
+    shutil.copy(f"{d}/config.json", f"{ref}/config.json")
+    edit_config(ref, lambda c: c.pop("quantization_config"))
+
+
+def quantize_file(t, mode, deq, e4m3_encode, e4m3_decode):
+    out = {}
+    for name, (dt, shape, data) in t.items():
+        out[name] = deq[name] = (dt, shape, data)
+        # every 2-D projection; the embeddings, the output and the routers
+        # stay as they are, as in FP8 checkpoints
+        if (len(shape) != 2 or not name.endswith(".weight") or "embed_tokens" in name or
+                name.startswith("lm_head") or name.endswith("mlp.gate.weight") or
+                name.endswith("shared_expert_gate.weight") or "visual" in name or name.startswith("mtp")):
+            continue
+        w = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view("<f4").reshape(shape)
+        R, C = shape
+        if mode == "block64":
+            B = 64
+            sc = np.ones(((R + B - 1) // B, (C + B - 1) // B), dtype=np.float32)
+            for i in range(sc.shape[0]):
+                for j in range(sc.shape[1]):
+                    m = np.abs(w[i * B:(i + 1) * B, j * B:(j + 1) * B]).max()
+                    sc[i, j] = m / np.float32(448) if m > 0 else 1
+            full = np.repeat(np.repeat(sc, B, 0), B, 1)[:R, :C]
+            sname = name + "_scale_inv"
+        elif mode == "channel":
+            m = np.abs(w).max(1, keepdims=True)
+            sc = np.where(m > 0, m / np.float32(448), 1).astype(np.float32)
+            full = np.broadcast_to(sc, (R, C))
+            sname = name + "_scale"
+        else:
+            m = np.abs(w).max()
+            sc = np.array(m / np.float32(448) if m > 0 else 1, dtype=np.float32)
+            full = np.broadcast_to(sc, (R, C))
+            sname = name + "_scale"
+        codes = e4m3_encode(np.divide(w, full, dtype=np.float32))
+        vals = e4m3_decode(codes).astype(np.float32) * full.astype(np.float32)
+        out[name] = ("F8_E4M3", shape, codes.tobytes())
+        out[sname] = ("F32", list(sc.shape), sc.tobytes())
+        deq[name] = ("F32", shape, vals.astype("<f4").tobytes())
+    return out
 
 
 def edit_config(d, change):

@@ -167,8 +167,38 @@ printf '\x10\x00\x00\x00\x00\x00\x00\x00{"a": [1, 2, 3]}' >"$work/cut/model.safe
 expect 2 "model.safetensors: tensor a: expected a shape|unknown dtype" -- forward --model-dir "$work/cut" --tokens 8
 cp -r "$work/ck" "$work/fp8w"
 st fp8-weight "$work/fp8w/model.safetensors" model.layers.0.linear_attn.out_proj.weight
-expect 2 "model.layers.0.linear_attn.out_proj.weight is F8_E4M3: quantized .* not loaded for compute" -- forward --model-dir "$work/fp8w" --tokens 8
-expect 0 "weights: quantized; not loadable" -- audit "$work/fp8w"
+expect 2 "model.layers.0.linear_attn.out_proj.weight is F8_E4M3 without its scale: FP8 weights are read as 2-D matrices with a .*out_proj.weight_scale_inv or .*out_proj.weight_scale beside them" -- forward --model-dir "$work/fp8w" --tokens 8
+expect 0 "weights: not loadable with --model-dir: .*out_proj.weight is F8_E4M3 without its scale" -- audit "$work/fp8w"
+cp -r "$work/ck" "$work/u8w"
+st fp8-weight "$work/u8w/model.safetensors" model.layers.0.linear_attn.out_proj.weight U8
+expect 2 "model.layers.0.linear_attn.out_proj.weight is U8: quantized .* not loaded for compute" -- forward --model-dir "$work/u8w" --tokens 8
+expect 0 "weights: quantized; not loadable for compute: first such tensor" -- audit "$work/u8w"
+# FP8 weights with their scales (per 64 x 64 block as quantization_config
+# says, per row, per tensor) are dequantized on load: the logits equal, bit
+# for bit, those of the same checkpoint holding the dequantized values in F32
+for mode in block64 channel tensor; do
+  cp -r "$work/ck" "$work/fp8-$mode"
+  st fp8-quantize "$work/fp8-$mode" $mode "$work/fp8-$mode-ref"
+  "$bin" forward --model-dir "$work/fp8-$mode" --tokens 64 --kv bf16,fp8-unscaled --dump "$work/fp8d" >/dev/null 2>"$work/err" &&
+    "$bin" forward --model-dir "$work/fp8-$mode-ref" --tokens 64 --kv bf16,fp8-unscaled --dump "$work/fp8r" >/dev/null 2>>"$work/err" &&
+    cmp -s "$work/fp8d/bf16/logits.f32" "$work/fp8r/bf16/logits.f32" &&
+    cmp -s "$work/fp8d/fp8-unscaled/logits.f32" "$work/fp8r/fp8-unscaled/logits.f32" &&
+    ! cmp -s "$work/fp8d/bf16/logits.f32" "$work/real/bf16/logits.f32" && ok ||
+    bad "FP8 weights ($mode): logits differ from the dequantized checkpoint's: $(cat "$work/err")"
+  expect 0 "weights: [0-9]+ FP8 tensors with their scales \(dequantized to FP32 on load\)" -- audit "$work/fp8-$mode"
+done
+# the same in Qwen3.5's layout: the split Gated DeltaNet projections are
+# dequantized part by part, row ranges across block boundaries
+cp -r "$work/q35" "$work/fp8-q35"
+st fp8-quantize "$work/fp8-q35" block64 "$work/fp8-q35-ref"
+"$bin" forward --model-dir "$work/fp8-q35" --tokens 64 --kv bf16 --dump "$work/fp8d" >/dev/null 2>"$work/err" &&
+  "$bin" forward --model-dir "$work/fp8-q35-ref" --tokens 64 --kv bf16 --dump "$work/fp8r" >/dev/null 2>>"$work/err" &&
+  cmp -s "$work/fp8d/bf16/logits.f32" "$work/fp8r/bf16/logits.f32" && ok ||
+  bad "FP8 weights in Qwen3.5's layout: logits differ from the dequantized checkpoint's: $(cat "$work/err")"
+# a block scale of the wrong shape is refused, naming what was expected
+cp -r "$work/fp8-block64" "$work/fp8-badblock"
+st config "$work/fp8-badblock" quantization_config '{"quant_method": "fp8", "weight_block_size": [32, 32]}'
+expect 2 "tensor model.layers.0.linear_attn.in_proj_qkvz.weight_scale_inv: shape \[6, 2\], expected 1 value, 384 \(one per row\) or \[12, 4\] \(one per 32 x 32 block\) for the FP8 model.layers.0.linear_attn.in_proj_qkvz.weight" -- forward --model-dir "$work/fp8-badblock" --tokens 8
 expect 2 "kv fp8-ckpt: expected --model-dir" -- forward --model tiny --tokens 8 --kv fp8-ckpt
 expect 2 "nowhere/config.json: cannot open" -- forward --model-dir "$work/nowhere" --tokens 8
 
