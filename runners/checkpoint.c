@@ -70,17 +70,18 @@ static int is_fp8(const kvd_st_tensor *s) {
  * scale their companion NAME_scale_inv (block FP8) or NAME_scale: one value
  * (per tensor), one per row (per output channel), or one per block of
  * weight_block rows x columns (128 x 128 unless the config says). */
+/* whether s's dtype converts to FP32 (no value is read); err names it if not */
+static int check_dtype(const kvd_checkpoint *c, const kvd_st_tensor *s, char *err) {
+    float none;
+    if (kvd_st_range_to_f32(s, 0, 0, &none, err) == 0) return 0;
+    kvd_err_prefix(err, c->files[s->file].path);
+    return -1;
+}
+
 static int check_part(const kvd_checkpoint *c, const kvd_config *cfg, source *src, int k,
                       char *err) {
     const kvd_st_tensor *s = src->s[k];
-    if (!is_fp8(s)) {
-        float none;
-        if (kvd_st_range_to_f32(s, 0, 0, &none, err)) {
-            kvd_err_prefix(err, c->files[s->file].path);
-            return -1;
-        }
-        return 0;
-    }
+    if (!is_fp8(s)) return check_dtype(c, s, err);
     char name[200];
     const kvd_st_tensor *sc = NULL;
     for (int v = 0; v < 2 && !sc; v++) {
@@ -117,11 +118,7 @@ static int check_part(const kvd_checkpoint *c, const kvd_config *cfg, source *sr
                  (long long)b1, s->name);
         return -1;
     }
-    float none;
-    if (kvd_st_range_to_f32(sc, 0, 0, &none, err)) {
-        kvd_err_prefix(err, c->files[sc->file].path);
-        return -1;
-    }
+    if (check_dtype(c, sc, err)) return -1;
     src->scale[k] = sc;
     return 0;
 }
@@ -235,13 +232,15 @@ static int part_rows(const source *src, int k, int64_t r0, int64_t n, float *out
         return -1;
     }
     const int64_t br = src->br[k], bc = src->bc[k], nbc = (C + bc - 1) / bc;
-    const int e5m2 = s->dtype == KVD_ST_F8_E5M2;
+    float lut[256]; /* the format's 256 codes */
+    for (int v = 0; v < 256; v++)
+        lut[v] =
+            s->dtype == KVD_ST_F8_E5M2 ? kvd_e5m2_to_f32((uint8_t)v) : kvd_e4m3_to_f32((uint8_t)v);
     for (int64_t r = r0; r < r0 + n; r++) {
         const uint8_t *code = s->data + r * C;
         const float *row_sc = sv + (r / br) * nbc;
         float *o = out + (r - r0) * C;
-        for (int64_t j = 0; j < C; j++)
-            o[j] = (e5m2 ? kvd_e5m2_to_f32(code[j]) : kvd_e4m3_to_f32(code[j])) * row_sc[j / bc];
+        for (int64_t j = 0; j < C; j++) o[j] = lut[code[j]] * row_sc[j / bc];
     }
     free(sv);
     return 0;

@@ -236,7 +236,7 @@ static int family_defaults(json_t *root, json_t *o, const char *path, kvd_config
 
 /* What kvdrift's model does not compute: refused by name rather than run as
  * something else. */
-static int check_unsupported(json_t *root, json_t *o, const char *path, char *err) {
+static int check_unsupported(json_t *o, const char *path, char *err) {
     json_t *v = json_object_get(o, "attention_bias");
     if (json_is_true(v)) {
         snprintf(err, KVD_ERR_LEN,
@@ -262,7 +262,6 @@ static int check_unsupported(json_t *root, json_t *o, const char *path, char *er
                  path, rt);
         return -1;
     }
-    (void)root;
     return 0;
 }
 
@@ -306,7 +305,7 @@ int kvd_config_load(const char *path, kvd_config *c, char *err) {
 
     hf_defaults(c);
     if (family_defaults(root, o, path, c, err)) goto out;
-    if (check_unsupported(root, o, path, err)) goto out;
+    if (check_unsupported(o, path, err)) goto out;
     const char *base = strrchr(path, '/');
     snprintf(c->name, sizeof c->name, "%s", base ? base + 1 : path);
     struct {
