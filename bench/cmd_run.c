@@ -766,9 +766,13 @@ out:
  * drift, the attention drift and the decode speed at each concurrency. */
 static void print_summary(const kvd_results *r, const run_opts *o) {
     const kvd_table *sm = &r->t[KVD_T_SUMMARY], *at = &r->t[KVD_T_ATTN], *tp = &r->t[KVD_T_TPUT];
-    printf("\n%-13s %8s %11s %11s %10s %11s %11s", "kv_mode", "context", "kl_mean", "kl_p99",
-           "same_top", "ln_ppl_rat", "attn_kl");
-    for (int k = 0; k < o->n_conc; k++) printf("  dec_tok_s@%-3d", o->conc[k]);
+    /* the columns of the cells this run measured */
+    const int drift = o->cells & 1, nc = o->cells & 2 ? o->n_conc : 0;
+    printf("\n%-13s %8s", "kv_mode", "context");
+    if (drift)
+        printf(" %11s %11s %10s %11s %11s", "kl_mean", "kl_p99", "same_top", "ln_ppl_rat",
+               "attn_kl");
+    for (int k = 0; k < nc; k++) printf("  dec_tok_s@%-3d", o->conc[k]);
     printf("\n");
     for (int ci = 0; ci < o->n_ctx; ci++)
         for (int mi = 0; mi < o->n_modes; mi++) {
@@ -792,9 +796,11 @@ static void print_summary(const kvd_results *r, const run_opts *o) {
                     !strcmp(x->metric, "kl"))
                     num += x->mean * x->n, den += x->n;
             }
-            printf("%-13s %8lld %11.3e %11.3e %10.4f %11.3e %11.3e", mode, (long long)o->ctx[ci],
-                   v[0], v[1], v[2], v[3], den > 0 ? num / den : NAN);
-            for (int k = 0; k < o->n_conc; k++) {
+            printf("%-13s %8lld", mode, (long long)o->ctx[ci]);
+            if (drift)
+                printf(" %11.3e %11.3e %10.4f %11.3e %11.3e", v[0], v[1], v[2], v[3],
+                       den > 0 ? num / den : NAN);
+            for (int k = 0; k < nc; k++) {
                 double d = NAN;
                 for (int64_t i = 0; i < tp->n; i++) {
                     const kvd_row_tput *x =
@@ -807,10 +813,10 @@ static void print_summary(const kvd_results *r, const run_opts *o) {
             }
             printf("\n");
         }
-    printf(
-        "\nkl: KL(P_bf16 || P_mode) of the next token, nats; same_top: share of positions with "
-        "the BF16 argmax;\nln_ppl_rat: ln(PPL_mode / PPL_bf16); attn_kl: attention KL, propagated "
-        "view, mean over layers.\n");
+    if (drift)
+        printf("\nkl: KL(P_bf16 || P_mode) of the next token, nats; same_top: share of positions "
+               "with the BF16 argmax;\nln_ppl_rat: ln(PPL_mode / PPL_bf16); attn_kl: attention "
+               "KL, propagated view, mean over layers.\n");
 }
 
 static const char *const run_help =

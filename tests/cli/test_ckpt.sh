@@ -195,6 +195,25 @@ st fp8-quantize "$work/fp8-q35" block64 "$work/fp8-q35-ref"
   "$bin" forward --model-dir "$work/fp8-q35-ref" --tokens 64 --kv bf16 --dump "$work/fp8r" >/dev/null 2>>"$work/err" &&
   cmp -s "$work/fp8d/bf16/logits.f32" "$work/fp8r/bf16/logits.f32" && ok ||
   bad "FP8 weights in Qwen3.5's layout: logits differ from the dequantized checkpoint's: $(cat "$work/err")"
+# The whole story on an FP8 checkpoint (FP8 weights with block scales, ModelOpt
+# asks for an FP8 KV cache, no KV scales): audit --strict fails it, and a
+# sweep over it shows the cache an engine would use (fp8-ckpt: scale 1.0)
+# drifting further from BF16 than a calibrated one
+cp -r "$work/fp8-block64" "$work/story"
+cp "$work/noscale/hf_quant_config.json" "$work/story/"
+expect 1 "VERDICT: FP8 KV cache without scales" -- audit "$work/story" --strict
+expect 0 "FP8 tensors with their scales" -- audit "$work/story"
+"$bin" run --model-dir "$work/story" --kv bf16,fp8-ckpt,fp8-cal --context 512 --cells drift \
+  -o "$work/story.h5" >/dev/null 2>"$work/err" &&
+  "$py" -c "
+import h5py, sys
+s = h5py.File('$work/story.h5')['drift/summary'][:]
+kl = {m: float(s[(s['mode'] == m.encode()) & (s['subset'] == b'all') & (s['metric'] == b'kl_mean')]['value'][0])
+      for m in ('bf16', 'fp8-ckpt', 'fp8-cal')}
+print('story kl_mean', kl)
+sys.exit(0 if kl['bf16'] == 0 and kl['fp8-ckpt'] > 1.5 * kl['fp8-cal'] > 0 else 1)" >"$work/out" && ok ||
+  bad "FP8 checkpoint without KV scales: fp8-ckpt should drift more than fp8-cal: $(cat "$work/out" "$work/err")"
+
 # a block scale of the wrong shape is refused, naming what was expected
 cp -r "$work/fp8-block64" "$work/fp8-badblock"
 st config "$work/fp8-badblock" quantization_config '{"quant_method": "fp8", "weight_block_size": [32, 32]}'
