@@ -12,7 +12,8 @@ share of positions whose routed expert set differs from BF16's) and
 /drift/attention (per full-attention layer at the sampled positions: every
 16th and each copy's first token; KL(P_ref || P_test) of the attention
 distribution averaged over heads, agreement of the most-attended position,
-relative L2 error of the attention output before the gate; the isolated view
+relative L2 error of the attention output before the gate, and per KV head
+the KL of its query heads (the sweep runs with --attn-per-head); the isolated view
 is the reference's query over the reference's K and V through the mode's
 codec, the propagated view the mode's own run against the reference's).
 
@@ -83,17 +84,19 @@ def attention(q, kq, vq):
     return p, np.einsum("htu,uhd->thd", p, vr)
 
 
-def att_figures(p_ref, o_ref, p_test, o_test, pos):
-    """Per sampled position: mean over heads of KL (each clamped at 0),
-    share of heads whose argmax agrees, output relative L2 over all heads."""
+def att_figures(p_ref, o_ref, p_test, o_test, pos, kv_heads):
+    """Per sampled position: mean over heads of KL (each clamped at 0), and
+    per KV head over its query heads; share of heads whose argmax agrees;
+    output relative L2 over all heads."""
     pr, pt = p_ref[:, pos], p_test[:, pos]  # [heads, n, T]
     with np.errstate(divide="ignore", invalid="ignore"):
-        kl = np.where(pr > 0, pr * (np.log(pr) - np.log(pt)), 0).sum(-1)
-    kl = np.maximum(kl, 0).mean(0)
+        kl_h = np.maximum(np.where(pr > 0, pr * (np.log(pr) - np.log(pt)), 0).sum(-1), 0)
+    kl = kl_h.mean(0)
+    kl_kvh = kl_h.reshape(kv_heads, -1, len(pos)).mean(1)  # [kv_heads, n]
     agree = (pr.argmax(-1) == pt.argmax(-1)).mean(0)
     d = (o_test[pos] - o_ref[pos]).reshape(len(pos), -1)
     rel = np.linalg.norm(d, axis=-1) / np.linalg.norm(o_ref[pos].reshape(len(pos), -1), axis=-1)
-    return {"kl": kl, "argmax_agree": agree, "out_rel_l2": rel}
+    return {"kl": kl, "argmax_agree": agree, "out_rel_l2": rel, "kl_kvh": kl_kvh}
 
 
 def file_mean(rows):
@@ -169,8 +172,9 @@ def main():
             iso_k = store(rec_ref["attn"][al]["k"], "fp8", sc[0])[0]
             iso_v = store(rec_ref["attn"][al]["v"], "fp8", sc[1])[0]
             p_ref, o_ref = ref_att[al]
-            views = {"isolated": att_figures(p_ref, o_ref, *attention(rec_ref["attn"][al]["q"], iso_k, iso_v), sampled),
-                     "propagated": att_figures(p_ref, o_ref, *attention(a["q"], a["kq"], a["vq"]), sampled)}
+            views = {"isolated": att_figures(p_ref, o_ref, *attention(rec_ref["attn"][al]["q"], iso_k, iso_v),
+                                             sampled, kvh),
+                     "propagated": att_figures(p_ref, o_ref, *attention(a["q"], a["kq"], a["vq"]), sampled, kvh)}
             for view, figs in views.items():
                 for metric, tol in (("kl", 0.02), ("argmax_agree", 0.01), ("out_rel_l2", 0.02)):
                     want = float(figs[metric].mean())
@@ -180,6 +184,15 @@ def main():
                     check(n == len(sampled) and abs(got - want) <= tol * abs(want),
                           f"{mode} attention layer {al} {view} {metric}: kvdrift {got:.6g} at {n} positions, "
                           f"reference {want:.6g} at {len(sampled)} (within {tol:g} relative)")
+                # --attn-per-head: each KV head's KL, the mean over its query heads
+                for h in range(kvh):
+                    want = float(figs["kl_kvh"][h].mean())
+                    got, n = file_mean(att[(att["mode"] == mode.encode()) & (att["attn_layer"] == al) &
+                                           (att["kv_head"] == h) & (att["view"] == view.encode()) &
+                                           (att["metric"] == b"kl")])
+                    check(n == len(sampled) and abs(got - want) <= 0.02 * abs(want),
+                          f"{mode} attention layer {al} {view} KV head {h} kl: kvdrift {got:.6g} at {n} "
+                          f"positions, reference {want:.6g} (within 0.02 relative)")
         for sub, sel in subsets.items():
             want = figures(lp_ref[sel], lp[sel], nxt[sel])
             for name, (rel, ab) in TOL.items():

@@ -23,7 +23,7 @@ rc=0
 # trace, generation branches on (they must leave the trace's figures alone)
 gen=32
 "$bin" run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 512 --traces 1 --seed 7 \
-  --gen-tokens $gen --cells drift -o "$work/run.h5" >/dev/null 2>"$work/run.err" || {
+  --gen-tokens $gen --cells drift --attn-per-head -o "$work/run.h5" >/dev/null 2>"$work/run.err" || {
   cat "$work/run.err"
   exit 1
 }
