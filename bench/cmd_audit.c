@@ -63,10 +63,10 @@ int kvd_cmd_audit(int argc, char **argv) {
             "k_scale/v_scale for the layers listed, and uses 1.0 for K and V there (SGLang "
             "warns \"Using FP8 KV cache but no scaling factors provided. Defaulting to scaling "
             "factors of 1.0.\"; vLLM does the same)";
-        advice = "do not deploy as is: calibrate KV scales (kvdrift calibrate --model-dir DIR, or "
-                 "your quantizer's KV calibration) and add k_scale/v_scale to every full-attention "
-                 "layer, or serve with an explicit BF16 KV cache; measure the cost first with "
-                 "kvdrift run --model-dir DIR --kv bf16,fp8-ckpt,fp8-cal";
+        advice = "do not deploy as is: add k_scale/v_scale to every full-attention layer "
+                 "(kvdrift calibrate --model-dir DIR --into-checkpoint writes them, or your "
+                 "quantizer's KV calibration), or serve with an explicit BF16 KV cache; measure "
+                 "the cost first with kvdrift run --model-dir DIR --kv bf16,fp8-ckpt,fp8-cal";
     } else if (fp8_kv) {
         engine = "switches the KV cache to FP8 E4M3 and loads the checkpoint's k_scale/v_scale for "
                  "every full-attention layer";

@@ -10,6 +10,7 @@
 #include "../runners/calibrate.h"
 #include "../runners/drift.h"
 #include "../runners/export.h"
+#include "../runners/checkpoint.h"
 #include "../runners/fileio.h"
 #include "../runners/model.h"
 #ifdef KVD_HAVE_CUDA
@@ -341,46 +342,64 @@ int kvd_cmd_calibrate(int argc, char **argv) {
     cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024, "cpu", {NULL, 1}, 0};
     const char *out = NULL, *f;
     uint64_t seed = 1;
+    int into = 0;
     while ((f = kvd_args_next(&a))) {
         if (kvd_model_opts_flag(&mo, &a, f) || cal_flag(&co, &a, f)) continue;
         if (!strcmp(f, "-o") || !strcmp(f, "--output")) {
             out = kvd_args_value(&a, f);
+        } else if (!strcmp(f, "--into-checkpoint")) {
+            into = 1;
         } else if (!strcmp(f, "--seed")) {
             seed = (uint64_t)kvd_args_long(&a, f, 0, 2147483647L);
         } else if (!strcmp(f, "--threads")) {
             kvd_set_threads((int)kvd_args_long(&a, f, 1, 4096));
         } else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            printf("usage: kvdrift calibrate [flags] -o scales.json\n"
-                   "  --calibration RECIPE  absmax | modelopt | vllm-dynamic (default absmax)\n"
-                   "  --per-head            one scale per KV head instead of per layer\n"
-                   "  --calib-tokens N      calibration trace length (default 1024)\n"
-                   "  --backend cpu|cuda    where the model runs (default cpu)\n"
-                   "  --gpus N              split it over N GPUs (default 1)\n"
-                   "  --seed N              seed; the calibration trace uses seed + %u\n%s",
-                   KVD_CALIB_SEED_OFFSET, kvd_model_opts_help);
+            printf(
+                "usage: kvdrift calibrate [flags] -o scales.json\n"
+                "       kvdrift calibrate --model-dir CKPT [flags] --into-checkpoint [-o FILE]\n"
+                "  --into-checkpoint     write the scales into CKPT as engines read them\n"
+                "                        (kv_scales.safetensors, ModelOpt's k_proj.k_scale and\n"
+                "                        v_proj.v_scale names, the index updated); refused when\n"
+                "                        it has scales already\n"
+                "  --calibration RECIPE  absmax | modelopt | vllm-dynamic (default absmax)\n"
+                "  --per-head            one scale per KV head instead of per layer\n"
+                "  --calib-tokens N      calibration trace length (default 1024)\n"
+                "  --backend cpu|cuda    where the model runs (default cpu)\n"
+                "  --gpus N              split it over N GPUs (default 1)\n"
+                "  --seed N              seed; the calibration trace uses seed + %u\n%s",
+                KVD_CALIB_SEED_OFFSET, kvd_model_opts_help);
             return 0;
         } else {
             kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s' (see kvdrift calibrate --help)", f);
         }
     }
-    if (!out) kvd_die(KVD_EXIT_USAGE, cmd, "expected -o FILE for the scales");
+    if (!out && !into)
+        kvd_die(KVD_EXIT_USAGE, cmd, "expected -o FILE for the scales, or --into-checkpoint");
+    if (into && !mo.model_dir)
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "--into-checkpoint: expected --model-dir CKPT (the checkpoint)");
     char oerr[KVD_ERR_LEN];
-    if (kvd_output_check(out, oerr)) kvd_die(KVD_EXIT_USAGE, cmd, "-o: %s", oerr);
+    if (out && kvd_output_check(out, oerr)) kvd_die(KVD_EXIT_USAGE, cmd, "-o: %s", oerr);
     if (co.scales_path) kvd_die(KVD_EXIT_USAGE, cmd, "--scales is an input of other commands");
     kvd_use_backend(&co.be, co.backend, cmd, NULL, 0);
     kvd_weights w;
     kvd_model_opts_build(&mo, cmd, &co.be, &w);
+    char err[KVD_ERR_LEN];
+    if (into && kvd_checkpoint_add_kv_scales(mo.model_dir, &w.cfg, NULL, 0, err))
+        kvd_die(KVD_EXIT_USAGE, cmd, "--into-checkpoint: %s", err);
     kvd_kv_scales sc, am;
     get_scales(&co, &w, seed, cmd, &sc, &am, 1);
-    char err[KVD_ERR_LEN];
-    if (kvd_scales_save(out, &sc, &am, co.recipe, w.cfg.name, co.calib_tokens,
-                        seed + KVD_CALIB_SEED_OFFSET, err))
+    if (out && kvd_scales_save(out, &sc, &am, co.recipe, w.cfg.name, co.calib_tokens,
+                               seed + KVD_CALIB_SEED_OFFSET, err))
+        kvd_die(1, cmd, "%s", err);
+    if (into && kvd_checkpoint_add_kv_scales(mo.model_dir, &w.cfg, &sc, co.per_head, err))
         kvd_die(1, cmd, "%s", err);
     int kvh = w.cfg.num_key_value_heads;
     for (int l = 0; l < sc.n_layers; l++)
         printf("attention layer %d: k_absmax %.6g -> k_scale %.6g, v_absmax %.6g -> v_scale %.6g\n",
                l, am.k[l * kvh], sc.k[l * kvh], am.v[l * kvh], sc.v[l * kvh]);
-    printf("wrote %s\n", out);
+    if (out) printf("wrote %s\n", out);
+    if (into) printf("wrote the scales into %s (kv_scales.safetensors)\n", mo.model_dir);
     kvd_kv_scales_free(&sc);
     kvd_kv_scales_free(&am);
     kvd_weights_free(&w);

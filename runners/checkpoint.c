@@ -586,3 +586,107 @@ int kvd_checkpoint_fingerprint(const char *dir, char *out, size_t n, char *err) 
     snprintf(out, n, "fnv1a64:%016llx", (unsigned long long)h);
     return 0;
 }
+
+/* ---- writing KV scales into a checkpoint ---- */
+
+int kvd_checkpoint_add_kv_scales(const char *dir, const kvd_config *cfg, const kvd_kv_scales *sc,
+                                 int per_head, char *err) {
+    char shard[4300], index[4300];
+    snprintf(shard, sizeof shard, "%s/kv_scales.safetensors", dir);
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
+    kvd_checkpoint c;
+    if (kvd_checkpoint_open(&c, dir, err)) return -1;
+    /* refused when any layer has scales already: two sets would disagree */
+    const int kvh = cfg->num_key_value_heads, nf = kvd_config_n_full(cfg);
+    for (int l = 0; l < cfg->num_hidden_layers; l++)
+        if (cfg->layer_types[l] == KVD_LAYER_FULL &&
+            (find_scale(&c, l, 0) || find_scale(&c, l, 1))) {
+            snprintf(err, KVD_ERR_LEN,
+                     "%s: layer %d already carries k_scale/v_scale; kvdrift adds scales only to a "
+                     "checkpoint without any",
+                     dir, l);
+            kvd_checkpoint_close(&c);
+            return -1;
+        }
+    if (access(shard, F_OK) == 0) {
+        snprintf(err, KVD_ERR_LEN, "%s: already there; remove it to write new scales", shard);
+        kvd_checkpoint_close(&c);
+        return -1;
+    }
+    if (!sc) { /* the checks alone, before the calibration's work */
+        kvd_checkpoint_close(&c);
+        return 0;
+    }
+    if (sc->n_layers != nf || sc->kv_heads != kvh) {
+        snprintf(err, KVD_ERR_LEN, "%s: scales for %d layers x %d KV heads, the model has %d x %d",
+                 dir, sc->n_layers, sc->kv_heads, nf, kvh);
+        kvd_checkpoint_close(&c);
+        return -1;
+    }
+    /* the names ModelOpt exports (vLLM and SGLang read them), under the
+     * language model's prefix */
+    const char *pre = find_named(&c, "model.embed_tokens.weight") &&
+                              !kvd_checkpoint_find(&c, "model.embed_tokens.weight")
+                          ? "model.language_model."
+                          : "model.";
+    kvd_checkpoint_close(&c);
+    const int nv = per_head ? kvh : 1;
+    json_t *h = json_object();
+    int64_t off = 0;
+    for (int l = 0; l < cfg->num_hidden_layers; l++) {
+        if (cfg->layer_types[l] != KVD_LAYER_FULL) continue;
+        for (int v = 0; v < 2; v++) {
+            char name[160];
+            snprintf(name, sizeof name, "%slayers.%d.self_attn.%s", pre, l,
+                     v ? "v_proj.v_scale" : "k_proj.k_scale");
+            json_t *shape = per_head ? json_pack("[i]", kvh) : json_array();
+            json_object_set_new(h, name,
+                                json_pack("{s:s, s:o, s:[I,I]}", "dtype", "F32", "shape", shape,
+                                          "data_offsets", (json_int_t)off,
+                                          (json_int_t)(off + 4 * nv)));
+            off += 4 * nv;
+        }
+    }
+    json_object_set_new(h, "__metadata__", json_pack("{s:s}", "producer", "kvdrift calibrate"));
+    char *txt = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    size_t hl = strlen(txt), padded = (hl + 7) / 8 * 8, n = 8 + padded + (size_t)off;
+    unsigned char *buf = calloc(1, n);
+    if (!buf) {
+        free(txt), json_decref(h);
+        snprintf(err, KVD_ERR_LEN, "%s: out of memory", shard);
+        return -1;
+    }
+    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    memcpy(buf + 8, txt, hl);
+    memset(buf + 8 + hl, ' ', padded - hl);
+    float *data = (float *)(buf + 8 + padded); /* little-endian host */
+    for (int al = 0; al < nf; al++)
+        for (int v = 0; v < 2; v++)
+            for (int i = 0; i < nv; i++) *data++ = (v ? sc->v : sc->k)[al * kvh + i];
+    free(txt);
+    int rc = kvd_write_file_atomic(shard, buf, n, err);
+    free(buf);
+    /* a checkpoint with an index lists its files there */
+    if (rc == 0 && access(index, F_OK) == 0) {
+        json_t *ix = kvd_json_load(index, err);
+        json_t *wm = ix ? json_object_get(ix, "weight_map") : NULL;
+        if (!json_is_object(wm)) {
+            if (ix) snprintf(err, KVD_ERR_LEN, "%s: field 'weight_map': expected an object", index);
+            rc = -1;
+        } else {
+            const char *k;
+            json_t *v;
+            json_object_foreach(h, k, v) {
+                if (strcmp(k, "__metadata__"))
+                    json_object_set_new(wm, k, json_string("kv_scales.safetensors"));
+            }
+            char *it = json_dumps(ix, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+            rc = it ? kvd_write_file_atomic(index, it, strlen(it), err) : -1;
+            free(it);
+        }
+        if (ix) json_decref(ix);
+        if (rc) unlink(shard); /* without the index entry, the shard would be half an edit */
+    }
+    json_decref(h);
+    return rc;
+}

@@ -41,6 +41,16 @@ typedef struct {
                                        config asks for is missing, or of another shape) */
 } kvd_audit;
 
+/* Write KV scales into checkpoint DIR, as engines read them: a shard
+ * kv_scales.safetensors with ModelOpt's names (model.layers.N.self_attn.
+ * k_proj.k_scale / v_proj.v_scale, under the checkpoint's prefix), F32, one
+ * value per layer or (per_head) one per KV head, and its entries in
+ * model.safetensors.index.json when the checkpoint has one. Refused when the
+ * checkpoint has scales already or the shard exists; -1 with err. With sc
+ * NULL, only those checks. */
+int kvd_checkpoint_add_kv_scales(const char *dir, const kvd_config *cfg, const kvd_kv_scales *sc,
+                                 int per_head, char *err);
+
 /* What identifies a checkpoint's contents for a resumed sweep, cheaply:
  * config.json, every safetensors file's name, size and header, and the KV
  * scales' values, hashed ("fnv1a64:<16 hex digits>"). A checkpoint copied

@@ -72,6 +72,20 @@ assert abs(a['tokens_in_budget']['fp8'] - 2 * a['tokens_in_budget']['bf16']) < 1
 " && ok || bad "audit --format json"
 expect 0 "no k_scale/v_scale; fp8-ckpt uses 1.0" -- forward --model-dir "$work/noscale" --tokens 32 --kv fp8-ckpt
 
+# ... and fixed: calibrate writes the scales into the checkpoint as engines
+# read them; audit --strict then passes, and fp8-ckpt (the checkpoint's
+# scales) equals fp8-cal (the same calibration) bit for bit
+cp -r "$work/noscale" "$work/fixed"
+"$bin" calibrate --model-dir "$work/fixed" --into-checkpoint >"$work/out" 2>"$work/err" &&
+  grep -q "wrote the scales into .*fixed (kv_scales.safetensors)" "$work/out" && ok ||
+  bad "calibrate --into-checkpoint: $(cat "$work/err")"
+expect 0 "2 of 2 full-attention layers have k_scale and v_scale" -- audit "$work/fixed" --strict
+"$bin" forward --model-dir "$work/fixed" --tokens 64 --kv fp8-cal,fp8-ckpt --dump "$work/fx" >/dev/null 2>"$work/err" &&
+  cmp -s "$work/fx/fp8-cal/logits.f32" "$work/fx/fp8-ckpt/logits.f32" && ok ||
+  bad "after --into-checkpoint, fp8-ckpt differs from fp8-cal: $(cat "$work/err")"
+expect 2 "--into-checkpoint: .*fixed: layer 3 already carries k_scale/v_scale" -- calibrate --model-dir "$work/fixed" --into-checkpoint
+expect 2 "--into-checkpoint: expected --model-dir CKPT" -- calibrate --model tiny --into-checkpoint
+
 # the same request in config.json's quantization_config (llm-compressor's form)
 cp -r "$work/ck" "$work/ct"
 "$py" - "$work/ct/config.json" <<'PY'
@@ -86,6 +100,7 @@ expect 1 "config.json:quantization_config \(compressed-tensors\).*KV cache FP8" 
 cp -r "$work/noscale" "$work/scaled"
 st add-scales "$work/scaled" 3:0.75:0.0002 7:1.5:0.0001
 expect 0 "2 of 2 full-attention layers have k_scale and v_scale" -- audit "$work/scaled" --strict
+expect 2 "--into-checkpoint: .*scaled: layer 3 already carries k_scale/v_scale" -- calibrate --model-dir "$work/scaled" --into-checkpoint
 printf '{"format": "kvdrift-kv-scales", "version": 1, "granularity": "per-layer", "layers": [{"k_scale": [0.75, 0.75], "v_scale": [0.0002, 0.0002]}, {"k_scale": [1.5, 1.5], "v_scale": [0.0001, 0.0001]}]}' >"$work/same.json"
 "$bin" forward --model-dir "$work/scaled" --tokens 200 --kv fp8-cal,fp8-ckpt --scales "$work/same.json" --dump "$work/sc" >/dev/null 2>"$work/err" &&
   cmp -s "$work/sc/fp8-cal/logits.f32" "$work/sc/fp8-ckpt/logits.f32" &&
@@ -119,6 +134,18 @@ st qwen35 "$work/ck" "$work/q35" 70
   cmp -s "$work/syn/fp8-unscaled/logits.f32" "$work/q35d/fp8-unscaled/logits.f32" && ok ||
   bad "Qwen3.5 layout: logits differ from the synthetic model's: $(cat "$work/err")"
 expect 0 "weights: BF16/F16/F32, loadable with --model-dir" -- audit "$work/q35"
+# scales written into a sharded Qwen3.5 checkpoint: under its prefix, one
+# per KV head, listed in its index
+cp -r "$work/q35" "$work/q35-fixed"
+"$bin" calibrate --model-dir "$work/q35-fixed" --per-head --into-checkpoint >/dev/null 2>"$work/err" || bad "calibrate --into-checkpoint (Qwen3.5): $(cat "$work/err")"
+grep -q '"model.language_model.layers.3.self_attn.k_proj.k_scale": "kv_scales.safetensors"' "$work/q35-fixed/model.safetensors.index.json" && ok || bad "the index does not list the new scales"
+expect 0 "2 of 2 full-attention layers have k_scale and v_scale \(per KV head\)" -- audit "$work/q35-fixed"
+"$bin" forward --model-dir "$work/q35-fixed" --tokens 64 --kv fp8-cal,fp8-ckpt --per-head --dump "$work/fx" >/dev/null 2>"$work/err" &&
+  cmp -s "$work/fx/fp8-cal/logits.f32" "$work/fx/fp8-ckpt/logits.f32" && ok ||
+  bad "Qwen3.5, after --into-checkpoint --per-head, fp8-ckpt differs from fp8-cal: $(cat "$work/err")"
+cp -r "$work/q35" "$work/q35-stray"
+: >"$work/q35-stray/kv_scales.safetensors" # not in the index: never read, but would be replaced
+expect 2 "--into-checkpoint: .*q35-stray/kv_scales.safetensors: already there" -- calibrate --model-dir "$work/q35-stray" --into-checkpoint
 cp -r "$work/q35" "$work/q35-noz"
 st drop "$work/q35-noz" model.language_model.layers.0.linear_attn.in_proj_z.weight
 expect 2 "q35-noz: tensor model.layers.0.linear_attn.in_proj_z.weight is missing \(the split form of model.layers.0.linear_attn.in_proj_qkvz.weight has in_proj_qkv, not in_proj_z\)" -- forward --model-dir "$work/q35-noz" --tokens 8
