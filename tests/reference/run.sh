@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the NumPy reference checks: export the tiny model, run the C forward
 # with a dump, compare (check.py); run drift sweeps and compare the figures
-# they wrote (check_run.py, check_gen.py). Skips (77) only when python3-numpy or python3-h5py
+# they wrote (check_run.py, check_gen.py, check_kv.py). Skips (77) only when python3-numpy or python3-h5py
 # is absent.
 set -euo pipefail
 bin="$1"
@@ -38,4 +38,12 @@ gen=32
 }
 "$bin" trace gen --length $((96 + 12 + 1)) --seed 3 --vocab 512 -o "$work/gen-trace.h5" >/dev/null
 "$py" "$here/check_gen.py" "$work/ckpt" "$work/gen.h5" "$work/gen-trace.h5" || rc=1
+# the cache's counters, without generation (every value written is the trace's)
+"$bin" run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 256 --traces 1 --seed 7 \
+  --gen-tokens 0 --cells drift -o "$work/kv.h5" >/dev/null 2>"$work/run.err" || {
+  cat "$work/run.err"
+  exit 1
+}
+"$bin" trace gen --length 257 --seed 7 --vocab 512 -o "$work/kv-trace.h5" >/dev/null
+"$py" "$here/check_kv.py" "$work/ckpt" "$work/kv.h5" "$work/kv-trace.h5" || rc=1
 exit $rc
