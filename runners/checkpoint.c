@@ -278,13 +278,19 @@ static int fill(const source *src, const kvd_config *cfg, const kvd_tensor *t, c
     return -1;
 }
 
-int kvd_weights_load(kvd_weights *w, const char *dir, char *err) {
+/* DIR/config.json, the model named after the directory */
+static int ckpt_config(const char *dir, kvd_config *cfg, char *err) {
     char path[4300];
-    kvd_config cfg;
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if (kvd_config_load(path, &cfg, err)) return -1;
+    if (kvd_config_load(path, cfg, err)) return -1;
     const char *base = strrchr(dir, '/');
-    snprintf(cfg.name, sizeof cfg.name, "%s", base && base[1] ? base + 1 : dir);
+    snprintf(cfg->name, sizeof cfg->name, "%s", base && base[1] ? base + 1 : dir);
+    return 0;
+}
+
+int kvd_weights_load(kvd_weights *w, const char *dir, char *err) {
+    kvd_config cfg;
+    if (ckpt_config(dir, &cfg, err)) return -1;
     if (kvd_weights_plan(w, &cfg, err)) return -1;
     kvd_checkpoint c;
     if (kvd_checkpoint_open(&c, dir, err)) {
@@ -344,12 +350,8 @@ static int lazy_ckpt_make(void *ctx, const kvd_config *cfg, kvd_tensor *t, char 
 }
 
 int kvd_weights_lazy_load(kvd_weights *w, const char *dir, char *err) {
-    char path[4300];
     kvd_config cfg;
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    if (kvd_config_load(path, &cfg, err)) return -1;
-    const char *base = strrchr(dir, '/');
-    snprintf(cfg.name, sizeof cfg.name, "%s", base && base[1] ? base + 1 : dir);
+    if (ckpt_config(dir, &cfg, err)) return -1;
     lazy_ckpt *l = calloc(1, sizeof *l);
     if (!l) {
         snprintf(err, KVD_ERR_LEN, "%s: out of memory", dir);

@@ -22,6 +22,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import Checks  # noqa: E402
 from qwen3next_ref import Qwen3NextRef, e4m3_encode, e4m3_decode, round_bf16  # noqa: E402
 
 
@@ -40,14 +41,7 @@ def main():
         sj = json.load(f)
     scales = {"k": [np.array(l["k_scale"], dtype=np.float32) for l in sj["layers"]],
               "v": [np.array(l["v_scale"], dtype=np.float32) for l in sj["layers"]]}
-    failures, checks = [], 0
-
-    def check(ok, what):
-        nonlocal checks
-        checks += 1
-        print(("ok   " if ok else "FAIL ") + what)
-        if not ok:
-            failures.append(what)
+    check = Checks()
 
     for mode in ("bf16", "fp8-cal", "fp8-unscaled"):
         d = os.path.join(dump, mode)
@@ -105,8 +99,7 @@ def main():
                 check(n <= max(1, stored.size // 1000) and step_ok,
                       f"{mode}: layer {al} {which.upper()} reference's own codes: {stored.size - n} of {stored.size} identical, "
                       f"{n} at a rounding boundary")
-    print(f"reference: {checks - len(failures)} passed, {len(failures)} failed")
-    return 1 if failures else 0
+    return check.finish("reference")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ is K and V through the mode's codec, which is what a cache gives back).
 """
 import sys
 
-import h5py
 import numpy as np
 
+from checks import Checks, read_sweep
 from qwen3next_ref import Qwen3NextRef
 
 
@@ -31,23 +31,11 @@ def greedy(model, prefix, n, mode, scales):
 
 def main():
     ckpt, results, traces = sys.argv[1:4]
-    failures, checks = [], 0
+    check = Checks()
 
-    def check(ok, what):
-        nonlocal checks
-        checks += 1
-        print(("ok   " if ok else "FAIL ") + what)
-        if not ok:
-            failures.append(what)
-
-    with h5py.File(results, "r") as f:
-        gen = f["drift/generation"][:]
-        ks, vs = f["calibration/k_scale"][:], f["calibration/v_scale"][:]
-    with h5py.File(traces, "r") as f:
-        tokens = f["traces"][sorted(f["traces"])[0]]["tokens"][:].astype(np.int64)
     model = Qwen3NextRef(ckpt)
-    kvh = model.cfg["num_key_value_heads"]
-    scales = {"k": list(ks.reshape(-1, kvh)), "v": list(vs.reshape(-1, kvh))}
+    t, scales, tokens, _ = read_sweep(results, traces, ("drift/generation",), model.cfg["num_key_value_heads"])
+    gen = t["drift/generation"]
     ctx = int(gen["context"][0])
     prefixes = sorted({int(p) for p in gen["prefix"]})
     want = sorted(p for p in {ctx // 4, ctx // 2, ctx} if p >= 16)
@@ -65,8 +53,7 @@ def main():
             check(len(row) == 1 and got_first == first and abs(got_agree - agree) < 1e-12,
                   f"{mode} from prefix {p}, {n} tokens: kvdrift first divergence {got_first}, agreement "
                   f"{got_agree:.4g}; reference {first}, {agree:.4g}")
-    print(f"generation against the reference: {checks - len(failures)} passed, {len(failures)} failed")
-    return 1 if failures else 0
+    return check.finish("generation against the reference")
 
 
 if __name__ == "__main__":

@@ -15,34 +15,22 @@ land the other way, so the counts may differ by a few values in thousands.
 """
 import sys
 
-import h5py
 import numpy as np
 
+from checks import Checks, read_sweep
 from qwen3next_ref import Qwen3NextRef, e4m3_encode
 
 
 def main():
     ckpt, results, traces = sys.argv[1:4]
-    failures, checks = [], 0
+    check = Checks()
 
-    def check(ok, what):
-        nonlocal checks
-        checks += 1
-        print(("ok   " if ok else "FAIL ") + what)
-        if not ok:
-            failures.append(what)
-
-    with h5py.File(results, "r") as f:
-        kv = f["drift/kv"][:]
-        gen = f["drift/generation"][:] if "drift/generation" in f else []
-        ks, vs = f["calibration/k_scale"][:], f["calibration/v_scale"][:]
-    with h5py.File(traces, "r") as f:
-        tokens = f["traces"][sorted(f["traces"])[0]]["tokens"][:].astype(np.int64)
-    check(len(gen) == 0, f"{results}: no generation (its writes would be counted too)")
-    ctx = int(kv["context"][0])
     model = Qwen3NextRef(ckpt)
     kvh = model.cfg["num_key_value_heads"]
-    cal = {"k": list(ks.reshape(-1, kvh)), "v": list(vs.reshape(-1, kvh))}
+    t, cal, tokens, _ = read_sweep(results, traces, ("drift/kv", "drift/generation"), kvh)
+    kv, gen = t["drift/kv"], t["drift/generation"]
+    check(len(gen) == 0, f"{results}: no generation (its writes would be counted too)")
+    ctx = int(kv["context"][0])
     for mode in ("fp8-cal", "fp8-unscaled"):
         model.record = rec = {}
         model.forward(tokens[:ctx], mode, cal)
@@ -65,8 +53,7 @@ def main():
                     ok = np.all(rows[f"{which}_{what}_frac"] == got) and abs(got * n - cnt) <= max(3, 1e-3 * n)
                     check(ok, f"{mode} layer {al} {which.upper()} {what}: kvdrift {got * n:.0f} of {n}, "
                               f"reference {cnt} (within max(3, 0.1%))")
-    print(f"cache counters against the reference: {checks - len(failures)} passed, {len(failures)} failed")
-    return 1 if failures else 0
+    return check.finish("cache counters against the reference")
 
 
 if __name__ == "__main__":

@@ -35,9 +35,9 @@ are compared within tolerances (stated per figure below), not bit for bit.
 import json
 import sys
 
-import h5py
 import numpy as np
 
+from checks import Checks, read_sweep
 from qwen3next_ref import Qwen3NextRef, store
 
 MODES = ("fp8-cal", "fp8-unscaled")
@@ -107,23 +107,12 @@ def file_mean(rows):
 
 def main():
     ckpt, results, traces = sys.argv[1:4]
-    failures, checks = [], 0
+    check = Checks()
 
-    def check(ok, what):
-        nonlocal checks
-        checks += 1
-        print(("ok   " if ok else "FAIL ") + what)
-        if not ok:
-            failures.append(what)
-
-    with h5py.File(results, "r") as f:
-        summ = f["drift/summary"][:]
-        layers, att = f["drift/layers"][:], f["drift/attention"][:]
-        ks, vs = f["calibration/k_scale"][:], f["calibration/v_scale"][:]
-    with h5py.File(traces, "r") as f:
-        g = f["traces"][sorted(f["traces"])[0]]
-        tokens = g["tokens"][:].astype(np.int64)
-        refs = g["references"][:]
+    model = Qwen3NextRef(ckpt)
+    kvh = model.cfg["num_key_value_heads"]
+    t, scales, tokens, refs = read_sweep(results, traces, ("drift/summary", "drift/layers", "drift/attention"), kvh)
+    summ, layers, att = t["drift/summary"], t["drift/layers"], t["drift/attention"]
     ctx = int(summ["context"][0])
     check(set(summ["context"]) == {ctx} and set(summ["trace"]) == {0},
           f"{results}: one context ({ctx}) and one trace")
@@ -135,9 +124,6 @@ def main():
         first[p] = not (i > 0 and refs["pos"][i - 1] == p - 1 and refs["src"][i - 1] == src - 1)
     tok = tokens[:ctx]
     nxt = tok[1:]
-    model = Qwen3NextRef(ckpt)
-    kvh = model.cfg["num_key_value_heads"]
-    scales = {"k": list(ks.reshape(-1, kvh)), "v": list(vs.reshape(-1, kvh))}
     model.record = rec_ref = {}
     lp_ref = log_softmax(model.forward(tok, "bf16")[0])[:-1]
     sampled = np.nonzero((np.arange(ctx) % 16 == 0) | first[:ctx])[0]
@@ -206,8 +192,7 @@ def main():
     check(len(bf) > 0 and all(float(r["value"]) == (1.0 if r["metric"] == b"same_top_p" else 0.0)
                               for r in bf if r["metric"] in [m.encode() for m in TOL]),
           "bf16 against itself: every figure exactly 0 (same_top_p 1)")
-    print(f"run figures against the reference: {checks - len(failures)} passed, {len(failures)} failed")
-    return 1 if failures else 0
+    return check.finish("run figures against the reference")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ import transformers
 from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from checks import Checks
+
 MODES = ("bf16", "fp8-cal", "fp8-unscaled", "fp8-e5m2")
 CLASSES = ("Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForCausalLM")
 # mode -> (torch's format, its largest finite value); the cache saturates
@@ -106,14 +108,7 @@ def printed_figures(path):
 
 def main():
     ckpt, dump, table = sys.argv[1], sys.argv[2], sys.argv[3]
-    failures, checks = [], 0
-
-    def check(ok, what):
-        nonlocal checks
-        checks += 1
-        print(("ok   " if ok else "FAIL ") + what)
-        if not ok:
-            failures.append(what)
+    check = Checks()
 
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     transformers.utils.logging.disable_progress_bar()
@@ -194,8 +189,7 @@ def main():
                                            f"transformers {kl:.4e} (within 1%)")
         check(abs(agree_c - agree) <= 1, f"{mode}: top-1 agreement with BF16, kvdrift {agree_c} of {T}, "
                                          f"transformers {agree} of {T} (within 1)")
-    print(f"transformers check: {checks - len(failures)} passed, {len(failures)} failed")
-    return 1 if failures else 0
+    return check.finish("transformers check")
 
 
 if __name__ == "__main__":
