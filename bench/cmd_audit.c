@@ -80,18 +80,20 @@ int kvd_cmd_audit(int argc, char **argv) {
     }
     if (json) {
         json_t *o = json_pack(
-            "{s:s, s:s, s:s, s:s, s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:b, s:b, s:s, s:s, s:{s:I, "
+            "{s:s, s:s, s:s, s:s, s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:i, s:b, s:b, s:s, s:s, "
+            "s:{s:I, "
             "s:I}, "
             "s:{s:f, s:f, s:f}}",
             "checkpoint", dir, "quant_config_source", au.source, "producer", au.producer,
             "weight_quantization", au.weight_algo, "kv_cache_quantization", au.kv_algo,
             "weights_loadable", au.weights_loadable, "unloadable_tensor", au.unloadable,
             "load_problem", au.load_problem, "fp8_weight_tensors", au.fp8_weights,
-            "full_attention_layers", nf, "layers_with_kv_scales", au.n_with_scales,
-            "kv_scales_per_head", au.scales_per_head, "fp8_kv_without_scales", silent,
-            "engine_behaviour", engine, "recommendation", advice, "kv_bytes_per_token", "bf16",
-            (json_int_t)bpt16, "fp8", (json_int_t)bpt8, "tokens_in_budget", "budget_bytes", budget,
-            "bf16", budget / (double)bpt16, "fp8", budget / (double)bpt8);
+            "fp4_weight_tensors", au.fp4_weights, "full_attention_layers", nf,
+            "layers_with_kv_scales", au.n_with_scales, "kv_scales_per_head", au.scales_per_head,
+            "fp8_kv_without_scales", silent, "engine_behaviour", engine, "recommendation", advice,
+            "kv_bytes_per_token", "bf16", (json_int_t)bpt16, "fp8", (json_int_t)bpt8,
+            "tokens_in_budget", "budget_bytes", budget, "bf16", budget / (double)bpt16, "fp8",
+            budget / (double)bpt8);
         json_t *ml = json_array();
         for (int i = 0; i < au.n_missing; i++)
             json_array_append_new(ml, json_integer(au.missing_layers[i]));
@@ -103,11 +105,19 @@ int kvd_cmd_audit(int argc, char **argv) {
     } else {
         printf("checkpoint %s: %d layers, %d full attention (KV heads %d x head_dim %d)\n", dir,
                cfg.num_hidden_layers, nf, kvh, hd);
-        if (au.weights_loadable && au.fp8_weights)
-            printf("weights: %d FP8 tensors with their scales (dequantized to FP32 on load), "
+        if (au.weights_loadable && (au.fp8_weights || au.fp4_weights)) {
+            char what[96];
+            if (au.fp8_weights && au.fp4_weights)
+                snprintf(what, sizeof what, "%d FP8 and %d packed 4-bit (NVFP4/MXFP4)",
+                         au.fp8_weights, au.fp4_weights);
+            else if (au.fp8_weights)
+                snprintf(what, sizeof what, "%d FP8", au.fp8_weights);
+            else
+                snprintf(what, sizeof what, "%d packed 4-bit (NVFP4/MXFP4)", au.fp4_weights);
+            printf("weights: %s tensors with their scales (dequantized to FP32 on load), "
                    "the rest BF16/F16/F32: loadable with --model-dir\n",
-                   au.fp8_weights);
-        else if (au.weights_loadable)
+                   what);
+        } else if (au.weights_loadable)
             printf("weights: BF16/F16/F32, loadable with --model-dir\n");
         else if (au.unloadable[0])
             printf("weights: quantized; not loadable for compute: first such tensor\n  %s\n",

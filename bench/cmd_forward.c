@@ -414,14 +414,21 @@ int kvd_cmd_export(int argc, char **argv) {
     kvd_model_opts mo;
     kvd_model_opts_init(&mo);
     const char *out = NULL, *f;
+    int f32 = 0;
     while ((f = kvd_args_next(&a))) {
         if (kvd_model_opts_flag(&mo, &a, f)) continue;
         if (!strcmp(f, "-o") || !strcmp(f, "--output")) {
             out = kvd_args_value(&a, f);
+        } else if (!strcmp(f, "--dtype")) {
+            const char *v = kvd_args_value(&a, f);
+            if (strcmp(v, "bf16") && strcmp(v, "f32"))
+                kvd_die(KVD_EXIT_USAGE, cmd, "--dtype: expected bf16 or f32, got '%s'", v);
+            f32 = !strcmp(v, "f32");
         } else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            printf("usage: kvdrift export [flags] -o DIR\n"
-                   "Writes DIR/config.json and DIR/model.safetensors (BF16, Hugging Face\n"
-                   "Qwen3-Next tensor names).\n%s",
+            printf("usage: kvdrift export [flags] [--dtype bf16|f32] -o DIR\n"
+                   "Writes DIR/config.json and DIR/model.safetensors (Hugging Face Qwen3-Next\n"
+                   "tensor names) in BF16, or with --dtype f32 the weights' FP32 values\n"
+                   "exactly (a checkpoint's FP8 or 4-bit weights as kvdrift dequantizes them).\n%s",
                    kvd_model_opts_help);
             return 0;
         } else {
@@ -432,11 +439,11 @@ int kvd_cmd_export(int argc, char **argv) {
     kvd_weights w;
     kvd_model_opts_build(&mo, cmd, NULL, &w);
     char err[KVD_ERR_LEN];
-    if (kvd_export(&w, out, err)) kvd_die(1, cmd, "%s", err);
+    if (kvd_export(&w, out, f32, err)) kvd_die(1, cmd, "%s", err);
     int64_t n = 0;
     for (int i = 0; i < w.n_tensors; i++) n += w.tensors[i].numel;
-    printf("wrote %s/config.json and %s/model.safetensors: %d tensors, %lld parameters (BF16)\n",
-           out, out, w.n_tensors, (long long)n);
+    printf("wrote %s/config.json and %s/model.safetensors: %d tensors, %lld parameters (%s)\n", out,
+           out, w.n_tensors, (long long)n, f32 ? "F32" : "BF16");
     kvd_weights_free(&w);
     return 0;
 }

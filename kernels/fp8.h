@@ -21,6 +21,12 @@ float kvd_e4m3_to_f32(uint8_t v);
 float kvd_e5m2_to_f32(uint8_t v);
 uint16_t kvd_f32_to_bf16(float x);
 float kvd_bf16_to_f32(uint16_t v);
+/* The scale and element formats of 4-bit weight checkpoints (decode only):
+ * E8M0 (MX block scales, UE8M0 FP8 scales) is 2^(v - 127), 0xff NaN, as
+ * __nv_cvt_e8m0_to_bf16raw; E2M1 (NVFP4, MXFP4 elements) is the low four
+ * bits of v, as __nv_cvt_fp4_to_halfraw. */
+float kvd_e8m0_to_f32(uint8_t v);
+float kvd_e2m1_to_f32(uint8_t v);
 
 /* Decode tables, one entry per code (256 floats each). */
 const float *kvd_e4m3_table(void);

@@ -12,13 +12,6 @@
 #include "fileio.h"
 #include "st_reader.h"
 
-static int same_shape(const kvd_tensor *t, const kvd_st_tensor *s) {
-    if (t->ndim != s->ndim) return 0;
-    for (int d = 0; d < t->ndim; d++)
-        if (t->shape[d] != s->shape[d]) return 0;
-    return 1;
-}
-
 static void shape_str(char *b, size_t n, int nd, const int64_t *sh) {
     size_t k = (size_t)snprintf(b, n, "[");
     for (int d = 0; d < nd && k < n; d++)
@@ -35,6 +28,17 @@ static const kvd_st_tensor *find_named(const kvd_checkpoint *c, const char *name
     char alt[200];
     snprintf(alt, sizeof alt, "model.language_model.%s", name + 6);
     return kvd_checkpoint_find(c, alt);
+}
+
+/* A weight under its name, or in compressed-tensors' packed 4-bit form,
+ * NAME_packed (NAME.weight_packed beside NAME.weight_scale). */
+static const kvd_st_tensor *find_weight(const kvd_checkpoint *c, const char *name) {
+    const kvd_st_tensor *s = find_named(c, name);
+    const size_t n = strlen(name);
+    if (s || n < 7 || strcmp(name + n - 7, ".weight")) return s;
+    char alt[200];
+    snprintf(alt, sizeof alt, "%s_packed", name);
+    return find_named(c, alt);
 }
 
 /* Where one of kvdrift's tensors comes from in a checkpoint:
@@ -55,13 +59,118 @@ typedef struct {
     src_kind kind;
     const kvd_st_tensor *s[2];
     int64_t first; /* SRC_EXPERT: the slice's first value */
-    /* FP8 parts: the scale tensor and the rows x columns each value covers */
+    /* quantized parts: the scale tensor and the rows x columns each of its
+     * values covers */
     const kvd_st_tensor *scale[2];
     int64_t br[2], bc[2];
+    /* packed 4-bit parts (NVFP4, MXFP4): E2M1 codes two to a byte, low
+     * nibble first; each scale is multiplied by mul (ModelOpt's
+     * weight_scale_2) and divided by div (compressed-tensors'
+     * weight_global_scale), both 1 where the format has no second level */
+    int fp4[2];
+    float mul[2], div[2];
 } source;
 
 static int is_fp8(const kvd_st_tensor *s) {
     return s->dtype == KVD_ST_F8_E4M3 || s->dtype == KVD_ST_F8_E5M2;
+}
+
+/* U8 (ModelOpt, compressed-tensors, Quark) or F4: packed 4-bit codes */
+static int is_packed(const kvd_st_tensor *s) {
+    return s->dtype == KVD_ST_U8 || s->dtype == KVD_ST_F4;
+}
+
+/* a 2-D tensor's columns as values: a U8 byte holds two 4-bit codes */
+static int64_t value_cols(const kvd_st_tensor *s, int fp4) {
+    return s->ndim != 2 ? 0 : s->dtype == KVD_ST_U8 && fp4 ? 2 * s->shape[1] : s->shape[1];
+}
+
+/* whether s can hold t's values: the same shape, or (packed 4-bit) the same
+ * rows with two codes a byte; *fp4 says which */
+static int holds(const kvd_st_tensor *s, int ndim, const int64_t *shape, int *fp4) {
+    *fp4 = 0;
+    if (s->ndim == ndim && !memcmp(s->shape, shape, sizeof *shape * (size_t)ndim)) {
+        *fp4 = s->dtype == KVD_ST_F4;
+        return 1;
+    }
+    if (s->dtype != KVD_ST_U8 || ndim != 2 || s->ndim != 2 || s->shape[0] != shape[0] ||
+        2 * s->shape[1] != shape[1])
+        return 0;
+    *fp4 = 1;
+    return 1;
+}
+
+/* A packed 4-bit part's scales. NVFP4 (ModelOpt, compressed-tensors): an
+ * F8_E4M3 NAME_scale per 16 values of a row, times a second-level F32,
+ * NAME_scale_2 (multiplied, ModelOpt) or NAME_global_scale (divided,
+ * compressed-tensors), as vLLM's and FlashInfer's NVFP4 GEMMs read them.
+ * MXFP4 (OCP; compressed-tensors, Quark): an E8M0 NAME_scale (U8 or
+ * F8_E8M0) per 32 values, nothing more. */
+static int check_fp4(const kvd_checkpoint *c, source *src, int k, char *err) {
+    const kvd_st_tensor *s = src->s[k];
+    const char *path = c->files[s->file].path;
+    const size_t n = strlen(s->name);
+    const int cut = n > 7 && !strcmp(s->name + n - 7, "_packed") ? (int)(n - 7) : (int)n;
+    char name[220];
+    snprintf(name, sizeof name, "%.*s_scale", cut, s->name);
+    const kvd_st_tensor *sc = kvd_checkpoint_find(c, name);
+    const int64_t R = s->shape[0], C = value_cols(s, 1);
+    if (!sc || src->kind == SRC_EXPERT) {
+        snprintf(err, KVD_ERR_LEN,
+                 "%s: tensor %s is %s [%lld, %lld] (packed 4-bit) %s: NVFP4 and MXFP4 weights are "
+                 "read as 2-D matrices with %s beside them",
+                 path, s->name, kvd_st_dtype_name(s->dtype), (long long)s->shape[0],
+                 (long long)s->shape[1], !sc ? "without its scale" : "in a fused expert tensor",
+                 name);
+        return -1;
+    }
+    const int e8 = sc->dtype == KVD_ST_U8 || sc->dtype == KVD_ST_F8_E8M0;
+    const int64_t g =
+        sc->ndim == 2 && sc->shape[0] == R && sc->shape[1] > 0 && C % sc->shape[1] == 0
+            ? C / sc->shape[1]
+            : 0;
+    if (!(sc->dtype == KVD_ST_F8_E4M3 && g == 16) && !(e8 && g == 32)) {
+        char got[96];
+        shape_str(got, sizeof got, sc->ndim, sc->shape);
+        snprintf(err, KVD_ERR_LEN,
+                 "%s: tensor %s: %s %s, expected F8_E4M3 [%lld, %lld] (NVFP4, one scale per 16 "
+                 "values) or U8 / F8_E8M0 [%lld, %lld] (MXFP4, one per 32) for the packed 4-bit %s",
+                 c->files[sc->file].path, sc->name, kvd_st_dtype_name(sc->dtype), got, (long long)R,
+                 (long long)(C / 16), (long long)R, (long long)(C / 32), s->name);
+        return -1;
+    }
+    src->scale[k] = sc;
+    src->br[k] = 1, src->bc[k] = g;
+    if (e8) return 0;
+    char n2[220], ng[220];
+    snprintf(n2, sizeof n2, "%.*s_scale_2", cut, s->name);
+    snprintf(ng, sizeof ng, "%.*s_global_scale", cut, s->name);
+    const kvd_st_tensor *t2 = kvd_checkpoint_find(c, n2), *tg = kvd_checkpoint_find(c, ng),
+                        *t = t2 ? t2 : tg;
+    if (!t) {
+        snprintf(err, KVD_ERR_LEN,
+                 "%s: tensor %s is NVFP4 without its second-level scale: expected %s (ModelOpt) "
+                 "or %s (compressed-tensors)",
+                 path, s->name, n2, ng);
+        return -1;
+    }
+    float v = 0;
+    if (t->numel != 1) {
+        snprintf(err, KVD_ERR_LEN, "%s: tensor %s: %lld values, expected 1", c->files[t->file].path,
+                 t->name, (long long)t->numel);
+        return -1;
+    }
+    if (kvd_st_to_f32(t, &v, err)) {
+        kvd_err_prefix(err, c->files[t->file].path);
+        return -1;
+    }
+    if (!(v > 0) || !isfinite(v)) {
+        snprintf(err, KVD_ERR_LEN, "%s: tensor %s: expected a positive finite scale, got %g",
+                 c->files[t->file].path, t->name, v);
+        return -1;
+    }
+    *(t2 ? &src->mul[k] : &src->div[k]) = v;
+    return 0;
 }
 
 /* A part's values must be usable: a float dtype, or FP8 with its scale.
@@ -81,6 +190,7 @@ static int check_dtype(const kvd_checkpoint *c, const kvd_st_tensor *s, char *er
 static int check_part(const kvd_checkpoint *c, const kvd_config *cfg, source *src, int k,
                       char *err) {
     const kvd_st_tensor *s = src->s[k];
+    if (src->fp4[k]) return check_fp4(c, src, k, err);
     if (!is_fp8(s)) return check_dtype(c, s, err);
     char name[200];
     const kvd_st_tensor *sc = NULL;
@@ -131,8 +241,9 @@ static int bad_shape(const kvd_checkpoint *c, char *err, const kvd_st_tensor *s,
     return -1;
 }
 
-static int is_2d(const kvd_st_tensor *s, int64_t r, int64_t cols) {
-    return s->ndim == 2 && s->shape[0] == r && s->shape[1] == cols;
+static int is_2d(const kvd_st_tensor *s, int64_t r, int64_t cols, int *fp4) {
+    const int64_t shape[2] = {r, cols};
+    return holds(s, 2, shape, fp4);
 }
 
 /* 0: found; 1: the checkpoint has no such tensor (missing: the message);
@@ -140,8 +251,10 @@ static int is_2d(const kvd_st_tensor *s, int64_t r, int64_t cols) {
 static int find_source(const kvd_checkpoint *c, const kvd_config *cfg, const kvd_tensor *t,
                        source *src, char *err) {
     memset(src, 0, sizeof *src);
-    if ((src->s[0] = find_named(c, t->name))) {
-        if (same_shape(t, src->s[0])) return check_part(c, cfg, src, 0, err);
+    src->mul[0] = src->mul[1] = src->div[0] = src->div[1] = 1.0f;
+    if ((src->s[0] = find_weight(c, t->name))) {
+        if (holds(src->s[0], t->ndim, t->shape, &src->fp4[0]))
+            return check_part(c, cfg, src, 0, err);
         char want[96];
         shape_str(want, sizeof want, t->ndim, t->shape);
         return bad_shape(c, err, src->s[0], want);
@@ -161,6 +274,13 @@ static int find_source(const kvd_checkpoint *c, const kvd_config *cfg, const kvd
             return 1;
         }
         int64_t rows = t->shape[0], cols = t->shape[1], r1 = gate || up ? 2 * rows : rows;
+        if (is_packed(s)) {
+            snprintf(err, KVD_ERR_LEN,
+                     "%s: tensor %s is %s: packed 4-bit experts are read one expert at a time "
+                     "(mlp.experts.E.gate_proj.weight ...), not from a fused tensor",
+                     c->files[s->file].path, s->name, kvd_st_dtype_name(s->dtype));
+            return -1;
+        }
         if (s->ndim != 3 || s->shape[0] != cfg->num_experts || s->shape[1] != r1 ||
             s->shape[2] != cols) {
             snprintf(want, sizeof want, "[%d, %lld, %lld]", cfg->num_experts, (long long)r1,
@@ -191,7 +311,7 @@ static int find_source(const kvd_checkpoint *c, const kvd_config *cfg, const kvd
     for (int k = 0; k < 2; k++) {
         snprintf(names[k], sizeof names[k], "model.layers.%d.linear_attn.in_proj_%s.weight", layer,
                  part[k]);
-        src->s[k] = find_named(c, names[k]);
+        src->s[k] = find_weight(c, names[k]);
     }
     if (!src->s[0] && !src->s[1]) {
         snprintf(err, KVD_ERR_LEN,
@@ -207,7 +327,7 @@ static int find_source(const kvd_checkpoint *c, const kvd_config *cfg, const kvd
                      names[k], t->name, part[1 - k], part[k]);
             return 1;
         }
-        if (!is_2d(src->s[k], rows[k], H)) {
+        if (!is_2d(src->s[k], rows[k], H, &src->fp4[k])) {
             snprintf(want, sizeof want, "[%lld, %lld]", (long long)rows[k], (long long)H);
             return bad_shape(c, err, src->s[k], want);
         }
@@ -218,29 +338,58 @@ static int find_source(const kvd_checkpoint *c, const kvd_config *cfg, const kvd
     return 0;
 }
 
-/* rows [r0, r0 + n) of part k (a [rows, ...] tensor) into out, FP8 ones
- * dequantized */
+/* A quantized part's scales as floats (an MXFP4 U8 scale is E8M0), each
+ * finite and with the second level applied; NULL with err if not. */
+static float *part_scales(const source *src, int k, char *err) {
+    const kvd_st_tensor *sc = src->scale[k];
+    float *sv = malloc(sizeof(float) * (size_t)(sc->numel ? sc->numel : 1));
+    if (!sv) {
+        snprintf(err, KVD_ERR_LEN, "%s: out of memory", sc->name);
+        return NULL;
+    }
+    if (sc->dtype == KVD_ST_U8) {
+        for (int64_t i = 0; i < sc->numel; i++) sv[i] = kvd_e8m0_to_f32(sc->data[i]);
+    } else if (kvd_st_to_f32(sc, sv, err)) {
+        free(sv);
+        return NULL;
+    }
+    for (int64_t i = 0; i < sc->numel; i++) {
+        if (!isfinite(sv[i])) {
+            snprintf(err, KVD_ERR_LEN, "tensor %s: value %lld is %g, expected a finite scale",
+                     sc->name, (long long)i, sv[i]);
+            free(sv);
+            return NULL;
+        }
+        sv[i] = sv[i] * src->mul[k] / src->div[k];
+    }
+    return sv;
+}
+
+/* rows [r0, r0 + n) of part k (a [rows, ...] tensor) into out, quantized
+ * ones dequantized: code * scale in FP32 */
 static int part_rows(const source *src, int k, int64_t r0, int64_t n, float *out, char *err) {
     const kvd_st_tensor *s = src->s[k];
-    const int64_t C = s->shape[0] > 0 ? s->numel / s->shape[0] : 0;
+    const int64_t C = src->fp4[k] ? value_cols(s, 1) : s->shape[0] > 0 ? s->numel / s->shape[0] : 0;
     if (!src->scale[k]) return kvd_st_range_to_f32(s, r0 * C, n * C, out, err);
-    const kvd_st_tensor *sc = src->scale[k];
-    float *sv = malloc(sizeof(float) * (size_t)sc->numel);
-    if (!sv || kvd_st_to_f32(sc, sv, err)) {
-        if (!sv) snprintf(err, KVD_ERR_LEN, "%s: out of memory", sc->name);
-        free(sv);
-        return -1;
-    }
+    float *sv = part_scales(src, k, err);
+    if (!sv) return -1;
     const int64_t br = src->br[k], bc = src->bc[k], nbc = (C + bc - 1) / bc;
-    float lut[256]; /* the format's 256 codes */
+    float lut[256]; /* the format's codes */
     for (int v = 0; v < 256; v++)
-        lut[v] =
-            s->dtype == KVD_ST_F8_E5M2 ? kvd_e5m2_to_f32((uint8_t)v) : kvd_e4m3_to_f32((uint8_t)v);
+        lut[v] = src->fp4[k]                  ? kvd_e2m1_to_f32((uint8_t)(v & 15))
+                 : s->dtype == KVD_ST_F8_E5M2 ? kvd_e5m2_to_f32((uint8_t)v)
+                                              : kvd_e4m3_to_f32((uint8_t)v);
     for (int64_t r = r0; r < r0 + n; r++) {
-        const uint8_t *code = s->data + r * C;
         const float *row_sc = sv + (r / br) * nbc;
         float *o = out + (r - r0) * C;
-        for (int64_t j = 0; j < C; j++) o[j] = lut[code[j]] * row_sc[j / bc];
+        if (src->fp4[k]) {
+            const uint8_t *code = s->data + r * (C / 2);
+            for (int64_t j = 0; j < C; j++)
+                o[j] = lut[(code[j / 2] >> (4 * (j & 1))) & 15] * row_sc[j / bc];
+        } else {
+            const uint8_t *code = s->data + r * C;
+            for (int64_t j = 0; j < C; j++) o[j] = lut[code[j]] * row_sc[j / bc];
+        }
     }
     free(sv);
     return 0;
@@ -506,11 +655,14 @@ int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err) {
     a->weights_loadable = 1;
     for (int i = 0; i < c.n; i++) {
         const kvd_st_tensor *t = &c.t[i];
-        int is_weight = strstr(t->name, ".weight") != NULL;
-        /* FP8 weights are dequantized on load when their scales are there
-         * (the check over the plan below says whether they are) */
-        if (is_weight && is_fp8(t)) {
-            a->fp8_weights++;
+        const size_t nl = strlen(t->name);
+        const int is_weight = (nl > 7 && !strcmp(t->name + nl - 7, ".weight")) ||
+                              (nl > 14 && !strcmp(t->name + nl - 14, ".weight_packed"));
+        /* FP8 and packed 4-bit weights are dequantized on load when their
+         * scales are there (the check over the plan below says whether they
+         * are, and whether a U8 tensor is packed codes at all) */
+        if (is_weight && (is_fp8(t) || is_packed(t))) {
+            ++*(is_fp8(t) ? &a->fp8_weights : &a->fp4_weights);
             continue;
         }
         if (is_weight && t->dtype != KVD_ST_BF16 && t->dtype != KVD_ST_F16 &&

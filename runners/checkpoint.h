@@ -32,11 +32,12 @@ typedef struct {
     int scales_per_head;
     int missing_layers[KVD_MAX_LAYERS]; /* indices (model layer numbers) without scales */
     int n_missing;
-    /* every tensor the config asks for is there, in BF16/F16/F32 or in FP8
-     * with its scales */
+    /* every tensor the config asks for is there, in BF16/F16/F32, or in FP8
+     * or packed 4-bit (NVFP4, MXFP4) with its scales */
     int weights_loadable;
     int fp8_weights;      /* weight tensors stored in FP8 */
-    char unloadable[160]; /* the first weight tensor quantized otherwise (NVFP4, int), if any */
+    int fp4_weights;      /* weight tensors stored as packed 4-bit codes */
+    char unloadable[160]; /* the first weight tensor of a dtype not read at all (int8, ...) */
     char load_problem[KVD_ERR_LEN]; /* else why --model-dir cannot load it (a tensor the
                                        config asks for is missing, or of another shape) */
 } kvd_audit;

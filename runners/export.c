@@ -9,7 +9,7 @@
 #include "fileio.h"
 #include "safetensors.h"
 
-int kvd_export(const kvd_weights *w, const char *dir, char *err) {
+int kvd_export(const kvd_weights *w, const char *dir, int f32, char *err) {
     char path[4200];
     if (kvd_mkdirs(dir, err)) return -1;
     char *cfg = kvd_config_to_json(&w->cfg);
@@ -18,5 +18,5 @@ int kvd_export(const kvd_weights *w, const char *dir, char *err) {
     free(cfg);
     if (rc) return -1;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    return kvd_safetensors_write_bf16(path, w, err);
+    return kvd_safetensors_write(path, w, f32, err);
 }

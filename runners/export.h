@@ -4,7 +4,9 @@
 
 #include "weights.h"
 
-/* Writes DIR/config.json and DIR/model.safetensors (BF16, HF tensor names). */
-int kvd_export(const kvd_weights *w, const char *dir, char *err);
+/* Writes DIR/config.json and DIR/model.safetensors (HF tensor names): BF16,
+ * or (f32) the FP32 values exactly, e.g. a quantized checkpoint's weights as
+ * kvdrift dequantized them. */
+int kvd_export(const kvd_weights *w, const char *dir, int f32, char *err);
 
 #endif

@@ -10,22 +10,22 @@
 #include "../kernels/fp8.h"
 #include "fileio.h"
 
-int kvd_safetensors_write_bf16(const char *path, const kvd_weights *w, char *err) {
+int kvd_safetensors_write(const char *path, const kvd_weights *w, int f32, char *err) {
     json_t *h = json_object();
     int64_t off = 0;
     for (int i = 0; i < w->n_tensors; i++) {
         const kvd_tensor *t = &w->tensors[i];
         json_t *shape = json_array();
         for (int d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
-        int64_t nb = t->numel * 2;
+        int64_t nb = t->numel * (f32 ? 4 : 2);
         json_object_set_new(h, t->name,
-                            json_pack("{s:s, s:o, s:[I,I]}", "dtype", "BF16", "shape", shape,
-                                      "data_offsets", (json_int_t)off, (json_int_t)(off + nb)));
+                            json_pack("{s:s, s:o, s:[I,I]}", "dtype", f32 ? "F32" : "BF16", "shape",
+                                      shape, "data_offsets", (json_int_t)off,
+                                      (json_int_t)(off + nb)));
         off += nb;
     }
-    json_object_set_new(
-        h, "__metadata__",
-        json_pack("{s:s, s:s}", "format", "pt", "producer", "kvdrift synthetic weights"));
+    json_object_set_new(h, "__metadata__",
+                        json_pack("{s:s, s:s}", "format", "pt", "producer", "kvdrift export"));
     char *txt = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(h);
     size_t hl = strlen(txt), padded = (hl + 7) / 8 * 8;
@@ -43,6 +43,10 @@ int kvd_safetensors_write_bf16(const char *path, const kvd_weights *w, char *err
     uint16_t buf[4096];
     for (int i = 0; i < w->n_tensors; i++) {
         const kvd_tensor *t = &w->tensors[i];
+        if (f32) { /* the values as they are: little-endian, as every host kvdrift builds on */
+            kvd_afile_write(&a, t->data, (size_t)t->numel * 4);
+            continue;
+        }
         for (int64_t j = 0; j < t->numel; j += 4096) {
             size_t n = (size_t)(t->numel - j < 4096 ? t->numel - j : 4096);
             kvd_quant_bf16(t->data + j, buf, n);

@@ -5,7 +5,8 @@
 
 #include "weights.h"
 
-/* Write every tensor of w as BF16 (their values are BF16 already), atomically. */
-int kvd_safetensors_write_bf16(const char *path, const kvd_weights *w, char *err);
+/* Write every tensor of w, atomically: as BF16 (rounded to nearest even;
+ * synthetic weights are BF16 values already) or, with f32, as they are. */
+int kvd_safetensors_write(const char *path, const kvd_weights *w, int f32, char *err);
 
 #endif

@@ -15,12 +15,15 @@
 #include "../kernels/fp8.h"
 #include "config.h"
 
+/* every dtype the safetensors format names, read or not: a checkpoint is
+ * refused for a tensor of an unknown dtype, wherever it sits */
 static const struct {
     const char *name;
-    size_t size;
-} dtypes[KVD_ST_N] = {{"F32", 4},     {"F16", 2},     {"BF16", 2}, {"F64", 8},
-                      {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I8", 1},   {"U8", 1},
-                      {"I16", 2},     {"I32", 4},     {"I64", 8},  {"BOOL", 1}};
+    int bits;
+} dtypes[KVD_ST_N] = {{"F32", 32},    {"F16", 16}, {"BF16", 16},   {"F64", 64},    {"F8_E4M3", 8},
+                      {"F8_E5M2", 8}, {"I8", 8},   {"U8", 8},      {"I16", 16},    {"I32", 32},
+                      {"I64", 64},    {"BOOL", 8}, {"U16", 16},    {"U32", 32},    {"U64", 64},
+                      {"F8_E8M0", 8}, {"F4", 4},   {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"C64", 64}};
 
 const char *kvd_st_dtype_name(kvd_st_dtype d) {
     return (unsigned)d < KVD_ST_N ? dtypes[d].name : "?";
@@ -149,11 +152,13 @@ int kvd_st_open(kvd_checkpoint *c, const char *path, char *err) {
             goto out;
         }
         t->nbytes = (size_t)(o1 - o0);
-        if ((uint64_t)t->numel * dtypes[d].size != t->nbytes) {
+        const uint64_t bits = (uint64_t)t->numel * (uint64_t)dtypes[d].bits;
+        if (bits % 8 || bits / 8 != t->nbytes) {
             snprintf(err, KVD_ERR_LEN,
-                     "%s: tensor %s: %zu bytes for %lld values of %s, expected %llu", path, name,
+                     "%s: tensor %s: %zu bytes for %lld values of %s, expected %llu%s", path, name,
                      t->nbytes, (long long)t->numel, dtypes[d].name,
-                     (unsigned long long)t->numel * dtypes[d].size);
+                     (unsigned long long)((bits + 7) / 8),
+                     bits % 8 ? " (and a whole number of bytes)" : "");
             goto out;
         }
         t->data = data + o0;
@@ -360,10 +365,21 @@ int kvd_st_range_to_f32(const kvd_st_tensor *t, int64_t first, int64_t n, float 
             out[i] = f16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
         return 0;
     }
+    case KVD_ST_F8_E4M3:
+    case KVD_ST_F8_E5M2: {
+        const uint8_t *p = t->data + first;
+        for (int64_t i = 0; i < n; i++)
+            out[i] = t->dtype == KVD_ST_F8_E4M3 ? kvd_e4m3_to_f32(p[i]) : kvd_e5m2_to_f32(p[i]);
+        return 0;
+    }
+    case KVD_ST_F8_E8M0: /* 2^(code - 127); 0xff is NaN */
+        for (int64_t i = 0; i < n; i++) out[i] = kvd_e8m0_to_f32(t->data[first + i]);
+        return 0;
     default:
         snprintf(err, KVD_ERR_LEN,
-                 "tensor %s is %s: quantized (FP8 / NVFP4-packed) or integer weights are not "
-                 "loaded for compute; kvdrift needs BF16, F16 or F32 weights",
+                 "tensor %s is %s: integer or packed 4-bit values are not loaded as weights "
+                 "without their scales; kvdrift reads BF16, F16, F32, FP8 with scales, or packed "
+                 "NVFP4 / MXFP4 with scales",
                  t->name, kvd_st_dtype_name(t->dtype));
         return -1;
     }

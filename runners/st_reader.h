@@ -21,6 +21,14 @@ typedef enum {
     KVD_ST_I32,
     KVD_ST_I64,
     KVD_ST_BOOL,
+    KVD_ST_U16,
+    KVD_ST_U32,
+    KVD_ST_U64,
+    KVD_ST_F8_E8M0, /* a power of two: MX and UE8M0 scales */
+    KVD_ST_F4,      /* E2M1, two to a byte (low nibble first) */
+    KVD_ST_F6_E2M3,
+    KVD_ST_F6_E3M2,
+    KVD_ST_C64,
     KVD_ST_N
 } kvd_st_dtype;
 
@@ -60,8 +68,9 @@ void kvd_checkpoint_close(kvd_checkpoint *c);
 /* The tensor of that name (binary search: a 397B MoE checkpoint holds ~10^5). */
 const kvd_st_tensor *kvd_checkpoint_find(const kvd_checkpoint *c, const char *name);
 
-/* Copy a tensor into floats (F32, F16, BF16; F64 narrowed); -1 with err for
- * a dtype that cannot be used for compute (FP8, integer-packed NVFP4, ...). */
+/* Copy a tensor into floats (F32, F16, BF16, the FP8 formats as their
+ * values; F64 narrowed); -1 with err for a dtype that holds no plain values
+ * (integers, packed 4-bit codes, ...). */
 int kvd_st_to_f32(const kvd_st_tensor *t, float *out, char *err);
 /* The same for values first .. first + n - 1 (row-major order). */
 int kvd_st_range_to_f32(const kvd_st_tensor *t, int64_t first, int64_t n, float *out, char *err);

@@ -13,5 +13,5 @@ if ! /usr/bin/python3 -m venv --help >/dev/null 2>&1 || ! /usr/bin/python3 -c "i
   $SUDO apt-get install -y --no-install-recommends python3-venv
 fi
 [ -x .venv-hf/bin/python ] || /usr/bin/python3 -m venv .venv-hf
-.venv-hf/bin/pip install --quiet torch transformers safetensors numpy
+.venv-hf/bin/pip install --quiet torch transformers safetensors numpy compressed-tensors
 .venv-hf/bin/python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"

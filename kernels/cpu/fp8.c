@@ -119,6 +119,19 @@ float kvd_e5m2_to_f32(uint8_t v) {
     return kvd_e5m2_table()[v];
 }
 
+float kvd_e8m0_to_f32(uint8_t v) {
+    /* the code is the biased exponent; 0 is 2^-127, a float subnormal */
+    const uint32_t u = v == 0xff ? 0x7fc00000u : v ? (uint32_t)v << 23 : 0x00400000u;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float kvd_e2m1_to_f32(uint8_t v) {
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    return v & 8 ? -mag[v & 7] : mag[v & 7];
+}
+
 /* Block size for the vector loops: encode a block with no branches, then
  * count what happened to it in a second pass over the same cache lines. */
 #define QBLK 256

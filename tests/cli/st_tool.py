@@ -1,10 +1,13 @@
 """Test helper: read and write safetensors files with only the standard
 library and numpy, to build checkpoints kvdrift must load or refuse."""
 import json
+import os
 import struct
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
 
 
 def read(path):
@@ -91,6 +94,34 @@ def main():
         write(sys.argv[2], t)
     elif cmd == "fp8-quantize":  # DIR MODE REF_DIR: FP8 weights with scales, and their values in F32
         fp8_quantize(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif cmd == "retag":  # FILE NAME DTYPE SHAPE: one tensor re-typed and re-shaped, its bytes cut to fit
+        t = read(sys.argv[2])
+        dt, shape = sys.argv[4], json.loads(sys.argv[5])
+        bits = {"U8": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F4": 4, "BF16": 16, "F32": 32}[dt]
+        t[sys.argv[3]] = (dt, shape, t[sys.argv[3]][2][: int(np.prod(shape)) * bits // 8])
+        write(sys.argv[2], t)
+    elif cmd == "poke":  # FILE NAME INDEX BYTE: set one byte of a tensor's data
+        t = read(sys.argv[2])
+        dt, shape, data = t[sys.argv[3]]
+        b = bytearray(data)
+        b[int(sys.argv[4])] = int(sys.argv[5], 0)
+        t[sys.argv[3]] = (dt, shape, bytes(b))
+        write(sys.argv[2], t)
+    elif cmd == "same-values":  # FILE_A FILE_B: the same tensor names, each with the same float values
+        a, b = read(sys.argv[2]), read(sys.argv[3])
+        if sorted(a) != sorted(b):
+            raise SystemExit(f"tensor names differ: {sorted(set(a) ^ set(b))[:4]}")
+        for n in a:
+            va, vb = values(*a[n]), values(*b[n])
+            if va.shape != vb.shape or not np.array_equal(va, vb):
+                raise SystemExit(f"{n}: values differ")
+        print(f"{len(a)} tensors, the same values")
+    elif cmd == "rm":  # FILE NAME: remove one tensor from a file
+        t = read(sys.argv[2])
+        del t[sys.argv[3]]
+        write(sys.argv[2], t)
+    elif cmd == "fp4-quantize":  # DIR MODE REF_DIR: packed 4-bit weights with scales, and their values in F32
+        fp4_quantize(sys.argv[2], sys.argv[3], sys.argv[4])
     elif cmd == "retype":  # FILE F32|F16: every BF16 tensor re-stored in another float dtype
         t = read(sys.argv[2])
         to = sys.argv[3]
@@ -134,77 +165,171 @@ def main():
 
 
 def fp8_quantize(d, mode, ref):
-    """Quantize every projection of checkpoint d (not the embeddings, the
-    output or the routers) to E4M3 in place, as FP8
+    """Quantize every projection of checkpoint d to E4M3 in place, as FP8
     checkpoints store them: mode "block64" (NAME_scale_inv, one scale per
-    64 x 64 block, quantization_config.weight_block_size), "channel"
-    (NAME_scale [rows, 1]) or "tensor" (NAME_scale, one value); scale =
-    absmax / 448 of what it covers. Write to ref the same checkpoint with the
-    dequantized values (code * scale, in float32) as F32 tensors, in one
-    file. A sharded checkpoint keeps each scale in its weight's shard."""
-    import os
-    import shutil
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+    64 x 64 block, quantization_config.weight_block_size; "block64-ue8m0"
+    the same with power-of-two F8_E8M0 scales), "channel" (NAME_scale
+    [rows, 1]) or "tensor" (NAME_scale, one value); scale = absmax / 448 of
+    what it covers. ref gets the dequantized values (code * scale)."""
     from qwen3next_ref import e4m3_decode, e4m3_encode
-    index = f"{d}/model.safetensors.index.json"
-    ix = json.load(open(index)) if os.path.exists(index) else None
-    files = sorted(set(ix["weight_map"].values())) if ix else ["model.safetensors"]
-    deq = {}
-    for f in files:
-        t = read(f"{d}/{f}")
-        out = quantize_file(t, mode, deq, e4m3_encode, e4m3_decode)
-        write(f"{d}/{f}", out)
-        if ix:
-            ix["weight_map"].update({n: f for n in out})
-    if ix:
-        json.dump(ix, open(index, "w"))
-    qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
-    if mode == "block64":
-        qc["weight_block_size"] = [64, 64]
-    edit_config(d, lambda c: c.update(quantization_config=qc))
-    os.makedirs(ref, exist_ok=True)
-    write(f"{ref}/model.safetensors", deq)
-    shutil.copy(f"{d}/config.json", f"{ref}/config.json")
-    edit_config(ref, lambda c: c.pop("quantization_config"))
 
-
-def quantize_file(t, mode, deq, e4m3_encode, e4m3_decode):
-    out = {}
-    for name, (dt, shape, data) in t.items():
-        out[name] = deq[name] = (dt, shape, data)
-        # every 2-D projection; the embeddings, the output and the routers
-        # stay as they are, as in FP8 checkpoints
-        if (len(shape) != 2 or not name.endswith(".weight") or "embed_tokens" in name or
-                name.startswith("lm_head") or name.endswith("mlp.gate.weight") or
-                name.endswith("shared_expert_gate.weight") or "visual" in name or name.startswith("mtp")):
-            continue
-        w = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view("<f4").reshape(shape)
-        R, C = shape
-        if mode == "block64":
+    def one(name, w):
+        R, C = w.shape
+        if mode.startswith("block64"):
             B = 64
             sc = np.ones(((R + B - 1) // B, (C + B - 1) // B), dtype=np.float32)
             for i in range(sc.shape[0]):
                 for j in range(sc.shape[1]):
                     m = np.abs(w[i * B:(i + 1) * B, j * B:(j + 1) * B]).max()
                     sc[i, j] = m / np.float32(448) if m > 0 else 1
+            if mode == "block64-ue8m0":  # rounded up to a power of two (DeepSeek's UE8M0)
+                sc = np.exp2(np.ceil(np.log2(sc))).astype(np.float32)
             full = np.repeat(np.repeat(sc, B, 0), B, 1)[:R, :C]
             sname = name + "_scale_inv"
-        elif mode == "channel":
-            m = np.abs(w).max(1, keepdims=True)
-            sc = np.where(m > 0, m / np.float32(448), 1).astype(np.float32)
-            full = np.broadcast_to(sc, (R, C))
-            sname = name + "_scale"
         else:
-            m = np.abs(w).max()
-            sc = np.array(m / np.float32(448) if m > 0 else 1, dtype=np.float32)
+            m = np.abs(w).max(1, keepdims=True) if mode == "channel" else np.abs(w).max()
+            sc = np.asarray(np.where(m > 0, m / np.float32(448), 1), dtype=np.float32)
             full = np.broadcast_to(sc, (R, C))
             sname = name + "_scale"
         codes = e4m3_encode(np.divide(w, full, dtype=np.float32))
         vals = e4m3_decode(codes).astype(np.float32) * full.astype(np.float32)
-        out[name] = ("F8_E4M3", shape, codes.tobytes())
-        out[sname] = ("F32", list(sc.shape), sc.tobytes())
-        deq[name] = ("F32", shape, vals.astype("<f4").tobytes())
-    return out
+        if mode == "block64-ue8m0":
+            scale = ("F8_E8M0", list(sc.shape), (np.log2(sc).astype(np.int32) + 127).astype(np.uint8).tobytes())
+        else:
+            scale = ("F32", list(sc.shape), sc.tobytes())
+        return {name: ("F8_E4M3", [R, C], codes.tobytes()), sname: scale}, vals
+
+    qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
+    if mode.startswith("block64"):
+        qc["weight_block_size"] = [64, 64]
+    quantize_checkpoint(d, ref, one, qc)
+
+
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float32)
+
+
+def e2m1_encode(x):
+    """float32 -> E2M1 codes (sign bit 8), nearest, ties to the even code,
+    saturating at +-6."""
+    a = np.minimum(np.abs(x).astype(np.float64), 6.0)
+    d = np.abs(a[..., None] - E2M1.astype(np.float64))
+    cand = d == d.min(-1, keepdims=True)
+    # of two equally near codes, the even one
+    idx = np.where(cand[..., ::2].any(-1), np.argmax(cand & (np.arange(8) % 2 == 0), -1), np.argmax(cand, -1))
+    return (idx | np.where(np.signbit(x), 8, 0)).astype(np.uint8)
+
+
+def fp4_quantize(d, mode, ref):
+    """Quantize every projection of checkpoint d to packed 4-bit in place,
+    as 4-bit checkpoints store them (E2M1 codes two to a byte, the low
+    nibble first); ref gets the dequantized values:
+      "modelopt":   NAME U8 [R, C/2], NAME_scale F8_E4M3 [R, C/16], NAME_scale_2 F32
+                    (value = code * (scale * scale_2)), hf_quant_config.json NVFP4;
+      "compressed": NAME_packed, NAME_scale F8_E4M3, NAME_global_scale F32
+                    (value = code * (scale / global_scale)), compressed-tensors;
+      "mxfp4":      NAME U8 [R, C/2], NAME_scale U8 (E8M0) [R, C/32]
+                    (value = code * 2^(scale - 127))."""
+    from qwen3next_ref import e4m3_decode, e4m3_encode
+
+    def one(name, w):
+        R, C = w.shape
+        out = {}
+        if mode == "mxfp4":
+            g = 32
+            amax = np.abs(w.reshape(R, C // g, g)).max(-1)
+            # the smallest power of two that takes the block's absmax to <= 6
+            e = np.where(amax > 0, np.ceil(np.log2(np.maximum(amax, 1e-30) / 6.0)), 0)
+            sc_code = np.clip(e + 127, 1, 254).astype(np.uint8)
+            eff = np.exp2(sc_code.astype(np.float64) - 127).astype(np.float32)
+            out[name + "_scale"] = ("U8", [R, C // g], sc_code.tobytes())
+        else:
+            g = 16
+            amax = np.float32(np.abs(w).max())
+            s2 = np.float32(amax / np.float32(6 * 448)) if amax > 0 else np.float32(1)
+            bmax = np.abs(w.reshape(R, C // g, g)).max(-1).astype(np.float32)
+            sc_code = e4m3_encode(np.divide(bmax / np.float32(6), s2, dtype=np.float32))
+            sf = e4m3_decode(sc_code).astype(np.float32)
+            out[name + "_scale"] = ("F8_E4M3", [R, C // g], sc_code.tobytes())
+            if mode == "modelopt":
+                eff = (sf * s2).astype(np.float32)
+                out[name + "_scale_2"] = ("F32", [], np.float32(s2).tobytes())
+                out[name[:-len(".weight")] + ".input_scale"] = ("F32", [], np.float32(1.0).tobytes())
+            else:
+                gs = np.float32(np.float32(1) / s2)
+                eff = np.divide(sf, gs, dtype=np.float32)
+                out[name + "_global_scale"] = ("F32", [1], np.array([gs], dtype="<f4").tobytes())
+        full = np.repeat(eff, g, 1)
+        codes = np.where(full > 0, e2m1_encode(np.divide(w, np.where(full > 0, full, 1), dtype=np.float32)), 0)
+        codes = codes.astype(np.uint8)
+        vals = (E2M1[codes & 7] * np.where(codes & 8, -1, 1)).astype(np.float32) * full
+        packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+        out[name + ("_packed" if mode == "compressed" else "")] = ("U8", [R, C // 2], packed.tobytes())
+        return out, vals
+
+    if mode == "modelopt":
+        quantize_checkpoint(d, ref, one, None, {"hf_quant_config.json": {
+            "producer": {"name": "modelopt"},
+            "quantization": {"quant_algo": "NVFP4", "group_size": 16, "kv_cache_quant_algo": "FP8"}}})
+    elif mode == "compressed":
+        quantize_checkpoint(d, ref, one, {
+            "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                "num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}})
+    else:
+        quantize_checkpoint(d, ref, one, {"quant_method": "quark", "quant_algo": "MXFP4"})
+
+
+def quantize_checkpoint(d, ref, one, quant_config, extra_files=None):
+    """Replace every projection (2-D, not the embeddings, the output or the
+    routers, as quantized checkpoints leave them) of checkpoint d in place by
+    the tensors one(name, float32 values) returns with the values they
+    stand for; each shard keeps its own. quant_config goes into config.json,
+    extra_files (name: JSON) beside it. ref gets one file of the checkpoint's
+    values: the dequantized ones in F32, the rest as they were."""
+    import shutil
+    index = f"{d}/model.safetensors.index.json"
+    ix = json.load(open(index)) if os.path.exists(index) else None
+    files = sorted(set(ix["weight_map"].values())) if ix else ["model.safetensors"]
+    deq = {}
+    for f in files:
+        out = {}
+        for name, (dt, shape, data) in read(f"{d}/{f}").items():
+            if not (len(shape) == 2 and name.endswith(".weight") and "embed_tokens" not in name and
+                    not name.startswith(("lm_head", "mtp")) and "visual" not in name and
+                    not name.endswith(("mlp.gate.weight", "shared_expert_gate.weight"))):
+                out[name] = deq[name] = (dt, shape, data)
+                continue
+            tensors, vals = one(name, bf16_values(data, shape))
+            out.update(tensors)
+            deq[name] = ("F32", shape, vals.astype("<f4").tobytes())
+            if ix:
+                ix["weight_map"].pop(name, None)
+        if ix:
+            ix["weight_map"].update({n: f for n in out})
+        write(f"{d}/{f}", out)
+    if ix:
+        json.dump(ix, open(index, "w"))
+    if quant_config:
+        edit_config(d, lambda c: c.update(quantization_config=quant_config))
+    for name, value in (extra_files or {}).items():
+        json.dump(value, open(f"{d}/{name}", "w"), indent=2)
+    os.makedirs(ref, exist_ok=True)
+    write(f"{ref}/model.safetensors", deq)
+    shutil.copy(f"{d}/config.json", f"{ref}/config.json")
+    edit_config(ref, lambda c: c.pop("quantization_config", None))
+
+
+def values(dt, shape, data):
+    """A float tensor's values as float32 (BF16 and F32)."""
+    if dt == "BF16":
+        return bf16_values(data, shape)
+    if dt == "F32":
+        return np.frombuffer(data, dtype="<f4").reshape(shape)
+    raise SystemExit(f"values: {dt} is not a float dtype this helper reads")
+
+
+def bf16_values(data, shape):
+    return (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view("<f4").reshape(shape)
 
 
 def edit_config(d, change):

@@ -5,8 +5,10 @@
 # without scales, with scales and without quantization; Qwen3.5's layout
 # (text_config, model.language_model., split Gated DeltaNet projections, many
 # shards) and tied embeddings load; malformed JSON, offsets past the end,
-# overlapping or duplicated tensors, truncated files, FP8 weights and config
-# fields the model does not compute are refused with a clear message.
+# FP8 and packed 4-bit (NVFP4, MXFP4) weights with their scales load as their
+# dequantized values; overlapping or duplicated tensors, truncated files,
+# quantized weights without usable scales and config fields the model does
+# not compute are refused with a clear message.
 set -u
 bin="$1"
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -198,30 +200,35 @@ expect 2 "model.layers.0.linear_attn.out_proj.weight is F8_E4M3 without its scal
 expect 0 "weights: not loadable with --model-dir: .*out_proj.weight is F8_E4M3 without its scale" -- audit "$work/fp8w"
 cp -r "$work/ck" "$work/u8w"
 st fp8-weight "$work/u8w/model.safetensors" model.layers.0.linear_attn.out_proj.weight U8
-expect 2 "model.layers.0.linear_attn.out_proj.weight is U8: quantized .* not loaded for compute" -- forward --model-dir "$work/u8w" --tokens 8
-expect 0 "weights: quantized; not loadable for compute: first such tensor" -- audit "$work/u8w"
+expect 2 "model.layers.0.linear_attn.out_proj.weight is U8: integer or packed 4-bit values are not loaded as weights without their scales" -- forward --model-dir "$work/u8w" --tokens 8
+expect 0 "weights: not loadable with --model-dir: .*out_proj.weight is U8: integer" -- audit "$work/u8w"
 # FP8 weights with their scales (per 64 x 64 block as quantization_config
 # says, per row, per tensor) are dequantized on load: the logits equal, bit
 # for bit, those of the same checkpoint holding the dequantized values in F32
+"$bin" forward --model-dir "$work/ck" --tokens 64 --kv bf16 --dump "$work/real64" >/dev/null
+# dequant_same WHAT CKPT REF KV_MODES: forward over a quantized checkpoint
+# gives, mode by mode, the logits of forward over REF (its dequantized
+# values in F32), bit for bit, and the quantization did change them
+dequant_same() {
+  local what="$1" a="$2" b="$3" kv="$4" m same=1
+  rm -rf "$work/dqa" "$work/dqb"
+  "$bin" forward --model-dir "$a" --tokens 64 --kv "$kv" --dump "$work/dqa" >/dev/null 2>"$work/err" &&
+    "$bin" forward --model-dir "$b" --tokens 64 --kv "$kv" --dump "$work/dqb" >/dev/null 2>>"$work/err" || same=0
+  for m in ${kv//,/ }; do cmp -s "$work/dqa/$m/logits.f32" "$work/dqb/$m/logits.f32" || same=0; done
+  [ $same = 1 ] && ! cmp -s "$work/dqa/bf16/logits.f32" "$work/real64/bf16/logits.f32" && ok ||
+    bad "$what: logits differ from the dequantized checkpoint's, or equal the unquantized one's: $(cat "$work/err")"
+}
 for mode in block64 channel tensor; do
   cp -r "$work/ck" "$work/fp8-$mode"
   st fp8-quantize "$work/fp8-$mode" $mode "$work/fp8-$mode-ref"
-  "$bin" forward --model-dir "$work/fp8-$mode" --tokens 64 --kv bf16,fp8-unscaled --dump "$work/fp8d" >/dev/null 2>"$work/err" &&
-    "$bin" forward --model-dir "$work/fp8-$mode-ref" --tokens 64 --kv bf16,fp8-unscaled --dump "$work/fp8r" >/dev/null 2>>"$work/err" &&
-    cmp -s "$work/fp8d/bf16/logits.f32" "$work/fp8r/bf16/logits.f32" &&
-    cmp -s "$work/fp8d/fp8-unscaled/logits.f32" "$work/fp8r/fp8-unscaled/logits.f32" &&
-    ! cmp -s "$work/fp8d/bf16/logits.f32" "$work/real/bf16/logits.f32" && ok ||
-    bad "FP8 weights ($mode): logits differ from the dequantized checkpoint's: $(cat "$work/err")"
+  dequant_same "FP8 weights ($mode)" "$work/fp8-$mode" "$work/fp8-$mode-ref" bf16,fp8-unscaled
   expect 0 "weights: [0-9]+ FP8 tensors with their scales \(dequantized to FP32 on load\)" -- audit "$work/fp8-$mode"
 done
 # the same in Qwen3.5's layout: the split Gated DeltaNet projections are
 # dequantized part by part, row ranges across block boundaries
 cp -r "$work/q35" "$work/fp8-q35"
 st fp8-quantize "$work/fp8-q35" block64 "$work/fp8-q35-ref"
-"$bin" forward --model-dir "$work/fp8-q35" --tokens 64 --kv bf16 --dump "$work/fp8d" >/dev/null 2>"$work/err" &&
-  "$bin" forward --model-dir "$work/fp8-q35-ref" --tokens 64 --kv bf16 --dump "$work/fp8r" >/dev/null 2>>"$work/err" &&
-  cmp -s "$work/fp8d/bf16/logits.f32" "$work/fp8r/bf16/logits.f32" && ok ||
-  bad "FP8 weights in Qwen3.5's layout: logits differ from the dequantized checkpoint's: $(cat "$work/err")"
+dequant_same "FP8 weights in Qwen3.5's layout" "$work/fp8-q35" "$work/fp8-q35-ref" bf16
 # The whole story on an FP8 checkpoint (FP8 weights with block scales, ModelOpt
 # asks for an FP8 KV cache, no KV scales): audit --strict fails it, and a
 # sweep over it shows the cache an engine would use (fp8-ckpt: scale 1.0)
@@ -241,11 +248,59 @@ print('story kl_mean', kl)
 sys.exit(0 if kl['bf16'] == 0 and kl['fp8-ckpt'] > 1.5 * kl['fp8-cal'] > 0 else 1)" >"$work/out" && ok ||
   bad "FP8 checkpoint without KV scales: fp8-ckpt should drift more than fp8-cal: $(cat "$work/out" "$work/err")"
 
+# the same with power-of-two block scales stored as F8_E8M0 (UE8M0)
+cp -r "$work/ck" "$work/fp8-e8"
+st fp8-quantize "$work/fp8-e8" block64-ue8m0 "$work/fp8-e8-ref"
+dequant_same "FP8 weights with F8_E8M0 block scales" "$work/fp8-e8" "$work/fp8-e8-ref" bf16
+
+# Packed 4-bit weights (E2M1 codes two to a byte) with their scales:
+# ModelOpt's NVFP4 (NAME_scale per 16 values times NAME_scale_2),
+# compressed-tensors' NVFP4 (NAME_packed, NAME_scale / NAME_global_scale) and
+# MXFP4 (a U8 E8M0 scale per 32 values) are dequantized on load: the logits
+# equal, bit for bit, those of the checkpoint holding the values in F32
+for mode in modelopt compressed mxfp4; do
+  cp -r "$work/ck" "$work/fp4-$mode"
+  st fp4-quantize "$work/fp4-$mode" $mode "$work/fp4-$mode-ref"
+  dequant_same "packed 4-bit weights ($mode)" "$work/fp4-$mode" "$work/fp4-$mode-ref" bf16,fp8-unscaled
+  # and the weights themselves, as export --dtype f32 writes what was loaded
+  "$bin" export --model-dir "$work/fp4-$mode" --dtype f32 -o "$work/fp4x" >/dev/null 2>"$work/err" &&
+    st same-values "$work/fp4x/model.safetensors" "$work/fp4-$mode-ref/model.safetensors" >"$work/out" 2>&1 && ok ||
+    bad "packed 4-bit weights ($mode): export --dtype f32 differs from the dequantized values: $(cat "$work/err" "$work/out")"
+  expect 0 "weights: [0-9]+ packed 4-bit \(NVFP4/MXFP4\) tensors with their scales" -- audit "$work/fp4-$mode"
+done
+# compressed-tensors' names in Qwen3.5's layout: the split projections'
+# NAME_packed parts, in many shards
+cp -r "$work/q35" "$work/fp4-q35"
+st fp4-quantize "$work/fp4-q35" compressed "$work/fp4-q35-ref"
+dequant_same "NVFP4 weights in Qwen3.5's layout" "$work/fp4-q35" "$work/fp4-q35-ref" bf16
+# ModelOpt's NVFP4 export asks for an FP8 KV cache: without KV scales,
+# audit --strict fails it
+expect 1 "VERDICT: FP8 KV cache without scales" -- audit "$work/fp4-modelopt" --strict
+expect 0 "weights NVFP4, KV cache FP8" -- audit "$work/fp4-modelopt"
+# what is refused, and how it is named
+p=model.layers.0.linear_attn.out_proj
+cp -r "$work/fp4-modelopt" "$work/fp4-bad"
+st rm "$work/fp4-bad/model.safetensors" $p.weight_scale_2
+expect 2 "$p.weight is NVFP4 without its second-level scale: expected $p.weight_scale_2 \(ModelOpt\) or $p.weight_global_scale \(compressed-tensors\)" -- forward --model-dir "$work/fp4-bad" --tokens 8
+st rm "$work/fp4-bad/model.safetensors" $p.weight_scale
+expect 2 "$p.weight is U8 \[128, 64\] \(packed 4-bit\) without its scale: NVFP4 and MXFP4 weights are read as 2-D matrices with $p.weight_scale beside them" -- forward --model-dir "$work/fp4-bad" --tokens 8
+expect 0 "weights: not loadable with --model-dir: .*$p.weight is U8 \[128, 64\] \(packed 4-bit\) without its scale" -- audit "$work/fp4-bad"
+cp -r "$work/fp4-modelopt" "$work/fp4-bad2"
+st retag "$work/fp4-bad2/model.safetensors" $p.weight_scale F8_E4M3 '[128, 4]'
+expect 2 "tensor $p.weight_scale: F8_E4M3 \[128, 4\], expected F8_E4M3 \[128, 8\] \(NVFP4, one scale per 16 values\) or U8 / F8_E8M0 \[128, 4\] \(MXFP4, one per 32\) for the packed 4-bit $p.weight" -- forward --model-dir "$work/fp4-bad2" --tokens 8
+cp -r "$work/fp4-modelopt" "$work/fp4-nan"
+st poke "$work/fp4-nan/model.safetensors" $p.weight_scale 5 0x7f
+expect 2 "tensor $p.weight_scale: value 5 is nan, expected a finite scale" -- forward --model-dir "$work/fp4-nan" --tokens 8
+cp -r "$work/fused" "$work/fp4-fused"
+st retag "$work/fp4-fused/model.safetensors" model.layers.0.mlp.experts.gate_up_proj U8 '[8, 64, 64]'
+expect 2 "tensor model.layers.0.mlp.experts.gate_up_proj is U8: packed 4-bit experts are read one expert at a time" -- forward --model-dir "$work/fp4-fused" --tokens 8
+
 # a block scale of the wrong shape is refused, naming what was expected
 cp -r "$work/fp8-block64" "$work/fp8-badblock"
 st config "$work/fp8-badblock" quantization_config '{"quant_method": "fp8", "weight_block_size": [32, 32]}'
 expect 2 "tensor model.layers.0.linear_attn.in_proj_qkvz.weight_scale_inv: shape \[6, 2\], expected 1 value, 384 \(one per row\) or \[12, 4\] \(one per 32 x 32 block\) for the FP8 model.layers.0.linear_attn.in_proj_qkvz.weight" -- forward --model-dir "$work/fp8-badblock" --tokens 8
 expect 2 "kv fp8-ckpt: expected --model-dir" -- forward --model tiny --tokens 8 --kv fp8-ckpt
+expect 2 "export: --dtype: expected bf16 or f32, got 'f16'" -- export --model tiny --dtype f16 -o "$work/f16x"
 expect 2 "nowhere/config.json: cannot open" -- forward --model-dir "$work/nowhere" --tokens 8
 
 echo "checkpoints: $pass passed, $fail failed"

@@ -399,7 +399,7 @@ static void lazy_weights(void) {
     char dir[] = "/tmp/kvd-lazy-XXXXXX";
     kvd_weights lw = {0};
     int have_dir = mkdtemp(dir) != NULL;
-    CHECK(have_dir && kvd_export(&w, dir, err) == 0 && kvd_weights_lazy_load(&lw, dir, err) == 0,
+    CHECK(have_dir && kvd_export(&w, dir, 0, err) == 0 && kvd_weights_lazy_load(&lw, dir, err) == 0,
           "lazy checkpoint weights: %s\n", have_dir ? err : "no temporary directory");
     CHECK(lw.make && kvd_engine_cpu.create(&lw, &k3, 64, 1, 1, NULL, err) == NULL &&
               strstr(err, "lazy"),

@@ -1,6 +1,7 @@
 // kvdrift: holds kernels/cpu/fp8.c bit for bit to CUDA 13's own host-side
 // conversions from cuda_fp8.h / cuda_bf16.h, compiled here with g++.
 #include <cuda_bf16.h>
+#include <cuda_fp4.h>
 #include <cuda_fp8.h>
 
 #include <cmath>
@@ -94,6 +95,18 @@ int main() {
         if (!same_float(kvd_e5m2_to_f32((uint8_t)c), w5)) fail("e5m2 decode", w5, c, 0);
         checked += 2;
     }
+    // the 4-bit checkpoints' scale and element formats
+    for (unsigned c = 0; c < 256; c++) {
+        float w = __bfloat162float(__nv_bfloat16(__nv_cvt_e8m0_to_bf16raw((__nv_fp8_storage_t)c)));
+        if (!same_float(kvd_e8m0_to_f32((uint8_t)c), w)) fail("e8m0 decode", w, c, 0);
+        checked++;
+    }
+    for (unsigned c = 0; c < 16; c++) {
+        __half_raw r = __nv_cvt_fp4_to_halfraw((__nv_fp4_storage_t)c, __NV_E2M1);
+        float w = __half2float(__half(r));
+        if (!same_float(kvd_e2m1_to_f32((uint8_t)c), w)) fail("e2m1 decode", w, c, 0);
+        checked++;
+    }
     for (unsigned c = 0; c < 65536; c++) {
         __nv_bfloat16_raw r;
         r.x = (unsigned short)c;
@@ -183,8 +196,8 @@ int main() {
         check_vector(rnd);
     }
 
-    std::printf(
-        "fp8 oracle: %ld conversions checked against cuda_fp8.h/cuda_bf16.h, %ld mismatches\n",
-        checked, failed);
+    std::printf("fp8 oracle: %ld conversions checked against cuda_fp8.h/cuda_fp4.h/cuda_bf16.h, "
+                "%ld mismatches\n",
+                checked, failed);
     return failed ? 1 : 0;
 }
