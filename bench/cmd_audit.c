@@ -29,7 +29,9 @@ int kvd_cmd_audit(int argc, char **argv) {
             printf("usage: kvdrift audit CHECKPOINT_DIR [--kv-budget 40GiB] [--strict] [--format "
                    "text|json]\n"
                    "Says what an engine that honours the checkpoint's quantization config does to\n"
-                   "the KV cache. --strict: exit 1 when FP8 KV would be enabled without scales.\n");
+                   "the KV cache. --strict: exit 1 when FP8 KV would be enabled without scales,\n"
+                   "with every K or every V scale 1.0 (the same cache), or with a scale that is\n"
+                   "not a positive finite number.\n");
             return 0;
         } else if (f[0] == '-') {
             kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
@@ -47,6 +49,23 @@ int kvd_cmd_audit(int argc, char **argv) {
     if (kvd_audit_dir(dir, &cfg, &au, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
     int fp8_kv = !strcmp(au.kv_algo, "FP8");
     int silent = fp8_kv && au.n_missing > 0;
+    /* scales there, but unusable, or all 1.0 for K or for V: that side's
+     * cache is the cache of no scales */
+    int bad = fp8_kv && !silent && au.bad_scale[0];
+    int ones = fp8_kv && !silent && !bad && au.n_with_scales > 0
+                   ? (au.n_unit_k == au.n_with_scales) | (au.n_unit_v == au.n_with_scales) << 1
+                   : 0,
+        unit = ones != 0;
+    const char *which = ones == 3   ? "every K and V scale"
+                        : ones == 2 ? "every V scale"
+                                    : "every K scale";
+    char engine_unit[600];
+    snprintf(engine_unit, sizeof engine_unit,
+             "switches the KV cache to FP8 E4M3 and loads the checkpoint's k_scale/v_scale, "
+             "but %s is 1.0: it writes that part of the cache as with no scales at all "
+             "(ModelOpt's export clamps FP8 KV scales to at least 1.0, so K and V whose "
+             "absmax is under 448 get exactly 1.0)",
+             which);
     int nf = au.n_attn, kvh = cfg.num_key_value_heads, hd = cfg.head_dim;
     int64_t bpt16 = kvd_kvcache_bytes_per_token(KVD_KV_BF16, nf, kvh, hd);
     int64_t bpt8 = kvd_kvcache_bytes_per_token(KVD_KV_FP8_CAL, nf, kvh, hd);
@@ -67,6 +86,17 @@ int kvd_cmd_audit(int argc, char **argv) {
                  "(kvdrift calibrate --model-dir DIR --into-checkpoint writes them, or your "
                  "quantizer's KV calibration), or serve with an explicit BF16 KV cache; measure "
                  "the cost first with kvdrift run --model-dir DIR --kv bf16,fp8-ckpt,fp8-cal";
+    } else if (bad) {
+        engine = "switches the KV cache to FP8 E4M3 with a scale that is not a positive finite "
+                 "number: what it writes into the cache is undefined (kvdrift's fp8-ckpt refuses "
+                 "such scales)";
+        advice = "do not deploy as is: replace the scales (kvdrift calibrate --model-dir DIR -o "
+                 "scales.json computes calibrated ones), or serve with an explicit BF16 KV cache";
+    } else if (unit) {
+        engine = engine_unit;
+        advice = "the scales are placeholders: measure what they cost with kvdrift run "
+                 "--model-dir DIR --kv bf16,fp8-ckpt,fp8-cal (fp8-cal: absmax / 448, unclamped), "
+                 "then serve with calibrated scales or an explicit BF16 KV cache";
     } else if (fp8_kv) {
         engine = "switches the KV cache to FP8 E4M3 and loads the checkpoint's k_scale/v_scale for "
                  "every full-attention layer";
@@ -98,6 +128,20 @@ int kvd_cmd_audit(int argc, char **argv) {
         for (int i = 0; i < au.n_missing; i++)
             json_array_append_new(ml, json_integer(au.missing_layers[i]));
         json_object_set_new(o, "layers_missing_kv_scales", ml);
+        json_object_set_new(o, "kv_scale_range",
+                            au.n_with_scales && !au.bad_scale[0]
+                                ? json_pack("{s:[f,f], s:[f,f]}", "k", (double)au.k_min,
+                                            (double)au.k_max, "v", (double)au.v_min,
+                                            (double)au.v_max)
+                                : json_null());
+        json_object_set_new(o, "kv_scales_exactly_one",
+                            json_pack("{s:i, s:i}", "k", au.n_unit_k, "v", au.n_unit_v));
+        json_object_set_new(o, "fp8_kv_scales_all_one",
+                            json_string(ones == 3   ? "kv"
+                                        : ones == 2 ? "v"
+                                        : ones      ? "k"
+                                                    : ""));
+        json_object_set_new(o, "bad_kv_scale", json_string(au.bad_scale));
         char *txt = json_dumps(o, JSON_INDENT(2));
         printf("%s\n", txt);
         free(txt);
@@ -130,6 +174,13 @@ int kvd_cmd_audit(int argc, char **argv) {
         printf("KV scales: %d of %d full-attention layers have k_scale and v_scale%s%s%s%s\n",
                au.n_with_scales, nf, au.scales_per_head ? " (per KV head)" : "",
                au.n_missing ? "; missing in layers " : "", missing, "");
+        if (au.bad_scale[0])
+            printf("KV scale values: %s is not a positive finite number\n", au.bad_scale);
+        else if (au.n_with_scales)
+            printf("KV scale values: K %g to %g, V %g to %g; %d of %d K and %d of %d V scales are "
+                   "exactly 1.0\n",
+                   au.k_min, au.k_max, au.v_min, au.v_max, au.n_unit_k, au.n_with_scales,
+                   au.n_unit_v, au.n_with_scales);
         printf("an engine that honours this checkpoint %s\n", engine);
         printf("KV cache: bf16 %lld bytes/token, %.0f tokens in %s; fp8 %lld bytes/token, %.0f "
                "tokens\n",
@@ -137,6 +188,8 @@ int kvd_cmd_audit(int argc, char **argv) {
                budget / (double)bpt8);
         printf("recommendation: %s\n", advice);
         if (silent) printf("VERDICT: FP8 KV cache without scales (silent scale 1.0)\n");
+        if (bad) printf("VERDICT: FP8 KV cache with an unusable scale (%s)\n", au.bad_scale);
+        if (unit) printf("VERDICT: FP8 KV cache with %s 1.0 (the same as without scales)\n", which);
     }
-    return strict && silent ? 1 : 0;
+    return strict && (silent || bad || unit) ? 1 : 0;
 }

@@ -594,8 +594,36 @@ static void copy_str(char *dst, size_t n, json_t *v) {
     snprintf(dst, n, "%s", s ? s : "");
 }
 
+/* one K (w 0) or V (w 1) scale tensor's values into the audit's range and
+ * counts */
+static void scale_values(const kvd_st_tensor *t, kvd_audit *a, int w) {
+    float buf[256], *lo = w ? &a->v_min : &a->k_min, *hi = w ? &a->v_max : &a->k_max;
+    char e[KVD_ERR_LEN];
+    if (t->numel < 1 || t->numel > 256 || kvd_st_to_f32(t, buf, e)) {
+        if (!a->bad_scale[0])
+            snprintf(a->bad_scale, sizeof a->bad_scale, "%s (%s, %lld values)", t->name,
+                     kvd_st_dtype_name(t->dtype), (long long)t->numel);
+        return;
+    }
+    int unit = 1;
+    for (int64_t i = 0; i < t->numel; i++) {
+        const float x = buf[i];
+        if (!(x > 0) || !isfinite(x)) {
+            if (!a->bad_scale[0])
+                snprintf(a->bad_scale, sizeof a->bad_scale, "%s = %g", t->name, x);
+            unit = 0;
+            continue;
+        }
+        unit &= x == 1.0f;
+        *lo = fminf(*lo, x);
+        *hi = fmaxf(*hi, x);
+    }
+    if (unit) ++*(w ? &a->n_unit_v : &a->n_unit_k);
+}
+
 int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err) {
     memset(a, 0, sizeof *a);
+    a->k_min = a->v_min = INFINITY; /* no scale seen yet */
     char path[4300];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (kvd_config_load(path, cfg, err)) return -1;
@@ -691,6 +719,7 @@ int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err) {
         if (k && v) {
             a->n_with_scales++;
             if (k->numel > 1 || v->numel > 1) a->scales_per_head = 1;
+            for (int w = 0; w < 2; w++) scale_values(w ? v : k, a, w);
         } else {
             a->missing_layers[a->n_missing++] = l;
         }

@@ -30,6 +30,14 @@ typedef struct {
     char producer[64];    /* modelopt, compressed-tensors, fp8, ... */
     int n_attn, n_with_scales;
     int scales_per_head;
+    /* the values of the scales there are: their range for K and for V, how
+     * many scale tensors hold 1.0 and nothing else (ModelOpt's export clamps
+     * FP8 KV scales to at least 1.0: on K and V of ordinary magnitude that
+     * is the cache an engine writes without scales), and the first that is
+     * not a positive finite number */
+    float k_min, k_max, v_min, v_max;
+    int n_unit_k, n_unit_v;
+    char bad_scale[200];
     int missing_layers[KVD_MAX_LAYERS]; /* indices (model layer numbers) without scales */
     int n_missing;
     /* every tensor the config asks for is there, in BF16/F16/F32, or in FP8

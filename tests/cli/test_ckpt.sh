@@ -295,6 +295,37 @@ cp -r "$work/fused" "$work/fp4-fused"
 st retag "$work/fp4-fused/model.safetensors" model.layers.0.mlp.experts.gate_up_proj U8 '[8, 64, 64]'
 expect 2 "tensor model.layers.0.mlp.experts.gate_up_proj is U8: packed 4-bit experts are read one expert at a time" -- forward --model-dir "$work/fp4-fused" --tokens 8
 
+# Scales that are there but 1.0: ModelOpt's export clamps FP8 KV scales to
+# at least 1.0, so on this model (K outliers up to ~1000, V under 0.1) every
+# V scale it writes is 1.0 and V lands in E4M3's subnormals as without
+# scales. calibrate --calibration modelopt writes such a checkpoint; audit
+# --strict fails it, naming the side; a sweep shows the cost
+cp -r "$work/noscale" "$work/mo"
+"$bin" calibrate --model-dir "$work/mo" --calibration modelopt --into-checkpoint >/dev/null 2>"$work/err" || bad "calibrate --calibration modelopt --into-checkpoint: $(cat "$work/err")"
+expect 1 "VERDICT: FP8 KV cache with every V scale 1.0 \(the same as without scales\)" -- audit "$work/mo" --strict
+expect 0 "KV scale values: K [0-9.]+ to [0-9.]+, V 1 to 1; 0 of 2 K and 2 of 2 V scales are exactly 1.0" -- audit "$work/mo"
+"$bin" audit "$work/mo" --format json >"$work/a.json" && "$py" -c "
+import json; a = json.load(open('$work/a.json'))
+assert a['fp8_kv_scales_all_one'] == 'v' and a['kv_scales_exactly_one'] == {'k': 0, 'v': 2}
+assert a['kv_scale_range']['v'] == [1.0, 1.0] and a['kv_scale_range']['k'][0] > 1 and a['bad_kv_scale'] == ''
+" && ok || bad "audit --format json on scales of 1.0: $(cat "$work/a.json")"
+"$bin" run --model-dir "$work/mo" --kv bf16,fp8-ckpt,fp8-cal --context 512 --cells drift \
+  -o "$work/mo.h5" >/dev/null 2>"$work/err" &&
+  "$py" -c "
+import h5py, sys
+f = h5py.File('$work/mo.h5')
+s, kv = f['drift/summary'][:], f['drift/kv'][:]
+kl = {m: float(s[(s['mode'] == m.encode()) & (s['subset'] == b'all') & (s['metric'] == b'kl_mean')]['value'][0])
+      for m in ('fp8-ckpt', 'fp8-cal')}
+vf = {m: float(kv[kv['mode'] == m.encode()]['v_flushed_frac'].mean()) for m in ('fp8-ckpt', 'fp8-cal')}
+print('modelopt scales: kl_mean', kl, 'v_flushed_frac', vf)
+sys.exit(0 if kl['fp8-ckpt'] > 1.3 * kl['fp8-cal'] > 0 and vf['fp8-ckpt'] > 0.05 > 100 * vf['fp8-cal'] else 1)" >"$work/out" && ok ||
+  bad "ModelOpt-clamped scales: fp8-ckpt should flush V and drift more than fp8-cal: $(cat "$work/out" "$work/err")"
+# a scale that is no number is named
+cp -r "$work/noscale" "$work/nanscale"
+st add-scales "$work/nanscale" 3:0.75:nan 7:1.5:0.0001
+expect 1 "VERDICT: FP8 KV cache with an unusable scale \(model.layers.3.self_attn.v_proj.v_scale = nan\)" -- audit "$work/nanscale" --strict
+
 # a block scale of the wrong shape is refused, naming what was expected
 cp -r "$work/fp8-block64" "$work/fp8-badblock"
 st config "$work/fp8-badblock" quantization_config '{"quant_method": "fp8", "weight_block_size": [32, 32]}'
