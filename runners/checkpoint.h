@@ -61,11 +61,14 @@ int kvd_checkpoint_add_kv_scales(const char *dir, const kvd_config *cfg, const k
                                  int per_head, char *err);
 
 /* What identifies a checkpoint's contents for a resumed sweep, cheaply:
- * config.json, every safetensors file's name, size and header, and the KV
- * scales' values, hashed ("fnv1a64:<16 hex digits>"). A checkpoint copied
- * elsewhere keeps it; one rewritten with other shapes, dtypes, tensors,
- * config or scales does not (weights rewritten in place with the same
- * layout are not detected: that would read every byte). */
+ * config.json, every safetensors file's name, size and header, the KV
+ * scales' values, and 16 windows of 4 KiB spread evenly over each file's
+ * data, hashed ("fnv1a64:<16 hex digits>"). A checkpoint copied elsewhere
+ * keeps it; one rewritten with other shapes, dtypes, tensors, config or
+ * scales does not, nor one whose weights were rewritten in place with the
+ * same layout (a fine-tune saved over its base changes nearly every byte,
+ * so every window; reading every byte of a 400 GB checkpoint per run would
+ * take minutes). */
 int kvd_checkpoint_fingerprint(const char *dir, char *out, size_t n, char *err);
 
 int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err);

@@ -119,6 +119,13 @@ st add-scales "$work/scaled" 3:0.5:0.0002 7:1.5:0.0001
 expect 2 "ck-run.h5 holds cells of other weights \(their contents fnv1a64:[0-9a-f]{16}, this run's fnv1a64:[0-9a-f]{16}\)" -- run --model-dir "$work/scaled" --kv bf16,fp8-ckpt --context 64 --concurrency 1 --gen-tokens 0 --decode-tokens 2 -o "$work/ck-run.h5"
 cmp -s "$work/ck-run.h5" "$work/ck-run.before" && ok || bad "a refused resume changed the results file"
 st add-scales "$work/scaled" 3:0.75:0.0002 7:1.5:0.0001
+# ... and so are weights rewritten in place with the same layout (a fine-tune
+# saved over its base: the same headers, other values)
+expect 0 "resuming .*ck-run.h5: 4 cells already finished" -- run --model-dir "$work/scaled" --kv bf16,fp8-ckpt --context 64 --concurrency 1 --gen-tokens 0 --decode-tokens 2 -o "$work/ck-run.h5"
+cp "$work/scaled/model.safetensors" "$work/base.safetensors"
+st nudge "$work/scaled/model.safetensors"
+expect 2 "ck-run.h5 holds cells of other weights \(their contents fnv1a64:[0-9a-f]{16}, this run's fnv1a64:[0-9a-f]{16}\)" -- run --model-dir "$work/scaled" --kv bf16,fp8-ckpt --context 64 --concurrency 1 --gen-tokens 0 --decode-tokens 2 -o "$work/ck-run.h5"
+cp "$work/base.safetensors" "$work/scaled/model.safetensors"
 
 # malformed JSON
 cp -r "$work/ck" "$work/badjson"
