@@ -168,8 +168,27 @@ static int n_layers(const kvd_run *r) {
 
 typedef struct {
     double kl, kl_err, top1, hid_last, dec_gain, cap_gain, ln_ppl, attn_kl;
+    double k_sat, v_flush; /* shares of the values written (NaN: no FP8 rows) */
     int conc;
 } verdict;
+
+/* The shares of K values saturated and of V values flushed to zero by a
+ * mode's cache writes at context ctx, over every layer, head and trace: the
+ * two ways a wrong scale loses the cache (too small for K's outliers, too
+ * large for V's magnitudes). */
+static void kv_shares(const kvd_run *r, const char *mode, long long ctx, double *k_sat,
+                      double *v_flush) {
+    const kvd_table *t = &r->r.t[KVD_T_KV];
+    double n = 0, ks = 0, vf = 0;
+    for (int64_t i = 0; i < t->n; i++) {
+        const kvd_row_kv *x = KVD_ROW(t, kvd_row_kv, i);
+        if (strcmp(x->mode, mode) || x->context != ctx) continue;
+        n += x->n_values, ks += x->k_saturated_frac * x->n_values;
+        vf += x->v_flushed_frac * x->n_values;
+    }
+    *k_sat = n > 0 && strcmp(mode, "bf16") ? ks / n : NAN;
+    *v_flush = n > 0 && strcmp(mode, "bf16") ? vf / n : NAN;
+}
 
 static double attn_kl_mean(const kvd_run *r, const char *mode, long long ctx, const char *view,
                            const char *subset, int al) {
@@ -194,6 +213,7 @@ static verdict make_verdict(const kvd_run *r, const char *mode) {
     v.ln_ppl = kvd_run_summary(r, mode, ctx, "all", "ln_ppl_ratio");
     v.hid_last = layer_mean(r, mode, ctx, n_layers(r) - 1, "rel_l2");
     v.attn_kl = attn_kl_mean(r, mode, ctx, "propagated", "all", -1);
+    kv_shares(r, mode, ctx, &v.k_sat, &v.v_flush);
     int cs[64], nc = concurrencies(r, ctx, cs);
     v.conc = nc ? cs[nc - 1] : 0;
     const kvd_row_tput *a = nc ? tput(r, mode, v.conc, ctx) : NULL,
@@ -222,6 +242,7 @@ static void fmt(char *b, size_t n, double v, const char *f) {
 /* The verdict's figures as the tables print them. */
 typedef struct {
     char kl[32], kl_err[32], top1[32], ln_ppl[32], attn_kl[32], hid_last[32], dec[32], cap[32];
+    char lost[48]; /* "K sat% / V flushed%" */
 } verdict_text;
 
 static verdict_text verdict_fmt(const verdict *v) {
@@ -234,6 +255,10 @@ static verdict_text verdict_fmt(const verdict *v) {
     fmt(t.hid_last, sizeof t.hid_last, v->hid_last, "%.2e");
     fmt(t.dec, sizeof t.dec, v->dec_gain, "%.2fx");
     fmt(t.cap, sizeof t.cap, v->cap_gain, "%.1fx");
+    if (isfinite(v->k_sat) && isfinite(v->v_flush))
+        snprintf(t.lost, sizeof t.lost, "%.3f%% / %.3f%%", 100 * v->k_sat, 100 * v->v_flush);
+    else
+        snprintf(t.lost, sizeof t.lost, "-");
     return t;
 }
 
@@ -251,8 +276,9 @@ static void verdict_table(kvd_buf *b, const kvd_run *runs, int n) {
     kvd_buf_puts(b,
                  "<table class=\"verdict\"><tr><th class=\"l\">run</th><th class=\"l\">KV mode</th>"
                  "<th>output KL (nats)</th><th>top-1 agreement</th><th>ln(PPL ratio)</th>"
-                 "<th>attention KL</th><th>last-layer hidden drift</th><th>decode speed vs "
-                 "bf16</th><th>KV capacity vs bf16</th><th class=\"l\">verdict</th></tr>\n");
+                 "<th>attention KL</th><th>last-layer hidden drift</th><th>K saturated / V "
+                 "flushed to 0</th><th>decode speed vs bf16</th><th>KV capacity vs bf16</th>"
+                 "<th class=\"l\">verdict</th></tr>\n");
     for (int i = 0; i < n; i++) {
         const char *modes[KVD_KV_N_MODES];
         int nm = kvd_run_modes(&runs[i], modes);
@@ -264,10 +290,10 @@ static void verdict_table(kvd_buf *b, const kvd_run *runs, int n) {
             kvd_buf_xml(b, runs[i].label);
             kvd_buf_printf(b,
                            "</td><td class=\"l\">%s</td><td>%s &#177; %s</td><td>%s</td><td>%s</td>"
-                           "<td>%s</td><td>%s</td><td>%s (C=%d)</td><td>%s</td>"
+                           "<td>%s</td><td>%s</td><td>%s</td><td>%s (C=%d)</td><td>%s</td>"
                            "<td class=\"l %s\">%s</td></tr>\n",
-                           modes[m], t.kl, t.kl_err, t.top1, t.ln_ppl, t.attn_kl, t.hid_last, t.dec,
-                           v.conc, t.cap, w, w);
+                           modes[m], t.kl, t.kl_err, t.top1, t.ln_ppl, t.attn_kl, t.hid_last,
+                           t.lost, t.dec, v.conc, t.cap, w, w);
         }
     }
     kvd_buf_puts(b, "</table>\n");
@@ -673,17 +699,18 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
 void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
     kvd_buf_puts(b, "## kvdrift: KV cache precision drift\n\n");
     kvd_buf_puts(b, "| run | KV mode | output KL (nats) | top-1 agreement | ln(PPL ratio) | "
-                    "attention KL | decode vs bf16 | KV capacity vs bf16 | verdict |\n"
-                    "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
+                    "attention KL | K saturated / V flushed to 0 | decode vs bf16 | "
+                    "KV capacity vs bf16 | verdict |\n"
+                    "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
     for (int i = 0; i < n; i++) {
         const char *modes[KVD_KV_N_MODES];
         int nm = kvd_run_modes(&runs[i], modes);
         for (int m = 0; m < nm; m++) {
             verdict v = make_verdict(&runs[i], modes[m]);
             verdict_text t = verdict_fmt(&v);
-            kvd_buf_printf(b, "| %s | %s | %s ± %s | %s | %s | %s | %s | %s | %s |\n",
+            kvd_buf_printf(b, "| %s | %s | %s ± %s | %s | %s | %s | %s | %s | %s | %s |\n",
                            runs[i].label, modes[m], t.kl, t.kl_err, t.top1, t.ln_ppl, t.attn_kl,
-                           t.dec, t.cap, verdict_word(v.kl));
+                           t.lost, t.dec, t.cap, verdict_word(v.kl));
         }
     }
     /* each run's figures are at its largest context: one figure when they agree */

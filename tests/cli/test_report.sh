@@ -88,6 +88,26 @@ done
 ok
 
 "$bin" report "$work/r.h5" --format md >"$work/r.md" && grep -q '^| r | fp8-unscaled |' "$work/r.md" && ok || bad "markdown"
+# the verdict table's "K saturated / V flushed to 0": each FP8 mode's shares
+# of the values its cache writes lost that way, over every layer and head
+"$py" - "$work/r.h5" "$work/r.md" <<'PY' && ok || bad "markdown: the K saturated / V flushed column differs from /drift/kv"
+import sys, h5py, numpy as np
+kv = h5py.File(sys.argv[1])["drift/kv"][:]
+rows = {l.split("|")[2].strip(): [c.strip() for c in l.split("|")[1:-1]]
+        for l in open(sys.argv[2]) if l.startswith("| r |")}
+head = [c.strip() for c in open(sys.argv[2]).read().split("\n")[2].split("|")[1:-1]]
+col = head.index("K saturated / V flushed to 0")
+assert rows["bf16"][col] == "-", rows["bf16"]
+for mode in ("fp8-cal", "fp8-unscaled"):
+    k = kv[(kv["mode"] == mode.encode()) & (kv["context"] == 512)]
+    w = k["n_values"]
+    want = "%.3f%% / %.3f%%" % (100 * (k["k_saturated_frac"] * w).sum() / w.sum(),
+                                  100 * (k["v_flushed_frac"] * w).sum() / w.sum())
+    assert rows[mode][col] == want, (mode, rows[mode][col], want)
+# unscaled flushes V (the tiny model's V is far below 1), calibrated does not
+vf = {m: float(rows[m][col].split("/")[1].rstrip("% ")) for m in ("fp8-cal", "fp8-unscaled")}
+assert vf["fp8-unscaled"] > 1 > 100 * vf["fp8-cal"], vf
+PY
 # runs are told apart: file names that clash take more of their path, one
 # file given twice is numbered; more files than a report takes are refused
 mkdir -p "$work/a" "$work/b"
