@@ -765,13 +765,14 @@ out:
 /* What a reader wants at the end of a run: per mode and context, the output
  * drift, the attention drift and the decode speed at each concurrency. */
 static void print_summary(const kvd_results *r, const run_opts *o) {
-    const kvd_table *sm = &r->t[KVD_T_SUMMARY], *at = &r->t[KVD_T_ATTN], *tp = &r->t[KVD_T_TPUT];
+    const kvd_table *sm = &r->t[KVD_T_SUMMARY], *at = &r->t[KVD_T_ATTN], *tp = &r->t[KVD_T_TPUT],
+                    *kv = &r->t[KVD_T_KV];
     /* the columns of the cells this run measured */
     const int drift = o->cells & 1, nc = o->cells & 2 ? o->n_conc : 0;
     printf("\n%-13s %8s", "kv_mode", "context");
     if (drift)
-        printf(" %11s %11s %10s %11s %11s", "kl_mean", "kl_p99", "same_top", "ln_ppl_rat",
-               "attn_kl");
+        printf(" %11s %11s %10s %11s %11s %9s %9s", "kl_mean", "kl_p99", "same_top", "ln_ppl_rat",
+               "attn_kl", "k_sat%", "v_flush%");
     for (int k = 0; k < nc; k++) printf("  dec_tok_s@%-3d", o->conc[k]);
     printf("\n");
     for (int ci = 0; ci < o->n_ctx; ci++)
@@ -796,10 +797,24 @@ static void print_summary(const kvd_results *r, const run_opts *o) {
                     !strcmp(x->metric, "kl"))
                     num += x->mean * x->n, den += x->n;
             }
+            /* the shares of K saturated and V flushed by the cache's writes */
+            double nv = 0, ks = 0, vf = 0;
+            for (int64_t i = 0; i < kv->n; i++) {
+                const kvd_row_kv *x = (const kvd_row_kv *)(kv->rows + (size_t)i * kv->row_size);
+                if (!strcmp(x->mode, mode) && x->context == o->ctx[ci])
+                    nv += x->n_values, ks += x->k_saturated_frac * x->n_values,
+                        vf += x->v_flushed_frac * x->n_values;
+            }
+            const int fp8 = nv > 0 && strcmp(mode, "bf16");
             printf("%-13s %8lld", mode, (long long)o->ctx[ci]);
-            if (drift)
+            if (drift) {
                 printf(" %11.3e %11.3e %10.4f %11.3e %11.3e", v[0], v[1], v[2], v[3],
                        den > 0 ? num / den : NAN);
+                if (fp8)
+                    printf(" %9.3f %9.3f", 100 * ks / nv, 100 * vf / nv);
+                else
+                    printf(" %9s %9s", "-", "-");
+            }
             for (int k = 0; k < nc; k++) {
                 double d = NAN;
                 for (int64_t i = 0; i < tp->n; i++) {
@@ -816,7 +831,8 @@ static void print_summary(const kvd_results *r, const run_opts *o) {
     if (drift)
         printf("\nkl: KL(P_bf16 || P_mode) of the next token, nats; same_top: share of positions "
                "with the BF16 argmax;\nln_ppl_rat: ln(PPL_mode / PPL_bf16); attn_kl: attention "
-               "KL, propagated view, mean over layers.\n");
+               "KL, propagated view, mean over layers;\nk_sat%%, v_flush%%: the shares of K "
+               "values saturated and of V values flushed to zero by the cache's writes.\n");
 }
 
 static const char *const run_help =

@@ -18,6 +18,24 @@ sweep=(run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 512,1024 --conc
 
 if "$bin" "${sweep[@]}" -o "$work/a.h5" >"$work/a.out" 2>"$work/a.err"; then ok; else bad "the tiny sweep failed: $(cat "$work/a.err")"; fi
 if h5dump -H "$work/a.h5" | grep -q 'DATASET "output"'; then ok; else bad "h5dump cannot read the results"; fi
+# the summary's k_sat% and v_flush% columns: the shares of /drift/kv
+"$py" - "$work/a.h5" "$work/a.out" <<'PY' && ok || bad "run summary: k_sat% / v_flush% differ from /drift/kv: $(cat "$work/a.out")"
+import sys, h5py
+kv = h5py.File(sys.argv[1])["drift/kv"][:]
+lines = [l.split() for l in open(sys.argv[2]) if l.split()[:1] in (["fp8-cal"], ["fp8-unscaled"], ["bf16"])]
+head = next(l.split() for l in open(sys.argv[2]) if l.startswith("kv_mode"))
+ks, vf = head.index("k_sat%"), head.index("v_flush%")
+assert len(lines) == 6, lines
+for l in lines:
+    mode, ctx = l[0], int(l[1])
+    if mode == "bf16":
+        assert l[ks] == l[vf] == "-", l
+        continue
+    k = kv[(kv["mode"] == mode.encode()) & (kv["context"] == ctx)]
+    w = k["n_values"]
+    assert l[ks] == "%.3f" % (100 * (k["k_saturated_frac"] * w).sum() / w.sum()), (l, ks)
+    assert l[vf] == "%.3f" % (100 * (k["v_flushed_frac"] * w).sum() / w.sum()), (l, vf)
+PY
 "$bin" schema >"$work/schema.md"
 if grep -qF -f <(head -3 "$work/schema.md") "$schema_doc" && "$py" - "$schema_doc" "$work/schema.md" <<'PY'
 import sys
