@@ -96,7 +96,8 @@ int kvd_cmd_audit(int argc, char **argv) {
         engine = engine_unit;
         advice = "the scales are placeholders: measure what they cost with kvdrift run "
                  "--model-dir DIR --kv bf16,fp8-ckpt,fp8-cal (fp8-cal: absmax / 448, unclamped), "
-                 "then serve with calibrated scales or an explicit BF16 KV cache";
+                 "then serve with calibrated scales (kvdrift calibrate --model-dir DIR -o "
+                 "scales.json computes them) or an explicit BF16 KV cache";
     } else if (fp8_kv) {
         engine = "switches the KV cache to FP8 E4M3 and loads the checkpoint's k_scale/v_scale for "
                  "every full-attention layer";
