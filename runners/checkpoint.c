@@ -379,16 +379,24 @@ static int part_rows(const source *src, int k, int64_t r0, int64_t n, float *out
         lut[v] = src->fp4[k]                  ? kvd_e2m1_to_f32((uint8_t)(v & 15))
                  : s->dtype == KVD_ST_F8_E5M2 ? kvd_e5m2_to_f32((uint8_t)v)
                                               : kvd_e4m3_to_f32((uint8_t)v);
+    /* a scale's values at a time (bc is even for 4-bit codes, so a byte's
+     * two never straddle scales) */
     for (int64_t r = r0; r < r0 + n; r++) {
         const float *row_sc = sv + (r / br) * nbc;
         float *o = out + (r - r0) * C;
-        if (src->fp4[k]) {
-            const uint8_t *code = s->data + r * (C / 2);
-            for (int64_t j = 0; j < C; j++)
-                o[j] = lut[(code[j / 2] >> (4 * (j & 1))) & 15] * row_sc[j / bc];
-        } else {
-            const uint8_t *code = s->data + r * C;
-            for (int64_t j = 0; j < C; j++) o[j] = lut[code[j]] * row_sc[j / bc];
+        for (int64_t j0 = 0, b = 0; j0 < C; j0 += bc, b++) {
+            const float sc = row_sc[b];
+            const int64_t j1 = j0 + bc < C ? j0 + bc : C;
+            if (src->fp4[k]) {
+                const uint8_t *code = s->data + r * (C / 2);
+                for (int64_t j = j0; j < j1; j += 2) {
+                    o[j] = lut[code[j / 2] & 15] * sc;
+                    o[j + 1] = lut[code[j / 2] >> 4] * sc;
+                }
+            } else {
+                const uint8_t *code = s->data + r * C;
+                for (int64_t j = j0; j < j1; j++) o[j] = lut[code[j]] * sc;
+            }
         }
     }
     free(sv);
