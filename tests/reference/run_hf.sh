@@ -2,7 +2,8 @@
 # The optional check against Hugging Face transformers' own Qwen3-Next and
 # Qwen3.5 (hf_check.py): kvdrift's tiny and small exports, and Qwen3.5
 # checkpoints transformers writes itself (hf_make_qwen35.py); and of the
-# 4-bit weights kvdrift dequantizes against compressed-tensors (ct_check.py). It needs a Python with torch
+# FP8 and 4-bit weights kvdrift dequantizes against compressed-tensors
+# (ct_check.py). It needs a Python with torch
 # and transformers: $KVD_HF_PYTHON, else the .venv-hf that
 # scripts/setup-hf.sh makes, else the python3 first on PATH. Skips (77) with
 # a message when none has them; the project's own set-up does not install
@@ -51,18 +52,21 @@ for kind in moe moe-text dense; do
   check "qwen3.5-$kind" "$work/qwen35/$kind" --model-dir "$work/qwen35/$kind" \
     --kv bf16,fp8-cal,fp8-unscaled,fp8-e5m2
 done
-# packed 4-bit weights (NVFP4 in ModelOpt's and compressed-tensors' names,
-# MXFP4) as kvdrift dequantizes them, against compressed-tensors' own
-# decompression, where the library is installed
+# FP8 (per tensor, per row, per block) and packed 4-bit weights (NVFP4 in
+# ModelOpt's and compressed-tensors' names, MXFP4) as kvdrift dequantizes
+# them, against compressed-tensors' own dequantization, where the library is
+# installed
 if "$py" -c "import compressed_tensors" 2>/dev/null; then
-  for mode in modelopt compressed mxfp4; do
-    echo "== 4-bit weights: $mode"
-    "$bin" export --model tiny -o "$work/fp4-$mode" >/dev/null
-    /usr/bin/python3 "$here/../cli/st_tool.py" fp4-quantize "$work/fp4-$mode" $mode "$work/fp4-$mode-ref"
-    "$bin" export --model-dir "$work/fp4-$mode" --dtype f32 -o "$work/fp4-$mode-f32" >/dev/null
-    (cd "$here" && "$py" ct_check.py "$work/fp4-$mode" "$work/fp4-$mode-f32/model.safetensors") || rc=1
+  for q in fp8:tensor fp8:channel fp8:block64 fp4:modelopt fp4:compressed fp4:mxfp4; do
+    kind=${q%%:*} mode=${q#*:}
+    echo "== quantized weights: $kind $mode"
+    d="$work/q-$kind-$mode"
+    "$bin" export --model tiny -o "$d" >/dev/null
+    /usr/bin/python3 "$here/../cli/st_tool.py" $kind-quantize "$d" $mode "$d-ref"
+    "$bin" export --model-dir "$d" --dtype f32 -o "$d-f32" >/dev/null
+    (cd "$here" && "$py" ct_check.py "$d" "$d-f32/model.safetensors") || rc=1
   done
 else
-  echo "== 4-bit weights: skipped (no compressed-tensors in $py: bash scripts/setup-hf.sh installs it)"
+  echo "== quantized weights: skipped (no compressed-tensors in $py: bash scripts/setup-hf.sh installs it)"
 fi
 exit $rc
