@@ -176,7 +176,8 @@ int kvd_cmd_audit(int argc, char **argv) {
                au.n_with_scales, nf, au.scales_per_head ? " (per KV head)" : "",
                au.n_missing ? "; missing in layers " : "", missing, "");
         if (au.bad_scale[0])
-            printf("KV scale values: %s is not a positive finite number\n", au.bad_scale);
+            printf("KV scale values: unusable: %s (expected positive finite numbers)\n",
+                   au.bad_scale);
         else if (au.n_with_scales)
             printf("KV scale values: K %g to %g, V %g to %g; %d of %d K and %d of %d V scales are "
                    "exactly 1.0\n",

@@ -80,9 +80,10 @@ static int is_packed(const kvd_st_tensor *s) {
     return s->dtype == KVD_ST_U8 || s->dtype == KVD_ST_F4;
 }
 
-/* a 2-D tensor's columns as values: a U8 byte holds two 4-bit codes */
-static int64_t value_cols(const kvd_st_tensor *s, int fp4) {
-    return s->ndim != 2 ? 0 : s->dtype == KVD_ST_U8 && fp4 ? 2 * s->shape[1] : s->shape[1];
+/* a packed 2-D tensor's columns of values: a U8 byte holds two 4-bit
+ * codes, an F4 tensor's shape counts the codes */
+static int64_t fp4_cols(const kvd_st_tensor *s) {
+    return s->dtype == KVD_ST_U8 ? 2 * s->shape[1] : s->shape[1];
 }
 
 /* whether s can hold t's values: the same shape, or (packed 4-bit) the same
@@ -114,14 +115,13 @@ static int check_fp4(const kvd_checkpoint *c, source *src, int k, char *err) {
     char name[220];
     snprintf(name, sizeof name, "%.*s_scale", cut, s->name);
     const kvd_st_tensor *sc = kvd_checkpoint_find(c, name);
-    const int64_t R = s->shape[0], C = value_cols(s, 1);
-    if (!sc || src->kind == SRC_EXPERT) {
+    const int64_t R = s->shape[0], C = fp4_cols(s);
+    if (!sc) {
         snprintf(err, KVD_ERR_LEN,
-                 "%s: tensor %s is %s [%lld, %lld] (packed 4-bit) %s: NVFP4 and MXFP4 weights are "
-                 "read as 2-D matrices with %s beside them",
+                 "%s: tensor %s is %s [%lld, %lld] (packed 4-bit) without its scale: NVFP4 and "
+                 "MXFP4 weights are read as 2-D matrices with %s beside them",
                  path, s->name, kvd_st_dtype_name(s->dtype), (long long)s->shape[0],
-                 (long long)s->shape[1], !sc ? "without its scale" : "in a fused expert tensor",
-                 name);
+                 (long long)s->shape[1], name);
         return -1;
     }
     const int e8 = sc->dtype == KVD_ST_U8 || sc->dtype == KVD_ST_F8_E8M0;
@@ -173,7 +173,8 @@ static int check_fp4(const kvd_checkpoint *c, source *src, int k, char *err) {
     return 0;
 }
 
-/* A part's values must be usable: a float dtype, or FP8 with its scale.
+/* A part's values must be usable: a float dtype, FP8 with its scale, or
+ * packed 4-bit codes with theirs (check_fp4).
  * FP8 weights (Qwen's and DeepSeek's block-quantized checkpoints, ModelOpt,
  * compressed-tensors) are dequantized on load, code * scale in FP32, the
  * scale their companion NAME_scale_inv (block FP8) or NAME_scale: one value
@@ -369,7 +370,7 @@ static float *part_scales(const source *src, int k, char *err) {
  * ones dequantized: code * scale in FP32 */
 static int part_rows(const source *src, int k, int64_t r0, int64_t n, float *out, char *err) {
     const kvd_st_tensor *s = src->s[k];
-    const int64_t C = src->fp4[k] ? value_cols(s, 1) : s->shape[0] > 0 ? s->numel / s->shape[0] : 0;
+    const int64_t C = src->fp4[k] ? fp4_cols(s) : s->shape[0] > 0 ? s->numel / s->shape[0] : 0;
     if (!src->scale[k]) return kvd_st_range_to_f32(s, r0 * C, n * C, out, err);
     float *sv = part_scales(src, k, err);
     if (!sv) return -1;
@@ -609,8 +610,8 @@ static void scale_values(const kvd_st_tensor *t, kvd_audit *a, int w) {
     char e[KVD_ERR_LEN];
     if (t->numel < 1 || t->numel > 256 || kvd_st_to_f32(t, buf, e)) {
         if (!a->bad_scale[0])
-            snprintf(a->bad_scale, sizeof a->bad_scale, "%s (%s, %lld values)", t->name,
-                     kvd_st_dtype_name(t->dtype), (long long)t->numel);
+            snprintf(a->bad_scale, sizeof a->bad_scale, "%s: %lld values of %s", t->name,
+                     (long long)t->numel, kvd_st_dtype_name(t->dtype));
         return;
     }
     int unit = 1;

@@ -33,8 +33,8 @@ typedef struct {
     /* the values of the scales there are: their range for K and for V, how
      * many scale tensors hold 1.0 and nothing else (ModelOpt's export clamps
      * FP8 KV scales to at least 1.0: on K and V of ordinary magnitude that
-     * is the cache an engine writes without scales), and the first that is
-     * not a positive finite number */
+     * is the cache an engine writes without scales), and the first scale
+     * that is not a positive finite number or has too many values */
     float k_min, k_max, v_min, v_max;
     int n_unit_k, n_unit_v;
     char bad_scale[200];
