@@ -539,18 +539,39 @@ int kvd_weights_lazy_load(kvd_weights *w, const char *dir, char *err) {
     return 0;
 }
 
-/* The scale tensor of a full-attention layer under the names exporters use. */
+/* The names engines read a full-attention layer's KV scales under (vLLM's
+ * and SGLang's loaders map each onto the layer's k_scale / v_scale):
+ * ModelOpt's k_proj.k_scale, compressed-tensors' self_attn.k_scale, the
+ * engines' own attn.k_scale, Quark's (and older compressed-tensors')
+ * k_proj.output_scale, and the deprecated single kv_scale, which engines
+ * use for K and V alike. */
+static const char *const kv_scale_names[2][5] = {
+    {"self_attn.k_proj.k_scale", "self_attn.k_scale", "self_attn.attn.k_scale",
+     "self_attn.k_proj.output_scale", "self_attn.kv_scale"},
+    {"self_attn.v_proj.v_scale", "self_attn.v_scale", "self_attn.attn.v_scale",
+     "self_attn.v_proj.output_scale", "self_attn.kv_scale"}};
+
+/* The scale tensor of a full-attention layer under any of those names. */
 static const kvd_st_tensor *find_scale(const kvd_checkpoint *c, int layer, int is_v) {
-    static const char *const pat[2][2] = {
-        {"model.layers.%d.self_attn.k_proj.k_scale", "model.layers.%d.self_attn.k_scale"},
-        {"model.layers.%d.self_attn.v_proj.v_scale", "model.layers.%d.self_attn.v_scale"}};
     char name[160];
-    for (int k = 0; k < 2; k++) {
-        snprintf(name, sizeof name, pat[is_v][k], layer);
+    for (int k = 0; k < 5; k++) {
+        snprintf(name, sizeof name, "model.layers.%d.%s", layer, kv_scale_names[is_v][k]);
         const kvd_st_tensor *t = find_named(c, name);
         if (t) return t;
     }
     return NULL;
+}
+
+/* whether a tensor name is a KV scale's, under any of those names */
+static int is_kv_scale_name(const char *name) {
+    const size_t n = strlen(name);
+    for (int v = 0; v < 2; v++)
+        for (int k = 0; k < 5; k++) {
+            const size_t m = strlen(kv_scale_names[v][k]);
+            if (n > m && name[n - m - 1] == '.' && !strcmp(name + n - m, kv_scale_names[v][k]))
+                return 1;
+        }
+    return 0;
 }
 
 int kvd_checkpoint_kv_scales(const char *dir, const kvd_config *cfg, kvd_kv_scales *s, int *found,
@@ -776,12 +797,8 @@ int kvd_checkpoint_fingerprint(const char *dir, char *out, size_t n, char *err) 
     }
     /* and the values of the KV scales, which a re-calibration changes
      * without changing any header */
-    for (int i = 0; i < c.n; i++) {
-        size_t nl = strlen(c.t[i].name);
-        if (nl > 6 && (!strcmp(c.t[i].name + nl - 6, "_scale")) &&
-            (strstr(c.t[i].name, "k_scale") || strstr(c.t[i].name, "v_scale")))
-            h = fnv(h, c.t[i].data, c.t[i].nbytes);
-    }
+    for (int i = 0; i < c.n; i++)
+        if (is_kv_scale_name(c.t[i].name)) h = fnv(h, c.t[i].data, c.t[i].nbytes);
     kvd_checkpoint_close(&c);
     snprintf(out, n, "fnv1a64:%016llx", (unsigned long long)h);
     return 0;

@@ -45,13 +45,24 @@ def f32(values):
 
 def main():
     cmd = sys.argv[1]
-    if cmd == "add-scales":  # DIR LAYER:K:V ... -> kv_scales.safetensors + index
+    if cmd in ("add-scales", "add-scales-as"):
+        # [add-scales-as STYLE] DIR LAYER:K:V ... -> kv_scales.safetensors + index, under
+        # ModelOpt's names or STYLE's: quark (k_proj.output_scale), attn (attn.k_scale),
+        # legacy (one kv_scale, the K value, for both)
+        style = sys.argv.pop(2) if cmd == "add-scales-as" else "modelopt"
         d = sys.argv[2]
         scales = {}
         for spec in sys.argv[3:]:
             layer, k, v = spec.split(":")
-            scales[f"model.layers.{layer}.self_attn.k_proj.k_scale"] = f32(float(k))
-            scales[f"model.layers.{layer}.self_attn.v_proj.v_scale"] = f32(float(v))
+            p = f"model.layers.{layer}.self_attn"
+            if style == "legacy":
+                scales[f"{p}.kv_scale"] = f32(float(k))
+                continue
+            kn, vn = {"modelopt": ("k_proj.k_scale", "v_proj.v_scale"),
+                      "quark": ("k_proj.output_scale", "v_proj.output_scale"),
+                      "attn": ("attn.k_scale", "attn.v_scale")}[style]
+            scales[f"{p}.{kn}"] = f32(float(k))
+            scales[f"{p}.{vn}"] = f32(float(v))
         write(f"{d}/kv_scales.safetensors", scales)
         names = {n: "model.safetensors" for n in read(f"{d}/model.safetensors")}
         names.update({n: "kv_scales.safetensors" for n in scales})

@@ -109,6 +109,21 @@ printf '{"format": "kvdrift-kv-scales", "version": 1, "granularity": "per-layer"
   ! cmp -s "$work/sc/fp8-ckpt/logits.f32" "$work/real/fp8-unscaled/logits.f32" && ok ||
   bad "fp8-ckpt with the checkpoint's scales differs from fp8-cal with the same scales: $(cat "$work/err")"
 
+# the other names engines read KV scales under: Quark's k_proj.output_scale,
+# the engines' own attn.k_scale, and the deprecated kv_scale that serves K
+# and V alike; fp8-ckpt uses exactly them
+for style in quark attn legacy; do
+  cp -r "$work/noscale" "$work/sc-$style"
+  st add-scales-as $style "$work/sc-$style" 3:0.75:0.0002 7:1.5:0.0001
+  expect 0 "2 of 2 full-attention layers have k_scale and v_scale" -- audit "$work/sc-$style" --strict
+  v3=0.0002 v7=0.0001
+  [ $style = legacy ] && v3=0.75 v7=1.5
+  printf '{"format": "kvdrift-kv-scales", "version": 1, "granularity": "per-layer", "layers": [{"k_scale": [0.75, 0.75], "v_scale": [%s, %s]}, {"k_scale": [1.5, 1.5], "v_scale": [%s, %s]}]}' $v3 $v3 $v7 $v7 >"$work/same-$style.json"
+  "$bin" forward --model-dir "$work/sc-$style" --tokens 64 --kv fp8-cal,fp8-ckpt --scales "$work/same-$style.json" --dump "$work/scs" >/dev/null 2>"$work/err" &&
+    cmp -s "$work/scs/fp8-cal/logits.f32" "$work/scs/fp8-ckpt/logits.f32" && ok ||
+    bad "KV scales named as $style: fp8-ckpt differs from fp8-cal with the same scales: $(cat "$work/err")"
+done
+
 # a sweep over a checkpoint resumes only over the same contents: scales
 # re-calibrated in place (same files, same headers) are another sweep
 "$bin" run --model-dir "$work/scaled" --kv bf16,fp8-ckpt --context 64 --concurrency 1 --gen-tokens 0 \
