@@ -90,14 +90,14 @@ int kvd_cmd_audit(int argc, char **argv) {
         engine = "switches the KV cache to FP8 E4M3 with a scale that is not a positive finite "
                  "number: what it writes into the cache is undefined (kvdrift's fp8-ckpt refuses "
                  "such scales)";
-        advice = "do not deploy as is: replace the scales (kvdrift calibrate --model-dir DIR -o "
-                 "scales.json computes calibrated ones), or serve with an explicit BF16 KV cache";
+        advice = "do not deploy as is: replace the scales (kvdrift calibrate --model-dir DIR "
+                 "--into-checkpoint --replace), or serve with an explicit BF16 KV cache";
     } else if (unit) {
         engine = engine_unit;
         advice = "the scales are placeholders: measure what they cost with kvdrift run "
                  "--model-dir DIR --kv bf16,fp8-ckpt,fp8-cal (fp8-cal: absmax / 448, unclamped), "
-                 "then serve with calibrated scales (kvdrift calibrate --model-dir DIR -o "
-                 "scales.json computes them) or an explicit BF16 KV cache";
+                 "then replace them with calibrated ones (kvdrift calibrate --model-dir DIR "
+                 "--into-checkpoint --replace) or serve with an explicit BF16 KV cache";
     } else if (fp8_kv) {
         engine = "switches the KV cache to FP8 E4M3 and loads the checkpoint's k_scale/v_scale for "
                  "every full-attention layer";

@@ -342,13 +342,15 @@ int kvd_cmd_calibrate(int argc, char **argv) {
     cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024, "cpu", {NULL, 1}, 0};
     const char *out = NULL, *f;
     uint64_t seed = 1;
-    int into = 0;
+    int into = 0, replace = 0;
     while ((f = kvd_args_next(&a))) {
         if (kvd_model_opts_flag(&mo, &a, f) || cal_flag(&co, &a, f)) continue;
         if (!strcmp(f, "-o") || !strcmp(f, "--output")) {
             out = kvd_args_value(&a, f);
         } else if (!strcmp(f, "--into-checkpoint")) {
             into = 1;
+        } else if (!strcmp(f, "--replace")) {
+            replace = 1;
         } else if (!strcmp(f, "--seed")) {
             seed = (uint64_t)kvd_args_long(&a, f, 0, 2147483647L);
         } else if (!strcmp(f, "--threads")) {
@@ -361,6 +363,9 @@ int kvd_cmd_calibrate(int argc, char **argv) {
                 "                        (kv_scales.safetensors, ModelOpt's k_proj.k_scale and\n"
                 "                        v_proj.v_scale names, the index updated); refused when\n"
                 "                        it has scales already\n"
+                "  --replace             with --into-checkpoint: remove the scales CKPT has\n"
+                "                        (under any name engines read; e.g. ModelOpt's 1.0\n"
+                "                        placeholders) from their files, then write the new ones\n"
                 "  --calibration RECIPE  absmax | modelopt | vllm-dynamic (default absmax)\n"
                 "  --per-head            one scale per KV head instead of per layer\n"
                 "  --calib-tokens N      calibration trace length (default 1024)\n"
@@ -375,6 +380,7 @@ int kvd_cmd_calibrate(int argc, char **argv) {
     }
     if (!out && !into)
         kvd_die(KVD_EXIT_USAGE, cmd, "expected -o FILE for the scales, or --into-checkpoint");
+    if (replace && !into) kvd_die(KVD_EXIT_USAGE, cmd, "--replace: expected --into-checkpoint");
     if (into && !mo.model_dir)
         kvd_die(KVD_EXIT_USAGE, cmd,
                 "--into-checkpoint: expected --model-dir CKPT (the checkpoint)");
@@ -385,21 +391,28 @@ int kvd_cmd_calibrate(int argc, char **argv) {
     kvd_weights w;
     kvd_model_opts_build(&mo, cmd, &co.be, &w);
     char err[KVD_ERR_LEN];
-    if (into && kvd_checkpoint_add_kv_scales(mo.model_dir, &w.cfg, NULL, 0, err))
+    if (into && kvd_checkpoint_add_kv_scales(mo.model_dir, &w.cfg, NULL, 0, replace, NULL, err))
         kvd_die(KVD_EXIT_USAGE, cmd, "--into-checkpoint: %s", err);
     kvd_kv_scales sc, am;
     get_scales(&co, &w, seed, cmd, &sc, &am, 1);
     if (out && kvd_scales_save(out, &sc, &am, co.recipe, w.cfg.name, co.calib_tokens,
                                seed + KVD_CALIB_SEED_OFFSET, err))
         kvd_die(1, cmd, "%s", err);
-    if (into && kvd_checkpoint_add_kv_scales(mo.model_dir, &w.cfg, &sc, co.per_head, err))
+    int replaced = 0;
+    if (into && kvd_checkpoint_add_kv_scales(mo.model_dir, &w.cfg, &sc, co.per_head, replace,
+                                             &replaced, err))
         kvd_die(1, cmd, "%s", err);
     int kvh = w.cfg.num_key_value_heads;
     for (int l = 0; l < sc.n_layers; l++)
         printf("attention layer %d: k_absmax %.6g -> k_scale %.6g, v_absmax %.6g -> v_scale %.6g\n",
                l, am.k[l * kvh], sc.k[l * kvh], am.v[l * kvh], sc.v[l * kvh]);
     if (out) printf("wrote %s\n", out);
-    if (into) printf("wrote the scales into %s (kv_scales.safetensors)\n", mo.model_dir);
+    if (into && replaced)
+        printf("removed the %d KV scale tensors %s had, and wrote the new scales into it "
+               "(kv_scales.safetensors)\n",
+               replaced, mo.model_dir);
+    else if (into)
+        printf("wrote the scales into %s (kv_scales.safetensors)\n", mo.model_dir);
     kvd_kv_scales_free(&sc);
     kvd_kv_scales_free(&am);
     kvd_weights_free(&w);

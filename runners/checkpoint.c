@@ -1,6 +1,7 @@
 /* kvdrift: checkpoints (see checkpoint.h). */
 #include "checkpoint.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -806,27 +807,99 @@ int kvd_checkpoint_fingerprint(const char *dir, char *out, size_t n, char *err) 
 
 /* ---- writing KV scales into a checkpoint ---- */
 
+/* Rewrite file f of c without its KV scale tensors (atomically; removed
+ * when nothing else is left in it): the other tensors' bytes, dtypes,
+ * shapes and order, and the header's __metadata__, as they were. */
+static int drop_kv_scales(const kvd_checkpoint *c, int f, char *err) {
+    const kvd_st_file *file = &c->files[f];
+    const unsigned char *m = file->map;
+    uint64_t hl = 0;
+    for (int i = 0; i < 8; i++) hl |= (uint64_t)m[i] << (8 * i);
+    json_error_t je;
+    json_t *old = json_loadb((const char *)m + 8, (size_t)hl, 0, &je);
+    const kvd_st_tensor **keep = malloc(sizeof *keep * (size_t)(c->n ? c->n : 1));
+    if (!old || !keep) {
+        snprintf(err, KVD_ERR_LEN, "%s: cannot read its header back", file->path);
+        json_decref(old);
+        free(keep);
+        return -1;
+    }
+    int nk = 0;
+    for (int i = 0; i < c->n; i++)
+        if (c->t[i].file == f && !is_kv_scale_name(c->t[i].name)) keep[nk++] = &c->t[i];
+    /* in the file's own order */
+    for (int i = 1; i < nk; i++)
+        for (int j = i; j > 0 && keep[j]->data < keep[j - 1]->data; j--) {
+            const kvd_st_tensor *x = keep[j];
+            keep[j] = keep[j - 1], keep[j - 1] = x;
+        }
+    int rc = -1;
+    if (nk == 0) {
+        rc = unlink(file->path) ? -1 : 0;
+        if (rc) snprintf(err, KVD_ERR_LEN, "%s: cannot remove: %s", file->path, strerror(errno));
+        goto out;
+    }
+    json_t *h = json_object();
+    json_t *meta = json_object_get(old, "__metadata__");
+    if (meta) json_object_set(h, "__metadata__", meta);
+    int64_t off = 0;
+    for (int i = 0; i < nk; i++) {
+        json_t *e = json_deep_copy(json_object_get(old, keep[i]->name));
+        json_object_set_new(
+            e, "data_offsets",
+            json_pack("[I,I]", (json_int_t)off, (json_int_t)(off + keep[i]->nbytes)));
+        json_object_set_new(h, keep[i]->name, e);
+        off += (int64_t)keep[i]->nbytes;
+    }
+    char *txt = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(h);
+    const size_t tl = strlen(txt), padded = (tl + 7) / 8 * 8;
+    kvd_afile a;
+    if (kvd_afile_open(&a, file->path, err) == 0) {
+        unsigned char len8[8];
+        for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+        kvd_afile_write(&a, len8, 8);
+        kvd_afile_write(&a, txt, tl);
+        for (size_t i = tl; i < padded; i++) kvd_afile_write(&a, " ", 1);
+        for (int i = 0; i < nk; i++) kvd_afile_write(&a, keep[i]->data, keep[i]->nbytes);
+        rc = kvd_afile_commit(&a, err);
+    }
+    free(txt);
+out:
+    json_decref(old);
+    free(keep);
+    return rc;
+}
+
 int kvd_checkpoint_add_kv_scales(const char *dir, const kvd_config *cfg, const kvd_kv_scales *sc,
-                                 int per_head, char *err) {
+                                 int per_head, int replace, int *n_replaced, char *err) {
     char shard[4300], index[4300];
     snprintf(shard, sizeof shard, "%s/kv_scales.safetensors", dir);
     snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
     kvd_checkpoint c;
     if (kvd_checkpoint_open(&c, dir, err)) return -1;
-    /* refused when any layer has scales already: two sets would disagree */
+    /* refused when any layer has scales already (two sets would disagree),
+     * unless they are to be replaced */
     const int kvh = cfg->num_key_value_heads, nf = kvd_config_n_full(cfg);
-    for (int l = 0; l < cfg->num_hidden_layers; l++)
+    for (int l = 0; l < cfg->num_hidden_layers && !replace; l++)
         if (cfg->layer_types[l] == KVD_LAYER_FULL &&
             (find_scale(&c, l, 0) || find_scale(&c, l, 1))) {
             snprintf(err, KVD_ERR_LEN,
                      "%s: layer %d already carries k_scale/v_scale; kvdrift adds scales only to a "
-                     "checkpoint without any",
+                     "checkpoint without any (--replace removes those and writes the new ones)",
                      dir, l);
             kvd_checkpoint_close(&c);
             return -1;
         }
-    if (access(shard, F_OK) == 0) {
-        snprintf(err, KVD_ERR_LEN, "%s: already there; remove it to write new scales", shard);
+    int old = 0, other_in_shard = 0;
+    for (int i = 0; i < c.n; i++) {
+        const int scale = is_kv_scale_name(c.t[i].name);
+        old += scale;
+        if (!scale && !strcmp(c.files[c.t[i].file].path, shard)) other_in_shard = 1;
+    }
+    if (access(shard, F_OK) == 0 && (!replace || other_in_shard)) {
+        snprintf(err, KVD_ERR_LEN, "%s: already there%s; remove it to write new scales", shard,
+                 other_in_shard ? " and holds other tensors than KV scales" : "");
         kvd_checkpoint_close(&c);
         return -1;
     }
@@ -846,6 +919,18 @@ int kvd_checkpoint_add_kv_scales(const char *dir, const kvd_config *cfg, const k
                               !kvd_checkpoint_find(&c, "model.embed_tokens.weight")
                           ? "model.language_model."
                           : "model.";
+    /* the old scales out of their files first: should this stop half way,
+     * the checkpoint holds fewer scales, never two sets (kv_scales.safetensors
+     * itself is replaced whole below) */
+    for (int f = 0; f < c.n_files && old; f++) {
+        int here = 0;
+        for (int i = 0; i < c.n; i++) here |= c.t[i].file == f && is_kv_scale_name(c.t[i].name);
+        if (here && strcmp(c.files[f].path, shard) && drop_kv_scales(&c, f, err)) {
+            kvd_checkpoint_close(&c);
+            return -1;
+        }
+    }
+    if (n_replaced) *n_replaced = old;
     kvd_checkpoint_close(&c);
     const int nv = per_head ? kvh : 1;
     json_t *h = json_object();
@@ -893,6 +978,10 @@ int kvd_checkpoint_add_kv_scales(const char *dir, const kvd_config *cfg, const k
         } else {
             const char *k;
             json_t *v;
+            void *tmp;
+            json_object_foreach_safe(wm, tmp, k, v) {
+                if (is_kv_scale_name(k)) json_object_del(wm, k);
+            }
             json_object_foreach(h, k, v) {
                 if (strcmp(k, "__metadata__"))
                     json_object_set_new(wm, k, json_string("kv_scales.safetensors"));

@@ -55,10 +55,13 @@ typedef struct {
  * k_proj.k_scale / v_proj.v_scale, under the checkpoint's prefix), F32, one
  * value per layer or (per_head) one per KV head, and its entries in
  * model.safetensors.index.json when the checkpoint has one. Refused when the
- * checkpoint has scales already or the shard exists; -1 with err. With sc
- * NULL, only those checks. */
+ * checkpoint has scales already or the shard exists, unless replace: then
+ * every KV scale tensor (under any name engines read) is first removed from
+ * the file that holds it, each file rewritten whole and atomically with the
+ * rest of its tensors as they were (*n_replaced: how many). -1 with err.
+ * With sc NULL, only the checks. */
 int kvd_checkpoint_add_kv_scales(const char *dir, const kvd_config *cfg, const kvd_kv_scales *sc,
-                                 int per_head, char *err);
+                                 int per_head, int replace, int *n_replaced, char *err);
 
 /* What identifies a checkpoint's contents for a resumed sweep, cheaply:
  * config.json, every safetensors file's name, size and header, the KV

@@ -135,6 +135,23 @@ def main():
                 a, b = (8 + n + o for o in meta["data_offsets"])
                 raw[a:b] = (np.frombuffer(bytes(raw[a:b]), dtype="<u2") ^ np.uint16(1)).tobytes()
         open(sys.argv[2], "wb").write(raw)
+    elif cmd == "inline-scales":  # DIR: kv_scales.safetensors moved into model.safetensors (as exporters put them)
+        d = sys.argv[2]
+        t = read(f"{d}/model.safetensors")
+        sc = read(f"{d}/kv_scales.safetensors")
+        t.update(sc)
+        write(f"{d}/model.safetensors", t, lambda h: h.update({"__metadata__": {"format": "pt"}}))
+        os.remove(f"{d}/kv_scales.safetensors")
+        ix = json.load(open(f"{d}/model.safetensors.index.json"))
+        ix["weight_map"].update({n: "model.safetensors" for n in sc})
+        json.dump(ix, open(f"{d}/model.safetensors.index.json", "w"))
+    elif cmd == "same-but-scales":  # FILE_A FILE_B: B holds A's tensors, byte for byte, less its KV scales, and its header metadata
+        a, b = read(sys.argv[2]), read(sys.argv[3])
+        meta = lambda p: json.loads(open(p, "rb").read()[8:8 + struct.unpack("<Q", open(p, "rb").read(8))[0]]).get("__metadata__")
+        kept = {n: v for n, v in a.items() if not n.endswith(("_scale", ".kv_scale"))}
+        if kept != b or meta(sys.argv[2]) != meta(sys.argv[3]):
+            raise SystemExit(f"differ: {sorted(set(kept) ^ set(b))[:4]} metadata {meta(sys.argv[2])} {meta(sys.argv[3])}")
+        print(f"{len(b)} tensors as they were, {len(a) - len(b)} KV scales removed")
     elif cmd == "rm":  # FILE NAME: remove one tensor from a file
         t = read(sys.argv[2])
         del t[sys.argv[3]]

@@ -343,6 +343,35 @@ vf = {m: float(kv[kv['mode'] == m.encode()]['v_flushed_frac'].mean()) for m in (
 print('modelopt scales: kl_mean', kl, 'v_flushed_frac', vf)
 sys.exit(0 if kl['fp8-ckpt'] > 1.3 * kl['fp8-cal'] > 0 and vf['fp8-ckpt'] > 0.05 > 100 * vf['fp8-cal'] else 1)" >"$work/out" && ok ||
   bad "ModelOpt-clamped scales: fp8-ckpt should flush V and drift more than fp8-cal: $(cat "$work/out" "$work/err")"
+# ... and replaced: calibrate --into-checkpoint --replace removes the
+# placeholders and writes calibrated scales; audit --strict then passes and
+# fp8-ckpt equals fp8-cal (the same calibration) bit for bit
+expect 2 "layer 3 already carries k_scale/v_scale; .*--replace removes those" -- calibrate --model-dir "$work/mo" --into-checkpoint
+expect 2 "--replace: expected --into-checkpoint" -- calibrate --model-dir "$work/mo" --replace -o "$work/x.json"
+"$bin" calibrate --model-dir "$work/mo" --into-checkpoint --replace >"$work/out" 2>"$work/err" &&
+  grep -q "removed the 4 KV scale tensors .*mo had" "$work/out" && ok || bad "calibrate --replace: $(cat "$work/err" "$work/out")"
+expect 0 "KV scale values: K [0-9.]+ to [0-9.]+, V [0-9.e-]+ to [0-9.e-]+; 0 of 2 K and 0 of 2 V scales are exactly 1.0" -- audit "$work/mo" --strict
+"$bin" forward --model-dir "$work/mo" --tokens 64 --kv fp8-cal,fp8-ckpt --dump "$work/mor" >/dev/null 2>"$work/err" &&
+  cmp -s "$work/mor/fp8-cal/logits.f32" "$work/mor/fp8-ckpt/logits.f32" && ok ||
+  bad "after --replace, fp8-ckpt differs from fp8-cal: $(cat "$work/err")"
+# scales inside the weights' own file (as exporters write them, Quark's
+# names): that file is rewritten without them, every other tensor and its
+# header metadata as they were, and the index follows
+cp -r "$work/noscale" "$work/inl"
+st add-scales-as quark "$work/inl" 3:1:1 7:1:1
+st inline-scales "$work/inl"
+cp "$work/inl/model.safetensors" "$work/inl-before.safetensors"
+"$bin" calibrate --model-dir "$work/inl" --into-checkpoint --replace >/dev/null 2>"$work/err" &&
+  st same-but-scales "$work/inl-before.safetensors" "$work/inl/model.safetensors" >"$work/out" 2>&1 &&
+  "$py" -c "
+import json; w = json.load(open('$work/inl/model.safetensors.index.json'))['weight_map']
+s = {n: f for n, f in w.items() if 'scale' in n}
+assert s == {f'model.layers.{l}.self_attn.{p}': 'kv_scales.safetensors' for l in (3, 7) for p in ('k_proj.k_scale', 'v_proj.v_scale')}, s
+" && ok || bad "--replace with the scales inside model.safetensors: $(cat "$work/err" "$work/out")"
+expect 0 "2 of 2 full-attention layers have k_scale and v_scale" -- audit "$work/inl" --strict
+"$bin" forward --model-dir "$work/inl" --tokens 64 --kv fp8-cal,fp8-ckpt --dump "$work/inr" >/dev/null 2>"$work/err" &&
+  cmp -s "$work/inr/fp8-cal/logits.f32" "$work/inr/fp8-ckpt/logits.f32" && ok ||
+  bad "after --replace of inline scales, fp8-ckpt differs from fp8-cal: $(cat "$work/err")"
 # a scale that is no number is named
 cp -r "$work/noscale" "$work/nanscale"
 st add-scales "$work/nanscale" 3:0.75:nan 7:1.5:0.0001
