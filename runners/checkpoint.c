@@ -92,7 +92,7 @@ static int64_t fp4_cols(const kvd_st_tensor *s) {
 static int holds(const kvd_st_tensor *s, int ndim, const int64_t *shape, int *fp4) {
     *fp4 = 0;
     if (s->ndim == ndim && !memcmp(s->shape, shape, sizeof *shape * (size_t)ndim)) {
-        *fp4 = s->dtype == KVD_ST_F4;
+        *fp4 = s->dtype == KVD_ST_F4 && ndim == 2; /* else refused as a dtype */
         return 1;
     }
     if (s->dtype != KVD_ST_U8 || ndim != 2 || s->ndim != 2 || s->shape[0] != shape[0] ||

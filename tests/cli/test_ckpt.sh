@@ -313,6 +313,10 @@ expect 2 "tensor $p.weight_scale: F8_E4M3 \[128, 4\], expected F8_E4M3 \[128, 8\
 cp -r "$work/fp4-modelopt" "$work/fp4-nan"
 st poke "$work/fp4-nan/model.safetensors" $p.weight_scale 5 0x7f
 expect 2 "tensor $p.weight_scale: value 5 is nan, expected a finite scale" -- forward --model-dir "$work/fp4-nan" --tokens 8
+# an F4 tensor that is no 2-D matrix (a norm's weight) is no packed weight
+cp -r "$work/ck" "$work/f4norm"
+st retag "$work/f4norm/model.safetensors" model.norm.weight F4 '[128]'
+expect 2 "tensor model.norm.weight is F4: integer or packed 4-bit values are not loaded as weights without their scales" -- forward --model-dir "$work/f4norm" --tokens 8
 cp -r "$work/fused" "$work/fp4-fused"
 st retag "$work/fp4-fused/model.safetensors" model.layers.0.mlp.experts.gate_up_proj U8 '[8, 64, 64]'
 expect 2 "tensor model.layers.0.mlp.experts.gate_up_proj is U8: packed 4-bit experts are read one expert at a time" -- forward --model-dir "$work/fp4-fused" --tokens 8
