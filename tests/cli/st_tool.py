@@ -148,7 +148,8 @@ def main():
     elif cmd == "same-but-scales":  # FILE_A FILE_B: B holds A's tensors, byte for byte, less its KV scales, and its header metadata
         a, b = read(sys.argv[2]), read(sys.argv[3])
         meta = lambda p: json.loads(open(p, "rb").read()[8:8 + struct.unpack("<Q", open(p, "rb").read(8))[0]]).get("__metadata__")
-        kept = {n: v for n, v in a.items() if not n.endswith(("_scale", ".kv_scale"))}
+        kv = (".k_scale", ".v_scale", ".kv_scale", ".k_proj.output_scale", ".v_proj.output_scale")
+        kept = {n: v for n, v in a.items() if not n.endswith(kv)}
         if kept != b or meta(sys.argv[2]) != meta(sys.argv[3]):
             raise SystemExit(f"differ: {sorted(set(kept) ^ set(b))[:4]} metadata {meta(sys.argv[2])} {meta(sys.argv[3])}")
         print(f"{len(b)} tensors as they were, {len(a) - len(b)} KV scales removed")

@@ -376,6 +376,18 @@ expect 0 "2 of 2 full-attention layers have k_scale and v_scale" -- audit "$work
 "$bin" forward --model-dir "$work/inl" --tokens 64 --kv fp8-cal,fp8-ckpt --dump "$work/inr" >/dev/null 2>"$work/err" &&
   cmp -s "$work/inr/fp8-cal/logits.f32" "$work/inr/fp8-ckpt/logits.f32" && ok ||
   bad "after --replace of inline scales, fp8-ckpt differs from fp8-cal: $(cat "$work/err")"
+# the whole story on a ModelOpt-style NVFP4 export: 4-bit weights, FP8 KV
+# asked for, placeholder scales of 1.0 inside the weights' file; --replace
+# keeps every 4-bit tensor and its scales byte for byte
+cp -r "$work/fp4-modelopt" "$work/nv"
+st add-scales-as modelopt "$work/nv" 3:1:1 7:1:1
+st inline-scales "$work/nv"
+expect 1 "VERDICT: FP8 KV cache with every K and V scale 1.0" -- audit "$work/nv" --strict
+cp "$work/nv/model.safetensors" "$work/nv-before.safetensors"
+"$bin" calibrate --model-dir "$work/nv" --into-checkpoint --replace >/dev/null 2>"$work/err" &&
+  st same-but-scales "$work/nv-before.safetensors" "$work/nv/model.safetensors" >"$work/out" 2>&1 &&
+  "$bin" audit "$work/nv" --strict >/dev/null 2>>"$work/err" && ok ||
+  bad "NVFP4 export with placeholder scales, --replace: $(cat "$work/err" "$work/out")"
 # a scale that is no number is named
 cp -r "$work/noscale" "$work/nanscale"
 st add-scales "$work/nanscale" 3:0.75:nan 7:1.5:0.0001
