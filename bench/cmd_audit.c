@@ -47,15 +47,11 @@ int kvd_cmd_audit(int argc, char **argv) {
     kvd_config cfg;
     kvd_audit au;
     if (kvd_audit_dir(dir, &cfg, &au, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
-    int fp8_kv = !strcmp(au.kv_algo, "FP8");
-    int silent = fp8_kv && au.n_missing > 0;
-    /* scales there, but unusable, or all 1.0 for K or for V: that side's
+    /* scales missing, unusable, or all 1.0 for K or for V: that side's
      * cache is the cache of no scales */
-    int bad = fp8_kv && !silent && au.bad_scale[0];
-    int ones = fp8_kv && !silent && !bad && au.n_with_scales > 0
-                   ? (au.n_unit_k == au.n_with_scales) | (au.n_unit_v == au.n_with_scales) << 1
-                   : 0,
-        unit = ones != 0;
+    const kvd_audit_finding fd = kvd_audit_find(&au);
+    const int fp8_kv = fd.fp8_kv, silent = fd.silent, bad = fd.bad, ones = fd.ones,
+              unit = ones != 0;
     const char *which = ones == 3   ? "every K and V scale"
                         : ones == 2 ? "every V scale"
                                     : "every K scale";
@@ -110,39 +106,17 @@ int kvd_cmd_audit(int argc, char **argv) {
                  "--model-dir DIR --kv bf16,fp8-cal before turning it on";
     }
     if (json) {
-        json_t *o = json_pack(
-            "{s:s, s:s, s:s, s:s, s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:i, s:b, s:b, s:s, s:s, "
-            "s:{s:I, "
-            "s:I}, "
-            "s:{s:f, s:f, s:f}}",
-            "checkpoint", dir, "quant_config_source", au.source, "producer", au.producer,
-            "weight_quantization", au.weight_algo, "kv_cache_quantization", au.kv_algo,
-            "weights_loadable", au.weights_loadable, "unloadable_tensor", au.unloadable,
-            "load_problem", au.load_problem, "fp8_weight_tensors", au.fp8_weights,
-            "fp4_weight_tensors", au.fp4_weights, "full_attention_layers", nf,
-            "layers_with_kv_scales", au.n_with_scales, "kv_scales_per_head", au.scales_per_head,
-            "fp8_kv_without_scales", silent, "engine_behaviour", engine, "recommendation", advice,
-            "kv_bytes_per_token", "bf16", (json_int_t)bpt16, "fp8", (json_int_t)bpt8,
-            "tokens_in_budget", "budget_bytes", budget, "bf16", budget / (double)bpt16, "fp8",
-            budget / (double)bpt8);
-        json_t *ml = json_array();
-        for (int i = 0; i < au.n_missing; i++)
-            json_array_append_new(ml, json_integer(au.missing_layers[i]));
-        json_object_set_new(o, "layers_missing_kv_scales", ml);
-        json_object_set_new(o, "kv_scale_range",
-                            au.n_with_scales && !au.bad_scale[0]
-                                ? json_pack("{s:[f,f], s:[f,f]}", "k", (double)au.k_min,
-                                            (double)au.k_max, "v", (double)au.v_min,
-                                            (double)au.v_max)
-                                : json_null());
-        json_object_set_new(o, "kv_scales_exactly_one",
-                            json_pack("{s:i, s:i}", "k", au.n_unit_k, "v", au.n_unit_v));
-        json_object_set_new(o, "fp8_kv_scales_all_one",
-                            json_string(ones == 3   ? "kv"
-                                        : ones == 2 ? "v"
-                                        : ones      ? "k"
-                                                    : ""));
-        json_object_set_new(o, "bad_kv_scale", json_string(au.bad_scale));
+        /* the facts, and what follows from them here */
+        json_t *o = kvd_audit_json(&au);
+        json_object_set_new(o, "checkpoint", json_string(dir));
+        json_object_set_new(o, "engine_behaviour", json_string(engine));
+        json_object_set_new(o, "recommendation", json_string(advice));
+        json_object_set_new(
+            o, "kv_bytes_per_token",
+            json_pack("{s:I, s:I}", "bf16", (json_int_t)bpt16, "fp8", (json_int_t)bpt8));
+        json_object_set_new(o, "tokens_in_budget",
+                            json_pack("{s:f, s:f, s:f}", "budget_bytes", budget, "bf16",
+                                      budget / (double)bpt16, "fp8", budget / (double)bpt8));
         char *txt = json_dumps(o, JSON_INDENT(2));
         printf("%s\n", txt);
         free(txt);

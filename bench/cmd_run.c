@@ -19,6 +19,7 @@
 #include "../datasets/calibset.h"
 #include "../datasets/trace.h"
 #include "../runners/calibrate.h"
+#include "../runners/checkpoint.h"
 #include "../runners/drift.h"
 #include "../runners/fileio.h"
 #include "../runners/model.h"
@@ -933,6 +934,17 @@ int kvd_cmd_run(int argc, char **argv) {
     char *was_model = res.model_json, *was_trace = res.trace_json, *was_settings = res.settings;
     res.settings = run_settings(&o, c, device, cmd);
     res.model_json = kvd_config_to_json(c);
+    /* what the checkpoint asks of an engine's KV cache, beside what it costs */
+    free(res.ckpt_audit);
+    res.ckpt_audit = NULL;
+    if (o.mo.model_dir) {
+        kvd_config ac;
+        kvd_audit au;
+        if (kvd_audit_dir(o.mo.model_dir, &ac, &au, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+        json_t *aj = kvd_audit_json(&au);
+        res.ckpt_audit = json_dumps(aj, JSON_COMPACT);
+        json_decref(aj);
+    }
     snprintf(res.backend, sizeof res.backend, "%s", o.backend);
     snprintf(res.device, sizeof res.device, "%s", device);
     res.seed = o.seed;

@@ -119,6 +119,7 @@ void kvd_results_free(kvd_results *r) {
     free(r->trace_json);
     free(r->command);
     free(r->settings);
+    free(r->ckpt_audit);
     free(r->k_scale);
     free(r->v_scale);
     memset(r, 0, sizeof *r);
@@ -246,6 +247,8 @@ int kvd_results_save(const kvd_results *r, const char *path, char *err) {
     rc |= H5LTset_attribute_string(f, "/", "trace_spec", r->trace_json ? r->trace_json : "{}") < 0;
     rc |= H5LTset_attribute_string(f, "/", "command", r->command ? r->command : "") < 0;
     if (r->settings) rc |= H5LTset_attribute_string(f, "/", "run_settings", r->settings) < 0;
+    if (r->ckpt_audit)
+        rc |= H5LTset_attribute_string(f, "/", "checkpoint_audit", r->ckpt_audit) < 0;
     unsigned long long seeds[2] = {r->seed, r->weight_seed};
     rc |= H5LTset_attribute_ulong(f, "/", "seeds", (unsigned long *)seeds, 2) < 0;
     for (int i = 0; i < KVD_T_N; i++) rc |= write_table(f, &r->t[i]);
@@ -365,7 +368,8 @@ int kvd_results_load(kvd_results *r, const char *path, char *err) {
               {"model_config", NULL, 0, &r->model_json},
               {"trace_spec", NULL, 0, &r->trace_json},
               {"command", NULL, 0, &r->command},
-              {"run_settings", NULL, 0, &r->settings}};
+              {"run_settings", NULL, 0, &r->settings},
+              {"checkpoint_audit", NULL, 0, &r->ckpt_audit}};
     for (size_t i = 0; !rc && i < sizeof at / sizeof at[0]; i++) {
         char *v = kvd_h5_root_string(f, at[i].name);
         if (!v) continue;

@@ -149,6 +149,9 @@ typedef struct {
     /* what decides a cell's figures beyond the model and the traces (JSON,
      * keys named like run's flags): a resumed sweep must match it */
     char *settings;
+    /* a checkpoint's audit (kvd_audit_json) when the weights are one; NULL
+     * for synthetic weights */
+    char *ckpt_audit;
     /* read back from a file (written ones come from the build and the clock) */
     char version[32], git_rev[32], written_utc[32], host[128];
     char backend[16], device[128];

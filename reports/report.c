@@ -610,6 +610,69 @@ static void kv_table(kvd_buf *b, const kvd_run *r) {
     kvd_buf_puts(b, "</table>\n");
 }
 
+/* What a checkpoint run's audit (checkpoint_audit) says of the KV cache
+ * the checkpoint asks for, in one sentence for the verdict table; 0 when
+ * the run is not over a checkpoint. */
+static int ckpt_sentence(const kvd_run *r, char *out, size_t n) {
+    json_t *a = r->r.ckpt_audit ? json_loads(r->r.ckpt_audit, 0, NULL) : NULL;
+    if (!a) return 0;
+    const char *kv = json_string_value(json_object_get(a, "kv_cache_quantization"));
+    const char *src = json_string_value(json_object_get(a, "quant_config_source"));
+    const char *ones = json_string_value(json_object_get(a, "fp8_kv_scales_all_one"));
+    const char *bad = json_string_value(json_object_get(a, "bad_kv_scale"));
+    json_t *miss = json_object_get(a, "layers_missing_kv_scales"),
+           *rg = json_object_get(a, "kv_scale_range");
+    char ask[160];
+    snprintf(ask, sizeof ask, "%s: the checkpoint asks for %s KV cache (%s)", r->label,
+             kv && !strcmp(kv, "FP8") ? "an FP8" : "no quantized",
+             !src || !strcmp(src, "none") ? "no quantization config" : src);
+    if (!kv || strcmp(kv, "FP8")) {
+        snprintf(out, n, "%s; fp8-ckpt uses its k_scale/v_scale where it has them, 1.0 elsewhere.",
+                 ask);
+    } else if (json_array_size(miss)) {
+        size_t k = (size_t)snprintf(out, n, "%s without k_scale/v_scale in layers", ask);
+        for (size_t i = 0; i < json_array_size(miss) && k < n; i++)
+            k += (size_t)snprintf(out + k, n - k, "%s %lld", i ? "," : "",
+                                  (long long)json_integer_value(json_array_get(miss, i)));
+        if (k < n)
+            snprintf(out + k, n - k,
+                     ": an engine uses 1.0 there, as fp8-ckpt does (the silent failure).");
+    } else if (bad && bad[0]) {
+        snprintf(out, n, "%s with an unusable scale (%s).", ask, bad);
+    } else if (ones && ones[0]) {
+        snprintf(out, n,
+                 "%s; every %s scale it carries is 1.0 (ModelOpt clamps KV scales to at least "
+                 "1.0): fp8-ckpt, what an engine runs, writes %s as without scales.",
+                 ask,
+                 !strcmp(ones, "kv")  ? "K and V"
+                 : !strcmp(ones, "v") ? "V"
+                                      : "K",
+                 !strcmp(ones, "kv")  ? "K and V"
+                 : !strcmp(ones, "v") ? "V"
+                                      : "K");
+    } else {
+        json_t *k = json_object_get(rg, "k"), *v = json_object_get(rg, "v");
+        snprintf(out, n,
+                 "%s with its own scales (K %.4g to %.4g, V %.4g to %.4g): fp8-ckpt uses them.",
+                 ask, json_real_value(json_array_get(k, 0)), json_real_value(json_array_get(k, 1)),
+                 json_real_value(json_array_get(v, 0)), json_real_value(json_array_get(v, 1)));
+    }
+    json_decref(a);
+    return 1;
+}
+
+/* A JSON attribute, one key a line, under its label (nothing when absent). */
+static void json_pre(kvd_buf *b, const char *label, const char *js) {
+    if (!js) return;
+    json_t *j = json_loads(js, 0, NULL);
+    char *txt = j ? json_dumps(j, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
+    kvd_buf_printf(b, "<p class=\"note\">%s:</p><pre>", label);
+    kvd_buf_xml(b, txt ? txt : js);
+    kvd_buf_puts(b, "</pre>\n");
+    free(txt);
+    json_decref(j);
+}
+
 static void provenance(kvd_buf *b, const kvd_run *r) {
     kvd_buf_puts(b, "<table class=\"prov\">");
     const char *k[] = {"file", "kvdrift",  "revision", "written (UTC)",
@@ -631,15 +694,8 @@ static void provenance(kvd_buf *b, const kvd_run *r) {
     kvd_buf_puts(b, "</pre><p class=\"note\">trace spec:</p><pre>");
     kvd_buf_xml(b, r->r.trace_json ? r->r.trace_json : "");
     kvd_buf_puts(b, "</pre>\n");
-    if (r->r.settings) { /* one key a line */
-        json_t *j = json_loads(r->r.settings, 0, NULL);
-        char *txt = j ? json_dumps(j, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
-        kvd_buf_puts(b, "<p class=\"note\">run settings:</p><pre>");
-        kvd_buf_xml(b, txt ? txt : r->r.settings);
-        kvd_buf_puts(b, "</pre>\n");
-        free(txt);
-        json_decref(j);
-    }
+    json_pre(b, "run settings", r->r.settings);
+    json_pre(b, "checkpoint audit", r->r.ckpt_audit);
 }
 
 void kvd_report_html_kl(kvd_buf *b, const kvd_run *runs, int n) {
@@ -661,6 +717,14 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
                     "weights and trace; bf16 itself is the reference and shows zero.</p>\n");
     kvd_buf_puts(b, "<h2>Verdict per KV mode</h2>\n");
     verdict_table(b, runs, n);
+    for (int i = 0; i < n; i++) {
+        char s[1200];
+        if (ckpt_sentence(&runs[i], s, sizeof s)) {
+            kvd_buf_puts(b, "<p class=\"note\">");
+            kvd_buf_xml(b, s);
+            kvd_buf_puts(b, "</p>\n");
+        }
+    }
     kvd_buf_puts(b, "<p class=\"note\">Output KL: mean over positions of KL(P<sub>bf16</sub> || "
                     "P<sub>mode</sub>) of the next token, &#177; its standard error. Verdict by "
                     "mean KL: negligible &lt; 0.001 nats &lt; noticeable &lt; 0.01 &lt; degraded. "
@@ -727,6 +791,10 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
     }
     kvd_buf_puts(b, "; verdict by mean output KL: negligible < 0.001 nats < noticeable < 0.01 < "
                     "degraded.\n");
+    for (int i = 0; i < n; i++) {
+        char s[1200];
+        if (ckpt_sentence(&runs[i], s, sizeof s)) kvd_buf_printf(b, "\n%s\n", s);
+    }
 }
 
 static void csv_row(FILE *f, int n, const char *const *v) {

@@ -759,6 +759,46 @@ int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err) {
     return 0;
 }
 
+kvd_audit_finding kvd_audit_find(const kvd_audit *a) {
+    kvd_audit_finding f = {0, 0, 0, 0};
+    f.fp8_kv = !strcmp(a->kv_algo, "FP8");
+    f.silent = f.fp8_kv && a->n_missing > 0;
+    f.bad = f.fp8_kv && !f.silent && a->bad_scale[0];
+    if (f.fp8_kv && !f.silent && !f.bad && a->n_with_scales > 0)
+        f.ones = (a->n_unit_k == a->n_with_scales) | (a->n_unit_v == a->n_with_scales) << 1;
+    return f;
+}
+
+json_t *kvd_audit_json(const kvd_audit *a) {
+    const kvd_audit_finding f = kvd_audit_find(a);
+    json_t *o = json_pack(
+        "{s:s, s:s, s:s, s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:i, s:b, s:b}", "quant_config_source",
+        a->source, "producer", a->producer, "weight_quantization", a->weight_algo,
+        "kv_cache_quantization", a->kv_algo, "weights_loadable", a->weights_loadable,
+        "unloadable_tensor", a->unloadable, "load_problem", a->load_problem, "fp8_weight_tensors",
+        a->fp8_weights, "fp4_weight_tensors", a->fp4_weights, "full_attention_layers", a->n_attn,
+        "layers_with_kv_scales", a->n_with_scales, "kv_scales_per_head", a->scales_per_head,
+        "fp8_kv_without_scales", f.silent);
+    json_t *ml = json_array();
+    for (int i = 0; i < a->n_missing; i++)
+        json_array_append_new(ml, json_integer(a->missing_layers[i]));
+    json_object_set_new(o, "layers_missing_kv_scales", ml);
+    json_object_set_new(o, "kv_scale_range",
+                        a->n_with_scales && !a->bad_scale[0]
+                            ? json_pack("{s:[f,f], s:[f,f]}", "k", (double)a->k_min,
+                                        (double)a->k_max, "v", (double)a->v_min, (double)a->v_max)
+                            : json_null());
+    json_object_set_new(o, "kv_scales_exactly_one",
+                        json_pack("{s:i, s:i}", "k", a->n_unit_k, "v", a->n_unit_v));
+    json_object_set_new(o, "fp8_kv_scales_all_one",
+                        json_string(f.ones == 3   ? "kv"
+                                    : f.ones == 2 ? "v"
+                                    : f.ones      ? "k"
+                                                  : ""));
+    json_object_set_new(o, "bad_kv_scale", json_string(a->bad_scale));
+    return o;
+}
+
 /* FNV-1a, 64-bit */
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
     const unsigned char *b = p;

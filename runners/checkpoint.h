@@ -76,4 +76,20 @@ int kvd_checkpoint_fingerprint(const char *dir, char *out, size_t n, char *err);
 
 int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err);
 
+/* What an audit finds about an FP8 KV cache the checkpoint asks for (all 0
+ * when it asks for none): silent, layers without scales (the engine uses
+ * 1.0 there); bad, a scale that is no positive finite number; ones, the
+ * sides whose every scale is 1.0 (1 K, 2 V, 3 both: the cache of no
+ * scales). At most one of the three is set. */
+typedef struct {
+    int fp8_kv, silent, bad, ones;
+} kvd_audit_finding;
+kvd_audit_finding kvd_audit_find(const kvd_audit *a);
+
+/* The audit's facts as JSON (what `audit --format json` and a results
+ * file's checkpoint_audit hold): quantization config, weights, the KV
+ * scales there are, their values, and the finding. A new reference. */
+struct json_t;
+struct json_t *kvd_audit_json(const kvd_audit *a);
+
 #endif

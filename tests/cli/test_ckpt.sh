@@ -347,6 +347,15 @@ vf = {m: float(kv[kv['mode'] == m.encode()]['v_flushed_frac'].mean()) for m in (
 print('modelopt scales: kl_mean', kl, 'v_flushed_frac', vf)
 sys.exit(0 if kl['fp8-ckpt'] > 1.3 * kl['fp8-cal'] > 0 and vf['fp8-ckpt'] > 0.05 > 100 * vf['fp8-cal'] else 1)" >"$work/out" && ok ||
   bad "ModelOpt-clamped scales: fp8-ckpt should flush V and drift more than fp8-cal: $(cat "$work/out" "$work/err")"
+# the results file keeps what audit said of the checkpoint, and the report
+# says it beside the verdict
+"$py" -c "
+import h5py, json; a = json.loads(h5py.File('$work/mo.h5').attrs['checkpoint_audit'])
+assert a['fp8_kv_scales_all_one'] == 'v' and a['kv_cache_quantization'] == 'FP8', a
+" && "$bin" report "$work/mo.h5" --format md | grep -q "^mo: the checkpoint asks for an FP8 KV cache (hf_quant_config.json); every V scale it carries is 1.0 (ModelOpt clamps KV scales to at least 1.0): fp8-ckpt, what an engine runs, writes V as without scales.$" &&
+  "$bin" report "$work/story.h5" --format md | grep -q "^story: the checkpoint asks for an FP8 KV cache (hf_quant_config.json) without k_scale/v_scale in layers 3, 7: an engine uses 1.0 there, as fp8-ckpt does" &&
+  "$bin" report "$work/mo.h5" -o "$work/mo.html" 2>/dev/null && grep -q "checkpoint audit:" "$work/mo.html" && ok ||
+  bad "checkpoint_audit: not in the results file, or not in its report"
 # ... and replaced: calibrate --into-checkpoint --replace removes the
 # placeholders and writes calibrated scales; audit --strict then passes and
 # fp8-ckpt equals fp8-cal (the same calibration) bit for bit

@@ -60,6 +60,7 @@ assert f.attrs["schema_version"][0] == 1
 for a in ("kvdrift_version", "git_revision", "written_utc", "host", "backend", "device",
           "model_config", "trace_spec", "command", "seeds"):
     assert a in f.attrs, a
+assert "checkpoint_audit" not in f.attrs  # synthetic weights: no checkpoint to audit
 
 out, lay, att = f["/drift/output"][:], f["/drift/layers"][:], f["/drift/attention"][:]
 summ, gen, kv = f["/drift/summary"][:], f["/drift/generation"][:], f["/drift/kv"][:]
