@@ -341,6 +341,33 @@ static void add_diff(char *out, size_t n, const char *what) {
     snprintf(out + len, n - len, "%s%s", len ? ", " : "", what);
 }
 
+/* Every key of ja that jb lacks or holds otherwise: "PREFIXkey (x against
+ * y)", or "PREFIXkey" for an object or array; strings quoted when quote
+ * ('' is a value there). */
+static void json_diffs(char *out, size_t n, json_t *ja, json_t *jb, const char *prefix, int quote) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(ja, key, v) {
+        const json_t *w = json_object_get(jb, key);
+        if (w && json_equal(v, (json_t *)w)) continue;
+        char what[200], x[48], y[48];
+        if (json_is_object(v) || json_is_array(v) || json_is_object(w) || json_is_array(w)) {
+            snprintf(what, sizeof what, "%s%s", prefix, key);
+        } else {
+            const json_t *vw[2] = {v, w};
+            char *xy[2] = {x, y};
+            for (int k = 0; k < 2; k++) {
+                if (quote && json_is_string(vw[k]))
+                    snprintf(xy[k], sizeof x, "'%s'", json_string_value(vw[k]));
+                else
+                    kvd_json_text(vw[k], xy[k], sizeof x);
+            }
+            snprintf(what, sizeof what, "%s%s (%s against %s)", prefix, key, x, y);
+        }
+        add_diff(out, n, what);
+    }
+}
+
 void kvd_run_differences(const kvd_run *a, const kvd_run *b, char *out, size_t n) {
     out[0] = 0;
     const char *sa = a->r.settings, *sb = b->r.settings;
@@ -348,22 +375,17 @@ void kvd_run_differences(const kvd_run *a, const kvd_run *b, char *out, size_t n
         if (sa || sb) add_diff(out, n, "run settings (one file does not record them)");
     } else {
         json_t *ja = json_loads(sa, 0, NULL), *jb = json_loads(sb, 0, NULL);
-        const char *key;
-        json_t *v;
-        json_object_foreach(ja, key, v) {
-            const json_t *w = json_object_get(jb, key);
-            if (w && json_equal(v, (json_t *)w)) continue;
-            char what[200], x[48], y[48];
-            if (json_is_object(v) || json_is_object(w)) {
-                snprintf(what, sizeof what, "%s", key);
-            } else {
-                kvd_json_text(v, x, sizeof x), kvd_json_text(w, y, sizeof y);
-                snprintf(what, sizeof what, "%s (%s against %s)", key, x, y);
-            }
-            add_diff(out, n, what);
-        }
+        json_diffs(out, n, ja, jb, "", 0);
         json_decref(ja), json_decref(jb);
     }
+    /* what audit found in the checkpoints: the reason a figure moved, often */
+    json_t *aa = a->r.ckpt_audit ? json_loads(a->r.ckpt_audit, 0, NULL) : NULL,
+           *ab = b->r.ckpt_audit ? json_loads(b->r.ckpt_audit, 0, NULL) : NULL;
+    if (!aa != !ab)
+        add_diff(out, n, "the checkpoint audit (one run is over synthetic weights)");
+    else if (aa)
+        json_diffs(out, n, aa, ab, "the checkpoint audit's ", 1);
+    json_decref(aa), json_decref(ab);
     const char *ma = a->r.model_json ? a->r.model_json : "",
                *mb = b->r.model_json ? b->r.model_json : "";
     if (strcmp(ma, mb)) add_diff(out, n, "the model config");

@@ -66,8 +66,8 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
                 kvd_check **out, char *err);
 /* What two runs differ in besides their cells, for the reader of a
  * comparison: run settings (back end, seed, weights, ...), the model, the
- * traces; "" when nothing. Figures of runs that differ in more than the
- * change under test measure more than that change. */
+ * traces, what audit found in their checkpoints; "" when nothing. Figures of runs that differ in
+ * more than the change under test measure more than that change. */
 void kvd_run_differences(const kvd_run *a, const kvd_run *b, char *out, size_t n);
 void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, const kvd_check *c,
                       int n);

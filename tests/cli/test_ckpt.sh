@@ -367,6 +367,12 @@ expect 0 "KV scale values: K [0-9.]+ to [0-9.]+, V [0-9.e-]+ to [0-9.e-]+; 0 of 
 "$bin" forward --model-dir "$work/mo" --tokens 64 --kv fp8-cal,fp8-ckpt --dump "$work/mor" >/dev/null 2>"$work/err" &&
   cmp -s "$work/mor/fp8-cal/logits.f32" "$work/mor/fp8-ckpt/logits.f32" && ok ||
   bad "after --replace, fp8-ckpt differs from fp8-cal: $(cat "$work/err")"
+# compare names what audit found differently in the two checkpoints
+"$bin" run --model-dir "$work/mo" --kv bf16,fp8-ckpt,fp8-cal --context 512 --cells drift \
+  -o "$work/mo-fixed.h5" >/dev/null 2>"$work/err" || bad "sweep after --replace: $(cat "$work/err")"
+"$bin" compare "$work/mo.h5" "$work/mo-fixed.h5" >"$work/out" 2>"$work/err"
+[ $? -ne 2 ] && grep -q "^note: the runs differ in .*the checkpoint audit's fp8_kv_scales_all_one ('v' against '')" "$work/out" && ok ||
+  bad "compare does not name the checkpoint audit's difference: $(cat "$work/out" "$work/err")"
 # scales inside the weights' own file (as exporters write them, Quark's
 # names): that file is rewritten without them, every other tensor and its
 # header metadata as they were, and the index follows
