@@ -330,6 +330,7 @@ cp -r "$work/noscale" "$work/mo"
 "$bin" calibrate --model-dir "$work/mo" --calibration modelopt --into-checkpoint >/dev/null 2>"$work/err" || bad "calibrate --calibration modelopt --into-checkpoint: $(cat "$work/err")"
 expect 1 "VERDICT: FP8 KV cache with every V scale 1.0 \(the same as without scales\)" -- audit "$work/mo" --strict
 expect 0 "KV scale values: K [0-9.]+ to [0-9.]+, V 1 to 1; 0 of 2 K and 2 of 2 V scales are exactly 1.0" -- audit "$work/mo"
+expect 0 "mo: every V scale the checkpoint carries is 1.0 \(ModelOpt clamps KV scales to at least 1.0\): fp8-ckpt writes V as without scales" -- forward --model-dir "$work/mo" --tokens 16 --kv fp8-ckpt
 "$bin" audit "$work/mo" --format json >"$work/a.json" && "$py" -c "
 import json; a = json.load(open('$work/a.json'))
 assert a['fp8_kv_scales_all_one'] == 'v' and a['kv_scales_exactly_one'] == {'k': 0, 'v': 2}
