@@ -137,10 +137,12 @@ int kvd_cmd_compare(int argc, char **argv) {
                    isnan(c->cand) ? "none (absent, or NaN)" : "not finite");
             continue;
         }
+        char z[48] = "";
+        if (isfinite(c->z)) snprintf(z, sizeof z, ", %.1f standard errors", c->z);
         printf("REGRESSION %s %s context %lld%s: baseline %.6g, candidate %.6g (worse by %.3g, "
-               "%.1f%%; allowed %.3g and %.0f%%)\n",
+               "%.1f%%%s; allowed %.3g and %.0f%%)\n",
                c->metric, c->mode, c->context, bk, c->base, c->cand, c->abs_inc,
-               isfinite(c->rel_inc) ? 100 * c->rel_inc : INFINITY, c->max_abs, 100 * c->max_rel);
+               isfinite(c->rel_inc) ? 100 * c->rel_inc : INFINITY, z, c->max_abs, 100 * c->max_rel);
     }
     char miss[48] = "";
     if (missing) snprintf(miss, sizeof miss, " (%d missing in the candidate)", missing);

@@ -247,6 +247,18 @@ static void add_check(kvd_check **out, int *n, int *cap, const kvd_threshold *t,
     c->max_rel = t->max_rel;
     c->missing = !isfinite(cand);
     c->breach = c->missing || (c->abs_inc > t->max_abs && c->rel_inc > t->max_rel);
+    c->z = NAN;
+}
+
+/* The last check's difference in combined standard errors, where the
+ * figure has them (the summary's METRIC_err). */
+static void add_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const char *metric) {
+    char e[48];
+    snprintf(e, sizeof e, "%s_err", metric);
+    const double sb = kvd_run_summary(base, c->mode, c->context, "all", e),
+                 sc = kvd_run_summary(cand, c->mode, c->context, "all", e),
+                 se = sqrt(sb * sb + sc * sc);
+    if (isfinite(se) && se > 0) c->z = c->abs_inc / se;
 }
 
 int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *th, int n_th,
@@ -300,9 +312,11 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
             if (strcmp(t->mode, "*") && strcmp(t->mode, bm[i])) continue;
             if (!strcmp(bm[i], "bf16") && !is_tp) continue;
             if (is_sum) {
+                const int before = n;
                 add_check(out, &n, &cap, t, bm[i], ctx, -1,
                           kvd_run_summary(base, bm[i], ctx, "all", t->metric),
                           kvd_run_summary(cand, bm[i], ctx, "all", t->metric), t->metric);
+                if (n > before) add_z(&(*out)[n - 1], base, cand, t->metric);
             } else if (is_der) {
                 add_check(out, &n, &cap, t, bm[i], ctx, -1, derived(base, bm[i], ctx, t->metric),
                           derived(cand, bm[i], ctx, t->metric), t->metric);
@@ -424,7 +438,8 @@ void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, cons
     kvd_buf_puts(b,
                  "<h2>Every check</h2>\n<table><tr><th class=\"l\">metric</th><th class=\"l\">mode"
                  "</th><th>bucket</th><th>baseline</th><th>candidate</th><th>worse by</th><th>"
-                 "relative</th><th>allowed</th><th class=\"l\">verdict</th></tr>\n");
+                 "relative</th><th>in standard errors</th><th>allowed</th><th class=\"l\">verdict"
+                 "</th></tr>\n");
     for (int i = 0; i < n; i++) {
         char bk[16];
         if (c[i].bucket < 0) {
@@ -432,12 +447,14 @@ void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, cons
         } else {
             snprintf(bk, sizeof bk, "%d", c[i].bucket);
         }
+        char z[24] = "-";
+        if (isfinite(c[i].z)) snprintf(z, sizeof z, "%.1f", c[i].z);
         kvd_buf_printf(b,
                        "<tr><td class=\"l\">%s</td><td class=\"l\">%s</td><td>%s</td><td>%.4g</td>"
-                       "<td>%.4g</td><td>%.3g</td><td>%.1f%%</td><td>%.3g, %.0f%%</td><td "
-                       "class=\"l %s\">%s</td></tr>\n",
+                       "<td>%.4g</td><td>%.3g</td><td>%.1f%%</td><td>%s</td><td>%.3g, %.0f%%</td>"
+                       "<td class=\"l %s\">%s</td></tr>\n",
                        c[i].metric, c[i].mode, bk, c[i].base, c[i].cand, c[i].abs_inc,
-                       100 * c[i].rel_inc, c[i].max_abs, 100 * c[i].max_rel,
+                       100 * c[i].rel_inc, z, c[i].max_abs, 100 * c[i].max_rel,
                        c[i].breach ? "bad" : "ok",
                        c[i].missing  ? "missing in the candidate"
                        : c[i].breach ? "regressed"

@@ -53,6 +53,11 @@ typedef struct {
     long long context;
     int bucket; /* -1: the whole run */
     double base, cand, abs_inc, rel_inc, max_abs, max_rel;
+    /* for a figure with a standard error (kl_mean, same_top_p): how many
+     * combined standard errors sqrt(se_base^2 + se_cand^2) it got worse by
+     * (negative: better); NaN otherwise. A reading aid for A/B runs over
+     * other inputs; the verdict stays the thresholds' */
+    double z;
     int breach;
     int missing; /* the baseline has the figure, the candidate none (absent or not finite):
                     a regression, for a gate that passed what it could not see would pass a

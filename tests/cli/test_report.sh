@@ -151,6 +151,17 @@ PY
 [ $rc -eq 1 ] && grep -q "^REGRESSION kl_mean fp8-cal context 512: baseline" "$work/c1.out" &&
   [ "$(grep -c '^REGRESSION' "$work/c1.out")" -eq 1 ] && xmllint --noout "$work/diff.html" && ok ||
   bad "crafted regression: exit $rc: $(cat "$work/c1.out")"
+# its difference in combined standard errors: 2 x kl_mean over sqrt(2) x its error
+"$py" - "$work/r.h5" "$work/c1.out" <<'PY' && ok || bad "compare: the standard errors of the crafted regression: $(cat "$work/c1.out")"
+import re, sys, h5py, math
+s = h5py.File(sys.argv[1])["drift/summary"][:]
+v = {m: float(s[(s["mode"] == b"fp8-cal") & (s["subset"] == b"all") & (s["metric"] == m) & (s["trace"] == 0)]["value"][0])
+     for m in (b"kl_mean", b"kl_mean_err")}
+line = next(l for l in open(sys.argv[2]) if l.startswith("REGRESSION kl_mean"))
+z = float(re.search(r", ([0-9.]+) standard errors;", line).group(1))
+want = 2 * v[b"kl_mean"] / math.sqrt(2 * v[b"kl_mean_err"] ** 2)
+assert abs(z - want) <= 0.05 + 1e-9, (z, want, line)
+PY
 # runs that differ in more than their figures say so (here: the trace seed)
 cp "$work/r.h5" "$work/seed5.h5"
 "$py" - "$work/seed5.h5" <<'PY'
