@@ -52,9 +52,8 @@ int kvd_cmd_audit(int argc, char **argv) {
     const kvd_audit_finding fd = kvd_audit_find(&au);
     const int fp8_kv = fd.fp8_kv, silent = fd.silent, bad = fd.bad, ones = fd.ones,
               unit = ones != 0;
-    const char *which = ones == 3   ? "every K and V scale"
-                        : ones == 2 ? "every V scale"
-                                    : "every K scale";
+    char which[32];
+    snprintf(which, sizeof which, "every %s scale", kvd_audit_sides(ones));
     char engine_unit[600];
     snprintf(engine_unit, sizeof engine_unit,
              "switches the KV cache to FP8 E4M3 and loads the checkpoint's k_scale/v_scale, "

@@ -766,8 +766,7 @@ out:
 /* What a reader wants at the end of a run: per mode and context, the output
  * drift, the attention drift and the decode speed at each concurrency. */
 static void print_summary(const kvd_results *r, const run_opts *o) {
-    const kvd_table *sm = &r->t[KVD_T_SUMMARY], *at = &r->t[KVD_T_ATTN], *tp = &r->t[KVD_T_TPUT],
-                    *kv = &r->t[KVD_T_KV];
+    const kvd_table *sm = &r->t[KVD_T_SUMMARY], *at = &r->t[KVD_T_ATTN], *tp = &r->t[KVD_T_TPUT];
     /* the columns of the cells this run measured */
     const int drift = o->cells & 1, nc = o->cells & 2 ? o->n_conc : 0;
     printf("\n%-13s %8s", "kv_mode", "context");
@@ -798,21 +797,14 @@ static void print_summary(const kvd_results *r, const run_opts *o) {
                     !strcmp(x->metric, "kl"))
                     num += x->mean * x->n, den += x->n;
             }
-            /* the shares of K saturated and V flushed by the cache's writes */
-            double nv = 0, ks = 0, vf = 0;
-            for (int64_t i = 0; i < kv->n; i++) {
-                const kvd_row_kv *x = (const kvd_row_kv *)(kv->rows + (size_t)i * kv->row_size);
-                if (!strcmp(x->mode, mode) && x->context == o->ctx[ci])
-                    nv += x->n_values, ks += x->k_saturated_frac * x->n_values,
-                        vf += x->v_flushed_frac * x->n_values;
-            }
-            const int fp8 = nv > 0 && strcmp(mode, "bf16");
+            double ks, vf; /* the shares of K saturated and V flushed */
+            kvd_results_kv_shares(r, mode, o->ctx[ci], &ks, &vf);
             printf("%-13s %8lld", mode, (long long)o->ctx[ci]);
             if (drift) {
                 printf(" %11.3e %11.3e %10.4f %11.3e %11.3e", v[0], v[1], v[2], v[3],
                        den > 0 ? num / den : NAN);
-                if (fp8)
-                    printf(" %9.3f %9.3f", 100 * ks / nv, 100 * vf / nv);
+                if (isfinite(ks))
+                    printf(" %9.3f %9.3f", 100 * ks, 100 * vf);
                 else
                     printf(" %9s %9s", "-", "-");
             }

@@ -4,6 +4,7 @@
 
 #include <hdf5.h>
 #include <hdf5_hl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -142,6 +143,21 @@ int kvd_results_has_cell(const kvd_results *r, const char *cell) {
         if (!strcmp(((const kvd_row_cell *)(t->rows + (size_t)i * t->row_size))->cell, cell))
             return 1;
     return 0;
+}
+
+void kvd_results_kv_shares(const kvd_results *r, const char *mode, long long ctx, double *k_sat,
+                           double *v_flush) {
+    const kvd_table *t = &r->t[KVD_T_KV];
+    double n = 0, ks = 0, vf = 0;
+    for (int64_t i = 0; i < t->n; i++) {
+        const kvd_row_kv *x = (const kvd_row_kv *)(t->rows + (size_t)i * t->row_size);
+        if (strcmp(x->mode, mode) || x->context != ctx) continue;
+        n += x->n_values, ks += x->k_saturated_frac * x->n_values;
+        vf += x->v_flushed_frac * x->n_values;
+    }
+    const int fp8 = n > 0 && strcmp(mode, "bf16");
+    *k_sat = fp8 ? ks / n : NAN;
+    *v_flush = fp8 ? vf / n : NAN;
 }
 
 void kvd_results_add_matrix(kvd_results *r, const char *name, const char *row_label, int rows,

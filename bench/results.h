@@ -175,6 +175,12 @@ void kvd_results_init(kvd_results *r);
 void kvd_results_free(kvd_results *r);
 void *kvd_results_add(kvd_results *r, int table); /* a zeroed new row */
 int kvd_results_has_cell(const kvd_results *r, const char *cell);
+/* The shares of K values saturated and of V values flushed to zero by a
+ * mode's cache writes at context ctx, over every layer, head and trace
+ * (/drift/kv, weighted by the values written): the two ways a wrong scale
+ * loses the cache. NaN for bf16 and for a mode without such rows. */
+void kvd_results_kv_shares(const kvd_results *r, const char *mode, long long ctx, double *k_sat,
+                           double *v_flush);
 void kvd_results_add_matrix(kvd_results *r, const char *name, const char *row_label, int rows,
                             int cols, const double *data);
 

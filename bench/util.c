@@ -276,18 +276,13 @@ void kvd_model_opts_ckpt_scales(const kvd_model_opts *o, const char *cmd, const 
     /* scales that are there but 1.0 on a side are the same cache */
     int one[2] = {have == nf && nf > 0, have == nf && nf > 0};
     for (int i = 0; i < nf * s->kv_heads; i++) one[0] &= s->k[i] == 1.0f, one[1] &= s->v[i] == 1.0f;
-    if (one[0] || one[1])
+    const char *side = kvd_audit_sides(one[0] | one[1] << 1);
+    if (side[0])
         fprintf(stderr,
                 "kvdrift %s: %s: every %s scale the checkpoint carries is 1.0 (ModelOpt clamps KV "
                 "scales to at least 1.0): fp8-ckpt writes %s as without scales, as an engine "
                 "does\n",
-                cmd, o->model_dir,
-                one[0] && one[1] ? "K and V"
-                : one[1]         ? "V"
-                                 : "K",
-                one[0] && one[1] ? "K and V"
-                : one[1]         ? "V"
-                                 : "K");
+                cmd, o->model_dir, side, side);
 }
 
 void kvd_set_threads(int n) {

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../runners/checkpoint.h"
 #include "../runners/config.h"
 #include "../runners/kvcache.h"
 #include "svg.h"
@@ -172,24 +173,6 @@ typedef struct {
     int conc;
 } verdict;
 
-/* The shares of K values saturated and of V values flushed to zero by a
- * mode's cache writes at context ctx, over every layer, head and trace: the
- * two ways a wrong scale loses the cache (too small for K's outliers, too
- * large for V's magnitudes). */
-static void kv_shares(const kvd_run *r, const char *mode, long long ctx, double *k_sat,
-                      double *v_flush) {
-    const kvd_table *t = &r->r.t[KVD_T_KV];
-    double n = 0, ks = 0, vf = 0;
-    for (int64_t i = 0; i < t->n; i++) {
-        const kvd_row_kv *x = KVD_ROW(t, kvd_row_kv, i);
-        if (strcmp(x->mode, mode) || x->context != ctx) continue;
-        n += x->n_values, ks += x->k_saturated_frac * x->n_values;
-        vf += x->v_flushed_frac * x->n_values;
-    }
-    *k_sat = n > 0 && strcmp(mode, "bf16") ? ks / n : NAN;
-    *v_flush = n > 0 && strcmp(mode, "bf16") ? vf / n : NAN;
-}
-
 static double attn_kl_mean(const kvd_run *r, const char *mode, long long ctx, const char *view,
                            const char *subset, int al) {
     const kvd_table *t = &r->r.t[KVD_T_ATTN];
@@ -213,7 +196,7 @@ static verdict make_verdict(const kvd_run *r, const char *mode) {
     v.ln_ppl = kvd_run_summary(r, mode, ctx, "all", "ln_ppl_ratio");
     v.hid_last = layer_mean(r, mode, ctx, n_layers(r) - 1, "rel_l2");
     v.attn_kl = attn_kl_mean(r, mode, ctx, "propagated", "all", -1);
-    kv_shares(r, mode, ctx, &v.k_sat, &v.v_flush);
+    kvd_results_kv_shares(&r->r, mode, ctx, &v.k_sat, &v.v_flush);
     int cs[64], nc = concurrencies(r, ctx, cs);
     v.conc = nc ? cs[nc - 1] : 0;
     const kvd_row_tput *a = nc ? tput(r, mode, v.conc, ctx) : NULL,
@@ -639,17 +622,13 @@ static int ckpt_sentence(const kvd_run *r, char *out, size_t n) {
                      ": an engine uses 1.0 there, as fp8-ckpt does (the silent failure).");
     } else if (bad && bad[0]) {
         snprintf(out, n, "%s with an unusable scale (%s).", ask, bad);
-    } else if (ones && ones[0]) {
+    } else if (ones && ones[0]) { /* "k", "v" or "kv" */
+        const char *side =
+            kvd_audit_sides((strchr(ones, 'k') != NULL) | (strchr(ones, 'v') != NULL) << 1);
         snprintf(out, n,
                  "%s; every %s scale it carries is 1.0 (ModelOpt clamps KV scales to at least "
                  "1.0): fp8-ckpt, what an engine runs, writes %s as without scales.",
-                 ask,
-                 !strcmp(ones, "kv")  ? "K and V"
-                 : !strcmp(ones, "v") ? "V"
-                                      : "K",
-                 !strcmp(ones, "kv")  ? "K and V"
-                 : !strcmp(ones, "v") ? "V"
-                                      : "K");
+                 ask, side, side);
     } else {
         json_t *k = json_object_get(rg, "k"), *v = json_object_get(rg, "v");
         snprintf(out, n,

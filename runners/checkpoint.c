@@ -11,6 +11,7 @@
 
 #include "../kernels/fp8.h"
 #include "fileio.h"
+#include "safetensors.h"
 #include "st_reader.h"
 
 static void shape_str(char *b, size_t n, int nd, const int64_t *sh) {
@@ -174,13 +175,6 @@ static int check_fp4(const kvd_checkpoint *c, source *src, int k, char *err) {
     return 0;
 }
 
-/* A part's values must be usable: a float dtype, FP8 with its scale, or
- * packed 4-bit codes with theirs (check_fp4).
- * FP8 weights (Qwen's and DeepSeek's block-quantized checkpoints, ModelOpt,
- * compressed-tensors) are dequantized on load, code * scale in FP32, the
- * scale their companion NAME_scale_inv (block FP8) or NAME_scale: one value
- * (per tensor), one per row (per output channel), or one per block of
- * weight_block rows x columns (128 x 128 unless the config says). */
 /* whether s's dtype converts to FP32 (no value is read); err names it if not */
 static int check_dtype(const kvd_checkpoint *c, const kvd_st_tensor *s, char *err) {
     float none;
@@ -189,6 +183,13 @@ static int check_dtype(const kvd_checkpoint *c, const kvd_st_tensor *s, char *er
     return -1;
 }
 
+/* A part's values must be usable: a float dtype, FP8 with its scale, or
+ * packed 4-bit codes with theirs (check_fp4).
+ * FP8 weights (Qwen's and DeepSeek's block-quantized checkpoints, ModelOpt,
+ * compressed-tensors) are dequantized on load, code * scale in FP32, the
+ * scale their companion NAME_scale_inv (block FP8) or NAME_scale: one value
+ * (per tensor), one per row (per output channel), or one per block of
+ * weight_block rows x columns (128 x 128 unless the config says). */
 static int check_part(const kvd_checkpoint *c, const kvd_config *cfg, source *src, int k,
                       char *err) {
     const kvd_st_tensor *s = src->s[k];
@@ -367,74 +368,105 @@ static float *part_scales(const source *src, int k, char *err) {
     return sv;
 }
 
-/* rows [r0, r0 + n) of part k (a [rows, ...] tensor) into out, quantized
- * ones dequantized: code * scale in FP32 */
-static int part_rows(const source *src, int k, int64_t r0, int64_t n, float *out, char *err) {
+/* A part ready to be read: its values' columns, and for a quantized part
+ * its scales (part_scales) and its codes' values, made once per tensor
+ * however many row ranges the layout reads from it. */
+typedef struct {
+    const kvd_st_tensor *s;
+    int64_t C, br, bc;
+    int fp4;
+    float *sv; /* NULL: a float dtype, read as it is */
+    float lut[256];
+} part;
+
+static int part_open(const source *src, int k, part *p, char *err) {
     const kvd_st_tensor *s = src->s[k];
-    const int64_t C = src->fp4[k] ? fp4_cols(s) : s->shape[0] > 0 ? s->numel / s->shape[0] : 0;
-    if (!src->scale[k]) return kvd_st_range_to_f32(s, r0 * C, n * C, out, err);
-    float *sv = part_scales(src, k, err);
-    if (!sv) return -1;
-    const int64_t br = src->br[k], bc = src->bc[k], nbc = (C + bc - 1) / bc;
-    float lut[256]; /* the format's codes */
+    p->s = s;
+    p->fp4 = src->fp4[k];
+    p->C = p->fp4 ? fp4_cols(s) : s->shape[0] > 0 ? s->numel / s->shape[0] : 0;
+    p->br = src->br[k], p->bc = src->bc[k];
+    p->sv = NULL;
+    if (!src->scale[k]) return 0;
+    if (!(p->sv = part_scales(src, k, err))) return -1;
     for (int v = 0; v < 256; v++)
-        lut[v] = src->fp4[k]                  ? kvd_e2m1_to_f32((uint8_t)(v & 15))
-                 : s->dtype == KVD_ST_F8_E5M2 ? kvd_e5m2_to_f32((uint8_t)v)
-                                              : kvd_e4m3_to_f32((uint8_t)v);
+        p->lut[v] = p->fp4                       ? kvd_e2m1_to_f32((uint8_t)(v & 15))
+                    : s->dtype == KVD_ST_F8_E5M2 ? kvd_e5m2_to_f32((uint8_t)v)
+                                                 : kvd_e4m3_to_f32((uint8_t)v);
+    return 0;
+}
+
+/* rows [r0, r0 + n) of a part (a [rows, ...] tensor) into out, quantized
+ * ones dequantized: code * scale in FP32 */
+static int part_rows(const part *p, int64_t r0, int64_t n, float *out, char *err) {
+    const int64_t C = p->C;
+    if (!p->sv) return kvd_st_range_to_f32(p->s, r0 * C, n * C, out, err);
+    const int64_t br = p->br, bc = p->bc, nbc = (C + bc - 1) / bc;
     /* a scale's values at a time (bc is even for 4-bit codes, so a byte's
      * two never straddle scales) */
     for (int64_t r = r0; r < r0 + n; r++) {
-        const float *row_sc = sv + (r / br) * nbc;
+        const float *row_sc = p->sv + (r / br) * nbc;
         float *o = out + (r - r0) * C;
         for (int64_t j0 = 0, b = 0; j0 < C; j0 += bc, b++) {
             const float sc = row_sc[b];
             const int64_t j1 = j0 + bc < C ? j0 + bc : C;
-            if (src->fp4[k]) {
-                const uint8_t *code = s->data + r * (C / 2);
+            if (p->fp4) {
+                const uint8_t *code = p->s->data + r * (C / 2);
                 for (int64_t j = j0; j < j1; j += 2) {
-                    o[j] = lut[code[j / 2] & 15] * sc;
-                    o[j + 1] = lut[code[j / 2] >> 4] * sc;
+                    o[j] = p->lut[code[j / 2] & 15] * sc;
+                    o[j + 1] = p->lut[code[j / 2] >> 4] * sc;
                 }
             } else {
-                const uint8_t *code = s->data + r * C;
-                for (int64_t j = j0; j < j1; j++) o[j] = lut[code[j]] * sc;
+                const uint8_t *code = p->s->data + r * C;
+                for (int64_t j = j0; j < j1; j++) o[j] = p->lut[code[j]] * sc;
             }
         }
     }
-    free(sv);
     return 0;
 }
 
-static int fill(const source *src, const kvd_config *cfg, const kvd_tensor *t, char *err) {
-    float *out = t->data;
+/* the layout's row ranges, from its opened parts, into out */
+static int fill_rows(const source *src, const kvd_config *cfg, const part *p, float *out,
+                     char *err) {
     const int64_t H = cfg->hidden_size, nk = cfg->linear_num_key_heads,
                   dk = cfg->linear_key_head_dim, dv = cfg->linear_value_head_dim,
                   r = cfg->linear_num_value_heads / cfg->linear_num_key_heads;
     switch (src->kind) {
     case SRC_WHOLE:
-        return part_rows(src, 0, 0, src->s[0]->ndim ? src->s[0]->shape[0] : 1, out, err);
-    case SRC_EXPERT:
-        return kvd_st_range_to_f32(src->s[0], src->first, t->numel, out, err);
+        return part_rows(&p[0], 0, src->s[0]->ndim ? src->s[0]->shape[0] : 1, out, err);
     case SRC_QKVZ: /* per key head g: q_g, k_g, then its value heads' v and z */
         for (int64_t g = 0; g < nk; g++) {
-            if (part_rows(src, 0, g * dk, dk, out, err) ||
-                part_rows(src, 0, nk * dk + g * dk, dk, out + dk * H, err) ||
-                part_rows(src, 0, 2 * nk * dk + g * r * dv, r * dv, out + 2 * dk * H, err) ||
-                part_rows(src, 1, g * r * dv, r * dv, out + (2 * dk + r * dv) * H, err))
+            if (part_rows(&p[0], g * dk, dk, out, err) ||
+                part_rows(&p[0], nk * dk + g * dk, dk, out + dk * H, err) ||
+                part_rows(&p[0], 2 * nk * dk + g * r * dv, r * dv, out + 2 * dk * H, err) ||
+                part_rows(&p[1], g * r * dv, r * dv, out + (2 * dk + r * dv) * H, err))
                 return -1;
             out += (2 * dk + 2 * r * dv) * H;
         }
         return 0;
     case SRC_BA: /* per key head g: its value heads' b, then their a */
         for (int64_t g = 0; g < nk; g++) {
-            if (part_rows(src, 0, g * r, r, out, err) ||
-                part_rows(src, 1, g * r, r, out + r * H, err))
+            if (part_rows(&p[0], g * r, r, out, err) ||
+                part_rows(&p[1], g * r, r, out + r * H, err))
                 return -1;
             out += 2 * r * H;
         }
         return 0;
+    case SRC_EXPERT:
+        break;
     }
     return -1;
+}
+
+static int fill(const source *src, const kvd_config *cfg, const kvd_tensor *t, char *err) {
+    if (src->kind == SRC_EXPERT)
+        return kvd_st_range_to_f32(src->s[0], src->first, t->numel, t->data, err);
+    part p[2] = {{0}, {0}};
+    int rc = -1;
+    if (part_open(src, 0, &p[0], err) == 0 &&
+        (src->kind == SRC_WHOLE || part_open(src, 1, &p[1], err) == 0))
+        rc = fill_rows(src, cfg, p, t->data, err);
+    free(p[0].sv), free(p[1].sv);
+    return rc;
 }
 
 /* DIR/config.json, the model named after the directory */
@@ -769,6 +801,11 @@ kvd_audit_finding kvd_audit_find(const kvd_audit *a) {
     return f;
 }
 
+const char *kvd_audit_sides(int ones) {
+    static const char *const name[4] = {"", "K", "V", "K and V"};
+    return name[ones & 3];
+}
+
 json_t *kvd_audit_json(const kvd_audit *a) {
     const kvd_audit_finding f = kvd_audit_find(a);
     json_t *o = json_pack(
@@ -822,13 +859,12 @@ int kvd_checkpoint_fingerprint(const char *dir, char *out, size_t n, char *err) 
         const char *base = strrchr(c.files[f].path, '/');
         base = base ? base + 1 : c.files[f].path;
         const unsigned char *m = c.files[f].map;
-        uint64_t hl = 0;
-        for (int i = 0; i < 8; i++) hl |= (uint64_t)m[i] << (8 * i);
+        const size_t data = 8 + c.files[f].header_len;
         h = fnv(h, base, strlen(base) + 1);
         h = fnv(h, &c.files[f].size, sizeof c.files[f].size);
-        h = fnv(h, m, 8 + (size_t)hl);
+        h = fnv(h, m, data);
         /* samples of the values: windows spread evenly over the data */
-        const size_t data = 8 + (size_t)hl, len = c.files[f].size - data, win = 4096, nw = 16;
+        const size_t len = c.files[f].size - data, win = 4096, nw = 16;
         if (len <= win * nw) {
             h = fnv(h, m + data, len);
         } else {
@@ -852,11 +888,8 @@ int kvd_checkpoint_fingerprint(const char *dir, char *out, size_t n, char *err) 
  * shapes and order, and the header's __metadata__, as they were. */
 static int drop_kv_scales(const kvd_checkpoint *c, int f, char *err) {
     const kvd_st_file *file = &c->files[f];
-    const unsigned char *m = file->map;
-    uint64_t hl = 0;
-    for (int i = 0; i < 8; i++) hl |= (uint64_t)m[i] << (8 * i);
     json_error_t je;
-    json_t *old = json_loadb((const char *)m + 8, (size_t)hl, 0, &je);
+    json_t *old = json_loadb((const char *)file->map + 8, file->header_len, 0, &je);
     const kvd_st_tensor **keep = malloc(sizeof *keep * (size_t)(c->n ? c->n : 1));
     if (!old || !keep) {
         snprintf(err, KVD_ERR_LEN, "%s: cannot read its header back", file->path);
@@ -867,12 +900,7 @@ static int drop_kv_scales(const kvd_checkpoint *c, int f, char *err) {
     int nk = 0;
     for (int i = 0; i < c->n; i++)
         if (c->t[i].file == f && !is_kv_scale_name(c->t[i].name)) keep[nk++] = &c->t[i];
-    /* in the file's own order */
-    for (int i = 1; i < nk; i++)
-        for (int j = i; j > 0 && keep[j]->data < keep[j - 1]->data; j--) {
-            const kvd_st_tensor *x = keep[j];
-            keep[j] = keep[j - 1], keep[j - 1] = x;
-        }
+    kvd_st_by_offset(keep, (size_t)nk); /* in the file's own order */
     int rc = -1;
     if (nk == 0) {
         rc = unlink(file->path) ? -1 : 0;
@@ -891,20 +919,13 @@ static int drop_kv_scales(const kvd_checkpoint *c, int f, char *err) {
         json_object_set_new(h, keep[i]->name, e);
         off += (int64_t)keep[i]->nbytes;
     }
-    char *txt = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(h);
-    const size_t tl = strlen(txt), padded = (tl + 7) / 8 * 8;
     kvd_afile a;
     if (kvd_afile_open(&a, file->path, err) == 0) {
-        unsigned char len8[8];
-        for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-        kvd_afile_write(&a, len8, 8);
-        kvd_afile_write(&a, txt, tl);
-        for (size_t i = tl; i < padded; i++) kvd_afile_write(&a, " ", 1);
+        kvd_st_header_write(&a, h);
         for (int i = 0; i < nk; i++) kvd_afile_write(&a, keep[i]->data, keep[i]->nbytes);
         rc = kvd_afile_commit(&a, err);
     }
-    free(txt);
+    json_decref(h);
 out:
     json_decref(old);
     free(keep);
@@ -931,27 +952,35 @@ int kvd_checkpoint_add_kv_scales(const char *dir, const kvd_config *cfg, const k
             kvd_checkpoint_close(&c);
             return -1;
         }
+    /* which files hold KV scales, and whether kv_scales.safetensors holds
+     * anything else */
     int old = 0, other_in_shard = 0;
+    char *holds_scales = calloc((size_t)c.n_files + 1, 1);
+    if (!holds_scales) {
+        snprintf(err, KVD_ERR_LEN, "%s: out of memory", dir);
+        kvd_checkpoint_close(&c);
+        return -1;
+    }
     for (int i = 0; i < c.n; i++) {
         const int scale = is_kv_scale_name(c.t[i].name);
         old += scale;
+        holds_scales[c.t[i].file] |= (char)scale;
         if (!scale && !strcmp(c.files[c.t[i].file].path, shard)) other_in_shard = 1;
     }
     if (access(shard, F_OK) == 0 && (!replace || other_in_shard)) {
         snprintf(err, KVD_ERR_LEN, "%s: already there%s; remove it to write new scales", shard,
                  other_in_shard ? " and holds other tensors than KV scales" : "");
-        kvd_checkpoint_close(&c);
-        return -1;
+        goto refuse;
     }
     if (!sc) { /* the checks alone, before the calibration's work */
+        free(holds_scales);
         kvd_checkpoint_close(&c);
         return 0;
     }
     if (sc->n_layers != nf || sc->kv_heads != kvh) {
         snprintf(err, KVD_ERR_LEN, "%s: scales for %d layers x %d KV heads, the model has %d x %d",
                  dir, sc->n_layers, sc->kv_heads, nf, kvh);
-        kvd_checkpoint_close(&c);
-        return -1;
+        goto refuse;
     }
     /* the names ModelOpt exports (vLLM and SGLang read them), under the
      * language model's prefix */
@@ -962,15 +991,11 @@ int kvd_checkpoint_add_kv_scales(const char *dir, const kvd_config *cfg, const k
     /* the old scales out of their files first: should this stop half way,
      * the checkpoint holds fewer scales, never two sets (kv_scales.safetensors
      * itself is replaced whole below) */
-    for (int f = 0; f < c.n_files && old; f++) {
-        int here = 0;
-        for (int i = 0; i < c.n; i++) here |= c.t[i].file == f && is_kv_scale_name(c.t[i].name);
-        if (here && strcmp(c.files[f].path, shard) && drop_kv_scales(&c, f, err)) {
-            kvd_checkpoint_close(&c);
-            return -1;
-        }
-    }
+    for (int f = 0; f < c.n_files; f++)
+        if (holds_scales[f] && strcmp(c.files[f].path, shard) && drop_kv_scales(&c, f, err))
+            goto refuse;
     if (n_replaced) *n_replaced = old;
+    free(holds_scales);
     kvd_checkpoint_close(&c);
     const int nv = per_head ? kvh : 1;
     json_t *h = json_object();
@@ -990,24 +1015,15 @@ int kvd_checkpoint_add_kv_scales(const char *dir, const kvd_config *cfg, const k
         }
     }
     json_object_set_new(h, "__metadata__", json_pack("{s:s}", "producer", "kvdrift calibrate"));
-    char *txt = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    size_t hl = strlen(txt), padded = (hl + 7) / 8 * 8, n = 8 + padded + (size_t)off;
-    unsigned char *buf = calloc(1, n);
-    if (!buf) {
-        free(txt), json_decref(h);
-        snprintf(err, KVD_ERR_LEN, "%s: out of memory", shard);
-        return -1;
+    kvd_afile a;
+    int rc = kvd_afile_open(&a, shard, err);
+    if (rc == 0) {
+        kvd_st_header_write(&a, h);
+        for (int al = 0; al < nf; al++) /* F32, little-endian as the host */
+            for (int v = 0; v < 2; v++)
+                kvd_afile_write(&a, (v ? sc->v : sc->k) + al * kvh, 4 * (size_t)nv);
+        rc = kvd_afile_commit(&a, err);
     }
-    for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-    memcpy(buf + 8, txt, hl);
-    memset(buf + 8 + hl, ' ', padded - hl);
-    float *data = (float *)(buf + 8 + padded); /* little-endian host */
-    for (int al = 0; al < nf; al++)
-        for (int v = 0; v < 2; v++)
-            for (int i = 0; i < nv; i++) *data++ = (v ? sc->v : sc->k)[al * kvh + i];
-    free(txt);
-    int rc = kvd_write_file_atomic(shard, buf, n, err);
-    free(buf);
     /* a checkpoint with an index lists its files there */
     if (rc == 0 && access(index, F_OK) == 0) {
         json_t *ix = kvd_json_load(index, err);
@@ -1035,4 +1051,8 @@ int kvd_checkpoint_add_kv_scales(const char *dir, const kvd_config *cfg, const k
     }
     json_decref(h);
     return rc;
+refuse:
+    free(holds_scales);
+    kvd_checkpoint_close(&c);
+    return -1;
 }

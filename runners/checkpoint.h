@@ -85,6 +85,8 @@ typedef struct {
     int fp8_kv, silent, bad, ones;
 } kvd_audit_finding;
 kvd_audit_finding kvd_audit_find(const kvd_audit *a);
+/* The sides a finding's ones names: "K and V" (3), "V" (2), "K" (1), "". */
+const char *kvd_audit_sides(int ones);
 
 /* The audit's facts as JSON (what `audit --format json` and a results
  * file's checkpoint_audit hold): quantization config, weights, the KV

@@ -10,6 +10,17 @@
 #include "../kernels/fp8.h"
 #include "fileio.h"
 
+void kvd_st_header_write(kvd_afile *a, const json_t *h) {
+    char *txt = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    const size_t hl = txt ? strlen(txt) : 0, padded = (hl + 7) / 8 * 8;
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    kvd_afile_write(a, len8, 8);
+    kvd_afile_write(a, txt, hl);
+    for (size_t i = hl; i < padded; i++) kvd_afile_write(a, " ", 1);
+    free(txt);
+}
+
 int kvd_safetensors_write(const char *path, const kvd_weights *w, int f32, char *err) {
     json_t *h = json_object();
     int64_t off = 0;
@@ -26,20 +37,13 @@ int kvd_safetensors_write(const char *path, const kvd_weights *w, int f32, char 
     }
     json_object_set_new(h, "__metadata__",
                         json_pack("{s:s, s:s}", "format", "pt", "producer", "kvdrift export"));
-    char *txt = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(h);
-    size_t hl = strlen(txt), padded = (hl + 7) / 8 * 8;
     kvd_afile a;
     if (kvd_afile_open(&a, path, err)) {
-        free(txt);
+        json_decref(h);
         return -1;
     }
-    unsigned char len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-    kvd_afile_write(&a, len8, 8);
-    kvd_afile_write(&a, txt, hl);
-    for (size_t i = hl; i < padded; i++) kvd_afile_write(&a, " ", 1);
-    free(txt);
+    kvd_st_header_write(&a, h);
+    json_decref(h);
     uint16_t buf[4096];
     for (int i = 0; i < w->n_tensors; i++) {
         const kvd_tensor *t = &w->tensors[i];

@@ -39,6 +39,10 @@ static int cmp_begin(const void *a, const void *b) {
     return (x->data > y->data) - (x->data < y->data);
 }
 
+void kvd_st_by_offset(const kvd_st_tensor **t, size_t n) {
+    qsort(t, n, sizeof *t, cmp_begin);
+}
+
 int kvd_st_open(kvd_checkpoint *c, const char *path, char *err) {
     if (c->n_files == c->cap_files) {
         int cap = c->cap_files ? 2 * c->cap_files : 8;
@@ -183,6 +187,7 @@ int kvd_st_open(kvd_checkpoint *c, const char *path, char *err) {
     snprintf(c->files[fi].path, sizeof c->files[fi].path, "%s", path);
     c->files[fi].map = map;
     c->files[fi].size = size;
+    c->files[fi].header_len = (size_t)hl;
     c->n_files++;
     rc = 0;
 out:

@@ -47,6 +47,7 @@ typedef struct {
     char path[4096];
     void *map;
     size_t size;
+    size_t header_len; /* the JSON header's bytes; the data start at 8 + header_len */
 } kvd_st_file;
 
 typedef struct {
@@ -57,6 +58,9 @@ typedef struct {
 } kvd_checkpoint;
 
 const char *kvd_st_dtype_name(kvd_st_dtype d);
+
+/* Sort tensors (of one file) into the order of their bytes in it. */
+void kvd_st_by_offset(const kvd_st_tensor **t, size_t n);
 
 /* Open one safetensors file into c (appending its tensors). */
 int kvd_st_open(kvd_checkpoint *c, const char *path, char *err);
