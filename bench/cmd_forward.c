@@ -158,7 +158,8 @@ static const char *const forward_help =
     "  --scales FILE           calibrated scales for fp8-cal (default: calibrate now)\n"
     "  --calibration RECIPE    absmax | modelopt | vllm-dynamic (default absmax)\n"
     "  --per-head              calibrate per KV head instead of per layer\n"
-    "  --calib-tokens N        length of the held-out calibration trace (default 1024)\n"
+    "  --calib-tokens N        length of the held-out calibration trace "
+    "(default " KVD_CALIB_TOKENS_TEXT ")\n"
     "  --dump DIR              write tokens, logits, K/V and cache bytes per mode to DIR\n"
     "  --backend cpu|cuda      where the model and calibration run (default cpu)\n"
     "  --gpus N                split the model over N GPUs (tensor parallelism; default 1)\n";
@@ -168,7 +169,7 @@ int kvd_cmd_forward(int argc, char **argv) {
     kvd_args a = {argc, argv, 0, cmd};
     kvd_model_opts mo;
     kvd_model_opts_init(&mo);
-    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024, "cpu", {NULL, 1}, 0};
+    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, KVD_CALIB_TOKENS, "cpu", {NULL, 1}, 0};
     const char *kv_list = "bf16,fp8-cal,fp8-unscaled,fp8-e5m2", *dump = NULL;
     int T = 1024, saturate = 1;
     uint64_t seed = 1;
@@ -339,7 +340,7 @@ int kvd_cmd_calibrate(int argc, char **argv) {
     kvd_args a = {argc, argv, 0, cmd};
     kvd_model_opts mo;
     kvd_model_opts_init(&mo);
-    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, 1024, "cpu", {NULL, 1}, 0};
+    cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, KVD_CALIB_TOKENS, "cpu", {NULL, 1}, 0};
     const char *out = NULL, *f;
     uint64_t seed = 1;
     int into = 0, replace = 0;
@@ -368,7 +369,8 @@ int kvd_cmd_calibrate(int argc, char **argv) {
                 "                        placeholders) from their files, then write the new ones\n"
                 "  --calibration RECIPE  absmax | modelopt | vllm-dynamic (default absmax)\n"
                 "  --per-head            one scale per KV head instead of per layer\n"
-                "  --calib-tokens N      calibration trace length (default 1024)\n"
+                "  --calib-tokens N      calibration trace length (default " KVD_CALIB_TOKENS_TEXT
+                ", as run's)\n"
                 "  --backend cpu|cuda    where the model runs (default cpu)\n"
                 "  --gpus N              split it over N GPUs (default 1)\n"
                 "  --seed N              seed; the calibration trace uses seed + %u\n%s",

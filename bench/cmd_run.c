@@ -843,7 +843,7 @@ static const char *const run_help =
     "  --per-head           calibrate per KV head\n"
     "  --scales FILE        fp8-cal scales from a file (kvdrift calibrate) instead of calibrating\n"
     "  --attn-per-head      attention KL also per KV head (rows with kv_head >= 0)\n"
-    "  --calib-tokens N     held-out calibration trace length (default 2048)\n"
+    "  --calib-tokens N     held-out calibration trace length (default " KVD_CALIB_TOKENS_TEXT ")\n"
     "  --sample-every K     attention figures every K positions and at copy starts (default 16)\n"
     "  --gen-tokens N       greedy tokens from prefixes of 1/4, 1/2 and all of the context "
     "(default 32)\n"
@@ -871,7 +871,7 @@ int kvd_cmd_run(int argc, char **argv) {
     o.backend = "cpu";
     o.cells = 3;
     o.recipe = KVD_CAL_ABSMAX;
-    o.calib_tokens = 2048;
+    o.calib_tokens = KVD_CALIB_TOKENS;
     o.kv_budget = 40.0 * 1073741824.0;
     o.decode_tokens = 16;
     kvd_drift_opts_defaults(&o.dopt);

@@ -11,6 +11,13 @@
 
 /* The calibration trace's seed is the evaluation seed plus this: held out. */
 #define KVD_CALIB_SEED_OFFSET 1000003u
+/* The calibration trace's default length, the same for run, forward and
+ * calibrate: scales calibrate writes into a checkpoint are then, by default,
+ * exactly the ones run's fp8-cal uses, and fp8-ckpt reproduces fp8-cal. */
+#define KVD_CALIB_TOKENS 2048
+#define KVD_CALIB_TEXT_(n) #n
+#define KVD_CALIB_TEXT(n) KVD_CALIB_TEXT_(n)
+#define KVD_CALIB_TOKENS_TEXT KVD_CALIB_TEXT(KVD_CALIB_TOKENS) /* for help texts */
 
 typedef enum {
     KVD_CAL_ABSMAX = 0, /* absmax / 448 */
