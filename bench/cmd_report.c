@@ -85,19 +85,29 @@ int kvd_cmd_compare(int argc, char **argv) {
     const char *cmd = "compare", *out = NULL, *thr = KVD_SOURCE_DIR "/reports/thresholds.csv", *f;
     char *files[2];
     int nf = 0;
+    double min_sigma = 0;
     kvd_args a = {argc, argv, 0, cmd};
     while ((f = kvd_args_next(&a))) {
         if (!strcmp(f, "-o") || !strcmp(f, "--output")) {
             out = kvd_args_value(&a, f);
         } else if (!strcmp(f, "--thresholds")) {
             thr = kvd_args_value(&a, f);
+        } else if (!strcmp(f, "--min-sigma")) {
+            min_sigma = kvd_args_double(&a, f, 0, 1e6);
         } else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            printf("usage: kvdrift compare BASE.h5 CAND.h5 [--thresholds FILE.csv] [-o diff.html]\n"
-                   "Thresholds CSV columns: metric,mode,bucket,max_abs_increase,max_rel_increase\n"
-                   "(mode and bucket may be *). A figure regressed when it got worse by more than\n"
-                   "both allowances. Exit 0: no regression; 1: regression; 2: bad input.\n"
-                   "Default thresholds: %s\n",
-                   KVD_SOURCE_DIR "/reports/thresholds.csv");
+            printf(
+                "usage: kvdrift compare BASE.h5 CAND.h5 [--thresholds FILE.csv] [--min-sigma Z]\n"
+                "                       [-o diff.html]\n"
+                "Thresholds CSV columns: metric,mode,bucket,max_abs_increase,max_rel_increase\n"
+                "(mode and bucket may be *). A figure regressed when it got worse by more than\n"
+                "both allowances. Exit 0: no regression; 1: regression; 2: bad input.\n"
+                "Default thresholds: %s\n"
+                "  --min-sigma Z  a figure with a standard error (kl_mean, same_top_p, the\n"
+                "                 output figures per position bucket) regressed only when it\n"
+                "                 also got worse by at least Z combined standard errors;\n"
+                "                 less is noise, listed but passed. For runs over other\n"
+                "                 traces, seeds or devices; default 0: the thresholds alone\n",
+                KVD_SOURCE_DIR "/reports/thresholds.csv");
             return 0;
         } else if (f[0] == '-') {
             kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
@@ -118,16 +128,16 @@ int kvd_cmd_compare(int argc, char **argv) {
     kvd_run runs[2];
     if (kvd_runs_load(runs, 2, files, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
     kvd_check *checks;
-    int n = kvd_compare(&runs[0], &runs[1], th, nth, &checks, err);
+    int n = kvd_compare(&runs[0], &runs[1], th, nth, min_sigma, &checks, err);
     if (n < 0) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
     char diff[1024];
     kvd_run_differences(&runs[0], &runs[1], diff, sizeof diff);
     if (diff[0]) printf("note: the runs differ in %s\n", diff);
-    int breaches = 0, missing = 0;
+    int breaches = 0, missing = 0, noise = 0;
     for (int i = 0; i < n; i++) {
         const kvd_check *c = &checks[i];
-        if (!c->breach) continue;
-        breaches++;
+        if (!c->breach && !c->noise) continue;
+        breaches += c->breach, noise += c->noise;
         char bk[24] = "";
         if (c->bucket >= 0) snprintf(bk, sizeof bk, " bucket %d", c->bucket);
         if (c->missing) {
@@ -137,20 +147,25 @@ int kvd_cmd_compare(int argc, char **argv) {
                    isnan(c->cand) ? "none (absent, or NaN)" : "not finite");
             continue;
         }
-        char z[48] = "";
-        if (isfinite(c->z)) snprintf(z, sizeof z, ", %.1f standard errors", c->z);
-        printf("REGRESSION %s %s context %lld%s: baseline %.6g, candidate %.6g (worse by %.3g, "
+        char z[80] = "";
+        if (c->noise)
+            snprintf(z, sizeof z, ", %.1f standard errors, under --min-sigma %g", c->z, min_sigma);
+        else if (isfinite(c->z))
+            snprintf(z, sizeof z, ", %.1f standard errors", c->z);
+        printf("%s %s %s context %lld%s: baseline %.6g, candidate %.6g (worse by %.3g, "
                "%.1f%%%s; allowed %.3g and %.0f%%)\n",
-               c->metric, c->mode, c->context, bk, c->base, c->cand, c->abs_inc,
-               isfinite(c->rel_inc) ? 100 * c->rel_inc : INFINITY, z, c->max_abs, 100 * c->max_rel);
+               c->noise ? "NOISE" : "REGRESSION", c->metric, c->mode, c->context, bk, c->base,
+               c->cand, c->abs_inc, isfinite(c->rel_inc) ? 100 * c->rel_inc : INFINITY, z,
+               c->max_abs, 100 * c->max_rel);
     }
-    char miss[48] = "";
+    char miss[48] = "", nz[48] = "";
     if (missing) snprintf(miss, sizeof miss, " (%d missing in the candidate)", missing);
-    printf("compare: %d checks, %d regressions%s: %s\n", n, breaches, miss,
+    if (noise) snprintf(nz, sizeof nz, ", %d within noise", noise);
+    printf("compare: %d checks, %d regressions%s%s: %s\n", n, breaches, miss, nz,
            breaches ? "REGRESSION" : "pass");
     if (out) {
         kvd_buf b = {0};
-        kvd_compare_html(&b, &runs[0], &runs[1], checks, n);
+        kvd_compare_html(&b, &runs[0], &runs[1], checks, n, min_sigma);
         emit(cmd, out, &b);
         kvd_buf_free(&b);
     }

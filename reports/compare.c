@@ -202,16 +202,22 @@ static double derived(const kvd_run *r, const char *mode, long long ctx, const c
     return n > 0 ? s / n : NAN;
 }
 
+/* An output figure of one position bucket over the run's traces (their
+ * n-weighted mean), and in *se its standard error (each trace's is its
+ * ci95 / 1.96; the traces are independent). */
 static double output_bucket(const kvd_run *r, const char *mode, long long ctx, const char *metric,
-                            int bucket) {
+                            int bucket, double *se) {
     const kvd_table *t = &r->r.t[KVD_T_OUTPUT];
-    double s = 0, n = 0;
+    double s = 0, n = 0, v = 0;
     for (int64_t i = 0; i < t->n; i++) {
         const kvd_row_output *x = KVD_ROW(t, kvd_row_output, i);
         if (!strcmp(x->mode, mode) && x->context == ctx && x->bucket == bucket &&
-            !strcmp(x->subset, "all") && !strcmp(x->metric, metric))
-            s += x->mean * x->n, n += x->n;
+            !strcmp(x->subset, "all") && !strcmp(x->metric, metric)) {
+            const double e = x->n * x->ci95 / 1.96;
+            s += x->mean * x->n, n += x->n, v += e * e;
+        }
     }
+    *se = n > 0 ? sqrt(v) / n : NAN;
     return n > 0 ? s / n : NAN;
 }
 
@@ -250,19 +256,22 @@ static void add_check(kvd_check **out, int *n, int *cap, const kvd_threshold *t,
     c->z = NAN;
 }
 
-/* The last check's difference in combined standard errors, where the
- * figure has them (the summary's METRIC_err). */
-static void add_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const char *metric) {
-    char e[48];
-    snprintf(e, sizeof e, "%s_err", metric);
-    const double sb = kvd_run_summary(base, c->mode, c->context, "all", e),
-                 sc = kvd_run_summary(cand, c->mode, c->context, "all", e),
-                 se = sqrt(sb * sb + sc * sc);
+/* A check's difference in combined standard errors, given the two runs'. */
+static void set_z(kvd_check *c, double se_base, double se_cand) {
+    const double se = sqrt(se_base * se_base + se_cand * se_cand);
     if (isfinite(se) && se > 0) c->z = c->abs_inc / se;
 }
 
+/* ... for a summary figure, where it has them (the summary's METRIC_err) */
+static void add_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const char *metric) {
+    char e[48];
+    snprintf(e, sizeof e, "%s_err", metric);
+    set_z(c, kvd_run_summary(base, c->mode, c->context, "all", e),
+          kvd_run_summary(cand, c->mode, c->context, "all", e));
+}
+
 int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *th, int n_th,
-                kvd_check **out, char *err) {
+                double min_sigma, kvd_check **out, char *err) {
     *out = NULL;
     int n = 0, cap = 0;
     const char *bm[KVD_KV_N_MODES];
@@ -321,11 +330,15 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
                 add_check(out, &n, &cap, t, bm[i], ctx, -1, derived(base, bm[i], ctx, t->metric),
                           derived(cand, bm[i], ctx, t->metric), t->metric);
             } else if (is_out) {
-                for (int bk = 0; bk < 64; bk++)
-                    if (bucket < 0 || bk == bucket)
-                        add_check(out, &n, &cap, t, bm[i], ctx, bk,
-                                  output_bucket(base, bm[i], ctx, t->metric, bk),
-                                  output_bucket(cand, bm[i], ctx, t->metric, bk), t->metric);
+                for (int bk = 0; bk < 64; bk++) {
+                    if (bucket >= 0 && bk != bucket) continue;
+                    double sb, sc;
+                    const double vb = output_bucket(base, bm[i], ctx, t->metric, bk, &sb),
+                                 vc = output_bucket(cand, bm[i], ctx, t->metric, bk, &sc);
+                    const int before = n;
+                    add_check(out, &n, &cap, t, bm[i], ctx, bk, vb, vc, t->metric);
+                    if (n > before) set_z(&(*out)[n - 1], sb, sc);
+                }
             } else {
                 for (int cc = 1; cc <= 1024; cc *= 2) {
                     char name[48];
@@ -342,6 +355,14 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
                  "%s: none of the figures the thresholds name is in it: nothing was compared",
                  base->path);
         goto refuse;
+    }
+    /* a breach by fewer standard errors than asked for is within the runs'
+     * sampling noise; a figure without a standard error, or one missing in
+     * the candidate, stays with the thresholds' verdict */
+    for (int i = 0; min_sigma > 0 && i < n; i++) {
+        kvd_check *c = &(*out)[i];
+        if (c->breach && !c->missing && isfinite(c->z) && c->z < min_sigma)
+            c->breach = 0, c->noise = 1;
     }
     return n;
 refuse:
@@ -409,21 +430,25 @@ void kvd_run_differences(const kvd_run *a, const kvd_run *b, char *out, size_t n
 }
 
 void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, const kvd_check *c,
-                      int n) {
-    int breaches = 0;
-    for (int i = 0; i < n; i++) breaches += c[i].breach;
+                      int n, double min_sigma) {
+    int breaches = 0, noise = 0;
+    for (int i = 0; i < n; i++) breaches += c[i].breach, noise += c[i].noise;
     kvd_buf_puts(b,
                  "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/><title>kvdrift "
                  "compare</title><style>body{font-family:sans-serif;max-width:1100px;margin:24px "
                  "auto;padding:0 16px}table{border-collapse:collapse;font-size:13px}th,td{border:"
                  "1px solid #ccc;padding:4px 8px;text-align:right}td.l,th.l{text-align:left}"
-                 ".bad{color:#d62728;font-weight:bold}.ok{color:#2ca02c}</style></head><body>\n");
+                 ".bad{color:#d62728;font-weight:bold}.ok{color:#2ca02c}.noise{color:#b8860b}</"
+                 "style></head><body>\n");
     kvd_buf_puts(b, "<h1>kvdrift compare: ");
     kvd_buf_xml(b, base->label);
     kvd_buf_puts(b, " (baseline) against ");
     kvd_buf_xml(b, cand->label);
-    kvd_buf_printf(b, " (candidate)</h1>\n<p class=\"%s\">%d checks, %d regressions: %s</p>\n",
-                   breaches ? "bad" : "ok", n, breaches, breaches ? "REGRESSION" : "pass");
+    char nz[96] = "";
+    if (noise)
+        snprintf(nz, sizeof nz, ", %d within noise (under %.3g standard errors)", noise, min_sigma);
+    kvd_buf_printf(b, " (candidate)</h1>\n<p class=\"%s\">%d checks, %d regressions%s: %s</p>\n",
+                   breaches ? "bad" : "ok", n, breaches, nz, breaches ? "REGRESSION" : "pass");
     char diff[1024];
     kvd_run_differences(base, cand, diff, sizeof diff);
     if (diff[0]) {
@@ -455,9 +480,10 @@ void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, cons
                        "<td class=\"l %s\">%s</td></tr>\n",
                        c[i].metric, c[i].mode, bk, c[i].base, c[i].cand, c[i].abs_inc,
                        100 * c[i].rel_inc, z, c[i].max_abs, 100 * c[i].max_rel,
-                       c[i].breach ? "bad" : "ok",
+                       c[i].breach ? "bad" : (c[i].noise ? "noise" : "ok"),
                        c[i].missing  ? "missing in the candidate"
                        : c[i].breach ? "regressed"
+                       : c[i].noise  ? "within noise"
                                      : "ok");
     }
     kvd_buf_puts(b, "</table>\n</body></html>\n");

@@ -53,12 +53,16 @@ typedef struct {
     long long context;
     int bucket; /* -1: the whole run */
     double base, cand, abs_inc, rel_inc, max_abs, max_rel;
-    /* for a figure with a standard error (kl_mean, same_top_p): how many
-     * combined standard errors sqrt(se_base^2 + se_cand^2) it got worse by
-     * (negative: better); NaN otherwise. A reading aid for A/B runs over
-     * other inputs; the verdict stays the thresholds' */
+    /* for a figure with a standard error (kl_mean, same_top_p, the output
+     * figures per position bucket): how many combined standard errors
+     * sqrt(se_base^2 + se_cand^2) it got worse by (negative: better); NaN
+     * otherwise. The errors are the runs' sampling errors, as if their
+     * inputs were independent: conservative for two runs over the same
+     * traces */
     double z;
     int breach;
+    int noise;   /* past the thresholds, but by fewer standard errors than the
+                    comparison's min_sigma: not a regression */
     int missing; /* the baseline has the figure, the candidate none (absent or not finite):
                     a regression, for a gate that passed what it could not see would pass a
                     sweep that died or produced NaN */
@@ -66,15 +70,17 @@ typedef struct {
 
 /* Apply every threshold to the figures the baseline has; returns the number
  * of checks (malloc'd in *out), or -1 with err when a threshold names
- * something no run can have, or when nothing at all was compared. */
+ * something no run can have, or when nothing at all was compared. With
+ * min_sigma > 0, a figure with a standard error regresses only when it also
+ * got worse by at least that many combined standard errors (else: noise). */
 int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *th, int n_th,
-                kvd_check **out, char *err);
+                double min_sigma, kvd_check **out, char *err);
 /* What two runs differ in besides their cells, for the reader of a
  * comparison: run settings (back end, seed, weights, ...), the model, the
  * traces, what audit found in their checkpoints; "" when nothing. Figures of runs that differ in
  * more than the change under test measure more than that change. */
 void kvd_run_differences(const kvd_run *a, const kvd_run *b, char *out, size_t n);
 void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, const kvd_check *c,
-                      int n);
+                      int n, double min_sigma);
 
 #endif

@@ -162,6 +162,49 @@ z = float(re.search(r", ([0-9.]+) standard errors;", line).group(1))
 want = 2 * v[b"kl_mean"] / math.sqrt(2 * v[b"kl_mean_err"] ** 2)
 assert abs(z - want) <= 0.05 + 1e-9, (z, want, line)
 PY
+# --min-sigma: a breach by fewer combined standard errors is noise (listed,
+# passed); by more, still a regression
+z=$(sed -n 's/^REGRESSION kl_mean .*, \([0-9.]*\) standard errors;.*/\1/p' "$work/c1.out")
+above=$("$py" -c "print(float('$z') + 0.5)")
+below=$("$py" -c "print(max(float('$z') - 0.5, 0.1))")
+"$bin" compare "$work/r.h5" "$work/worse.h5" --thresholds "$thresholds" --min-sigma "$above" -o "$work/noise.html" >"$work/cz.out"; rc=$?
+[ $rc -eq 0 ] && grep -q "^NOISE kl_mean fp8-cal context 512: baseline .*, $z standard errors, under --min-sigma $above; allowed" "$work/cz.out" &&
+  grep -q "^compare: [0-9]* checks, 0 regressions, 1 within noise: pass$" "$work/cz.out" &&
+  grep -q "within noise" "$work/noise.html" && xmllint --noout "$work/noise.html" && ok ||
+  bad "compare --min-sigma above the breach's standard errors: exit $rc: $(cat "$work/cz.out")"
+"$bin" compare "$work/r.h5" "$work/worse.h5" --thresholds "$thresholds" --min-sigma "$below" >"$work/cz.out"; rc=$?
+[ $rc -eq 1 ] && grep -q "^REGRESSION kl_mean fp8-cal context 512: " "$work/cz.out" && ! grep -q "^NOISE" "$work/cz.out" && ok ||
+  bad "compare --min-sigma below the breach's standard errors: exit $rc: $(cat "$work/cz.out")"
+"$bin" compare "$work/r.h5" "$work/worse.h5" --min-sigma -1 >/dev/null 2>"$work/cz.err"; rc=$?
+[ $rc -eq 2 ] && grep -q "compare: --min-sigma: expected a number in \[0, 1e+06\], got '-1'" "$work/cz.err" && ok ||
+  bad "compare --min-sigma -1: exit $rc: $(cat "$work/cz.err")"
+# the output figures per position bucket carry standard errors too (each
+# trace's ci95 / 1.96): one bucket's KL made 1.5x, its z against numpy's
+cp "$work/r.h5" "$work/worse-b.h5"
+"$py" - "$work/worse-b.h5" <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1], "r+")
+o = f["/drift/output"][:]
+m = (o["mode"] == b"fp8-unscaled") & (o["subset"] == b"all") & (o["metric"] == b"kl") & (o["bucket"] == 8)
+assert m.sum() >= 1
+o["mean"][m] *= 1.5
+f["/drift/output"][...] = o
+PY
+printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl,fp8-unscaled,8,0,0\n' >"$work/tb.csv"
+"$bin" compare "$work/r.h5" "$work/worse-b.h5" --thresholds "$work/tb.csv" >"$work/cb.out"; rc=$?
+[ $rc -eq 1 ] && "$py" - "$work/r.h5" "$work/worse-b.h5" "$work/cb.out" <<'PY' && ok || bad "compare: the standard errors of a bucket's KL: exit $rc: $(cat "$work/cb.out")"
+import re, sys, math, h5py, numpy as np
+def fig(path):
+    o = h5py.File(path)["/drift/output"][:]
+    o = o[(o["mode"] == b"fp8-unscaled") & (o["subset"] == b"all") & (o["metric"] == b"kl") & (o["bucket"] == 8)]
+    n = o["n"].sum()
+    return (o["n"] * o["mean"]).sum() / n, math.sqrt(((o["n"] * o["ci95"] / 1.96) ** 2).sum()) / n
+(b, sb), (c, sc) = fig(sys.argv[1]), fig(sys.argv[2])
+line = open(sys.argv[3]).read()
+m = re.search(r"^REGRESSION kl fp8-unscaled context 512 bucket 8: .*, ([0-9.]+) standard errors;", line, re.M)
+want = (c - b) / math.sqrt(sb * sb + sc * sc)
+assert m and abs(float(m.group(1)) - want) <= 0.05 + 1e-9, (m and m.group(1), want, line)
+PY
 # runs that differ in more than their figures say so (here: the trace seed)
 cp "$work/r.h5" "$work/seed5.h5"
 "$py" - "$work/seed5.h5" <<'PY'
@@ -197,6 +240,10 @@ printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_mean,*,*,1,1\nk
   grep -q "^REGRESSION decode_tok_s@c2 fp8-unscaled context 512: baseline .*, candidate none" "$work/cm.out" &&
   grep -q "^compare: 5 checks, 4 regressions (4 missing in the candidate): REGRESSION$" "$work/cm.out" &&
   grep -q "missing in the candidate" "$work/miss.html" && ok || bad "a candidate missing figures: exit $rc: $(cat "$work/cm.out")"
+# ... whatever --min-sigma says: a figure that is not there is no noise
+"$bin" compare "$work/r.h5" "$work/part.h5" --thresholds "$work/tm.csv" --min-sigma 1000 >"$work/cm.out"; rc=$?
+[ $rc -eq 1 ] && grep -q "^compare: 5 checks, 4 regressions (4 missing in the candidate): REGRESSION$" "$work/cm.out" && ok ||
+  bad "a candidate missing figures, --min-sigma 1000: exit $rc: $(cat "$work/cm.out")"
 # the other way round, figures the baseline lacks are new, not compared
 "$bin" compare "$work/part.h5" "$work/r.h5" --thresholds "$work/tm.csv" >"$work/cn.out"; rc=$?
 [ $rc -eq 0 ] && grep -q "^compare: 1 checks, 0 regressions: pass$" "$work/cn.out" && ok || bad "a candidate with more figures: exit $rc: $(cat "$work/cn.out")"
