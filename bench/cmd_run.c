@@ -766,7 +766,7 @@ out:
 /* What a reader wants at the end of a run: per mode and context, the output
  * drift, the attention drift and the decode speed at each concurrency. */
 static void print_summary(const kvd_results *r, const run_opts *o) {
-    const kvd_table *sm = &r->t[KVD_T_SUMMARY], *at = &r->t[KVD_T_ATTN], *tp = &r->t[KVD_T_TPUT];
+    const kvd_table *at = &r->t[KVD_T_ATTN], *tp = &r->t[KVD_T_TPUT];
     /* the columns of the cells this run measured */
     const int drift = o->cells & 1, nc = o->cells & 2 ? o->n_conc : 0;
     printf("\n%-13s %8s", "kv_mode", "context");
@@ -778,17 +778,10 @@ static void print_summary(const kvd_results *r, const run_opts *o) {
     for (int ci = 0; ci < o->n_ctx; ci++)
         for (int mi = 0; mi < o->n_modes; mi++) {
             const char *mode = kvd_kv_mode_name((kvd_kv_mode)o->modes[mi]);
-            double v[4] = {NAN, NAN, NAN, NAN};
+            double v[4]; /* over every trace, as the report gives them */
             const char *names[4] = {"kl_mean", "kl_p99", "same_top_p", "ln_ppl_ratio"};
-            for (int64_t i = 0; i < sm->n; i++) {
-                const kvd_row_summary *x =
-                    (const kvd_row_summary *)(sm->rows + (size_t)i * sm->row_size);
-                if (strcmp(x->mode, mode) || x->context != o->ctx[ci] || x->trace != 0 ||
-                    strcmp(x->subset, "all"))
-                    continue;
-                for (int j = 0; j < 4; j++)
-                    if (!strcmp(x->metric, names[j])) v[j] = x->value;
-            }
+            for (int j = 0; j < 4; j++)
+                v[j] = kvd_results_summary(r, mode, o->ctx[ci], "all", names[j]);
             double num = 0, den = 0;
             for (int64_t i = 0; i < at->n; i++) {
                 const kvd_row_attn *x = (const kvd_row_attn *)(at->rows + (size_t)i * at->row_size);

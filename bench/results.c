@@ -145,6 +145,49 @@ int kvd_results_has_cell(const kvd_results *r, const char *cell) {
     return 0;
 }
 
+double kvd_results_summary(const kvd_results *r, const char *mode, long long ctx,
+                           const char *subset, const char *metric) {
+    const kvd_table *t = &r->t[KVD_T_SUMMARY];
+    const size_t len = strlen(metric);
+    const int is_err = len > 4 && !strcmp(metric + len - 4, "_err"),
+              is_max = !strcmp(metric, "kl_max"), is_min = !strcmp(metric, "kl_min"),
+              is_rms = !strcmp(metric, "delta_p_rms");
+    kvd_pool p = {0};
+    double ext = NAN;
+    for (int64_t i = 0; i < t->n; i++) {
+        const kvd_row_summary *x = (const kvd_row_summary *)(t->rows + (size_t)i * t->row_size);
+        if (strcmp(x->mode, mode) || x->context != ctx || strcmp(x->subset, subset) ||
+            strcmp(x->metric, metric) || !(x->n > 0))
+            continue;
+        /* a standard error pools as a ci95 does; an rms as the mean of squares */
+        kvd_pool_add(&p, x->n, is_err ? 0 : is_rms ? x->value * x->value : x->value, x->value);
+        /* a NaN trace makes the extreme NaN (fmax and fmin would pass it over) */
+        if (p.rows == 1 || isnan(x->value))
+            ext = x->value;
+        else if (!isnan(ext))
+            ext = is_max ? fmax(ext, x->value) : fmin(ext, x->value);
+    }
+    if (!p.rows) return NAN;
+    if (p.rows == 1 || is_max || is_min) return ext;
+    if (is_err) return kvd_pool_ci95(&p);
+    if (is_rms) return sqrt(kvd_pool_mean(&p));
+    return kvd_pool_mean(&p);
+}
+
+void kvd_pool_add(kvd_pool *p, double n, double mean, double ci95) {
+    if (!(n > 0)) return;
+    if (!p->rows++) p->mean1 = mean, p->ci1 = ci95;
+    p->n += n, p->sum += n * mean, p->var += n * ci95 * n * ci95;
+}
+
+double kvd_pool_mean(const kvd_pool *p) {
+    return p->rows == 1 ? p->mean1 : p->rows ? p->sum / p->n : NAN;
+}
+
+double kvd_pool_ci95(const kvd_pool *p) {
+    return p->rows == 1 ? p->ci1 : p->rows ? sqrt(p->var) / p->n : NAN;
+}
+
 void kvd_results_kv_shares(const kvd_results *r, const char *mode, long long ctx, double *k_sat,
                            double *v_flush) {
     const kvd_table *t = &r->t[KVD_T_KV];

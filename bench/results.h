@@ -175,6 +175,26 @@ void kvd_results_init(kvd_results *r);
 void kvd_results_free(kvd_results *r);
 void *kvd_results_add(kvd_results *r, int table); /* a zeroed new row */
 int kvd_results_has_cell(const kvd_results *r, const char *cell);
+/* A /drift/summary figure of a mode at context ctx over every trace the
+ * file has, each weighted by its n: a mean or a rate the n-weighted mean;
+ * a standard error (METRIC_err) that of the pooled mean, sqrt(sum (n_i
+ * e_i)^2) / sum n_i; kl_max and kl_min the largest and smallest;
+ * delta_p_rms the pooled root mean square; a percentile the n-weighted
+ * mean of the traces' (the file keeps no pooled distribution). NaN when
+ * no trace has it. */
+double kvd_results_summary(const kvd_results *r, const char *mode, long long ctx,
+                           const char *subset, const char *metric);
+/* The same pooling of rows of (n, mean, ci95) over traces: the n-weighted
+ * mean, and the ci95 of that mean, sqrt(sum (n_i ci95_i)^2) / sum n_i. One
+ * row alone comes back exactly as it is. Start from {0}; NaN when no row
+ * with n > 0 was added. */
+typedef struct {
+    double n, sum, var, mean1, ci1;
+    int rows;
+} kvd_pool;
+void kvd_pool_add(kvd_pool *p, double n, double mean, double ci95);
+double kvd_pool_mean(const kvd_pool *p);
+double kvd_pool_ci95(const kvd_pool *p);
 /* The shares of K values saturated and of V values flushed to zero by a
  * mode's cache writes at context ctx, over every layer, head and trace
  * (/drift/kv, weighted by the values written): the two ways a wrong scale

@@ -202,23 +202,20 @@ static double derived(const kvd_run *r, const char *mode, long long ctx, const c
     return n > 0 ? s / n : NAN;
 }
 
-/* An output figure of one position bucket over the run's traces (their
- * n-weighted mean), and in *se its standard error (each trace's is its
- * ci95 / 1.96; the traces are independent). */
+/* An output figure of one position bucket over the run's traces, and in
+ * *se its standard error (ci95 / 1.96; the traces are independent). */
 static double output_bucket(const kvd_run *r, const char *mode, long long ctx, const char *metric,
                             int bucket, double *se) {
     const kvd_table *t = &r->r.t[KVD_T_OUTPUT];
-    double s = 0, n = 0, v = 0;
+    kvd_pool p = {0};
     for (int64_t i = 0; i < t->n; i++) {
         const kvd_row_output *x = KVD_ROW(t, kvd_row_output, i);
         if (!strcmp(x->mode, mode) && x->context == ctx && x->bucket == bucket &&
-            !strcmp(x->subset, "all") && !strcmp(x->metric, metric)) {
-            const double e = x->n * x->ci95 / 1.96;
-            s += x->mean * x->n, n += x->n, v += e * e;
-        }
+            !strcmp(x->subset, "all") && !strcmp(x->metric, metric))
+            kvd_pool_add(&p, x->n, x->mean, x->ci95);
     }
-    *se = n > 0 ? sqrt(v) / n : NAN;
-    return n > 0 ? s / n : NAN;
+    *se = kvd_pool_ci95(&p) / 1.96;
+    return kvd_pool_mean(&p);
 }
 
 static double tput_metric(const kvd_run *r, const char *mode, long long ctx, int conc,

@@ -105,16 +105,7 @@ int kvd_run_modes(const kvd_run *r, const char **modes) {
 double kvd_run_summary(const kvd_run *r, const char *mode, long long ctx, const char *subset,
                        const char *metric) {
     if (ctx <= 0) ctx = kvd_run_max_context(r);
-    const kvd_table *t = &r->r.t[KVD_T_SUMMARY];
-    double sum = 0;
-    int n = 0;
-    for (int64_t i = 0; i < t->n; i++) {
-        const kvd_row_summary *x = KVD_ROW(t, kvd_row_summary, i);
-        if (!strcmp(x->mode, mode) && x->context == ctx && !strcmp(x->subset, subset) &&
-            !strcmp(x->metric, metric))
-            sum += x->value, n++;
-    }
-    return n ? sum / n : NAN;
+    return kvd_results_summary(&r->r, mode, ctx, subset, metric);
 }
 
 /* Throughput row of (mode, concurrency, context), or NULL. */
@@ -329,23 +320,23 @@ static void kl_by_position(kvd_buf *b, const kvd_run *runs, int n, const char *s
             if (wanted++ >= KVD_SVG_MAX_SERIES) continue;
             int s = ch.n_series, k = 0;
             /* pool traces per bucket */
-            double sum[64] = {0}, cnt[64] = {0}, ci[64] = {0};
+            kvd_pool pool[64] = {{0}};
             const kvd_table *t = &runs[i].r.t[KVD_T_OUTPUT];
             for (int64_t j = 0; j < t->n; j++) {
                 const kvd_row_output *x = KVD_ROW(t, kvd_row_output, j);
                 if (strcmp(x->mode, modes[m]) || x->context != ctx || strcmp(x->subset, subset) ||
                     strcmp(x->metric, "kl") || x->bucket < 0 || x->bucket >= 64)
                     continue;
-                sum[x->bucket] += x->mean * x->n, cnt[x->bucket] += x->n;
-                ci[x->bucket] = fmax(ci[x->bucket], x->ci95);
+                kvd_pool_add(&pool[x->bucket], x->n, x->mean, x->ci95);
             }
             for (int bk = 0; bk < 64; bk++) {
-                if (cnt[bk] == 0) continue;
-                double lo = bk == 0 ? 1 : exp2(bk), hi = exp2(bk + 1) - 1;
+                if (!pool[bk].rows) continue;
+                double lo = bk == 0 ? 1 : exp2(bk), hi = exp2(bk + 1) - 1,
+                       ci = kvd_pool_ci95(&pool[bk]);
                 st.x[s][k] = sqrt(lo * hi);
-                st.y[s][k] = sum[bk] / cnt[bk];
-                st.lo[s][k] = st.y[s][k] - ci[bk];
-                st.hi[s][k] = st.y[s][k] + ci[bk];
+                st.y[s][k] = kvd_pool_mean(&pool[bk]);
+                st.lo[s][k] = st.y[s][k] - ci;
+                st.hi[s][k] = st.y[s][k] + ci;
                 k++;
             }
             series_label(st.label[s], sizeof st.label[s], runs, n, i, modes[m]);
@@ -371,17 +362,21 @@ static void hidden_heatmaps(kvd_buf *b, const kvd_run *r, const char *run_label,
     for (int m = 0; m < nm; m++) {
         if (!strcmp(modes[m], "bf16")) continue;
         int maxb = 0;
-        double *v = malloc(sizeof(double) * (size_t)L * 64);
-        for (int i = 0; i < L * 64; i++) v[i] = NAN;
+        /* each cell over every trace */
+        kvd_pool *pool = calloc((size_t)L * 64, sizeof *pool);
         const kvd_table *t = &r->r.t[KVD_T_LAYER];
         for (int64_t j = 0; j < t->n; j++) {
             const kvd_row_layer *x = KVD_ROW(t, kvd_row_layer, j);
             if (strcmp(x->mode, modes[m]) || x->context != ctx || strcmp(x->subset, "all") ||
-                strcmp(x->metric, "rel_l2") || x->trace != 0 || x->bucket >= 64)
+                strcmp(x->metric, "rel_l2") || x->layer < 0 || x->layer >= L || x->bucket < 0 ||
+                x->bucket >= 64)
                 continue;
-            v[(size_t)x->layer * 64 + x->bucket] = x->mean;
+            kvd_pool_add(&pool[(size_t)x->layer * 64 + x->bucket], x->n, x->mean, x->ci95);
             maxb = x->bucket + 1 > maxb ? x->bucket + 1 : maxb;
         }
+        double *v = malloc(sizeof(double) * (size_t)L * 64);
+        for (int i = 0; i < L * 64; i++) v[i] = kvd_pool_mean(&pool[i]);
+        free(pool);
         double *dense = malloc(sizeof(double) * (size_t)L * (maxb ? maxb : 1));
         char(*rl)[32] = malloc(sizeof(*rl) * (size_t)L),
         (*cl)[32] = malloc(sizeof(*cl) * (size_t)(maxb ? maxb : 1));
@@ -580,15 +575,34 @@ static void kv_table(kvd_buf *b, const kvd_run *r) {
     const kvd_table *t = &r->r.t[KVD_T_KV];
     for (int64_t j = 0; j < t->n; j++) {
         const kvd_row_kv *x = KVD_ROW(t, kvd_row_kv, j);
-        if (x->context != ctx || x->trace != 0 || !strcmp(x->mode, "bf16")) continue;
+        if (x->context != ctx || !strcmp(x->mode, "bf16")) continue;
+        /* one row per layer and head, its shares over every trace (weighted
+         * by the values written): at the key's first row, the rest skipped */
+        int seen = 0;
+        for (int64_t i = 0; i < j && !seen; i++) {
+            const kvd_row_kv *y = KVD_ROW(t, kvd_row_kv, i);
+            seen = y->context == ctx && y->layer == x->layer && y->kv_head == x->kv_head &&
+                   !strcmp(y->mode, x->mode);
+        }
+        if (seen) continue;
+        kvd_pool sh[6] = {{0}}; /* the six shares, weighted by the values written */
+        for (int64_t i = j; i < t->n; i++) {
+            const kvd_row_kv *y = KVD_ROW(t, kvd_row_kv, i);
+            if (y->context != ctx || y->layer != x->layer || y->kv_head != x->kv_head ||
+                strcmp(y->mode, x->mode))
+                continue;
+            const double v[6] = {y->k_saturated_frac, y->k_flushed_frac, y->k_subnormal_frac,
+                                 y->v_saturated_frac, y->v_flushed_frac, y->v_subnormal_frac};
+            for (int k = 0; k < 6; k++) kvd_pool_add(&sh[k], y->n_values, v[k], 0);
+        }
+        double f[7];
+        for (int k = 0; k < 6; k++) f[1 + k] = 100 * kvd_pool_mean(&sh[k]);
         kvd_buf_printf(b,
                        "<tr><td class=\"l\">%s</td><td>%d</td><td>%d</td><td>%.4g</td><td>%.4g</td>"
                        "<td>%.3f%%</td><td>%.3f%%</td><td>%.3f%%</td><td>%.3f%%</td><td>%.3f%%</td>"
                        "<td>%.3f%%</td></tr>\n",
-                       x->mode, x->layer, x->kv_head, x->k_scale, x->v_scale,
-                       100 * x->k_saturated_frac, 100 * x->k_flushed_frac,
-                       100 * x->k_subnormal_frac, 100 * x->v_saturated_frac,
-                       100 * x->v_flushed_frac, 100 * x->v_subnormal_frac);
+                       x->mode, x->layer, x->kv_head, x->k_scale, x->v_scale, f[1], f[2], f[3],
+                       f[4], f[5], f[6]);
     }
     kvd_buf_puts(b, "</table>\n");
 }
@@ -791,10 +805,18 @@ void kvd_report_csv(FILE *f, const kvd_run *runs, int n) {
         const kvd_table *t = &runs[i].r.t[KVD_T_SUMMARY];
         for (int64_t j = 0; j < t->n; j++) {
             const kvd_row_summary *x = KVD_ROW(t, kvd_row_summary, j);
-            if (x->trace != 0) continue;
+            /* each figure once, over every trace, as the report shows it */
+            int seen = 0;
+            for (int64_t k = 0; k < j && !seen; k++) {
+                const kvd_row_summary *y = KVD_ROW(t, kvd_row_summary, k);
+                seen = y->context == x->context && !strcmp(y->metric, x->metric) &&
+                       !strcmp(y->subset, x->subset) && !strcmp(y->mode, x->mode);
+            }
+            if (seen) continue;
             char ctx[32], val[40];
             snprintf(ctx, sizeof ctx, "%lld", (long long)x->context);
-            snprintf(val, sizeof val, "%.9g", x->value);
+            snprintf(val, sizeof val, "%.9g",
+                     kvd_results_summary(&runs[i].r, x->mode, x->context, x->subset, x->metric));
             const char *v[] = {runs[i].label, x->mode, ctx, x->subset, x->metric, val};
             csv_row(f, 6, v);
         }

@@ -194,7 +194,10 @@ void kvd_svg_lines(kvd_buf *b, const kvd_line_chart *c) {
                            ax_map(&x, se->x[i]), ax_map(&y, se->y[i]), se->points_only ? "5" : "3",
                            col);
             kvd_buf_xml(b, se->label);
-            kvd_buf_printf(b, "\" data-x=\"%.17g\" data-y=\"%.17g\"><title>", se->x[i], se->y[i]);
+            kvd_buf_printf(b, "\" data-x=\"%.17g\" data-y=\"%.17g\"", se->x[i], se->y[i]);
+            if (se->lo && se->hi) /* the band's edges at this point */
+                kvd_buf_printf(b, " data-lo=\"%.17g\" data-hi=\"%.17g\"", se->lo[i], se->hi[i]);
+            kvd_buf_puts(b, "><title>");
             kvd_buf_xml(b, se->label);
             kvd_buf_printf(b, ": %g, %g</title></circle>\n", se->x[i], se->y[i]);
         }

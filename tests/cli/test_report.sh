@@ -135,6 +135,85 @@ got = [r for r in rows if r["mode"] == "fp8-cal" and r["subset"] == "all" and r[
 assert len(got) == 1 and abs(float(got[0]["value"]) - want) <= 1e-8 * abs(want)
 PY
 
+# several traces: every view pools them, each weighted by its n, as one
+# sample (the mean's standard error from the traces' errors, not their
+# average): the verdict and run's summary, the CSV, the KL chart with its
+# band, the heatmap, the KV table
+"$bin" run --model tiny --kv bf16,fp8-cal --context 256 --traces 3 --cells drift --gen-tokens 0 \
+  -o "$work/t3.h5" >"$work/t3.out" 2>&1 || bad "a sweep over 3 traces failed: $(cat "$work/t3.out")"
+"$bin" report "$work/t3.h5" --format md -o "$work/t3.md" 2>/dev/null &&
+  "$bin" report "$work/t3.h5" --format csv -o "$work/t3.csv" 2>/dev/null &&
+  "$bin" report "$work/t3.h5" -o "$work/t3.html" 2>/dev/null && xmllint --noout "$work/t3.html" &&
+  "$py" - "$work/t3.h5" "$work/t3.md" "$work/t3.csv" "$work/t3.html" "$work/t3.out" <<'PY' && ok || bad "figures over several traces are not pooled as one sample"
+import csv, re, sys
+import xml.etree.ElementTree as ET
+import h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+s = f["/drift/summary"][:]
+s = s[(s["mode"] == b"fp8-cal") & (s["subset"] == b"all")]
+assert sorted(set(s["trace"])) == [0, 1, 2]
+def pooled(metric):
+    r = s[s["metric"] == metric.encode()]
+    n, v = r["n"], r["value"]
+    assert len(r) == 3
+    if metric.endswith("_err"): return np.sqrt(((n * v) ** 2).sum()) / n.sum()
+    if metric == "kl_max": return v.max()
+    if metric == "kl_min": return v.min()
+    if metric == "delta_p_rms": return np.sqrt((n * v * v).sum() / n.sum())
+    return (n * v).sum() / n.sum()
+# the traces differ, so pooling them one way or another shows
+assert len(set(s[s["metric"] == b"kl_mean"]["value"])) == 3
+md = open(sys.argv[2]).read()
+row = next(l for l in md.splitlines() if l.startswith("| t3 | fp8-cal |"))
+assert f"| {pooled('kl_mean'):.3e} ± {pooled('kl_mean_err'):.1e} | {pooled('same_top_p'):.4f} |" in row, row
+out = open(sys.argv[5]).read()
+line = next(l for l in out.splitlines() if l.startswith("fp8-cal "))
+assert line.split()[2:6] == [f"{pooled('kl_mean'):.3e}", f"{pooled('kl_p99'):.3e}", f"{pooled('same_top_p'):.4f}", f"{pooled('ln_ppl_ratio'):.3e}"], line
+rows = [r for r in csv.DictReader(open(sys.argv[3])) if r["mode"] == "fp8-cal" and r["subset"] == "all"]
+assert len(rows) == len(set(s["metric"])), (len(rows), len(set(s["metric"])))
+for r in rows:
+    want = pooled(r["metric"])
+    assert abs(float(r["value"]) - want) <= 1e-8 * abs(want), (r, want)
+html = open(sys.argv[4]).read()
+svgs = re.findall(r"<svg .*?</svg>", html, re.S)
+ns = "{http://www.w3.org/2000/svg}"
+o = f["/drift/output"][:]
+o = o[(o["mode"] == b"fp8-cal") & (o["subset"] == b"all") & (o["metric"] == b"kl")]
+pts = [c for c in ET.fromstring(svgs[0]).iter(ns + "circle") if c.get("class") == "pt" and c.get("data-series") == "fp8-cal"]
+assert pts
+for c in pts:
+    x = float(c.get("data-x"))
+    b = int(round(np.log2(x * x) / 2)) if x > 1.5 else 0
+    r = o[o["bucket"] == b]
+    assert len(r) == 3
+    want = (r["n"] * r["mean"]).sum() / r["n"].sum()
+    assert abs(float(c.get("data-y")) - want) <= 1e-12 * want, (b, c.get("data-y"), want)
+    # the band: the pooled ci95, narrower than the traces' own
+    ci = np.sqrt(((r["n"] * r["ci95"]) ** 2).sum()) / r["n"].sum()
+    assert abs(float(c.get("data-hi")) - want - ci) <= 1e-12 * want, (b, c.get("data-hi"), want, ci)
+    assert abs(want - float(c.get("data-lo")) - ci) <= 1e-12 * want, (b, c.get("data-lo"), want, ci)
+lay = f["/drift/layers"][:]
+lay = lay[(lay["mode"] == b"fp8-cal") & (lay["subset"] == b"all") & (lay["metric"] == b"rel_l2")]
+heat = [ET.fromstring(x) for x in svgs if 'class="chart heatmap"' in x][0]
+cells = [r for r in heat.iter(ns + "rect") if r.get("class") == "cell" and not np.isnan(float(r.get("data-v")))]
+assert cells
+for r in cells:
+    layer, b = 7 - int(r.get("data-row")), int(r.get("data-col"))
+    x = lay[(lay["layer"] == layer) & (lay["bucket"] == b)]
+    assert len(x) == 3
+    want = (x["n"] * x["mean"]).sum() / x["n"].sum()
+    assert abs(float(r.get("data-v")) - want) <= 1e-12 * want, (layer, b)
+kv = f["/drift/kv"][:]
+kv = kv[kv["mode"] == b"fp8-cal"]
+trs = re.findall(r'<tr><td class="l">fp8-cal</td><td>(\d+)</td><td>(-?\d+)</td>((?:<td>[^<]*</td>){8})</tr>', html)
+assert len(trs) == len(kv) // 3 > 0, (len(trs), len(kv))
+for layer, head, rest in trs:
+    cells = re.findall(r"<td>([^<]*)</td>", rest)
+    x = kv[(kv["layer"] == int(layer)) & (kv["kv_head"] == int(head))]
+    assert len(x) == 3
+    w = x["n_values"]
+    assert cells[6] == f"{100 * (w * x['v_flushed_frac']).sum() / w.sum():.3f}%", (layer, head, cells)
+PY
 # compare: 0 against itself, 1 for a crafted regression, 2 for bad thresholds
 "$bin" compare "$work/r.h5" "$work/r.h5" --thresholds "$thresholds" >"$work/c0.out"; rc=$?
 [ $rc -eq 0 ] && grep -q "0 regressions" "$work/c0.out" && ok || bad "compare against itself: exit $rc"
