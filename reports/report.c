@@ -654,6 +654,62 @@ static int ckpt_sentence(const kvd_run *r, char *out, size_t n) {
     return 1;
 }
 
+/* The comparison the tool exists for, one sentence per FP8 mode against
+ * the calibrated cache (fp8-cal) of the same run: how many times its mean
+ * output KL, how many combined standard errors apart, top-1 agreement, and
+ * the shares of the cache the mode's scales lost. Returns how many
+ * sentences (0 without fp8-cal or other FP8 modes); *s[i] holds each. */
+enum { HEADLINE_MAX = 3, HEADLINE_LEN = 400 };
+static int headline(const kvd_run *r, char s[HEADLINE_MAX][HEADLINE_LEN]) {
+    static const char *const others[HEADLINE_MAX] = {"fp8-unscaled", "fp8-ckpt", "fp8-e5m2"};
+    const char *modes[KVD_KV_N_MODES];
+    int nm = kvd_run_modes(r, modes), has_cal = 0, k = 0;
+    for (int m = 0; m < nm; m++) has_cal |= !strcmp(modes[m], "fp8-cal");
+    if (!has_cal) return 0;
+    const verdict c = make_verdict(r, "fp8-cal");
+    if (!(c.kl > 0)) return 0;
+    for (int o = 0; o < HEADLINE_MAX; o++) {
+        int has = 0;
+        for (int m = 0; m < nm; m++) has |= !strcmp(modes[m], others[o]);
+        if (!has) continue;
+        const verdict v = make_verdict(r, others[o]);
+        if (!isfinite(v.kl)) continue;
+        const double se = sqrt(v.kl_err * v.kl_err + c.kl_err * c.kl_err),
+                     z = se > 0 ? fabs(v.kl - c.kl) / se : NAN, ratio = v.kl / c.kl;
+        char how[160];
+        if (isfinite(z) && z < 2)
+            snprintf(how, sizeof how,
+                     "drifts as far as fp8-cal within the error (mean output KL %.3e against "
+                     "%.3e, %.1f standard errors apart)",
+                     v.kl, c.kl, z);
+        else
+            snprintf(how, sizeof how,
+                     "drifts %.2gx as far as fp8-cal (mean output KL %.3e against %.3e, %.0f "
+                     "standard errors apart)",
+                     ratio, v.kl, c.kl, z);
+        int len = snprintf(s[k], HEADLINE_LEN, "%s %s; top-1 agreement %.4f against %.4f",
+                           others[o], how, v.top1, c.top1);
+        if (isfinite(v.k_sat) && isfinite(c.k_sat) && len < HEADLINE_LEN)
+            snprintf(s[k] + len, (size_t)(HEADLINE_LEN - len),
+                     "; K saturated %.3f%% against %.3f%%, V flushed to zero %.3f%% against "
+                     "%.3f%%.",
+                     100 * v.k_sat, 100 * c.k_sat, 100 * v.v_flush, 100 * c.v_flush);
+        else if (len < HEADLINE_LEN)
+            snprintf(s[k] + len, (size_t)(HEADLINE_LEN - len), ".");
+        k++;
+    }
+    return k;
+}
+
+/* Speeds a CPU run measures, for what they are. */
+static int cpu_speed_note(const kvd_run *r) {
+    return !strcmp(r->r.backend, "cpu") && r->r.t[KVD_T_TPUT].n > 0;
+}
+static const char *const cpu_speed_text =
+    "Speeds are the CPU back end's: an FP8 cache is half the bytes of a BF16 one, but the CPU "
+    "back end converts it in software, so FP8 need not decode faster than BF16 here; the decode "
+    "speed-up FP8 brings is a GPU's (--backend cuda). The capacity gain holds on either.";
+
 /* A JSON attribute, one key a line, under its label (nothing when absent). */
 static void json_pre(kvd_buf *b, const char *label, const char *js) {
     if (!js) return;
@@ -717,11 +773,34 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
             kvd_buf_xml(b, s);
             kvd_buf_puts(b, "</p>\n");
         }
+        char hl[HEADLINE_MAX][HEADLINE_LEN];
+        int nh = headline(&runs[i], hl);
+        if (nh) {
+            kvd_buf_puts(b, "<p>");
+            if (n > 1) {
+                kvd_buf_xml(b, runs[i].label);
+                kvd_buf_puts(b, ": a");
+            } else {
+                kvd_buf_puts(b, "A");
+            }
+            kvd_buf_puts(b, "gainst the calibrated FP8 cache, same weights and trace:</p>\n"
+                            "<ul class=\"headline\">\n");
+            for (int h = 0; h < nh; h++) {
+                kvd_buf_puts(b, "<li>");
+                kvd_buf_xml(b, hl[h]);
+                kvd_buf_puts(b, "</li>\n");
+            }
+            kvd_buf_puts(b, "</ul>\n");
+        }
     }
     kvd_buf_puts(b, "<p class=\"note\">Output KL: mean over positions of KL(P<sub>bf16</sub> || "
                     "P<sub>mode</sub>) of the next token, &#177; its standard error. Verdict by "
                     "mean KL: negligible &lt; 0.001 nats &lt; noticeable &lt; 0.01 &lt; degraded. "
-                    "Speed and capacity at the highest concurrency measured.</p>\n");
+                    "Speed and capacity at the highest concurrency measured.");
+    int cpu = 0;
+    for (int i = 0; i < n; i++) cpu |= cpu_speed_note(&runs[i]);
+    if (cpu) kvd_buf_printf(b, " %s", cpu_speed_text);
+    kvd_buf_puts(b, "</p>\n");
     kvd_buf_puts(b, "<h2>Output drift against context position</h2>\n");
     kl_by_position(b, runs, n, "all", "next-token KL against position, with its 95% band");
     kvd_buf_puts(b, "<h2>Hidden-state drift by layer and position</h2>\n");
@@ -784,9 +863,18 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
     }
     kvd_buf_puts(b, "; verdict by mean output KL: negligible < 0.001 nats < noticeable < 0.01 < "
                     "degraded.\n");
+    int cpu = 0;
+    for (int i = 0; i < n; i++) cpu |= cpu_speed_note(&runs[i]);
+    if (cpu) kvd_buf_printf(b, "%s\n", cpu_speed_text);
     for (int i = 0; i < n; i++) {
         char s[1200];
         if (ckpt_sentence(&runs[i], s, sizeof s)) kvd_buf_printf(b, "\n%s\n", s);
+        char hl[HEADLINE_MAX][HEADLINE_LEN];
+        int nh = headline(&runs[i], hl);
+        if (nh)
+            kvd_buf_printf(b, "\n%s%sgainst the calibrated FP8 cache, same weights and trace:\n\n",
+                           n > 1 ? runs[i].label : "", n > 1 ? ": a" : "A");
+        for (int h = 0; h < nh; h++) kvd_buf_printf(b, "- %s\n", hl[h]);
     }
 }
 

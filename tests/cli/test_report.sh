@@ -135,6 +135,36 @@ got = [r for r in rows if r["mode"] == "fp8-cal" and r["subset"] == "all" and r[
 assert len(got) == 1 and abs(float(got[0]["value"]) - want) <= 1e-8 * abs(want)
 PY
 
+# the headline: each other FP8 mode against fp8-cal, recomputed from the
+# file; a CPU run's speeds said to be the CPU's; neither where it does not apply
+"$bin" report "$work/r.h5" --format md -o "$work/r.md" 2>/dev/null
+"$py" - "$work/r.h5" "$work/r.md" "$work/r.html" <<'PY' && ok || bad "the headline against fp8-cal: $(cat "$work/r.md")"
+import sys, math, html as H
+import h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+s, kv = f["/drift/summary"][:], f["/drift/kv"][:]
+def fig(mode, metric):
+    r = s[(s["mode"] == mode.encode()) & (s["subset"] == b"all") & (s["metric"] == metric.encode())]
+    assert len(r) == 1
+    return float(r["value"][0])
+def shares(mode):
+    r = kv[kv["mode"] == mode.encode()]
+    w = r["n_values"]
+    return 100 * (w * r["k_saturated_frac"]).sum() / w.sum(), 100 * (w * r["v_flushed_frac"]).sum() / w.sum()
+u, c = fig("fp8-unscaled", "kl_mean"), fig("fp8-cal", "kl_mean")
+z = abs(u - c) / math.hypot(fig("fp8-unscaled", "kl_mean_err"), fig("fp8-cal", "kl_mean_err"))
+how = (f"drifts as far as fp8-cal within the error (mean output KL {u:.3e} against {c:.3e}, {z:.1f} standard errors apart)"
+       if z < 2 else f"drifts {u / c:.2g}x as far as fp8-cal (mean output KL {u:.3e} against {c:.3e}, {z:.0f} standard errors apart)")
+(ku, vu), (kc, vc) = shares("fp8-unscaled"), shares("fp8-cal")
+want = (f"fp8-unscaled {how}; top-1 agreement {fig('fp8-unscaled', 'same_top_p'):.4f} against {fig('fp8-cal', 'same_top_p'):.4f}; "
+        f"K saturated {ku:.3f}% against {kc:.3f}%, V flushed to zero {vu:.3f}% against {vc:.3f}%.")
+md, page = open(sys.argv[2]).read(), open(sys.argv[3]).read()
+assert "\nAgainst the calibrated FP8 cache, same weights and trace:\n\n- " + want + "\n" in md, want
+assert md.count("\n- ") == 1  # fp8-unscaled only: the run has no fp8-ckpt or fp8-e5m2
+assert '<ul class="headline">\n<li>' + H.escape(want, quote=True).replace("&#x27;", "'") + "</li>" in page
+assert "Speeds are the CPU back end's" in md and "Speeds are the CPU back end" in page
+assert vu > 100 * vc  # the story it tells: unscaled V lands in the flush-to-zero range
+PY
 # several traces: every view pools them, each weighted by its n, as one
 # sample (the mean's standard error from the traces' errors, not their
 # average): the verdict and run's summary, the CSV, the KL chart with its
@@ -166,6 +196,7 @@ assert len(set(s[s["metric"] == b"kl_mean"]["value"])) == 3
 md = open(sys.argv[2]).read()
 row = next(l for l in md.splitlines() if l.startswith("| t3 | fp8-cal |"))
 assert f"| {pooled('kl_mean'):.3e} ± {pooled('kl_mean_err'):.1e} | {pooled('same_top_p'):.4f} |" in row, row
+assert "Against the calibrated" not in md and "Speeds are" not in md  # no other FP8 mode, no speeds
 out = open(sys.argv[5]).read()
 line = next(l for l in out.splitlines() if l.startswith("fp8-cal "))
 assert line.split()[2:6] == [f"{pooled('kl_mean'):.3e}", f"{pooled('kl_p99'):.3e}", f"{pooled('same_top_p'):.4f}", f"{pooled('ln_ppl_ratio'):.3e}"], line
