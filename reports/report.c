@@ -607,6 +607,82 @@ static void kv_table(kvd_buf *b, const kvd_run *r) {
     kvd_buf_puts(b, "</table>\n");
 }
 
+static int cmp_int(const void *a, const void *b) {
+    const int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Greedy continuation against BF16's, per prefix of the context: how many
+ * generated tokens agree before the first that differs (the median over
+ * traces; all of them when none differs) and the share of positions that
+ * agree (the mean), under a heading. Nothing when the run generated nothing. */
+static void generation_table(kvd_buf *b, const kvd_run *r) {
+    const kvd_table *t = &r->r.t[KVD_T_GEN];
+    const long long ctx = kvd_run_max_context(r);
+    long long prefix[8];
+    int np = 0;
+    for (int64_t j = 0; j < t->n; j++) {
+        const kvd_row_gen *x = KVD_ROW(t, kvd_row_gen, j);
+        if (x->context != ctx || x->tokens <= 0) continue;
+        int k = 0;
+        while (k < np && prefix[k] != x->prefix) k++;
+        if (k == np && np < 8) prefix[np++] = x->prefix;
+    }
+    if (!np) return;
+    kvd_buf_puts(b, "<h2>Greedy continuation against BF16: ");
+    kvd_buf_xml(b, r->label);
+    kvd_buf_puts(b, "</h2>\n");
+    for (int i = 1; i < np; i++) /* sort */
+        for (int j = i; j > 0 && prefix[j] < prefix[j - 1]; j--) {
+            long long tmp = prefix[j];
+            prefix[j] = prefix[j - 1], prefix[j - 1] = tmp;
+        }
+    kvd_buf_puts(b, "<table class=\"gen\"><tr><th class=\"l\">KV mode</th>");
+    for (int k = 0; k < np; k++)
+        kvd_buf_printf(b, "<th>from %lld of %lld tokens</th>", prefix[k], ctx);
+    kvd_buf_puts(b, "</tr>\n");
+    const char *modes[KVD_KV_N_MODES];
+    int nm = kvd_run_modes(r, modes);
+    for (int m = 0; m < nm; m++) {
+        if (!strcmp(modes[m], "bf16")) continue;
+        kvd_buf_printf(b, "<tr><td class=\"l\">%s</td>", modes[m]);
+        for (int k = 0; k < np; k++) {
+            int fd[64], nt = 0, tokens = 0;
+            double agree = 0;
+            for (int64_t j = 0; j < t->n && nt < 64; j++) {
+                const kvd_row_gen *x = KVD_ROW(t, kvd_row_gen, j);
+                if (x->context != ctx || x->prefix != prefix[k] || strcmp(x->mode, modes[m]) ||
+                    x->tokens <= 0)
+                    continue;
+                fd[nt++] = x->first_divergence, tokens = x->tokens, agree += x->agree_rate;
+            }
+            if (!nt) {
+                kvd_buf_puts(b, "<td>-</td>");
+                continue;
+            }
+            qsort(fd, (size_t)nt, sizeof fd[0], cmp_int);
+            const double med = nt % 2 ? fd[nt / 2] : 0.5 * (fd[nt / 2 - 1] + fd[nt / 2]);
+            char first[48];
+            if (med >= tokens)
+                snprintf(first, sizeof first, "all %d", tokens);
+            else
+                snprintf(first, sizeof first, "%g of %d", med, tokens);
+            kvd_buf_printf(b, "<td>%s, %.0f%% agree</td>", first, 100 * agree / nt);
+        }
+        kvd_buf_puts(b, "</tr>\n");
+    }
+    int traces = 0;
+    for (int64_t j = 0; j < t->n; j++)
+        traces = KVD_ROW(t, kvd_row_gen, j)->trace + 1 > traces
+                     ? KVD_ROW(t, kvd_row_gen, j)->trace + 1
+                     : traces;
+    kvd_buf_printf(b,
+                   "</table>\n<p class=\"note\">Each mode and BF16 continue greedily from the same "
+                   "prefix of the trace, each on its own tokens: the tokens that agree before the "
+                   "first that differs%s, and the share of positions where the two agree%s.</p>\n",
+                   traces > 1 ? " (the median over traces)" : "", traces > 1 ? " (the mean)" : "");
+}
+
 /* What a checkpoint run's audit (checkpoint_audit) says of the KV cache
  * the checkpoint asks for, in one sentence for the verdict table; 0 when
  * the run is not over a checkpoint. */
@@ -813,6 +889,7 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
     for (int i = 0; i < n; i++) attention_bars(b, &runs[i], runs[i].label, n > 1);
     kvd_buf_puts(b, "<h2>Copy positions against the rest</h2>\n");
     copy_bars(b, runs, n);
+    for (int i = 0; i < n; i++) generation_table(b, &runs[i]);
     kvd_buf_puts(b, "<h2>Throughput and latency against concurrency</h2>\n");
     throughput_charts(b, runs, n);
     kvd_buf_puts(b, "<h2>Accuracy against capacity</h2>\n");

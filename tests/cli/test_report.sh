@@ -165,16 +165,43 @@ assert '<ul class="headline">\n<li>' + H.escape(want, quote=True).replace("&#x27
 assert "Speeds are the CPU back end's" in md and "Speeds are the CPU back end" in page
 assert vu > 100 * vc  # the story it tells: unscaled V lands in the flush-to-zero range
 PY
+# the greedy continuations, each cell from the file; no section without them
+"$py" - "$work/r.h5" "$work/r.html" <<'PY' && ok || bad "the greedy continuation table differs from the file"
+import sys, re
+import h5py
+g = h5py.File(sys.argv[1], "r")["/drift/generation"][:]
+page = open(sys.argv[2]).read()
+table = re.search(r'<table class="gen">(.*?)</table>', page, re.S).group(1)
+prefixes = [int(p) for p in re.findall(r"<th>from (\d+) of 512 tokens</th>", table)]
+assert prefixes == sorted(set(int(p) for p in g["prefix"])), prefixes
+for mode in ("fp8-cal", "fp8-unscaled"):
+    cells = re.search(rf'<tr><td class="l">{mode}</td>(.*?)</tr>', table).group(1)
+    got = re.findall(r"<td>([^<]*)</td>", cells)
+    want = []
+    for p in prefixes:
+        x = g[(g["mode"] == mode.encode()) & (g["prefix"] == p)]
+        assert len(x) == 1 and x["tokens"][0] == 4
+        fd = int(x["first_divergence"][0])
+        want.append(f"{'all 4' if fd >= 4 else f'{fd} of 4'}, {100 * x['agree_rate'][0]:.0f}% agree")
+    assert got == want, (mode, got, want)
+assert "bf16</td>" not in table and "(the median over traces)" not in page
+PY
+cp "$work/r.h5" "$work/nogen.h5"
+"$py" -c "
+import sys, h5py
+f = h5py.File(sys.argv[1], 'r+'); a = f['/drift/generation'][:]; del f['/drift/generation']; f['/drift/generation'] = a[:0]" "$work/nogen.h5"
+"$bin" report "$work/nogen.h5" -o "$work/nogen.html" 2>/dev/null && xmllint --noout "$work/nogen.html" &&
+  ! grep -q "Greedy continuation" "$work/nogen.html" && ok || bad "a run without greedy continuations has their section"
 # several traces: every view pools them, each weighted by its n, as one
 # sample (the mean's standard error from the traces' errors, not their
 # average): the verdict and run's summary, the CSV, the KL chart with its
 # band, the heatmap, the KV table
-"$bin" run --model tiny --kv bf16,fp8-cal --context 256 --traces 3 --cells drift --gen-tokens 0 \
+"$bin" run --model tiny --kv bf16,fp8-cal --context 256 --traces 3 --cells drift --gen-tokens 6 \
   -o "$work/t3.h5" >"$work/t3.out" 2>&1 || bad "a sweep over 3 traces failed: $(cat "$work/t3.out")"
 "$bin" report "$work/t3.h5" --format md -o "$work/t3.md" 2>/dev/null &&
   "$bin" report "$work/t3.h5" --format csv -o "$work/t3.csv" 2>/dev/null &&
   "$bin" report "$work/t3.h5" -o "$work/t3.html" 2>/dev/null && xmllint --noout "$work/t3.html" &&
-  "$py" - "$work/t3.h5" "$work/t3.md" "$work/t3.csv" "$work/t3.html" "$work/t3.out" <<'PY' && ok || bad "figures over several traces are not pooled as one sample"
+  "$py" - "$work/t3.h5" "$work/t3.md" "$work/t3.csv" "$work/t3.html" "$work/t3.out" 2>"$work/t3.err" <<'PY' && ok || bad "figures over several traces are not pooled as one sample: $(tail -3 "$work/t3.err")"
 import csv, re, sys
 import xml.etree.ElementTree as ET
 import h5py, numpy as np
@@ -244,6 +271,17 @@ for layer, head, rest in trs:
     assert len(x) == 3
     w = x["n_values"]
     assert cells[6] == f"{100 * (w * x['v_flushed_frac']).sum() / w.sum():.3f}%", (layer, head, cells)
+g = f["/drift/generation"][:]
+g = g[g["mode"] == b"fp8-cal"]
+for p in sorted(set(g["prefix"])):  # the greedy continuation: the median over traces, the mean share
+    x = g[g["prefix"] == p]
+    assert len(x) == 3 and (x["tokens"] == 6).all()
+    med = float(np.median(x["first_divergence"]))
+    first = "all 6" if med >= 6 else f"{med:g} of 6"
+    cell = f"<th>from {p} of 256 tokens</th>"
+    assert cell in html, cell
+    assert f"<td>{first}, {100 * x['agree_rate'].mean():.0f}% agree</td>" in html, (p, first)
+assert "(the median over traces)" in html
 PY
 # compare: 0 against itself, 1 for a crafted regression, 2 for bad thresholds
 "$bin" compare "$work/r.h5" "$work/r.h5" --thresholds "$thresholds" >"$work/c0.out"; rc=$?
