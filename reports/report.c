@@ -348,10 +348,49 @@ static void kl_by_position(kvd_buf *b, const kvd_run *runs, int n, const char *s
     capped_note(b, KVD_SVG_MAX_SERIES, wanted);
 }
 
-static void hidden_heatmaps(kvd_buf *b, const kvd_run *r, const char *run_label, int many) {
+/* A mode's hidden-state drift, [layer][64 buckets], each cell over every
+ * trace (NaN where the file has none); *maxb: the buckets in use. */
+static double *hidden_grid(const kvd_run *r, const char *mode, int L, int *maxb) {
+    const long long ctx = kvd_run_max_context(r);
+    kvd_pool *pool = calloc((size_t)L * 64, sizeof *pool);
+    const kvd_table *t = &r->r.t[KVD_T_LAYER];
+    *maxb = 0;
+    for (int64_t j = 0; j < t->n; j++) {
+        const kvd_row_layer *x = KVD_ROW(t, kvd_row_layer, j);
+        if (strcmp(x->mode, mode) || x->context != ctx || strcmp(x->subset, "all") ||
+            strcmp(x->metric, "rel_l2") || x->layer < 0 || x->layer >= L || x->bucket < 0 ||
+            x->bucket >= 64)
+            continue;
+        kvd_pool_add(&pool[(size_t)x->layer * 64 + x->bucket], x->n, x->mean, x->ci95);
+        *maxb = x->bucket + 1 > *maxb ? x->bucket + 1 : *maxb;
+    }
+    double *v = malloc(sizeof(double) * (size_t)L * 64);
+    for (int i = 0; i < L * 64; i++) v[i] = kvd_pool_mean(&pool[i]);
+    free(pool);
+    return v;
+}
+
+/* One colour range for every heatmap of the report, so that a colour means
+ * the same drift in each: the smallest non-zero and the largest cell. */
+static void hidden_range(const kvd_run *runs, int n, double *lo, double *hi) {
+    *lo = INFINITY, *hi = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        const char *modes[KVD_KV_N_MODES];
+        int nm = kvd_run_modes(&runs[i], modes), L = n_layers(&runs[i]), maxb;
+        for (int m = 0; m < nm && L > 0; m++) {
+            if (!strcmp(modes[m], "bf16")) continue;
+            double *v = hidden_grid(&runs[i], modes[m], L, &maxb);
+            for (int k = 0; k < L * 64; k++)
+                if (isfinite(v[k]) && v[k] > 0) *lo = fmin(*lo, v[k]), *hi = fmax(*hi, v[k]);
+            free(v);
+        }
+    }
+}
+
+static void hidden_heatmaps(kvd_buf *b, const kvd_run *r, const char *run_label, int many,
+                            double lo, double hi) {
     const char *modes[KVD_KV_N_MODES];
     int nm = kvd_run_modes(r, modes), L = n_layers(r);
-    long long ctx = kvd_run_max_context(r);
     if (L <= 0) return;
     int attn_layer[KVD_MAX_LAYERS] = {0};
     const kvd_table *ta = &r->r.t[KVD_T_ATTN];
@@ -361,22 +400,8 @@ static void hidden_heatmaps(kvd_buf *b, const kvd_run *r, const char *run_label,
     }
     for (int m = 0; m < nm; m++) {
         if (!strcmp(modes[m], "bf16")) continue;
-        int maxb = 0;
-        /* each cell over every trace */
-        kvd_pool *pool = calloc((size_t)L * 64, sizeof *pool);
-        const kvd_table *t = &r->r.t[KVD_T_LAYER];
-        for (int64_t j = 0; j < t->n; j++) {
-            const kvd_row_layer *x = KVD_ROW(t, kvd_row_layer, j);
-            if (strcmp(x->mode, modes[m]) || x->context != ctx || strcmp(x->subset, "all") ||
-                strcmp(x->metric, "rel_l2") || x->layer < 0 || x->layer >= L || x->bucket < 0 ||
-                x->bucket >= 64)
-                continue;
-            kvd_pool_add(&pool[(size_t)x->layer * 64 + x->bucket], x->n, x->mean, x->ci95);
-            maxb = x->bucket + 1 > maxb ? x->bucket + 1 : maxb;
-        }
-        double *v = malloc(sizeof(double) * (size_t)L * 64);
-        for (int i = 0; i < L * 64; i++) v[i] = kvd_pool_mean(&pool[i]);
-        free(pool);
+        int maxb;
+        double *v = hidden_grid(r, modes[m], L, &maxb);
         double *dense = malloc(sizeof(double) * (size_t)L * (maxb ? maxb : 1));
         char(*rl)[32] = malloc(sizeof(*rl) * (size_t)L),
         (*cl)[32] = malloc(sizeof(*cl) * (size_t)(maxb ? maxb : 1));
@@ -409,7 +434,9 @@ static void hidden_heatmaps(kvd_buf *b, const kvd_run *r, const char *run_label,
                          rlp,
                          clp,
                          marks,
-                         "full-attention layer"};
+                         "full-attention layer",
+                         lo,
+                         hi};
         kvd_svg_heatmap(b, &h);
         free(v), free(dense), free(rl), free(cl), free(rlp), free(clp);
     }
@@ -842,6 +869,14 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
                     "weights and trace; bf16 itself is the reference and shows zero.</p>\n");
     kvd_buf_puts(b, "<h2>Verdict per KV mode</h2>\n");
     verdict_table(b, runs, n);
+    kvd_buf_puts(b, "<p class=\"note\">Output KL: mean over positions of KL(P<sub>bf16</sub> || "
+                    "P<sub>mode</sub>) of the next token, &#177; its standard error. Verdict by "
+                    "mean KL: negligible &lt; 0.001 nats &lt; noticeable &lt; 0.01 &lt; degraded. "
+                    "Speed and capacity at the highest concurrency measured.");
+    int cpu = 0;
+    for (int i = 0; i < n; i++) cpu |= cpu_speed_note(&runs[i]);
+    if (cpu) kvd_buf_printf(b, " %s", cpu_speed_text);
+    kvd_buf_puts(b, "</p>\n");
     for (int i = 0; i < n; i++) {
         char s[1200];
         if (ckpt_sentence(&runs[i], s, sizeof s)) {
@@ -869,18 +904,16 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
             kvd_buf_puts(b, "</ul>\n");
         }
     }
-    kvd_buf_puts(b, "<p class=\"note\">Output KL: mean over positions of KL(P<sub>bf16</sub> || "
-                    "P<sub>mode</sub>) of the next token, &#177; its standard error. Verdict by "
-                    "mean KL: negligible &lt; 0.001 nats &lt; noticeable &lt; 0.01 &lt; degraded. "
-                    "Speed and capacity at the highest concurrency measured.");
-    int cpu = 0;
-    for (int i = 0; i < n; i++) cpu |= cpu_speed_note(&runs[i]);
-    if (cpu) kvd_buf_printf(b, " %s", cpu_speed_text);
-    kvd_buf_puts(b, "</p>\n");
     kvd_buf_puts(b, "<h2>Output drift against context position</h2>\n");
     kl_by_position(b, runs, n, "all", "next-token KL against position, with its 95% band");
     kvd_buf_puts(b, "<h2>Hidden-state drift by layer and position</h2>\n");
-    for (int i = 0; i < n; i++) hidden_heatmaps(b, &runs[i], runs[i].label, n > 1);
+    double hlo, hhi;
+    hidden_range(runs, n, &hlo, &hhi);
+    kvd_buf_puts(b, "<p class=\"note\">Relative L2 of each layer's output hidden state against "
+                    "BF16's, the mean over the positions of each bucket; one colour scale for "
+                    "every chart. White: exactly no drift, as in the layers below the first "
+                    "full-attention layer, which read no cache.</p>\n");
+    for (int i = 0; i < n; i++) hidden_heatmaps(b, &runs[i], runs[i].label, n > 1, hlo, hhi);
     kvd_buf_puts(b,
                  "<h2>Attention drift per full-attention layer</h2>\n<p class=\"note\">Isolated: "
                  "the reference query over the reference K/V passed through the mode's codec (the "

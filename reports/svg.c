@@ -261,9 +261,12 @@ static void heat_color(double t, char *out, size_t n) {
 }
 
 void kvd_svg_heatmap(kvd_buf *b, const kvd_heatmap *h) {
-    double lo = INFINITY, hi = -INFINITY;
-    for (int i = 0; i < h->rows * h->cols; i++)
-        if (isfinite(h->v[i]) && h->v[i] > 0) lo = fmin(lo, h->v[i]), hi = fmax(hi, h->v[i]);
+    double lo = h->lo, hi = h->hi;
+    if (!(lo < hi)) {
+        lo = INFINITY, hi = -INFINITY;
+        for (int i = 0; i < h->rows * h->cols; i++)
+            if (isfinite(h->v[i]) && h->v[i] > 0) lo = fmin(lo, h->v[i]), hi = fmax(hi, h->v[i]);
+    }
     const int HL = 130; /* room for "layer 59 (attn)" */
     int cw = (W - HL - MR) / (h->cols ? h->cols : 1), rh = (H - MT - MB) / (h->rows ? h->rows : 1);
     if (cw > 48) cw = 48;
@@ -272,9 +275,10 @@ void kvd_svg_heatmap(kvd_buf *b, const kvd_heatmap *h) {
     kvd_buf_printf(b,
                    "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                    "viewBox=\"0 0 %d %d\" class=\"chart heatmap\" font-family=\"sans-serif\" "
-                   "font-size=\"12\">\n<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n"
-                   "<text x=\"%d\" y=\"22\" font-size=\"15\" font-weight=\"bold\">",
-                   W, hh, W, hh, W, hh, HL - 60);
+                   "font-size=\"12\" data-lo=\"%.17g\" data-hi=\"%.17g\">\n<rect width=\"%d\" "
+                   "height=\"%d\" fill=\"white\"/>\n<text x=\"%d\" y=\"22\" font-size=\"15\" "
+                   "font-weight=\"bold\">",
+                   W, hh, W, hh, lo, hi, W, hh, HL - 60);
     kvd_buf_xml(b, h->title);
     kvd_buf_puts(b, "</text>\n");
     int logscale = lo < hi && hi / lo > 20;

@@ -44,6 +44,8 @@ typedef struct {
     const char *const *col_labels; /* [cols] */
     const int *row_mark;           /* [rows]: 1 draws a marker beside the row (NULL: none) */
     const char *mark_label;
+    double lo, hi; /* the colour scale's ends, to share one over several maps (lo < hi);
+                      else the map's own smallest non-zero and largest values */
 } kvd_heatmap;
 
 void kvd_svg_heatmap(kvd_buf *b, const kvd_heatmap *h);

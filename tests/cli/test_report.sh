@@ -63,6 +63,10 @@ for r in cells:
         assert row["mean"][0] == v, (layer, b)
     else:
         assert np.isnan(v)
+# one colour scale for both maps: the smallest non-zero and the largest cell of either
+both = lay[((lay["mode"] == b"fp8-cal") | (lay["mode"] == b"fp8-unscaled")) & (lay["subset"] == b"all") & (lay["metric"] == b"rel_l2")]["mean"]
+for h in heat:
+    assert float(h.get("data-lo")) == both[both > 0].min() and float(h.get("data-hi")) == both.max(), (h.get("data-lo"), h.get("data-hi"))
 # the copy/other bars are the summary table's kl_mean per subset
 summ = f["/drift/summary"][:]
 bars = [ET.fromstring(s) for s in svgs if "copy positions" in s][0]
