@@ -102,11 +102,12 @@ int kvd_cmd_compare(int argc, char **argv) {
                 "(mode and bucket may be *). A figure regressed when it got worse by more than\n"
                 "both allowances. Exit 0: no regression; 1: regression; 2: bad input.\n"
                 "Default thresholds: %s\n"
-                "  --min-sigma Z  a figure with a standard error (kl_mean, same_top_p, the\n"
-                "                 output figures per position bucket) regressed only when it\n"
-                "                 also got worse by at least Z combined standard errors;\n"
-                "                 less is noise, listed but passed. For runs over other\n"
-                "                 traces, seeds or devices; default 0: the thresholds alone\n",
+                "  --min-sigma Z  a figure with a standard error (kl_mean, same_top_p,\n"
+                "                 ln_ppl_ratio, delta_p_mean, the output figures per position\n"
+                "                 bucket) regressed only when it also got worse by at least\n"
+                "                 Z combined standard errors; less is noise, listed but\n"
+                "                 passed. For runs over other traces, seeds or devices;\n"
+                "                 default 0: the thresholds alone\n",
                 KVD_SOURCE_DIR "/reports/thresholds.csv");
             return 0;
         } else if (f[0] == '-') {

@@ -259,12 +259,38 @@ static void set_z(kvd_check *c, double se_base, double se_cand) {
     if (isfinite(se) && se > 0) c->z = c->abs_inc / se;
 }
 
-/* ... for a summary figure, where it has them (the summary's METRIC_err) */
+/* The standard error of a summary figure that is the mean of an output
+ * figure over every position (ln_ppl_ratio of delta_nll, delta_p_mean of
+ * delta_p), from that figure's position buckets; NaN for other figures. */
+static double se_from_buckets(const kvd_run *r, const char *mode, long long ctx,
+                              const char *metric) {
+    const char *of = !strcmp(metric, "ln_ppl_ratio")   ? "delta_nll"
+                     : !strcmp(metric, "delta_p_mean") ? "delta_p"
+                                                       : NULL;
+    if (!of) return NAN;
+    const kvd_table *t = &r->r.t[KVD_T_OUTPUT];
+    kvd_pool p = {0};
+    for (int64_t i = 0; i < t->n; i++) {
+        const kvd_row_output *x = KVD_ROW(t, kvd_row_output, i);
+        if (!strcmp(x->mode, mode) && x->context == ctx && !strcmp(x->subset, "all") &&
+            !strcmp(x->metric, of))
+            kvd_pool_add(&p, x->n, x->mean, x->ci95);
+    }
+    return kvd_pool_ci95(&p) / 1.96;
+}
+
+/* ... for a summary figure, where it has them (the summary's METRIC_err,
+ * else its output figure's) */
 static void add_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const char *metric) {
     char e[48];
     snprintf(e, sizeof e, "%s_err", metric);
-    set_z(c, kvd_run_summary(base, c->mode, c->context, "all", e),
-          kvd_run_summary(cand, c->mode, c->context, "all", e));
+    double sb = kvd_run_summary(base, c->mode, c->context, "all", e),
+           sc = kvd_run_summary(cand, c->mode, c->context, "all", e);
+    if (isnan(sb) && isnan(sc)) {
+        sb = se_from_buckets(base, c->mode, c->context, metric);
+        sc = se_from_buckets(cand, c->mode, c->context, metric);
+    }
+    set_z(c, sb, sc);
 }
 
 int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *th, int n_th,

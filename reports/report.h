@@ -53,7 +53,8 @@ typedef struct {
     long long context;
     int bucket; /* -1: the whole run */
     double base, cand, abs_inc, rel_inc, max_abs, max_rel;
-    /* for a figure with a standard error (kl_mean, same_top_p, the output
+    /* for a figure with a standard error (kl_mean, same_top_p; ln_ppl_ratio
+     * and delta_p_mean from their output figure's buckets; the output
      * figures per position bucket): how many combined standard errors
      * sqrt(se_base^2 + se_cand^2) it got worse by (negative: better); NaN
      * otherwise. The errors are the runs' sampling errors, as if their

@@ -357,6 +357,27 @@ m = re.search(r"^REGRESSION kl fp8-unscaled context 512 bucket 8: .*, ([0-9.]+) 
 want = (c - b) / math.sqrt(sb * sb + sc * sc)
 assert m and abs(float(m.group(1)) - want) <= 0.05 + 1e-9, (m and m.group(1), want, line)
 PY
+# ln(PPL ratio), the mean of delta_nll over every position, takes its
+# standard error from delta_nll's position buckets
+cp "$work/r.h5" "$work/worse-p.h5"
+"$py" - "$work/worse-p.h5" <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1], "r+")
+s = f["/drift/summary"][:]
+s["value"][(s["mode"] == b"fp8-unscaled") & (s["subset"] == b"all") & (s["metric"] == b"ln_ppl_ratio")] += 0.01
+f["/drift/summary"][...] = s
+PY
+printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nln_ppl_ratio,fp8-unscaled,*,0,0\n' >"$work/tp.csv"
+"$bin" compare "$work/r.h5" "$work/worse-p.h5" --thresholds "$work/tp.csv" >"$work/cp.out"; rc=$?
+[ $rc -eq 1 ] && "$py" - "$work/r.h5" "$work/cp.out" <<'PY' && ok || bad "compare: the standard errors of ln_ppl_ratio: exit $rc: $(cat "$work/cp.out")"
+import re, sys, math, h5py
+o = h5py.File(sys.argv[1])["/drift/output"][:]
+o = o[(o["mode"] == b"fp8-unscaled") & (o["subset"] == b"all") & (o["metric"] == b"delta_nll")]
+se = math.sqrt(((o["n"] * o["ci95"]) ** 2).sum()) / o["n"].sum() / 1.96
+m = re.search(r"^REGRESSION ln_ppl_ratio fp8-unscaled context 512: .*, ([0-9.]+) standard errors;", open(sys.argv[2]).read(), re.M)
+want = 0.01 / math.sqrt(2 * se * se)
+assert m and abs(float(m.group(1)) - want) <= 0.05 + 1e-9, (m and m.group(1), want)
+PY
 # runs that differ in more than their figures say so (here: the trace seed)
 cp "$work/r.h5" "$work/seed5.h5"
 "$py" - "$work/seed5.h5" <<'PY'
