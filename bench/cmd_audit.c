@@ -31,7 +31,8 @@ int kvd_cmd_audit(int argc, char **argv) {
                    "Says what an engine that honours the checkpoint's quantization config does to\n"
                    "the KV cache. --strict: exit 1 when FP8 KV would be enabled without scales,\n"
                    "with every K or every V scale 1.0 (the same cache), or with a scale that is\n"
-                   "not a positive finite number.\n");
+                   "not a positive finite number; and when the checkpoint asks for a KV cache\n"
+                   "format kvdrift does not model (NVFP4, INT8, ...), which it cannot check.\n");
             return 0;
         } else if (f[0] == '-') {
             kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
@@ -51,7 +52,7 @@ int kvd_cmd_audit(int argc, char **argv) {
      * cache is the cache of no scales */
     const kvd_audit_finding fd = kvd_audit_find(&au);
     const int fp8_kv = fd.fp8_kv, silent = fd.silent, bad = fd.bad, ones = fd.ones,
-              unit = ones != 0;
+              unit = ones != 0, other = fd.unmodelled;
     char which[32];
     snprintf(which, sizeof which, "every %s scale", kvd_audit_sides(ones));
     char engine_unit[600];
@@ -71,7 +72,18 @@ int kvd_cmd_audit(int argc, char **argv) {
         strncat(missing, one, sizeof missing - strlen(missing) - 1);
     }
     const char *engine, *advice;
-    if (silent) {
+    char engine_other[400];
+    snprintf(engine_other, sizeof engine_other,
+             "quantizes the KV cache as %s, a format kvdrift does not "
+             "model: its fp8-* modes measure an FP8 cache, and fp8-ckpt is not the cache this "
+             "engine would run",
+             au.kv_algo);
+    if (other) {
+        engine = engine_other;
+        advice = "kvdrift cannot vouch for this KV cache: measure it in the engine that serves it, "
+                 "or serve with an FP8 KV cache (measure it with kvdrift run --model-dir DIR --kv "
+                 "bf16,fp8-cal) or a BF16 one";
+    } else if (silent) {
         engine =
             "switches the KV cache to FP8 E4M3 because kv_cache_quant_algo is FP8, finds no "
             "k_scale/v_scale for the layers listed, and uses 1.0 for K and V there (SGLang "
@@ -165,6 +177,10 @@ int kvd_cmd_audit(int argc, char **argv) {
         if (silent) printf("VERDICT: FP8 KV cache without scales (silent scale 1.0)\n");
         if (bad) printf("VERDICT: FP8 KV cache with an unusable scale (%s)\n", au.bad_scale);
         if (unit) printf("VERDICT: FP8 KV cache with %s 1.0 (the same as without scales)\n", which);
+        if (other)
+            printf("VERDICT: %s KV cache, which kvdrift does not model (not checked)\n",
+                   au.kv_algo);
     }
-    return strict && (silent || bad || unit) ? 1 : 0;
+    /* --strict passes only what it checked: a KV format it cannot model fails too */
+    return strict && (silent || bad || unit || other) ? 1 : 0;
 }

@@ -267,6 +267,15 @@ void kvd_model_opts_ckpt_scales(const kvd_model_opts *o, const char *cmd, const 
     int nf = kvd_config_n_full(cfg);
     int have = kvd_checkpoint_kv_scales(o->model_dir, cfg, s, NULL, err);
     if (have < 0) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    char algo[32];
+    if (kvd_checkpoint_kv_algo(o->model_dir, algo, sizeof algo, err))
+        kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    if (kvd_kv_algo_kind(algo) == 2)
+        fprintf(stderr,
+                "kvdrift %s: %s: the checkpoint asks for the KV cache format %s, which kvdrift "
+                "does not model: fp8-ckpt is an FP8 cache with its k_scale/v_scale, not the cache "
+                "an engine would run\n",
+                cmd, o->model_dir, algo);
     if (have < nf)
         fprintf(stderr,
                 "kvdrift %s: %s: %d of %d full-attention layers have no k_scale/v_scale; fp8-ckpt "

@@ -722,11 +722,21 @@ static int ckpt_sentence(const kvd_run *r, char *out, size_t n) {
     const char *bad = json_string_value(json_object_get(a, "bad_kv_scale"));
     json_t *miss = json_object_get(a, "layers_missing_kv_scales"),
            *rg = json_object_get(a, "kv_scale_range");
-    char ask[160];
+    char ask[200], fmt_kv[48];
+    const int kind = kvd_kv_algo_kind(kv ? kv : "none");
+    snprintf(fmt_kv, sizeof fmt_kv, "a%s %s", kv && strchr("AEFHILMNORSX", kv[0]) ? "n" : "",
+             kv ? kv : "");
     snprintf(ask, sizeof ask, "%s: the checkpoint asks for %s KV cache (%s)", r->label,
-             kv && !strcmp(kv, "FP8") ? "an FP8" : "no quantized",
+             kind == 1   ? "an FP8"
+             : kind == 2 ? fmt_kv
+                         : "no quantized",
              !src || !strcmp(src, "none") ? "no quantization config" : src);
-    if (!kv || strcmp(kv, "FP8")) {
+    if (kind == 2) {
+        snprintf(out, n,
+                 "%s, a format kvdrift does not model: fp8-ckpt is an FP8 cache with the "
+                 "checkpoint's k_scale/v_scale, not the cache an engine would run.",
+                 ask);
+    } else if (kind == 0) {
         snprintf(out, n, "%s; fp8-ckpt uses its k_scale/v_scale where it has them, 1.0 elsewhere.",
                  ask);
     } else if (json_array_size(miss)) {

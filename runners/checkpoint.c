@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "../kernels/fp8.h"
@@ -684,12 +685,11 @@ static void scale_values(const kvd_st_tensor *t, kvd_audit *a, int w) {
     if (unit) ++*(w ? &a->n_unit_v : &a->n_unit_k);
 }
 
-int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err) {
-    memset(a, 0, sizeof *a);
-    a->k_min = a->v_min = INFINITY; /* no scale seen yet */
+/* The quantization the checkpoint asks for: hf_quant_config.json (ModelOpt),
+ * else config.json's quantization_config (compressed-tensors, fp8,
+ * modelopt). Fills source, producer, weight_algo and kv_algo. */
+static int read_quant_config(const char *dir, kvd_audit *a, char *err) {
     char path[4300];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    if (kvd_config_load(path, cfg, err)) return -1;
     snprintf(a->source, sizeof a->source, "none");
     snprintf(a->weight_algo, sizeof a->weight_algo, "none");
     snprintf(a->kv_algo, sizeof a->kv_algo, "none");
@@ -713,33 +713,55 @@ int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err) {
         if (json_is_string(json_object_get(qq, "kv_cache_quant_algo")))
             copy_str(a->kv_algo, sizeof a->kv_algo, json_object_get(qq, "kv_cache_quant_algo"));
         json_decref(q);
-    } else {
-        /* config.json's quantization_config (compressed-tensors, fp8, modelopt) */
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        json_t *root = kvd_json_load(path, err);
-        if (!root) return -1;
-        json_t *qc = json_object_get(root, "quantization_config");
-        if (json_is_object(qc)) {
-            snprintf(a->source, sizeof a->source, "config.json:quantization_config");
-            copy_str(a->producer, sizeof a->producer, json_object_get(qc, "quant_method"));
-            json_t *wa = json_object_get(qc, "quant_algo");
-            if (json_is_string(wa))
-                copy_str(a->weight_algo, sizeof a->weight_algo, wa);
-            else if (a->producer[0])
-                snprintf(a->weight_algo, sizeof a->weight_algo, "%s", a->producer);
-            json_t *ka = json_object_get(qc, "kv_cache_quant_algo");
-            json_t *ks = json_object_get(qc, "kv_cache_scheme");
-            if (json_is_string(ka)) {
-                copy_str(a->kv_algo, sizeof a->kv_algo, ka);
-            } else if (json_is_object(ks)) {
-                int bits = (int)json_integer_value(json_object_get(ks, "num_bits"));
-                const char *ty = json_string_value(json_object_get(ks, "type"));
-                snprintf(a->kv_algo, sizeof a->kv_algo, "%s",
-                         bits == 8 && ty && !strcmp(ty, "float") ? "FP8" : "other");
-            }
-        }
-        json_decref(root);
+        return 0;
     }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *root = kvd_json_load(path, err);
+    if (!root) return -1;
+    json_t *qc = json_object_get(root, "quantization_config");
+    if (json_is_object(qc)) {
+        snprintf(a->source, sizeof a->source, "config.json:quantization_config");
+        copy_str(a->producer, sizeof a->producer, json_object_get(qc, "quant_method"));
+        json_t *wa = json_object_get(qc, "quant_algo");
+        if (json_is_string(wa))
+            copy_str(a->weight_algo, sizeof a->weight_algo, wa);
+        else if (a->producer[0])
+            snprintf(a->weight_algo, sizeof a->weight_algo, "%s", a->producer);
+        json_t *ka = json_object_get(qc, "kv_cache_quant_algo");
+        json_t *ks = json_object_get(qc, "kv_cache_scheme");
+        if (json_is_string(ka)) {
+            copy_str(a->kv_algo, sizeof a->kv_algo, ka);
+        } else if (json_is_object(ks)) {
+            /* compressed-tensors: {"num_bits": 8, "type": "float"} is FP8 */
+            int bits = (int)json_integer_value(json_object_get(ks, "num_bits"));
+            const char *ty = json_string_value(json_object_get(ks, "type"));
+            if (bits == 8 && ty && !strcmp(ty, "float"))
+                snprintf(a->kv_algo, sizeof a->kv_algo, "FP8");
+            else if (ty && (!strcmp(ty, "float") || !strcmp(ty, "int")) && bits > 0)
+                snprintf(a->kv_algo, sizeof a->kv_algo, "%s%d", ty[0] == 'f' ? "FP" : "INT", bits);
+            else
+                snprintf(a->kv_algo, sizeof a->kv_algo, "other");
+        }
+    }
+    json_decref(root);
+    return 0;
+}
+
+int kvd_checkpoint_kv_algo(const char *dir, char *algo, size_t n, char *err) {
+    kvd_audit a;
+    memset(&a, 0, sizeof a);
+    if (read_quant_config(dir, &a, err)) return -1;
+    snprintf(algo, n, "%s", a.kv_algo);
+    return 0;
+}
+
+int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err) {
+    memset(a, 0, sizeof *a);
+    a->k_min = a->v_min = INFINITY; /* no scale seen yet */
+    char path[4300];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (kvd_config_load(path, cfg, err)) return -1;
+    if (read_quant_config(dir, a, err)) return -1;
     /* scales and weight dtypes from the safetensors headers */
     kvd_checkpoint c;
     if (kvd_checkpoint_open(&c, dir, err)) return -1;
@@ -791,9 +813,15 @@ int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err) {
     return 0;
 }
 
+int kvd_kv_algo_kind(const char *algo) {
+    if (!algo[0] || !strcasecmp(algo, "none")) return 0;
+    return !strcasecmp(algo, "FP8") ? 1 : 2;
+}
+
 kvd_audit_finding kvd_audit_find(const kvd_audit *a) {
-    kvd_audit_finding f = {0, 0, 0, 0};
-    f.fp8_kv = !strcmp(a->kv_algo, "FP8");
+    kvd_audit_finding f = {0, 0, 0, 0, 0};
+    f.fp8_kv = kvd_kv_algo_kind(a->kv_algo) == 1;
+    f.unmodelled = kvd_kv_algo_kind(a->kv_algo) == 2;
     f.silent = f.fp8_kv && a->n_missing > 0;
     f.bad = f.fp8_kv && !f.silent && a->bad_scale[0];
     if (f.fp8_kv && !f.silent && !f.bad && a->n_with_scales > 0)
@@ -816,6 +844,7 @@ json_t *kvd_audit_json(const kvd_audit *a) {
         a->fp8_weights, "fp4_weight_tensors", a->fp4_weights, "full_attention_layers", a->n_attn,
         "layers_with_kv_scales", a->n_with_scales, "kv_scales_per_head", a->scales_per_head,
         "fp8_kv_without_scales", f.silent);
+    json_object_set_new(o, "kv_cache_not_modelled", json_boolean(f.unmodelled));
     json_t *ml = json_array();
     for (int i = 0; i < a->n_missing; i++)
         json_array_append_new(ml, json_integer(a->missing_layers[i]));

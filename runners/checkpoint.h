@@ -26,7 +26,7 @@ int kvd_checkpoint_kv_scales(const char *dir, const kvd_config *cfg, kvd_kv_scal
 typedef struct {
     char source[64];      /* hf_quant_config.json, config.json:quantization_config, or none */
     char weight_algo[32]; /* FP8, NVFP4, ..., or none */
-    char kv_algo[32];     /* FP8 or none */
+    char kv_algo[32];     /* FP8, none, or another KV cache format (NVFP4, INT8, ...) */
     char producer[64];    /* modelopt, compressed-tensors, fp8, ... */
     int n_attn, n_with_scales;
     int scales_per_head;
@@ -75,14 +75,21 @@ int kvd_checkpoint_add_kv_scales(const char *dir, const kvd_config *cfg, const k
 int kvd_checkpoint_fingerprint(const char *dir, char *out, size_t n, char *err);
 
 int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err);
+/* Only the KV cache quantization the checkpoint's quantization config asks
+ * for (kvd_audit.kv_algo), without opening its weights. */
+int kvd_checkpoint_kv_algo(const char *dir, char *algo, size_t n, char *err);
+/* 0: no KV quantization asked for; 1: FP8 (what kvdrift models); 2: another
+ * format (NVFP4, INT8, ...) that kvdrift's modes do not model. */
+int kvd_kv_algo_kind(const char *algo);
 
 /* What an audit finds about an FP8 KV cache the checkpoint asks for (all 0
  * when it asks for none): silent, layers without scales (the engine uses
  * 1.0 there); bad, a scale that is no positive finite number; ones, the
  * sides whose every scale is 1.0 (1 K, 2 V, 3 both: the cache of no
- * scales). At most one of the three is set. */
+ * scales). At most one of the three is set. unmodelled: the checkpoint asks
+ * for a KV cache format other than FP8, which kvdrift cannot check. */
 typedef struct {
-    int fp8_kv, silent, bad, ones;
+    int fp8_kv, silent, bad, ones, unmodelled;
 } kvd_audit_finding;
 kvd_audit_finding kvd_audit_find(const kvd_audit *a);
 /* The sides a finding's ones names: "K and V" (3), "V" (2), "K" (1), "". */

@@ -113,6 +113,37 @@ json.dump(c, open(sys.argv[1], "w"))
 PY
 expect 1 "config.json:quantization_config \(compressed-tensors\).*KV cache FP8" -- audit "$work/ct" --strict
 
+# a KV cache format kvdrift does not model (NVFP4, compressed-tensors' int8
+# or 4-bit float schemes): said so, never "no KV quantization"; --strict
+# fails it (not checked), fp8-ckpt warns that it is not the engine's cache,
+# and a sweep's report says it under the verdict
+cp -r "$work/ck" "$work/nv4"
+printf '{"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "NVFP4"}}\n' >"$work/nv4/hf_quant_config.json"
+expect 0 "an engine that honours this checkpoint quantizes the KV cache as NVFP4, a format kvdrift does not model" -- audit "$work/nv4"
+expect 1 "VERDICT: NVFP4 KV cache, which kvdrift does not model \(not checked\)" -- audit "$work/nv4" --strict
+"$bin" audit "$work/nv4" >"$work/out" && ! grep -q "asks for no KV" "$work/out" && ok || bad "an NVFP4 KV cache read as none: $(cat "$work/out")"
+"$bin" audit "$work/nv4" --format json >"$work/a.json" && "$py" -c "
+import json; a = json.load(open('$work/a.json'))
+assert a['kv_cache_not_modelled'] is True and a['kv_cache_quantization'] == 'NVFP4' and a['fp8_kv_without_scales'] is False
+" && ok || bad "audit --format json on an NVFP4 KV cache: $(cat "$work/a.json")"
+"$bin" audit "$work/fixed" --format json >"$work/a.json" && "$py" -c "
+import json; a = json.load(open('$work/a.json')); assert a['kv_cache_not_modelled'] is False" && ok || bad "kv_cache_not_modelled on an FP8 checkpoint"
+expect 0 "nv4: the checkpoint asks for the KV cache format NVFP4, which kvdrift does not model" -- forward --model-dir "$work/nv4" --tokens 8 --kv fp8-ckpt
+for scheme in 'int:8:INT8' 'float:4:FP4'; do
+  IFS=: read -r ty bits name <<<"$scheme"
+  cp -r "$work/ct" "$work/ct-$name"
+  "$py" - "$work/ct-$name/config.json" "$ty" "$bits" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["quantization_config"]["kv_cache_scheme"].update(type=sys.argv[2], num_bits=int(sys.argv[3]))
+json.dump(c, open(sys.argv[1], "w"))
+PY
+  expect 1 "VERDICT: $name KV cache, which kvdrift does not model" -- audit "$work/ct-$name" --strict
+done
+"$bin" run --model-dir "$work/nv4" --kv bf16,fp8-ckpt --context 64 --cells drift --gen-tokens 0 -o "$work/nv4.h5" >/dev/null 2>&1 &&
+  "$bin" report "$work/nv4.h5" --format md 2>/dev/null | grep -q "nv4: the checkpoint asks for an NVFP4 KV cache (hf_quant_config.json), a format kvdrift does not model: fp8-ckpt is an FP8 cache" && ok ||
+  bad "the report over an NVFP4-KV checkpoint does not say it is not modelled"
+
 # with scales: a second shard and an index; fp8-ckpt uses exactly them
 cp -r "$work/noscale" "$work/scaled"
 st add-scales "$work/scaled" 3:0.75:0.0002 7:1.5:0.0001
