@@ -18,6 +18,7 @@
 #include "gitrev.h" /* KVD_GIT_REV: a resumed file must be this build's */
 #include "../datasets/calibset.h"
 #include "../datasets/trace.h"
+#include "../reports/report.h"
 #include "../runners/calibrate.h"
 #include "../runners/checkpoint.h"
 #include "../runners/drift.h"
@@ -1093,6 +1094,14 @@ int kvd_cmd_run(int argc, char **argv) {
     /* an empty sweep (everything resumed) still leaves a complete file */
     if (kvd_results_save(&res, o.out, err)) kvd_die(1, cmd, "%s", err);
     print_summary(&res, &o);
+    /* the headline the report leads with, for a log that only keeps stdout */
+    kvd_run view;
+    memset(&view, 0, sizeof view);
+    view.r = res; /* borrowed: not freed through view */
+    char hl[KVD_HEADLINE_MAX][KVD_HEADLINE_LEN];
+    int nh = o.cells & 1 ? kvd_report_headline(&view, hl) : 0;
+    if (nh) printf("\nagainst fp8-cal at %lld tokens:\n", kvd_run_max_context(&view));
+    for (int h = 0; h < nh; h++) printf("  %s\n", hl[h]);
     printf("\nwrote %s: %lld cells (%lld drift rows, %lld throughput rows)\n", o.out,
            (long long)res.t[KVD_T_CELLS].n, (long long)res.t[KVD_T_OUTPUT].n,
            (long long)res.t[KVD_T_TPUT].n);

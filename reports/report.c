@@ -767,13 +767,8 @@ static int ckpt_sentence(const kvd_run *r, char *out, size_t n) {
     return 1;
 }
 
-/* The comparison the tool exists for, one sentence per FP8 mode against
- * the calibrated cache (fp8-cal) of the same run: how many times its mean
- * output KL, how many combined standard errors apart, top-1 agreement, and
- * the shares of the cache the mode's scales lost. Returns how many
- * sentences (0 without fp8-cal or other FP8 modes); *s[i] holds each. */
-enum { HEADLINE_MAX = 3, HEADLINE_LEN = 400 };
-static int headline(const kvd_run *r, char s[HEADLINE_MAX][HEADLINE_LEN]) {
+enum { HEADLINE_MAX = KVD_HEADLINE_MAX, HEADLINE_LEN = KVD_HEADLINE_LEN };
+int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_LEN]) {
     static const char *const others[HEADLINE_MAX] = {"fp8-unscaled", "fp8-ckpt", "fp8-e5m2"};
     const char *modes[KVD_KV_N_MODES];
     int nm = kvd_run_modes(r, modes), has_cal = 0, k = 0;
@@ -895,7 +890,7 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
             kvd_buf_puts(b, "</p>\n");
         }
         char hl[HEADLINE_MAX][HEADLINE_LEN];
-        int nh = headline(&runs[i], hl);
+        int nh = kvd_report_headline(&runs[i], hl);
         if (nh) {
             kvd_buf_puts(b, "<p>");
             if (n > 1) {
@@ -990,7 +985,7 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
         char s[1200];
         if (ckpt_sentence(&runs[i], s, sizeof s)) kvd_buf_printf(b, "\n%s\n", s);
         char hl[HEADLINE_MAX][HEADLINE_LEN];
-        int nh = headline(&runs[i], hl);
+        int nh = kvd_report_headline(&runs[i], hl);
         if (nh)
             kvd_buf_printf(b, "\n%s%sgainst the calibrated FP8 cache, same weights and trace:\n\n",
                            n > 1 ? runs[i].label : "", n > 1 ? ": a" : "A");

@@ -38,6 +38,15 @@ double kvd_run_summary(const kvd_run *r, const char *mode, long long ctx, const 
 int kvd_run_modes(const kvd_run *r, const char **modes);
 long long kvd_run_max_context(const kvd_run *r);
 
+/* The comparison the tool exists for, one sentence per other FP8 mode
+ * (fp8-unscaled, fp8-ckpt, fp8-e5m2) against the calibrated cache (fp8-cal)
+ * of the same run, at its largest context: how many times fp8-cal's mean
+ * output KL, how many combined standard errors apart, top-1 agreement, and
+ * the shares of K saturated and V flushed. Returns how many sentences (0
+ * without fp8-cal or another FP8 mode); s[i] holds each. */
+enum { KVD_HEADLINE_MAX = 3, KVD_HEADLINE_LEN = 400 };
+int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_LEN]);
+
 /* ---- compare ---- */
 
 typedef struct {

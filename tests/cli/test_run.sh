@@ -18,11 +18,21 @@ sweep=(run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 512,1024 --conc
 
 if "$bin" "${sweep[@]}" -o "$work/a.h5" >"$work/a.out" 2>"$work/a.err"; then ok; else bad "the tiny sweep failed: $(cat "$work/a.err")"; fi
 if h5dump -H "$work/a.h5" | grep -q 'DATASET "output"'; then ok; else bad "h5dump cannot read the results"; fi
+# the headline, as the report's Markdown gives it
+"$bin" report "$work/a.h5" --format md -o "$work/a.md" 2>/dev/null
+"$py" - "$work/a.out" "$work/a.md" <<'PY' && ok || bad "run's headline differs from the report's: $(cat "$work/a.out")"
+import sys
+out, md = open(sys.argv[1]).read().splitlines(), open(sys.argv[2]).read().splitlines()
+i = out.index("against fp8-cal at 1024 tokens:")
+got = [l[2:] for l in out[i + 1:] if l.startswith("  ")]
+want = [l[2:] for l in md if l.startswith("- ")]
+assert got == want and len(got) == 1 and got[0].startswith("fp8-unscaled "), (got, want)
+PY
 # the summary's k_sat% and v_flush% columns: the shares of /drift/kv
 "$py" - "$work/a.h5" "$work/a.out" <<'PY' && ok || bad "run summary: k_sat% / v_flush% differ from /drift/kv: $(cat "$work/a.out")"
 import sys, h5py
 kv = h5py.File(sys.argv[1])["drift/kv"][:]
-lines = [l.split() for l in open(sys.argv[2]) if l.split()[:1] in (["fp8-cal"], ["fp8-unscaled"], ["bf16"])]
+lines = [l.split() for l in open(sys.argv[2]) if l.split()[:1] in (["fp8-cal"], ["fp8-unscaled"], ["bf16"]) and not l.startswith(" ")]
 head = next(l.split() for l in open(sys.argv[2]) if l.startswith("kv_mode"))
 ks, vf = head.index("k_sat%"), head.index("v_flush%")
 assert len(lines) == 6, lines
