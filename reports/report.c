@@ -622,14 +622,14 @@ static void kv_table(kvd_buf *b, const kvd_run *r) {
                                  y->v_saturated_frac, y->v_flushed_frac, y->v_subnormal_frac};
             for (int k = 0; k < 6; k++) kvd_pool_add(&sh[k], y->n_values, v[k], 0);
         }
-        double f[7];
-        for (int k = 0; k < 6; k++) f[1 + k] = 100 * kvd_pool_mean(&sh[k]);
+        double f[6];
+        for (int k = 0; k < 6; k++) f[k] = 100 * kvd_pool_mean(&sh[k]);
         kvd_buf_printf(b,
                        "<tr><td class=\"l\">%s</td><td>%d</td><td>%d</td><td>%.4g</td><td>%.4g</td>"
                        "<td>%.3f%%</td><td>%.3f%%</td><td>%.3f%%</td><td>%.3f%%</td><td>%.3f%%</td>"
                        "<td>%.3f%%</td></tr>\n",
-                       x->mode, x->layer, x->kv_head, x->k_scale, x->v_scale, f[1], f[2], f[3],
-                       f[4], f[5], f[6]);
+                       x->mode, x->layer, x->kv_head, x->k_scale, x->v_scale, f[0], f[1], f[2],
+                       f[3], f[4], f[5]);
     }
     kvd_buf_puts(b, "</table>\n");
 }
@@ -674,9 +674,9 @@ static void generation_table(kvd_buf *b, const kvd_run *r) {
         if (!strcmp(modes[m], "bf16")) continue;
         kvd_buf_printf(b, "<tr><td class=\"l\">%s</td>", modes[m]);
         for (int k = 0; k < np; k++) {
-            int fd[64], nt = 0, tokens = 0;
+            int nt = 0, tokens = 0, *fd = malloc(sizeof(int) * (size_t)t->n);
             double agree = 0;
-            for (int64_t j = 0; j < t->n && nt < 64; j++) {
+            for (int64_t j = 0; j < t->n; j++) {
                 const kvd_row_gen *x = KVD_ROW(t, kvd_row_gen, j);
                 if (x->context != ctx || x->prefix != prefix[k] || strcmp(x->mode, modes[m]) ||
                     x->tokens <= 0)
@@ -685,6 +685,7 @@ static void generation_table(kvd_buf *b, const kvd_run *r) {
             }
             if (!nt) {
                 kvd_buf_puts(b, "<td>-</td>");
+                free(fd);
                 continue;
             }
             qsort(fd, (size_t)nt, sizeof fd[0], cmp_int);
@@ -695,6 +696,7 @@ static void generation_table(kvd_buf *b, const kvd_run *r) {
             else
                 snprintf(first, sizeof first, "%g of %d", med, tokens);
             kvd_buf_printf(b, "<td>%s, %.0f%% agree</td>", first, 100 * agree / nt);
+            free(fd);
         }
         kvd_buf_puts(b, "</tr>\n");
     }
@@ -790,11 +792,15 @@ int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_
                      "drifts as far as fp8-cal within the error (mean output KL %.3e against "
                      "%.3e, %.1f standard errors apart)",
                      v.kl, c.kl, z);
-        else
+        else if (isfinite(z))
             snprintf(how, sizeof how,
                      "drifts %.2gx as far as fp8-cal (mean output KL %.3e against %.3e, %.0f "
                      "standard errors apart)",
                      ratio, v.kl, c.kl, z);
+        else /* no error to weigh the difference by */
+            snprintf(how, sizeof how,
+                     "drifts %.2gx as far as fp8-cal (mean output KL %.3e against %.3e)", ratio,
+                     v.kl, c.kl);
         int len = snprintf(s[k], HEADLINE_LEN, "%s %s; top-1 agreement %.4f against %.4f",
                            others[o], how, v.top1, c.top1);
         if (isfinite(v.k_sat) && isfinite(c.k_sat) && len < HEADLINE_LEN)
