@@ -157,7 +157,8 @@ int kvd_thresholds_load(const char *path, kvd_threshold **th, int *n, char *err)
 
 static int higher_is_better(const char *m) {
     return !strcmp(m, "same_top_p") || !strcmp(m, "top1_agree") ||
-           !strncmp(m, "decode_tok_s", 12) || !strncmp(m, "prefill_tok_s", 13);
+           !strncmp(m, "decode_tok_s", 12) || !strncmp(m, "prefill_tok_s", 13) ||
+           !strncmp(m, "decode_vs_bf16", 14);
 }
 
 static const char *const summary_metrics[] = {
@@ -220,6 +221,11 @@ static double output_bucket(const kvd_run *r, const char *mode, long long ctx, c
 
 static double tput_metric(const kvd_run *r, const char *mode, long long ctx, int conc,
                           const char *metric) {
+    /* a speed as a ratio to the BF16 cache's in the same run: what the
+     * cache format buys, whatever the machine */
+    if (!strcmp(metric, "decode_vs_bf16"))
+        return tput_metric(r, mode, ctx, conc, "decode_tok_s") /
+               tput_metric(r, "bf16", ctx, conc, "decode_tok_s");
     const kvd_table *t = &r->r.t[KVD_T_TPUT];
     for (int64_t i = 0; i < t->n; i++) {
         const kvd_row_tput *x = KVD_ROW(t, kvd_row_tput, i);
@@ -310,12 +316,15 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
         int is_sum = in(summary_metrics, t->metric), is_out = in(output_metrics, t->metric);
         int is_der = !strcmp(t->metric, "attn_kl") || !strcmp(t->metric, "attn_kl_isolated") ||
                      !strcmp(t->metric, "hidden_rel_l2_last");
-        int is_tp = !strcmp(t->metric, "decode_tok_s") || !strcmp(t->metric, "prefill_tok_s");
+        int is_tp = !strcmp(t->metric, "decode_tok_s") || !strcmp(t->metric, "prefill_tok_s") ||
+                    !strcmp(t->metric, "decode_vs_bf16");
+        const int is_ratio = !strcmp(t->metric, "decode_vs_bf16");
         if (!is_sum && !is_out && !is_der && !is_tp) {
             snprintf(err, KVD_ERR_LEN,
                      "thresholds line %d: unknown metric '%s' (expected a /drift/summary metric "
                      "such as kl_mean, an output metric kl|top1_agree|delta_p|delta_nll, attn_kl, "
-                     "attn_kl_isolated, hidden_rel_l2_last, decode_tok_s or prefill_tok_s)",
+                     "attn_kl_isolated, hidden_rel_l2_last, decode_tok_s, prefill_tok_s or "
+                     "decode_vs_bf16)",
                      t->line, t->metric);
             goto refuse;
         }
@@ -342,7 +351,7 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
         for (int i = 0; i < nb; i++) {
             /* every mode of the baseline's: one the candidate lacks is missing */
             if (strcmp(t->mode, "*") && strcmp(t->mode, bm[i])) continue;
-            if (!strcmp(bm[i], "bf16") && !is_tp) continue;
+            if (!strcmp(bm[i], "bf16") && (!is_tp || is_ratio)) continue;
             if (is_sum) {
                 const int before = n;
                 add_check(out, &n, &cap, t, bm[i], ctx, -1,

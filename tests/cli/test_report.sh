@@ -378,6 +378,34 @@ m = re.search(r"^REGRESSION ln_ppl_ratio fp8-unscaled context 512: .*, ([0-9.]+)
 want = 0.01 / math.sqrt(2 * se * se)
 assert m and abs(float(m.group(1)) - want) <= 0.05 + 1e-9, (m and m.group(1), want)
 PY
+# decode_vs_bf16: a mode's decode speed over BF16's in the same run. FP8
+# made slower regresses it; BF16 made slower does not (the machine, not the
+# cache format), though BF16's own tok/s does
+for who in fp8-unscaled:0.5 bf16:0.4; do
+  IFS=: read -r mode f <<<"$who"
+  cp "$work/r.h5" "$work/slow-$mode.h5"
+  "$py" - "$work/slow-$mode.h5" "$mode" "$f" <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1], "r+")
+t = f["/throughput"][:]
+t["decode_tok_s"][(t["mode"] == sys.argv[2].encode()) & (t["concurrency"] == 2)] *= float(sys.argv[3])
+f["/throughput"][...] = t
+PY
+done
+"$bin" compare "$work/r.h5" "$work/slow-fp8-unscaled.h5" --thresholds "$thresholds" >"$work/cs1.out"; rc1=$?
+"$bin" compare "$work/r.h5" "$work/slow-bf16.h5" --thresholds "$thresholds" >"$work/cs2.out"; rc2=$?
+[ $rc1 -eq 1 ] && [ $rc2 -eq 1 ] && "$py" - "$work/r.h5" "$work/cs1.out" "$work/cs2.out" <<'PY' && ok || bad "compare decode_vs_bf16: $(cat "$work/cs1.out" "$work/cs2.out")"
+import re, sys, h5py
+t = h5py.File(sys.argv[1])["/throughput"][:]
+d = {(r["mode"].decode(), int(r["concurrency"])): r["decode_tok_s"] for r in t}
+ratio = d[("fp8-unscaled", 2)] / d[("bf16", 2)]
+a = [l for l in open(sys.argv[2]) if l.startswith("REGRESSION")]
+assert len(a) == 1, a
+m = re.match(r"REGRESSION decode_vs_bf16@c2 fp8-unscaled context 512: baseline ([0-9.e+-]+), candidate ([0-9.e+-]+) ", a[0])
+assert m and abs(float(m.group(1)) - ratio) <= 1e-5 * ratio and abs(float(m.group(2)) - ratio / 2) <= 1e-5 * ratio, a
+b = [l for l in open(sys.argv[3]) if l.startswith("REGRESSION")]
+assert len(b) == 1 and b[0].startswith("REGRESSION decode_tok_s@c2 bf16 context 512:"), b
+PY
 # runs that differ in more than their figures say so (here: the trace seed)
 cp "$work/r.h5" "$work/seed5.h5"
 "$py" - "$work/seed5.h5" <<'PY'

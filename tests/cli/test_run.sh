@@ -290,9 +290,10 @@ if [ $rc -eq 2 ] && grep -q "badspec.json: line 1" "$work/e4"; then ok; else bad
 if "$bin" run --model tiny --kv bf16,fp8-cal --context 256 --concurrency 1,2 --cells throughput \
   --calib-tokens 128 --decode-tokens 3 -o "$work/tp.h5" >"$work/tp.out" 2>&1 &&
   grep -q "4 cells (0 drift rows, 4 throughput rows)" "$work/tp.out"; then ok; else bad "--cells throughput: $(tail -2 "$work/tp.out")"; fi
-# a throughput-only file reports and compares at its own context
+# a throughput-only file reports and compares at its own context (decode_tok_s
+# for both modes, decode_vs_bf16 for fp8-cal, at C = 1 and 2: 6 checks)
 "$bin" report "$work/tp.h5" --format md 2>/dev/null | grep -q "^Context 256 tokens;" && ok || bad "report of a throughput-only file: $("$bin" report "$work/tp.h5" --format md 2>&1 | tail -1)"
-"$bin" compare "$work/tp.h5" "$work/tp.h5" >"$work/tpc.out" 2>&1 && grep -q "^compare: 4 checks, 0 regressions: pass$" "$work/tpc.out" && ok || bad "compare of throughput-only files: $(cat "$work/tpc.out")"
+"$bin" compare "$work/tp.h5" "$work/tp.h5" >"$work/tpc.out" 2>&1 && grep -q "^compare: 6 checks, 0 regressions: pass$" "$work/tpc.out" && ok || bad "compare of throughput-only files: $(cat "$work/tpc.out")"
 "$bin" run --model tiny --cells drifts -o "$work/c.h5" 2>"$work/e6"; rc=$?
 if [ $rc -eq 2 ] && grep -q -- "--cells: expected a list of drift and throughput" "$work/e6"; then ok; else bad "--cells drifts not refused"; fi
 if "$bin" version | grep -q "^cuda: no CUDA device visible"; then
