@@ -188,19 +188,30 @@ double kvd_pool_ci95(const kvd_pool *p) {
     return p->rows == 1 ? p->ci1 : p->rows ? sqrt(p->var) / p->n : NAN;
 }
 
-void kvd_results_kv_shares(const kvd_results *r, const char *mode, long long ctx, double *k_sat,
-                           double *v_flush) {
+double kvd_results_kv_fracs(const kvd_results *r, const char *mode, long long ctx, int layer,
+                            int kv_head, double frac[6]) {
     const kvd_table *t = &r->t[KVD_T_KV];
-    double n = 0, ks = 0, vf = 0;
+    double n = 0, s[6] = {0};
     for (int64_t i = 0; i < t->n; i++) {
         const kvd_row_kv *x = (const kvd_row_kv *)(t->rows + (size_t)i * t->row_size);
-        if (strcmp(x->mode, mode) || x->context != ctx) continue;
-        n += x->n_values, ks += x->k_saturated_frac * x->n_values;
-        vf += x->v_flushed_frac * x->n_values;
+        if (strcmp(x->mode, mode) || x->context != ctx || (layer >= 0 && x->layer != layer) ||
+            (kv_head >= 0 && x->kv_head != kv_head))
+            continue;
+        const double v[6] = {x->k_saturated_frac, x->k_flushed_frac, x->k_subnormal_frac,
+                             x->v_saturated_frac, x->v_flushed_frac, x->v_subnormal_frac};
+        n += x->n_values;
+        for (int k = 0; k < 6; k++) s[k] += v[k] * x->n_values;
     }
-    const int fp8 = n > 0 && strcmp(mode, "bf16");
-    *k_sat = fp8 ? ks / n : NAN;
-    *v_flush = fp8 ? vf / n : NAN;
+    for (int k = 0; k < 6; k++) frac[k] = n > 0 ? s[k] / n : NAN;
+    return n;
+}
+
+void kvd_results_kv_shares(const kvd_results *r, const char *mode, long long ctx, double *k_sat,
+                           double *v_flush) {
+    double f[6];
+    const int fp8 = kvd_results_kv_fracs(r, mode, ctx, -1, -1, f) > 0 && strcmp(mode, "bf16");
+    *k_sat = fp8 ? f[0] : NAN;
+    *v_flush = fp8 ? f[4] : NAN;
 }
 
 void kvd_results_add_matrix(kvd_results *r, const char *name, const char *row_label, int rows,

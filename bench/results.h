@@ -195,6 +195,13 @@ typedef struct {
 void kvd_pool_add(kvd_pool *p, double n, double mean, double ci95);
 double kvd_pool_mean(const kvd_pool *p);
 double kvd_pool_ci95(const kvd_pool *p);
+/* The shares of a mode's cache writes at context ctx (/drift/kv) that K
+ * saturated, K flushed to zero, K subnormal, then the same three of V, in
+ * frac[0..5], over every trace and over one layer and KV head (or, for a
+ * negative one, all), weighted by the values written; NaN without rows.
+ * Returns the values written. */
+double kvd_results_kv_fracs(const kvd_results *r, const char *mode, long long ctx, int layer,
+                            int kv_head, double frac[6]);
 /* The shares of K values saturated and of V values flushed to zero by a
  * mode's cache writes at context ctx, over every layer, head and trace
  * (/drift/kv, weighted by the values written): the two ways a wrong scale

@@ -203,15 +203,16 @@ static double derived(const kvd_run *r, const char *mode, long long ctx, const c
     return n > 0 ? s / n : NAN;
 }
 
-/* An output figure of one position bucket over the run's traces, and in
- * *se its standard error (ci95 / 1.96; the traces are independent). */
+/* An output figure of one position bucket (a negative one: every position)
+ * over the run's traces, and in *se its standard error (ci95 / 1.96; the
+ * traces and the buckets are independent). */
 static double output_bucket(const kvd_run *r, const char *mode, long long ctx, const char *metric,
                             int bucket, double *se) {
     const kvd_table *t = &r->r.t[KVD_T_OUTPUT];
     kvd_pool p = {0};
     for (int64_t i = 0; i < t->n; i++) {
         const kvd_row_output *x = KVD_ROW(t, kvd_row_output, i);
-        if (!strcmp(x->mode, mode) && x->context == ctx && x->bucket == bucket &&
+        if (!strcmp(x->mode, mode) && x->context == ctx && (bucket < 0 || x->bucket == bucket) &&
             !strcmp(x->subset, "all") && !strcmp(x->metric, metric))
             kvd_pool_add(&p, x->n, x->mean, x->ci95);
     }
@@ -235,9 +236,12 @@ static double tput_metric(const kvd_run *r, const char *mode, long long ctx, int
     return NAN;
 }
 
-static void add_check(kvd_check **out, int *n, int *cap, const kvd_threshold *t, const char *mode,
-                      long long ctx, int bucket, double base, double cand, const char *metric) {
-    if (!isfinite(base)) return; /* nothing to hold the candidate to */
+/* The new check, or NULL when the baseline has nothing to hold the
+ * candidate to. */
+static kvd_check *add_check(kvd_check **out, int *n, int *cap, const kvd_threshold *t,
+                            const char *mode, long long ctx, int bucket, double base, double cand,
+                            const char *metric) {
+    if (!isfinite(base)) return NULL;
     if (*n == *cap) {
         *cap = *cap ? 2 * *cap : 64;
         *out = realloc(*out, sizeof **out * (size_t)*cap);
@@ -257,10 +261,12 @@ static void add_check(kvd_check **out, int *n, int *cap, const kvd_threshold *t,
     c->missing = !isfinite(cand);
     c->breach = c->missing || (c->abs_inc > t->max_abs && c->rel_inc > t->max_rel);
     c->z = NAN;
+    return c;
 }
 
 /* A check's difference in combined standard errors, given the two runs'. */
 static void set_z(kvd_check *c, double se_base, double se_cand) {
+    if (!c) return;
     const double se = sqrt(se_base * se_base + se_cand * se_cand);
     if (isfinite(se) && se > 0) c->z = c->abs_inc / se;
 }
@@ -273,21 +279,15 @@ static double se_from_buckets(const kvd_run *r, const char *mode, long long ctx,
     const char *of = !strcmp(metric, "ln_ppl_ratio")   ? "delta_nll"
                      : !strcmp(metric, "delta_p_mean") ? "delta_p"
                                                        : NULL;
-    if (!of) return NAN;
-    const kvd_table *t = &r->r.t[KVD_T_OUTPUT];
-    kvd_pool p = {0};
-    for (int64_t i = 0; i < t->n; i++) {
-        const kvd_row_output *x = KVD_ROW(t, kvd_row_output, i);
-        if (!strcmp(x->mode, mode) && x->context == ctx && !strcmp(x->subset, "all") &&
-            !strcmp(x->metric, of))
-            kvd_pool_add(&p, x->n, x->mean, x->ci95);
-    }
-    return kvd_pool_ci95(&p) / 1.96;
+    double se = NAN;
+    if (of) output_bucket(r, mode, ctx, of, -1, &se);
+    return se;
 }
 
 /* ... for a summary figure, where it has them (the summary's METRIC_err,
  * else its output figure's) */
 static void add_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const char *metric) {
+    if (!c) return;
     char e[48];
     snprintf(e, sizeof e, "%s_err", metric);
     double sb = kvd_run_summary(base, c->mode, c->context, "all", e),
@@ -353,11 +353,10 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
             if (strcmp(t->mode, "*") && strcmp(t->mode, bm[i])) continue;
             if (!strcmp(bm[i], "bf16") && (!is_tp || is_ratio)) continue;
             if (is_sum) {
-                const int before = n;
-                add_check(out, &n, &cap, t, bm[i], ctx, -1,
-                          kvd_run_summary(base, bm[i], ctx, "all", t->metric),
-                          kvd_run_summary(cand, bm[i], ctx, "all", t->metric), t->metric);
-                if (n > before) add_z(&(*out)[n - 1], base, cand, t->metric);
+                add_z(add_check(out, &n, &cap, t, bm[i], ctx, -1,
+                                kvd_run_summary(base, bm[i], ctx, "all", t->metric),
+                                kvd_run_summary(cand, bm[i], ctx, "all", t->metric), t->metric),
+                      base, cand, t->metric);
             } else if (is_der) {
                 add_check(out, &n, &cap, t, bm[i], ctx, -1, derived(base, bm[i], ctx, t->metric),
                           derived(cand, bm[i], ctx, t->metric), t->metric);
@@ -367,9 +366,7 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
                     double sb, sc;
                     const double vb = output_bucket(base, bm[i], ctx, t->metric, bk, &sb),
                                  vc = output_bucket(cand, bm[i], ctx, t->metric, bk, &sc);
-                    const int before = n;
-                    add_check(out, &n, &cap, t, bm[i], ctx, bk, vb, vc, t->metric);
-                    if (n > before) set_z(&(*out)[n - 1], sb, sc);
+                    set_z(add_check(out, &n, &cap, t, bm[i], ctx, bk, vb, vc, t->metric), sb, sc);
                 }
             } else {
                 for (int cc = 1; cc <= 1024; cc *= 2) {

@@ -612,18 +612,9 @@ static void kv_table(kvd_buf *b, const kvd_run *r) {
                    !strcmp(y->mode, x->mode);
         }
         if (seen) continue;
-        kvd_pool sh[6] = {{0}}; /* the six shares, weighted by the values written */
-        for (int64_t i = j; i < t->n; i++) {
-            const kvd_row_kv *y = KVD_ROW(t, kvd_row_kv, i);
-            if (y->context != ctx || y->layer != x->layer || y->kv_head != x->kv_head ||
-                strcmp(y->mode, x->mode))
-                continue;
-            const double v[6] = {y->k_saturated_frac, y->k_flushed_frac, y->k_subnormal_frac,
-                                 y->v_saturated_frac, y->v_flushed_frac, y->v_subnormal_frac};
-            for (int k = 0; k < 6; k++) kvd_pool_add(&sh[k], y->n_values, v[k], 0);
-        }
         double f[6];
-        for (int k = 0; k < 6; k++) f[k] = 100 * kvd_pool_mean(&sh[k]);
+        kvd_results_kv_fracs(&r->r, x->mode, ctx, x->layer, x->kv_head, f);
+        for (int k = 0; k < 6; k++) f[k] *= 100;
         kvd_buf_printf(b,
                        "<tr><td class=\"l\">%s</td><td>%d</td><td>%d</td><td>%.4g</td><td>%.4g</td>"
                        "<td>%.3f%%</td><td>%.3f%%</td><td>%.3f%%</td><td>%.3f%%</td><td>%.3f%%</td>"
@@ -636,6 +627,11 @@ static void kv_table(kvd_buf *b, const kvd_run *r) {
 
 static int cmp_int(const void *a, const void *b) {
     const int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+static int cmp_ll(const void *a, const void *b) {
+    const long long x = *(const long long *)a, y = *(const long long *)b;
     return (x > y) - (x < y);
 }
 
@@ -659,17 +655,13 @@ static void generation_table(kvd_buf *b, const kvd_run *r) {
     kvd_buf_puts(b, "<h2>Greedy continuation against BF16: ");
     kvd_buf_xml(b, r->label);
     kvd_buf_puts(b, "</h2>\n");
-    for (int i = 1; i < np; i++) /* sort */
-        for (int j = i; j > 0 && prefix[j] < prefix[j - 1]; j--) {
-            long long tmp = prefix[j];
-            prefix[j] = prefix[j - 1], prefix[j - 1] = tmp;
-        }
+    qsort(prefix, (size_t)np, sizeof prefix[0], cmp_ll);
     kvd_buf_puts(b, "<table class=\"gen\"><tr><th class=\"l\">KV mode</th>");
     for (int k = 0; k < np; k++)
         kvd_buf_printf(b, "<th>from %lld of %lld tokens</th>", prefix[k], ctx);
     kvd_buf_puts(b, "</tr>\n");
     const char *modes[KVD_KV_N_MODES];
-    int nm = kvd_run_modes(r, modes);
+    int nm = kvd_run_modes(r, modes), traces = 0; /* the most traces a cell pools */
     for (int m = 0; m < nm; m++) {
         if (!strcmp(modes[m], "bf16")) continue;
         kvd_buf_printf(b, "<tr><td class=\"l\">%s</td>", modes[m]);
@@ -688,6 +680,7 @@ static void generation_table(kvd_buf *b, const kvd_run *r) {
                 free(fd);
                 continue;
             }
+            traces = nt > traces ? nt : traces;
             qsort(fd, (size_t)nt, sizeof fd[0], cmp_int);
             const double med = nt % 2 ? fd[nt / 2] : 0.5 * (fd[nt / 2 - 1] + fd[nt / 2]);
             char first[48];
@@ -700,11 +693,6 @@ static void generation_table(kvd_buf *b, const kvd_run *r) {
         }
         kvd_buf_puts(b, "</tr>\n");
     }
-    int traces = 0;
-    for (int64_t j = 0; j < t->n; j++)
-        traces = KVD_ROW(t, kvd_row_gen, j)->trace + 1 > traces
-                     ? KVD_ROW(t, kvd_row_gen, j)->trace + 1
-                     : traces;
     kvd_buf_printf(b,
                    "</table>\n<p class=\"note\">Each mode and BF16 continue greedily from the same "
                    "prefix of the trace, each on its own tokens: the tokens that agree before the "
@@ -772,16 +760,11 @@ static int ckpt_sentence(const kvd_run *r, char *out, size_t n) {
 enum { HEADLINE_MAX = KVD_HEADLINE_MAX, HEADLINE_LEN = KVD_HEADLINE_LEN };
 int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_LEN]) {
     static const char *const others[HEADLINE_MAX] = {"fp8-unscaled", "fp8-ckpt", "fp8-e5m2"};
-    const char *modes[KVD_KV_N_MODES];
-    int nm = kvd_run_modes(r, modes), has_cal = 0, k = 0;
-    for (int m = 0; m < nm; m++) has_cal |= !strcmp(modes[m], "fp8-cal");
-    if (!has_cal) return 0;
+    int k = 0;
+    /* a mode the run lacks has no mean KL (NaN) */
     const verdict c = make_verdict(r, "fp8-cal");
     if (!(c.kl > 0)) return 0;
     for (int o = 0; o < HEADLINE_MAX; o++) {
-        int has = 0;
-        for (int m = 0; m < nm; m++) has |= !strcmp(modes[m], others[o]);
-        if (!has) continue;
         const verdict v = make_verdict(r, others[o]);
         if (!isfinite(v.kl)) continue;
         const double se = sqrt(v.kl_err * v.kl_err + c.kl_err * c.kl_err),
@@ -815,9 +798,12 @@ int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_
     return k;
 }
 
-/* Speeds a CPU run measures, for what they are. */
-static int cpu_speed_note(const kvd_run *r) {
-    return !strcmp(r->r.backend, "cpu") && r->r.t[KVD_T_TPUT].n > 0;
+/* Speeds a CPU run measures, for what they are: whether any of the runs
+ * has them. */
+static int cpu_speeds(const kvd_run *runs, int n) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(runs[i].r.backend, "cpu") && runs[i].r.t[KVD_T_TPUT].n > 0) return 1;
+    return 0;
 }
 static const char *const cpu_speed_text =
     "Speeds are the CPU back end's: an FP8 cache is half the bytes of a BF16 one, but the CPU "
@@ -884,9 +870,7 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
                     "P<sub>mode</sub>) of the next token, &#177; its standard error. Verdict by "
                     "mean KL: negligible &lt; 0.001 nats &lt; noticeable &lt; 0.01 &lt; degraded. "
                     "Speed and capacity at the highest concurrency measured.");
-    int cpu = 0;
-    for (int i = 0; i < n; i++) cpu |= cpu_speed_note(&runs[i]);
-    if (cpu) kvd_buf_printf(b, " %s", cpu_speed_text);
+    if (cpu_speeds(runs, n)) kvd_buf_printf(b, " %s", cpu_speed_text);
     kvd_buf_puts(b, "</p>\n");
     for (int i = 0; i < n; i++) {
         char s[1200];
@@ -984,9 +968,7 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
     }
     kvd_buf_puts(b, "; verdict by mean output KL: negligible < 0.001 nats < noticeable < 0.01 < "
                     "degraded.\n");
-    int cpu = 0;
-    for (int i = 0; i < n; i++) cpu |= cpu_speed_note(&runs[i]);
-    if (cpu) kvd_buf_printf(b, "%s\n", cpu_speed_text);
+    if (cpu_speeds(runs, n)) kvd_buf_printf(b, "%s\n", cpu_speed_text);
     for (int i = 0; i < n; i++) {
         char s[1200];
         if (ckpt_sentence(&runs[i], s, sizeof s)) kvd_buf_printf(b, "\n%s\n", s);
