@@ -148,11 +148,13 @@ int kvd_cmd_compare(int argc, char **argv) {
                    isnan(c->cand) ? "none (absent, or NaN)" : "not finite");
             continue;
         }
-        char z[80] = "";
+        char z[96] = "";
+        const char *pz = c->paired ? " (paired)" : "";
         if (c->noise)
-            snprintf(z, sizeof z, ", %.1f standard errors, under --min-sigma %g", c->z, min_sigma);
+            snprintf(z, sizeof z, ", %.1f standard errors%s, under --min-sigma %g", c->z, pz,
+                     min_sigma);
         else if (isfinite(c->z))
-            snprintf(z, sizeof z, ", %.1f standard errors", c->z);
+            snprintf(z, sizeof z, ", %.1f standard errors%s", c->z, pz);
         printf("%s %s %s context %lld%s: baseline %.6g, candidate %.6g (worse by %.3g, "
                "%.1f%%%s; allowed %.3g and %.0f%%)\n",
                c->noise ? "NOISE" : "REGRESSION", c->metric, c->mode, c->context, bk, c->base,

@@ -449,8 +449,19 @@ static void summary(kvd_results *r, kvd_kv_mode mode, int64_t ctx, int tr, int s
     s->n = n;
 }
 
+/* the results file keeps the drift's per-position figures as they are */
+_Static_assert(sizeof(kvd_row_token) == sizeof(kvd_token_fig) &&
+                   offsetof(kvd_row_token, delta_p) == offsetof(kvd_token_fig, delta_p) &&
+                   offsetof(kvd_row_token, delta_nll) == offsetof(kvd_token_fig, delta_nll) &&
+                   offsetof(kvd_row_token, copy) == offsetof(kvd_token_fig, copy) &&
+                   offsetof(kvd_row_token, same_top) == offsetof(kvd_token_fig, same_top),
+               "kvd_row_token and kvd_token_fig differ");
+
 static void drift_rows(kvd_results *r, kvd_drift *d, const kvd_config *c, kvd_kv_mode mode,
-                       int64_t ctx, int tr, const char *cell, int per_head_attn) {
+                       int64_t ctx, int tr, uint64_t trace_hash, const char *cell,
+                       int per_head_attn) {
+    kvd_results_add_tokens(r, kvd_kv_mode_name(mode), ctx, tr, trace_hash,
+                           (const kvd_row_token *)d->tok, d->n_tok);
     for (int m = 0; m < KVD_OUT_N; m++)
         for (int s = 0; s < KVD_NSUB; s++)
             for (int b = 0; b < KVD_NB; b++) {
@@ -553,12 +564,6 @@ static void drift_rows(kvd_results *r, kvd_drift *d, const kvd_config *c, kvd_kv
         al++;
     }
     /* one figure per cell: llama.cpp's --kl-divergence set, and the rest */
-    static const struct {
-        const char *name;
-        double q;
-    } pct[] = {{"kl_max", 1.0},  {"kl_p99_9", 0.999}, {"kl_p99", 0.99}, {"kl_p95", 0.95},
-               {"kl_p90", 0.90}, {"kl_median", 0.5},  {"kl_p10", 0.10}, {"kl_p05", 0.05},
-               {"kl_p01", 0.01}, {"kl_p00_1", 0.001}, {"kl_min", 0.0}};
     for (int s = 0; s < KVD_NSUB; s++) {
         kvd_stat tot[KVD_OUT_N];
         memset(tot, 0, sizeof tot);
@@ -573,8 +578,8 @@ static void drift_rows(kvd_results *r, kvd_drift *d, const kvd_config *c, kvd_kv
         dp2 = tot[KVD_OUT_DP].sumsq;
         summary(r, mode, ctx, tr, s, "kl_mean", kvd_stat_mean(&tot[KVD_OUT_KL]), n);
         summary(r, mode, ctx, tr, s, "kl_mean_err", kvd_stat_ci95(&tot[KVD_OUT_KL]) / 1.96, n);
-        for (size_t i = 0; i < sizeof pct / sizeof pct[0]; i++)
-            summary(r, mode, ctx, tr, s, pct[i].name, kvd_drift_kl_percentile(d, s, pct[i].q), n);
+        for (const kvd_kl_pct *q = kvd_kl_percentiles; q->name; q++)
+            summary(r, mode, ctx, tr, s, q->name, kvd_drift_kl_percentile(d, s, q->q), n);
         double p = kvd_stat_mean(&tot[KVD_OUT_TOP1]);
         summary(r, mode, ctx, tr, s, "same_top_p", p, n);
         summary(r, mode, ctx, tr, s, "same_top_p_err", n > 1 ? sqrt(p * (1 - p) / (n - 1)) : NAN,
@@ -1055,7 +1060,8 @@ int kvd_cmd_run(int argc, char **argv) {
                     fprintf(stderr, "\nkvdrift run: cell %s: %s\n", cell, err);
                     failed = 1;
                 } else {
-                    drift_rows(&res, &d, c, mode, ctx, t, cell, o.attn_per_head);
+                    drift_rows(&res, &d, c, mode, ctx, t, kvd_token_hash(ctr[t].tokens, ctx), cell,
+                               o.attn_per_head);
                     mark_cell(&res, cell, "drift", mode, 1, ctx, t, kvd_now() - t0);
                     if (kvd_results_save(&res, o.out, err)) kvd_die(1, cmd, "%s", err);
                 }

@@ -12,6 +12,7 @@
 
 #include "../datasets/h5file.h"
 #include "../runners/config.h"
+#include "../runners/drift.h"
 
 #define S(T, f, n)                                                                                 \
     { #f, KVD_COL_STR, offsetof(T, f), n }
@@ -21,6 +22,10 @@
     { #f, KVD_COL_I64, offsetof(T, f), 8 }
 #define F64(T, f)                                                                                  \
     { #f, KVD_COL_F64, offsetof(T, f), 8 }
+#define F32(T, f)                                                                                  \
+    { #f, KVD_COL_F32, offsetof(T, f), 4 }
+#define U8(T, f)                                                                                   \
+    { #f, KVD_COL_U8, offsetof(T, f), 1 }
 #define CELL_KEYS(T) S(T, mode, 16), I32(T, concurrency), I64(T, context)
 
 static const kvd_coldef c_output[] = {CELL_KEYS(kvd_row_output),    I32(kvd_row_output, trace),
@@ -63,6 +68,12 @@ static const kvd_coldef c_gen[] = {CELL_KEYS(kvd_row_gen),
                                    I32(kvd_row_gen, tokens),
                                    I32(kvd_row_gen, first_divergence),
                                    F64(kvd_row_gen, agree_rate)};
+static const kvd_coldef c_tokset[] = {CELL_KEYS(kvd_row_tokset), I32(kvd_row_tokset, trace),
+                                      I64(kvd_row_tokset, trace_hash), I64(kvd_row_tokset, first),
+                                      I64(kvd_row_tokset, n)};
+static const kvd_coldef c_token[] = {F32(kvd_row_token, kl), F32(kvd_row_token, delta_p),
+                                     F32(kvd_row_token, delta_nll), U8(kvd_row_token, copy),
+                                     U8(kvd_row_token, same_top)};
 static const kvd_coldef c_tput[] = {
     CELL_KEYS(kvd_row_tput),          F64(kvd_row_tput, prefill_tok_s),
     F64(kvd_row_tput, decode_tok_s),  F64(kvd_row_tput, total_tok_s),
@@ -80,6 +91,30 @@ static const kvd_coldef c_cells[] = {
     S(kvd_row_cell, cell, 64),          S(kvd_row_cell, kind, 12),  S(kvd_row_cell, mode, 16),
     I32(kvd_row_cell, concurrency),     I64(kvd_row_cell, context), I32(kvd_row_cell, trace),
     S(kvd_row_cell, completed_utc, 24), F64(kvd_row_cell, seconds)};
+
+/* Pooled output KL of a (mode, context, subset), every trace's positions
+ * sorted together: kvd_results_summary's percentiles read it. */
+struct kvd_kl_cache {
+    struct kl_sorted {
+        char mode[16], subset[8];
+        long long ctx;
+        int64_t n;
+        float *v;
+    } * e;
+    int n, cap;
+};
+
+static void kl_cache_clear(struct kvd_kl_cache *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n; i++) free(c->e[i].v);
+    free(c->e);
+    memset(c, 0, sizeof *c);
+}
+
+const kvd_kl_pct kvd_kl_percentiles[] = {
+    {"kl_max", 1.0},  {"kl_p99_9", 0.999}, {"kl_p99", 0.99}, {"kl_p95", 0.95},
+    {"kl_p90", 0.90}, {"kl_median", 0.5},  {"kl_p10", 0.10}, {"kl_p05", 0.05},
+    {"kl_p01", 0.01}, {"kl_p00_1", 0.001}, {"kl_min", 0.0},  {NULL, 0}};
 
 #define TABLE(p, d, T, c)                                                                          \
     { p, d, sizeof(T), c, (int)(sizeof c / sizeof c[0]), NULL, 0, 0 }
@@ -106,10 +141,21 @@ void kvd_results_init(kvd_results *r) {
               "greedy continuation from a prefix: first divergent token "
               "and agreement",
               kvd_row_gen, c_gen),
+        TABLE("/drift/token_sets",
+              "one row per drift cell: which rows of /drift/tokens hold its positions, and a "
+              "hash of its trace's tokens",
+              kvd_row_tokset, c_tokset),
+        TABLE("/drift/tokens",
+              "every predicted position of every drift cell, in position order (the prediction "
+              "at position p is of token p + 1): output KL, delta p and delta -ln p of the true "
+              "next token, whether it copies earlier content, whether both argmaxes agree",
+              kvd_row_token, c_token),
         TABLE("/throughput", "speed per mode, concurrency and context", kvd_row_tput, c_tput),
         TABLE("/cells", "completion marker of every finished cell", kvd_row_cell, c_cells),
     };
     memcpy(r->t, t, sizeof t);
+    r->kl_cache = calloc(1, sizeof *r->kl_cache);
+    r->schema_version = KVD_SCHEMA_VERSION;
 }
 
 void kvd_results_free(kvd_results *r) {
@@ -123,6 +169,8 @@ void kvd_results_free(kvd_results *r) {
     free(r->ckpt_audit);
     free(r->k_scale);
     free(r->v_scale);
+    kl_cache_clear(r->kl_cache);
+    free(r->kl_cache);
     memset(r, 0, sizeof *r);
 }
 
@@ -143,6 +191,152 @@ int kvd_results_has_cell(const kvd_results *r, const char *cell) {
         if (!strcmp(((const kvd_row_cell *)(t->rows + (size_t)i * t->row_size))->cell, cell))
             return 1;
     return 0;
+}
+
+static int in_subset(const kvd_row_token *t, const char *subset) {
+    return !strcmp(subset, "all") || (!strcmp(subset, "copy") ? t->copy : !t->copy);
+}
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* The sorted output KL of a subset over every trace's positions of a mode
+ * at context ctx, from the cache or sorted into it; NULL without positions. */
+static const struct kl_sorted *kl_sorted(const kvd_results *r, const char *mode, long long ctx,
+                                         const char *subset) {
+    struct kvd_kl_cache *c = r->kl_cache;
+    for (int i = 0; c && i < c->n; i++)
+        if (c->e[i].ctx == ctx && !strcmp(c->e[i].mode, mode) && !strcmp(c->e[i].subset, subset))
+            return &c->e[i];
+    const kvd_table *ts = &r->t[KVD_T_TOKSET], *tt = &r->t[KVD_T_TOKEN];
+    int64_t n = 0;
+    for (int64_t i = 0; i < ts->n; i++) {
+        const kvd_row_tokset *x = KVD_ROW(ts, kvd_row_tokset, i);
+        if (!strcmp(x->mode, mode) && x->context == ctx) n += x->n;
+    }
+    if (n == 0 || !c) return NULL;
+    float *v = malloc(sizeof(float) * (size_t)n);
+    if (!v) return NULL;
+    int64_t k = 0;
+    for (int64_t i = 0; i < ts->n; i++) {
+        const kvd_row_tokset *x = KVD_ROW(ts, kvd_row_tokset, i);
+        if (strcmp(x->mode, mode) || x->context != ctx) continue;
+        for (int64_t j = x->first; j < x->first + x->n && j < tt->n; j++) {
+            const kvd_row_token *t = KVD_ROW(tt, kvd_row_token, j);
+            if (in_subset(t, subset)) v[k++] = t->kl;
+        }
+    }
+    qsort(v, (size_t)k, sizeof(float), cmp_float);
+    if (c->n == c->cap) {
+        c->cap = c->cap ? 2 * c->cap : 16;
+        c->e = realloc(c->e, sizeof *c->e * (size_t)c->cap);
+    }
+    struct kl_sorted *e = &c->e[c->n++];
+    snprintf(e->mode, sizeof e->mode, "%s", mode);
+    snprintf(e->subset, sizeof e->subset, "%s", subset);
+    e->ctx = ctx, e->n = k, e->v = v;
+    return e;
+}
+
+uint64_t kvd_token_hash(const uint32_t *tok, int64_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int64_t i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) h = (h ^ ((tok[i] >> (8 * b)) & 0xff)) * 0x100000001b3ull;
+    return h;
+}
+
+void kvd_results_add_tokens(kvd_results *r, const char *mode, long long ctx, int trace,
+                            uint64_t trace_hash, const kvd_row_token *tok, int64_t n) {
+    kvd_row_tokset *s = kvd_results_add(r, KVD_T_TOKSET);
+    snprintf(s->mode, sizeof s->mode, "%s", mode);
+    s->concurrency = 1;
+    s->context = ctx;
+    s->trace = trace;
+    s->trace_hash = (int64_t)trace_hash;
+    s->first = r->t[KVD_T_TOKEN].n;
+    s->n = n;
+    kvd_table *t = &r->t[KVD_T_TOKEN];
+    if (t->n + n > t->cap) {
+        while (t->n + n > t->cap) t->cap = t->cap ? 2 * t->cap : 4096;
+        t->rows = realloc(t->rows, (size_t)t->cap * t->row_size);
+    }
+    memcpy(t->rows + (size_t)t->n * t->row_size, tok, sizeof *tok * (size_t)n);
+    t->n += n;
+    kl_cache_clear(r->kl_cache);
+}
+
+static const kvd_row_tokset *tokset(const kvd_results *r, const char *mode, long long ctx,
+                                    int trace) {
+    const kvd_table *ts = &r->t[KVD_T_TOKSET];
+    for (int64_t i = 0; i < ts->n; i++) {
+        const kvd_row_tokset *x = KVD_ROW(ts, kvd_row_tokset, i);
+        if (x->context == ctx && x->trace == trace && !strcmp(x->mode, mode)) return x;
+    }
+    return NULL;
+}
+
+static double token_value(const kvd_row_token *t, int metric) {
+    switch (metric) {
+    case 0:
+        return t->kl;
+    case 1:
+        return t->same_top;
+    case 2:
+        return t->delta_p;
+    default:
+        return t->delta_nll;
+    }
+}
+
+int kvd_results_paired(const kvd_results *a, const char *mode_a, const kvd_results *b,
+                       const char *mode_b, long long ctx, const char *subset, const char *metric,
+                       int bucket, kvd_paired *out) {
+    static const char *const names[] = {"kl", "top1_agree", "delta_p", "delta_nll"};
+    int m = -1;
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(metric, names[i])) m = i;
+    memset(out, 0, sizeof *out);
+    out->mean = out->se = NAN;
+    if (m < 0) return 0;
+    /* the same traces on both sides, each with the same tokens */
+    const kvd_table *ts = &a->t[KVD_T_TOKSET];
+    int na = 0, nb = 0;
+    for (int64_t i = 0; i < ts->n; i++) {
+        const kvd_row_tokset *x = KVD_ROW(ts, kvd_row_tokset, i);
+        if (x->context != ctx || strcmp(x->mode, mode_a)) continue;
+        const kvd_row_tokset *y = tokset(b, mode_b, ctx, x->trace);
+        if (!y || y->trace_hash != x->trace_hash || y->n != x->n) return 0;
+        na++;
+    }
+    for (int64_t i = 0; i < b->t[KVD_T_TOKSET].n; i++) {
+        const kvd_row_tokset *y = KVD_ROW(&b->t[KVD_T_TOKSET], kvd_row_tokset, i);
+        nb += y->context == ctx && !strcmp(y->mode, mode_b);
+    }
+    if (na == 0 || na != nb) return 0;
+    const kvd_table *ta = &a->t[KVD_T_TOKEN], *tb = &b->t[KVD_T_TOKEN];
+    double n = 0, sum = 0, sumsq = 0;
+    for (int64_t i = 0; i < ts->n; i++) {
+        const kvd_row_tokset *x = KVD_ROW(ts, kvd_row_tokset, i);
+        if (x->context != ctx || strcmp(x->mode, mode_a)) continue;
+        const kvd_row_tokset *y = tokset(b, mode_b, ctx, x->trace);
+        if (x->first + x->n > ta->n || y->first + y->n > tb->n) return 0;
+        for (int64_t p = 0; p < x->n; p++) {
+            if (bucket >= 0 && kvd_bucket(p) != bucket) continue;
+            const kvd_row_token *u = KVD_ROW(ta, kvd_row_token, x->first + p),
+                                *v = KVD_ROW(tb, kvd_row_token, y->first + p);
+            if (!in_subset(u, subset)) continue;
+            const double d = token_value(v, m) - token_value(u, m);
+            n += 1, sum += d, sumsq += d * d;
+        }
+    }
+    if (n == 0) return 0;
+    out->n = n;
+    out->mean = sum / n;
+    const double var = n > 1 ? (sumsq - n * out->mean * out->mean) / (n - 1) : NAN;
+    out->se = n > 1 ? sqrt(var > 0 ? var : 0) / sqrt(n) : NAN;
+    return 1;
 }
 
 double kvd_results_summary(const kvd_results *r, const char *mode, long long ctx,
@@ -171,6 +365,12 @@ double kvd_results_summary(const kvd_results *r, const char *mode, long long ctx
     if (p.rows == 1 || is_max || is_min) return ext;
     if (is_err) return kvd_pool_ci95(&p);
     if (is_rms) return sqrt(kvd_pool_mean(&p));
+    for (const kvd_kl_pct *q = kvd_kl_percentiles; q->name; q++) {
+        if (strcmp(q->name, metric)) continue;
+        /* every trace's positions together, when the file holds them all */
+        const struct kl_sorted *e = kl_sorted(r, mode, ctx, subset);
+        if (e && (double)e->n == p.n) return kvd_percentile_sorted(e->v, e->n, q->q);
+    }
     return kvd_pool_mean(&p);
 }
 
@@ -241,6 +441,10 @@ static hid_t col_type(const kvd_coldef *c) {
         return H5Tcopy(H5T_NATIVE_INT32);
     case KVD_COL_I64:
         return H5Tcopy(H5T_NATIVE_INT64);
+    case KVD_COL_F32:
+        return H5Tcopy(H5T_NATIVE_FLOAT);
+    case KVD_COL_U8:
+        return H5Tcopy(H5T_NATIVE_UINT8);
     default:
         return H5Tcopy(H5T_NATIVE_DOUBLE);
     }
@@ -370,11 +574,11 @@ int kvd_results_save(const kvd_results *r, const char *path, char *err) {
     return kvd_h5_commit(f, tmp, path, !rc, err);
 }
 
-static int read_table(hid_t f, kvd_table *t, const char *path, char *err) {
+static int read_table(hid_t f, kvd_table *t, const char *path, char *err, int ver) {
     hid_t ds = H5Dopen2(f, t->path, H5P_DEFAULT);
     if (ds < 0) {
-        snprintf(err, KVD_ERR_LEN, "%s: dataset %s: missing (expected schema version %d)", path,
-                 t->path, KVD_SCHEMA_VERSION);
+        snprintf(err, KVD_ERR_LEN, "%s: dataset %s: missing (expected in schema version %d)", path,
+                 t->path, ver);
         return -1;
     }
     hid_t sp = H5Dget_space(ds), ct = table_type(t);
@@ -416,13 +620,31 @@ int kvd_results_load(kvd_results *r, const char *path, char *err) {
         H5Fclose(f);
         return -1;
     }
-    if (H5LTget_attribute_int(f, "/", "schema_version", &ver) < 0 || ver != KVD_SCHEMA_VERSION) {
-        snprintf(err, KVD_ERR_LEN, "%s: attribute schema_version: expected %d, got %d", path,
-                 KVD_SCHEMA_VERSION, ver);
+    if (H5LTget_attribute_int(f, "/", "schema_version", &ver) < 0 || ver < KVD_SCHEMA_VERSION_MIN ||
+        ver > KVD_SCHEMA_VERSION) {
+        snprintf(err, KVD_ERR_LEN, "%s: attribute schema_version: expected %d to %d, got %d", path,
+                 KVD_SCHEMA_VERSION_MIN, KVD_SCHEMA_VERSION, ver);
         H5Fclose(f);
         return -1;
     }
-    for (int i = 0; i < KVD_T_N && !rc; i++) rc = read_table(f, &r->t[i], path, err);
+    r->schema_version = ver;
+    for (int i = 0; i < KVD_T_N && !rc; i++) /* version 1 has no per-position tables */
+        if (ver > 1 || (i != KVD_T_TOKSET && i != KVD_T_TOKEN))
+            rc = read_table(f, &r->t[i], path, err, ver);
+    kl_cache_clear(r->kl_cache);
+    /* every cell's positions inside /drift/tokens */
+    const kvd_table *ts = &r->t[KVD_T_TOKSET];
+    for (int64_t i = 0; i < ts->n && !rc; i++) {
+        const kvd_row_tokset *x = KVD_ROW(ts, kvd_row_tokset, i);
+        if (x->first < 0 || x->n < 0 || x->first + x->n > r->t[KVD_T_TOKEN].n) {
+            snprintf(err, KVD_ERR_LEN,
+                     "%s: dataset /drift/token_sets row %lld: rows %lld..%lld, expected within "
+                     "the %lld rows of /drift/tokens",
+                     path, (long long)i, (long long)x->first, (long long)(x->first + x->n - 1),
+                     (long long)r->t[KVD_T_TOKEN].n);
+            rc = -1;
+        }
+    }
     /* provenance strings */
     struct {
         const char *name;
@@ -473,6 +695,10 @@ static const char *type_name(const kvd_coldef *c) {
         return "int32";
     case KVD_COL_I64:
         return "int64";
+    case KVD_COL_F32:
+        return "float32";
+    case KVD_COL_U8:
+        return "uint8";
     default:
         return "float64";
     }

@@ -10,11 +10,21 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define KVD_SCHEMA_VERSION 1
+#define KVD_SCHEMA_VERSION 2
+/* the oldest schema a reader takes: version 1 files lack the per-position
+ * tables (/drift/token_sets, /drift/tokens) and pool as they did */
+#define KVD_SCHEMA_VERSION_MIN 1
 /* the root attribute "format" of a results file */
 #define KVD_RESULTS_FORMAT "kvdrift-results"
 
-typedef enum { KVD_COL_STR, KVD_COL_I32, KVD_COL_I64, KVD_COL_F64 } kvd_coltype;
+typedef enum {
+    KVD_COL_STR,
+    KVD_COL_I32,
+    KVD_COL_I64,
+    KVD_COL_F64,
+    KVD_COL_F32,
+    KVD_COL_U8
+} kvd_coltype;
 
 typedef struct {
     const char *name;
@@ -106,6 +116,24 @@ typedef struct {
     double agree_rate;
 } kvd_row_gen;
 
+/* A drift cell's per-position figures: rows first .. first + n - 1 of
+ * /drift/tokens, position p at row first + p. */
+typedef struct {
+    char mode[16];
+    int32_t concurrency;
+    int64_t context;
+    int32_t trace;
+    int64_t trace_hash; /* FNV-1a (64-bit) of the trace's first `context` token ids, little-endian
+                           uint32: two runs pair their positions only over the same tokens */
+    int64_t first, n;
+} kvd_row_tokset;
+
+/* One predicted position (of token p + 1): as kvd_token_fig in drift.h. */
+typedef struct {
+    float kl, delta_p, delta_nll;
+    uint8_t copy, same_top;
+} kvd_row_token;
+
 typedef struct {
     char mode[16];
     int32_t concurrency;
@@ -137,6 +165,8 @@ enum {
     KVD_T_SUMMARY,
     KVD_T_KV,
     KVD_T_GEN,
+    KVD_T_TOKSET,
+    KVD_T_TOKEN,
     KVD_T_TPUT,
     KVD_T_CELLS,
     KVD_T_N
@@ -153,6 +183,7 @@ typedef struct {
      * for synthetic weights */
     char *ckpt_audit;
     /* read back from a file (written ones come from the build and the clock) */
+    int schema_version;
     char version[32], git_rev[32], written_utc[32], host[128];
     char backend[16], device[128];
     uint64_t seed, weight_seed;
@@ -166,6 +197,9 @@ typedef struct {
         int rows, cols;
         double *data;
     } * mats;
+    /* readers' cache of pooled, sorted output KL (see kvd_results_summary);
+     * allocated by kvd_results_init, emptied when positions are added */
+    struct kvd_kl_cache *kl_cache;
 } kvd_results;
 
 /* Row i of table t as a row struct T. */
@@ -179,9 +213,10 @@ int kvd_results_has_cell(const kvd_results *r, const char *cell);
  * file has, each weighted by its n: a mean or a rate the n-weighted mean;
  * a standard error (METRIC_err) that of the pooled mean, sqrt(sum (n_i
  * e_i)^2) / sum n_i; kl_max and kl_min the largest and smallest;
- * delta_p_rms the pooled root mean square; a percentile the n-weighted
- * mean of the traces' (the file keeps no pooled distribution). NaN when
- * no trace has it. */
+ * delta_p_rms the pooled root mean square; a percentile that of every
+ * trace's positions together when the file holds them (/drift/tokens),
+ * else the n-weighted mean of the traces' (schema version 1). One trace
+ * alone comes back as written. NaN when no trace has it. */
 double kvd_results_summary(const kvd_results *r, const char *mode, long long ctx,
                            const char *subset, const char *metric);
 /* The same pooling of rows of (n, mean, ci95) over traces: the n-weighted
@@ -208,6 +243,36 @@ double kvd_results_kv_fracs(const kvd_results *r, const char *mode, long long ct
  * loses the cache. NaN for bf16 and for a mode without such rows. */
 void kvd_results_kv_shares(const kvd_results *r, const char *mode, long long ctx, double *k_sat,
                            double *v_flush);
+/* The output-KL percentiles of /drift/summary and their q (0..1), from
+ * kl_max (1) down to kl_min (0); NULL-terminated. */
+typedef struct {
+    const char *name;
+    double q;
+} kvd_kl_pct;
+extern const kvd_kl_pct kvd_kl_percentiles[];
+
+/* FNV-1a (64-bit) of n token ids, each as four little-endian bytes. */
+uint64_t kvd_token_hash(const uint32_t *tok, int64_t n);
+/* Add a drift cell's n per-position figures (positions 0 .. n-1) of a
+ * trace whose tokens hash to trace_hash. */
+void kvd_results_add_tokens(kvd_results *r, const char *mode, long long ctx, int trace,
+                            uint64_t trace_hash, const kvd_row_token *tok, int64_t n);
+
+/* A paired difference: the candidate's output figure minus the baseline's,
+ * position by position over the same traces' tokens, its mean and the
+ * standard error of that mean. */
+typedef struct {
+    double n, mean, se;
+} kvd_paired;
+/* Pair mode_b of run b with mode_a of run a (which may be the same run) at
+ * context ctx, over a subset ("all", "copy", "other") and a position
+ * bucket (negative: every position), for an output figure "kl",
+ * "top1_agree", "delta_p" or "delta_nll". They pair only when both hold
+ * per-position figures for the same traces with the same tokens (trace
+ * index, length and hash); returns 1 then, else 0 with out->n = 0. */
+int kvd_results_paired(const kvd_results *a, const char *mode_a, const kvd_results *b,
+                       const char *mode_b, long long ctx, const char *subset, const char *metric,
+                       int bucket, kvd_paired *out);
 void kvd_results_add_matrix(kvd_results *r, const char *name, const char *row_label, int rows,
                             int cols, const double *data);
 

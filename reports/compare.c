@@ -284,10 +284,35 @@ static double se_from_buckets(const kvd_run *r, const char *mode, long long ctx,
     return se;
 }
 
-/* ... for a summary figure, where it has them (the summary's METRIC_err,
- * else its output figure's) */
+/* A check's difference in standard errors of the per-position difference,
+ * when both runs keep the positions of the same traces (output figure of, a
+ * bucket or -1 for all); returns whether it did. */
+static int set_paired_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const char *of,
+                        int bucket) {
+    kvd_paired pd;
+    if (!c || !of ||
+        !kvd_results_paired(&base->r, c->mode, &cand->r, c->mode, c->context, "all", of, bucket,
+                            &pd))
+        return 0;
+    c->paired = 1;
+    if (isfinite(pd.se) && pd.se > 0) c->z = c->abs_inc / pd.se;
+    return 1;
+}
+
+/* The output figure a summary figure is the mean of over every position
+ * (NULL for the others). */
+static const char *summary_output(const char *metric) {
+    return !strcmp(metric, "kl_mean")        ? "kl"
+           : !strcmp(metric, "same_top_p")   ? "top1_agree"
+           : !strcmp(metric, "ln_ppl_ratio") ? "delta_nll"
+           : !strcmp(metric, "delta_p_mean") ? "delta_p"
+                                             : NULL;
+}
+
+/* ... for a summary figure, where it has them: paired over the same
+ * positions, else the summary's METRIC_err, else its output figure's */
 static void add_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const char *metric) {
-    if (!c) return;
+    if (!c || set_paired_z(c, base, cand, summary_output(metric), -1)) return;
     char e[48];
     snprintf(e, sizeof e, "%s_err", metric);
     double sb = kvd_run_summary(base, c->mode, c->context, "all", e),
@@ -366,7 +391,8 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
                     double sb, sc;
                     const double vb = output_bucket(base, bm[i], ctx, t->metric, bk, &sb),
                                  vc = output_bucket(cand, bm[i], ctx, t->metric, bk, &sc);
-                    set_z(add_check(out, &n, &cap, t, bm[i], ctx, bk, vb, vc, t->metric), sb, sc);
+                    kvd_check *c = add_check(out, &n, &cap, t, bm[i], ctx, bk, vb, vc, t->metric);
+                    if (!set_paired_z(c, base, cand, t->metric, bk)) set_z(c, sb, sc);
                 }
             } else {
                 for (int cc = 1; cc <= 1024; cc *= 2) {
@@ -502,7 +528,7 @@ void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, cons
             snprintf(bk, sizeof bk, "%d", c[i].bucket);
         }
         char z[24] = "-";
-        if (isfinite(c[i].z)) snprintf(z, sizeof z, "%.1f", c[i].z);
+        if (isfinite(c[i].z)) snprintf(z, sizeof z, "%.1f%s", c[i].z, c[i].paired ? " paired" : "");
         kvd_buf_printf(b,
                        "<tr><td class=\"l\">%s</td><td class=\"l\">%s</td><td>%s</td><td>%.4g</td>"
                        "<td>%.4g</td><td>%.3g</td><td>%.1f%%</td><td>%s</td><td>%.3g, %.0f%%</td>"

@@ -767,7 +767,14 @@ int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_
     for (int o = 0; o < HEADLINE_MAX; o++) {
         const verdict v = make_verdict(r, others[o]);
         if (!isfinite(v.kl)) continue;
-        const double se = sqrt(v.kl_err * v.kl_err + c.kl_err * c.kl_err),
+        /* paired over the same positions when the file keeps them: what
+         * the two modes share (the same tokens, the same hard predictions)
+         * is no error of their difference */
+        kvd_paired pd;
+        const double se = kvd_results_paired(&r->r, "fp8-cal", &r->r, others[o],
+                                             kvd_run_max_context(r), "all", "kl", -1, &pd)
+                              ? pd.se
+                              : sqrt(v.kl_err * v.kl_err + c.kl_err * c.kl_err),
                      z = se > 0 ? fabs(v.kl - c.kl) / se : NAN, ratio = v.kl / c.kl;
         char how[160];
         if (isfinite(z) && z < 2)

@@ -29,7 +29,7 @@ void kvd_report_html_kl(kvd_buf *b, const kvd_run *runs, int n);
 void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n);
 void kvd_report_csv(FILE *f, const kvd_run *runs, int n);
 
-/* A summary figure of a run: trace 0 (mean over traces when several), the
+/* A summary figure of a run over its traces (kvd_results_summary), at the
  * largest context unless ctx > 0; NAN when absent. */
 double kvd_run_summary(const kvd_run *r, const char *mode, long long ctx, const char *subset,
                        const char *metric);
@@ -41,9 +41,10 @@ long long kvd_run_max_context(const kvd_run *r);
 /* The comparison the tool exists for, one sentence per other FP8 mode
  * (fp8-unscaled, fp8-ckpt, fp8-e5m2) against the calibrated cache (fp8-cal)
  * of the same run, at its largest context: how many times fp8-cal's mean
- * output KL, how many combined standard errors apart, top-1 agreement, and
- * the shares of K saturated and V flushed. Returns how many sentences (0
- * without fp8-cal or another FP8 mode); s[i] holds each. */
+ * output KL, how many standard errors apart (of the paired per-position
+ * difference when the file keeps positions, else the two means' combined
+ * errors), top-1 agreement, and the shares of K saturated and V flushed. Returns how many sentences
+ * (0 without fp8-cal or another FP8 mode); s[i] holds each. */
 enum { KVD_HEADLINE_MAX = 3, KVD_HEADLINE_LEN = 400 };
 int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_LEN]);
 
@@ -62,14 +63,16 @@ typedef struct {
     long long context;
     int bucket; /* -1: the whole run */
     double base, cand, abs_inc, rel_inc, max_abs, max_rel;
-    /* for a figure with a standard error (kl_mean, same_top_p; ln_ppl_ratio
-     * and delta_p_mean from their output figure's buckets; the output
-     * figures per position bucket): how many combined standard errors
-     * sqrt(se_base^2 + se_cand^2) it got worse by (negative: better); NaN
-     * otherwise. The errors are the runs' sampling errors, as if their
-     * inputs were independent: conservative for two runs over the same
-     * traces */
+    /* for a figure with a standard error (kl_mean, same_top_p, ln_ppl_ratio,
+     * delta_p_mean; the output figures per position bucket): how many
+     * standard errors it got worse by (negative: better); NaN otherwise.
+     * When both runs keep the positions of the same traces (paired), the
+     * error is that of the mean per-position difference; else the runs'
+     * combined sampling errors sqrt(se_base^2 + se_cand^2), as if their
+     * inputs were independent (ln_ppl_ratio and delta_p_mean from their
+     * output figure's buckets) */
     double z;
+    int paired;
     int breach;
     int noise;   /* past the thresholds, but by fewer standard errors than the
                     comparison's min_sigma: not a regression */

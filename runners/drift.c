@@ -48,14 +48,13 @@ int kvd_drift_init(kvd_drift *d, const kvd_config *c, int64_t max_tokens) {
         calloc((size_t)d->n_attn * KVD_VIEW_N * KVD_ATT_N * KVD_NSUB * KVD_NB, sizeof(kvd_stat));
     d->router = calloc((size_t)d->n_layers * KVD_NB, sizeof(kvd_stat));
     d->att_kvh = calloc((size_t)d->n_attn * d->kv_heads * KVD_VIEW_N * KVD_NB, sizeof(kvd_stat));
-    d->kl = malloc(sizeof(float) * (size_t)(max_tokens > 0 ? max_tokens : 1));
-    d->kl_copy = malloc((size_t)(max_tokens > 0 ? max_tokens : 1));
+    d->tok = malloc(sizeof *d->tok * (size_t)(max_tokens > 0 ? max_tokens : 1));
     d->k_stats = calloc((size_t)d->n_attn, sizeof(kvd_qstats));
     d->v_stats = calloc((size_t)d->n_attn, sizeof(kvd_qstats));
     d->k_scale = calloc((size_t)d->n_attn * d->kv_heads, sizeof(float));
     d->v_scale = calloc((size_t)d->n_attn * d->kv_heads, sizeof(float));
-    return d->hid && d->att && d->router && d->kl && d->kl_copy && d->k_stats && d->v_stats &&
-                   d->k_scale && d->v_scale
+    return d->hid && d->att && d->router && d->tok && d->k_stats && d->v_stats && d->k_scale &&
+                   d->v_scale
                ? 0
                : -1;
 }
@@ -65,8 +64,7 @@ void kvd_drift_free(kvd_drift *d) {
     free(d->att);
     free(d->router);
     free(d->att_kvh);
-    free(d->kl);
-    free(d->kl_copy);
+    free(d->tok);
     free(d->k_stats);
     free(d->v_stats);
     free(d->k_scale);
@@ -79,19 +77,17 @@ static int cmp_f(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+double kvd_percentile_f(float *v, int64_t n, double q) {
+    if (n > 0) qsort(v, (size_t)n, sizeof(float), cmp_f);
+    return kvd_percentile_sorted(v, n, q);
+}
+
 double kvd_drift_kl_percentile(const kvd_drift *d, kvd_subset s, double q) {
-    float *v = malloc(sizeof(float) * (size_t)(d->n_kl ? d->n_kl : 1));
+    float *v = malloc(sizeof(float) * (size_t)(d->n_tok ? d->n_tok : 1));
     int64_t n = 0;
-    for (int64_t i = 0; i < d->n_kl; i++)
-        if (s == KVD_SUB_ALL || (s == KVD_SUB_COPY) == (d->kl_copy[i] != 0)) v[n++] = d->kl[i];
-    double r = NAN;
-    if (n > 0) {
-        qsort(v, (size_t)n, sizeof(float), cmp_f);
-        /* linear interpolation between closest ranks */
-        double x = q * (double)(n - 1);
-        int64_t i = (int64_t)x;
-        r = i + 1 < n ? v[i] + (x - (double)i) * (v[i + 1] - v[i]) : v[n - 1];
-    }
+    for (int64_t i = 0; i < d->n_tok; i++)
+        if (s == KVD_SUB_ALL || (s == KVD_SUB_COPY) == (d->tok[i].copy != 0)) v[n++] = d->tok[i].kl;
+    double r = kvd_percentile_f(v, n, q);
     free(v);
     return r;
 }
@@ -261,8 +257,9 @@ static void compare_chunk(lockstep *L, const float *lr, const float *lc, const u
             kvd_stat_add(&d->out[m][KVD_SUB_ALL][ob], v[m]);
             kvd_stat_add(&d->out[m][osub][ob], v[m]);
         }
-        d->kl[d->n_kl] = (float)kl;
-        d->kl_copy[d->n_kl++] = osub == KVD_SUB_COPY;
+        d->tok[d->n_tok++] =
+            (kvd_token_fig){(float)kl, (float)v[KVD_OUT_DP], (float)v[KVD_OUT_DNLL],
+                            osub == KVD_SUB_COPY, lc1.same_argmax != 0};
     }
 }
 

@@ -6,6 +6,7 @@
 #ifndef KVD_DRIFT_H
 #define KVD_DRIFT_H
 
+#include <math.h>
 #include <stdint.h>
 
 #include "engine.h"
@@ -62,6 +63,16 @@ typedef struct {
     int agree;            /* positions where both chose the same token */
 } kvd_gen_result;
 
+/* The output figures of one predicted position (the prediction at position
+ * p is of token p + 1): KL(reference || candidate), the candidate's minus the
+ * reference's probability of the true next token and their difference in
+ * -ln p, whether that token copies earlier content and whether both argmaxes
+ * agree. */
+typedef struct {
+    float kl, delta_p, delta_nll;
+    uint8_t copy, same_top;
+} kvd_token_fig;
+
 typedef struct {
     int n_layers, n_attn, kv_heads;
     kvd_stat out[KVD_OUT_N][KVD_NSUB][KVD_NB];
@@ -69,10 +80,11 @@ typedef struct {
     kvd_stat *att;     /* [attn layer][KVD_VIEW_N][KVD_ATT_N][KVD_NSUB][KVD_NB] */
     kvd_stat *router;  /* [layer][KVD_NB]: top-k set differs */
     kvd_stat *att_kvh; /* [attn layer][kv head][KVD_VIEW_N][KVD_NB]: attention KL per KV head */
-    /* every token's output KL, for percentiles, and its subset */
-    float *kl;
-    uint8_t *kl_copy;
-    int64_t n_kl;
+    /* every predicted position's output figures, in position order: for
+     * percentiles, and kept in the results file for exact pooling and
+     * paired comparisons */
+    kvd_token_fig *tok;
+    int64_t n_tok;
     kvd_qstats *k_stats, *v_stats; /* the candidate cache's writes, [attn layer] */
     float *k_scale, *v_scale;      /* [attn layer][kv head] */
     int n_gen;
@@ -100,6 +112,18 @@ static inline kvd_stat *kvd_drift_att_kvh(kvd_drift *d, int al, int h, int v, in
 int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *tok,
                   const uint8_t *is_copy, const uint8_t *copy_start, int64_t n, kvd_kv_mode mode,
                   const kvd_kv_scales *scales, const kvd_drift_opts *o, kvd_drift *d, char *err);
+
+/* Percentile q (0..1) of sorted v[0..n): linear interpolation between the
+ * closest ranks; NaN for n = 0. The results file's readers pool traces with
+ * it, so it is here, whole. */
+static inline double kvd_percentile_sorted(const float *v, int64_t n, double q) {
+    if (n <= 0) return NAN;
+    double x = q * (double)(n - 1);
+    int64_t i = (int64_t)x;
+    return i + 1 < n ? v[i] + (x - (double)i) * (v[i + 1] - v[i]) : v[n - 1];
+}
+/* The same of unsorted v, which it sorts. */
+double kvd_percentile_f(float *v, int64_t n, double q);
 
 /* Percentile q (0..1) of the output KL over a subset. */
 double kvd_drift_kl_percentile(const kvd_drift *d, kvd_subset s, double q);

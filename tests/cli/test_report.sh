@@ -156,7 +156,16 @@ def shares(mode):
     w = r["n_values"]
     return 100 * (w * r["k_saturated_frac"]).sum() / w.sum(), 100 * (w * r["v_flushed_frac"]).sum() / w.sum()
 u, c = fig("fp8-unscaled", "kl_mean"), fig("fp8-cal", "kl_mean")
-z = abs(u - c) / math.hypot(fig("fp8-unscaled", "kl_mean_err"), fig("fp8-cal", "kl_mean_err"))
+# standard errors of the per-position difference: the modes ran over the same trace
+ts, tk = f["/drift/token_sets"][:], f["/drift/tokens"][:]
+def kl(mode):
+    r = ts[ts["mode"] == mode.encode()]
+    assert len(r) == 1
+    return tk["kl"][r["first"][0]:r["first"][0] + r["n"][0]].astype(np.float64)
+d = kl("fp8-unscaled") - kl("fp8-cal")
+z = abs(u - c) / (d.std(ddof=1) / math.sqrt(len(d)))
+unpaired = abs(u - c) / math.hypot(fig("fp8-unscaled", "kl_mean_err"), fig("fp8-cal", "kl_mean_err"))
+print(f"headline: paired z {z:.1f}, unpaired {unpaired:.1f}", file=sys.stderr)
 how = (f"drifts as far as fp8-cal within the error (mean output KL {u:.3e} against {c:.3e}, {z:.1f} standard errors apart)"
        if z < 2 else f"drifts {u / c:.2g}x as far as fp8-cal (mean output KL {u:.3e} against {c:.3e}, {z:.0f} standard errors apart)")
 (ku, vu), (kc, vc) = shares("fp8-unscaled"), shares("fp8-cal")
@@ -168,6 +177,25 @@ assert md.count("\n- ") == 1  # fp8-unscaled only: the run has no fp8-ckpt or fp
 assert '<ul class="headline">\n<li>' + H.escape(want, quote=True).replace("&#x27;", "'") + "</li>" in page
 assert "Speeds are the CPU back end's" in md and "Speeds are the CPU back end" in page
 assert vu > 100 * vc  # the story it tells: unscaled V lands in the flush-to-zero range
+PY
+# without positions (a schema version 1 file) the headline weighs the
+# difference by the two means' combined errors
+cp "$work/r.h5" "$work/v1.h5"
+"$py" - "$work/v1.h5" <<'PY'
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "r+")
+del f["/drift/token_sets"], f["/drift/tokens"]
+f.attrs["schema_version"] = np.array([1], dtype=np.int32)
+PY
+"$bin" report "$work/v1.h5" --format md -o "$work/v1.md" 2>/dev/null &&
+  "$py" - "$work/v1.h5" "$work/v1.md" <<'PY' && ok || bad "a version 1 file's headline: $(cat "$work/v1.md")"
+import sys, re, math, h5py
+s = h5py.File(sys.argv[1], "r")["/drift/summary"][:]
+def fig(mode, metric):
+    return float(s[(s["mode"] == mode.encode()) & (s["subset"] == b"all") & (s["metric"] == metric.encode())]["value"][0])
+z = abs(fig("fp8-unscaled", "kl_mean") - fig("fp8-cal", "kl_mean")) / math.hypot(fig("fp8-unscaled", "kl_mean_err"), fig("fp8-cal", "kl_mean_err"))
+m = re.search(r"^- fp8-unscaled .*?, ([0-9.]+) standard errors apart\)", open(sys.argv[2]).read(), re.M)
+assert m and m.group(1) == (f"{z:.1f}" if z < 2 else f"{z:.0f}"), (m and m.group(1), z)
 PY
 # the greedy continuations, each cell from the file; no section without them
 "$py" - "$work/r.h5" "$work/r.html" <<'PY' && ok || bad "the greedy continuation table differs from the file"
@@ -221,9 +249,19 @@ def pooled(metric):
     if metric == "kl_max": return v.max()
     if metric == "kl_min": return v.min()
     if metric == "delta_p_rms": return np.sqrt((n * v * v).sum() / n.sum())
+    if metric in pct:  # every trace's positions together
+        return float(np.percentile(kl, 100 * pct[metric]))
     return (n * v).sum() / n.sum()
+pct = {"kl_p99_9": .999, "kl_p99": .99, "kl_p95": .95, "kl_p90": .9, "kl_median": .5,
+       "kl_p10": .1, "kl_p05": .05, "kl_p01": .01, "kl_p00_1": .001}
+ts, tk = f["/drift/token_sets"][:], f["/drift/tokens"][:]
+ts = ts[ts["mode"] == b"fp8-cal"]
+assert sorted(ts["trace"]) == [0, 1, 2] and len(set(ts["trace_hash"])) == 3
+kl = np.concatenate([tk["kl"][r["first"]:r["first"] + r["n"]] for r in ts]).astype(np.float64)
 # the traces differ, so pooling them one way or another shows
 assert len(set(s[s["metric"] == b"kl_mean"]["value"])) == 3
+r = s[s["metric"] == b"kl_p99"]
+assert abs(pooled("kl_p99") - (r["n"] * r["value"]).sum() / r["n"].sum()) > 1e-6 * pooled("kl_p99")
 md = open(sys.argv[2]).read()
 row = next(l for l in md.splitlines() if l.startswith("| t3 | fp8-cal |"))
 assert f"| {pooled('kl_mean'):.3e} ± {pooled('kl_mean_err'):.1e} | {pooled('same_top_p'):.4f} |" in row, row
@@ -298,6 +336,9 @@ s = f["/drift/summary"][:]
 m = (s["mode"] == b"fp8-cal") & (s["subset"] == b"all") & (s["metric"] == b"kl_mean")
 s["value"][m] *= 3
 f["/drift/summary"][...] = s
+# a file without positions (schema version 1): the runs cannot pair
+del f["/drift/token_sets"], f["/drift/tokens"]
+f.attrs["schema_version"] = [1]
 PY
 "$bin" compare "$work/r.h5" "$work/worse.h5" --thresholds "$thresholds" -o "$work/diff.html" >"$work/c1.out"; rc=$?
 [ $rc -eq 1 ] && grep -q "^REGRESSION kl_mean fp8-cal context 512: baseline" "$work/c1.out" &&
@@ -341,6 +382,8 @@ m = (o["mode"] == b"fp8-unscaled") & (o["subset"] == b"all") & (o["metric"] == b
 assert m.sum() >= 1
 o["mean"][m] *= 1.5
 f["/drift/output"][...] = o
+del f["/drift/token_sets"], f["/drift/tokens"]
+f.attrs["schema_version"] = [1]
 PY
 printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl,fp8-unscaled,8,0,0\n' >"$work/tb.csv"
 "$bin" compare "$work/r.h5" "$work/worse-b.h5" --thresholds "$work/tb.csv" >"$work/cb.out"; rc=$?
@@ -366,6 +409,8 @@ f = h5py.File(sys.argv[1], "r+")
 s = f["/drift/summary"][:]
 s["value"][(s["mode"] == b"fp8-unscaled") & (s["subset"] == b"all") & (s["metric"] == b"ln_ppl_ratio")] += 0.01
 f["/drift/summary"][...] = s
+del f["/drift/token_sets"], f["/drift/tokens"]
+f.attrs["schema_version"] = [1]
 PY
 printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nln_ppl_ratio,fp8-unscaled,*,0,0\n' >"$work/tp.csv"
 "$bin" compare "$work/r.h5" "$work/worse-p.h5" --thresholds "$work/tp.csv" >"$work/cp.out"; rc=$?
@@ -377,6 +422,46 @@ se = math.sqrt(((o["n"] * o["ci95"]) ** 2).sum()) / o["n"].sum() / 1.96
 m = re.search(r"^REGRESSION ln_ppl_ratio fp8-unscaled context 512: .*, ([0-9.]+) standard errors;", open(sys.argv[2]).read(), re.M)
 want = 0.01 / math.sqrt(2 * se * se)
 assert m and abs(float(m.group(1)) - want) <= 0.05 + 1e-9, (m and m.group(1), want)
+PY
+# two runs over the same traces pair position by position: the same sweep
+# calibrated on 256 tokens, not 512. compare's z for fp8-cal's kl_mean,
+# same_top_p and one bucket's KL, against numpy's paired errors; a run over
+# other traces (another seed) does not pair
+printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_mean,fp8-cal,*,0,0\nsame_top_p,fp8-cal,*,0,0\nkl,fp8-cal,8,0,0\n' >"$work/tpair.csv"
+for v in c256:"--calib-tokens 256" seed2:"--calib-tokens 512 --seed 2"; do
+  IFS=: read -r name flags <<<"$v"
+  # shellcheck disable=SC2086
+  "$bin" run --model tiny --kv fp8-cal --context 512 --cells drift --gen-tokens 4 $flags \
+    -o "$work/$name.h5" >/dev/null 2>&1 || bad "the $name sweep failed"
+  "$bin" compare "$work/r.h5" "$work/$name.h5" --thresholds "$work/tpair.csv" -o "$work/$name.html" >/dev/null
+done
+"$py" - "$work/r.h5" "$work/c256.h5" "$work/c256.html" "$work/seed2.html" <<'PY' && ok || bad "compare: paired standard errors over the same traces"
+import re, sys, math, h5py, numpy as np
+def tokens(path):
+    f = h5py.File(path, "r")
+    ts, tk = f["/drift/token_sets"][:], f["/drift/tokens"][:]
+    r = ts[ts["mode"] == b"fp8-cal"]
+    assert len(r) == 1
+    return r["trace_hash"][0], tk[r["first"][0]:r["first"][0] + r["n"][0]]
+(ha, a), (hb, b) = tokens(sys.argv[1]), tokens(sys.argv[2])
+assert ha == hb and len(a) == len(b) == 511
+def z_of(page, metric, bucket):
+    m = re.search(rf'<tr><td class="l">{metric}</td><td class="l">fp8-cal</td><td>{re.escape(bucket)}</td>'
+                  r"<td>([^<]*)</td><td>([^<]*)</td><td>[^<]*</td><td>[^<]*</td><td>([^<]*)</td>", page)
+    assert m, (metric, bucket)
+    return m.group(3)
+page = open(sys.argv[3]).read()
+pos = np.arange(511)
+for metric, bucket, col, sign, sel in (("kl_mean", "*", "kl", 1, pos >= 0), ("same_top_p", "*", "same_top", -1, pos >= 0),
+                                      ("kl", "8", "kl", 1, (pos >= 256) & (pos < 512))):
+    d = (b[col].astype(np.float64) - a[col].astype(np.float64))[sel]
+    z = sign * d.mean() / (d.std(ddof=1) / math.sqrt(len(d)))
+    got = z_of(page, metric, bucket)
+    assert got.endswith(" paired") and abs(float(got.split()[0]) - z) <= 0.05 + 1e-9, (metric, got, z)
+    print(f"{metric} bucket {bucket}: paired z {z:.2f}", file=sys.stderr)
+assert a["kl"].mean() != b["kl"].mean()  # the calibrations differ
+other = open(sys.argv[4]).read()
+assert "paired" not in other and re.search(r"[0-9]\.[0-9]</td><td>[^<]*</td><td", other)
 PY
 # decode_vs_bf16: a mode's decode speed over BF16's in the same run. FP8
 # made slower regresses it; BF16 made slower does not (the machine, not the

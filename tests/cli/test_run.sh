@@ -62,11 +62,11 @@ f = h5py.File(sys.argv[1], "r")
 doc = open(sys.argv[2]).read()
 # every table the schema names exists with exactly the documented columns
 tables = re.findall(r"### `(/[^`]+)`\n\n.*?\n\n\| column \| type \|\n\| --- \| --- \|\n((?:\|.*\|\n)+)", doc)
-assert len(tables) == 8, tables
+assert len(tables) == 10, tables
 for path, rows in tables:
     cols = [re.match(r"\| `([^`]+)` \|", r).group(1) for r in rows.strip().split("\n")]
     assert list(f[path].dtype.names) == cols, (path, f[path].dtype.names, cols)
-assert f.attrs["schema_version"][0] == 1
+assert f.attrs["schema_version"][0] == 2
 for a in ("kvdrift_version", "git_revision", "written_utc", "host", "backend", "device",
           "model_config", "trace_spec", "command", "seeds"):
     assert a in f.attrs, a
@@ -135,6 +135,35 @@ for mode in ("fp8-cal", "fp8-unscaled"):
     per = [sel(att, mode=mode, context=1024, metric="kl", view="isolated", attn_layer=1, kv_head=h) for h in (0, 1)]
     whole = sel(att, mode=mode, context=1024, subset="all", metric="kl", view="isolated", attn_layer=1, kv_head=-1)
     assert np.allclose((per[0]["mean"] + per[1]["mean"]) / 2, whole["mean"], rtol=1e-12, atol=0)
+# every drift cell's positions: they give the summary's figures again
+ts, tk = f["/drift/token_sets"][:], f["/drift/tokens"][:]
+assert len(ts) == 3 * 2 and tk.dtype["kl"] == np.float32 and tk.dtype["copy"] == np.uint8
+o = np.sort(ts, order="first")  # the cells' rows, one after another
+assert o["first"][0] == 0 and np.array_equal(o["first"][1:], (o["first"] + o["n"])[:-1]) and ts["n"].sum() == len(tk)
+for r in ts:
+    mode, ctx = r["mode"].decode(), int(r["context"])
+    assert r["n"] == ctx - 1 and r["trace"] == 0, r  # a prediction for every token but the first
+    t = tk[r["first"]:r["first"] + r["n"]]
+    for sub, m in (("all", np.ones(len(t), bool)), ("copy", t["copy"] == 1), ("other", t["copy"] == 0)):
+        x = t[m]
+        def fig(metric):
+            v = sel(summ, mode=mode, context=ctx, subset=sub, metric=metric)
+            assert len(v) == 1 and v["n"][0] == len(x), (mode, ctx, sub, metric)
+            return float(v["value"][0])
+        kl = x["kl"].astype(np.float64)
+        assert abs(kl.mean() - fig("kl_mean")) <= 1e-6 * max(fig("kl_mean"), 1e-30), (mode, ctx, sub)
+        for name, q in (("kl_max", 1), ("kl_p99_9", .999), ("kl_p99", .99), ("kl_median", .5), ("kl_p01", .01), ("kl_min", 0)):
+            want = float(np.percentile(kl, 100 * q))
+            assert abs(want - fig(name)) <= 1e-12 * abs(want), (mode, ctx, sub, name, want, fig(name))
+        assert x["same_top"].mean() == fig("same_top_p"), (mode, ctx, sub)
+        dn = x["delta_nll"].astype(np.float64)
+        assert abs(dn.mean() - fig("ln_ppl_ratio")) <= 1e-6 * max(np.abs(dn).mean(), 1e-30), (mode, ctx, sub)
+    if mode == "bf16":
+        assert np.all(t["kl"] == 0) and np.all(t["same_top"] == 1) and np.all(t["delta_nll"] == 0)
+# one trace per context: every mode hashes the same tokens, the contexts others
+for ctx in (512, 1024):
+    assert len(set(sel(ts, context=ctx)["trace_hash"])) == 1
+assert sel(ts, context=512)["trace_hash"][0] != sel(ts, context=1024)["trace_hash"][0]
 # the dense matrix and its dimension scales
 m = f["/matrices/drift_fp8-unscaled_c1_ctx1024_t0/hidden_rel_l2"]
 assert m.shape[0] == 8 and m.dims[0][0].name.endswith("layer") and m.dims[1][0].name.endswith("bucket_lo")
@@ -169,13 +198,21 @@ import sys
 import h5py, numpy as np
 a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
 assert len(a["/cells"]) == len(b["/cells"]) == 18
-for p in ("/drift/output", "/drift/layers", "/drift/attention", "/drift/summary", "/drift/kv", "/drift/generation"):
+for p in ("/drift/output", "/drift/layers", "/drift/attention", "/drift/summary", "/drift/kv", "/drift/generation", "/drift/token_sets"):
     x, y = a[p][:], b[p][:]
     keys = [n for n in x.dtype.names if x.dtype[n].kind in "SU" or n in ("concurrency", "context", "trace", "layer", "attn_layer", "kv_head", "bucket", "prefix")]
     x, y = np.sort(x, order=keys), np.sort(y, order=keys)
     assert x.shape == y.shape, p
     for n in x.dtype.names:
         assert np.array_equal(x[n], y[n], equal_nan=x.dtype[n].kind == "f"), (p, n)
+# each cell's positions, wherever the file put them
+ta, tb = a["/drift/tokens"][:], b["/drift/tokens"][:]
+assert len(ta) == len(tb) > 0
+for r in a["/drift/token_sets"][:]:
+    s = b["/drift/token_sets"][:]
+    s = s[(s["mode"] == r["mode"]) & (s["context"] == r["context"]) & (s["trace"] == r["trace"])]
+    assert len(s) == 1 and s["n"][0] == r["n"] and s["trace_hash"][0] == r["trace_hash"]
+    assert np.array_equal(ta[r["first"]:r["first"] + r["n"]], tb[s["first"][0]:s["first"][0] + r["n"]]), r
 PY
 
 # a context's figures do not depend on the sweep's other contexts: each has
@@ -193,6 +230,10 @@ for p in ("/drift/output", "/drift/layers", "/drift/attention", "/drift/summary"
     x, y = np.sort(x, order=keys), np.sort(y, order=keys)
     for n in x.dtype.names:
         assert np.array_equal(x[n], y[n], equal_nan=x.dtype[n].kind == "f"), (p, n)
+sa, sb = a["/drift/token_sets"][:], b["/drift/token_sets"][:]
+sa = sa[(sa["mode"] == b"fp8-unscaled") & (sa["context"] == 256)]
+assert len(sa) == len(sb) == 1 and sa["trace_hash"][0] == sb["trace_hash"][0] and sa["n"][0] == sb["n"][0] == 255
+assert np.array_equal(a["/drift/tokens"][sa["first"][0]:sa["first"][0] + 255], b["/drift/tokens"][sb["first"][0]:sb["first"][0] + 255])
 PY
 
 # no temporary is left behind: the rerun swept what SIGKILL left, and Ctrl-C

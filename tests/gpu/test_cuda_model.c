@@ -517,9 +517,30 @@ static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_sca
             cmp_stat("attention per KV head", (int)i, &dc.att_kvh[i], &dd.att_kvh[i], drift_atol);
         for (size_t i = 0; i < (size_t)dc.n_layers * KVD_NB; i++)
             cmp_stat("router", (int)i, &dc.router[i], &dd.router[i], frac_atol);
-        CHECK(dc.n_kl == dd.n_kl && dc.n_gen == dd.n_gen && dc.n_gen == 2,
-              "drift: %lld/%lld output KLs, %d/%d generations\n", (long long)dc.n_kl,
-              (long long)dd.n_kl, dc.n_gen, dd.n_gen);
+        CHECK(dc.n_tok == dd.n_tok && dc.n_gen == dd.n_gen && dc.n_gen == 2,
+              "drift: %lld/%lld output KLs, %d/%d generations\n", (long long)dc.n_tok,
+              (long long)dd.n_tok, dc.n_gen, dd.n_gen);
+        /* position by position, as the results file keeps them: the same
+         * subsets; the KL apart by no more on average than the means may be;
+         * top-1 agreement flipped at no more positions than its share allows */
+        if (dc.n_tok == dd.n_tok && dc.n_tok > 0) {
+            double l1 = 0, klc = 0, flips = 0;
+            int64_t copies = 0;
+            for (int64_t i = 0; i < dc.n_tok; i++) {
+                const kvd_token_fig *a = &dc.tok[i], *b = &dd.tok[i];
+                copies += a->copy != b->copy;
+                l1 += fabs((double)a->kl - (double)b->kl), klc += a->kl;
+                flips += a->same_top != b->same_top;
+            }
+            const double n = (double)dc.n_tok;
+            CHECK(copies == 0, "drift positions: %lld positions in another subset\n",
+                  (long long)copies);
+            CHECK(l1 / n <= drift_rtol * klc / n + drift_atol,
+                  "drift positions: mean |KL cpu - device| %.3g against a mean KL of %.3g\n",
+                  l1 / n, klc / n);
+            CHECK(flips / n <= frac_atol,
+                  "drift positions: top-1 agreement differs at %.0f of %.0f positions\n", flips, n);
+        }
         for (int g = 0; g < dc.n_gen && g < dd.n_gen; g++)
             CHECK(abs(dc.gen[g].agree - dd.gen[g].agree) <= (frac_atol > 0.01 ? 1 : 0),
                   "drift generation %d: %d agreeing tokens on the CPU, %d on the device\n", g,

@@ -1,7 +1,9 @@
 /* kvdrift: how the readers pool a sweep's traces (kvd_results_summary,
  * kvd_pool), checked against the formulas worked by hand: n-weighted means,
  * the pooled mean's standard error, extremes, the pooled rms, a NaN trace,
- * and one trace coming back exactly as it was written. */
+ * and one trace coming back exactly as it was written; percentiles over
+ * every trace's positions, paired differences, the trace hash, and the
+ * per-position tables through a file and back (schema versions 1 and 2). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -12,7 +14,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <hdf5.h>
+#include <hdf5_hl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
 #include "../../bench/results.h"
+#include "../../runners/config.h"
 
 /* within tol of the value worked by hand, relative to it */
 static void close_to(double got, double want, double tol) {
@@ -93,10 +101,192 @@ static void one_trace_exact(void **st) {
     close_to(kvd_pool_ci95(&p), hypot(255 * v / 7, 85 * 0.1) / 340, 1e-15);
 }
 
+/* FNV-1a (64-bit) of the bytes "abcdefgh", the two ids 0x64636261 and
+ * 0x68676665 little-endian; worked out by an independent implementation */
+static void token_hash(void **st) {
+    (void)st;
+    const uint32_t t[2] = {0x64636261u, 0x68676665u};
+    assert_true(kvd_token_hash(t, 0) == 0xcbf29ce484222325ull);
+    assert_true(kvd_token_hash(t, 2) == 0x25da8c1836a8d66dull);
+    assert_true(kvd_token_hash(t, 1) != kvd_token_hash(t + 1, 1));
+}
+
+/* trace 0: KL 1..5 at positions 0..4 (copies at 1 and 3); trace 1: 12, 10,
+ * 11 (a copy at 1); each times scale */
+static void two_traces(kvd_results *r, const char *mode, uint64_t h0, double scale) {
+    kvd_row_token a[5], b[3];
+    memset(a, 0, sizeof a), memset(b, 0, sizeof b);
+    for (int i = 0; i < 5; i++) {
+        a[i].kl = (float)(scale * (i + 1));
+        a[i].copy = i == 1 || i == 3;
+        a[i].same_top = i != 2;
+        a[i].delta_nll = (float)(scale * (i % 2 ? 0.5 : -0.25));
+    }
+    const float k1[3] = {12, 10, 11};
+    for (int i = 0; i < 3; i++) b[i].kl = (float)scale * k1[i], b[i].same_top = 1;
+    b[1].copy = 1;
+    kvd_results_add_tokens(r, mode, 512, 0, h0, a, 5);
+    kvd_results_add_tokens(r, mode, 512, 1, 77, b, 3);
+}
+
+static void percentiles_over_positions(void **st) {
+    (void)st;
+    kvd_results r;
+    kvd_results_init(&r);
+    two_traces(&r, "fp8-cal", 5, 1);
+    row(&r, "fp8-cal", 0, "kl_p90", 4.6, 5);
+    row(&r, "fp8-cal", 1, "kl_p90", 11.8, 3);
+    row(&r, "fp8-cal", 0, "kl_median", 3, 5);
+    row(&r, "fp8-cal", 1, "kl_median", 11, 3);
+    /* sorted 1 2 3 4 5 10 11 12: rank 0.9 * 7 = 6.3 lies between 11 and 12 */
+    close_to(kvd_results_summary(&r, "fp8-cal", 512, "all", "kl_p90"), 11.3, 1e-15);
+    close_to(kvd_results_summary(&r, "fp8-cal", 512, "all", "kl_median"), 4.5, 1e-15);
+    /* the copy subset: KL 2, 4 and 10; rank 0.9 * 2 = 1.8 */
+    row(&r, "fp8-cal", 0, "kl_p90", 3.8, 2);
+    row(&r, "fp8-cal", 1, "kl_p90", 10, 1);
+    for (int k = 0; k < 2; k++) {
+        kvd_row_summary *x =
+            (kvd_row_summary *)r.t[KVD_T_SUMMARY].rows + r.t[KVD_T_SUMMARY].n - 1 - k;
+        snprintf(x->subset, sizeof x->subset, "copy");
+    }
+    close_to(kvd_results_summary(&r, "fp8-cal", 512, "copy", "kl_p90"), 4 + 0.8 * 6, 1e-15);
+    /* positions that do not add up to the summary's n: the n-weighted mean */
+    row(&r, "fp8-e5m2", 0, "kl_p90", 1, 100);
+    row(&r, "fp8-e5m2", 1, "kl_p90", 3, 300);
+    two_traces(&r, "fp8-e5m2", 5, 1);
+    close_to(kvd_results_summary(&r, "fp8-e5m2", 512, "all", "kl_p90"), 2.5, 1e-15);
+    kvd_results_free(&r);
+}
+
+static void paired_differences(void **st) {
+    (void)st;
+    kvd_results a, b;
+    kvd_results_init(&a);
+    kvd_results_init(&b);
+    two_traces(&a, "fp8-cal", 5, 1);
+    two_traces(&a, "fp8-unscaled", 5, 3);
+    two_traces(&b, "fp8-cal", 5, 2);
+    kvd_paired p;
+    /* within one run: 3x against 1x, differences 2 * KL: 2 4 6 8 10 24 20 22 */
+    assert_int_equal(
+        kvd_results_paired(&a, "fp8-cal", &a, "fp8-unscaled", 512, "all", "kl", -1, &p), 1);
+    const double d[8] = {2, 4, 6, 8, 10, 24, 20, 22};
+    double m = 0, v = 0;
+    for (int i = 0; i < 8; i++) m += d[i] / 8;
+    for (int i = 0; i < 8; i++) v += (d[i] - m) * (d[i] - m) / 7;
+    assert_true(p.n == 8);
+    close_to(p.mean, m, 1e-15);
+    close_to(p.se, sqrt(v / 8), 1e-14);
+    /* across runs, one bucket (positions 2 and 3: trace 0's 3 and 4, trace 1's
+     * 11) and the copy subset (2 and 4 of trace 0, 10 of trace 1) */
+    assert_int_equal(kvd_results_paired(&a, "fp8-cal", &b, "fp8-cal", 512, "all", "kl", 1, &p), 1);
+    assert_true(p.n == 3);
+    close_to(p.mean, 6, 1e-15);
+    close_to(p.se, sqrt(((3 - 6.) * (3 - 6.) + (4 - 6.) * (4 - 6.) + 25) / 2 / 3), 1e-14);
+    assert_int_equal(kvd_results_paired(&a, "fp8-cal", &b, "fp8-cal", 512, "copy", "kl", -1, &p),
+                     1);
+    assert_true(p.n == 3);
+    close_to(p.mean, 16. / 3, 1e-15);
+    /* agreement: equal on both sides, so no difference and no error */
+    assert_int_equal(
+        kvd_results_paired(&a, "fp8-cal", &b, "fp8-cal", 512, "all", "top1_agree", -1, &p), 1);
+    assert_true(p.mean == 0 && p.se == 0);
+    assert_int_equal(
+        kvd_results_paired(&a, "fp8-cal", &b, "fp8-cal", 512, "all", "delta_nll", -1, &p), 1);
+    close_to(p.mean, (-0.25 + 0.5 - 0.25 + 0.5 - 0.25) / 8, 1e-15);
+    /* what does not pair: another trace's tokens, a trace one side lacks,
+     * another context, an unknown figure */
+    kvd_results c;
+    kvd_results_init(&c);
+    two_traces(&c, "fp8-cal", 6, 2);
+    assert_int_equal(kvd_results_paired(&a, "fp8-cal", &c, "fp8-cal", 512, "all", "kl", -1, &p), 0);
+    assert_true(p.n == 0 && isnan(p.mean));
+    kvd_row_token t[5] = {{0}};
+    kvd_results_add_tokens(&c, "fp8-e5m2", 512, 0, 5, t, 5);
+    assert_int_equal(kvd_results_paired(&a, "fp8-cal", &c, "fp8-e5m2", 512, "all", "kl", -1, &p),
+                     0);
+    assert_int_equal(kvd_results_paired(&a, "fp8-cal", &b, "fp8-cal", 1024, "all", "kl", -1, &p),
+                     0);
+    assert_int_equal(kvd_results_paired(&a, "fp8-cal", &b, "fp8-cal", 512, "all", "rel_l2", -1, &p),
+                     0);
+    kvd_results_free(&a);
+    kvd_results_free(&b);
+    kvd_results_free(&c);
+}
+
+/* The positions through a file and back; a version 1 file (no positions)
+ * reads with none; a version 3 one, or positions past the table, do not */
+static void positions_on_file(void **st) {
+    (void)st;
+    char path[] = "/tmp/kvd_test_results_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    char err[KVD_ERR_LEN];
+    kvd_results r, back;
+    kvd_results_init(&r);
+    two_traces(&r, "fp8-cal", 5, 1);
+    row(&r, "fp8-cal", 0, "kl_p90", 4.6, 5);
+    row(&r, "fp8-cal", 1, "kl_p90", 11.8, 3);
+    assert_int_equal(kvd_results_save(&r, path, err), 0);
+    kvd_results_init(&back);
+    assert_int_equal(kvd_results_load(&back, path, err), 0);
+    assert_int_equal(back.schema_version, KVD_SCHEMA_VERSION);
+    assert_true(back.t[KVD_T_TOKEN].n == 8 && back.t[KVD_T_TOKSET].n == 2);
+    assert_memory_equal(back.t[KVD_T_TOKEN].rows, r.t[KVD_T_TOKEN].rows, 8 * sizeof(kvd_row_token));
+    assert_memory_equal(back.t[KVD_T_TOKSET].rows, r.t[KVD_T_TOKSET].rows,
+                        2 * sizeof(kvd_row_tokset));
+    close_to(kvd_results_summary(&back, "fp8-cal", 512, "all", "kl_p90"), 11.3, 1e-15);
+    kvd_results_free(&back);
+
+    /* version 1: the tables gone, the attribute 1 */
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    assert_true(f >= 0);
+    H5Ldelete(f, "/drift/token_sets", H5P_DEFAULT);
+    H5Ldelete(f, "/drift/tokens", H5P_DEFAULT);
+    int one = 1;
+    H5LTset_attribute_int(f, "/", "schema_version", &one, 1);
+    H5Fclose(f);
+    kvd_results_init(&back);
+    assert_int_equal(kvd_results_load(&back, path, err), 0);
+    assert_int_equal(back.schema_version, 1);
+    assert_true(back.t[KVD_T_TOKEN].n == 0 && back.t[KVD_T_TOKSET].n == 0);
+    close_to(kvd_results_summary(&back, "fp8-cal", 512, "all", "kl_p90"), (5 * 4.6 + 3 * 11.8) / 8,
+             1e-15);
+    kvd_results_free(&back);
+    /* version 2 without its tables, and a newer version: refused, named */
+    const struct {
+        int version;
+        const char *msg;
+    } bad[] = {{2, "dataset /drift/token_sets: missing (expected in schema version 2)"},
+               {3, "attribute schema_version: expected 1 to 2, got 3"}};
+    for (int i = 0; i < 2; i++) {
+        f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+        H5LTset_attribute_int(f, "/", "schema_version", &bad[i].version, 1);
+        H5Fclose(f);
+        kvd_results_init(&back);
+        assert_int_equal(kvd_results_load(&back, path, err), -1);
+        assert_non_null(strstr(err, bad[i].msg));
+        kvd_results_free(&back);
+    }
+    /* a cell whose positions run past /drift/tokens */
+    kvd_row_tokset *x = (kvd_row_tokset *)r.t[KVD_T_TOKSET].rows;
+    x[1].n = 4;
+    assert_int_equal(kvd_results_save(&r, path, err), 0);
+    kvd_results_init(&back);
+    assert_int_equal(kvd_results_load(&back, path, err), -1);
+    assert_non_null(strstr(err, "dataset /drift/token_sets row 1: rows 5..8, expected within the 8 "
+                                "rows of /drift/tokens"));
+    kvd_results_free(&back);
+    kvd_results_free(&r);
+    unlink(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(pooled_figures),
-        cmocka_unit_test(one_trace_exact),
+        cmocka_unit_test(pooled_figures),     cmocka_unit_test(one_trace_exact),
+        cmocka_unit_test(token_hash),         cmocka_unit_test(percentiles_over_positions),
+        cmocka_unit_test(paired_differences), cmocka_unit_test(positions_on_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
