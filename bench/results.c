@@ -240,6 +240,13 @@ static const struct kl_sorted *kl_sorted(const kvd_results *r, const char *mode,
     return e;
 }
 
+int64_t kvd_results_kl_sorted(const kvd_results *r, const char *mode, long long ctx,
+                              const char *subset, const float **v) {
+    const struct kl_sorted *e = kl_sorted(r, mode, ctx, subset);
+    *v = e ? e->v : NULL;
+    return e ? e->n : 0;
+}
+
 uint64_t kvd_token_hash(const uint32_t *tok, int64_t n) {
     uint64_t h = 0xcbf29ce484222325ull;
     for (int64_t i = 0; i < n; i++)

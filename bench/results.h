@@ -258,6 +258,13 @@ uint64_t kvd_token_hash(const uint32_t *tok, int64_t n);
 void kvd_results_add_tokens(kvd_results *r, const char *mode, long long ctx, int trace,
                             uint64_t trace_hash, const kvd_row_token *tok, int64_t n);
 
+/* The output KL of every trace's positions of a mode at context ctx in a
+ * subset ("all", "copy", "other"), sorted ascending, in *v; returns the
+ * count (0 without positions). The array is r's: valid until positions are
+ * added or r is freed. */
+int64_t kvd_results_kl_sorted(const kvd_results *r, const char *mode, long long ctx,
+                              const char *subset, const float **v);
+
 /* A paired difference: the candidate's output figure minus the baseline's,
  * position by position over the same traces' tokens, its mean and the
  * standard error of that mean. */

@@ -348,6 +348,63 @@ static void kl_by_position(kvd_buf *b, const kvd_run *runs, int n, const char *s
     capped_note(b, KVD_SVG_MAX_SERIES, wanted);
 }
 
+/* Where the drift lies: the share of positions (every trace's together)
+ * whose next-token KL exceeds x, on a log grid of x, per run and FP8 mode.
+ * A mean hides whether drift is spread thin or sits in a few positions; a
+ * greedy decoder picks another token at those few. Nothing for runs
+ * without positions (schema version 1) or without drift. */
+static void kl_tail(kvd_buf *b, const kvd_run *runs, int n) {
+    static series_store st;
+    /* x from 1e-8 to 1e2 nats, 4 points a decade; the chart starts a point
+     * before the first where any series falls below 1 */
+    enum { PER_DECADE = 4, LO_EXP = -8, HI_EXP = 2, NX = (HI_EXP - LO_EXP) * PER_DECADE + 1 };
+    static double share[KVD_SVG_MAX_SERIES][NX];
+    kvd_line_chart ch = {"share of positions whose next-token KL exceeds x",
+                         "x: next-token KL vs bf16 (nats, log)",
+                         "share of positions (log)",
+                         1,
+                         1,
+                         0,
+                         {{0}}};
+    int wanted = 0, first = NX;
+    for (int i = 0; i < n; i++) {
+        const char *modes[KVD_KV_N_MODES];
+        const int nm = kvd_run_modes(&runs[i], modes);
+        const long long ctx = kvd_run_max_context(&runs[i]);
+        for (int m = 0; m < nm; m++) {
+            const float *v;
+            const int64_t nv = kvd_results_kl_sorted(&runs[i].r, modes[m], ctx, "all", &v);
+            if (nv == 0 || !(v[nv - 1] > 0)) continue; /* no positions, or no drift */
+            if (wanted++ >= KVD_SVG_MAX_SERIES) continue;
+            const int s = ch.n_series++;
+            int64_t j = 0; /* v[j..] are the values above x */
+            for (int e = 0; e < NX; e++) {
+                const double x = pow(10, LO_EXP + (double)e / PER_DECADE);
+                while (j < nv && v[j] <= x) j++;
+                share[s][e] = (double)(nv - j) / (double)nv;
+                if (share[s][e] < 1 && e < first) first = e;
+            }
+            series_label(st.label[s], sizeof st.label[s], runs, n, i, modes[m]);
+        }
+    }
+    if (!ch.n_series) return;
+    first = first > 0 ? first - 1 : 0;
+    for (int s = 0; s < ch.n_series; s++) {
+        int k = 0;
+        for (int e = first; e < NX && share[s][e] > 0 && k < 64; e++, k++) {
+            st.x[s][k] = pow(10, LO_EXP + (double)e / PER_DECADE);
+            st.y[s][k] = share[s][e];
+        }
+        ch.series[s] = (kvd_series){st.label[s], k, st.x[s], st.y[s], NULL, NULL, 0};
+    }
+    kvd_buf_puts(b, "<h2>How the drift is spread over positions</h2>\n<p class=\"note\">The "
+                    "share of predicted positions, over every trace, whose next-token KL against "
+                    "BF16 exceeds x. The mean hides whether drift is spread thin or sits in a few "
+                    "positions; the few are where a greedy decoder picks another token.</p>\n");
+    kvd_svg_lines(b, &ch);
+    capped_note(b, KVD_SVG_MAX_SERIES, wanted);
+}
+
 /* A mode's hidden-state drift, [layer][64 buckets], each cell over every
  * trace (NaN where the file has none); *maxb: the buckets in use. */
 static double *hidden_grid(const kvd_run *r, const char *mode, int L, int *maxb) {
@@ -908,6 +965,7 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
     }
     kvd_buf_puts(b, "<h2>Output drift against context position</h2>\n");
     kl_by_position(b, runs, n, "all", "next-token KL against position, with its 95% band");
+    kl_tail(b, runs, n);
     kvd_buf_puts(b, "<h2>Hidden-state drift by layer and position</h2>\n");
     double hlo, hhi;
     hidden_range(runs, n, &hlo, &hhi);

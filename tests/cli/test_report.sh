@@ -178,6 +178,30 @@ assert '<ul class="headline">\n<li>' + H.escape(want, quote=True).replace("&#x27
 assert "Speeds are the CPU back end's" in md and "Speeds are the CPU back end" in page
 assert vu > 100 * vc  # the story it tells: unscaled V lands in the flush-to-zero range
 PY
+# the KL tail: each point the share of the file's positions above its x;
+# no series for bf16 (no drift)
+"$py" - "$work/r.h5" "$work/r.html" <<'PY' && ok || bad "the KL tail chart differs from /drift/tokens"
+import sys, re
+import xml.etree.ElementTree as ET
+import h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+ts, tk = f["/drift/token_sets"][:], f["/drift/tokens"][:]
+html = open(sys.argv[2]).read()
+svg = next(x for x in re.findall(r"<svg .*?</svg>", html, re.S) if "whose next-token KL exceeds x" in x)
+ns = "{http://www.w3.org/2000/svg}"
+pts = [c for c in ET.fromstring(svg).iter(ns + "circle") if c.get("class") == "pt"]
+assert {c.get("data-series") for c in pts} == {"fp8-cal", "fp8-unscaled"}
+for mode in ("fp8-cal", "fp8-unscaled"):
+    r = ts[ts["mode"] == mode.encode()][0]
+    kl = tk["kl"][r["first"]:r["first"] + r["n"]].astype(np.float64)
+    mine = [c for c in pts if c.get("data-series") == mode]
+    xs = [float(c.get("data-x")) for c in mine]
+    assert len(mine) >= 8 and xs == sorted(xs) and float(mine[0].get("data-y")) == 1.0, xs
+    for c in mine:
+        x, y = float(c.get("data-x")), float(c.get("data-y"))
+        assert y == (kl > x).mean() > 0, (mode, x, y, (kl > x).mean())
+    assert (kl > xs[-1] * 10 ** 0.25).mean() == 0  # the series ends where nothing is above
+PY
 # without positions (a schema version 1 file) the headline weighs the
 # difference by the two means' combined errors
 cp "$work/r.h5" "$work/v1.h5"
@@ -197,6 +221,8 @@ z = abs(fig("fp8-unscaled", "kl_mean") - fig("fp8-cal", "kl_mean")) / math.hypot
 m = re.search(r"^- fp8-unscaled .*?, ([0-9.]+) standard errors apart\)", open(sys.argv[2]).read(), re.M)
 assert m and m.group(1) == (f"{z:.1f}" if z < 2 else f"{z:.0f}"), (m and m.group(1), z)
 PY
+"$bin" report "$work/v1.h5" -o "$work/v1.html" 2>/dev/null && xmllint --noout "$work/v1.html" &&
+  ! grep -q "How the drift is spread" "$work/v1.html" && ok || bad "a version 1 file has a KL tail chart"
 # the greedy continuations, each cell from the file; no section without them
 "$py" - "$work/r.h5" "$work/r.html" <<'PY' && ok || bad "the greedy continuation table differs from the file"
 import sys, re
