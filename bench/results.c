@@ -329,7 +329,12 @@ int kvd_results_paired(const kvd_results *a, const char *mode_a, const kvd_resul
         if (x->context != ctx || strcmp(x->mode, mode_a)) continue;
         const kvd_row_tokset *y = tokset(b, mode_b, ctx, x->trace);
         if (x->first + x->n > ta->n || y->first + y->n > tb->n) return 0;
-        for (int64_t p = 0; p < x->n; p++) {
+        /* a bucket's positions only: b covers [2^b, 2^(b+1)), 0 also 0 */
+        int64_t p0 = 0, p1 = x->n;
+        if (bucket > 0 && bucket < 63) p0 = (int64_t)1 << bucket;
+        if (bucket >= 0 && bucket < KVD_NB - 1 && ((int64_t)2 << bucket) < p1)
+            p1 = (int64_t)2 << bucket;
+        for (int64_t p = p0; p < p1; p++) {
             if (bucket >= 0 && kvd_bucket(p) != bucket) continue;
             const kvd_row_token *u = KVD_ROW(ta, kvd_row_token, x->first + p),
                                 *v = KVD_ROW(tb, kvd_row_token, y->first + p);

@@ -176,31 +176,10 @@ static int in(const char *const *list, const char *s) {
 /* attention KL (propagated unless *_isolated), mean over layers; or the last
  * layer's hidden drift */
 static double derived(const kvd_run *r, const char *mode, long long ctx, const char *metric) {
-    if (!strncmp(metric, "attn_kl", 7)) {
-        const char *view = strstr(metric, "isolated") ? "isolated" : "propagated";
-        const kvd_table *t = &r->r.t[KVD_T_ATTN];
-        double s = 0, n = 0;
-        for (int64_t i = 0; i < t->n; i++) {
-            const kvd_row_attn *x = KVD_ROW(t, kvd_row_attn, i);
-            if (!strcmp(x->mode, mode) && x->context == ctx && !strcmp(x->view, view) &&
-                !strcmp(x->subset, "all") && !strcmp(x->metric, "kl") && x->kv_head == -1)
-                s += x->mean * x->n, n += x->n;
-        }
-        return n > 0 ? s / n : NAN;
-    }
-    const kvd_table *t = &r->r.t[KVD_T_LAYER];
-    int last = -1;
-    for (int64_t i = 0; i < t->n; i++)
-        last =
-            KVD_ROW(t, kvd_row_layer, i)->layer > last ? KVD_ROW(t, kvd_row_layer, i)->layer : last;
-    double s = 0, n = 0;
-    for (int64_t i = 0; i < t->n; i++) {
-        const kvd_row_layer *x = KVD_ROW(t, kvd_row_layer, i);
-        if (!strcmp(x->mode, mode) && x->context == ctx && x->layer == last &&
-            !strcmp(x->subset, "all") && !strcmp(x->metric, "rel_l2"))
-            s += x->mean * x->n, n += x->n;
-    }
-    return n > 0 ? s / n : NAN;
+    if (!strncmp(metric, "attn_kl", 7))
+        return kvd_run_attn_kl(r, mode, ctx, strstr(metric, "isolated") ? "isolated" : "propagated",
+                               "all", -1);
+    return kvd_run_layer_mean(r, mode, ctx, kvd_run_layers(r) - 1, "rel_l2");
 }
 
 /* An output figure of one position bucket (a negative one: every position)
@@ -484,6 +463,58 @@ void kvd_run_differences(const kvd_run *a, const kvd_run *b, char *out, size_t n
     if (strcmp(ta, tb)) add_diff(out, n, "the trace spec");
 }
 
+/* Where the candidate's KL moved: its per-position difference from the
+ * baseline's, per position bucket with a 95% band, for each mode whose
+ * positions pair (the same traces on both sides). Two runs that differ in
+ * the last digits draw on top of each other in the chart above; here their
+ * difference is the picture. Nothing when no mode pairs. */
+static void paired_kl_chart(kvd_buf *b, const kvd_run *base, const kvd_run *cand) {
+    static double x[KVD_KV_N_MODES][64], y[KVD_KV_N_MODES][64], lo[KVD_KV_N_MODES][64],
+        hi[KVD_KV_N_MODES][64];
+    kvd_line_chart ch = {"candidate minus baseline next-token KL, paired by position",
+                         "token position (log scale; bucket midpoint)",
+                         "KL difference (nats)",
+                         1,
+                         0,
+                         0,
+                         {{0}}};
+    const char *modes[KVD_KV_N_MODES];
+    const int nm = kvd_run_modes(base, modes);
+    const long long ctx = kvd_run_max_context(base);
+    int moved = 0; /* any difference at all */
+    for (int m = 0; m < nm; m++) {
+        if (!strcmp(modes[m], "bf16")) continue;
+        kvd_paired pd;
+        int k = 0;
+        for (int bk = 0; bk < 64; bk++) {
+            if (!kvd_results_paired(&base->r, modes[m], &cand->r, modes[m], ctx, "all", "kl", bk,
+                                    &pd))
+                continue;
+            const double l = bk == 0 ? 1 : exp2(bk), h = exp2(bk + 1) - 1,
+                         ci = isfinite(pd.se) ? 1.959963984540054 * pd.se : 0;
+            x[ch.n_series][k] = sqrt(l * h);
+            y[ch.n_series][k] = pd.mean;
+            lo[ch.n_series][k] = pd.mean - ci;
+            hi[ch.n_series][k] = pd.mean + ci;
+            moved |= pd.mean != 0 || ci != 0;
+            k++;
+        }
+        if (!k) continue;
+        const int s = ch.n_series++;
+        ch.series[s] = (kvd_series){modes[m], k, x[s], y[s], lo[s], hi[s], 0};
+    }
+    if (!ch.n_series) return;
+    if (!moved) {
+        kvd_buf_puts(b, "<p class=\"note\">The runs' positions pair (the same traces), and "
+                        "every mode's KL is the same at every position.</p>\n");
+        return;
+    }
+    kvd_buf_puts(b, "<p class=\"note\">The runs' positions pair (the same traces): the "
+                    "candidate's KL minus the baseline's, position by position, the mean per "
+                    "bucket with its 95% band. Above zero the candidate drifts further.</p>\n");
+    kvd_svg_lines(b, &ch);
+}
+
 void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, const kvd_check *c,
                       int n, double min_sigma) {
     int breaches = 0, noise = 0;
@@ -515,6 +546,7 @@ void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, cons
     /* KL against position for both, modes as series */
     kvd_buf_puts(b, "<h2>Output drift, baseline and candidate</h2>\n");
     kvd_report_html_kl(b, pair, 2);
+    paired_kl_chart(b, base, cand);
     kvd_buf_puts(b,
                  "<h2>Every check</h2>\n<table><tr><th class=\"l\">metric</th><th class=\"l\">mode"
                  "</th><th>bucket</th><th>baseline</th><th>candidate</th><th>worse by</th><th>"

@@ -136,9 +136,8 @@ static int concurrencies(const kvd_run *r, long long ctx, int *out) {
     return n;
 }
 
-/* Mean of a layer-table metric over buckets (n-weighted), trace-pooled. */
-static double layer_mean(const kvd_run *r, const char *mode, long long ctx, int layer,
-                         const char *metric) {
+double kvd_run_layer_mean(const kvd_run *r, const char *mode, long long ctx, int layer,
+                          const char *metric) {
     const kvd_table *t = &r->r.t[KVD_T_LAYER];
     double s = 0, n = 0;
     for (int64_t i = 0; i < t->n; i++) {
@@ -150,7 +149,7 @@ static double layer_mean(const kvd_run *r, const char *mode, long long ctx, int 
     return n > 0 ? s / n : NAN;
 }
 
-static int n_layers(const kvd_run *r) {
+int kvd_run_layers(const kvd_run *r) {
     const kvd_table *t = &r->r.t[KVD_T_LAYER];
     int m = -1;
     for (int64_t i = 0; i < t->n; i++)
@@ -164,8 +163,8 @@ typedef struct {
     int conc;
 } verdict;
 
-static double attn_kl_mean(const kvd_run *r, const char *mode, long long ctx, const char *view,
-                           const char *subset, int al) {
+double kvd_run_attn_kl(const kvd_run *r, const char *mode, long long ctx, const char *view,
+                       const char *subset, int al) {
     const kvd_table *t = &r->r.t[KVD_T_ATTN];
     double s = 0, n = 0;
     for (int64_t i = 0; i < t->n; i++) {
@@ -185,8 +184,8 @@ static verdict make_verdict(const kvd_run *r, const char *mode) {
     v.kl_err = kvd_run_summary(r, mode, ctx, "all", "kl_mean_err");
     v.top1 = kvd_run_summary(r, mode, ctx, "all", "same_top_p");
     v.ln_ppl = kvd_run_summary(r, mode, ctx, "all", "ln_ppl_ratio");
-    v.hid_last = layer_mean(r, mode, ctx, n_layers(r) - 1, "rel_l2");
-    v.attn_kl = attn_kl_mean(r, mode, ctx, "propagated", "all", -1);
+    v.hid_last = kvd_run_layer_mean(r, mode, ctx, kvd_run_layers(r) - 1, "rel_l2");
+    v.attn_kl = kvd_run_attn_kl(r, mode, ctx, "propagated", "all", -1);
     kvd_results_kv_shares(&r->r, mode, ctx, &v.k_sat, &v.v_flush);
     int cs[64], nc = concurrencies(r, ctx, cs);
     v.conc = nc ? cs[nc - 1] : 0;
@@ -433,7 +432,7 @@ static void hidden_range(const kvd_run *runs, int n, double *lo, double *hi) {
     *lo = INFINITY, *hi = -INFINITY;
     for (int i = 0; i < n; i++) {
         const char *modes[KVD_KV_N_MODES];
-        int nm = kvd_run_modes(&runs[i], modes), L = n_layers(&runs[i]), maxb;
+        int nm = kvd_run_modes(&runs[i], modes), L = kvd_run_layers(&runs[i]), maxb;
         for (int m = 0; m < nm && L > 0; m++) {
             if (!strcmp(modes[m], "bf16")) continue;
             double *v = hidden_grid(&runs[i], modes[m], L, &maxb);
@@ -447,7 +446,7 @@ static void hidden_range(const kvd_run *runs, int n, double *lo, double *hi) {
 static void hidden_heatmaps(kvd_buf *b, const kvd_run *r, const char *run_label, int many,
                             double lo, double hi) {
     const char *modes[KVD_KV_N_MODES];
-    int nm = kvd_run_modes(r, modes), L = n_layers(r);
+    int nm = kvd_run_modes(r, modes), L = kvd_run_layers(r);
     if (L <= 0) return;
     int attn_layer[KVD_MAX_LAYERS] = {0};
     const kvd_table *ta = &r->r.t[KVD_T_ATTN];
@@ -530,7 +529,7 @@ static void attention_bars(kvd_buf *b, const kvd_run *r, const char *label, int 
             snprintf(labels[ns], sizeof labels[ns], "%s %s", modes[m], view);
             lp[ns] = labels[ns];
             for (int a = 0; a < nal; a++)
-                vals[(size_t)ns * nal + a] = attn_kl_mean(r, modes[m], ctx, view, "all", a);
+                vals[(size_t)ns * nal + a] = kvd_run_attn_kl(r, modes[m], ctx, view, "all", a);
             ns++;
         }
     }

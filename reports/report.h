@@ -34,6 +34,19 @@ void kvd_report_csv(FILE *f, const kvd_run *runs, int n);
 double kvd_run_summary(const kvd_run *r, const char *mode, long long ctx, const char *subset,
                        const char *metric);
 
+/* A /drift/layers figure ("rel_l2", "cosine", "router_flip") of one layer
+ * over every position bucket and trace (n-weighted), subset "all"; NaN when
+ * absent. kvd_run_layers: the layers the run has figures for. */
+double kvd_run_layer_mean(const kvd_run *r, const char *mode, long long ctx, int layer,
+                          const char *metric);
+int kvd_run_layers(const kvd_run *r);
+/* Attention KL (/drift/attention, every KV head together) in a view
+ * ("isolated", "propagated") and subset, over every position bucket and
+ * trace and over one full-attention layer al, or every one (al < 0),
+ * n-weighted; NaN when absent. */
+double kvd_run_attn_kl(const kvd_run *r, const char *mode, long long ctx, const char *view,
+                       const char *subset, int al);
+
 /* Modes present in a run, in the order kvdrift knows them. */
 int kvd_run_modes(const kvd_run *r, const char **modes);
 long long kvd_run_max_context(const kvd_run *r);

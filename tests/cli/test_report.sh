@@ -459,9 +459,9 @@ for v in c256:"--calib-tokens 256" seed2:"--calib-tokens 512 --seed 2"; do
   # shellcheck disable=SC2086
   "$bin" run --model tiny --kv fp8-cal --context 512 --cells drift --gen-tokens 4 $flags \
     -o "$work/$name.h5" >/dev/null 2>&1 || bad "the $name sweep failed"
-  "$bin" compare "$work/r.h5" "$work/$name.h5" --thresholds "$work/tpair.csv" -o "$work/$name.html" >/dev/null
+  "$bin" compare "$work/r.h5" "$work/$name.h5" --thresholds "$work/tpair.csv" -o "$work/$name.html" >"$work/$name.out"
 done
-"$py" - "$work/r.h5" "$work/c256.h5" "$work/c256.html" "$work/seed2.html" <<'PY' && ok || bad "compare: paired standard errors over the same traces"
+"$py" - "$work/r.h5" "$work/c256.h5" "$work/c256.html" "$work/seed2.html" "$work/c256.out" <<'PY' && ok || bad "compare: paired standard errors over the same traces"
 import re, sys, math, h5py, numpy as np
 def tokens(path):
     f = h5py.File(path, "r")
@@ -484,11 +484,32 @@ for metric, bucket, col, sign, sel in (("kl_mean", "*", "kl", 1, pos >= 0), ("sa
     z = sign * d.mean() / (d.std(ddof=1) / math.sqrt(len(d)))
     got = z_of(page, metric, bucket)
     assert got.endswith(" paired") and abs(float(got.split()[0]) - z) <= 0.05 + 1e-9, (metric, got, z)
+    if z > 0:  # worse: a breach of the zero allowances, its line marked paired too
+        line = rf"^REGRESSION {metric} fp8-cal context 512{' bucket ' + bucket if bucket != '*' else ''}: .*, {got.split()[0]} standard errors \(paired\);"
+        assert re.search(line, open(sys.argv[5]).read(), re.M), (line, open(sys.argv[5]).read())
     print(f"{metric} bucket {bucket}: paired z {z:.2f}", file=sys.stderr)
 assert a["kl"].mean() != b["kl"].mean()  # the calibrations differ
 other = open(sys.argv[4]).read()
 assert "paired" not in other and re.search(r"[0-9]\.[0-9]</td><td>[^<]*</td><td", other)
+# the page's chart of the paired difference per position bucket
+import xml.etree.ElementTree as ET
+svg = next(x for x in re.findall(r"<svg .*?</svg>", page, re.S) if "paired by position" in x)
+pts = [c for c in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}circle") if c.get("class") == "pt"]
+assert {c.get("data-series") for c in pts} == {"fp8-cal"} and len(pts) >= 8
+d = b["kl"].astype(np.float64) - a["kl"].astype(np.float64)
+bucket = np.where(pos < 2, 0, np.floor(np.log2(np.maximum(pos, 1))).astype(int))
+for c in pts:
+    x = float(c.get("data-x"))
+    bk = int(round(np.log2(x * x) / 2)) if x > 1.5 else 0
+    v = d[bucket == bk]
+    mean, ci = v.mean(), 1.959963984540054 * v.std(ddof=1) / math.sqrt(len(v)) if len(v) > 1 else 0
+    assert abs(float(c.get("data-y")) - mean) <= 1e-9 * abs(v).max(), (bk, c.get("data-y"), mean)
+    assert abs(float(c.get("data-hi")) - mean - ci) <= 1e-9 * abs(v).max() + 1e-6 * ci, (bk, c.get("data-hi"), ci)
+assert "paired by position" not in other
 PY
+"$bin" compare "$work/r.h5" "$work/r.h5" -o "$work/same.html" >/dev/null && xmllint --noout "$work/same.html" &&
+  grep -q "every mode's KL is the same at every position" "$work/same.html" && ! grep -q "paired by position" "$work/same.html" &&
+  ok || bad "compare against itself: no note that every position is the same"
 # decode_vs_bf16: a mode's decode speed over BF16's in the same run. FP8
 # made slower regresses it; BF16 made slower does not (the machine, not the
 # cache format), though BF16's own tok/s does
