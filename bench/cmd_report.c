@@ -102,12 +102,12 @@ int kvd_cmd_compare(int argc, char **argv) {
                 "(mode and bucket may be *). A figure regressed when it got worse by more than\n"
                 "both allowances. Exit 0: no regression; 1: regression; 2: bad input.\n"
                 "Default thresholds: %s\n"
-                "  --min-sigma Z  a figure with a standard error (kl_mean, same_top_p,\n"
-                "                 ln_ppl_ratio, delta_p_mean, the output figures per position\n"
-                "                 bucket) regressed only when it also got worse by at least\n"
-                "                 Z combined standard errors; less is noise, listed but\n"
-                "                 passed. For runs over other traces, seeds or devices;\n"
-                "                 default 0: the thresholds alone\n",
+                "  --min-sigma Z  a figure with a standard error (the drift figures but\n"
+                "                 kl_max, kl_min, router_flip_rate; paired by position when\n"
+                "                 both ran the same traces) regressed only when it also got\n"
+                "                 worse by at least Z standard errors; less is noise,\n"
+                "                 listed but passed. For runs over other traces, seeds or\n"
+                "                 devices; default 0: the thresholds alone\n",
                 KVD_SOURCE_DIR "/reports/thresholds.csv");
             return 0;
         } else if (f[0] == '-') {
@@ -149,12 +149,12 @@ int kvd_cmd_compare(int argc, char **argv) {
             continue;
         }
         char z[96] = "";
-        const char *pz = c->paired ? " (paired)" : "";
+        const char *pz = c->paired ? " (paired)" : "", *bz = c->z_bound ? "at most " : "";
         if (c->noise)
-            snprintf(z, sizeof z, ", %.1f standard errors%s, under --min-sigma %g", c->z, pz,
+            snprintf(z, sizeof z, ", %s%.1f standard errors%s, under --min-sigma %g", bz, c->z, pz,
                      min_sigma);
         else if (isfinite(c->z))
-            snprintf(z, sizeof z, ", %.1f standard errors%s", c->z, pz);
+            snprintf(z, sizeof z, ", %s%.1f standard errors%s", bz, c->z, pz);
         printf("%s %s %s context %lld%s: baseline %.6g, candidate %.6g (worse by %.3g, "
                "%.1f%%%s; allowed %.3g and %.0f%%)\n",
                c->noise ? "NOISE" : "REGRESSION", c->metric, c->mode, c->context, bk, c->base,

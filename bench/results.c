@@ -284,6 +284,9 @@ static const kvd_row_tokset *tokset(const kvd_results *r, const char *mode, long
     return NULL;
 }
 
+static const char *const token_metrics[] = {"kl", "top1_agree", "delta_p", "delta_nll",
+                                            "delta_p_sq"};
+
 static double token_value(const kvd_row_token *t, int metric) {
     switch (metric) {
     case 0:
@@ -292,20 +295,53 @@ static double token_value(const kvd_row_token *t, int metric) {
         return t->same_top;
     case 2:
         return t->delta_p;
-    default:
+    case 3:
         return t->delta_nll;
+    default:
+        return (double)t->delta_p * t->delta_p;
     }
+}
+
+/* Add one cell's positions in a subset and bucket (negative: all) to the
+ * sums: the figure of u, or with v the figure of v minus that of u. */
+static void accumulate(const kvd_row_token *u, const kvd_row_token *v, int64_t n, int metric,
+                       const char *subset, int bucket, double acc[3]) {
+    /* a bucket's positions only: b covers [2^b, 2^(b+1)), 0 also 0 */
+    int64_t p0 = 0, p1 = n;
+    if (bucket > 0 && bucket < 63) p0 = (int64_t)1 << bucket;
+    if (bucket >= 0 && bucket < KVD_NB - 1 && ((int64_t)2 << bucket) < p1)
+        p1 = (int64_t)2 << bucket;
+    for (int64_t p = p0; p < p1; p++) {
+        if ((bucket >= 0 && kvd_bucket(p) != bucket) || !in_subset(&u[p], subset)) continue;
+        const double d = v ? token_value(&v[p], metric) - token_value(&u[p], metric)
+                           : token_value(&u[p], metric);
+        acc[0] += 1, acc[1] += d, acc[2] += d * d;
+    }
+}
+
+/* n, mean and the standard error of the mean from the sums; 0 for none */
+static int finish(const double acc[3], kvd_paired *out) {
+    const double n = acc[0];
+    if (n == 0) return 0;
+    out->n = n;
+    out->mean = acc[1] / n;
+    const double var = n > 1 ? (acc[2] - n * out->mean * out->mean) / (n - 1) : NAN;
+    out->se = n > 1 ? sqrt(var > 0 ? var : 0) / sqrt(n) : NAN;
+    return 1;
+}
+
+static int token_metric(const char *metric, kvd_paired *out) {
+    memset(out, 0, sizeof *out);
+    out->mean = out->se = NAN;
+    for (int i = 0; i < (int)(sizeof token_metrics / sizeof *token_metrics); i++)
+        if (!strcmp(metric, token_metrics[i])) return i;
+    return -1;
 }
 
 int kvd_results_paired(const kvd_results *a, const char *mode_a, const kvd_results *b,
                        const char *mode_b, long long ctx, const char *subset, const char *metric,
                        int bucket, kvd_paired *out) {
-    static const char *const names[] = {"kl", "top1_agree", "delta_p", "delta_nll"};
-    int m = -1;
-    for (int i = 0; i < 4; i++)
-        if (!strcmp(metric, names[i])) m = i;
-    memset(out, 0, sizeof *out);
-    out->mean = out->se = NAN;
+    const int m = token_metric(metric, out);
     if (m < 0) return 0;
     /* the same traces on both sides, each with the same tokens */
     const kvd_table *ts = &a->t[KVD_T_TOKSET];
@@ -322,33 +358,41 @@ int kvd_results_paired(const kvd_results *a, const char *mode_a, const kvd_resul
         nb += y->context == ctx && !strcmp(y->mode, mode_b);
     }
     if (na == 0 || na != nb) return 0;
-    const kvd_table *ta = &a->t[KVD_T_TOKEN], *tb = &b->t[KVD_T_TOKEN];
-    double n = 0, sum = 0, sumsq = 0;
+    double acc[3] = {0};
     for (int64_t i = 0; i < ts->n; i++) {
         const kvd_row_tokset *x = KVD_ROW(ts, kvd_row_tokset, i);
         if (x->context != ctx || strcmp(x->mode, mode_a)) continue;
         const kvd_row_tokset *y = tokset(b, mode_b, ctx, x->trace);
-        if (x->first + x->n > ta->n || y->first + y->n > tb->n) return 0;
-        /* a bucket's positions only: b covers [2^b, 2^(b+1)), 0 also 0 */
-        int64_t p0 = 0, p1 = x->n;
-        if (bucket > 0 && bucket < 63) p0 = (int64_t)1 << bucket;
-        if (bucket >= 0 && bucket < KVD_NB - 1 && ((int64_t)2 << bucket) < p1)
-            p1 = (int64_t)2 << bucket;
-        for (int64_t p = p0; p < p1; p++) {
-            if (bucket >= 0 && kvd_bucket(p) != bucket) continue;
-            const kvd_row_token *u = KVD_ROW(ta, kvd_row_token, x->first + p),
-                                *v = KVD_ROW(tb, kvd_row_token, y->first + p);
-            if (!in_subset(u, subset)) continue;
-            const double d = token_value(v, m) - token_value(u, m);
-            n += 1, sum += d, sumsq += d * d;
-        }
+        accumulate(KVD_ROW(&a->t[KVD_T_TOKEN], kvd_row_token, x->first),
+                   KVD_ROW(&b->t[KVD_T_TOKEN], kvd_row_token, y->first), x->n, m, subset, bucket,
+                   acc);
     }
-    if (n == 0) return 0;
-    out->n = n;
-    out->mean = sum / n;
-    const double var = n > 1 ? (sumsq - n * out->mean * out->mean) / (n - 1) : NAN;
-    out->se = n > 1 ? sqrt(var > 0 ? var : 0) / sqrt(n) : NAN;
-    return 1;
+    return finish(acc, out);
+}
+
+int kvd_results_positions(const kvd_results *r, const char *mode, long long ctx, const char *subset,
+                          const char *metric, int bucket, kvd_paired *out) {
+    const int m = token_metric(metric, out);
+    const kvd_table *ts = &r->t[KVD_T_TOKSET];
+    double acc[3] = {0};
+    for (int64_t i = 0; m >= 0 && i < ts->n; i++) {
+        const kvd_row_tokset *x = KVD_ROW(ts, kvd_row_tokset, i);
+        if (x->context == ctx && !strcmp(x->mode, mode))
+            accumulate(KVD_ROW(&r->t[KVD_T_TOKEN], kvd_row_token, x->first), NULL, x->n, m, subset,
+                       bucket, acc);
+    }
+    return finish(acc, out);
+}
+
+double kvd_results_percentile_se(const kvd_results *r, const char *mode, long long ctx,
+                                 const char *subset, double q) {
+    const float *v;
+    const int64_t n = kvd_results_kl_sorted(r, mode, ctx, subset, &v);
+    /* the ranks between which the q-quantile lies with 95% probability */
+    const double k = q * (double)n, h = 1.959963984540054 * sqrt((double)n * q * (1 - q));
+    const int64_t lo = (int64_t)floor(k - h), hi = (int64_t)ceil(k + h);
+    if (n == 0 || !(h > 0) || lo < 0 || hi > n - 1) return NAN;
+    return ((double)v[hi] - (double)v[lo]) / (2 * 1.959963984540054);
 }
 
 double kvd_results_summary(const kvd_results *r, const char *mode, long long ctx,

@@ -273,13 +273,25 @@ typedef struct {
 } kvd_paired;
 /* Pair mode_b of run b with mode_a of run a (which may be the same run) at
  * context ctx, over a subset ("all", "copy", "other") and a position
- * bucket (negative: every position), for an output figure "kl",
- * "top1_agree", "delta_p" or "delta_nll". They pair only when both hold
- * per-position figures for the same traces with the same tokens (trace
- * index, length and hash); returns 1 then, else 0 with out->n = 0. */
+ * bucket (negative: every position), for a per-position figure "kl",
+ * "top1_agree", "delta_p", "delta_nll" or "delta_p_sq" (delta p squared).
+ * They pair only when both hold per-position figures for the same traces
+ * with the same tokens (trace index, length and hash); returns 1 then, else
+ * 0 with out->n = 0. */
 int kvd_results_paired(const kvd_results *a, const char *mode_a, const kvd_results *b,
                        const char *mode_b, long long ctx, const char *subset, const char *metric,
                        int bucket, kvd_paired *out);
+/* The same of one run's figure itself, over every trace's positions: its
+ * mean and the standard error of that mean; 0 without positions. */
+int kvd_results_positions(const kvd_results *r, const char *mode, long long ctx, const char *subset,
+                          const char *metric, int bucket, kvd_paired *out);
+/* The standard error of the output KL's q-quantile over every trace's
+ * positions, distribution-free: the 95% interval between the order
+ * statistics of ranks n q -/+ 1.96 sqrt(n q (1 - q)), over 2 x 1.96. NaN
+ * without positions, or where the interval runs past the smallest or the
+ * largest (at n = 511: the 99th percentile). */
+double kvd_results_percentile_se(const kvd_results *r, const char *mode, long long ctx,
+                                 const char *subset, double q);
 void kvd_results_add_matrix(kvd_results *r, const char *name, const char *row_label, int rows,
                             int cols, const double *data);
 

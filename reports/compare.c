@@ -175,11 +175,12 @@ static int in(const char *const *list, const char *s) {
 
 /* attention KL (propagated unless *_isolated), mean over layers; or the last
  * layer's hidden drift */
-static double derived(const kvd_run *r, const char *mode, long long ctx, const char *metric) {
+static double derived(const kvd_run *r, const char *mode, long long ctx, const char *metric,
+                      double *se) {
     if (!strncmp(metric, "attn_kl", 7))
         return kvd_run_attn_kl(r, mode, ctx, strstr(metric, "isolated") ? "isolated" : "propagated",
-                               "all", -1);
-    return kvd_run_layer_mean(r, mode, ctx, kvd_run_layers(r) - 1, "rel_l2");
+                               "all", -1, se);
+    return kvd_run_layer_mean(r, mode, ctx, kvd_run_layers(r) - 1, "rel_l2", se);
 }
 
 /* An output figure of one position bucket (a negative one: every position)
@@ -290,8 +291,32 @@ static const char *summary_output(const char *metric) {
 
 /* ... for a summary figure, where it has them: paired over the same
  * positions, else the summary's METRIC_err, else its output figure's */
+/* ... for delta_p_rms, from the positions' delta p squared: paired, the
+ * difference of the mean squares over its error (rms_c - rms_b is (ms_c -
+ * ms_b) / (rms_b + rms_c)); else each run's error of the rms, se(ms) / (2
+ * rms) */
+static void rms_z(kvd_check *c, const kvd_run *base, const kvd_run *cand) {
+    kvd_paired pd, pb, pc;
+    if (kvd_results_paired(&base->r, c->mode, &cand->r, c->mode, c->context, "all", "delta_p_sq",
+                           -1, &pd)) {
+        c->paired = 1;
+        if (isfinite(pd.se) && pd.se > 0) c->z = c->abs_inc * (c->base + c->cand) / pd.se;
+    } else if (kvd_results_positions(&base->r, c->mode, c->context, "all", "delta_p_sq", -1, &pb) &&
+               kvd_results_positions(&cand->r, c->mode, c->context, "all", "delta_p_sq", -1, &pc)) {
+        set_z(c, pb.se / (2 * c->base), pc.se / (2 * c->cand));
+    }
+}
+
+/* ... for a summary figure, where it has them: paired over the same
+ * positions; else the summary's METRIC_err, else its output figure's;
+ * for a KL percentile, each run's order-statistic error */
 static void add_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const char *metric) {
-    if (!c || set_paired_z(c, base, cand, summary_output(metric), -1)) return;
+    if (!c) return;
+    if (!strcmp(metric, "delta_p_rms")) {
+        rms_z(c, base, cand);
+        return;
+    }
+    if (set_paired_z(c, base, cand, summary_output(metric), -1)) return;
     char e[48];
     snprintf(e, sizeof e, "%s_err", metric);
     double sb = kvd_run_summary(base, c->mode, c->context, "all", e),
@@ -300,6 +325,11 @@ static void add_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const 
         sb = se_from_buckets(base, c->mode, c->context, metric);
         sc = se_from_buckets(cand, c->mode, c->context, metric);
     }
+    for (const kvd_kl_pct *q = kvd_kl_percentiles; q->name && isnan(sb); q++)
+        if (!strcmp(q->name, metric)) {
+            sb = kvd_results_percentile_se(&base->r, c->mode, c->context, "all", q->q);
+            sc = kvd_results_percentile_se(&cand->r, c->mode, c->context, "all", q->q);
+        }
     set_z(c, sb, sc);
 }
 
@@ -362,8 +392,13 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
                                 kvd_run_summary(cand, bm[i], ctx, "all", t->metric), t->metric),
                       base, cand, t->metric);
             } else if (is_der) {
-                add_check(out, &n, &cap, t, bm[i], ctx, -1, derived(base, bm[i], ctx, t->metric),
-                          derived(cand, bm[i], ctx, t->metric), t->metric);
+                double sb, sc;
+                const double vb = derived(base, bm[i], ctx, t->metric, &sb),
+                             vc = derived(cand, bm[i], ctx, t->metric, &sc);
+                kvd_check *c = add_check(out, &n, &cap, t, bm[i], ctx, -1, vb, vc, t->metric);
+                set_z(c, sb, sc);
+                /* attention KL: the layers' errors taken as independent */
+                if (c && isfinite(c->z) && !strncmp(t->metric, "attn_kl", 7)) c->z_bound = 1;
             } else if (is_out) {
                 for (int bk = 0; bk < 64; bk++) {
                     if (bucket >= 0 && bk != bucket) continue;
@@ -560,7 +595,9 @@ void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, cons
             snprintf(bk, sizeof bk, "%d", c[i].bucket);
         }
         char z[24] = "-";
-        if (isfinite(c[i].z)) snprintf(z, sizeof z, "%.1f%s", c[i].z, c[i].paired ? " paired" : "");
+        if (isfinite(c[i].z))
+            snprintf(z, sizeof z, "%s%.1f%s", c[i].z_bound ? "&#8804;" : "", c[i].z,
+                     c[i].paired ? " paired" : "");
         kvd_buf_printf(b,
                        "<tr><td class=\"l\">%s</td><td class=\"l\">%s</td><td>%s</td><td>%.4g</td>"
                        "<td>%.4g</td><td>%.3g</td><td>%.1f%%</td><td>%s</td><td>%.3g, %.0f%%</td>"

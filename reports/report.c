@@ -136,16 +136,23 @@ static int concurrencies(const kvd_run *r, long long ctx, int *out) {
     return n;
 }
 
+/* a row's share of the standard error of an n-weighted mean of rows, (n
+ * ci95 / 1.96)^2; none for a row without an interval (one position) */
+static double se_part(double n, double ci95) {
+    return isfinite(ci95) ? (n * ci95 / 1.959963984540054) * (n * ci95 / 1.959963984540054) : 0;
+}
+
 double kvd_run_layer_mean(const kvd_run *r, const char *mode, long long ctx, int layer,
-                          const char *metric) {
+                          const char *metric, double *se) {
     const kvd_table *t = &r->r.t[KVD_T_LAYER];
-    double s = 0, n = 0;
+    double s = 0, n = 0, v = 0;
     for (int64_t i = 0; i < t->n; i++) {
         const kvd_row_layer *x = KVD_ROW(t, kvd_row_layer, i);
         if (!strcmp(x->mode, mode) && x->context == ctx && x->layer == layer &&
             !strcmp(x->subset, "all") && !strcmp(x->metric, metric))
-            s += x->mean * x->n, n += x->n;
+            s += x->mean * x->n, n += x->n, v += se_part(x->n, x->ci95);
     }
+    if (se) *se = n > 0 ? sqrt(v) / n : NAN;
     return n > 0 ? s / n : NAN;
 }
 
@@ -164,16 +171,17 @@ typedef struct {
 } verdict;
 
 double kvd_run_attn_kl(const kvd_run *r, const char *mode, long long ctx, const char *view,
-                       const char *subset, int al) {
+                       const char *subset, int al, double *se) {
     const kvd_table *t = &r->r.t[KVD_T_ATTN];
-    double s = 0, n = 0;
+    double s = 0, n = 0, v = 0;
     for (int64_t i = 0; i < t->n; i++) {
         const kvd_row_attn *x = KVD_ROW(t, kvd_row_attn, i);
         if (!strcmp(x->mode, mode) && x->context == ctx && !strcmp(x->view, view) &&
             !strcmp(x->subset, subset) && !strcmp(x->metric, "kl") && x->kv_head == -1 &&
             (al < 0 || x->attn_layer == al))
-            s += x->mean * x->n, n += x->n;
+            s += x->mean * x->n, n += x->n, v += se_part(x->n, x->ci95);
     }
+    if (se) *se = n > 0 ? sqrt(v) / n : NAN;
     return n > 0 ? s / n : NAN;
 }
 
@@ -184,8 +192,8 @@ static verdict make_verdict(const kvd_run *r, const char *mode) {
     v.kl_err = kvd_run_summary(r, mode, ctx, "all", "kl_mean_err");
     v.top1 = kvd_run_summary(r, mode, ctx, "all", "same_top_p");
     v.ln_ppl = kvd_run_summary(r, mode, ctx, "all", "ln_ppl_ratio");
-    v.hid_last = kvd_run_layer_mean(r, mode, ctx, kvd_run_layers(r) - 1, "rel_l2");
-    v.attn_kl = kvd_run_attn_kl(r, mode, ctx, "propagated", "all", -1);
+    v.hid_last = kvd_run_layer_mean(r, mode, ctx, kvd_run_layers(r) - 1, "rel_l2", NULL);
+    v.attn_kl = kvd_run_attn_kl(r, mode, ctx, "propagated", "all", -1, NULL);
     kvd_results_kv_shares(&r->r, mode, ctx, &v.k_sat, &v.v_flush);
     int cs[64], nc = concurrencies(r, ctx, cs);
     v.conc = nc ? cs[nc - 1] : 0;
@@ -529,7 +537,8 @@ static void attention_bars(kvd_buf *b, const kvd_run *r, const char *label, int 
             snprintf(labels[ns], sizeof labels[ns], "%s %s", modes[m], view);
             lp[ns] = labels[ns];
             for (int a = 0; a < nal; a++)
-                vals[(size_t)ns * nal + a] = kvd_run_attn_kl(r, modes[m], ctx, view, "all", a);
+                vals[(size_t)ns * nal + a] =
+                    kvd_run_attn_kl(r, modes[m], ctx, view, "all", a, NULL);
             ns++;
         }
     }

@@ -36,16 +36,18 @@ double kvd_run_summary(const kvd_run *r, const char *mode, long long ctx, const 
 
 /* A /drift/layers figure ("rel_l2", "cosine", "router_flip") of one layer
  * over every position bucket and trace (n-weighted), subset "all"; NaN when
- * absent. kvd_run_layers: the layers the run has figures for. */
+ * absent. In *se (unless NULL) its standard error, the rows taken as
+ * independent samples. kvd_run_layers: the layers the run has figures for. */
 double kvd_run_layer_mean(const kvd_run *r, const char *mode, long long ctx, int layer,
-                          const char *metric);
+                          const char *metric, double *se);
 int kvd_run_layers(const kvd_run *r);
 /* Attention KL (/drift/attention, every KV head together) in a view
  * ("isolated", "propagated") and subset, over every position bucket and
  * trace and over one full-attention layer al, or every one (al < 0),
- * n-weighted; NaN when absent. */
+ * n-weighted; NaN when absent. *se as above: over several layers, whose
+ * errors at a position move together, a lower bound of the error. */
 double kvd_run_attn_kl(const kvd_run *r, const char *mode, long long ctx, const char *view,
-                       const char *subset, int al);
+                       const char *subset, int al, double *se);
 
 /* Modes present in a run, in the order kvdrift knows them. */
 int kvd_run_modes(const kvd_run *r, const char **modes);
@@ -77,15 +79,18 @@ typedef struct {
     int bucket; /* -1: the whole run */
     double base, cand, abs_inc, rel_inc, max_abs, max_rel;
     /* for a figure with a standard error (kl_mean, same_top_p, ln_ppl_ratio,
-     * delta_p_mean; the output figures per position bucket): how many
-     * standard errors it got worse by (negative: better); NaN otherwise.
-     * When both runs keep the positions of the same traces (paired), the
-     * error is that of the mean per-position difference; else the runs'
-     * combined sampling errors sqrt(se_base^2 + se_cand^2), as if their
-     * inputs were independent (ln_ppl_ratio and delta_p_mean from their
-     * output figure's buckets) */
+     * delta_p_mean, delta_p_rms, the KL percentiles but the extremes,
+     * hidden_rel_l2_last, attn_kl*; the output figures per position
+     * bucket): how many standard errors it got worse by (negative: better);
+     * NaN otherwise. When both runs keep the positions of the same traces
+     * (paired), the error is that of the mean per-position difference;
+     * else the runs' combined sampling errors sqrt(se_base^2 + se_cand^2),
+     * as if their inputs were independent */
     double z;
     int paired;
+    int z_bound; /* z is an upper bound: attention KL over layers, whose errors at a
+                    position move together, taken as independent (so a breach under
+                    min_sigma by it is under it by the true z too) */
     int breach;
     int noise;   /* past the thresholds, but by fewer standard errors than the
                     comparison's min_sigma: not a regression */

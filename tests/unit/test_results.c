@@ -214,6 +214,38 @@ static void paired_differences(void **st) {
     kvd_results_free(&c);
 }
 
+/* one run's own positions: the mean and its error; a percentile's error
+ * from the order statistics around it */
+static void position_errors(void **st) {
+    (void)st;
+    kvd_results r;
+    kvd_results_init(&r);
+    two_traces(&r, "fp8-cal", 5, 1);
+    kvd_paired p;
+    const double v[8] = {1, 2, 3, 4, 5, 12, 10, 11};
+    double m = 0, var = 0;
+    for (int i = 0; i < 8; i++) m += v[i] / 8;
+    for (int i = 0; i < 8; i++) var += (v[i] - m) * (v[i] - m) / 7;
+    assert_int_equal(kvd_results_positions(&r, "fp8-cal", 512, "all", "kl", -1, &p), 1);
+    assert_true(p.n == 8);
+    close_to(p.mean, m, 1e-15);
+    close_to(p.se, sqrt(var / 8), 1e-14);
+    /* delta p squared: every delta p here is 0 */
+    assert_int_equal(kvd_results_positions(&r, "fp8-cal", 512, "all", "delta_p_sq", -1, &p), 1);
+    assert_true(p.mean == 0 && p.se == 0);
+    assert_int_equal(kvd_results_positions(&r, "fp8-cal", 512, "copy", "kl", 1, &p), 1);
+    assert_true(p.n == 1 && p.mean == 4 && isnan(p.se)); /* position 3 of trace 0 */
+    assert_int_equal(kvd_results_positions(&r, "fp8-e5m2", 512, "all", "kl", -1, &p), 0);
+    /* sorted 1 2 3 4 5 10 11 12; the median: ranks 4 -/+ 1.96 sqrt(2), 1 and 7 */
+    close_to(kvd_results_percentile_se(&r, "fp8-cal", 512, "all", 0.5),
+             (12. - 2) / 3.919927969080108, 1e-15);
+    /* the 90th: rank 7.2 + 1.66 runs past the largest */
+    assert_true(isnan(kvd_results_percentile_se(&r, "fp8-cal", 512, "all", 0.9)));
+    assert_true(isnan(kvd_results_percentile_se(&r, "fp8-cal", 512, "all", 1.0)));
+    assert_true(isnan(kvd_results_percentile_se(&r, "fp8-e5m2", 512, "all", 0.5)));
+    kvd_results_free(&r);
+}
+
 /* The positions through a file and back; a version 1 file (no positions)
  * reads with none; a version 3 one, or positions past the table, do not */
 static void positions_on_file(void **st) {
@@ -286,7 +318,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(pooled_figures),     cmocka_unit_test(one_trace_exact),
         cmocka_unit_test(token_hash),         cmocka_unit_test(percentiles_over_positions),
-        cmocka_unit_test(paired_differences), cmocka_unit_test(positions_on_file),
+        cmocka_unit_test(paired_differences), cmocka_unit_test(position_errors),
+        cmocka_unit_test(positions_on_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
