@@ -836,13 +836,18 @@ int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_
          * the two modes share (the same tokens, the same hard predictions)
          * is no error of their difference */
         kvd_paired pd;
-        const double se = kvd_results_paired(&r->r, "fp8-cal", &r->r, others[o],
-                                             kvd_run_max_context(r), "all", "kl", -1, &pd)
-                              ? pd.se
-                              : sqrt(v.kl_err * v.kl_err + c.kl_err * c.kl_err),
+        const int paired = kvd_results_paired(&r->r, "fp8-cal", &r->r, others[o],
+                                              kvd_run_max_context(r), "all", "kl", -1, &pd);
+        const double se = paired ? pd.se : sqrt(v.kl_err * v.kl_err + c.kl_err * c.kl_err),
                      z = se > 0 ? fabs(v.kl - c.kl) / se : NAN, ratio = v.kl / c.kl;
         char how[160];
-        if (isfinite(z) && z < 2)
+        if (paired && pd.mean == 0 && pd.se == 0) /* e.g. a checkpoint's scales that are
+                                                     fp8-cal's own */
+            snprintf(how, sizeof how,
+                     "drifts exactly as fp8-cal does: the same KL at every position (mean "
+                     "output KL %.3e)",
+                     v.kl);
+        else if (isfinite(z) && z < 2)
             snprintf(how, sizeof how,
                      "drifts as far as fp8-cal within the error (mean output KL %.3e against "
                      "%.3e, %.1f standard errors apart)",

@@ -99,7 +99,15 @@ for p, col in (("/drift/summary", "value"), ("/drift/output", "mean"), ("/drift/
     for name in t.dtype.names:
         if name != "mode":
             assert np.array_equal(a[name], b[name], equal_nan=t.dtype[name].kind == "f"), (p, name)
+ts, tk = f["/drift/token_sets"][:], f["/drift/tokens"][:]
+a, b = ts[ts["mode"] == b"fp8-cal"][0], ts[ts["mode"] == b"fp8-ckpt"][0]
+assert a["n"] == b["n"] == 127 and a["trace_hash"] == b["trace_hash"]
+assert np.array_equal(tk[a["first"]:a["first"] + a["n"]], tk[b["first"]:b["first"] + b["n"]])
 PY
+# the headline says so, position by position
+"$bin" report "$work/fixed.h5" --format md -o "$work/fixed.md" 2>/dev/null &&
+  grep -q "^- fp8-ckpt drifts exactly as fp8-cal does: the same KL at every position (mean output KL [0-9.e+-]*); top-1 agreement" "$work/fixed.md" &&
+  ok || bad "the headline of a checkpoint whose scales are fp8-cal's: $(cat "$work/fixed.md")"
 expect 2 "--into-checkpoint: .*fixed: layer 3 already carries k_scale/v_scale" -- calibrate --model-dir "$work/fixed" --into-checkpoint
 expect 2 "--into-checkpoint: expected --model-dir CKPT" -- calibrate --model tiny --into-checkpoint
 
