@@ -134,6 +134,7 @@ int kvd_cmd_compare(int argc, char **argv) {
     char diff[1024];
     kvd_run_differences(&runs[0], &runs[1], diff, sizeof diff);
     if (diff[0]) printf("note: the runs differ in %s\n", diff);
+    printf("note: %s\n", kvd_runs_pairing_note(&runs[0], &runs[1]));
     int breaches = 0, missing = 0, noise = 0;
     for (int i = 0; i < n; i++) {
         const kvd_check *c = &checks[i];

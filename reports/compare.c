@@ -498,6 +498,32 @@ void kvd_run_differences(const kvd_run *a, const kvd_run *b, char *out, size_t n
     if (strcmp(ta, tb)) add_diff(out, n, "the trace spec");
 }
 
+int kvd_runs_pair(const kvd_run *a, const kvd_run *b) {
+    if (!a->r.t[KVD_T_TOKSET].n || !b->r.t[KVD_T_TOKSET].n) return 0;
+    const char *modes[KVD_KV_N_MODES];
+    const int nm = kvd_run_modes(a, modes);
+    kvd_paired pd;
+    for (int m = 0; m < nm; m++)
+        if (kvd_results_paired(&a->r, modes[m], &b->r, modes[m], kvd_run_max_context(a), "all",
+                               "kl", -1, &pd))
+            return 1;
+    return -1;
+}
+
+const char *kvd_runs_pairing_note(const kvd_run *a, const kvd_run *b) {
+    switch (kvd_runs_pair(a, b)) {
+    case 1:
+        return "the runs ran the same traces, so their figures' standard errors are those of "
+               "the per-position differences (paired)";
+    case -1:
+        return "the runs ran other traces (their tokens differ), so their figures' standard "
+               "errors are unpaired";
+    default:
+        return "a run keeps no per-position figures (schema version 1), so the figures' "
+               "standard errors are unpaired";
+    }
+}
+
 /* Where the candidate's KL moved: its per-position difference from the
  * baseline's, per position bucket with a 95% band, for each mode whose
  * positions pair (the same traces on both sides). Two runs that differ in
@@ -577,6 +603,8 @@ void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, cons
         kvd_buf_xml(b, diff);
         kvd_buf_puts(b, ".</p>\n");
     }
+    kvd_buf_printf(b, "<p class=\"note\">Standard errors: %s.</p>\n",
+                   kvd_runs_pairing_note(base, cand));
     kvd_run pair[2] = {*base, *cand};
     /* KL against position for both, modes as series */
     kvd_buf_puts(b, "<h2>Output drift, baseline and candidate</h2>\n");

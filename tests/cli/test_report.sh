@@ -495,7 +495,7 @@ got = z_of(page, "delta_p_rms", "*")
 assert got.endswith(" paired") and abs(float(got.split()[0]) - z) <= 0.05 + 1e-9, ("delta_p_rms", got, z)
 assert a["kl"].mean() != b["kl"].mean()  # the calibrations differ
 other = open(sys.argv[4]).read()
-assert "paired" not in other and re.search(r"[0-9]\.[0-9]</td><td>[^<]*</td><td", other)
+assert not re.search(r"[0-9] paired</td>", other) and re.search(r"[0-9]\.[0-9]</td><td>[^<]*</td><td", other)
 # the page's chart of the paired difference per position bucket
 import xml.etree.ElementTree as ET
 svg = next(x for x in re.findall(r"<svg .*?</svg>", page, re.S) if "paired by position" in x)
@@ -607,7 +607,15 @@ PY
 "$bin" compare "$work/r.h5" "$work/seed5.h5" -o "$work/seed5.html" >"$work/c5.out"; rc=$?
 [ $rc -eq 0 ] && grep -q "^note: the runs differ in seed (1 against 5)$" "$work/c5.out" &&
   grep -q "The runs differ in: seed (1 against 5)" "$work/seed5.html" &&
-  ! grep -q "^note:" "$work/c0.out" && ok || bad "runs with other settings: exit $rc: $(cat "$work/c5.out")"
+  ! grep -q "^note: the runs differ" "$work/c0.out" && ok || bad "runs with other settings: exit $rc: $(cat "$work/c5.out")"
+# whether the standard errors pair, said once: against itself and across
+# calibrations the same traces; across seeds other ones; a version 1 file none
+grep -q "^note: the runs ran the same traces, so their figures' standard errors are those of the per-position differences (paired)$" "$work/c0.out" &&
+  grep -q "^note: the runs ran the same traces" "$work/c256.out" &&
+  grep -q "^note: the runs ran other traces (their tokens differ), so their figures' standard errors are unpaired$" "$work/seed2.out" &&
+  grep -q "^note: a run keeps no per-position figures (schema version 1), so the figures' standard errors are unpaired$" "$work/c1.out" &&
+  grep -q "Standard errors: the runs ran other traces" "$work/seed2.html" && ok ||
+  bad "compare's note on pairing: $(head -3 "$work/c0.out" "$work/seed2.out" "$work/c1.out")"
 # a candidate without a figure the baseline has (a sweep that died, a NaN)
 # regresses: a gate that passed what it could not see would pass them
 cp "$work/r.h5" "$work/part.h5"
