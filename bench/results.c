@@ -692,12 +692,12 @@ int kvd_results_load(kvd_results *r, const char *path, char *err) {
     const kvd_table *ts = &r->t[KVD_T_TOKSET];
     for (int64_t i = 0; i < ts->n && !rc; i++) {
         const kvd_row_tokset *x = KVD_ROW(ts, kvd_row_tokset, i);
-        if (x->first < 0 || x->n < 0 || x->first + x->n > r->t[KVD_T_TOKEN].n) {
+        const int64_t nt = r->t[KVD_T_TOKEN].n; /* no sum that can overflow */
+        if (x->first < 0 || x->n < 0 || x->first > nt || x->n > nt - x->first) {
             snprintf(err, KVD_ERR_LEN,
-                     "%s: dataset /drift/token_sets row %lld: rows %lld..%lld, expected within "
-                     "the %lld rows of /drift/tokens",
-                     path, (long long)i, (long long)x->first, (long long)(x->first + x->n - 1),
-                     (long long)r->t[KVD_T_TOKEN].n);
+                     "%s: dataset /drift/token_sets row %lld: first %lld and n %lld, expected "
+                     "rows within the %lld of /drift/tokens",
+                     path, (long long)i, (long long)x->first, (long long)x->n, (long long)nt);
             rc = -1;
         }
     }

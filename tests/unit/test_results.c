@@ -307,8 +307,16 @@ static void positions_on_file(void **st) {
     assert_int_equal(kvd_results_save(&r, path, err), 0);
     kvd_results_init(&back);
     assert_int_equal(kvd_results_load(&back, path, err), -1);
-    assert_non_null(strstr(err, "dataset /drift/token_sets row 1: rows 5..8, expected within the 8 "
-                                "rows of /drift/tokens"));
+    assert_non_null(strstr(err, "dataset /drift/token_sets row 1: first 5 and n 4, expected rows "
+                                "within the 8 of /drift/tokens"));
+    kvd_results_free(&back);
+    /* ... or one whose end would overflow */
+    x[1].first = INT64_MAX - 2;
+    assert_int_equal(kvd_results_save(&r, path, err), 0);
+    kvd_results_init(&back);
+    assert_int_equal(kvd_results_load(&back, path, err), -1);
+    assert_non_null(
+        strstr(err, "dataset /drift/token_sets row 1: first 9223372036854775805 and n 4"));
     kvd_results_free(&back);
     kvd_results_free(&r);
     unlink(path);
