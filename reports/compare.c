@@ -562,7 +562,8 @@ static void paired_kl_chart(kvd_buf *b, const kvd_run *base, const kvd_run *cand
         }
         if (!k) continue;
         const int s = ch.n_series++;
-        ch.series[s] = (kvd_series){modes[m], k, x[s], y[s], lo[s], hi[s], 0};
+        /* the colour of the baseline's series of this mode in the chart above */
+        ch.series[s] = (kvd_series){modes[m], k, x[s], y[s], lo[s], hi[s], 0, 1 + m};
     }
     if (!ch.n_series) return;
     if (!moved) {

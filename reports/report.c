@@ -347,7 +347,7 @@ static void kl_by_position(kvd_buf *b, const kvd_run *runs, int n, const char *s
                 k++;
             }
             series_label(st.label[s], sizeof st.label[s], runs, n, i, modes[m]);
-            ch.series[s] = (kvd_series){st.label[s], k, st.x[s], st.y[s], st.lo[s], st.hi[s], 0};
+            ch.series[s] = (kvd_series){st.label[s], k, st.x[s], st.y[s], st.lo[s], st.hi[s], 0, 0};
             ch.n_series++;
         }
     }
@@ -373,18 +373,19 @@ static void kl_tail(kvd_buf *b, const kvd_run *runs, int n) {
                          1,
                          0,
                          {{0}}};
-    int wanted = 0, first = NX;
-    for (int i = 0; i < n; i++) {
+    int wanted = 0, first = NX, color[KVD_SVG_MAX_SERIES];
+    for (int i = 0, all = 0; i < n; i++) {
         const char *modes[KVD_KV_N_MODES];
         const int nm = kvd_run_modes(&runs[i], modes);
         const long long ctx = kvd_run_max_context(&runs[i]);
-        for (int m = 0; m < nm; m++) {
+        for (int m = 0; m < nm; m++, all++) { /* all: the series' index in kl_by_position */
             const float *v;
             const int64_t nv = kvd_results_kl_sorted(&runs[i].r, modes[m], ctx, "all", &v);
             if (nv == 0 || !(v[nv - 1] > 0)) continue; /* no positions, or no drift */
             if (wanted++ >= KVD_SVG_MAX_SERIES) continue;
             const int s = ch.n_series++;
-            int64_t j = 0; /* v[j..] are the values above x */
+            color[s] = 1 + all; /* each mode in its colour of the chart above */
+            int64_t j = 0;      /* v[j..] are the values above x */
             for (int e = 0; e < NX; e++) {
                 const double x = pow(10, LO_EXP + (double)e / PER_DECADE);
                 while (j < nv && v[j] <= x) j++;
@@ -402,7 +403,7 @@ static void kl_tail(kvd_buf *b, const kvd_run *runs, int n) {
             st.x[s][k] = pow(10, LO_EXP + (double)e / PER_DECADE);
             st.y[s][k] = share[s][e];
         }
-        ch.series[s] = (kvd_series){st.label[s], k, st.x[s], st.y[s], NULL, NULL, 0};
+        ch.series[s] = (kvd_series){st.label[s], k, st.x[s], st.y[s], NULL, NULL, 0, color[s]};
     }
     kvd_buf_puts(b, "<h2>How the drift is spread over positions</h2>\n<p class=\"note\">The "
                     "share of predicted positions, over every trace, whose next-token KL against "
@@ -617,8 +618,8 @@ static void throughput_charts(kvd_buf *b, const kvd_run *runs, int n) {
                 k++;
             }
             series_label(st.label[s], sizeof st.label[s], runs, n, i, modes[m]);
-            a.series[s] = (kvd_series){st.label[s], k, st.x[s], st.y[s], NULL, NULL, 0};
-            c.series[s] = (kvd_series){st.label[s], k, st2.x[s], st2.y[s], NULL, NULL, 0};
+            a.series[s] = (kvd_series){st.label[s], k, st.x[s], st.y[s], NULL, NULL, 0, 0};
+            c.series[s] = (kvd_series){st.label[s], k, st2.x[s], st2.y[s], NULL, NULL, 0, 0};
             a.n_series++, c.n_series++;
         }
     }
@@ -649,7 +650,7 @@ static void tradeoff_chart(kvd_buf *b, const kvd_run *runs, int n) {
             st.x[s][0] = 1073741824.0 / x->kv_bytes_per_token;
             st.y[s][0] = kvd_run_summary(&runs[i], modes[m], ctx, "all", "kl_mean");
             series_label(st.label[s], sizeof st.label[s], runs, n, i, modes[m]);
-            ch.series[s] = (kvd_series){st.label[s], 1, st.x[s], st.y[s], NULL, NULL, 1};
+            ch.series[s] = (kvd_series){st.label[s], 1, st.x[s], st.y[s], NULL, NULL, 1, 0};
             ch.n_series++;
         }
     }

@@ -166,7 +166,7 @@ void kvd_svg_lines(kvd_buf *b, const kvd_line_chart *c) {
     axes(b, &x, &y, c->xlabel, c->ylabel, 1, NULL, 0);
     for (int s = 0; s < c->n_series; s++) {
         const kvd_series *se = &c->series[s];
-        const char *col = kvd_svg_color(s);
+        const char *col = kvd_svg_color(se->color > 0 ? se->color - 1 : s);
         if (se->lo && se->hi) { /* the 95% band */
             kvd_buf_printf(b, "<polygon class=\"band\" fill=\"%s\" fill-opacity=\"0.15\" points=\"",
                            col);

@@ -14,6 +14,8 @@ typedef struct {
     const double *x, *y;
     const double *lo, *hi; /* optional band (NULL: none) */
     int points_only;       /* a scatter: markers, no line */
+    int color;             /* 1 + a palette index, to keep a mode's colour from chart to
+                              chart; 0: the series' own index */
 } kvd_series;
 
 typedef struct {

@@ -201,6 +201,12 @@ for mode in ("fp8-cal", "fp8-unscaled"):
         x, y = float(c.get("data-x")), float(c.get("data-y"))
         assert y == (kl > x).mean() > 0, (mode, x, y, (kl > x).mean())
     assert (kl > xs[-1] * 10 ** 0.25).mean() == 0  # the series ends where nothing is above
+# each mode in the colour it has in the KL-against-position chart
+first = next(x for x in re.findall(r"<svg .*?</svg>", html, re.S) if "KL against position" in x)
+def colours(svg):
+    return {c.get("data-series"): c.get("fill") for c in ET.fromstring(svg).iter(ns + "circle") if c.get("class") == "pt"}
+above, tail = colours(first), colours(svg)
+assert all(tail[m] == above[m] for m in tail) and len(set(tail.values())) == 2, (above, tail)
 PY
 # without positions (a schema version 1 file) the headline weighs the
 # difference by the two means' combined errors
@@ -511,6 +517,10 @@ for c in pts:
     assert abs(float(c.get("data-y")) - mean) <= 1e-9 * abs(v).max(), (bk, c.get("data-y"), mean)
     assert abs(float(c.get("data-hi")) - mean - ci) <= 1e-9 * abs(v).max() + 1e-6 * ci, (bk, c.get("data-hi"), ci)
 assert "paired by position" not in other
+# fp8-cal in the colour of the baseline's fp8-cal in the chart above
+above = next(x for x in re.findall(r"<svg .*?</svg>", page, re.S) if "KL against position" in x)
+fill = {c.get("data-series"): c.get("fill") for c in ET.fromstring(above).iter("{http://www.w3.org/2000/svg}circle") if c.get("class") == "pt"}
+assert {c.get("fill") for c in pts} == {fill[next(k for k in fill if k.endswith("fp8-cal") and "c256" not in k)]}, fill
 PY
 "$bin" compare "$work/r.h5" "$work/r.h5" -o "$work/same.html" >/dev/null && xmllint --noout "$work/same.html" &&
   grep -q "every mode's KL is the same at every position" "$work/same.html" && ! grep -q "paired by position" "$work/same.html" &&
