@@ -453,6 +453,11 @@ static void summary(kvd_results *r, kvd_kv_mode mode, int64_t ctx, int tr, int s
 _Static_assert(sizeof(kvd_row_token) == sizeof(kvd_token_fig) &&
                    offsetof(kvd_row_token, delta_p) == offsetof(kvd_token_fig, delta_p) &&
                    offsetof(kvd_row_token, delta_nll) == offsetof(kvd_token_fig, delta_nll) &&
+                   offsetof(kvd_row_token, hidden_last) == offsetof(kvd_token_fig, hidden_last) &&
+                   offsetof(kvd_row_token, attn_isolated) ==
+                       offsetof(kvd_token_fig, attn_isolated) &&
+                   offsetof(kvd_row_token, attn_propagated) ==
+                       offsetof(kvd_token_fig, attn_propagated) &&
                    offsetof(kvd_row_token, copy) == offsetof(kvd_token_fig, copy) &&
                    offsetof(kvd_row_token, same_top) == offsetof(kvd_token_fig, same_top),
                "kvd_row_token and kvd_token_fig differ");

@@ -71,8 +71,13 @@ static const kvd_coldef c_gen[] = {CELL_KEYS(kvd_row_gen),
 static const kvd_coldef c_tokset[] = {CELL_KEYS(kvd_row_tokset), I32(kvd_row_tokset, trace),
                                       I64(kvd_row_tokset, trace_hash), I64(kvd_row_tokset, first),
                                       I64(kvd_row_tokset, n)};
-static const kvd_coldef c_token[] = {F32(kvd_row_token, kl), F32(kvd_row_token, delta_p),
-                                     F32(kvd_row_token, delta_nll), U8(kvd_row_token, copy),
+static const kvd_coldef c_token[] = {F32(kvd_row_token, kl),
+                                     F32(kvd_row_token, delta_p),
+                                     F32(kvd_row_token, delta_nll),
+                                     F32(kvd_row_token, hidden_last),
+                                     F32(kvd_row_token, attn_isolated),
+                                     F32(kvd_row_token, attn_propagated),
+                                     U8(kvd_row_token, copy),
                                      U8(kvd_row_token, same_top)};
 static const kvd_coldef c_tput[] = {
     CELL_KEYS(kvd_row_tput),          F64(kvd_row_tput, prefill_tok_s),
@@ -148,7 +153,9 @@ void kvd_results_init(kvd_results *r) {
         TABLE("/drift/tokens",
               "every predicted position of every drift cell, in position order (the prediction "
               "at position p is of token p + 1): output KL, delta p and delta -ln p of the true "
-              "next token, whether it copies earlier content, whether both argmaxes agree",
+              "next token, the last layer's hidden-state relative L2, the attention KL over the "
+              "full-attention layers in either view (NaN where attention is not sampled), "
+              "whether the next token copies earlier content, whether both argmaxes agree",
               kvd_row_token, c_token),
         TABLE("/throughput", "speed per mode, concurrency and context", kvd_row_tput, c_tput),
         TABLE("/cells", "completion marker of every finished cell", kvd_row_cell, c_cells),
@@ -284,8 +291,9 @@ static const kvd_row_tokset *tokset(const kvd_results *r, const char *mode, long
     return NULL;
 }
 
-static const char *const token_metrics[] = {"kl", "top1_agree", "delta_p", "delta_nll",
-                                            "delta_p_sq"};
+static const char *const token_metrics[] = {
+    "kl",         "top1_agree",  "delta_p",       "delta_nll",
+    "delta_p_sq", "hidden_last", "attn_isolated", "attn_propagated"};
 
 static double token_value(const kvd_row_token *t, int metric) {
     switch (metric) {
@@ -297,8 +305,14 @@ static double token_value(const kvd_row_token *t, int metric) {
         return t->delta_p;
     case 3:
         return t->delta_nll;
-    default:
+    case 4:
         return (double)t->delta_p * t->delta_p;
+    case 5:
+        return t->hidden_last;
+    case 6:
+        return t->attn_isolated;
+    default:
+        return t->attn_propagated;
     }
 }
 
@@ -315,6 +329,7 @@ static void accumulate(const kvd_row_token *u, const kvd_row_token *v, int64_t n
         if ((bucket >= 0 && kvd_bucket(p) != bucket) || !in_subset(&u[p], subset)) continue;
         const double d = v ? token_value(&v[p], metric) - token_value(&u[p], metric)
                            : token_value(&u[p], metric);
+        if (isnan(d)) continue; /* attention not sampled here (on either side) */
         acc[0] += 1, acc[1] += d, acc[2] += d * d;
     }
 }

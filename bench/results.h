@@ -130,7 +130,7 @@ typedef struct {
 
 /* One predicted position (of token p + 1): as kvd_token_fig in drift.h. */
 typedef struct {
-    float kl, delta_p, delta_nll;
+    float kl, delta_p, delta_nll, hidden_last, attn_isolated, attn_propagated;
     uint8_t copy, same_top;
 } kvd_row_token;
 

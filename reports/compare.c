@@ -333,6 +333,29 @@ static void add_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const 
     set_z(c, sb, sc);
 }
 
+/* ... for attention KL and the last layer's hidden drift: from each
+ * position's figure (attention: its mean over the layers) when the runs keep
+ * positions, paired when they pair; else from the buckets' errors (sb, sc),
+ * which for attention over several layers take the layers' errors as
+ * independent, though an error at one layer carries into the next: that z is
+ * an upper bound */
+static void derived_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const char *metric,
+                      double sb, double sc) {
+    if (!c) return;
+    const char *of = !strcmp(metric, "attn_kl")            ? "attn_propagated"
+                     : !strcmp(metric, "attn_kl_isolated") ? "attn_isolated"
+                                                           : "hidden_last";
+    if (set_paired_z(c, base, cand, of, -1)) return;
+    kvd_paired pb, pc;
+    if (kvd_results_positions(&base->r, c->mode, c->context, "all", of, -1, &pb) &&
+        kvd_results_positions(&cand->r, c->mode, c->context, "all", of, -1, &pc)) {
+        set_z(c, pb.se, pc.se);
+        return;
+    }
+    set_z(c, sb, sc);
+    if (isfinite(c->z) && strcmp(of, "hidden_last")) c->z_bound = 1;
+}
+
 int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *th, int n_th,
                 double min_sigma, kvd_check **out, char *err) {
     *out = NULL;
@@ -395,10 +418,8 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
                 double sb, sc;
                 const double vb = derived(base, bm[i], ctx, t->metric, &sb),
                              vc = derived(cand, bm[i], ctx, t->metric, &sc);
-                kvd_check *c = add_check(out, &n, &cap, t, bm[i], ctx, -1, vb, vc, t->metric);
-                set_z(c, sb, sc);
-                /* attention KL: the layers' errors taken as independent */
-                if (c && isfinite(c->z) && !strncmp(t->metric, "attn_kl", 7)) c->z_bound = 1;
+                derived_z(add_check(out, &n, &cap, t, bm[i], ctx, -1, vb, vc, t->metric), base,
+                          cand, t->metric, sb, sc);
             } else if (is_out) {
                 for (int bk = 0; bk < 64; bk++) {
                     if (bucket >= 0 && bk != bucket) continue;

@@ -258,8 +258,14 @@ static void compare_chunk(lockstep *L, const float *lr, const float *lc, const u
             kvd_stat_add(&d->out[m][osub][ob], v[m]);
         }
         d->tok[d->n_tok++] =
-            (kvd_token_fig){(float)kl, (float)v[KVD_OUT_DP], (float)v[KVD_OUT_DNLL],
-                            osub == KVD_SUB_COPY, lc1.same_argmax != 0};
+            (kvd_token_fig){(float)kl,
+                            (float)v[KVD_OUT_DP],
+                            (float)v[KVD_OUT_DNLL],
+                            (float)L->hrel[(size_t)(c->num_hidden_layers - 1) * L->cap + r],
+                            NAN, /* attention: set once the chunk's sampled positions are in */
+                            NAN,
+                            osub == KVD_SUB_COPY,
+                            lc1.same_argmax != 0};
     }
 }
 
@@ -373,6 +379,20 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
         L.side = 1;
         if (kvd_engine_forward(&mc, &kc, &bc, lc, 1, err)) goto out;
         compare_chunk(&L, lr, lc, tok, n);
+        for (int r = 0; r < rows; r++) /* each position's attention KL, over the layers */
+            for (int v = 0; v < KVD_VIEW_N; v++) {
+                double sum = 0;
+                int k = 0;
+                for (int al = 0; al < nf; al++) {
+                    const att_slot *s = &L.slots[(size_t)al * R + r];
+                    if (s->have[v]) sum += s->fig[v][KVD_ATT_KL], k++;
+                }
+                if (k && p0 + r + 1 < n) {
+                    kvd_token_fig *t = &d->tok[p0 + r];
+                    *(v == KVD_VIEW_ISOLATED ? &t->attn_isolated : &t->attn_propagated) =
+                        (float)(sum / k);
+                }
+            }
         for (int al = 0; al < nf; al++)
             for (int r = 0; r < rows; r++) {
                 att_slot *s = &L.slots[(size_t)al * R + r];

@@ -63,13 +63,15 @@ typedef struct {
     int agree;            /* positions where both chose the same token */
 } kvd_gen_result;
 
-/* The output figures of one predicted position (the prediction at position
- * p is of token p + 1): KL(reference || candidate), the candidate's minus the
+/* The figures of one predicted position (the prediction at position p is
+ * of token p + 1): KL(reference || candidate), the candidate's minus the
  * reference's probability of the true next token and their difference in
- * -ln p, whether that token copies earlier content and whether both argmaxes
- * agree. */
+ * -ln p; the last layer's hidden-state relative L2 at p; the attention KL at
+ * p, the mean over the full-attention layers, in either view (NaN where
+ * attention is not sampled); whether the next token copies earlier content
+ * and whether both argmaxes agree. */
 typedef struct {
-    float kl, delta_p, delta_nll;
+    float kl, delta_p, delta_nll, hidden_last, attn_isolated, attn_propagated;
     uint8_t copy, same_top;
 } kvd_token_fig;
 

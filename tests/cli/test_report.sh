@@ -459,7 +459,7 @@ PY
 # calibrated on 256 tokens, not 512. compare's z for fp8-cal's kl_mean,
 # same_top_p and one bucket's KL, against numpy's paired errors; a run over
 # other traces (another seed) does not pair
-printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_mean,fp8-cal,*,0,0\nsame_top_p,fp8-cal,*,0,0\nkl,fp8-cal,8,0,0\ndelta_p_rms,fp8-cal,*,0,0\n' >"$work/tpair.csv"
+printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_mean,fp8-cal,*,0,0\nsame_top_p,fp8-cal,*,0,0\nkl,fp8-cal,8,0,0\ndelta_p_rms,fp8-cal,*,0,0\nattn_kl,fp8-cal,*,0,0\n' >"$work/tpair.csv"
 for v in c256:"--calib-tokens 256" seed2:"--calib-tokens 512 --seed 2"; do
   IFS=: read -r name flags <<<"$v"
   # shellcheck disable=SC2086
@@ -499,6 +499,17 @@ d = b["delta_p"].astype(np.float64) ** 2 - a["delta_p"].astype(np.float64) ** 2
 z = d.mean() / (d.std(ddof=1) / math.sqrt(len(d)))
 got = z_of(page, "delta_p_rms", "*")
 assert got.endswith(" paired") and abs(float(got.split()[0]) - z) <= 0.05 + 1e-9, ("delta_p_rms", got, z)
+# attention KL paired: each sampled position's mean over the layers
+def attn_rows(path):
+    t = h5py.File(path)["/drift/attention"][:]
+    t = t[(t["mode"] == b"fp8-cal") & (t["view"] == b"propagated") & (t["subset"] == b"all") & (t["metric"] == b"kl") & (t["kv_head"] == -1)]
+    return (t["n"] * t["mean"]).sum() / t["n"].sum()
+d = b["attn_propagated"].astype(np.float64) - a["attn_propagated"].astype(np.float64)
+d = d[~np.isnan(d)]
+assert 30 <= len(d) < 100
+z = (attn_rows(sys.argv[2]) - attn_rows(sys.argv[1])) / (d.std(ddof=1) / math.sqrt(len(d)))
+got = z_of(page, "attn_kl", "*")
+assert got.endswith(" paired") and abs(float(got.split()[0]) - z) <= 0.05 + 1e-9, ("attn_kl", got, z)
 assert a["kl"].mean() != b["kl"].mean()  # the calibrations differ
 other = open(sys.argv[4]).read()
 assert not re.search(r"[0-9] paired</td>", other) and re.search(r"[0-9]\.[0-9]</td><td>[^<]*</td><td", other)
@@ -526,20 +537,33 @@ PY
   grep -q "every mode's KL is the same at every position" "$work/same.html" && ! grep -q "paired by position" "$work/same.html" &&
   ok || bad "compare against itself: no note that every position is the same"
 # figures with an error of their own, between runs that do not pair (seed 1
-# against 2): a KL percentile's order statistics, delta_p_rms from the
-# positions, the last layer's hidden drift from its buckets, attention KL
-# over layers taken as independent (an upper bound of z, shown as such)
+# against 2): a KL percentile's order statistics, delta_p_rms, the last
+# layer's hidden drift and attention KL (its mean over layers) from the
+# positions. From version 1 files: the buckets, attention taking the layers
+# as independent (an upper bound of z, shown as such), no percentile, no rms
 printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_p90,fp8-cal,*,0,0\ndelta_p_rms,fp8-cal,*,0,0\nhidden_rel_l2_last,fp8-cal,*,0,0\nattn_kl,fp8-cal,*,0,0\nattn_kl_isolated,fp8-cal,*,0,0\n' >"$work/tse.csv"
 "$bin" compare "$work/r.h5" "$work/seed2.h5" --thresholds "$work/tse.csv" -o "$work/se.html" >"$work/se.out"
-"$py" - "$work/r.h5" "$work/seed2.h5" "$work/se.html" "$work/se.out" <<'PY' && ok || bad "compare: the standard errors of percentiles, rms, hidden and attention drift: $(cat "$work/se.out")"
+cp "$work/seed2.h5" "$work/seed2-v1.h5"
+"$py" - "$work/seed2-v1.h5" <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1], "r+")
+del f["/drift/token_sets"], f["/drift/tokens"]
+f.attrs["schema_version"] = [1]
+PY
+"$bin" compare "$work/v1.h5" "$work/seed2-v1.h5" --thresholds "$work/tse.csv" -o "$work/se1.html" >"$work/se1.out"
+"$py" - "$work/r.h5" "$work/seed2.h5" "$work/se.html" "$work/se1.html" "$work/se1.out" <<'PY' && ok || bad "compare: the standard errors of percentiles, rms, hidden and attention drift: $(cat "$work/se.out" "$work/se1.out")"
 import re, sys, math, h5py, numpy as np
+import html as H
 def summ(f, metric):
     s = f["/drift/summary"][:]
     return float(s[(s["mode"] == b"fp8-cal") & (s["subset"] == b"all") & (s["metric"] == metric.encode())]["value"][0])
 def pos(f, col):
     ts, tk = f["/drift/token_sets"][:], f["/drift/tokens"][:]
     r = ts[ts["mode"] == b"fp8-cal"][0]
-    return tk[col][r["first"]:r["first"] + r["n"]].astype(np.float64)
+    x = tk[col][r["first"]:r["first"] + r["n"]].astype(np.float64)
+    return x[~np.isnan(x)]
+def se(x):
+    return x.std(ddof=1) / math.sqrt(len(x))
 def pct_se(f, q):
     v = np.sort(pos(f, "kl")); n = len(v)
     h = 1.959963984540054 * math.sqrt(n * q * (1 - q))
@@ -547,8 +571,7 @@ def pct_se(f, q):
     assert 0 <= lo and hi <= n - 1
     return (v[hi] - v[lo]) / (2 * 1.959963984540054)
 def rms_se(f):
-    d2 = pos(f, "delta_p") ** 2
-    return d2.std(ddof=1) / math.sqrt(len(d2)) / (2 * summ(f, "delta_p_rms"))
+    return se(pos(f, "delta_p") ** 2) / (2 * summ(f, "delta_p_rms"))
 def rows_se(t):
     c = np.nan_to_num(t["ci95"])
     return (t["n"] * t["mean"]).sum() / t["n"].sum(), math.sqrt(((t["n"] * c / 1.959963984540054) ** 2).sum()) / t["n"].sum()
@@ -558,23 +581,36 @@ def hid(f):
 def attn(f, view):
     a = f["/drift/attention"][:]
     return rows_se(a[(a["mode"] == b"fp8-cal") & (a["view"] == view.encode()) & (a["subset"] == b"all") & (a["metric"] == b"kl") & (a["kv_head"] == -1)])
+def z(b, a, sa, sb):
+    return (b - a) / math.hypot(sa, sb)
 A, B = h5py.File(sys.argv[1]), h5py.File(sys.argv[2])
-want = {
-    "kl_p90": ((summ(B, "kl_p90") - summ(A, "kl_p90")) / math.hypot(pct_se(A, .9), pct_se(B, .9)), ""),
-    "delta_p_rms": ((summ(B, "delta_p_rms") - summ(A, "delta_p_rms")) / math.hypot(rms_se(A), rms_se(B)), ""),
-    "hidden_rel_l2_last": ((hid(B)[0] - hid(A)[0]) / math.hypot(hid(A)[1], hid(B)[1]), ""),
-    "attn_kl": ((attn(B, "propagated")[0] - attn(A, "propagated")[0]) / math.hypot(attn(A, "propagated")[1], attn(B, "propagated")[1]), "\u2264"),
-    "attn_kl_isolated": ((attn(B, "isolated")[0] - attn(A, "isolated")[0]) / math.hypot(attn(A, "isolated")[1], attn(B, "isolated")[1]), "\u2264"),
+views = {"attn_kl": "propagated", "attn_kl_isolated": "isolated"}
+with_pos = {
+    "kl_p90": (z(summ(B, "kl_p90"), summ(A, "kl_p90"), pct_se(A, .9), pct_se(B, .9)), ""),
+    "delta_p_rms": (z(summ(B, "delta_p_rms"), summ(A, "delta_p_rms"), rms_se(A), rms_se(B)), ""),
+    "hidden_rel_l2_last": (z(hid(B)[0], hid(A)[0], se(pos(A, "hidden_last")), se(pos(B, "hidden_last"))), ""),
 }
-page = open(sys.argv[3]).read()
-import html as H
-for metric, (z, mark) in want.items():
-    m = re.search(rf'<tr><td class="l">{metric}</td><td class="l">fp8-cal</td><td>\*</td>(?:<td>[^<]*</td>){{4}}<td>([^<]*)</td>', page)
-    got = H.unescape(m.group(1))
-    assert got.startswith(mark) and abs(float(got[len(mark):]) - z) <= 0.05 + 1e-9, (metric, got, z)
-    print(f"{metric}: z {mark}{z:.2f}", file=sys.stderr)
-out = open(sys.argv[4]).read()
-assert re.search(r"^REGRESSION attn_kl fp8-cal context 512: .*, at most [0-9.]+ standard errors;", out, re.M) or want["attn_kl"][0] <= 0, out
+for m, v in views.items():
+    with_pos[m] = (z(attn(B, v)[0], attn(A, v)[0], se(pos(A, "attn_" + v)), se(pos(B, "attn_" + v))), "")
+without = {"kl_p90": None, "delta_p_rms": None,
+           "hidden_rel_l2_last": (z(hid(B)[0], hid(A)[0], hid(A)[1], hid(B)[1]), "")}
+for m, v in views.items():
+    without[m] = (z(attn(B, v)[0], attn(A, v)[0], attn(A, v)[1], attn(B, v)[1]), "\u2264")
+for page, want in ((open(sys.argv[3]).read(), with_pos), (open(sys.argv[4]).read(), without)):
+    for metric, w in want.items():
+        m = re.search(rf'<tr><td class="l">{metric}</td><td class="l">fp8-cal</td><td>\*</td>(?:<td>[^<]*</td>){{4}}<td>([^<]*)</td>', page)
+        got = H.unescape(m.group(1))
+        if w is None:
+            assert got == "-", (metric, got)
+            continue
+        zz, mark = w
+        assert got.startswith(mark) and not got[len(mark):].startswith("\u2264") and abs(float(got[len(mark):]) - zz) <= 0.05 + 1e-9, (metric, got, zz)
+        print(f"{metric}: z {mark}{zz:.2f}", file=sys.stderr)
+# by positions, attention's error is larger than the layers-as-independent one
+for m, v in views.items():
+    assert se(pos(A, "attn_" + v)) > attn(A, v)[1], m
+out = open(sys.argv[5]).read()
+assert re.search(r"^REGRESSION attn_kl fp8-cal context 512: .*, at most [0-9.]+ standard errors;", out, re.M) or without["attn_kl"][0] <= 0, out
 PY
 # decode_vs_bf16: a mode's decode speed over BF16's in the same run. FP8
 # made slower regresses it; BF16 made slower does not (the machine, not the

@@ -158,8 +158,29 @@ for r in ts:
         assert x["same_top"].mean() == fig("same_top_p"), (mode, ctx, sub)
         dn = x["delta_nll"].astype(np.float64)
         assert abs(dn.mean() - fig("ln_ppl_ratio")) <= 1e-6 * max(np.abs(dn).mean(), 1e-30), (mode, ctx, sub)
+    # the last layer's hidden drift, bucket by bucket (the rows also hold
+    # position ctx - 1, which predicts nothing: its bucket is left out)
+    hl = sel(lay, mode=mode, context=ctx, subset="all", metric="rel_l2", layer=7)
+    pos = np.arange(len(t))
+    bk = np.where(pos < 2, 0, np.floor(np.log2(np.maximum(pos, 1))).astype(int))
+    for row in hl:
+        if row["pos_hi"] >= ctx - 1:
+            continue
+        x = t["hidden_last"][bk == row["bucket"]].astype(np.float64)
+        assert len(x) == row["n"] and abs(x.mean() - row["mean"]) <= 1e-6 * row["mean"] + 1e-30, (mode, ctx, row["bucket"])
+    # attention at its sampled positions, the mean over the layers: every
+    # layer's rows again (NaN elsewhere)
+    for view in ("isolated", "propagated"):
+        x = t["attn_" + view].astype(np.float64)
+        ok = ~np.isnan(x)
+        rows = sel(att, mode=mode, context=ctx, subset="all", metric="kl", view=view, kv_head=-1)
+        assert ok.sum() == sel(rows, attn_layer=0)["n"].sum() > ctx // 16 - 2, (mode, ctx, view, ok.sum())
+        assert ok[::16].all()  # every 16th position is sampled (and each copy start)
+        want = (rows["n"] * rows["mean"]).sum() / rows["n"].sum()
+        assert abs(x[ok].mean() - want) <= 1e-6 * want + 1e-30, (mode, ctx, view, x[ok].mean(), want)
     if mode == "bf16":
         assert np.all(t["kl"] == 0) and np.all(t["same_top"] == 1) and np.all(t["delta_nll"] == 0)
+        assert np.all(t["hidden_last"] == 0) and np.nanmax(t["attn_propagated"]) == 0
 # one trace per context: every mode hashes the same tokens, the contexts others
 for ctx in (512, 1024):
     assert len(set(sel(ts, context=ctx)["trace_hash"])) == 1
@@ -212,7 +233,9 @@ for r in a["/drift/token_sets"][:]:
     s = b["/drift/token_sets"][:]
     s = s[(s["mode"] == r["mode"]) & (s["context"] == r["context"]) & (s["trace"] == r["trace"])]
     assert len(s) == 1 and s["n"][0] == r["n"] and s["trace_hash"][0] == r["trace_hash"]
-    assert np.array_equal(ta[r["first"]:r["first"] + r["n"]], tb[s["first"][0]:s["first"][0] + r["n"]]), r
+    x, y = ta[r["first"]:r["first"] + r["n"]], tb[s["first"][0]:s["first"][0] + r["n"]]
+    for n in x.dtype.names:  # attention is NaN where not sampled
+        assert np.array_equal(x[n], y[n], equal_nan=x.dtype[n].kind == "f"), (r, n)
 PY
 
 # a context's figures do not depend on the sweep's other contexts: each has
@@ -233,7 +256,9 @@ for p in ("/drift/output", "/drift/layers", "/drift/attention", "/drift/summary"
 sa, sb = a["/drift/token_sets"][:], b["/drift/token_sets"][:]
 sa = sa[(sa["mode"] == b"fp8-unscaled") & (sa["context"] == 256)]
 assert len(sa) == len(sb) == 1 and sa["trace_hash"][0] == sb["trace_hash"][0] and sa["n"][0] == sb["n"][0] == 255
-assert np.array_equal(a["/drift/tokens"][sa["first"][0]:sa["first"][0] + 255], b["/drift/tokens"][sb["first"][0]:sb["first"][0] + 255])
+x, y = a["/drift/tokens"][sa["first"][0]:sa["first"][0] + 255], b["/drift/tokens"][sb["first"][0]:sb["first"][0] + 255]
+for n in x.dtype.names:
+    assert np.array_equal(x[n], y[n], equal_nan=x.dtype[n].kind == "f"), n
 PY
 
 # no temporary is left behind: the rerun swept what SIGKILL left, and Ctrl-C

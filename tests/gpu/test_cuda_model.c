@@ -528,12 +528,14 @@ static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_sca
             int64_t copies = 0;
             for (int64_t i = 0; i < dc.n_tok; i++) {
                 const kvd_token_fig *a = &dc.tok[i], *b = &dd.tok[i];
-                copies += a->copy != b->copy;
+                copies +=
+                    a->copy != b->copy || isnan(a->attn_propagated) != isnan(b->attn_propagated);
                 l1 += fabs((double)a->kl - (double)b->kl), klc += a->kl;
                 flips += a->same_top != b->same_top;
             }
             const double n = (double)dc.n_tok;
-            CHECK(copies == 0, "drift positions: %lld positions in another subset\n",
+            CHECK(copies == 0,
+                  "drift positions: %lld positions in another subset or sampled on one side only\n",
                   (long long)copies);
             CHECK(l1 / n <= drift_rtol * klc / n + drift_atol,
                   "drift positions: mean |KL cpu - device| %.3g against a mean KL of %.3g\n",

@@ -236,6 +236,13 @@ static void position_errors(void **st) {
     assert_int_equal(kvd_results_positions(&r, "fp8-cal", 512, "copy", "kl", 1, &p), 1);
     assert_true(p.n == 1 && p.mean == 4 && isnan(p.se)); /* position 3 of trace 0 */
     assert_int_equal(kvd_results_positions(&r, "fp8-e5m2", 512, "all", "kl", -1, &p), 0);
+    /* attention, sampled at some positions only (NaN elsewhere): those count */
+    kvd_row_token *t = (kvd_row_token *)r.t[KVD_T_TOKEN].rows;
+    for (int i = 0; i < 8; i++) t[i].attn_propagated = i % 4 ? NAN : (float)(i + 1);
+    assert_int_equal(kvd_results_positions(&r, "fp8-cal", 512, "all", "attn_propagated", -1, &p),
+                     1);
+    assert_true(p.n == 2 && p.mean == 3); /* rows 0 and 4: 1 and 5 */
+    close_to(p.se, sqrt(8. / 2), 1e-15);
     /* sorted 1 2 3 4 5 10 11 12; the median: ranks 4 -/+ 1.96 sqrt(2), 1 and 7 */
     close_to(kvd_results_percentile_se(&r, "fp8-cal", 512, "all", 0.5),
              (12. - 2) / 3.919927969080108, 1e-15);
