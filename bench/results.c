@@ -652,6 +652,19 @@ static int read_table(hid_t f, kvd_table *t, const char *path, char *err, int ve
                  t->path, ver);
         return -1;
     }
+    /* HDF5 would read a column the file lacks as zeros: name it instead */
+    hid_t ft = H5Dget_type(ds);
+    const int compound = H5Tget_class(ft) == H5T_COMPOUND;
+    for (int c = 0; c < t->ncols; c++)
+        if (!compound || H5Tget_member_index(ft, t->cols[c].name) < 0) {
+            snprintf(err, KVD_ERR_LEN,
+                     "%s: dataset %s: no column '%s' (expected in schema version %d)", path,
+                     t->path, t->cols[c].name, ver);
+            H5Tclose(ft);
+            H5Dclose(ds);
+            return -1;
+        }
+    H5Tclose(ft);
     hid_t sp = H5Dget_space(ds), ct = table_type(t);
     hsize_t n = 0;
     H5Sget_simple_extent_dims(sp, &n, NULL);

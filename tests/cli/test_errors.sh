@@ -167,6 +167,13 @@ if cmp -s "$work/res.h5" "$work/res.before" && ! ls "$work"/res.h5.tmp.* >/dev/n
 else
   fail=$((fail + 1)); echo "FAIL: a refused output changed the results file or left a temporary"
 fi
+# a results table without one of its columns is named, not read as zeros
+cp "$work/res.h5" "$work/nocol.h5"
+/usr/bin/python3 -c "
+import sys, h5py, numpy.lib.recfunctions as rf
+f = h5py.File(sys.argv[1], 'r+'); a = f['/drift/summary'][:]; del f['/drift/summary']
+f['/drift/summary'] = rf.drop_fields(a, 'n', usemask=False)" "$work/nocol.h5"
+expect 2 "nocol.h5: dataset /drift/summary: no column 'n' \(expected in schema version 2\)" -- report "$work/nocol.h5" -o "$work/nocol.html"
 # --scales gives fp8-cal's scales; the calibration flags make them: not both.
 # A --scales file is read even when no fp8-cal mode runs (a typo shows)
 expect 2 "--scales gives fp8-cal's scales, and --calibration, --per-head and --calib-tokens make them" -- run --model tiny --per-head --scales "$work/scales.json" -o "$work/g.h5"
