@@ -289,8 +289,6 @@ static const char *summary_output(const char *metric) {
                                              : NULL;
 }
 
-/* ... for a summary figure, where it has them: paired over the same
- * positions, else the summary's METRIC_err, else its output figure's */
 /* ... for delta_p_rms, from the positions' delta p squared: paired, the
  * difference of the mean squares over its error (rms_c - rms_b is (ms_c -
  * ms_b) / (rms_b + rms_c)); else each run's error of the rms, se(ms) / (2
@@ -540,8 +538,8 @@ const char *kvd_runs_pairing_note(const kvd_run *a, const kvd_run *b) {
         return "the runs ran other traces (their tokens differ), so their figures' standard "
                "errors are unpaired";
     default:
-        return "a run keeps no per-position figures (schema version 1), so the figures' "
-               "standard errors are unpaired";
+        return "a run keeps no per-position figures (a schema version 1 file, or no drift "
+               "cells), so the figures' standard errors are unpaired";
     }
 }
 

@@ -113,9 +113,9 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
 void kvd_run_differences(const kvd_run *a, const kvd_run *b, char *out, size_t n);
 /* Whether two runs' figures compare position by position: 1 when a mode of
  * a's pairs with b's at a's largest context (the same traces, tokens
- * hashed alike), 0 when one of them keeps no positions (schema version 1),
- * -1 when both do but over other traces. kvd_runs_pairing_note: the same as
- * one sentence for the reader. */
+ * hashed alike), 0 when one of them keeps no positions (a schema version 1
+ * file, or one without drift cells), -1 when both do but over other traces. kvd_runs_pairing_note:
+ * the same as one sentence for the reader. */
 int kvd_runs_pair(const kvd_run *a, const kvd_run *b);
 const char *kvd_runs_pairing_note(const kvd_run *a, const kvd_run *b);
 void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, const kvd_check *c,
