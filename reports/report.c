@@ -355,6 +355,39 @@ static void kl_by_position(kvd_buf *b, const kvd_run *runs, int n, const char *s
     capped_note(b, KVD_SVG_MAX_SERIES, wanted);
 }
 
+/* The share of a mode's positions (every trace's, at the run's largest
+ * context) whose next-token KL exceeds x; NaN without positions. */
+static double kl_share_above(const kvd_run *r, const char *mode, double x) {
+    const float *v;
+    const int64_t n = kvd_results_kl_sorted(&r->r, mode, kvd_run_max_context(r), "all", &v);
+    int64_t lo = 0, hi = n; /* the first value above x, v sorted */
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if ((double)v[mid] <= x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return n ? (double)(n - lo) / (double)n : NAN;
+}
+
+/* The drift's tail in one sentence: each FP8 mode's share of positions
+ * above 0.001 and 0.01 nats; 0 when the run keeps no positions. */
+static int tail_sentence(const kvd_run *r, char *s, size_t n) {
+    const char *modes[KVD_KV_N_MODES];
+    const int nm = kvd_run_modes(r, modes);
+    int len = snprintf(s, n, "Share of positions whose next-token KL exceeds 0.001 / 0.01 nats:"),
+        k = 0;
+    for (int m = 0; m < nm && len > 0 && (size_t)len < n; m++) {
+        const double a = kl_share_above(r, modes[m], 1e-3), b = kl_share_above(r, modes[m], 1e-2);
+        if (!strcmp(modes[m], "bf16") || !isfinite(a)) continue;
+        len += snprintf(s + len, n - (size_t)len, "%s %s %.1f%% / %.1f%%", k++ ? "," : "", modes[m],
+                        100 * a, 100 * b);
+    }
+    if (len > 0 && (size_t)len < n) snprintf(s + len, n - (size_t)len, ".");
+    return k > 0;
+}
+
 /* Where the drift lies: the share of positions (every trace's together)
  * whose next-token KL exceeds x, on a log grid of x, per run and FP8 mode.
  * A mean hides whether drift is spread thin or sits in a few positions; a
@@ -411,6 +444,17 @@ static void kl_tail(kvd_buf *b, const kvd_run *runs, int n) {
                     "positions; the few are where a greedy decoder picks another token.</p>\n");
     kvd_svg_lines(b, &ch);
     capped_note(b, KVD_SVG_MAX_SERIES, wanted);
+    for (int i = 0; i < n; i++) {
+        char s[600];
+        if (!tail_sentence(&runs[i], s, sizeof s)) continue;
+        kvd_buf_puts(b, "<p class=\"tail\">");
+        if (n > 1) {
+            kvd_buf_xml(b, runs[i].label);
+            kvd_buf_puts(b, ": ");
+        }
+        kvd_buf_xml(b, s);
+        kvd_buf_puts(b, "</p>\n");
+    }
 }
 
 /* A mode's hidden-state drift, [layer][64 buckets], each cell over every
@@ -1057,6 +1101,8 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
             kvd_buf_printf(b, "\n%s%sgainst the calibrated FP8 cache, same weights and trace:\n\n",
                            n > 1 ? runs[i].label : "", n > 1 ? ": a" : "A");
         for (int h = 0; h < nh; h++) kvd_buf_printf(b, "- %s\n", hl[h]);
+        if (tail_sentence(&runs[i], s, sizeof s))
+            kvd_buf_printf(b, "\n%s%s%s\n", n > 1 ? runs[i].label : "", n > 1 ? ": " : "", s);
     }
 }
 

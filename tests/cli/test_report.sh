@@ -180,7 +180,7 @@ assert vu > 100 * vc  # the story it tells: unscaled V lands in the flush-to-zer
 PY
 # the KL tail: each point the share of the file's positions above its x;
 # no series for bf16 (no drift)
-"$py" - "$work/r.h5" "$work/r.html" <<'PY' && ok || bad "the KL tail chart differs from /drift/tokens"
+"$py" - "$work/r.h5" "$work/r.html" "$work/r.md" <<'PY' && ok || bad "the KL tail chart differs from /drift/tokens"
 import sys, re
 import xml.etree.ElementTree as ET
 import h5py, numpy as np
@@ -207,6 +207,14 @@ def colours(svg):
     return {c.get("data-series"): c.get("fill") for c in ET.fromstring(svg).iter(ns + "circle") if c.get("class") == "pt"}
 above, tail = colours(first), colours(svg)
 assert all(tail[m] == above[m] for m in tail) and len(set(tail.values())) == 2, (above, tail)
+# the tail in one sentence, on the page under the chart and in the Markdown
+def share(mode, x):
+    r = ts[ts["mode"] == mode.encode()][0]
+    return 100 * (tk["kl"][r["first"]:r["first"] + r["n"]].astype(np.float64) > x).mean()
+want = ("Share of positions whose next-token KL exceeds 0.001 / 0.01 nats: "
+        + ", ".join(f"{m} {share(m, 1e-3):.1f}% / {share(m, 1e-2):.1f}%" for m in ("fp8-cal", "fp8-unscaled")) + ".")
+assert f'<p class="tail">{want}</p>' in html, want
+assert "\n" + want + "\n" in open(sys.argv[3]).read(), want
 PY
 # without positions (a schema version 1 file) the headline weighs the
 # difference by the two means' combined errors
