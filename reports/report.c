@@ -896,7 +896,7 @@ int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_
             snprintf(how, sizeof how,
                      "drifts as far as fp8-cal within the error (mean output KL %.3e against "
                      "%.3e, %.1f standard errors apart)",
-                     v.kl, c.kl, z);
+                     v.kl, c.kl, floor(10 * z) / 10); /* 1.97 is not "2.0": under 2 */
         else if (isfinite(z))
             snprintf(how, sizeof how,
                      "drifts %.2gx as far as fp8-cal (mean output KL %.3e against %.3e, %.0f "

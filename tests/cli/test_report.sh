@@ -166,7 +166,7 @@ d = kl("fp8-unscaled") - kl("fp8-cal")
 z = abs(u - c) / (d.std(ddof=1) / math.sqrt(len(d)))
 unpaired = abs(u - c) / math.hypot(fig("fp8-unscaled", "kl_mean_err"), fig("fp8-cal", "kl_mean_err"))
 print(f"headline: paired z {z:.1f}, unpaired {unpaired:.1f}", file=sys.stderr)
-how = (f"drifts as far as fp8-cal within the error (mean output KL {u:.3e} against {c:.3e}, {z:.1f} standard errors apart)"
+how = (f"drifts as far as fp8-cal within the error (mean output KL {u:.3e} against {c:.3e}, {math.floor(10 * z) / 10:.1f} standard errors apart)"
        if z < 2 else f"drifts {u / c:.2g}x as far as fp8-cal (mean output KL {u:.3e} against {c:.3e}, {z:.0f} standard errors apart)")
 (ku, vu), (kc, vc) = shares("fp8-unscaled"), shares("fp8-cal")
 want = (f"fp8-unscaled {how}; top-1 agreement {fig('fp8-unscaled', 'same_top_p'):.4f} against {fig('fp8-cal', 'same_top_p'):.4f}; "
@@ -233,7 +233,7 @@ def fig(mode, metric):
     return float(s[(s["mode"] == mode.encode()) & (s["subset"] == b"all") & (s["metric"] == metric.encode())]["value"][0])
 z = abs(fig("fp8-unscaled", "kl_mean") - fig("fp8-cal", "kl_mean")) / math.hypot(fig("fp8-unscaled", "kl_mean_err"), fig("fp8-cal", "kl_mean_err"))
 m = re.search(r"^- fp8-unscaled .*?, ([0-9.]+) standard errors apart\)", open(sys.argv[2]).read(), re.M)
-assert m and m.group(1) == (f"{z:.1f}" if z < 2 else f"{z:.0f}"), (m and m.group(1), z)
+assert m and m.group(1) == (f"{math.floor(10 * z) / 10:.1f}" if z < 2 else f"{z:.0f}"), (m and m.group(1), z)
 PY
 "$bin" report "$work/v1.h5" -o "$work/v1.html" 2>/dev/null && xmllint --noout "$work/v1.html" &&
   ! grep -q "How the drift is spread" "$work/v1.html" && ok || bad "a version 1 file has a KL tail chart"
