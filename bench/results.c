@@ -181,15 +181,20 @@ void kvd_results_free(kvd_results *r) {
     memset(r, 0, sizeof *r);
 }
 
-void *kvd_results_add(kvd_results *r, int ti) {
+void *kvd_results_add_rows(kvd_results *r, int ti, int64_t n) {
     kvd_table *t = &r->t[ti];
-    if (t->n == t->cap) {
-        t->cap = t->cap ? 2 * t->cap : 256;
+    if (t->n + n > t->cap) {
+        while (t->n + n > t->cap) t->cap = t->cap ? 2 * t->cap : 256;
         t->rows = realloc(t->rows, (size_t)t->cap * t->row_size);
     }
-    void *row = t->rows + (size_t)t->n++ * t->row_size;
-    memset(row, 0, t->row_size);
+    void *row = t->rows + (size_t)t->n * t->row_size;
+    t->n += n;
+    memset(row, 0, (size_t)n * t->row_size);
     return row;
+}
+
+void *kvd_results_add(kvd_results *r, int ti) {
+    return kvd_results_add_rows(r, ti, 1);
 }
 
 int kvd_results_has_cell(const kvd_results *r, const char *cell) {
@@ -202,11 +207,6 @@ int kvd_results_has_cell(const kvd_results *r, const char *cell) {
 
 static int in_subset(const kvd_row_token *t, const char *subset) {
     return !strcmp(subset, "all") || (!strcmp(subset, "copy") ? t->copy : !t->copy);
-}
-
-static int cmp_float(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
 }
 
 /* The sorted output KL of a subset over every trace's positions of a mode
@@ -230,12 +230,12 @@ static const struct kl_sorted *kl_sorted(const kvd_results *r, const char *mode,
     for (int64_t i = 0; i < ts->n; i++) {
         const kvd_row_tokset *x = KVD_ROW(ts, kvd_row_tokset, i);
         if (strcmp(x->mode, mode) || x->context != ctx) continue;
-        for (int64_t j = x->first; j < x->first + x->n && j < tt->n; j++) {
+        for (int64_t j = x->first; j < x->first + x->n; j++) { /* within: checked on load */
             const kvd_row_token *t = KVD_ROW(tt, kvd_row_token, j);
             if (in_subset(t, subset)) v[k++] = t->kl;
         }
     }
-    qsort(v, (size_t)k, sizeof(float), cmp_float);
+    qsort(v, (size_t)k, sizeof(float), kvd_cmp_float);
     if (c->n == c->cap) {
         c->cap = c->cap ? 2 * c->cap : 16;
         c->e = realloc(c->e, sizeof *c->e * (size_t)c->cap);
@@ -271,13 +271,7 @@ void kvd_results_add_tokens(kvd_results *r, const char *mode, long long ctx, int
     s->trace_hash = (int64_t)trace_hash;
     s->first = r->t[KVD_T_TOKEN].n;
     s->n = n;
-    kvd_table *t = &r->t[KVD_T_TOKEN];
-    if (t->n + n > t->cap) {
-        while (t->n + n > t->cap) t->cap = t->cap ? 2 * t->cap : 4096;
-        t->rows = realloc(t->rows, (size_t)t->cap * t->row_size);
-    }
-    memcpy(t->rows + (size_t)t->n * t->row_size, tok, sizeof *tok * (size_t)n);
-    t->n += n;
+    memcpy(kvd_results_add_rows(r, KVD_T_TOKEN, n), tok, sizeof *tok * (size_t)n);
     kl_cache_clear(r->kl_cache);
 }
 
@@ -353,12 +347,8 @@ static int token_metric(const char *metric, kvd_paired *out) {
     return -1;
 }
 
-int kvd_results_paired(const kvd_results *a, const char *mode_a, const kvd_results *b,
-                       const char *mode_b, long long ctx, const char *subset, const char *metric,
-                       int bucket, kvd_paired *out) {
-    const int m = token_metric(metric, out);
-    if (m < 0) return 0;
-    /* the same traces on both sides, each with the same tokens */
+int kvd_results_pair(const kvd_results *a, const char *mode_a, const kvd_results *b,
+                     const char *mode_b, long long ctx) {
     const kvd_table *ts = &a->t[KVD_T_TOKSET];
     int na = 0, nb = 0;
     for (int64_t i = 0; i < ts->n; i++) {
@@ -372,7 +362,15 @@ int kvd_results_paired(const kvd_results *a, const char *mode_a, const kvd_resul
         const kvd_row_tokset *y = KVD_ROW(&b->t[KVD_T_TOKSET], kvd_row_tokset, i);
         nb += y->context == ctx && !strcmp(y->mode, mode_b);
     }
-    if (na == 0 || na != nb) return 0;
+    return na > 0 && na == nb;
+}
+
+int kvd_results_paired(const kvd_results *a, const char *mode_a, const kvd_results *b,
+                       const char *mode_b, long long ctx, const char *subset, const char *metric,
+                       int bucket, kvd_paired *out) {
+    const int m = token_metric(metric, out);
+    if (m < 0 || !kvd_results_pair(a, mode_a, b, mode_b, ctx)) return 0;
+    const kvd_table *ts = &a->t[KVD_T_TOKSET];
     double acc[3] = {0};
     for (int64_t i = 0; i < ts->n; i++) {
         const kvd_row_tokset *x = KVD_ROW(ts, kvd_row_tokset, i);

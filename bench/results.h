@@ -207,7 +207,8 @@ typedef struct {
 
 void kvd_results_init(kvd_results *r);
 void kvd_results_free(kvd_results *r);
-void *kvd_results_add(kvd_results *r, int table); /* a zeroed new row */
+void *kvd_results_add(kvd_results *r, int table);                 /* a zeroed new row */
+void *kvd_results_add_rows(kvd_results *r, int table, int64_t n); /* n of them, the first */
 int kvd_results_has_cell(const kvd_results *r, const char *cell);
 /* A /drift/summary figure of a mode at context ctx over every trace the
  * file has, each weighted by its n: a mean or a rate the n-weighted mean;
@@ -271,6 +272,11 @@ int64_t kvd_results_kl_sorted(const kvd_results *r, const char *mode, long long 
 typedef struct {
     double n, mean, se;
 } kvd_paired;
+/* Whether mode_b of run b and mode_a of run a hold per-position figures
+ * for the same traces at context ctx, with the same tokens (trace index,
+ * length and hash): whether they pair. */
+int kvd_results_pair(const kvd_results *a, const char *mode_a, const kvd_results *b,
+                     const char *mode_b, long long ctx);
 /* Pair mode_b of run b with mode_a of run a (which may be the same run) at
  * context ctx, over a subset ("all", "copy", "other") and a position
  * bucket (negative: every position), for a per-position figure "kl",

@@ -251,14 +251,22 @@ static void set_z(kvd_check *c, double se_base, double se_cand) {
     if (isfinite(se) && se > 0) c->z = c->abs_inc / se;
 }
 
+/* The output figure a summary figure is the mean of over every position
+ * (NULL for the others). */
+static const char *summary_output(const char *metric) {
+    return !strcmp(metric, "kl_mean")        ? "kl"
+           : !strcmp(metric, "same_top_p")   ? "top1_agree"
+           : !strcmp(metric, "ln_ppl_ratio") ? "delta_nll"
+           : !strcmp(metric, "delta_p_mean") ? "delta_p"
+                                             : NULL;
+}
+
 /* The standard error of a summary figure that is the mean of an output
- * figure over every position (ln_ppl_ratio of delta_nll, delta_p_mean of
- * delta_p), from that figure's position buckets; NaN for other figures. */
+ * figure over every position (summary_output), from that figure's position
+ * buckets; NaN for other figures. */
 static double se_from_buckets(const kvd_run *r, const char *mode, long long ctx,
                               const char *metric) {
-    const char *of = !strcmp(metric, "ln_ppl_ratio")   ? "delta_nll"
-                     : !strcmp(metric, "delta_p_mean") ? "delta_p"
-                                                       : NULL;
+    const char *of = summary_output(metric);
     double se = NAN;
     if (of) output_bucket(r, mode, ctx, of, -1, &se);
     return se;
@@ -277,16 +285,6 @@ static int set_paired_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, 
     c->paired = 1;
     if (isfinite(pd.se) && pd.se > 0) c->z = c->abs_inc / pd.se;
     return 1;
-}
-
-/* The output figure a summary figure is the mean of over every position
- * (NULL for the others). */
-static const char *summary_output(const char *metric) {
-    return !strcmp(metric, "kl_mean")        ? "kl"
-           : !strcmp(metric, "same_top_p")   ? "top1_agree"
-           : !strcmp(metric, "ln_ppl_ratio") ? "delta_nll"
-           : !strcmp(metric, "delta_p_mean") ? "delta_p"
-                                             : NULL;
 }
 
 /* ... for delta_p_rms, from the positions' delta p squared: paired, the
@@ -521,11 +519,8 @@ int kvd_runs_pair(const kvd_run *a, const kvd_run *b) {
     if (!a->r.t[KVD_T_TOKSET].n || !b->r.t[KVD_T_TOKSET].n) return 0;
     const char *modes[KVD_KV_N_MODES];
     const int nm = kvd_run_modes(a, modes);
-    kvd_paired pd;
     for (int m = 0; m < nm; m++)
-        if (kvd_results_paired(&a->r, modes[m], &b->r, modes[m], kvd_run_max_context(a), "all",
-                               "kl", -1, &pd))
-            return 1;
+        if (kvd_results_pair(&a->r, modes[m], &b->r, modes[m], kvd_run_max_context(a))) return 1;
     return -1;
 }
 
@@ -563,7 +558,9 @@ static void paired_kl_chart(kvd_buf *b, const kvd_run *base, const kvd_run *cand
     const long long ctx = kvd_run_max_context(base);
     int moved = 0; /* any difference at all */
     for (int m = 0; m < nm; m++) {
-        if (!strcmp(modes[m], "bf16")) continue;
+        if (!strcmp(modes[m], "bf16") ||
+            !kvd_results_pair(&base->r, modes[m], &cand->r, modes[m], ctx))
+            continue;
         kvd_paired pd;
         int k = 0;
         for (int bk = 0; bk < 64; bk++) {

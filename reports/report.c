@@ -418,11 +418,9 @@ static void kl_tail(kvd_buf *b, const kvd_run *runs, int n) {
             if (wanted++ >= KVD_SVG_MAX_SERIES) continue;
             const int s = ch.n_series++;
             color[s] = 1 + all; /* each mode in its colour of the chart above */
-            int64_t j = 0;      /* v[j..] are the values above x */
             for (int e = 0; e < NX; e++) {
-                const double x = pow(10, LO_EXP + (double)e / PER_DECADE);
-                while (j < nv && v[j] <= x) j++;
-                share[s][e] = (double)(nv - j) / (double)nv;
+                share[s][e] =
+                    kl_share_above(&runs[i], modes[m], pow(10, LO_EXP + (double)e / PER_DECADE));
                 if (share[s][e] < 1 && e < first) first = e;
             }
             series_label(st.label[s], sizeof st.label[s], runs, n, i, modes[m]);

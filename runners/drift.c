@@ -72,13 +72,8 @@ void kvd_drift_free(kvd_drift *d) {
     memset(d, 0, sizeof *d);
 }
 
-static int cmp_f(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 double kvd_percentile_f(float *v, int64_t n, double q) {
-    if (n > 0) qsort(v, (size_t)n, sizeof(float), cmp_f);
+    if (n > 0) qsort(v, (size_t)n, sizeof(float), kvd_cmp_float);
     return kvd_percentile_sorted(v, n, q);
 }
 
@@ -379,22 +374,12 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
         L.side = 1;
         if (kvd_engine_forward(&mc, &kc, &bc, lc, 1, err)) goto out;
         compare_chunk(&L, lr, lc, tok, n);
-        for (int r = 0; r < rows; r++) /* each position's attention KL, over the layers */
-            for (int v = 0; v < KVD_VIEW_N; v++) {
-                double sum = 0;
-                int k = 0;
-                for (int al = 0; al < nf; al++) {
-                    const att_slot *s = &L.slots[(size_t)al * R + r];
-                    if (s->have[v]) sum += s->fig[v][KVD_ATT_KL], k++;
-                }
-                if (k && p0 + r + 1 < n) {
-                    kvd_token_fig *t = &d->tok[p0 + r];
-                    *(v == KVD_VIEW_ISOLATED ? &t->attn_isolated : &t->attn_propagated) =
-                        (float)(sum / k);
-                }
-            }
-        for (int al = 0; al < nf; al++)
-            for (int r = 0; r < rows; r++) {
+        /* each sampled position's attention figures into its layer's buckets,
+         * and their mean over the layers into the position's own figures */
+        for (int r = 0; r < rows; r++) {
+            double sum[KVD_VIEW_N] = {0};
+            int k[KVD_VIEW_N] = {0};
+            for (int al = 0; al < nf; al++) {
                 att_slot *s = &L.slots[(size_t)al * R + r];
                 for (int v = 0; v < KVD_VIEW_N; v++) {
                     if (!s->have[v]) continue;
@@ -402,9 +387,17 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
                     for (int h = 0; h < kvh && h < 64; h++)
                         kvd_stat_add(kvd_drift_att_kvh(d, al, h, v, kvd_bucket(p0 + r)),
                                      s->kvh_kl[v][h]);
+                    sum[v] += s->fig[v][KVD_ATT_KL], k[v]++;
                 }
                 s->have[0] = s->have[1] = 0;
             }
+            if (p0 + r + 1 >= n) continue; /* the last position predicts nothing */
+            kvd_token_fig *t = &d->tok[p0 + r];
+            if (k[KVD_VIEW_ISOLATED])
+                t->attn_isolated = (float)(sum[KVD_VIEW_ISOLATED] / k[KVD_VIEW_ISOLATED]);
+            if (k[KVD_VIEW_PROPAGATED])
+                t->attn_propagated = (float)(sum[KVD_VIEW_PROPAGATED] / k[KVD_VIEW_PROPAGATED]);
+        }
         p0 = end;
         if (gi < o->n_gen && o->gen_prefix[gi] == end && o->gen_tokens > 0) {
             if (kvd_engine_set_hooks(&mr, NULL, err) || kvd_engine_set_hooks(&mc, NULL, err) ||

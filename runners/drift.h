@@ -115,6 +115,12 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
                   const uint8_t *is_copy, const uint8_t *copy_start, int64_t n, kvd_kv_mode mode,
                   const kvd_kv_scales *scales, const kvd_drift_opts *o, kvd_drift *d, char *err);
 
+/* qsort's order of floats, ascending. */
+static inline int kvd_cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
 /* Percentile q (0..1) of sorted v[0..n): linear interpolation between the
  * closest ranks; NaN for n = 0. The results file's readers pool traces with
  * it, so it is here, whole. */
