@@ -408,6 +408,43 @@ double kvd_results_percentile_se(const kvd_results *r, const char *mode, long lo
     return ((double)v[hi] - (double)v[lo]) / (2 * 1.959963984540054);
 }
 
+double kvd_results_percentile_paired_se(const kvd_results *a, const char *mode_a,
+                                        const kvd_results *b, const char *mode_b, long long ctx,
+                                        const char *subset, double q) {
+    const double se_a = kvd_results_percentile_se(a, mode_a, ctx, subset, q),
+                 se_b = kvd_results_percentile_se(b, mode_b, ctx, subset, q);
+    if (!isfinite(se_a) || !isfinite(se_b) || !kvd_results_pair(a, mode_a, b, mode_b, ctx))
+        return NAN;
+    const float *va, *vb;
+    const int64_t na = kvd_results_kl_sorted(a, mode_a, ctx, subset, &va),
+                  nb = kvd_results_kl_sorted(b, mode_b, ctx, subset, &vb);
+    const double xa = kvd_percentile_sorted(va, na, q), xb = kvd_percentile_sorted(vb, nb, q);
+    /* Each quantile moves with the share of positions at or below it
+     * (Bahadur): q^ - x ~ (q - F_n(x)) / f. So the two estimates correlate
+     * as the indicators 1{kl_a <= x_a} and 1{kl_b <= x_b} do over the
+     * positions both runs share, and each one's error is its own
+     * order-statistic error. */
+    double n = 0, ca = 0, cb = 0, cab = 0;
+    const kvd_table *ts = &a->t[KVD_T_TOKSET];
+    for (int64_t i = 0; i < ts->n; i++) {
+        const kvd_row_tokset *x = KVD_ROW(ts, kvd_row_tokset, i);
+        if (x->context != ctx || strcmp(x->mode, mode_a)) continue;
+        const kvd_row_tokset *y = tokset(b, mode_b, ctx, x->trace);
+        const kvd_row_token *u = KVD_ROW(&a->t[KVD_T_TOKEN], kvd_row_token, x->first),
+                            *v = KVD_ROW(&b->t[KVD_T_TOKEN], kvd_row_token, y->first);
+        for (int64_t p = 0; p < x->n; p++) {
+            if (!in_subset(&u[p], subset)) continue;
+            const int ia = u[p].kl <= xa, ib = v[p].kl <= xb;
+            n += 1, ca += ia, cb += ib, cab += ia && ib;
+        }
+    }
+    if (n != (double)na || n != (double)nb) return NAN; /* the subsets differ across the runs */
+    const double pa = ca / n, pb = cb / n, vab = pa * (1 - pa) * pb * (1 - pb);
+    const double rho = vab > 0 ? (cab / n - pa * pb) / sqrt(vab) : 0;
+    const double var = se_a * se_a + se_b * se_b - 2 * rho * se_a * se_b;
+    return sqrt(var > 0 ? var : 0);
+}
+
 double kvd_results_summary(const kvd_results *r, const char *mode, long long ctx,
                            const char *subset, const char *metric) {
     const kvd_table *t = &r->t[KVD_T_SUMMARY];

@@ -298,6 +298,16 @@ int kvd_results_positions(const kvd_results *r, const char *mode, long long ctx,
  * largest (at n = 511: the 99th percentile). */
 double kvd_results_percentile_se(const kvd_results *r, const char *mode, long long ctx,
                                  const char *subset, double q);
+/* The standard error of the difference of two q-quantiles of the output KL,
+ * mode_b of run b against mode_a of run a over the same traces' positions
+ * (as kvd_results_pair decides): each side's order-statistic error, less
+ * what the two share. The quantiles' estimates move with the share of
+ * positions at or below each, so they correlate as those indicators do
+ * position by position. NaN when the runs do not pair or either side has no
+ * order-statistic error. */
+double kvd_results_percentile_paired_se(const kvd_results *a, const char *mode_a,
+                                        const kvd_results *b, const char *mode_b, long long ctx,
+                                        const char *subset, double q);
 void kvd_results_add_matrix(kvd_results *r, const char *name, const char *row_label, int rows,
                             int cols, const double *data);
 

@@ -305,7 +305,8 @@ static void rms_z(kvd_check *c, const kvd_run *base, const kvd_run *cand) {
 
 /* ... for a summary figure, where it has them: paired over the same
  * positions; else the summary's METRIC_err, else its output figure's;
- * for a KL percentile, each run's order-statistic error */
+ * for a KL percentile, each run's order-statistic error, less what the two
+ * share when they pair */
 static void add_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const char *metric) {
     if (!c) return;
     if (!strcmp(metric, "delta_p_rms")) {
@@ -323,6 +324,13 @@ static void add_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const 
     }
     for (const kvd_kl_pct *q = kvd_kl_percentiles; q->name && isnan(sb); q++)
         if (!strcmp(q->name, metric)) {
+            const double se = kvd_results_percentile_paired_se(&base->r, c->mode, &cand->r, c->mode,
+                                                               c->context, "all", q->q);
+            if (!isnan(se)) {
+                c->paired = 1;
+                if (se > 0) c->z = c->abs_inc / se;
+                return;
+            }
             sb = kvd_results_percentile_se(&base->r, c->mode, c->context, "all", q->q);
             sc = kvd_results_percentile_se(&cand->r, c->mode, c->context, "all", q->q);
         }

@@ -467,7 +467,7 @@ PY
 # calibrated on 256 tokens, not 512. compare's z for fp8-cal's kl_mean,
 # same_top_p and one bucket's KL, against numpy's paired errors; a run over
 # other traces (another seed) does not pair
-printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_mean,fp8-cal,*,0,0\nsame_top_p,fp8-cal,*,0,0\nkl,fp8-cal,8,0,0\ndelta_p_rms,fp8-cal,*,0,0\nattn_kl,fp8-cal,*,0,0\n' >"$work/tpair.csv"
+printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_mean,fp8-cal,*,0,0\nsame_top_p,fp8-cal,*,0,0\nkl,fp8-cal,8,0,0\ndelta_p_rms,fp8-cal,*,0,0\nattn_kl,fp8-cal,*,0,0\nkl_p90,fp8-cal,*,0,0\nkl_median,fp8-cal,*,0,0\n' >"$work/tpair.csv"
 for v in c256:"--calib-tokens 256" seed2:"--calib-tokens 512 --seed 2"; do
   IFS=: read -r name flags <<<"$v"
   # shellcheck disable=SC2086
@@ -519,6 +519,29 @@ z = (attn_rows(sys.argv[2]) - attn_rows(sys.argv[1])) / (d.std(ddof=1) / math.sq
 got = z_of(page, "attn_kl", "*")
 assert got.endswith(" paired") and abs(float(got.split()[0]) - z) <= 0.05 + 1e-9, ("attn_kl", got, z)
 assert a["kl"].mean() != b["kl"].mean()  # the calibrations differ
+# a KL percentile paired: each run's order-statistic error, less the
+# covariance of the shares of positions at or below each run's quantile
+def pct(v, q):
+    v = np.sort(v); x = q * (len(v) - 1); i = int(x)
+    return v[i] + (x - i) * (v[i + 1] - v[i])
+def ose(v, q):
+    v = np.sort(v); n = len(v); h = 1.959963984540054 * math.sqrt(n * q * (1 - q))
+    return (v[math.ceil(n * q + h)] - v[math.floor(n * q - h)]) / (2 * 1.959963984540054)
+ka, kb = a["kl"].astype(np.float64), b["kl"].astype(np.float64)
+boot = np.random.default_rng(7).integers(0, len(ka), (2000, len(ka)))
+for metric, q in (("kl_p90", .9), ("kl_median", .5)):
+    ia, ib = ka <= pct(ka, q), kb <= pct(kb, q)
+    rho = np.corrcoef(ia, ib)[0, 1]
+    sa, sb = ose(ka, q), ose(kb, q)
+    se = math.sqrt(sa * sa + sb * sb - 2 * rho * sa * sb)
+    z = (pct(kb, q) - pct(ka, q)) / se
+    got = z_of(page, metric, "*")
+    assert got.endswith(" paired") and abs(float(got.split()[0]) - z) <= 0.05 + 1e-9, (metric, got, z)
+    # the method itself: within a fifth of a paired bootstrap's error, and
+    # under the unpaired error (the runs' KLs correlate)
+    bs = np.std([np.quantile(kb[i], q) - np.quantile(ka[i], q) for i in boot], ddof=1)
+    assert 0.8 < se / bs < 1.25 and rho > 0.2 and se < math.hypot(sa, sb), (metric, se, bs, rho)
+    print(f"{metric}: paired z {z:.2f}, error {se / math.hypot(sa, sb):.2f}x the unpaired, {se / bs:.2f}x the bootstrap's", file=sys.stderr)
 other = open(sys.argv[4]).read()
 assert not re.search(r"[0-9] paired</td>", other) and re.search(r"[0-9]\.[0-9]</td><td>[^<]*</td><td", other)
 # the page's chart of the paired difference per position bucket

@@ -214,6 +214,51 @@ static void paired_differences(void **st) {
     kvd_results_free(&c);
 }
 
+/* The error of the difference of two runs' KL quantiles over the same
+ * positions: each side's order-statistic error, less what they share */
+static void paired_percentile_errors(void **st) {
+    (void)st;
+    const double z2 = 3.919927969080108; /* 2 x 1.96 */
+    kvd_results a, b, d, c;
+    kvd_results_init(&a);
+    kvd_results_init(&b);
+    kvd_results_init(&d);
+    kvd_results_init(&c);
+    two_traces(&a, "fp8-cal", 5, 1); /* sorted 1 2 3 4 5 10 11 12: median rank 1..7, 2..12 */
+    two_traces(&b, "fp8-cal", 5, 2); /* twice each: the same order, 4..24 */
+    /* the same order at every position: the shares below each median move
+     * together (correlation 1), and the error is the errors' difference */
+    close_to(kvd_results_percentile_paired_se(&a, "fp8-cal", &b, "fp8-cal", 512, "all", 0.5),
+             (24. - 4 - (12 - 2)) / z2, 1e-14);
+    /* another order: KL 4 1 2 30 3 | 12 10 11, sorted 1 2 3 4 10 11 12 30,
+     * median 7. At or below the medians: positions 0-3 (a), 0 1 2 4 (d);
+     * both 0-2: correlation (3/8 - 1/4) / (1/4) = 1/2 */
+    two_traces(&d, "fp8-cal", 5, 1);
+    const float kd[8] = {4, 1, 2, 30, 3, 12, 10, 11};
+    kvd_row_token *t = (kvd_row_token *)d.t[KVD_T_TOKEN].rows;
+    for (int i = 0; i < 8; i++) t[i].kl = kd[i];
+    const double sa = 10 / z2, sd = 28 / z2;
+    close_to(kvd_results_percentile_paired_se(&a, "fp8-cal", &d, "fp8-cal", 512, "all", 0.5),
+             sqrt(sa * sa + sd * sd - sa * sd), 1e-14);
+    close_to(kvd_results_percentile_paired_se(&d, "fp8-cal", &a, "fp8-cal", 512, "all", 0.5),
+             sqrt(sa * sa + sd * sd - sa * sd), 1e-14);
+    /* the same run against itself: no error */
+    assert_true(kvd_results_percentile_paired_se(&a, "fp8-cal", &a, "fp8-cal", 512, "all", 0.5) ==
+                0);
+    /* none where a side has no order-statistic error, or the runs do not pair */
+    assert_true(
+        isnan(kvd_results_percentile_paired_se(&a, "fp8-cal", &b, "fp8-cal", 512, "all", 0.9)));
+    two_traces(&c, "fp8-cal", 6, 2);
+    assert_true(
+        isnan(kvd_results_percentile_paired_se(&a, "fp8-cal", &c, "fp8-cal", 512, "all", 0.5)));
+    assert_true(
+        isnan(kvd_results_percentile_paired_se(&a, "fp8-cal", &b, "fp8-cal", 1024, "all", 0.5)));
+    kvd_results_free(&a);
+    kvd_results_free(&b);
+    kvd_results_free(&d);
+    kvd_results_free(&c);
+}
+
 /* one run's own positions: the mean and its error; a percentile's error
  * from the order statistics around it */
 static void position_errors(void **st) {
@@ -333,8 +378,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(pooled_figures),     cmocka_unit_test(one_trace_exact),
         cmocka_unit_test(token_hash),         cmocka_unit_test(percentiles_over_positions),
-        cmocka_unit_test(paired_differences), cmocka_unit_test(position_errors),
-        cmocka_unit_test(positions_on_file),
+        cmocka_unit_test(paired_differences), cmocka_unit_test(paired_percentile_errors),
+        cmocka_unit_test(position_errors),    cmocka_unit_test(positions_on_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
