@@ -589,8 +589,92 @@ static void attention_bars(kvd_buf *b, const kvd_run *r, const char *label, int 
     snprintf(title, sizeof title,
              "%s%sattention KL per full-attention layer: isolated vs propagated", many ? label : "",
              many ? ": " : "");
-    kvd_bar_chart c = {title, "attention KL vs bf16 (nats, log)", 1, nal, ns, gp, lp, vals};
+    kvd_bar_chart c = {title, "attention KL vs bf16 (nats, log)", 1, nal, ns, gp, lp, vals, NULL};
     kvd_svg_bars(b, &c);
+    free(vals);
+}
+
+/* The MoE layers with router-flip rows at context ctx (the model's order);
+ * their count. A dense model has none. */
+static int moe_layers(const kvd_run *r, long long ctx, int *layer) {
+    int n = 0;
+    const int L = kvd_run_layers(r);
+    for (int l = 0; l < L && l < KVD_MAX_LAYERS; l++) {
+        const kvd_table *t = &r->r.t[KVD_T_LAYER];
+        for (int64_t j = 0; j < t->n; j++) {
+            const kvd_row_layer *x = KVD_ROW(t, kvd_row_layer, j);
+            if (x->layer == l && x->context == ctx && !strcmp(x->metric, "router_flip")) {
+                layer[n++] = l;
+                break;
+            }
+        }
+    }
+    return n;
+}
+
+/* "Share of (position, MoE layer) pairs whose top-k expert set differs
+ * from BF16's: fp8-cal 1.5% (3.7% at layer 7), ..." over every trace; 0
+ * for a dense model or a run without FP8 modes */
+static int router_sentence(const kvd_run *r, char *s, size_t n) {
+    const char *modes[KVD_KV_N_MODES];
+    const int nm = kvd_run_modes(r, modes);
+    const long long ctx = kvd_run_max_context(r);
+    int layer[KVD_MAX_LAYERS];
+    const int nl = moe_layers(r, ctx, layer);
+    int len = snprintf(s, n,
+                       "Share of (position, MoE layer) pairs whose top-k expert set differs "
+                       "from BF16's:"),
+        k = 0;
+    for (int m = 0; m < nm && nl > 0 && len > 0 && (size_t)len < n; m++) {
+        const double v = kvd_run_summary(r, modes[m], ctx, "all", "router_flip_rate"),
+                     last =
+                         kvd_run_layer_mean(r, modes[m], ctx, layer[nl - 1], "router_flip", NULL);
+        if (!strcmp(modes[m], "bf16") || !isfinite(v)) continue;
+        len += snprintf(s + len, n - (size_t)len, "%s %s %.2f%% (%.2f%% at layer %d)",
+                        k++ ? "," : "", modes[m], 100 * v, 100 * last, layer[nl - 1]);
+    }
+    if (len > 0 && (size_t)len < n) snprintf(s + len, n - (size_t)len, ".");
+    return k > 0;
+}
+
+/* Per MoE layer, the share of positions whose top-k expert set differs
+ * from BF16's, per FP8 mode in its colour of the KL chart (color0: the
+ * KL chart's series index of the run's first mode). */
+static void router_bars(kvd_buf *b, const kvd_run *r, const char *label, int many, int color0) {
+    const char *modes[KVD_KV_N_MODES];
+    const int nm = kvd_run_modes(r, modes);
+    const long long ctx = kvd_run_max_context(r);
+    static int layer[KVD_MAX_LAYERS];
+    const int nl = moe_layers(r, ctx, layer);
+    char s[1200];
+    if (nl == 0 || !router_sentence(r, s, sizeof s)) return;
+    static char groups[KVD_MAX_LAYERS][16];
+    static const char *gp[KVD_MAX_LAYERS];
+    for (int g = 0; g < nl; g++) {
+        snprintf(groups[g], sizeof groups[g], nl > 16 ? "%d" : "layer %d", layer[g]);
+        gp[g] = groups[g];
+    }
+    const char *lp[KVD_KV_N_MODES];
+    int colors[KVD_KV_N_MODES], ns = 0;
+    double *vals = calloc((size_t)KVD_KV_N_MODES * nl, sizeof(double));
+    for (int m = 0; m < nm && vals; m++) {
+        if (!strcmp(modes[m], "bf16")) continue;
+        lp[ns] = modes[m];
+        colors[ns] = 1 + color0 + m;
+        for (int g = 0; g < nl; g++)
+            vals[(size_t)ns * nl + g] =
+                kvd_run_layer_mean(r, modes[m], ctx, layer[g], "router_flip", NULL);
+        ns++;
+    }
+    char title[256];
+    snprintf(title, sizeof title, "%s%sshare of positions routed to another expert set, by layer",
+             many ? label : "", many ? ": " : "");
+    kvd_bar_chart c = {title, "share of positions (top-k set differs)", 0, nl, ns, gp, lp, vals,
+                       colors};
+    if (ns) kvd_svg_bars(b, &c);
+    kvd_buf_puts(b, "<p class=\"routing\">");
+    kvd_buf_xml(b, s);
+    kvd_buf_puts(b, "</p>\n");
     free(vals);
 }
 
@@ -622,7 +706,8 @@ static void copy_bars(kvd_buf *b, const kvd_run *runs, int n) {
                        2,
                        gp,
                        lp,
-                       v2};
+                       v2,
+                       NULL};
     kvd_svg_bars(b, &c);
     capped_note(b, 32, wanted);
 }
@@ -1036,6 +1121,22 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
                  "layer's own error). Propagated: the mode's own run (error carried in from "
                  "below).</p>\n");
     for (int i = 0; i < n; i++) attention_bars(b, &runs[i], runs[i].label, n > 1);
+    int moe = 0;
+    for (int i = 0; i < n; i++) {
+        char s[1200];
+        moe |= router_sentence(&runs[i], s, sizeof s);
+    }
+    if (moe) {
+        kvd_buf_puts(b, "<h2>Expert routing against BF16</h2>\n<p class=\"note\">The share of "
+                        "positions whose router picks another top-k expert set than BF16's at "
+                        "that layer. Layers below the first full-attention layer read no cache "
+                        "and route as BF16 does.</p>\n");
+        for (int i = 0, color0 = 0; i < n; i++) {
+            const char *modes[KVD_KV_N_MODES];
+            router_bars(b, &runs[i], runs[i].label, n > 1, color0);
+            color0 += kvd_run_modes(&runs[i], modes);
+        }
+    }
     kvd_buf_puts(b, "<h2>Copy positions against the rest</h2>\n");
     copy_bars(b, runs, n);
     for (int i = 0; i < n; i++) generation_table(b, &runs[i]);
@@ -1100,6 +1201,8 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
                            n > 1 ? runs[i].label : "", n > 1 ? ": a" : "A");
         for (int h = 0; h < nh; h++) kvd_buf_printf(b, "- %s\n", hl[h]);
         if (tail_sentence(&runs[i], s, sizeof s))
+            kvd_buf_printf(b, "\n%s%s%s\n", n > 1 ? runs[i].label : "", n > 1 ? ": " : "", s);
+        if (router_sentence(&runs[i], s, sizeof s))
             kvd_buf_printf(b, "\n%s%s%s\n", n > 1 ? runs[i].label : "", n > 1 ? ": " : "", s);
     }
 }

@@ -211,6 +211,10 @@ void kvd_svg_lines(kvd_buf *b, const kvd_line_chart *c) {
     kvd_buf_puts(b, "</svg>\n");
 }
 
+static const char *bar_color(const kvd_bar_chart *c, int s) {
+    return kvd_svg_color(c->colors && c->colors[s] > 0 ? c->colors[s] - 1 : s);
+}
+
 void kvd_svg_bars(kvd_buf *b, const kvd_bar_chart *c) {
     axis x = {0, 1, 0, ML, W - MR}, y = {c->log_y ? INFINITY : 0, -INFINITY, c->log_y, H - MB, MT};
     for (int i = 0; i < c->n_series * c->n_groups; i++)
@@ -234,7 +238,7 @@ void kvd_svg_bars(kvd_buf *b, const kvd_bar_chart *c) {
                 b,
                 "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
                 "fill=\"%s\" data-series=\"",
-                x0, fmin(y0, yb), bw * 0.95, fabs(yb - y0), kvd_svg_color(s));
+                x0, fmin(y0, yb), bw * 0.95, fabs(yb - y0), bar_color(c, s));
             kvd_buf_xml(b, c->labels[s]);
             kvd_buf_puts(b, "\" data-group=\"");
             kvd_buf_xml(b, c->groups[g]);
@@ -242,7 +246,7 @@ void kvd_svg_bars(kvd_buf *b, const kvd_bar_chart *c) {
             kvd_buf_xml(b, c->labels[s]);
             kvd_buf_printf(b, ": %g</title></rect>\n", v);
         }
-        legend(b, s, c->labels[s], kvd_svg_color(s), 0);
+        legend(b, s, c->labels[s], bar_color(c, s), 0);
     }
     kvd_buf_puts(b, "</svg>\n");
 }

@@ -34,6 +34,7 @@ typedef struct {
     const char *const *groups; /* [n_groups] */
     const char *const *labels; /* [n_series] */
     const double *values;      /* [n_series][n_groups], NAN = missing */
+    const int *colors;         /* [n_series]: 1 + a palette index (NULL, or 0: by series) */
 } kvd_bar_chart;
 
 void kvd_svg_bars(kvd_buf *b, const kvd_bar_chart *c);

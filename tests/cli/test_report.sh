@@ -365,6 +365,62 @@ for p in sorted(set(g["prefix"])):  # the greedy continuation: the median over t
     assert f"<td>{first}, {100 * x['agree_rate'].mean():.0f}% agree</td>" in html, (p, first)
 assert "(the median over traces)" in html
 PY
+# expert routing: each bar a layer's router-flip share from /drift/layers
+# (every trace pooled), each mode in its colour of the KL chart; the
+# sentence from the summary's router_flip_rate, on the page and in the
+# Markdown; no section for a file without router rows (a dense model)
+"$py" - "$work/r.h5" "$work/r.html" "$work/r.md" "$work/t3.h5" "$work/t3.html" "$work/t3.md" <<'PY' && ok || bad "the expert routing chart or sentence differs from the file"
+import sys, re
+import xml.etree.ElementTree as ET
+import h5py, numpy as np
+ns = "{http://www.w3.org/2000/svg}"
+for h5, page, md, modes in ((sys.argv[1], sys.argv[2], sys.argv[3], ("fp8-cal", "fp8-unscaled")),
+                            (sys.argv[4], sys.argv[5], sys.argv[6], ("fp8-cal",))):
+    f = h5py.File(h5, "r")
+    html = open(page).read()
+    lay = f["/drift/layers"][:]
+    lay = lay[(lay["metric"] == b"router_flip") & (lay["subset"] == b"all")]
+    layers = sorted(set(lay["layer"]))
+    assert len(layers) >= 2 and len(set(lay["trace"])) == (3 if "t3" in h5 else 1)
+    def share(mode, layer):
+        x = lay[(lay["mode"] == mode.encode()) & (lay["layer"] == layer)]
+        return (x["n"] * x["mean"]).sum() / x["n"].sum()
+    svg = next(x for x in re.findall(r"<svg .*?</svg>", html, re.S) if "routed to another expert set" in x)
+    bars = [r for r in ET.fromstring(svg).iter(ns + "rect") if r.get("class") == "bar"]
+    assert sorted({b.get("data-series") for b in bars}) == sorted(modes), bars
+    for b in bars:
+        want = share(b.get("data-series"), int(b.get("data-group").split()[-1]))
+        assert abs(float(b.get("data-y")) - want) <= 1e-12 * max(want, 1e-30), (b.attrib, want)
+    assert {int(b.get("data-group").split()[-1]) for b in bars} == set(layers)
+    assert max(float(b.get("data-y")) for b in bars) > 0
+    first = next(x for x in re.findall(r"<svg .*?</svg>", html, re.S) if "KL against position" in x)
+    kl_fill = {c.get("data-series"): c.get("fill") for c in ET.fromstring(first).iter(ns + "circle") if c.get("class") == "pt"}
+    for b in bars:
+        assert b.get("fill") == kl_fill[b.get("data-series")], (b.attrib, kl_fill)
+    s = f["/drift/summary"][:]
+    s = s[s["metric"] == b"router_flip_rate"]
+    def rate(mode):
+        x = s[s["mode"] == mode.encode()]
+        return (x["n"] * x["value"]).sum() / x["n"].sum()
+    want = ("Share of (position, MoE layer) pairs whose top-k expert set differs from BF16's: "
+            + ", ".join(f"{m} {100 * rate(m):.2f}% ({100 * share(m, layers[-1]):.2f}% at layer {layers[-1]})" for m in modes) + ".")
+    assert f'<p class="routing">{want.replace(chr(39), "&apos;")}</p>' in html or f'<p class="routing">{want}</p>' in html, want
+    assert "\n" + want + "\n" in open(md).read(), want
+    print(want, file=sys.stderr)
+PY
+cp "$work/r.h5" "$work/dense.h5"
+"$py" - "$work/dense.h5" <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1], "r+")
+for path, col in (("/drift/layers", "metric"), ("/drift/summary", "metric")):
+    t = f[path][:]
+    t = t[~((t[col] == b"router_flip") | (t[col] == b"router_flip_rate"))]
+    del f[path]
+    f[path] = t
+PY
+"$bin" report "$work/dense.h5" -o "$work/dense.html" 2>/dev/null && "$bin" report "$work/dense.h5" --format md -o "$work/dense.md" 2>/dev/null &&
+  xmllint --noout "$work/dense.html" && ! grep -q "Expert routing\|expert set" "$work/dense.html" "$work/dense.md" &&
+  grep -q "Attention drift per full-attention layer" "$work/dense.html" && ok || bad "a file without router rows has an expert routing section"
 # compare: 0 against itself, 1 for a crafted regression, 2 for bad thresholds
 "$bin" compare "$work/r.h5" "$work/r.h5" --thresholds "$thresholds" >"$work/c0.out"; rc=$?
 [ $rc -eq 0 ] && grep -q "0 regressions" "$work/c0.out" && ok || bad "compare against itself: exit $rc"
