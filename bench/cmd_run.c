@@ -459,7 +459,8 @@ _Static_assert(sizeof(kvd_row_token) == sizeof(kvd_token_fig) &&
                    offsetof(kvd_row_token, attn_propagated) ==
                        offsetof(kvd_token_fig, attn_propagated) &&
                    offsetof(kvd_row_token, copy) == offsetof(kvd_token_fig, copy) &&
-                   offsetof(kvd_row_token, same_top) == offsetof(kvd_token_fig, same_top),
+                   offsetof(kvd_row_token, same_top) == offsetof(kvd_token_fig, same_top) &&
+                   offsetof(kvd_row_token, router_flips) == offsetof(kvd_token_fig, router_flips),
                "kvd_row_token and kvd_token_fig differ");
 
 static void drift_rows(kvd_results *r, kvd_drift *d, const kvd_config *c, kvd_kv_mode mode,
@@ -926,6 +927,13 @@ int kvd_cmd_run(int argc, char **argv) {
                 "another file (-o), or remove it to start over",
                 err);
     const int resuming = res.t[KVD_T_CELLS].n > 0;
+    /* an older file's cells lack figures this version keeps: finishing it
+     * would write them as zeros under the newer version */
+    if (resuming && res.schema_version != KVD_SCHEMA_VERSION)
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "%s: results schema version %d, and this kvdrift writes version %d: a run cannot "
+                "resume it; write to another file (-o), or remove it to start over",
+                o.out, res.schema_version, KVD_SCHEMA_VERSION);
     /* what the file says it holds, checked below against this run */
     char *was_model = res.model_json, *was_trace = res.trace_json, *was_settings = res.settings;
     res.settings = run_settings(&o, c, device, cmd);

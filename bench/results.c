@@ -15,17 +15,19 @@
 #include "../runners/drift.h"
 
 #define S(T, f, n)                                                                                 \
-    { #f, KVD_COL_STR, offsetof(T, f), n }
+    { #f, KVD_COL_STR, offsetof(T, f), n, 0 }
 #define I32(T, f)                                                                                  \
-    { #f, KVD_COL_I32, offsetof(T, f), 4 }
+    { #f, KVD_COL_I32, offsetof(T, f), 4, 0 }
 #define I64(T, f)                                                                                  \
-    { #f, KVD_COL_I64, offsetof(T, f), 8 }
+    { #f, KVD_COL_I64, offsetof(T, f), 8, 0 }
 #define F64(T, f)                                                                                  \
-    { #f, KVD_COL_F64, offsetof(T, f), 8 }
+    { #f, KVD_COL_F64, offsetof(T, f), 8, 0 }
 #define F32(T, f)                                                                                  \
-    { #f, KVD_COL_F32, offsetof(T, f), 4 }
+    { #f, KVD_COL_F32, offsetof(T, f), 4, 0 }
 #define U8(T, f)                                                                                   \
-    { #f, KVD_COL_U8, offsetof(T, f), 1 }
+    { #f, KVD_COL_U8, offsetof(T, f), 1, 0 }
+#define U16_SINCE(T, f, v)                                                                         \
+    { #f, KVD_COL_U16, offsetof(T, f), 2, v }
 #define CELL_KEYS(T) S(T, mode, 16), I32(T, concurrency), I64(T, context)
 
 static const kvd_coldef c_output[] = {CELL_KEYS(kvd_row_output),    I32(kvd_row_output, trace),
@@ -78,7 +80,8 @@ static const kvd_coldef c_token[] = {F32(kvd_row_token, kl),
                                      F32(kvd_row_token, attn_isolated),
                                      F32(kvd_row_token, attn_propagated),
                                      U8(kvd_row_token, copy),
-                                     U8(kvd_row_token, same_top)};
+                                     U8(kvd_row_token, same_top),
+                                     U16_SINCE(kvd_row_token, router_flips, 3)};
 static const kvd_coldef c_tput[] = {
     CELL_KEYS(kvd_row_tput),          F64(kvd_row_tput, prefill_tok_s),
     F64(kvd_row_tput, decode_tok_s),  F64(kvd_row_tput, total_tok_s),
@@ -155,7 +158,9 @@ void kvd_results_init(kvd_results *r) {
               "at position p is of token p + 1): output KL, delta p and delta -ln p of the true "
               "next token, the last layer's hidden-state relative L2, the attention KL over the "
               "full-attention layers in either view (NaN where attention is not sampled), "
-              "whether the next token copies earlier content, whether both argmaxes agree",
+              "whether the next token copies earlier content, whether both argmaxes agree, "
+              "at how many MoE layers the router chose another top-k expert set than the "
+              "reference's",
               kvd_row_token, c_token),
         TABLE("/throughput", "speed per mode, concurrency and context", kvd_row_tput, c_tput),
         TABLE("/cells", "completion marker of every finished cell", kvd_row_cell, c_cells),
@@ -286,8 +291,9 @@ static const kvd_row_tokset *tokset(const kvd_results *r, const char *mode, long
 }
 
 static const char *const token_metrics[] = {
-    "kl",         "top1_agree",  "delta_p",       "delta_nll",
-    "delta_p_sq", "hidden_last", "attn_isolated", "attn_propagated"};
+    "kl",          "top1_agree",    "delta_p",         "delta_nll",   "delta_p_sq",
+    "hidden_last", "attn_isolated", "attn_propagated", "router_flips"};
+enum { METRIC_ROUTER = 8 }; /* kept from schema version 3 on */
 
 static double token_value(const kvd_row_token *t, int metric) {
     switch (metric) {
@@ -305,8 +311,10 @@ static double token_value(const kvd_row_token *t, int metric) {
         return t->hidden_last;
     case 6:
         return t->attn_isolated;
-    default:
+    case 7:
         return t->attn_propagated;
+    default:
+        return t->router_flips;
     }
 }
 
@@ -339,11 +347,17 @@ static int finish(const double acc[3], kvd_paired *out) {
     return 1;
 }
 
-static int token_metric(const char *metric, kvd_paired *out) {
+/* The index of a per-position figure that r (and b, when given) keep; -1
+ * for another name or a figure an older file lacks */
+static int token_metric(const char *metric, const kvd_results *r, const kvd_results *b,
+                        kvd_paired *out) {
     memset(out, 0, sizeof *out);
     out->mean = out->se = NAN;
     for (int i = 0; i < (int)(sizeof token_metrics / sizeof *token_metrics); i++)
-        if (!strcmp(metric, token_metrics[i])) return i;
+        if (!strcmp(metric, token_metrics[i]))
+            return i == METRIC_ROUTER && (r->schema_version < 3 || (b && b->schema_version < 3))
+                       ? -1
+                       : i;
     return -1;
 }
 
@@ -368,7 +382,7 @@ int kvd_results_pair(const kvd_results *a, const char *mode_a, const kvd_results
 int kvd_results_paired(const kvd_results *a, const char *mode_a, const kvd_results *b,
                        const char *mode_b, long long ctx, const char *subset, const char *metric,
                        int bucket, kvd_paired *out) {
-    const int m = token_metric(metric, out);
+    const int m = token_metric(metric, a, b, out);
     if (m < 0 || !kvd_results_pair(a, mode_a, b, mode_b, ctx)) return 0;
     const kvd_table *ts = &a->t[KVD_T_TOKSET];
     double acc[3] = {0};
@@ -385,7 +399,7 @@ int kvd_results_paired(const kvd_results *a, const char *mode_a, const kvd_resul
 
 int kvd_results_positions(const kvd_results *r, const char *mode, long long ctx, const char *subset,
                           const char *metric, int bucket, kvd_paired *out) {
-    const int m = token_metric(metric, out);
+    const int m = token_metric(metric, r, NULL, out);
     const kvd_table *ts = &r->t[KVD_T_TOKSET];
     double acc[3] = {0};
     for (int64_t i = 0; m >= 0 && i < ts->n; i++) {
@@ -551,6 +565,8 @@ static hid_t col_type(const kvd_coldef *c) {
         return H5Tcopy(H5T_NATIVE_FLOAT);
     case KVD_COL_U8:
         return H5Tcopy(H5T_NATIVE_UINT8);
+    case KVD_COL_U16:
+        return H5Tcopy(H5T_NATIVE_UINT16);
     default:
         return H5Tcopy(H5T_NATIVE_DOUBLE);
     }
@@ -687,11 +703,13 @@ static int read_table(hid_t f, kvd_table *t, const char *path, char *err, int ve
                  t->path, ver);
         return -1;
     }
-    /* HDF5 would read a column the file lacks as zeros: name it instead */
+    /* HDF5 would read a column the file lacks as zeros: name it instead,
+     * unless the file's version predates it */
     hid_t ft = H5Dget_type(ds);
     const int compound = H5Tget_class(ft) == H5T_COMPOUND;
     for (int c = 0; c < t->ncols; c++)
-        if (!compound || H5Tget_member_index(ft, t->cols[c].name) < 0) {
+        if (!compound ||
+            (H5Tget_member_index(ft, t->cols[c].name) < 0 && t->cols[c].since <= ver)) {
             snprintf(err, KVD_ERR_LEN,
                      "%s: dataset %s: no column '%s' (expected in schema version %d)", path,
                      t->path, t->cols[c].name, ver);
@@ -818,6 +836,8 @@ static const char *type_name(const kvd_coldef *c) {
         return "float32";
     case KVD_COL_U8:
         return "uint8";
+    case KVD_COL_U16:
+        return "uint16";
     default:
         return "float64";
     }
@@ -830,8 +850,11 @@ void kvd_results_schema_md(FILE *f) {
     for (int i = 0; i < KVD_T_N; i++) {
         const kvd_table *t = &r.t[i];
         fprintf(f, "### `%s`\n\n%s.\n\n| column | type |\n| --- | --- |\n", t->path, t->doc);
-        for (int c = 0; c < t->ncols; c++)
-            fprintf(f, "| `%s` | %s |\n", t->cols[c].name, type_name(&t->cols[c]));
+        for (int c = 0; c < t->ncols; c++) {
+            fprintf(f, "| `%s` | %s", t->cols[c].name, type_name(&t->cols[c]));
+            if (t->cols[c].since) fprintf(f, " (schema version %d on)", t->cols[c].since);
+            fprintf(f, " |\n");
+        }
         fprintf(f, "\n");
     }
     kvd_results_free(&r);

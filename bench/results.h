@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define KVD_SCHEMA_VERSION 2
+#define KVD_SCHEMA_VERSION 3
 /* the oldest schema a reader takes: version 1 files lack the per-position
  * tables (/drift/token_sets, /drift/tokens) and pool as they did */
 #define KVD_SCHEMA_VERSION_MIN 1
@@ -23,7 +23,8 @@ typedef enum {
     KVD_COL_I64,
     KVD_COL_F64,
     KVD_COL_F32,
-    KVD_COL_U8
+    KVD_COL_U8,
+    KVD_COL_U16
 } kvd_coltype;
 
 typedef struct {
@@ -31,6 +32,7 @@ typedef struct {
     kvd_coltype type;
     size_t off;
     size_t len; /* strings: fixed length, NUL-padded */
+    int since;  /* the schema version that added it (0: every version with the table) */
 } kvd_coldef;
 
 typedef struct {
@@ -132,6 +134,7 @@ typedef struct {
 typedef struct {
     float kl, delta_p, delta_nll, hidden_last, attn_isolated, attn_propagated;
     uint8_t copy, same_top;
+    uint16_t router_flips; /* schema version 3; read as 0 from a version 2 file */
 } kvd_row_token;
 
 typedef struct {

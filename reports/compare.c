@@ -303,6 +303,36 @@ static void rms_z(kvd_check *c, const kvd_run *base, const kvd_run *cand) {
     }
 }
 
+/* ... for router_flip_rate, the mean over positions of the share of MoE
+ * layers whose top-k set differs: from each position's count of such
+ * layers (schema version 3), paired when the runs pair; else from the
+ * layers' rows, which take the layers as independent, though a flip at one
+ * layer tends to come with flips above it: that z is an upper bound */
+static void router_z(kvd_check *c, const kvd_run *base, const kvd_run *cand) {
+    int layer[KVD_MAX_LAYERS];
+    const int nl = kvd_run_moe_layers(base, c->context, layer);
+    if (nl == 0 || nl != kvd_run_moe_layers(cand, c->context, layer)) return;
+    if (set_paired_z(c, base, cand, "router_flips", -1)) {
+        c->z *= nl; /* the count's error over nl is the share's */
+        return;
+    }
+    kvd_paired pb, pc;
+    if (kvd_results_positions(&base->r, c->mode, c->context, "all", "router_flips", -1, &pb) &&
+        kvd_results_positions(&cand->r, c->mode, c->context, "all", "router_flips", -1, &pc)) {
+        set_z(c, pb.se / nl, pc.se / nl);
+        return;
+    }
+    double vb = 0, vc = 0;
+    for (int l = 0; l < nl; l++) {
+        double sb, sc;
+        kvd_run_layer_mean(base, c->mode, c->context, layer[l], "router_flip", &sb);
+        kvd_run_layer_mean(cand, c->mode, c->context, layer[l], "router_flip", &sc);
+        vb += sb * sb, vc += sc * sc;
+    }
+    set_z(c, sqrt(vb) / nl, sqrt(vc) / nl);
+    if (isfinite(c->z)) c->z_bound = 1;
+}
+
 /* ... for a summary figure, where it has them: paired over the same
  * positions; else the summary's METRIC_err, else its output figure's;
  * for a KL percentile, each run's order-statistic error, less what the two
@@ -311,6 +341,10 @@ static void add_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const 
     if (!c) return;
     if (!strcmp(metric, "delta_p_rms")) {
         rms_z(c, base, cand);
+        return;
+    }
+    if (!strcmp(metric, "router_flip_rate")) {
+        router_z(c, base, cand);
         return;
     }
     if (set_paired_z(c, base, cand, summary_output(metric), -1)) return;

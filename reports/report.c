@@ -594,9 +594,7 @@ static void attention_bars(kvd_buf *b, const kvd_run *r, const char *label, int 
     free(vals);
 }
 
-/* The MoE layers with router-flip rows at context ctx (the model's order);
- * their count. A dense model has none. */
-static int moe_layers(const kvd_run *r, long long ctx, int *layer) {
+int kvd_run_moe_layers(const kvd_run *r, long long ctx, int *layer) {
     int n = 0;
     const int L = kvd_run_layers(r);
     for (int l = 0; l < L && l < KVD_MAX_LAYERS; l++) {
@@ -620,7 +618,7 @@ static int router_sentence(const kvd_run *r, char *s, size_t n) {
     const int nm = kvd_run_modes(r, modes);
     const long long ctx = kvd_run_max_context(r);
     int layer[KVD_MAX_LAYERS];
-    const int nl = moe_layers(r, ctx, layer);
+    const int nl = kvd_run_moe_layers(r, ctx, layer);
     int len = snprintf(s, n,
                        "Share of (position, MoE layer) pairs whose top-k expert set differs "
                        "from BF16's:"),
@@ -645,7 +643,7 @@ static void router_bars(kvd_buf *b, const kvd_run *r, const char *label, int man
     const int nm = kvd_run_modes(r, modes);
     const long long ctx = kvd_run_max_context(r);
     static int layer[KVD_MAX_LAYERS];
-    const int nl = moe_layers(r, ctx, layer);
+    const int nl = kvd_run_moe_layers(r, ctx, layer);
     char s[1200];
     if (nl == 0 || !router_sentence(r, s, sizeof s)) return;
     static char groups[KVD_MAX_LAYERS][16];

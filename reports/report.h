@@ -41,6 +41,9 @@ double kvd_run_summary(const kvd_run *r, const char *mode, long long ctx, const 
 double kvd_run_layer_mean(const kvd_run *r, const char *mode, long long ctx, int layer,
                           const char *metric, double *se);
 int kvd_run_layers(const kvd_run *r);
+/* The MoE layers with router-flip rows at context ctx, in the model's
+ * order, into layer[KVD_MAX_LAYERS]; their count (0 for a dense model). */
+int kvd_run_moe_layers(const kvd_run *r, long long ctx, int *layer);
 /* Attention KL (/drift/attention, every KV head together) in a view
  * ("isolated", "propagated") and subset, over every position bucket and
  * trace and over one full-attention layer al, or every one (al < 0),

@@ -217,6 +217,7 @@ static void compare_chunk(lockstep *L, const float *lr, const float *lc, const u
     for (int r = 0; r < L->rows; r++) {
         int64_t pos = L->p0 + r;
         int b = kvd_bucket(pos), sub = L->is_copy[pos] ? KVD_SUB_COPY : KVD_SUB_OTHER;
+        int flips = 0;
         for (int l = 0; l < c->num_hidden_layers; l++) {
             double rel = L->hrel[(size_t)l * L->cap + r], cs = L->hcos[(size_t)l * L->cap + r];
             kvd_stat_add(kvd_drift_hid(d, l, KVD_HID_REL_L2, KVD_SUB_ALL, b), rel);
@@ -233,6 +234,7 @@ static void compare_chunk(lockstep *L, const float *lr, const float *lc, const u
                     same = found;
                 }
                 kvd_stat_add(&d->router[(size_t)l * KVD_NB + b], !same);
+                flips += !same;
             }
         }
         /* output: the prediction at pos is of token pos + 1 */
@@ -260,7 +262,8 @@ static void compare_chunk(lockstep *L, const float *lr, const float *lc, const u
                             NAN, /* attention: set once the chunk's sampled positions are in */
                             NAN,
                             osub == KVD_SUB_COPY,
-                            lc1.same_argmax != 0};
+                            lc1.same_argmax != 0,
+                            (uint16_t)flips};
     }
 }
 

@@ -69,10 +69,12 @@ typedef struct {
  * -ln p; the last layer's hidden-state relative L2 at p; the attention KL at
  * p, the mean over the full-attention layers, in either view (NaN where
  * attention is not sampled); whether the next token copies earlier content
- * and whether both argmaxes agree. */
+ * and whether both argmaxes agree; at how many MoE layers the router chose
+ * another top-k expert set at p than the reference's. */
 typedef struct {
     float kl, delta_p, delta_nll, hidden_last, attn_isolated, attn_propagated;
     uint8_t copy, same_top;
+    uint16_t router_flips;
 } kvd_token_fig;
 
 typedef struct {

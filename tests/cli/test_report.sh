@@ -523,7 +523,7 @@ PY
 # calibrated on 256 tokens, not 512. compare's z for fp8-cal's kl_mean,
 # same_top_p and one bucket's KL, against numpy's paired errors; a run over
 # other traces (another seed) does not pair
-printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_mean,fp8-cal,*,0,0\nsame_top_p,fp8-cal,*,0,0\nkl,fp8-cal,8,0,0\ndelta_p_rms,fp8-cal,*,0,0\nattn_kl,fp8-cal,*,0,0\nkl_p90,fp8-cal,*,0,0\nkl_median,fp8-cal,*,0,0\n' >"$work/tpair.csv"
+printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_mean,fp8-cal,*,0,0\nsame_top_p,fp8-cal,*,0,0\nkl,fp8-cal,8,0,0\ndelta_p_rms,fp8-cal,*,0,0\nattn_kl,fp8-cal,*,0,0\nkl_p90,fp8-cal,*,0,0\nkl_median,fp8-cal,*,0,0\nrouter_flip_rate,fp8-cal,*,0,0\n' >"$work/tpair.csv"
 for v in c256:"--calib-tokens 256" seed2:"--calib-tokens 512 --seed 2"; do
   IFS=: read -r name flags <<<"$v"
   # shellcheck disable=SC2086
@@ -575,6 +575,17 @@ z = (attn_rows(sys.argv[2]) - attn_rows(sys.argv[1])) / (d.std(ddof=1) / math.sq
 got = z_of(page, "attn_kl", "*")
 assert got.endswith(" paired") and abs(float(got.split()[0]) - z) <= 0.05 + 1e-9, ("attn_kl", got, z)
 assert a["kl"].mean() != b["kl"].mean()  # the calibrations differ
+# router_flip_rate paired: each position's count of flipped MoE layers, the
+# share's error that count's over the MoE layers
+def rate(path):
+    s = h5py.File(path)["/drift/summary"][:]
+    return float(s[(s["mode"] == b"fp8-cal") & (s["metric"] == b"router_flip_rate")]["value"][0])
+d = b["router_flips"].astype(np.float64) - a["router_flips"].astype(np.float64)
+assert d.any()
+z = (rate(sys.argv[2]) - rate(sys.argv[1])) / (d.std(ddof=1) / math.sqrt(len(d)) / 8)
+got = z_of(page, "router_flip_rate", "*")
+assert got.endswith(" paired") and abs(float(got.split()[0]) - z) <= 0.05 + 1e-9, ("router_flip_rate", got, z)
+print(f"router_flip_rate: paired z {z:.2f}", file=sys.stderr)
 # a KL percentile paired: each run's order-statistic error, less the
 # covariance of the shares of positions at or below each run's quantile
 def pct(v, q):
@@ -628,7 +639,7 @@ PY
 # layer's hidden drift and attention KL (its mean over layers) from the
 # positions. From version 1 files: the buckets, attention taking the layers
 # as independent (an upper bound of z, shown as such), no percentile, no rms
-printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_p90,fp8-cal,*,0,0\ndelta_p_rms,fp8-cal,*,0,0\nhidden_rel_l2_last,fp8-cal,*,0,0\nattn_kl,fp8-cal,*,0,0\nattn_kl_isolated,fp8-cal,*,0,0\n' >"$work/tse.csv"
+printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_p90,fp8-cal,*,0,0\ndelta_p_rms,fp8-cal,*,0,0\nhidden_rel_l2_last,fp8-cal,*,0,0\nattn_kl,fp8-cal,*,0,0\nattn_kl_isolated,fp8-cal,*,0,0\nrouter_flip_rate,fp8-cal,*,0,0\n' >"$work/tse.csv"
 "$bin" compare "$work/r.h5" "$work/seed2.h5" --thresholds "$work/tse.csv" -o "$work/se.html" >"$work/se.out"
 cp "$work/seed2.h5" "$work/seed2-v1.h5"
 "$py" - "$work/seed2-v1.h5" <<'PY'
@@ -679,8 +690,18 @@ with_pos = {
 }
 for m, v in views.items():
     with_pos[m] = (z(attn(B, v)[0], attn(A, v)[0], se(pos(A, "attn_" + v)), se(pos(B, "attn_" + v))), "")
+# router_flip_rate: from the positions' counts over the 8 MoE layers; from
+# version 1 files the layers' rows as independent, an upper bound
+def router_rows(f):
+    l = f["/drift/layers"][:]
+    l = l[(l["mode"] == b"fp8-cal") & (l["metric"] == b"router_flip") & (l["subset"] == b"all")]
+    assert len(set(l["layer"])) == 8
+    per = [rows_se(l[l["layer"] == k])[1] for k in range(8)]
+    return math.sqrt(sum(e * e for e in per)) / 8
+with_pos["router_flip_rate"] = (z(summ(B, "router_flip_rate"), summ(A, "router_flip_rate"), se(pos(A, "router_flips")) / 8, se(pos(B, "router_flips")) / 8), "")
 without = {"kl_p90": None, "delta_p_rms": None,
-           "hidden_rel_l2_last": (z(hid(B)[0], hid(A)[0], hid(A)[1], hid(B)[1]), "")}
+           "hidden_rel_l2_last": (z(hid(B)[0], hid(A)[0], hid(A)[1], hid(B)[1]), ""),
+           "router_flip_rate": (z(summ(B, "router_flip_rate"), summ(A, "router_flip_rate"), router_rows(A), router_rows(B)), "\u2264")}
 for m, v in views.items():
     without[m] = (z(attn(B, v)[0], attn(A, v)[0], attn(A, v)[1], attn(B, v)[1]), "\u2264")
 for page, want in ((open(sys.argv[3]).read(), with_pos), (open(sys.argv[4]).read(), without)):

@@ -66,7 +66,7 @@ assert len(tables) == 10, tables
 for path, rows in tables:
     cols = [re.match(r"\| `([^`]+)` \|", r).group(1) for r in rows.strip().split("\n")]
     assert list(f[path].dtype.names) == cols, (path, f[path].dtype.names, cols)
-assert f.attrs["schema_version"][0] == 2
+assert f.attrs["schema_version"][0] == 3
 for a in ("kvdrift_version", "git_revision", "written_utc", "host", "backend", "device",
           "model_config", "trace_spec", "command", "seeds"):
     assert a in f.attrs, a
@@ -178,9 +178,27 @@ for r in ts:
         assert ok[::16].all()  # every 16th position is sampled (and each copy start)
         want = (rows["n"] * rows["mean"]).sum() / rows["n"].sum()
         assert abs(x[ok].mean() - want) <= 1e-6 * want + 1e-30, (mode, ctx, view, x[ok].mean(), want)
+    # router flips: each position's count of MoE layers whose top-k set
+    # differs, bucket by bucket the layers' rows again (exactly: counts);
+    # over the cell, the summary's rate less at most the last position's
+    rf = sel(lay, mode=mode, context=ctx, subset="all", metric="router_flip")
+    nl = len(set(rf["layer"]))
+    assert nl == 8 and t["router_flips"].max() <= nl and tk.dtype["router_flips"] == np.uint16
+    for b in set(rf["bucket"]):
+        rows = rf[rf["bucket"] == b]
+        if rows["pos_hi"][0] >= ctx - 1:
+            continue
+        x = t["router_flips"][bk == b].astype(np.int64)
+        assert len(x) == rows["n"][0] and x.sum() == round((rows["n"] * rows["mean"]).sum()), (mode, ctx, b)
+    total = (rf["n"] * rf["mean"]).sum()
+    rate = float(sel(summ, mode=mode, context=ctx, subset="all", metric="router_flip_rate")["value"][0])
+    assert abs(total - rate * nl * ctx) < 1e-6 and 0 <= total - t["router_flips"].sum() <= nl, (mode, ctx)
+    if mode != "bf16" and ctx == 1024:
+        assert t["router_flips"].sum() > 0, mode
     if mode == "bf16":
         assert np.all(t["kl"] == 0) and np.all(t["same_top"] == 1) and np.all(t["delta_nll"] == 0)
         assert np.all(t["hidden_last"] == 0) and np.nanmax(t["attn_propagated"]) == 0
+        assert np.all(t["router_flips"] == 0)
 # one trace per context: every mode hashes the same tokens, the contexts others
 for ctx in (512, 1024):
     assert len(set(sel(ts, context=ctx)["trace_hash"])) == 1

@@ -524,7 +524,7 @@ static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_sca
          * subsets; the KL apart by no more on average than the means may be;
          * top-1 agreement flipped at no more positions than its share allows */
         if (dc.n_tok == dd.n_tok && dc.n_tok > 0) {
-            double l1 = 0, klc = 0, flips = 0;
+            double l1 = 0, klc = 0, flips = 0, routed = 0;
             int64_t copies = 0;
             for (int64_t i = 0; i < dc.n_tok; i++) {
                 const kvd_token_fig *a = &dc.tok[i], *b = &dd.tok[i];
@@ -532,6 +532,7 @@ static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_sca
                     a->copy != b->copy || isnan(a->attn_propagated) != isnan(b->attn_propagated);
                 l1 += fabs((double)a->kl - (double)b->kl), klc += a->kl;
                 flips += a->same_top != b->same_top;
+                routed += abs((int)a->router_flips - (int)b->router_flips);
             }
             const double n = (double)dc.n_tok;
             CHECK(copies == 0,
@@ -542,6 +543,10 @@ static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_sca
                   l1 / n, klc / n);
             CHECK(flips / n <= frac_atol,
                   "drift positions: top-1 agreement differs at %.0f of %.0f positions\n", flips, n);
+            CHECK(routed / (n * dc.n_layers) <= frac_atol,
+                  "drift positions: the router flips differ by %.0f over %.0f positions and %d "
+                  "layers\n",
+                  routed, n, dc.n_layers);
         }
         for (int g = 0; g < dc.n_gen && g < dd.n_gen; g++)
             CHECK(abs(dc.gen[g].agree - dd.gen[g].agree) <= (frac_atol > 0.01 ? 1 : 0),

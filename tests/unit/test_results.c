@@ -299,7 +299,7 @@ static void position_errors(void **st) {
 }
 
 /* The positions through a file and back; a version 1 file (no positions)
- * reads with none; a version 3 one, or positions past the table, do not */
+ * reads with none; a version 4 one, or positions past the table, do not */
 static void positions_on_file(void **st) {
     (void)st;
     char path[] = "/tmp/kvd_test_results_XXXXXX";
@@ -343,7 +343,7 @@ static void positions_on_file(void **st) {
         int version;
         const char *msg;
     } bad[] = {{2, "dataset /drift/token_sets: missing (expected in schema version 2)"},
-               {3, "attribute schema_version: expected 1 to 2, got 3"}};
+               {4, "attribute schema_version: expected 1 to 3, got 4"}};
     for (int i = 0; i < 2; i++) {
         f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
         H5LTset_attribute_int(f, "/", "schema_version", &bad[i].version, 1);
