@@ -783,16 +783,17 @@ static void print_summary(const kvd_results *r, const run_opts *o) {
     const int drift = o->cells & 1, nc = o->cells & 2 ? o->n_conc : 0;
     printf("\n%-13s %8s", "kv_mode", "context");
     if (drift)
-        printf(" %11s %11s %10s %11s %11s %9s %9s", "kl_mean", "kl_p99", "same_top", "ln_ppl_rat",
-               "attn_kl", "k_sat%", "v_flush%");
+        printf(" %11s %11s %10s %11s %11s %8s %9s %9s", "kl_mean", "kl_p99", "same_top",
+               "ln_ppl_rat", "attn_kl", "router%", "k_sat%", "v_flush%");
     for (int k = 0; k < nc; k++) printf("  dec_tok_s@%-3d", o->conc[k]);
     printf("\n");
     for (int ci = 0; ci < o->n_ctx; ci++)
         for (int mi = 0; mi < o->n_modes; mi++) {
             const char *mode = kvd_kv_mode_name((kvd_kv_mode)o->modes[mi]);
-            double v[4]; /* over every trace, as the report gives them */
-            const char *names[4] = {"kl_mean", "kl_p99", "same_top_p", "ln_ppl_ratio"};
-            for (int j = 0; j < 4; j++)
+            double v[5]; /* over every trace, as the report gives them */
+            const char *names[5] = {"kl_mean", "kl_p99", "same_top_p", "ln_ppl_ratio",
+                                    "router_flip_rate"};
+            for (int j = 0; j < 5; j++)
                 v[j] = kvd_results_summary(r, mode, o->ctx[ci], "all", names[j]);
             double num = 0, den = 0;
             for (int64_t i = 0; i < at->n; i++) {
@@ -808,6 +809,10 @@ static void print_summary(const kvd_results *r, const run_opts *o) {
             if (drift) {
                 printf(" %11.3e %11.3e %10.4f %11.3e %11.3e", v[0], v[1], v[2], v[3],
                        den > 0 ? num / den : NAN);
+                if (isfinite(v[4]))
+                    printf(" %8.3f", 100 * v[4]);
+                else
+                    printf(" %8s", "-"); /* a dense model: no router */
                 if (isfinite(ks))
                     printf(" %9.3f %9.3f", 100 * ks, 100 * vf);
                 else
@@ -829,8 +834,10 @@ static void print_summary(const kvd_results *r, const run_opts *o) {
     if (drift)
         printf("\nkl: KL(P_bf16 || P_mode) of the next token, nats; same_top: share of positions "
                "with the BF16 argmax;\nln_ppl_rat: ln(PPL_mode / PPL_bf16); attn_kl: attention "
-               "KL, propagated view, mean over layers;\nk_sat%%, v_flush%%: the shares of K "
-               "values saturated and of V values flushed to zero by the cache's writes.\n");
+               "KL, propagated view, mean over layers;\nrouter%%: the share of (position, MoE "
+               "layer) pairs routed to another top-k expert set than BF16's;\nk_sat%%, "
+               "v_flush%%: the shares of K values saturated and of V values flushed to zero by "
+               "the cache's writes.\n");
 }
 
 static const char *const run_help =

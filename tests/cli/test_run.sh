@@ -34,12 +34,15 @@ import sys, h5py
 kv = h5py.File(sys.argv[1])["drift/kv"][:]
 lines = [l.split() for l in open(sys.argv[2]) if l.split()[:1] in (["fp8-cal"], ["fp8-unscaled"], ["bf16"]) and not l.startswith(" ")]
 head = next(l.split() for l in open(sys.argv[2]) if l.startswith("kv_mode"))
-ks, vf = head.index("k_sat%"), head.index("v_flush%")
+ks, vf, rt = head.index("k_sat%"), head.index("v_flush%"), head.index("router%")
+summ = h5py.File(sys.argv[1])["drift/summary"][:]
 assert len(lines) == 6, lines
 for l in lines:
     mode, ctx = l[0], int(l[1])
+    s = summ[(summ["mode"] == mode.encode()) & (summ["context"] == ctx) & (summ["metric"] == b"router_flip_rate")]
+    assert len(s) == 1 and l[rt] == "%.3f" % (100 * s["value"][0]), (l, rt)
     if mode == "bf16":
-        assert l[ks] == l[vf] == "-", l
+        assert l[ks] == l[vf] == "-" and l[rt] == "0.000", l
         continue
     k = kv[(kv["mode"] == mode.encode()) & (kv["context"] == ctx)]
     w = k["n_values"]
