@@ -210,7 +210,11 @@ int kvd_results_has_cell(const kvd_results *r, const char *cell) {
     return 0;
 }
 
+/* "routed": positions the router sent to another top-k expert set at some
+ * MoE layer; "unrouted" the rest (schema version 3 on) */
 static int in_subset(const kvd_row_token *t, const char *subset) {
+    if (!strcmp(subset, "routed")) return t->router_flips > 0;
+    if (!strcmp(subset, "unrouted")) return t->router_flips == 0;
     return !strcmp(subset, "all") || (!strcmp(subset, "copy") ? t->copy : !t->copy);
 }
 
@@ -399,7 +403,8 @@ int kvd_results_paired(const kvd_results *a, const char *mode_a, const kvd_resul
 
 int kvd_results_positions(const kvd_results *r, const char *mode, long long ctx, const char *subset,
                           const char *metric, int bucket, kvd_paired *out) {
-    const int m = token_metric(metric, r, NULL, out);
+    int m = token_metric(metric, r, NULL, out);
+    if (r->schema_version < 3 && strstr(subset, "routed")) m = -1; /* no router flips kept */
     const kvd_table *ts = &r->t[KVD_T_TOKSET];
     double acc[3] = {0};
     for (int64_t i = 0; m >= 0 && i < ts->n; i++) {

@@ -291,7 +291,9 @@ int kvd_results_paired(const kvd_results *a, const char *mode_a, const kvd_resul
                        const char *mode_b, long long ctx, const char *subset, const char *metric,
                        int bucket, kvd_paired *out);
 /* The same of one run's figure itself, over every trace's positions: its
- * mean and the standard error of that mean; 0 without positions. */
+ * mean and the standard error of that mean; 0 without positions. Here the
+ * subset may also be "routed" (positions the router sent to another top-k
+ * expert set at some MoE layer) or "unrouted" (schema version 3 on). */
 int kvd_results_positions(const kvd_results *r, const char *mode, long long ctx, const char *subset,
                           const char *metric, int bucket, kvd_paired *out);
 /* The standard error of the output KL's q-quantile over every trace's

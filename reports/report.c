@@ -635,6 +635,39 @@ static int router_sentence(const kvd_run *r, char *s, size_t n) {
     return k > 0;
 }
 
+/* Where the output drift sits against the routing: the share of positions
+ * routed to another expert set at some MoE layer, the share of the output
+ * KL they carry and their mean KL over the other positions', per FP8 mode,
+ * over every trace; 0 without router flips per position (a dense model, a
+ * file of schema version 2 or older) */
+static int routed_sentence(const kvd_run *r, char *s, size_t n) {
+    const char *modes[KVD_KV_N_MODES];
+    const int nm = kvd_run_modes(r, modes);
+    const long long ctx = kvd_run_max_context(r);
+    int layer[KVD_MAX_LAYERS];
+    int len = snprintf(s, n, "Positions routed to another expert set at some MoE layer:"), k = 0;
+    for (int m = 0; m < nm && kvd_run_moe_layers(r, ctx, layer) > 0 && len > 0 && (size_t)len < n;
+         m++) {
+        kvd_paired all, in, out;
+        if (!strcmp(modes[m], "bf16") ||
+            !kvd_results_positions(&r->r, modes[m], ctx, "all", "kl", -1, &all) || !(all.mean > 0))
+            continue;
+        const int any = kvd_results_positions(&r->r, modes[m], ctx, "routed", "kl", -1, &in),
+                  rest = kvd_results_positions(&r->r, modes[m], ctx, "unrouted", "kl", -1, &out);
+        if (!any && !rest) continue; /* no router flips kept */
+        len += snprintf(s + len, n - (size_t)len, "%s %s %.1f%% of positions", k++ ? ";" : "",
+                        modes[m], any ? 100 * in.n / all.n : 0.0);
+        if (any && len > 0 && (size_t)len < n)
+            len += snprintf(s + len, n - (size_t)len, " with %.0f%% of the output KL",
+                            100 * in.n * in.mean / (all.n * all.mean));
+        if (any && rest && out.mean > 0 && len > 0 && (size_t)len < n)
+            len += snprintf(s + len, n - (size_t)len, " (their mean KL %.1fx the rest's)",
+                            in.mean / out.mean);
+    }
+    if (len > 0 && (size_t)len < n) snprintf(s + len, n - (size_t)len, ".");
+    return k > 0;
+}
+
 /* Per MoE layer, the share of positions whose top-k expert set differs
  * from BF16's, per FP8 mode in its colour of the KL chart (color0: the
  * KL chart's series index of the run's first mode). */
@@ -673,6 +706,11 @@ static void router_bars(kvd_buf *b, const kvd_run *r, const char *label, int man
     kvd_buf_puts(b, "<p class=\"routing\">");
     kvd_buf_xml(b, s);
     kvd_buf_puts(b, "</p>\n");
+    if (routed_sentence(r, s, sizeof s)) {
+        kvd_buf_puts(b, "<p class=\"routed\">");
+        kvd_buf_xml(b, s);
+        kvd_buf_puts(b, "</p>\n");
+    }
     free(vals);
 }
 
@@ -1201,6 +1239,8 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
         if (tail_sentence(&runs[i], s, sizeof s))
             kvd_buf_printf(b, "\n%s%s%s\n", n > 1 ? runs[i].label : "", n > 1 ? ": " : "", s);
         if (router_sentence(&runs[i], s, sizeof s))
+            kvd_buf_printf(b, "\n%s%s%s\n", n > 1 ? runs[i].label : "", n > 1 ? ": " : "", s);
+        if (routed_sentence(&runs[i], s, sizeof s))
             kvd_buf_printf(b, "\n%s%s%s\n", n > 1 ? runs[i].label : "", n > 1 ? ": " : "", s);
     }
 }

@@ -407,6 +407,20 @@ for h5, page, md, modes in ((sys.argv[1], sys.argv[2], sys.argv[3], ("fp8-cal", 
     assert f'<p class="routing">{want.replace(chr(39), "&apos;")}</p>' in html or f'<p class="routing">{want}</p>' in html, want
     assert "\n" + want + "\n" in open(md).read(), want
     print(want, file=sys.stderr)
+    # the output KL at the positions routed to another expert set at some
+    # layer, against the rest, from /drift/tokens over every trace
+    ts, tk = f["/drift/token_sets"][:], f["/drift/tokens"][:]
+    parts = []
+    for m in modes:
+        t = np.concatenate([tk[r["first"]:r["first"] + r["n"]] for r in ts[ts["mode"] == m.encode()]])
+        kl, routed = t["kl"].astype(np.float64), t["router_flips"] > 0
+        assert 0 < routed.sum() < len(t) and len(t) == (511 if "t3" not in h5 else 3 * 255)
+        parts.append(f"{m} {100 * routed.mean():.1f}% of positions with {100 * kl[routed].sum() / kl.sum():.0f}% of the output KL"
+                     f" (their mean KL {kl[routed].mean() / kl[~routed].mean():.1f}x the rest's)")
+    want = "Positions routed to another expert set at some MoE layer: " + "; ".join(parts) + "."
+    assert f'<p class="routed">{want.replace(chr(39), "&apos;")}</p>' in html or f'<p class="routed">{want}</p>' in html, want
+    assert "\n" + want + "\n" in open(md).read(), want
+    print(want, file=sys.stderr)
 PY
 cp "$work/r.h5" "$work/dense.h5"
 "$py" - "$work/dense.h5" <<'PY'
@@ -421,6 +435,20 @@ PY
 "$bin" report "$work/dense.h5" -o "$work/dense.html" 2>/dev/null && "$bin" report "$work/dense.h5" --format md -o "$work/dense.md" 2>/dev/null &&
   xmllint --noout "$work/dense.html" && ! grep -q "Expert routing\|expert set" "$work/dense.html" "$work/dense.md" &&
   grep -q "Attention drift per full-attention layer" "$work/dense.html" && ok || bad "a file without router rows has an expert routing section"
+# a version 2 file keeps no router flips per position: the layers' chart and
+# sentence, not the routed positions' share of the KL
+cp "$work/r.h5" "$work/rv2.h5"
+"$py" - "$work/rv2.h5" <<'PY'
+import sys, h5py, numpy.lib.recfunctions as rf
+f = h5py.File(sys.argv[1], "r+")
+a = f["/drift/tokens"][:]
+del f["/drift/tokens"]
+f["/drift/tokens"] = rf.drop_fields(a, "router_flips", usemask=False)
+f.attrs["schema_version"] = [2]
+PY
+"$bin" report "$work/rv2.h5" -o "$work/rv2.html" 2>/dev/null && "$bin" report "$work/rv2.h5" --format md -o "$work/rv2.md" 2>/dev/null &&
+  grep -q '<p class="routing">' "$work/rv2.html" && grep -q "^Share of (position, MoE layer)" "$work/rv2.md" &&
+  ! grep -q "routed to another expert set at some" "$work/rv2.html" "$work/rv2.md" && ok || bad "a version 2 file: the routed positions' share of the KL from zeros"
 # compare: 0 against itself, 1 for a crafted regression, 2 for bad thresholds
 "$bin" compare "$work/r.h5" "$work/r.h5" --thresholds "$thresholds" >"$work/c0.out"; rc=$?
 [ $rc -eq 0 ] && grep -q "0 regressions" "$work/c0.out" && ok || bad "compare against itself: exit $rc"

@@ -288,6 +288,20 @@ static void position_errors(void **st) {
                      1);
     assert_true(p.n == 2 && p.mean == 3); /* rows 0 and 4: 1 and 5 */
     close_to(p.se, sqrt(8. / 2), 1e-15);
+    /* router flips: positions routed at some layer (KL 2 and 11) and the
+     * rest; a version 2 file keeps none */
+    t[1].router_flips = 3, t[7].router_flips = 1;
+    assert_int_equal(kvd_results_positions(&r, "fp8-cal", 512, "routed", "kl", -1, &p), 1);
+    assert_true(p.n == 2 && p.mean == 6.5);
+    assert_int_equal(kvd_results_positions(&r, "fp8-cal", 512, "unrouted", "kl", -1, &p), 1);
+    assert_true(p.n == 6 && p.mean == (1 + 3 + 4 + 5 + 12 + 10) / 6.);
+    assert_int_equal(kvd_results_positions(&r, "fp8-cal", 512, "all", "router_flips", -1, &p), 1);
+    assert_true(p.n == 8 && p.mean == 0.5);
+    r.schema_version = 2;
+    assert_int_equal(kvd_results_positions(&r, "fp8-cal", 512, "routed", "kl", -1, &p), 0);
+    assert_int_equal(kvd_results_positions(&r, "fp8-cal", 512, "all", "router_flips", -1, &p), 0);
+    assert_int_equal(kvd_results_positions(&r, "fp8-cal", 512, "all", "kl", -1, &p), 1);
+    r.schema_version = KVD_SCHEMA_VERSION;
     /* sorted 1 2 3 4 5 10 11 12; the median: ranks 4 -/+ 1.96 sqrt(2), 1 and 7 */
     close_to(kvd_results_percentile_se(&r, "fp8-cal", 512, "all", 0.5),
              (12. - 2) / 3.919927969080108, 1e-15);
