@@ -73,15 +73,16 @@ static const kvd_coldef c_gen[] = {CELL_KEYS(kvd_row_gen),
 static const kvd_coldef c_tokset[] = {CELL_KEYS(kvd_row_tokset), I32(kvd_row_tokset, trace),
                                       I64(kvd_row_tokset, trace_hash), I64(kvd_row_tokset, first),
                                       I64(kvd_row_tokset, n)};
-static const kvd_coldef c_token[] = {F32(kvd_row_token, kl),
-                                     F32(kvd_row_token, delta_p),
-                                     F32(kvd_row_token, delta_nll),
-                                     F32(kvd_row_token, hidden_last),
-                                     F32(kvd_row_token, attn_isolated),
-                                     F32(kvd_row_token, attn_propagated),
-                                     U8(kvd_row_token, copy),
-                                     U8(kvd_row_token, same_top),
-                                     U16_SINCE(kvd_row_token, router_flips, 3)};
+static const kvd_coldef c_token[] = {
+    F32(kvd_row_token, kl),
+    F32(kvd_row_token, delta_p),
+    F32(kvd_row_token, delta_nll),
+    F32(kvd_row_token, hidden_last),
+    F32(kvd_row_token, attn_isolated),
+    F32(kvd_row_token, attn_propagated),
+    U8(kvd_row_token, copy),
+    U8(kvd_row_token, same_top),
+    U16_SINCE(kvd_row_token, router_flips, KVD_SCHEMA_ROUTER_FLIPS)};
 static const kvd_coldef c_tput[] = {
     CELL_KEYS(kvd_row_tput),          F64(kvd_row_tput, prefill_tok_s),
     F64(kvd_row_tput, decode_tok_s),  F64(kvd_row_tput, total_tok_s),
@@ -211,7 +212,7 @@ int kvd_results_has_cell(const kvd_results *r, const char *cell) {
 }
 
 /* "routed": positions the router sent to another top-k expert set at some
- * MoE layer; "unrouted" the rest (schema version 3 on) */
+ * MoE layer; "unrouted" the rest (KVD_SCHEMA_ROUTER_FLIPS on) */
 static int in_subset(const kvd_row_token *t, const char *subset) {
     if (!strcmp(subset, "routed")) return t->router_flips > 0;
     if (!strcmp(subset, "unrouted")) return t->router_flips == 0;
@@ -297,7 +298,7 @@ static const kvd_row_tokset *tokset(const kvd_results *r, const char *mode, long
 static const char *const token_metrics[] = {
     "kl",          "top1_agree",    "delta_p",         "delta_nll",   "delta_p_sq",
     "hidden_last", "attn_isolated", "attn_propagated", "router_flips"};
-enum { METRIC_ROUTER = 8 }; /* kept from schema version 3 on */
+enum { METRIC_ROUTER = 8 }; /* kept from KVD_SCHEMA_ROUTER_FLIPS on */
 
 static double token_value(const kvd_row_token *t, int metric) {
     switch (metric) {
@@ -351,17 +352,17 @@ static int finish(const double acc[3], kvd_paired *out) {
     return 1;
 }
 
-/* The index of a per-position figure that r (and b, when given) keep; -1
- * for another name or a figure an older file lacks */
-static int token_metric(const char *metric, const kvd_results *r, const kvd_results *b,
-                        kvd_paired *out) {
+/* The index of a per-position figure that r (and b, when given) keep in a
+ * subset; -1 for another name, or a figure or subset an older file lacks */
+static int token_metric(const char *metric, const char *subset, const kvd_results *r,
+                        const kvd_results *b, kvd_paired *out) {
     memset(out, 0, sizeof *out);
     out->mean = out->se = NAN;
+    const int old = r->schema_version < KVD_SCHEMA_ROUTER_FLIPS ||
+                    (b && b->schema_version < KVD_SCHEMA_ROUTER_FLIPS);
     for (int i = 0; i < (int)(sizeof token_metrics / sizeof *token_metrics); i++)
         if (!strcmp(metric, token_metrics[i]))
-            return i == METRIC_ROUTER && (r->schema_version < 3 || (b && b->schema_version < 3))
-                       ? -1
-                       : i;
+            return old && (i == METRIC_ROUTER || strstr(subset, "routed")) ? -1 : i;
     return -1;
 }
 
@@ -386,7 +387,7 @@ int kvd_results_pair(const kvd_results *a, const char *mode_a, const kvd_results
 int kvd_results_paired(const kvd_results *a, const char *mode_a, const kvd_results *b,
                        const char *mode_b, long long ctx, const char *subset, const char *metric,
                        int bucket, kvd_paired *out) {
-    const int m = token_metric(metric, a, b, out);
+    const int m = token_metric(metric, subset, a, b, out);
     if (m < 0 || !kvd_results_pair(a, mode_a, b, mode_b, ctx)) return 0;
     const kvd_table *ts = &a->t[KVD_T_TOKSET];
     double acc[3] = {0};
@@ -403,8 +404,7 @@ int kvd_results_paired(const kvd_results *a, const char *mode_a, const kvd_resul
 
 int kvd_results_positions(const kvd_results *r, const char *mode, long long ctx, const char *subset,
                           const char *metric, int bucket, kvd_paired *out) {
-    int m = token_metric(metric, r, NULL, out);
-    if (r->schema_version < 3 && strstr(subset, "routed")) m = -1; /* no router flips kept */
+    const int m = token_metric(metric, subset, r, NULL, out);
     const kvd_table *ts = &r->t[KVD_T_TOKSET];
     double acc[3] = {0};
     for (int64_t i = 0; m >= 0 && i < ts->n; i++) {

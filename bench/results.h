@@ -14,6 +14,8 @@
 /* the oldest schema a reader takes: version 1 files lack the per-position
  * tables (/drift/token_sets, /drift/tokens) and pool as they did */
 #define KVD_SCHEMA_VERSION_MIN 1
+/* the version that added each position's router flips */
+#define KVD_SCHEMA_ROUTER_FLIPS 3
 /* the root attribute "format" of a results file */
 #define KVD_RESULTS_FORMAT "kvdrift-results"
 
