@@ -595,18 +595,17 @@ static void attention_bars(kvd_buf *b, const kvd_run *r, const char *label, int 
 }
 
 int kvd_run_moe_layers(const kvd_run *r, long long ctx, int *layer) {
-    int n = 0;
-    const int L = kvd_run_layers(r);
-    for (int l = 0; l < L && l < KVD_MAX_LAYERS; l++) {
-        const kvd_table *t = &r->r.t[KVD_T_LAYER];
-        for (int64_t j = 0; j < t->n; j++) {
-            const kvd_row_layer *x = KVD_ROW(t, kvd_row_layer, j);
-            if (x->layer == l && x->context == ctx && !strcmp(x->metric, "router_flip")) {
-                layer[n++] = l;
-                break;
-            }
-        }
+    unsigned char moe[KVD_MAX_LAYERS] = {0};
+    const kvd_table *t = &r->r.t[KVD_T_LAYER];
+    for (int64_t j = 0; j < t->n; j++) {
+        const kvd_row_layer *x = KVD_ROW(t, kvd_row_layer, j);
+        if (x->layer >= 0 && x->layer < KVD_MAX_LAYERS && x->context == ctx &&
+            !strcmp(x->metric, "router_flip"))
+            moe[x->layer] = 1;
     }
+    int n = 0;
+    for (int l = 0; l < KVD_MAX_LAYERS; l++)
+        if (moe[l]) layer[n++] = l;
     return n;
 }
 
@@ -645,9 +644,9 @@ static int routed_sentence(const kvd_run *r, char *s, size_t n) {
     const int nm = kvd_run_modes(r, modes);
     const long long ctx = kvd_run_max_context(r);
     int layer[KVD_MAX_LAYERS];
+    const int nl = kvd_run_moe_layers(r, ctx, layer);
     int len = snprintf(s, n, "Positions routed to another expert set at some MoE layer:"), k = 0;
-    for (int m = 0; m < nm && kvd_run_moe_layers(r, ctx, layer) > 0 && len > 0 && (size_t)len < n;
-         m++) {
+    for (int m = 0; m < nm && nl > 0 && len > 0 && (size_t)len < n; m++) {
         kvd_paired all, in, out;
         if (!strcmp(modes[m], "bf16") ||
             !kvd_results_positions(&r->r, modes[m], ctx, "all", "kl", -1, &all) || !(all.mean > 0))
@@ -675,7 +674,7 @@ static void router_bars(kvd_buf *b, const kvd_run *r, const char *label, int man
     const char *modes[KVD_KV_N_MODES];
     const int nm = kvd_run_modes(r, modes);
     const long long ctx = kvd_run_max_context(r);
-    static int layer[KVD_MAX_LAYERS];
+    int layer[KVD_MAX_LAYERS];
     const int nl = kvd_run_moe_layers(r, ctx, layer);
     char s[1200];
     if (nl == 0 || !router_sentence(r, s, sizeof s)) return;
