@@ -390,6 +390,25 @@ if "$bin" version | grep -q "^cuda: no CUDA device visible"; then
   done
 fi
 
+# a dense model (num_experts 0): no router, so no router% in the summary,
+# no flips per position, no router rows and no routing section in the report
+"$bin" export --model tiny -o "$work/tinyck" >/dev/null 2>&1
+"$py" -c "
+import json, sys
+c = json.load(open(sys.argv[1])); c['num_experts'] = 0; c.setdefault('intermediate_size', 256)
+json.dump(c, open(sys.argv[2], 'w'))" "$work/tinyck/config.json" "$work/dense.json"
+if "$bin" run --config "$work/dense.json" --kv bf16,fp8-cal --context 256 --cells drift -o "$work/dense.h5" >"$work/dense.out" 2>&1 &&
+  "$bin" report "$work/dense.h5" -o "$work/dense.html" 2>/dev/null &&
+  awk '$1 == "kv_mode" {for (i = 1; i <= NF; i++) if ($i == "router%") c = i} $1 == "fp8-cal" && c {v = $c} END {exit v != "-"}' "$work/dense.out" &&
+  ! grep -q "Expert routing" "$work/dense.html" && "$py" - "$work/dense.h5" <<'PY'
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+assert f["/drift/tokens"].shape[0] == 2 * 255 and np.all(f["/drift/tokens"]["router_flips"] == 0)
+assert not np.any(f["/drift/layers"]["metric"] == b"router_flip")
+assert not np.any(f["/drift/summary"]["metric"] == b"router_flip_rate")
+PY
+then ok; else bad "a dense model's router figures: $(tail -4 "$work/dense.out")"; fi
+
 # bench lockstep: the drift run (twice) and the candidate alone (twice),
 # their times and ratios (a benchmark: only that it runs and reports sane figures)
 if "$bin" bench lockstep --model tiny --context 256 --reps 1 >"$work/ls.out" 2>"$work/ls.err" &&
