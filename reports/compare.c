@@ -272,56 +272,55 @@ static double se_from_buckets(const kvd_run *r, const char *mode, long long ctx,
     return se;
 }
 
-/* A check's difference in standard errors of the per-position difference,
- * when both runs keep the positions of the same traces (output figure of, a
- * bucket or -1 for all); returns whether it did. */
+/* A check's z from the standard error of the two runs' per-position
+ * difference: marked paired, and none where that error is 0 (the runs the
+ * same at every position) */
+static void set_paired_se(kvd_check *c, double se) {
+    c->paired = 1;
+    if (isfinite(se) && se > 0) c->z = c->abs_inc / se;
+}
+
+/* ... when both runs keep the positions of the same traces (per-position
+ * figure of, a bucket or -1 for all; the check's figure that figure's mean
+ * over d); returns whether they did. */
 static int set_paired_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const char *of,
-                        int bucket) {
+                        int bucket, double d) {
     kvd_paired pd;
     if (!c || !of ||
         !kvd_results_paired(&base->r, c->mode, &cand->r, c->mode, c->context, "all", of, bucket,
                             &pd))
         return 0;
-    c->paired = 1;
-    if (isfinite(pd.se) && pd.se > 0) c->z = c->abs_inc / pd.se;
+    set_paired_se(c, pd.se / d);
     return 1;
 }
 
-/* ... for delta_p_rms, from the positions' delta p squared: paired, the
- * difference of the mean squares over its error (rms_c - rms_b is (ms_c -
- * ms_b) / (rms_b + rms_c)); else each run's error of the rms, se(ms) / (2
- * rms) */
-static void rms_z(kvd_check *c, const kvd_run *base, const kvd_run *cand) {
-    kvd_paired pd, pb, pc;
-    if (kvd_results_paired(&base->r, c->mode, &cand->r, c->mode, c->context, "all", "delta_p_sq",
-                           -1, &pd)) {
-        c->paired = 1;
-        if (isfinite(pd.se) && pd.se > 0) c->z = c->abs_inc * (c->base + c->cand) / pd.se;
-    } else if (kvd_results_positions(&base->r, c->mode, c->context, "all", "delta_p_sq", -1, &pb) &&
-               kvd_results_positions(&cand->r, c->mode, c->context, "all", "delta_p_sq", -1, &pc)) {
-        set_z(c, pb.se / (2 * c->base), pc.se / (2 * c->cand));
-    }
+/* ... from a per-position figure of whose mean the check's figure follows
+ * to first order as mean / d: paired over the same positions (d = dp), else
+ * from each run's own positions (db, dc); returns whether the runs keep
+ * positions */
+static int positions_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const char *of,
+                       double dp, double db, double dc) {
+    if (set_paired_z(c, base, cand, of, -1, dp)) return 1;
+    kvd_paired pb, pc;
+    if (!kvd_results_positions(&base->r, c->mode, c->context, "all", of, -1, &pb) ||
+        !kvd_results_positions(&cand->r, c->mode, c->context, "all", of, -1, &pc))
+        return 0;
+    set_z(c, pb.se / db, pc.se / dc);
+    return 1;
 }
 
 /* ... for router_flip_rate, the mean over positions of the share of MoE
  * layers whose top-k set differs: from each position's count of such
- * layers (schema version 3), paired when the runs pair; else from the
- * layers' rows, which take the layers as independent, though a flip at one
- * layer tends to come with flips above it: that z is an upper bound */
+ * layers (schema version 3) over the nl MoE layers, paired when the runs
+ * pair; else from the layers' rows, which take the layers as independent,
+ * though a flip at one layer tends to come with flips above it: that z is
+ * an upper bound */
 static void router_z(kvd_check *c, const kvd_run *base, const kvd_run *cand) {
     int layer[KVD_MAX_LAYERS];
     const int nl = kvd_run_moe_layers(base, c->context, layer);
-    if (nl == 0 || nl != kvd_run_moe_layers(cand, c->context, layer)) return;
-    if (set_paired_z(c, base, cand, "router_flips", -1)) {
-        c->z *= nl; /* the count's error over nl is the share's */
+    if (nl == 0 || nl != kvd_run_moe_layers(cand, c->context, layer) ||
+        positions_z(c, base, cand, "router_flips", nl, nl, nl))
         return;
-    }
-    kvd_paired pb, pc;
-    if (kvd_results_positions(&base->r, c->mode, c->context, "all", "router_flips", -1, &pb) &&
-        kvd_results_positions(&cand->r, c->mode, c->context, "all", "router_flips", -1, &pc)) {
-        set_z(c, pb.se / nl, pc.se / nl);
-        return;
-    }
     double vb = 0, vc = 0;
     for (int l = 0; l < nl; l++) {
         double sb, sc;
@@ -340,14 +339,17 @@ static void router_z(kvd_check *c, const kvd_run *base, const kvd_run *cand) {
 static void add_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const char *metric) {
     if (!c) return;
     if (!strcmp(metric, "delta_p_rms")) {
-        rms_z(c, base, cand);
+        /* from the positions' delta p squared: rms_c - rms_b is (ms_c -
+         * ms_b) / (rms_b + rms_c), and one run's error of the rms se(ms) /
+         * (2 rms) */
+        positions_z(c, base, cand, "delta_p_sq", c->base + c->cand, 2 * c->base, 2 * c->cand);
         return;
     }
     if (!strcmp(metric, "router_flip_rate")) {
         router_z(c, base, cand);
         return;
     }
-    if (set_paired_z(c, base, cand, summary_output(metric), -1)) return;
+    if (set_paired_z(c, base, cand, summary_output(metric), -1, 1)) return;
     char e[48];
     snprintf(e, sizeof e, "%s_err", metric);
     double sb = kvd_run_summary(base, c->mode, c->context, "all", e),
@@ -361,8 +363,7 @@ static void add_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, const 
             const double se = kvd_results_percentile_paired_se(&base->r, c->mode, &cand->r, c->mode,
                                                                c->context, "all", q->q);
             if (!isnan(se)) {
-                c->paired = 1;
-                if (se > 0) c->z = c->abs_inc / se;
+                set_paired_se(c, se);
                 return;
             }
             sb = kvd_results_percentile_se(&base->r, c->mode, c->context, "all", q->q);
@@ -383,13 +384,7 @@ static void derived_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, co
     const char *of = !strcmp(metric, "attn_kl")            ? "attn_propagated"
                      : !strcmp(metric, "attn_kl_isolated") ? "attn_isolated"
                                                            : "hidden_last";
-    if (set_paired_z(c, base, cand, of, -1)) return;
-    kvd_paired pb, pc;
-    if (kvd_results_positions(&base->r, c->mode, c->context, "all", of, -1, &pb) &&
-        kvd_results_positions(&cand->r, c->mode, c->context, "all", of, -1, &pc)) {
-        set_z(c, pb.se, pc.se);
-        return;
-    }
+    if (positions_z(c, base, cand, of, 1, 1, 1)) return;
     set_z(c, sb, sc);
     if (isfinite(c->z) && strcmp(of, "hidden_last")) c->z_bound = 1;
 }
@@ -465,7 +460,7 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
                     const double vb = output_bucket(base, bm[i], ctx, t->metric, bk, &sb),
                                  vc = output_bucket(cand, bm[i], ctx, t->metric, bk, &sc);
                     kvd_check *c = add_check(out, &n, &cap, t, bm[i], ctx, bk, vb, vc, t->metric);
-                    if (!set_paired_z(c, base, cand, t->metric, bk)) set_z(c, sb, sc);
+                    if (!set_paired_z(c, base, cand, t->metric, bk, 1)) set_z(c, sb, sc);
                 }
             } else {
                 for (int cc = 1; cc <= 1024; cc *= 2) {

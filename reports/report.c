@@ -6,6 +6,7 @@
 #include <csv.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -371,20 +372,43 @@ static double kl_share_above(const kvd_run *r, const char *mode, double x) {
     return n ? (double)(n - lo) / (double)n : NAN;
 }
 
+/* A sentence built in s[n], *len its length so far: appends unless an
+ * earlier part was already cut at n (or failed, *len < 0). */
+__attribute__((format(printf, 4, 5))) static void sentence_add(char *s, size_t n, int *len,
+                                                               const char *fmt, ...) {
+    if (*len < 0 || (size_t)*len >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    const int k = vsnprintf(s + *len, n - (size_t)*len, fmt, ap);
+    va_end(ap);
+    *len = k < 0 ? -1 : *len + k;
+}
+
+/* A sentence as a paragraph of class cls, after "label: " when given */
+static void sentence_p(kvd_buf *b, const char *cls, const char *label, const char *s) {
+    kvd_buf_printf(b, "<p class=\"%s\">", cls);
+    if (label) {
+        kvd_buf_xml(b, label);
+        kvd_buf_puts(b, ": ");
+    }
+    kvd_buf_xml(b, s);
+    kvd_buf_puts(b, "</p>\n");
+}
+
 /* The drift's tail in one sentence: each FP8 mode's share of positions
  * above 0.001 and 0.01 nats; 0 when the run keeps no positions. */
 static int tail_sentence(const kvd_run *r, char *s, size_t n) {
     const char *modes[KVD_KV_N_MODES];
     const int nm = kvd_run_modes(r, modes);
-    int len = snprintf(s, n, "Share of positions whose next-token KL exceeds 0.001 / 0.01 nats:"),
-        k = 0;
-    for (int m = 0; m < nm && len > 0 && (size_t)len < n; m++) {
+    int len = 0, k = 0;
+    sentence_add(s, n, &len, "Share of positions whose next-token KL exceeds 0.001 / 0.01 nats:");
+    for (int m = 0; m < nm; m++) {
         const double a = kl_share_above(r, modes[m], 1e-3), b = kl_share_above(r, modes[m], 1e-2);
         if (!strcmp(modes[m], "bf16") || !isfinite(a)) continue;
-        len += snprintf(s + len, n - (size_t)len, "%s %s %.1f%% / %.1f%%", k++ ? "," : "", modes[m],
-                        100 * a, 100 * b);
+        sentence_add(s, n, &len, "%s %s %.1f%% / %.1f%%", k++ ? "," : "", modes[m], 100 * a,
+                     100 * b);
     }
-    if (len > 0 && (size_t)len < n) snprintf(s + len, n - (size_t)len, ".");
+    sentence_add(s, n, &len, ".");
     return k > 0;
 }
 
@@ -444,14 +468,8 @@ static void kl_tail(kvd_buf *b, const kvd_run *runs, int n) {
     capped_note(b, KVD_SVG_MAX_SERIES, wanted);
     for (int i = 0; i < n; i++) {
         char s[600];
-        if (!tail_sentence(&runs[i], s, sizeof s)) continue;
-        kvd_buf_puts(b, "<p class=\"tail\">");
-        if (n > 1) {
-            kvd_buf_xml(b, runs[i].label);
-            kvd_buf_puts(b, ": ");
-        }
-        kvd_buf_xml(b, s);
-        kvd_buf_puts(b, "</p>\n");
+        if (tail_sentence(&runs[i], s, sizeof s))
+            sentence_p(b, "tail", n > 1 ? runs[i].label : NULL, s);
     }
 }
 
@@ -609,28 +627,37 @@ int kvd_run_moe_layers(const kvd_run *r, long long ctx, int *layer) {
     return n;
 }
 
+/* What the routing figures of a run read, once: its modes, its largest
+ * context and the MoE layers there (nl 0: a dense model). */
+typedef struct {
+    const char *modes[KVD_KV_N_MODES];
+    int nm, nl, layer[KVD_MAX_LAYERS];
+    long long ctx;
+} routing;
+
+static void routing_of(const kvd_run *r, routing *rt) {
+    rt->nm = kvd_run_modes(r, rt->modes);
+    rt->ctx = kvd_run_max_context(r);
+    rt->nl = kvd_run_moe_layers(r, rt->ctx, rt->layer);
+}
+
 /* "Share of (position, MoE layer) pairs whose top-k expert set differs
  * from BF16's: fp8-cal 1.5% (3.7% at layer 7), ..." over every trace; 0
  * for a dense model or a run without FP8 modes */
-static int router_sentence(const kvd_run *r, char *s, size_t n) {
-    const char *modes[KVD_KV_N_MODES];
-    const int nm = kvd_run_modes(r, modes);
-    const long long ctx = kvd_run_max_context(r);
-    int layer[KVD_MAX_LAYERS];
-    const int nl = kvd_run_moe_layers(r, ctx, layer);
-    int len = snprintf(s, n,
-                       "Share of (position, MoE layer) pairs whose top-k expert set differs "
-                       "from BF16's:"),
-        k = 0;
-    for (int m = 0; m < nm && nl > 0 && len > 0 && (size_t)len < n; m++) {
-        const double v = kvd_run_summary(r, modes[m], ctx, "all", "router_flip_rate"),
-                     last =
-                         kvd_run_layer_mean(r, modes[m], ctx, layer[nl - 1], "router_flip", NULL);
-        if (!strcmp(modes[m], "bf16") || !isfinite(v)) continue;
-        len += snprintf(s + len, n - (size_t)len, "%s %s %.2f%% (%.2f%% at layer %d)",
-                        k++ ? "," : "", modes[m], 100 * v, 100 * last, layer[nl - 1]);
+static int router_sentence(const kvd_run *r, const routing *rt, char *s, size_t n) {
+    int len = 0, k = 0;
+    sentence_add(s, n, &len,
+                 "Share of (position, MoE layer) pairs whose top-k expert set differs from "
+                 "BF16's:");
+    for (int m = 0; m < rt->nm && rt->nl > 0; m++) {
+        const int last = rt->layer[rt->nl - 1];
+        const double v = kvd_run_summary(r, rt->modes[m], rt->ctx, "all", "router_flip_rate");
+        if (!strcmp(rt->modes[m], "bf16") || !isfinite(v)) continue;
+        sentence_add(
+            s, n, &len, "%s %s %.2f%% (%.2f%% at layer %d)", k++ ? "," : "", rt->modes[m], 100 * v,
+            100 * kvd_run_layer_mean(r, rt->modes[m], rt->ctx, last, "router_flip", NULL), last);
     }
-    if (len > 0 && (size_t)len < n) snprintf(s + len, n - (size_t)len, ".");
+    sentence_add(s, n, &len, ".");
     return k > 0;
 }
 
@@ -639,31 +666,27 @@ static int router_sentence(const kvd_run *r, char *s, size_t n) {
  * KL they carry and their mean KL over the other positions', per FP8 mode,
  * over every trace; 0 without router flips per position (a dense model, a
  * file of schema version 2 or older) */
-static int routed_sentence(const kvd_run *r, char *s, size_t n) {
-    const char *modes[KVD_KV_N_MODES];
-    const int nm = kvd_run_modes(r, modes);
-    const long long ctx = kvd_run_max_context(r);
-    int layer[KVD_MAX_LAYERS];
-    const int nl = kvd_run_moe_layers(r, ctx, layer);
-    int len = snprintf(s, n, "Positions routed to another expert set at some MoE layer:"), k = 0;
-    for (int m = 0; m < nm && nl > 0 && len > 0 && (size_t)len < n; m++) {
+static int routed_sentence(const kvd_run *r, const routing *rt, char *s, size_t n) {
+    int len = 0, k = 0;
+    sentence_add(s, n, &len, "Positions routed to another expert set at some MoE layer:");
+    for (int m = 0; m < rt->nm && rt->nl > 0; m++) {
+        const char *mode = rt->modes[m];
         kvd_paired all, in, out;
-        if (!strcmp(modes[m], "bf16") ||
-            !kvd_results_positions(&r->r, modes[m], ctx, "all", "kl", -1, &all) || !(all.mean > 0))
+        if (!strcmp(mode, "bf16") ||
+            !kvd_results_positions(&r->r, mode, rt->ctx, "all", "kl", -1, &all) || !(all.mean > 0))
             continue;
-        const int any = kvd_results_positions(&r->r, modes[m], ctx, "routed", "kl", -1, &in),
-                  rest = kvd_results_positions(&r->r, modes[m], ctx, "unrouted", "kl", -1, &out);
+        const int any = kvd_results_positions(&r->r, mode, rt->ctx, "routed", "kl", -1, &in),
+                  rest = kvd_results_positions(&r->r, mode, rt->ctx, "unrouted", "kl", -1, &out);
         if (!any && !rest) continue; /* no router flips kept */
-        len += snprintf(s + len, n - (size_t)len, "%s %s %.1f%% of positions", k++ ? ";" : "",
-                        modes[m], any ? 100 * in.n / all.n : 0.0);
-        if (any && len > 0 && (size_t)len < n)
-            len += snprintf(s + len, n - (size_t)len, " with %.0f%% of the output KL",
-                            100 * in.n * in.mean / (all.n * all.mean));
-        if (any && rest && out.mean > 0 && len > 0 && (size_t)len < n)
-            len += snprintf(s + len, n - (size_t)len, " (their mean KL %.1fx the rest's)",
-                            in.mean / out.mean);
+        sentence_add(s, n, &len, "%s %s %.1f%% of positions", k++ ? ";" : "", mode,
+                     any ? 100 * in.n / all.n : 0.0);
+        if (any)
+            sentence_add(s, n, &len, " with %.0f%% of the output KL",
+                         100 * in.n * in.mean / (all.n * all.mean));
+        if (any && rest && out.mean > 0)
+            sentence_add(s, n, &len, " (their mean KL %.1fx the rest's)", in.mean / out.mean);
     }
-    if (len > 0 && (size_t)len < n) snprintf(s + len, n - (size_t)len, ".");
+    sentence_add(s, n, &len, ".");
     return k > 0;
 }
 
@@ -671,29 +694,27 @@ static int routed_sentence(const kvd_run *r, char *s, size_t n) {
  * from BF16's, per FP8 mode in its colour of the KL chart (color0: the
  * KL chart's series index of the run's first mode). */
 static void router_bars(kvd_buf *b, const kvd_run *r, const char *label, int many, int color0) {
-    const char *modes[KVD_KV_N_MODES];
-    const int nm = kvd_run_modes(r, modes);
-    const long long ctx = kvd_run_max_context(r);
-    int layer[KVD_MAX_LAYERS];
-    const int nl = kvd_run_moe_layers(r, ctx, layer);
+    routing rt;
+    routing_of(r, &rt);
+    const int nl = rt.nl;
     char s[1200];
-    if (nl == 0 || !router_sentence(r, s, sizeof s)) return;
+    if (nl == 0 || !router_sentence(r, &rt, s, sizeof s)) return;
     static char groups[KVD_MAX_LAYERS][16];
     static const char *gp[KVD_MAX_LAYERS];
     for (int g = 0; g < nl; g++) {
-        snprintf(groups[g], sizeof groups[g], nl > 16 ? "%d" : "layer %d", layer[g]);
+        snprintf(groups[g], sizeof groups[g], nl > 16 ? "%d" : "layer %d", rt.layer[g]);
         gp[g] = groups[g];
     }
     const char *lp[KVD_KV_N_MODES];
     int colors[KVD_KV_N_MODES], ns = 0;
     double *vals = calloc((size_t)KVD_KV_N_MODES * nl, sizeof(double));
-    for (int m = 0; m < nm && vals; m++) {
-        if (!strcmp(modes[m], "bf16")) continue;
-        lp[ns] = modes[m];
+    for (int m = 0; m < rt.nm && vals; m++) {
+        if (!strcmp(rt.modes[m], "bf16")) continue;
+        lp[ns] = rt.modes[m];
         colors[ns] = 1 + color0 + m;
         for (int g = 0; g < nl; g++)
             vals[(size_t)ns * nl + g] =
-                kvd_run_layer_mean(r, modes[m], ctx, layer[g], "router_flip", NULL);
+                kvd_run_layer_mean(r, rt.modes[m], rt.ctx, rt.layer[g], "router_flip", NULL);
         ns++;
     }
     char title[256];
@@ -702,14 +723,8 @@ static void router_bars(kvd_buf *b, const kvd_run *r, const char *label, int man
     kvd_bar_chart c = {title, "share of positions (top-k set differs)", 0, nl, ns, gp, lp, vals,
                        colors};
     if (ns) kvd_svg_bars(b, &c);
-    kvd_buf_puts(b, "<p class=\"routing\">");
-    kvd_buf_xml(b, s);
-    kvd_buf_puts(b, "</p>\n");
-    if (routed_sentence(r, s, sizeof s)) {
-        kvd_buf_puts(b, "<p class=\"routed\">");
-        kvd_buf_xml(b, s);
-        kvd_buf_puts(b, "</p>\n");
-    }
+    sentence_p(b, "routing", NULL, s);
+    if (routed_sentence(r, &rt, s, sizeof s)) sentence_p(b, "routed", NULL, s);
     free(vals);
 }
 
@@ -1159,7 +1174,9 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
     int moe = 0;
     for (int i = 0; i < n; i++) {
         char s[1200];
-        moe |= router_sentence(&runs[i], s, sizeof s);
+        routing rt;
+        routing_of(&runs[i], &rt);
+        moe |= router_sentence(&runs[i], &rt, s, sizeof s);
     }
     if (moe) {
         kvd_buf_puts(b, "<h2>Expert routing against BF16</h2>\n<p class=\"note\">The share of "
@@ -1235,12 +1252,15 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
             kvd_buf_printf(b, "\n%s%sgainst the calibrated FP8 cache, same weights and trace:\n\n",
                            n > 1 ? runs[i].label : "", n > 1 ? ": a" : "A");
         for (int h = 0; h < nh; h++) kvd_buf_printf(b, "- %s\n", hl[h]);
-        if (tail_sentence(&runs[i], s, sizeof s))
-            kvd_buf_printf(b, "\n%s%s%s\n", n > 1 ? runs[i].label : "", n > 1 ? ": " : "", s);
-        if (router_sentence(&runs[i], s, sizeof s))
-            kvd_buf_printf(b, "\n%s%s%s\n", n > 1 ? runs[i].label : "", n > 1 ? ": " : "", s);
-        if (routed_sentence(&runs[i], s, sizeof s))
-            kvd_buf_printf(b, "\n%s%s%s\n", n > 1 ? runs[i].label : "", n > 1 ? ": " : "", s);
+        /* the sentences under the charts, each a paragraph after the run's label */
+        const char *pre = n > 1 ? runs[i].label : "", *sep = n > 1 ? ": " : "";
+        routing rt;
+        routing_of(&runs[i], &rt);
+        if (tail_sentence(&runs[i], s, sizeof s)) kvd_buf_printf(b, "\n%s%s%s\n", pre, sep, s);
+        if (router_sentence(&runs[i], &rt, s, sizeof s))
+            kvd_buf_printf(b, "\n%s%s%s\n", pre, sep, s);
+        if (routed_sentence(&runs[i], &rt, s, sizeof s))
+            kvd_buf_printf(b, "\n%s%s%s\n", pre, sep, s);
     }
 }
 
