@@ -1001,12 +1001,28 @@ static int ckpt_sentence(const kvd_run *r, char *out, size_t n) {
 }
 
 enum { HEADLINE_MAX = KVD_HEADLINE_MAX, HEADLINE_LEN = KVD_HEADLINE_LEN };
+
+/* How far apart two figures are, in standard errors of their difference,
+ * as a parenthesis after them; nothing without an error to weigh by. */
+static void apart(char *s, size_t n, int *len, double z) {
+    if (!isfinite(z)) return;
+    if (z < 2) /* 1.97 is not "2.0": under 2 */
+        sentence_add(s, n, len, " (%.1f standard errors apart: within the error)",
+                     floor(10 * z) / 10);
+    else
+        sentence_add(s, n, len, " (%.0f standard errors apart)", z);
+}
+
 int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_LEN]) {
     static const char *const others[HEADLINE_MAX] = {"fp8-unscaled", "fp8-ckpt", "fp8-e5m2"};
-    int k = 0;
+    int k = 0, moe[KVD_MAX_LAYERS];
+    const long long ctx = kvd_run_max_context(r);
+    const int nl = kvd_run_moe_layers(r, ctx, moe);
     /* a mode the run lacks has no mean KL (NaN) */
     const verdict c = make_verdict(r, "fp8-cal");
     if (!(c.kl > 0)) return 0;
+    const double c99 = kvd_run_summary(r, "fp8-cal", ctx, "all", "kl_p99"),
+                 crt = kvd_run_summary(r, "fp8-cal", ctx, "all", "router_flip_rate");
     for (int o = 0; o < HEADLINE_MAX; o++) {
         const verdict v = make_verdict(r, others[o]);
         if (!isfinite(v.kl)) continue;
@@ -1014,40 +1030,61 @@ int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_
          * the two modes share (the same tokens, the same hard predictions)
          * is no error of their difference */
         kvd_paired pd;
-        const int paired = kvd_results_paired(&r->r, "fp8-cal", &r->r, others[o],
-                                              kvd_run_max_context(r), "all", "kl", -1, &pd);
+        const int paired =
+            kvd_results_paired(&r->r, "fp8-cal", &r->r, others[o], ctx, "all", "kl", -1, &pd);
         const double se = paired ? pd.se : sqrt(v.kl_err * v.kl_err + c.kl_err * c.kl_err),
                      z = se > 0 ? fabs(v.kl - c.kl) / se : NAN, ratio = v.kl / c.kl;
-        char how[160];
+        char *h = s[k];
+        int len = 0;
+        sentence_add(h, HEADLINE_LEN, &len, "%s ", others[o]);
         if (paired && pd.mean == 0 && pd.se == 0) /* e.g. a checkpoint's scales that are
                                                      fp8-cal's own */
-            snprintf(how, sizeof how,
-                     "drifts exactly as fp8-cal does: the same KL at every position (mean "
-                     "output KL %.3e)",
-                     v.kl);
+            sentence_add(h, HEADLINE_LEN, &len,
+                         "drifts exactly as fp8-cal does: the same KL at every position (mean "
+                         "output KL %.3e)",
+                         v.kl);
         else if (isfinite(z) && z < 2)
-            snprintf(how, sizeof how,
-                     "drifts as far as fp8-cal within the error (mean output KL %.3e against "
-                     "%.3e, %.1f standard errors apart)",
-                     v.kl, c.kl, floor(10 * z) / 10); /* 1.97 is not "2.0": under 2 */
+            sentence_add(h, HEADLINE_LEN, &len,
+                         "drifts as far as fp8-cal within the error (mean output KL %.3e against "
+                         "%.3e, %.1f standard errors apart)",
+                         v.kl, c.kl, floor(10 * z) / 10);
         else if (isfinite(z))
-            snprintf(how, sizeof how,
-                     "drifts %.2gx as far as fp8-cal (mean output KL %.3e against %.3e, %.0f "
-                     "standard errors apart)",
-                     ratio, v.kl, c.kl, z);
+            sentence_add(h, HEADLINE_LEN, &len,
+                         "drifts %.2gx as far as fp8-cal (mean output KL %.3e against %.3e, %.0f "
+                         "standard errors apart)",
+                         ratio, v.kl, c.kl, z);
         else /* no error to weigh the difference by */
-            snprintf(how, sizeof how,
-                     "drifts %.2gx as far as fp8-cal (mean output KL %.3e against %.3e)", ratio,
-                     v.kl, c.kl);
-        int len = snprintf(s[k], HEADLINE_LEN, "%s %s; top-1 agreement %.4f against %.4f",
-                           others[o], how, v.top1, c.top1);
-        if (isfinite(v.k_sat) && isfinite(c.k_sat) && len < HEADLINE_LEN)
-            snprintf(s[k] + len, (size_t)(HEADLINE_LEN - len),
-                     "; K saturated %.3f%% against %.3f%%, V flushed to zero %.3f%% against "
-                     "%.3f%%.",
-                     100 * v.k_sat, 100 * c.k_sat, 100 * v.v_flush, 100 * c.v_flush);
-        else if (len < HEADLINE_LEN)
-            snprintf(s[k] + len, (size_t)(HEADLINE_LEN - len), ".");
+            sentence_add(h, HEADLINE_LEN, &len,
+                         "drifts %.2gx as far as fp8-cal (mean output KL %.3e against %.3e)", ratio,
+                         v.kl, c.kl);
+        /* the tail: a mean can hide drift that sits in a few positions */
+        const double v99 = kvd_run_summary(r, others[o], ctx, "all", "kl_p99");
+        if (isfinite(v99) && isfinite(c99)) {
+            sentence_add(h, HEADLINE_LEN, &len, "; 99th-percentile KL %.3e against %.3e", v99, c99);
+            const double se99 = kvd_results_percentile_paired_se(&r->r, "fp8-cal", &r->r, others[o],
+                                                                 ctx, "all", 0.99);
+            apart(h, HEADLINE_LEN, &len, se99 > 0 ? fabs(v99 - c99) / se99 : NAN);
+        }
+        sentence_add(h, HEADLINE_LEN, &len, "; top-1 agreement %.4f against %.4f", v.top1, c.top1);
+        /* routing: a different expert set is a different computation from
+         * there on */
+        const double vrt = kvd_run_summary(r, others[o], ctx, "all", "router_flip_rate");
+        if (nl > 0 && isfinite(vrt) && isfinite(crt)) {
+            sentence_add(h, HEADLINE_LEN, &len,
+                         "; experts rerouted at %.2f%% of (position, MoE layer) pairs against "
+                         "%.2f%%",
+                         100 * vrt, 100 * crt);
+            kvd_paired rp;
+            if (kvd_results_paired(&r->r, "fp8-cal", &r->r, others[o], ctx, "all", "router_flips",
+                                   -1, &rp))
+                apart(h, HEADLINE_LEN, &len, rp.se > 0 ? fabs(vrt - crt) / (rp.se / nl) : NAN);
+        }
+        if (isfinite(v.k_sat) && isfinite(c.k_sat))
+            sentence_add(h, HEADLINE_LEN, &len,
+                         "; K saturated %.3f%% against %.3f%%, V flushed to zero %.3f%% against "
+                         "%.3f%%",
+                         100 * v.k_sat, 100 * c.k_sat, 100 * v.v_flush, 100 * c.v_flush);
+        sentence_add(h, HEADLINE_LEN, &len, ".");
         k++;
     }
     return k;

@@ -61,9 +61,13 @@ long long kvd_run_max_context(const kvd_run *r);
  * of the same run, at its largest context: how many times fp8-cal's mean
  * output KL, how many standard errors apart (of the paired per-position
  * difference when the file keeps positions, else the two means' combined
- * errors), top-1 agreement, and the shares of K saturated and V flushed. Returns how many sentences
- * (0 without fp8-cal or another FP8 mode); s[i] holds each. */
-enum { KVD_HEADLINE_MAX = 3, KVD_HEADLINE_LEN = 400 };
+ * errors); the 99th-percentile KL (with the paired order-statistic error
+ * where there is one); top-1 agreement; the share of (position, MoE layer)
+ * pairs routed to another expert set (paired over positions from schema
+ * version 3; no clause for a dense model); and the shares of K saturated
+ * and V flushed. Returns how many sentences (0 without fp8-cal or another
+ * FP8 mode); s[i] holds each. */
+enum { KVD_HEADLINE_MAX = 3, KVD_HEADLINE_LEN = 720 };
 int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_LEN]);
 
 /* ---- compare ---- */

@@ -108,7 +108,7 @@ for n in x.dtype.names:  # attention is NaN where not sampled
 PY
 # the headline says so, position by position
 "$bin" report "$work/fixed.h5" --format md -o "$work/fixed.md" 2>/dev/null &&
-  grep -q "^- fp8-ckpt drifts exactly as fp8-cal does: the same KL at every position (mean output KL [0-9.e+-]*); top-1 agreement" "$work/fixed.md" &&
+  grep -qE "^- fp8-ckpt drifts exactly as fp8-cal does: the same KL at every position \(mean output KL [0-9.e+-]*\); 99th-percentile KL ([0-9.e+-]*) against \1; top-1 agreement ([0-9.]*) against \2; experts rerouted at ([0-9.]*%) of \(position, MoE layer\) pairs against \3;" "$work/fixed.md" &&
   ok || bad "the headline of a checkpoint whose scales are fp8-cal's: $(cat "$work/fixed.md")"
 expect 2 "--into-checkpoint: .*fixed: layer 3 already carries k_scale/v_scale" -- calibrate --model-dir "$work/fixed" --into-checkpoint
 expect 2 "--into-checkpoint: expected --model-dir CKPT" -- calibrate --model tiny --into-checkpoint
