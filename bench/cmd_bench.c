@@ -129,7 +129,7 @@ static void cache_free(bench_cache *c) {
 }
 
 static kvd_kv_view cache_view(const bench_cache *c) {
-    kvd_kv_view v = {c->fmt, c->bs, c->kvh, c->hd, c->k, c->v, c->kscale, c->vscale, 0};
+    kvd_kv_view v = {c->fmt, c->bs, c->kvh, c->hd, c->k, c->v, c->kscale, c->vscale, 0, NULL, 0};
     return v;
 }
 

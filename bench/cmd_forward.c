@@ -61,7 +61,8 @@ static void get_scales(const cal_opts *o, const kvd_weights *w, uint64_t seed, c
     const kvd_config *c = &w->cfg;
     int nf = kvd_config_n_full(c);
     if (o->scales_path) {
-        if (kvd_scales_load(o->scales_path, sc, nf, c->num_key_value_heads, err))
+        if (kvd_scales_load(o->scales_path, sc, nf, c->num_key_value_heads, c->num_attention_heads,
+                            err))
             kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
         am->k = am->v = NULL;
         return;

@@ -1004,7 +1004,8 @@ int kvd_cmd_run(int argc, char **argv) {
     /* a --scales file is read (and checked) whether or not fp8-cal runs */
     if (o.scales_path) {
         int nf = kvd_config_n_full(c);
-        if (kvd_scales_load(o.scales_path, &sc, nf, c->num_key_value_heads, err))
+        if (kvd_scales_load(o.scales_path, &sc, nf, c->num_key_value_heads, c->num_attention_heads,
+                            err))
             kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
     }
     if (need_cal) {

@@ -35,6 +35,14 @@ typedef struct {
     const float *k_scale; /* [kv_heads] dequantization scales (1.0 for BF16) */
     const float *v_scale;
     int portable; /* take the portable kernels even where vector ones exist (tests) */
+    /* FP8 attention, as FlashAttention 3 computes over an FP8 cache (NULL /
+     * 0: FP32 query and weights). q_scale [n_heads]: the query is written as
+     * E4M3 (cvt(q / q_scale), saturating) and read back times q_scale.
+     * p_fp8: the softmax weights exp(s - M), M the row's maximum over the
+     * whole context, times 2^8, rounded to E4M3 for the weighted sum of V;
+     * the sum that normalises them is of the unrounded weights. */
+    const float *q_scale;
+    int p_fp8;
 } kvd_kv_view;
 
 /* Bytes of one element in a cache of this format. */
@@ -52,7 +60,9 @@ void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int p
  * receives the attention distribution [n_heads][n_ctx]. The context is split
  * into n_parts parts that run in parallel (OpenMP) and are merged by their
  * softmax maxima and sums; work holds kvd_attn_work_bytes(...) bytes. Softmax
- * sums accumulate in double. */
+ * sums accumulate in double. With the view's FP8 attention, probs is the
+ * distribution of the FP8 query's scores before the weights are rounded
+ * (the rounding shows in out). */
 size_t kvd_attn_work_bytes(int n_heads, int head_dim, int n_ctx, int n_parts);
 /* Parts for a context: one per 1024 tokens, at most 32 (a function of the
  * context alone, so a result never depends on the thread count). */

@@ -56,6 +56,11 @@ int kvd_calibrate(const kvd_backend *be, const kvd_weights *w, const int32_t *to
         return -1;
     kvd_engine m;
     int rc = -1;
+    const int nh = c->num_attention_heads;
+    if (kvd_kvcache_track_queries(&kv, nh)) {
+        snprintf(err, KVD_ERR_LEN, "calibration: out of memory");
+        goto out;
+    }
     if (kvd_engine_open(&m, be, w, &kv, n < 256 ? n : 256, 1, NULL, err)) goto out;
     int seq = kvd_kvcache_add_seq(&kv);
     if (kvd_engine_prefill(&m, &kv, seq, tok, n, NULL, 0, err)) goto out;
@@ -77,6 +82,25 @@ int kvd_calibrate(const kvd_backend *be, const kvd_weights *w, const int32_t *to
             absmax->v[l * kvh + h] = av;
             scales->k[l * kvh + h] = kvd_cal_scale(recipe, 0, ak);
             scales->v[l * kvh + h] = kvd_cal_scale(recipe, 1, av);
+        }
+    }
+    /* the query's scales for FP8 attention, by the recipe's K rule, where the
+     * back end noted the queries (the CPU's does) */
+    float qmax = 0.0f;
+    for (size_t i = 0; i < (size_t)nf * nh; i++) qmax = fmaxf(qmax, kv.q_absmax[i]);
+    if (qmax > 0.0f) {
+        if (kvd_kv_scales_init_q(scales, nh) || kvd_kv_scales_init_q(absmax, nh)) {
+            snprintf(err, KVD_ERR_LEN, "calibration: out of memory");
+            goto out;
+        }
+        for (int l = 0; l < nf; l++) {
+            float lq = 0.0f;
+            for (int h = 0; h < nh; h++) lq = fmaxf(lq, kv.q_absmax[l * nh + h]);
+            for (int h = 0; h < nh; h++) {
+                float aq = per_head ? kv.q_absmax[l * nh + h] : lq;
+                absmax->q[l * nh + h] = aq;
+                scales->q[l * nh + h] = kvd_cal_scale(recipe, 0, aq);
+            }
         }
     }
     rc = 0;
@@ -104,6 +128,7 @@ int kvd_scales_save(const char *path, const kvd_kv_scales *s, const kvd_kv_scale
     json_object_set_new(o, "calibration_tokens", json_integer(calib_tokens));
     json_object_set_new(o, "calibration_seed", json_integer((json_int_t)seed));
     json_object_set_new(o, "kv_heads", json_integer(s->kv_heads));
+    if (s->q) json_object_set_new(o, "heads", json_integer(s->n_heads));
     json_t *layers = json_array();
     for (int l = 0; l < s->n_layers; l++) {
         json_t *e = json_object();
@@ -114,6 +139,10 @@ int kvd_scales_save(const char *path, const kvd_kv_scales *s, const kvd_kv_scale
             json_object_set_new(e, "k_absmax", farr(absmax->k + l * s->kv_heads, s->kv_heads));
             json_object_set_new(e, "v_absmax", farr(absmax->v + l * s->kv_heads, s->kv_heads));
         }
+        /* the query's, for FP8 attention (kvdrift run --attn-fp8) */
+        if (s->q) json_object_set_new(e, "q_scale", farr(s->q + l * s->n_heads, s->n_heads));
+        if (s->q && absmax && absmax->q)
+            json_object_set_new(e, "q_absmax", farr(absmax->q + l * s->n_heads, s->n_heads));
         json_array_append_new(layers, e);
     }
     json_object_set_new(o, "layers", layers);
@@ -148,7 +177,8 @@ static int read_farr(json_t *a, const char *path, int l, const char *key, float 
     return 0;
 }
 
-int kvd_scales_load(const char *path, kvd_kv_scales *s, int n_layers, int kv_heads, char *err) {
+int kvd_scales_load(const char *path, kvd_kv_scales *s, int n_layers, int kv_heads, int n_heads,
+                    char *err) {
     json_t *o = kvd_json_load(path, err);
     if (!o) return -1;
     int rc = -1;
@@ -180,6 +210,27 @@ int kvd_scales_load(const char *path, kvd_kv_scales *s, int n_layers, int kv_hea
             goto out;
         }
     }
+    /* query scales: in every layer or in none */
+    int with_q = 0;
+    for (int l = 0; l < n_layers; l++)
+        with_q += json_object_get(json_array_get(layers, (size_t)l), "q_scale") != NULL;
+    if (with_q && with_q != n_layers) {
+        snprintf(err, KVD_ERR_LEN, "%s: field 'q_scale': expected it in every layer or in none",
+                 path);
+        kvd_kv_scales_free(s);
+        goto out;
+    }
+    if (with_q && kvd_kv_scales_init_q(s, n_heads)) {
+        snprintf(err, KVD_ERR_LEN, "%s: out of memory", path);
+        kvd_kv_scales_free(s);
+        goto out;
+    }
+    for (int l = 0; with_q && l < n_layers; l++)
+        if (read_farr(json_object_get(json_array_get(layers, (size_t)l), "q_scale"), path, l,
+                      "q_scale", s->q + l * n_heads, n_heads, err)) {
+            kvd_kv_scales_free(s);
+            goto out;
+        }
     rc = 0;
 out:
     json_decref(o);

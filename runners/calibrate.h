@@ -34,7 +34,8 @@ float kvd_cal_scale(kvd_cal_recipe r, int is_v, float absmax);
 
 /* Run the BF16 model (on back end be) over a held-out calibration trace
  * and fill scales (per KV head when per_head, else one per layer) and the
- * absmax measured. */
+ * absmax measured; the query's too (per query head when per_head, by the
+ * recipe's K rule) where the back end notes queries (the CPU's). */
 int kvd_calibrate(const kvd_backend *be, const kvd_weights *w, const int32_t *tok, int n,
                   kvd_cal_recipe recipe, int per_head, kvd_kv_scales *scales, kvd_kv_scales *absmax,
                   char *err);
@@ -43,6 +44,9 @@ int kvd_calibrate(const kvd_backend *be, const kvd_weights *w, const int32_t *to
 int kvd_scales_save(const char *path, const kvd_kv_scales *s, const kvd_kv_scales *absmax,
                     kvd_cal_recipe recipe, const char *model, int calib_tokens, uint64_t seed,
                     char *err);
-int kvd_scales_load(const char *path, kvd_kv_scales *s, int n_layers, int kv_heads, char *err);
+/* A file's q_scale entries (one per query head, n_heads a layer) are
+ * optional: in every layer or in none. */
+int kvd_scales_load(const char *path, kvd_kv_scales *s, int n_layers, int kv_heads, int n_heads,
+                    char *err);
 
 #endif

@@ -33,13 +33,26 @@ int kvd_kv_scales_init(kvd_kv_scales *s, int n_layers, int kv_heads) {
     s->v = malloc(n * sizeof(float));
     if (!s->k || !s->v) return -1;
     for (size_t i = 0; i < n; i++) s->k[i] = s->v[i] = 1.0f;
+    s->n_heads = 0;
+    s->q = NULL;
     return 0;
+}
+
+int kvd_kv_scales_init_q(kvd_kv_scales *s, int n_heads) {
+    size_t n = (size_t)s->n_layers * (size_t)n_heads;
+    free(s->q);
+    s->q = malloc(n * sizeof(float));
+    s->n_heads = s->q ? n_heads : 0;
+    for (size_t i = 0; s->q && i < n; i++) s->q[i] = 1.0f;
+    return s->q ? 0 : -1;
 }
 
 void kvd_kv_scales_free(kvd_kv_scales *s) {
     free(s->k);
     free(s->v);
-    s->k = s->v = NULL;
+    free(s->q);
+    s->k = s->v = s->q = NULL;
+    s->n_heads = 0;
 }
 
 int64_t kvd_kvcache_bytes_per_token(kvd_kv_mode mode, int n_layers, int kv_heads, int head_dim) {
@@ -138,6 +151,8 @@ void kvd_kvcache_free(kvd_kvcache *c) {
     free(c->v_scale);
     free(c->k_absmax);
     free(c->v_absmax);
+    free(c->q_scale);
+    free(c->q_absmax);
     free(c->k_stats);
     free(c->v_stats);
     free(c->free_list);
@@ -237,7 +252,68 @@ kvd_kv_view kvd_kvcache_view(const kvd_kvcache *c, int layer) {
     v.k_scale = c->k_scale + (size_t)layer * (size_t)c->kv_heads;
     v.v_scale = c->v_scale + (size_t)layer * (size_t)c->kv_heads;
     v.portable = 0;
+    v.q_scale = c->q_scale ? c->q_scale + (size_t)layer * (size_t)c->n_heads : NULL;
+    v.p_fp8 = c->q_scale != NULL;
     return v;
+}
+
+int kvd_kvcache_attn_fp8(kvd_kvcache *c, int n_heads, const float *q_scale, char *err) {
+    if (c->fmt != KVD_FMT_E4M3) {
+        snprintf(err, KVD_ERR_LEN,
+                 "FP8 attention: expected an E4M3 cache, not %s (FlashAttention 3 computes in "
+                 "E4M3 only)",
+                 kvd_kv_mode_name(c->mode));
+        return -1;
+    }
+    if (n_heads <= 0 || n_heads % c->kv_heads) {
+        snprintf(err, KVD_ERR_LEN, "FP8 attention: %d query heads over %d KV heads", n_heads,
+                 c->kv_heads);
+        return -1;
+    }
+    size_t n = (size_t)c->n_layers * (size_t)n_heads;
+    float *qs = malloc(n * sizeof(float));
+    if (!qs) {
+        snprintf(err, KVD_ERR_LEN, "FP8 attention: out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        qs[i] = q_scale ? q_scale[i] : 1.0f;
+        if (!(qs[i] > 0.0f) || !isfinite(qs[i])) {
+            snprintf(err, KVD_ERR_LEN,
+                     "FP8 attention: layer %zu query head %zu: expected a positive finite q "
+                     "scale, got %g",
+                     i / (size_t)n_heads, i % (size_t)n_heads, qs[i]);
+            free(qs);
+            return -1;
+        }
+    }
+    free(c->q_scale);
+    c->q_scale = qs;
+    c->n_heads = n_heads;
+    return 0;
+}
+
+int kvd_kvcache_track_queries(kvd_kvcache *c, int n_heads) {
+    if (c->q_scale && n_heads != c->n_heads) return -1;
+    free(c->q_absmax);
+    c->q_absmax = calloc((size_t)c->n_layers * (size_t)n_heads, sizeof(float));
+    if (!c->q_absmax) return -1;
+    c->n_heads = n_heads;
+    return 0;
+}
+
+void kvd_kvcache_note_queries(kvd_kvcache *c, int layer, const float *q, int rows,
+                              size_t row_stride, size_t head_stride) {
+    if (!c->q_absmax) return;
+    float *am = c->q_absmax + (size_t)layer * (size_t)c->n_heads;
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < c->n_heads; h++) {
+            const float *x = q + (size_t)r * row_stride + (size_t)h * head_stride;
+            for (int k = 0; k < c->head_dim; k++) {
+                float a = fabsf(x[k]);
+                if (a > am[h]) am[h] = a;
+            }
+        }
 }
 
 int kvd_kvcache_fork(kvd_kvcache *c, int seq) {

@@ -34,9 +34,15 @@ typedef struct {
     int per_head; /* 1 when scales differ by KV head */
     float *k;     /* [n_layers][kv_heads] */
     float *v;
+    /* the query's scales for FP8 attention (kvd_kvcache_attn_fp8), by query
+     * head: [n_layers][n_heads]; NULL (n_heads 0) where none were made */
+    int n_heads;
+    float *q;
 } kvd_kv_scales;
 
-int kvd_kv_scales_init(kvd_kv_scales *s, int n_layers, int kv_heads); /* all 1.0 */
+int kvd_kv_scales_init(kvd_kv_scales *s, int n_layers, int kv_heads); /* all 1.0, no q */
+/* q scales for n_heads query heads, all 1.0 (0 ok, -1 out of memory) */
+int kvd_kv_scales_init_q(kvd_kv_scales *s, int n_heads);
 void kvd_kv_scales_free(kvd_kv_scales *s);
 
 typedef struct {
@@ -60,6 +66,11 @@ typedef struct {
     float *k_absmax, *v_absmax;    /* pre-quantization, [n_layers][kv_heads] */
     int n_seqs, seq_cap;
     kvd_kv_seq *seqs;
+    /* FP8 attention (kvd_kvcache_attn_fp8): the query's scales, [n_layers]
+     * [n_heads], NULL without; the queries' absmax when tracked (the CPU
+     * back end notes every query it attends with, for calibration) */
+    int n_heads;
+    float *q_scale, *q_absmax;
 } kvd_kvcache;
 
 /* A cache for capacity_tokens tokens (rounded up to whole blocks) over
@@ -81,6 +92,20 @@ int kvd_kvcache_fork(kvd_kvcache *c, int seq);
 
 /* Quantize and store one token's K and V ([kv_heads][head_dim] each) at pos. */
 void kvd_kvcache_write(kvd_kvcache *c, int layer, int seq, int pos, const float *k, const float *v);
+
+/* FP8 attention over this E4M3 cache, as FlashAttention 3 computes it when
+ * an engine runs an FP8 cache: the query written as E4M3 with q_scale
+ * ([n_layers][n_heads]; NULL: 1.0, what an engine uses without one) and the
+ * softmax weights rounded to E4M3 (kvd_kv_view). 0 ok; -1 (err) for a cache
+ * that is not E4M3, or a scale that is not positive and finite. */
+int kvd_kvcache_attn_fp8(kvd_kvcache *c, int n_heads, const float *q_scale, char *err);
+/* Keep the absmax of every query attended with, per layer and query head
+ * (n_heads of them) in q_absmax: calibration's query scales. 0 ok. */
+int kvd_kvcache_track_queries(kvd_kvcache *c, int n_heads);
+/* Note rows queries ([rows][n_heads][head_dim], rows row_stride floats
+ * apart, head_stride floats between heads) of layer. */
+void kvd_kvcache_note_queries(kvd_kvcache *c, int layer, const float *q, int rows,
+                              size_t row_stride, size_t head_stride);
 
 /* The attention kernel's view of a layer. */
 kvd_kv_view kvd_kvcache_view(const kvd_kvcache *c, int layer);

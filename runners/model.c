@@ -320,6 +320,8 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
     }
     kvd_kv_view view = kvd_kvcache_view(kv, al);
     const kvd_model *ref = m->ref;
+    /* calibration: the queries as attention sees them (after norm and RoPE) */
+    kvd_kvcache_note_queries(kv, al, m->qg, rows, (size_t)nh * 2 * hd, (size_t)2 * hd);
 #pragma omp parallel for schedule(dynamic, 1) if (by_rows)
     for (int r = 0; r < rows; r++) {
         int tid = by_rows ? thread_num() : 0;

@@ -323,9 +323,17 @@ static int dev_kv_init(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv) {
 
 static kvd_kv_view dev_kv_view(const kvd_cuda_model *m, const dev_kv *d, int al) {
     size_t o = (size_t)al * m->kv_heads;
-    kvd_kv_view v = {d->fmt,        d->block_size, m->kv_heads,
-                     m->head_dim,   d->kpool[al],  d->vpool[al],
-                     d->kscale + o, d->vscale + o, 0};
+    kvd_kv_view v = {d->fmt,
+                     d->block_size,
+                     m->kv_heads,
+                     m->head_dim,
+                     d->kpool[al],
+                     d->vpool[al],
+                     d->kscale + o,
+                     d->vscale + o,
+                     0,
+                     NULL,
+                     0};
     return v;
 }
 

@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -392,19 +393,16 @@ static double exp_sum(float *x, int n, float m) {
     return sum;
 }
 
-/* One part: blocks [b0, b1) of the context, all heads. s holds the scores
- * [n_heads][n_ctx] (this part's columns), out the unnormalised part output
- * [n_heads][head_dim] (kernel order), m and l the part's max and sum per
+/* A part's scores: blocks [b0, b1) of the context, all heads, into s
+ * [n_heads][n_ctx] (this part's columns), and m the part's maximum per
  * query head. Each block's pass asks for the same head's rows of the block
- * read next: the next block, at the end of the keys the first block's values,
- * at the end of the values the next part's first keys (the same thread's next
- * part under a static schedule). */
-static void attn_part(const kvd_kv_view *kv, const read_path *rp, const int32_t *blocks, int n_ctx,
-                      int b0, int b1, const float *q, int n_heads, float sm_scale, float *s,
-                      float *out, float *m, double *l) {
+ * read next: the next block, at the end of the keys the first block's
+ * values. */
+static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_t *blocks,
+                        int n_ctx, int b0, int b1, const float *q, int n_heads, float sm_scale,
+                        float *s, float *m) {
     const int hd = kv->head_dim, bs = kv->block_size, kvh = kv->kv_heads, G = n_heads / kvh;
     const int t_begin = b0 * bs, t_end = b1 * bs < n_ctx ? b1 * bs : n_ctx;
-    const int nb_all = (n_ctx + bs - 1) / bs;
     for (int b = b0; b < b1; b++) {
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
         for (int h = 0; h < kvh; h++)
@@ -413,21 +411,52 @@ static void attn_part(const kvd_kv_view *kv, const read_path *rp, const int32_t 
                          b + 1 < b1 ? head_base(kv, kv->k, blocks[b + 1], h)
                                     : head_base(kv, kv->v, blocks[b0], h));
     }
-    for (int j = 0; j < n_heads; j++) {
-        float *sj = s + (size_t)j * n_ctx + t_begin;
-        m[j] = max_of(sj, t_end - t_begin);
-        l[j] = exp_sum(sj, t_end - t_begin, m[j]);
-    }
+    for (int j = 0; j < n_heads; j++)
+        m[j] = max_of(s + (size_t)j * n_ctx + t_begin, t_end - t_begin);
+}
+
+/* FlashAttention 3's FP8 weights: 2^8 exp(s - M) in E4M3, scaled back by
+ * 2^-8 (exact). */
+static void round_weights(const float *p, size_t stride, int G, int nt, float *out) {
+    for (int g = 0; g < G; g++)
+        for (int t = 0; t < nt; t++)
+            out[g * nt + t] =
+                kvd_e4m3_to_f32(kvd_f32_to_e4m3(256.0f * p[(size_t)g * stride + t], 1)) *
+                (1.0f / 256.0f);
+}
+
+/* The same part's weights exp(s - m) in place, l their sum per query head,
+ * and out its unnormalised output [n_heads][head_dim] (kernel order). Each
+ * block's pass asks for the next block's values, at the end of the values
+ * the next part's first keys (the same thread's next part under a static
+ * schedule). */
+static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t *blocks, int n_ctx,
+                       int b0, int b1, int n_heads, float *s, float *out, const float *m,
+                       double *l) {
+    const int hd = kv->head_dim, bs = kv->block_size, kvh = kv->kv_heads, G = n_heads / kvh;
+    const int t_begin = b0 * bs, t_end = b1 * bs < n_ctx ? b1 * bs : n_ctx;
+    const int nb_all = (n_ctx + bs - 1) / bs;
+    for (int j = 0; j < n_heads; j++)
+        l[j] = exp_sum(s + (size_t)j * n_ctx + t_begin, t_end - t_begin, m[j]);
     memset(out, 0, sizeof(float) * (size_t)n_heads * hd);
+    float *rounded = kv->p_fp8 ? malloc(sizeof(float) * (size_t)G * bs) : NULL;
     for (int b = b0; b < b1; b++) {
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
-        for (int h = 0; h < kvh; h++)
-            pv_block(kv, rp, head_base(kv, kv->v, blocks[b], h), nt, s + (size_t)h * G * n_ctx + t0,
-                     (size_t)n_ctx, G, out + (size_t)h * G * hd,
+        for (int h = 0; h < kvh; h++) {
+            const float *p = s + (size_t)h * G * n_ctx + t0;
+            size_t stride = (size_t)n_ctx;
+            if (rounded) {
+                round_weights(p, stride, G, nt, rounded);
+                p = rounded, stride = (size_t)nt;
+            }
+            pv_block(kv, rp, head_base(kv, kv->v, blocks[b], h), nt, p, stride, G,
+                     out + (size_t)h * G * hd,
                      b + 1 < b1    ? head_base(kv, kv->v, blocks[b + 1], h)
                      : b1 < nb_all ? head_base(kv, kv->k, blocks[b1], h)
                                    : NULL);
+        }
     }
+    free(rounded);
 }
 
 /* Work: the parts' sums, maxima and outputs, the query in kernel order, then
@@ -458,24 +487,48 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
     for (int k = 0; k < hd; k++) dim[k] = rp.vec ? slot_dim(rp.fp8, k) : k;
     for (int j = 0; j < n_heads; j++)
         for (int k = 0; k < hd; k++) qk[(size_t)j * hd + k] = q[(size_t)j * hd + dim[k]];
-    int per = (nb + n_parts - 1) / n_parts;
-    if (n_parts == 1) {
-        attn_part(kv, &rp, blocks, n_ctx, 0, nb, qk, n_heads, sm_scale, s, pout, m, l);
-    } else {
-#pragma omp parallel for schedule(static)
-        for (int p = 0; p < n_parts; p++) {
+    if (kv->q_scale) /* the FP8 query, read back */
+        for (int j = 0; j < n_heads; j++) {
+            uint8_t codes[hd];
+            kvd_quant_e4m3(qk + (size_t)j * hd, codes, (size_t)hd, kv->q_scale[j], 1, NULL);
+            kvd_dequant_e4m3(codes, qk + (size_t)j * hd, (size_t)hd, kv->q_scale[j]);
+        }
+    int per = (nb + n_parts - 1) / n_parts, used = (nb + per - 1) / per;
+    if (!kv->p_fp8) { /* each part whole, against its own maximum */
+#pragma omp parallel for schedule(static) if (used > 1)
+        for (int p = 0; p < used; p++) {
             int b0 = p * per, b1 = b0 + per < nb ? b0 + per : nb;
-            if (b0 < b1)
-                attn_part(kv, &rp, blocks, n_ctx, b0, b1, qk, n_heads, sm_scale, s,
-                          pout + (size_t)p * n_heads * hd, m + (size_t)p * n_heads,
-                          l + (size_t)p * n_heads);
+            part_scores(kv, &rp, blocks, n_ctx, b0, b1, qk, n_heads, sm_scale, s,
+                        m + (size_t)p * n_heads);
+            part_weigh(kv, &rp, blocks, n_ctx, b0, b1, n_heads, s, pout + (size_t)p * n_heads * hd,
+                       m + (size_t)p * n_heads, l + (size_t)p * n_heads);
+        }
+    } else { /* FP8 weights are rounded against the row's maximum over every
+                part: the scores first, then each part weighs against it (and
+                the merge below rescales by 1) */
+#pragma omp parallel for schedule(static) if (used > 1)
+        for (int p = 0; p < used; p++) {
+            int b0 = p * per, b1 = b0 + per < nb ? b0 + per : nb;
+            part_scores(kv, &rp, blocks, n_ctx, b0, b1, qk, n_heads, sm_scale, s,
+                        m + (size_t)p * n_heads);
+        }
+        for (int j = 0; j < n_heads; j++) {
+            float M = -INFINITY;
+            for (int p = 0; p < used; p++)
+                M = m[(size_t)p * n_heads + j] > M ? m[(size_t)p * n_heads + j] : M;
+            for (int p = 0; p < used; p++) m[(size_t)p * n_heads + j] = M;
+        }
+#pragma omp parallel for schedule(static) if (used > 1)
+        for (int p = 0; p < used; p++) {
+            int b0 = p * per, b1 = b0 + per < nb ? b0 + per : nb;
+            part_weigh(kv, &rp, blocks, n_ctx, b0, b1, n_heads, s, pout + (size_t)p * n_heads * hd,
+                       m + (size_t)p * n_heads, l + (size_t)p * n_heads);
         }
     }
     /* merge the parts: rescale each to the global max */
     for (int j = 0; j < n_heads; j++) {
         float M = -INFINITY;
-        int used = 0;
-        for (int p = 0; p < n_parts && p * per < nb; p++, used++)
+        for (int p = 0; p < used; p++)
             M = m[(size_t)p * n_heads + j] > M ? m[(size_t)p * n_heads + j] : M;
         double L = 0.0;
         float w[used];

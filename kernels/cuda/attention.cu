@@ -1694,7 +1694,7 @@ struct bench_cache {
         float one[64];
         for (int i = 0; i < 64; i++) one[i] = 1.0f;
         cudaMemcpy(scale, one, sizeof(float) * kv_heads, cudaMemcpyHostToDevice);
-        view = {(kvd_fmt)fmt, bs, kv_heads, head_dim, k, v, scale, scale, 0};
+        view = {(kvd_fmt)fmt, bs, kv_heads, head_dim, k, v, scale, scale, 0, NULL, 0};
         return true;
     }
 };

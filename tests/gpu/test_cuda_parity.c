@@ -149,7 +149,8 @@ static void attention_case(int nh, int kvh, int hd, int n_ctx) {
         for (int i = 0; i < nb; i++) blocks[i] = (int32_t)(((int64_t)i * 37) % nb);
         for (int i = 0; i < nh * hd; i++) q[i] = kvd_rng_normal(key, (uint64_t)i + n);
         int fp8s = fmts[fi] == KVD_FMT_E4M3;
-        kvd_kv_view view = {fmts[fi], bs, kvh, hd, k, v, fp8s ? ks : one, fp8s ? vs : one, 0};
+        kvd_kv_view view = {fmts[fi],        bs, kvh,  hd, k, v, fp8s ? ks : one,
+                            fp8s ? vs : one, 0,  NULL, 0};
         void *work = malloc(kvd_attn_work_bytes(nh, hd, n_ctx, 3));
         float *probs = malloc(sizeof(float) * (size_t)nh * n_ctx);
         kvd_attn_paged(&view, blocks, n_ctx, q, nh, 1.0f / 16.0f, ocpu, probs, work, 3);
@@ -222,7 +223,7 @@ static void attention_codes(void) {
         float q[4 * 256], ref[256], out[4 * 256], ks = 0.5f, vs = 0.25f;
         for (int i = 0; i < nh * hd; i++) q[i] = 0.01f * (float)(i % 13);
         int32_t blocks[1] = {0};
-        kvd_kv_view view = {fmts[fi], bs, kvh, hd, k, v, &ks, &vs, 0};
+        kvd_kv_view view = {fmts[fi], bs, kvh, hd, k, v, &ks, &vs, 0, NULL, 0};
         kvd_kv_row(&view, 1, blocks, 0, 0, ref);
         for (int ver = 1; ver <= 3; ver++) {
             CHECK(kvd_cuda_attn_decode_v(&view, 1, blocks, 1, q, nh, 0.0625f, out, ver) == 0,
@@ -278,7 +279,8 @@ static void attention_batch(void) {
         float *ref = malloc(sizeof(float) * NH * HD);
         for (size_t i = 0; i < qn; i++) q[i] = kvd_rng_normal(key, i + n);
         int fp8s = fmts[fi] == KVD_FMT_E4M3;
-        kvd_kv_view view = {fmts[fi], BS, KVH, HD, k, v, fp8s ? ks : one, fp8s ? vs : one, 0};
+        kvd_kv_view view = {fmts[fi],        BS, KVH,  HD, k, v, fp8s ? ks : one,
+                            fp8s ? vs : one, 0,  NULL, 0};
         /* scratch for one split a row: the splits must grow to 1024 positions */
         const size_t scratch_floats = (size_t)NSEQ * NH * (HD + 2);
         void *dk = kvd_cuda_alloc(n * esz), *dv = kvd_cuda_alloc(n * esz);
@@ -297,7 +299,7 @@ static void attention_batch(void) {
             kvd_cuda_upload(dpos, pos, sizeof pos) | kvd_cuda_upload(dq, q, sizeof(float) * qn);
         for (size_t i = 0; i < qn; i++) out[i] = 7.0f; /* the prefill rows keep this */
         up |= kvd_cuda_upload(dout, out, sizeof(float) * qn);
-        kvd_kv_view dview = {fmts[fi], BS, KVH, HD, dk, dv, dks, dvs, 0};
+        kvd_kv_view dview = {fmts[fi], BS, KVH, HD, dk, dv, dks, dvs, 0, NULL, 0};
         char err[256];
         int rc = kvd_cuda_attn_decode_batch_dev(&dview, dbt, NBS, dseq, drow0, dntok, dpos, NSEQ,
                                                 1000, dq, NH, 0.09f, dout, dscr, scratch_floats);
@@ -355,7 +357,7 @@ static void attention_rows(void) {
         write_pools(fmt, src, k, v, n, 0.015f, 0.01f);
         int32_t blocks[NB];
         for (int i = 0; i < NB; i++) blocks[i] = (int32_t)((i * 37) % NB);
-        kvd_kv_view view = {fmt, BS, KVH, HD, k, v, fi ? ks : one, fi ? vs : one, 0};
+        kvd_kv_view view = {fmt, BS, KVH, HD, k, v, fi ? ks : one, fi ? vs : one, 0, NULL, 0};
         /* four splits a row fit: 256-position splits (the grid would take 128) */
         const size_t split_floats = (size_t)N * NH * (HD + 2), scratch_floats = 4 * split_floats;
         void *dk = kvd_cuda_alloc(n * esz), *dv = kvd_cuda_alloc(n * esz);
@@ -372,7 +374,7 @@ static void attention_rows(void) {
                  kvd_cuda_upload(didx + N, ctx, sizeof ctx) |
                  kvd_cuda_upload(dq, q, sizeof(float) * qn) |
                  kvd_cuda_upload(dout, out, sizeof(float) * on);
-        kvd_kv_view dview = {fmt, BS, KVH, HD, dk, dv, dks, dvs, 0};
+        kvd_kv_view dview = {fmt, BS, KVH, HD, dk, dv, dks, dvs, 0, NULL, 0};
         char err[256];
         /* slot 1 of three a row */
         int rc = kvd_cuda_attn_decode_rows_dev(&dview, dbt, N, didx, didx + N, 1000, dq, no, NH,

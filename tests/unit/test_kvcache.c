@@ -196,6 +196,103 @@ static void attention_kernel(void **st) {
     attention_shape(6, 40);
 }
 
+/* FP8 attention (FlashAttention 3's rule) against a double reference: the
+ * query through E4M3 with its head's scale, the scores' softmax as the
+ * distribution, the weights 2^8 exp(s - M) rounded to E4M3 for the sum of V
+ * over the unrounded weights' sum; one part or three, the same. */
+static void fp8_attention_shape(int NH, int D, kvd_kv_mode mode) {
+    enum { KH = 2, T = 300 };
+    char err[KVD_ERR_LEN];
+    kvd_kv_scales sc;
+    kvd_kv_scales_init(&sc, 1, KH);
+    sc.k[0] = 0.02f, sc.k[1] = 0.03f, sc.v[0] = 0.004f, sc.v[1] = 0.005f;
+    float k[KH * 64], v[KH * 64], q[8 * 64], qs[8], out[8 * 64], out3[8 * 64], plain[8 * 64];
+    float probs[8 * T], probs3[8 * T], row[64];
+    /* queries of several magnitudes; scales from calibration-like absmax and
+     * 1.0 (the scale an engine uses without one) */
+    fill(q, NH * D, 78, 3.0f);
+    for (int h = 0; h < NH; h++) {
+        float am = 0;
+        for (int i = 0; i < D; i++) am = fmaxf(am, fabsf(q[h * D + i] *= (float)(h + 1) / 4));
+        qs[h] = h % 2 ? am / 448.0f : 1.0f;
+    }
+    kvd_kvcache c;
+    assert_int_equal(kvd_kvcache_init(&c, mode, 1, KH, D, BS, T, &sc, 1, err), 0);
+    int s = kvd_kvcache_add_seq(&c);
+    kvd_kvcache_reserve(&c, s, T);
+    for (int t = 0; t < T; t++) {
+        fill(k, KH * D, 1000 + (uint64_t)t, 2.0f);
+        fill(v, KH * D, 5000 + (uint64_t)t, 0.5f);
+        kvd_kvcache_write(&c, 0, s, t, k, v);
+    }
+    char work[1 << 16];
+    const float sm = 1.0f / sqrtf((float)D);
+    kvd_kv_view pv = kvd_kvcache_view(&c, 0);
+    kvd_attn_paged(&pv, c.seqs[s].blocks, T, q, NH, sm, plain, probs, work, 1);
+    assert_int_equal(kvd_kvcache_attn_fp8(&c, NH, qs, err), 0);
+    kvd_kv_view view = kvd_kvcache_view(&c, 0);
+    assert_true(view.q_scale && view.p_fp8);
+    kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, out, probs, work, 1);
+    kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, out3, probs3, work, 3);
+    double moved = 0;
+    for (int hq = 0; hq < NH; hq++) {
+        const int h = hq / (NH / KH);
+        double qq[64], sc_[T], mx = -INFINITY, sum = 0, acc[64] = {0};
+        for (int i = 0; i < D; i++)
+            qq[i] = kvd_e4m3_to_f32(kvd_f32_to_e4m3(q[hq * D + i] / qs[hq], 1)) * (double)qs[hq];
+        for (int t = 0; t < T; t++) {
+            kvd_kv_row(&view, 0, c.seqs[s].blocks, t, h, row);
+            double d = 0;
+            for (int i = 0; i < D; i++) d += qq[i] * row[i];
+            sc_[t] = d * sm;
+            mx = sc_[t] > mx ? sc_[t] : mx;
+        }
+        for (int t = 0; t < T; t++) sum += (sc_[t] = exp(sc_[t] - mx));
+        for (int t = 0; t < T; t++) {
+            assert_true(fabs(probs[hq * T + t] - sc_[t] / sum) <= 1e-6 + 1e-5 * sc_[t] / sum);
+            assert_true(probs3[hq * T + t] == probs[hq * T + t]);
+            const double w = kvd_e4m3_to_f32(kvd_f32_to_e4m3(256.0f * (float)sc_[t], 1)) / 256.0;
+            kvd_kv_row(&view, 1, c.seqs[s].blocks, t, h, row);
+            for (int i = 0; i < D; i++) acc[i] += w / sum * row[i];
+        }
+        for (int i = 0; i < D; i++) {
+            assert_true(fabs(out[hq * D + i] - acc[i]) <= 1e-6 + 1e-4 * fabs(acc[i]));
+            assert_true(fabsf(out3[hq * D + i] - out[hq * D + i]) <=
+                        1e-6f + 1e-5f * fabsf(out[hq * D + i]));
+            moved = fmax(moved, fabs(out[hq * D + i] - plain[hq * D + i]));
+        }
+    }
+    /* FP8 weights carry 3 significant bits: the output moves */
+    assert_true(moved > 1e-4);
+    kvd_kvcache_free(&c);
+    kvd_kv_scales_free(&sc);
+}
+
+static void fp8_attention(void **st) {
+    (void)st;
+    fp8_attention_shape(8, 64, KVD_KV_FP8_CAL);
+    fp8_attention_shape(6, 40, KVD_KV_FP8_UNSCALED);
+    /* E4M3 only; a scale that is no scale is refused */
+    char err[KVD_ERR_LEN];
+    kvd_kvcache c;
+    const kvd_kv_mode other[2] = {KVD_KV_BF16, KVD_KV_FP8_E5M2};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(kvd_kvcache_init(&c, other[i], 1, 2, 16, BS, 16, NULL, 1, err), 0);
+        assert_int_equal(kvd_kvcache_attn_fp8(&c, 4, NULL, err), -1);
+        assert_non_null(strstr(err, "expected an E4M3 cache"));
+        kvd_kvcache_free(&c);
+    }
+    assert_int_equal(kvd_kvcache_init(&c, KVD_KV_FP8_UNSCALED, 2, 2, 16, BS, 16, NULL, 1, err), 0);
+    float qs[8] = {1, 1, 1, 1, 1, 0, 1, 1};
+    assert_int_equal(kvd_kvcache_attn_fp8(&c, 4, qs, err), -1);
+    assert_non_null(strstr(err, "layer 1 query head 1: expected a positive finite q scale"));
+    assert_int_equal(kvd_kvcache_attn_fp8(&c, 3, NULL, err), -1);
+    assert_int_equal(kvd_kvcache_attn_fp8(&c, 4, NULL, err), 0);
+    kvd_kv_view view = kvd_kvcache_view(&c, 1);
+    assert_true(view.q_scale && view.q_scale[3] == 1.0f && view.p_fp8);
+    kvd_kvcache_free(&c);
+}
+
 /* Under --fp8-overflow nan an overflowing value is stored as E4M3's NaN code;
  * the attention kernel must read it as NaN, not as 480. */
 static void nosat_nan(void **st) {
@@ -285,7 +382,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(paging),           cmocka_unit_test(modes),
         cmocka_unit_test(attention_kernel), cmocka_unit_test(attention_paths),
-        cmocka_unit_test(nosat_nan),
+        cmocka_unit_test(nosat_nan),        cmocka_unit_test(fp8_attention),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

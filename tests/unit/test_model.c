@@ -296,18 +296,37 @@ static void calibration(void **st) {
         assert_true(s[2].k[i] == am[2].k[i] / 200.0f);
         assert_true(s[2].v[i] == am[2].v[i] / 100.0f);
     }
+    /* the query's scales (FP8 attention), per query head, by the K rule */
+    const int nh = C.num_attention_heads, G = nh / kvh;
+    for (int r = 0; r < KVD_CAL_N; r++) assert_true(s[r].q && am[r].q && s[r].n_heads == nh);
+    for (int l = 0; l < nf; l++) {
+        float lq = 0.0f;
+        for (int h = 0; h < nh; h++) lq = fmaxf(lq, am[0].q[l * nh + h]);
+        for (int h = 0; h < nh; h++) {
+            const int i = l * nh + h;
+            assert_true(am[0].q[i] > 0.0f && am[1].q[i] == lq && am[2].q[i] == lq);
+            assert_true(s[0].q[i] == am[0].q[i] / 448.0f);
+            assert_true(s[1].q[i] == fmaxf(lq / 448.0f, 1.0f));
+            assert_true(s[2].q[i] == lq / 200.0f);
+        }
+        /* a query head's absmax is no K head's: the heads differ */
+        assert_true(am[0].q[l * nh] != am[0].q[l * nh + G] ||
+                    am[0].q[l * nh] != am[0].q[l * nh + 1]);
+    }
     /* the scales file round-trips every float exactly */
     char path[] = "/tmp/kvd_scales_XXXXXX";
     int fd = mkstemp(path);
     close(fd);
     assert_int_equal(kvd_scales_save(path, &s[0], &am[0], KVD_CAL_ABSMAX, "tiny", T, 4, err), 0);
     kvd_kv_scales back;
-    assert_int_equal(kvd_scales_load(path, &back, nf, kvh, err), 0);
+    assert_int_equal(kvd_scales_load(path, &back, nf, kvh, W.cfg.num_attention_heads, err), 0);
     assert_memory_equal(back.k, s[0].k, sizeof(float) * (size_t)(nf * kvh));
     assert_memory_equal(back.v, s[0].v, sizeof(float) * (size_t)(nf * kvh));
+    assert_true(back.q && back.n_heads == nh);
+    assert_memory_equal(back.q, s[0].q, sizeof(float) * (size_t)(nf * nh));
     assert_int_equal(back.per_head, 1);
     kvd_kv_scales_free(&back);
-    assert_int_equal(kvd_scales_load(path, &back, nf + 1, kvh, err), -1);
+    assert_int_equal(kvd_scales_load(path, &back, nf + 1, kvh, W.cfg.num_attention_heads, err), -1);
     assert_non_null(strstr(err, "expected 3 entries"));
     unlink(path);
     for (int r = 0; r < KVD_CAL_N; r++) {
