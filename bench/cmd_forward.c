@@ -156,6 +156,8 @@ static const char *const forward_help =
     "  --seed N                trace seed (default 1)\n"
     "  --threads N             worker threads (default: every core)\n"
     "  --fp8-overflow sat|nan  E4M3 overflow: saturate to 448 (default) or NaN\n"
+    "  --attn-fp8              E4M3 modes compute attention in FP8 as FlashAttention 3 does\n"
+    "                          (the query and the softmax weights in E4M3; CPU back end)\n"
     "  --scales FILE           calibrated scales for fp8-cal (default: calibrate now)\n"
     "  --calibration RECIPE    absmax | modelopt | vllm-dynamic (default absmax)\n"
     "  --per-head              calibrate per KV head instead of per layer\n"
@@ -172,7 +174,7 @@ int kvd_cmd_forward(int argc, char **argv) {
     kvd_model_opts_init(&mo);
     cal_opts co = {NULL, KVD_CAL_ABSMAX, 0, KVD_CALIB_TOKENS, "cpu", {NULL, 1}, 0};
     const char *kv_list = "bf16,fp8-cal,fp8-unscaled,fp8-e5m2", *dump = NULL;
-    int T = 1024, saturate = 1;
+    int T = 1024, saturate = 1, attn_fp8 = 0;
     uint64_t seed = 1;
     const char *f;
     while ((f = kvd_args_next(&a))) {
@@ -190,6 +192,8 @@ int kvd_cmd_forward(int argc, char **argv) {
             if (strcmp(v, "sat") && strcmp(v, "nan"))
                 kvd_die(KVD_EXIT_USAGE, cmd, "--fp8-overflow: expected sat or nan, got '%s'", v);
             saturate = !strcmp(v, "sat");
+        } else if (!strcmp(f, "--attn-fp8")) {
+            attn_fp8 = 1;
         } else if (!strcmp(f, "--dump")) {
             dump = kvd_args_value(&a, f);
         } else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -200,6 +204,10 @@ int kvd_cmd_forward(int argc, char **argv) {
         }
     }
     char err[KVD_ERR_LEN];
+    if (attn_fp8 && strcmp(co.backend, "cpu"))
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "--attn-fp8: FP8 attention runs on the CPU back end only so far (--backend cpu): "
+                "the CUDA kernels do not round the query and the weights yet");
     kvd_use_backend(&co.be, co.backend, cmd, NULL, 0);
     /* modes: bf16 always runs first, as the reference */
     int want[KVD_KV_N_MODES] = {0};
@@ -239,6 +247,11 @@ int kvd_cmd_forward(int argc, char **argv) {
     if (want[KVD_KV_FP8_CKPT]) kvd_model_opts_ckpt_scales(&mo, cmd, c, &ck);
     if (want[KVD_KV_FP8_CAL]) {
         get_scales(&co, &w, seed, cmd, &sc, &am, 1);
+        if (attn_fp8 && !sc.q)
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--attn-fp8: %s has no q_scale: fp8-cal's FP8 attention needs the query's "
+                    "scales (kvdrift calibrate writes them)",
+                    co.scales_path ? co.scales_path : "the calibration");
         for (int l = 0; l < nf; l++)
             for (int h = 0; h < (sc.per_head ? kvh : 1); h++)
                 printf("  attention layer %d%s: k_scale %.6g  v_scale %.6g\n", l,
@@ -279,7 +292,12 @@ int kvd_cmd_forward(int argc, char **argv) {
                              mode == KVD_KV_FP8_CAL    ? &sc
                              : mode == KVD_KV_FP8_CKPT ? &ck
                                                        : NULL,
-                             saturate, err))
+                             saturate, err) ||
+            (attn_fp8 && kvd_kvcache_fp8_attention(&kv,
+                                                   mode == KVD_KV_FP8_CAL    ? &sc
+                                                   : mode == KVD_KV_FP8_CKPT ? &ck
+                                                                             : NULL,
+                                                   c->num_attention_heads, err)))
             kvd_die(1, cmd, "%s", err);
         int seq = kvd_kvcache_add_seq(&kv), failed;
         float *out = mode == KVD_KV_BF16 ? ref : lg;

@@ -138,6 +138,8 @@ static int run_flag(run_opts *o, kvd_args *a, const char *f) {
         o->cal_given = 1;
     } else if (!strcmp(f, "--attn-per-head")) {
         o->attn_per_head = 1;
+    } else if (!strcmp(f, "--attn-fp8")) {
+        o->dopt.attn_fp8 = 1;
     } else if (!strcmp(f, "--scales")) {
         o->scales_path = kvd_args_value(a, f);
     } else if (!strcmp(f, "--calib-tokens")) {
@@ -268,6 +270,7 @@ static void load_spec(run_opts *o, const char *path) {
         /* switches: true or false (1 or 0) */
         int *sw = !strcmp(flag, "--per-head")        ? &o->per_head
                   : !strcmp(flag, "--attn-per-head") ? &o->attn_per_head
+                  : !strcmp(flag, "--attn-fp8")      ? &o->dopt.attn_fp8
                                                      : NULL;
         if (sw) {
             if (strcmp(val, "0") && strcmp(val, "1"))
@@ -327,6 +330,8 @@ static char *run_settings(const run_opts *o, const kvd_config *c, const char *de
     json_object_set_new(j, "calib-tokens", json_integer(o->calib_tokens));
     json_object_set_new(j, "scales", o->scales_path ? json_string(o->scales_path) : json_null());
     json_object_set_new(j, "attn-per-head", json_boolean(o->attn_per_head));
+    /* only when set: files from before the flag resume as they were */
+    if (o->dopt.attn_fp8) json_object_set_new(j, "attn-fp8", json_true());
     json_object_set_new(j, "decode-tokens", json_integer(o->decode_tokens));
     json_object_set_new(j, "kv-budget", json_integer((json_int_t)llround(o->kv_budget)));
     char *txt = json_dumps(j, JSON_COMPACT);
@@ -663,6 +668,11 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
         free(len);
         return -1;
     }
+    if (o->dopt.attn_fp8 && kvd_kvcache_fp8_attention(&kv, sc, c->num_attention_heads, err)) {
+        kvd_kvcache_free(&kv);
+        free(len);
+        return -1;
+    }
     kvd_engine m;
     if (kvd_engine_open(&m, &o->be, w, &kv, 256 > C ? 256 : C, 2 * C, NULL, err)) {
         kvd_kvcache_free(&kv);
@@ -855,6 +865,9 @@ static const char *const run_help =
     "  --per-head           calibrate per KV head\n"
     "  --scales FILE        fp8-cal scales from a file (kvdrift calibrate) instead of calibrating\n"
     "  --attn-per-head      attention KL also per KV head (rows with kv_head >= 0)\n"
+    "  --attn-fp8           E4M3 modes compute attention in FP8 as FlashAttention 3 does: the\n"
+    "                       query in E4M3 (fp8-cal: calibrated q scales; others 1.0), the\n"
+    "                       softmax weights rounded to E4M3 (CPU back end)\n"
     "  --calib-tokens N     held-out calibration trace length (default " KVD_CALIB_TOKENS_TEXT ")\n"
     "  --sample-every K     attention figures every K positions and at copy starts (default 16)\n"
     "  --gen-tokens N       greedy tokens from prefixes of 1/4, 1/2 and all of the context "
@@ -902,6 +915,20 @@ int kvd_cmd_run(int argc, char **argv) {
     }
     if (!o.out) kvd_die(KVD_EXIT_USAGE, cmd, "expected -o FILE (or \"output\" in the spec)");
     kvd_check_scales_flags(cmd, o.scales_path, o.cal_given);
+    if (o.dopt.attn_fp8) {
+        if (strcmp(o.backend, "cpu"))
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--attn-fp8: FP8 attention runs on the CPU back end only so far (--backend "
+                    "cpu): the CUDA kernels do not round the query and the weights yet");
+        int e4m3 = 0;
+        for (int i = 0; i < o.n_modes; i++)
+            e4m3 |= o.modes[i] == KVD_KV_FP8_CAL || o.modes[i] == KVD_KV_FP8_UNSCALED ||
+                    o.modes[i] == KVD_KV_FP8_CKPT;
+        if (!e4m3)
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--attn-fp8: expected an E4M3 mode in --kv (fp8-cal, fp8-unscaled, fp8-ckpt): "
+                    "FP8 attention changes no other mode");
+    }
     char err[KVD_ERR_LEN], device[128];
     kvd_use_backend(&o.be, o.backend, cmd, device, (int)sizeof device);
     kvd_weights w;
@@ -1012,13 +1039,24 @@ int kvd_cmd_run(int argc, char **argv) {
         if (!o.scales_path && kvd_calibrate_trace(&o.be, &w, o.seed, o.calib_tokens, o.recipe,
                                                   o.per_head, &sc, &am, err))
             kvd_die(1, cmd, "%s", err);
+        if (o.dopt.attn_fp8 && !sc.q)
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--attn-fp8: %s has no q_scale: fp8-cal's FP8 attention needs the query's "
+                    "scales (kvdrift calibrate writes them)",
+                    o.scales_path ? o.scales_path : "the calibration");
+        if (!o.dopt.attn_fp8) { /* the query's scales are FP8 attention's alone */
+            free(sc.q);
+            sc.q = NULL, sc.n_heads = 0;
+        }
         /* the file's fp8-cal cells ran with its scales (a --scales file may
          * have changed since) */
-        const size_t ns = (size_t)sc.n_layers * sc.kv_heads;
+        const size_t ns = (size_t)sc.n_layers * sc.kv_heads, nq = (size_t)sc.n_layers * sc.n_heads;
         if (resuming && res.k_scale &&
             (res.cal_layers != sc.n_layers || res.cal_heads != sc.kv_heads ||
              memcmp(res.k_scale, sc.k, sizeof(float) * ns) ||
-             memcmp(res.v_scale, sc.v, sizeof(float) * ns)))
+             memcmp(res.v_scale, sc.v, sizeof(float) * ns) || !res.q_scale != !sc.q ||
+             (sc.q &&
+              (res.cal_q_heads != sc.n_heads || memcmp(res.q_scale, sc.q, sizeof(float) * nq)))))
             kvd_die(KVD_EXIT_USAGE, cmd,
                     "%s holds fp8-cal cells run with other scales (its /calibration) than this "
                     "run's%s%s: write to another file (-o), or remove it to start over",
@@ -1029,6 +1067,13 @@ int kvd_cmd_run(int argc, char **argv) {
         res.v_scale = malloc(sizeof(float) * ns);
         memcpy(res.k_scale, sc.k, sizeof(float) * ns);
         memcpy(res.v_scale, sc.v, sizeof(float) * ns);
+        free(res.q_scale);
+        res.q_scale = NULL, res.cal_q_heads = 0;
+        if (sc.q) {
+            res.cal_q_heads = sc.n_heads;
+            res.q_scale = malloc(sizeof(float) * nq);
+            memcpy(res.q_scale, sc.q, sizeof(float) * nq);
+        }
     }
     if (resuming)
         fprintf(stderr, "kvdrift run: resuming %s: %lld cells already finished\n", o.out,
@@ -1121,6 +1166,7 @@ int kvd_cmd_run(int argc, char **argv) {
     /* an empty sweep (everything resumed) still leaves a complete file */
     if (kvd_results_save(&res, o.out, err)) kvd_die(1, cmd, "%s", err);
     print_summary(&res, &o);
+    if (o.dopt.attn_fp8) printf("\nIn this run, %s\n", kvd_attn_fp8_text);
     /* the headline the report leads with, for a log that only keeps stdout */
     kvd_run view;
     memset(&view, 0, sizeof view);

@@ -181,6 +181,7 @@ void kvd_results_free(kvd_results *r) {
     free(r->settings);
     free(r->ckpt_audit);
     free(r->k_scale);
+    free(r->q_scale);
     free(r->v_scale);
     kl_cache_clear(r->kl_cache);
     free(r->kl_cache);
@@ -658,6 +659,9 @@ int kvd_results_save(const kvd_results *r, const char *path, char *err) {
                        H5T_NATIVE_FLOAT, r->k_scale);
         rc |= write_2d(f, "/calibration/v_scale", (hsize_t)r->cal_layers, (hsize_t)r->cal_heads,
                        H5T_NATIVE_FLOAT, r->v_scale);
+        if (r->q_scale)
+            rc |= write_2d(f, "/calibration/q_scale", (hsize_t)r->cal_layers,
+                           (hsize_t)r->cal_q_heads, H5T_NATIVE_FLOAT, r->q_scale);
     }
     /* dense matrices with dimension scales: rows (layers) x position buckets */
     for (int i = 0; i < r->n_mats; i++) {
@@ -822,6 +826,7 @@ int kvd_results_load(kvd_results *r, const char *path, char *err) {
     if (!rc && read_2d_float(f, "/calibration/k_scale", &r->cal_layers, &r->cal_heads, &r->k_scale))
         rc = -1;
     if (!rc && read_2d_float(f, "/calibration/v_scale", &hr, &hc, &r->v_scale)) rc = -1;
+    if (!rc && read_2d_float(f, "/calibration/q_scale", &hr, &r->cal_q_heads, &r->q_scale)) rc = -1;
     /* matrices are rebuilt from the layer tables by whoever resumes */
     H5Fclose(f);
     return rc;

@@ -195,6 +195,9 @@ typedef struct {
     /* calibration scales, when a mode used them: [attn layers][kv heads] */
     int cal_layers, cal_heads;
     float *k_scale, *v_scale;
+    /* the query's, when fp8-cal ran FP8 attention: [attn layers][heads] */
+    int cal_q_heads;
+    float *q_scale;
     /* dense per-cell matrices: name -> [rows][buckets] */
     int n_mats, cap_mats;
     struct kvd_matrix {

@@ -1090,6 +1090,17 @@ int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_
     return k;
 }
 
+int kvd_run_attn_fp8(const kvd_run *r) {
+    json_t *j = r->r.settings ? json_loads(r->r.settings, 0, NULL) : NULL;
+    const int on = json_is_true(json_object_get(j, "attn-fp8"));
+    json_decref(j);
+    return on;
+}
+const char *const kvd_attn_fp8_text =
+    "the E4M3 modes computed attention in FP8, as FlashAttention 3 does over an FP8 cache "
+    "(--attn-fp8): the query in E4M3 with q scales (fp8-cal's calibrated, the others 1.0) and "
+    "the softmax weights rounded to E4M3; bf16 and fp8-e5m2 compute as without.";
+
 /* Speeds a CPU run measures, for what they are: whether any of the runs
  * has them. */
 static int cpu_speeds(const kvd_run *runs, int n) {
@@ -1164,6 +1175,12 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
                     "Speed and capacity at the highest concurrency measured.");
     if (cpu_speeds(runs, n)) kvd_buf_printf(b, " %s", cpu_speed_text);
     kvd_buf_puts(b, "</p>\n");
+    for (int i = 0; i < n; i++)
+        if (kvd_run_attn_fp8(&runs[i])) {
+            kvd_buf_puts(b, "<p class=\"note attn-fp8\">");
+            kvd_buf_xml(b, runs[i].label);
+            kvd_buf_printf(b, ": %s</p>\n", kvd_attn_fp8_text);
+        }
     for (int i = 0; i < n; i++) {
         char s[1200];
         if (ckpt_sentence(&runs[i], s, sizeof s)) {
@@ -1280,6 +1297,9 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
     kvd_buf_puts(b, "; verdict by mean output KL: negligible < 0.001 nats < noticeable < 0.01 < "
                     "degraded.\n");
     if (cpu_speeds(runs, n)) kvd_buf_printf(b, "%s\n", cpu_speed_text);
+    for (int i = 0; i < n; i++)
+        if (kvd_run_attn_fp8(&runs[i]))
+            kvd_buf_printf(b, "\n%s: %s\n", runs[i].label, kvd_attn_fp8_text);
     for (int i = 0; i < n; i++) {
         char s[1200];
         if (ckpt_sentence(&runs[i], s, sizeof s)) kvd_buf_printf(b, "\n%s\n", s);

@@ -44,6 +44,10 @@ int kvd_run_layers(const kvd_run *r);
 /* The MoE layers with router-flip rows at context ctx, in the model's
  * order, into layer[KVD_MAX_LAYERS]; their count (0 for a dense model). */
 int kvd_run_moe_layers(const kvd_run *r, long long ctx, int *layer);
+/* Whether the run's E4M3 modes computed attention in FP8 (run --attn-fp8,
+ * its run_settings), and that said in one sentence. */
+int kvd_run_attn_fp8(const kvd_run *r);
+extern const char *const kvd_attn_fp8_text;
 /* Attention KL (/drift/attention, every KV head together) in a view
  * ("isolated", "propagated") and subset, over every position bucket and
  * trace and over one full-attention layer al, or every one (al < 0),

@@ -330,6 +330,11 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
         kvd_kvcache_init(&ks, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, n + KVD_KV_BLOCK, scales,
                          o->saturate, err))
         goto out;
+    /* the candidate computes attention as its engine would: over its cache
+     * and over the shadow (the isolated view) alike */
+    if (o->attn_fp8 && (kvd_kvcache_fp8_attention(&kc, scales, c->num_attention_heads, err) ||
+                        kvd_kvcache_fp8_attention(&ks, scales, c->num_attention_heads, err)))
+        goto out;
     if (kvd_engine_open(&mr, be, w, &kr, R, 4, NULL, err) ||
         kvd_engine_open(&mc, be, w, &kc, R, 4, &mr, err))
         goto out;

@@ -52,6 +52,7 @@ typedef struct {
     int n_gen;        /* prefixes */
     int64_t gen_prefix[KVD_MAX_GEN];
     int saturate; /* E4M3 SATFINITE (1) or NOSAT (0) */
+    int attn_fp8; /* FP8 attention over an E4M3 cache (kvd_kvcache_fp8_attention) */
 } kvd_drift_opts;
 
 void kvd_drift_opts_defaults(kvd_drift_opts *o);

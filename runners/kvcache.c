@@ -293,6 +293,17 @@ int kvd_kvcache_attn_fp8(kvd_kvcache *c, int n_heads, const float *q_scale, char
     return 0;
 }
 
+int kvd_kvcache_fp8_attention(kvd_kvcache *c, const kvd_kv_scales *scales, int n_heads, char *err) {
+    if (c->fmt != KVD_FMT_E4M3) return 0;
+    const int scaled = c->mode == KVD_KV_FP8_CAL || c->mode == KVD_KV_FP8_CKPT;
+    if (scaled && scales && scales->q && scales->n_heads != n_heads) {
+        snprintf(err, KVD_ERR_LEN, "FP8 attention: %d query scales a layer, expected %d",
+                 scales->n_heads, n_heads);
+        return -1;
+    }
+    return kvd_kvcache_attn_fp8(c, n_heads, scaled && scales ? scales->q : NULL, err);
+}
+
 int kvd_kvcache_track_queries(kvd_kvcache *c, int n_heads) {
     if (c->q_scale && n_heads != c->n_heads) return -1;
     free(c->q_absmax);

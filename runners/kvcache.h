@@ -99,6 +99,11 @@ void kvd_kvcache_write(kvd_kvcache *c, int layer, int seq, int pos, const float 
  * softmax weights rounded to E4M3 (kvd_kv_view). 0 ok; -1 (err) for a cache
  * that is not E4M3, or a scale that is not positive and finite. */
 int kvd_kvcache_attn_fp8(kvd_kvcache *c, int n_heads, const float *q_scale, char *err);
+/* The same for a sweep's cache of any mode: FP8 attention where the cache
+ * is E4M3, a no-op elsewhere (BF16, E5M2: FlashAttention 3 has no such
+ * path); the query's scales those of scales (scales->q) for the modes that
+ * take scales (fp8-cal, fp8-ckpt) where it has them, else 1.0. */
+int kvd_kvcache_fp8_attention(kvd_kvcache *c, const kvd_kv_scales *scales, int n_heads, char *err);
 /* Keep the absmax of every query attended with, per layer and query head
  * (n_heads of them) in q_absmax: calibration's query scales. 0 ok. */
 int kvd_kvcache_track_queries(kvd_kvcache *c, int n_heads);

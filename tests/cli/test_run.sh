@@ -311,6 +311,50 @@ for p in ("/drift/summary", "/drift/layers", "/drift/attention"):
     assert np.array_equal(a[p][:]["mean" if p != "/drift/summary" else "value"], b[p][:]["mean" if p != "/drift/summary" else "value"], equal_nan=True), p
 PY
 
+# FP8 attention (--attn-fp8): the E4M3 modes' figures move, bf16's and
+# fp8-e5m2's stay bit for bit; fp8-cal's query scales are those kvdrift
+# calibrate writes; the settings say so (a spec's "attn_fp8" too), the run's
+# output and the report say so, and a run without the flag records neither
+fa=(run --model tiny --kv bf16,fp8-cal,fp8-unscaled,fp8-e5m2 --context 256 --seed 3 --calib-tokens 700 --gen-tokens 0 --cells drift)
+"$bin" "${fa[@]}" -o "$work/fa0.h5" >/dev/null 2>&1
+"$bin" "${fa[@]}" --attn-fp8 -o "$work/fa1.h5" >"$work/fa1.out" 2>&1
+printf '{"model": "tiny", "kv": ["bf16", "fp8-cal", "fp8-unscaled", "fp8-e5m2"], "context": [256], "seed": 3, "calib_tokens": 700, "gen_tokens": 0, "cells": ["drift"], "attn_fp8": true, "output": "%s"}' "$work/fa2.h5" >"$work/fa.json"
+"$bin" run --spec "$work/fa.json" >/dev/null 2>&1
+"$bin" report "$work/fa0.h5" --format md -o "$work/fa0.md" 2>/dev/null
+"$bin" report "$work/fa1.h5" --format md -o "$work/fa1.md" 2>/dev/null
+"$bin" report "$work/fa1.h5" -o "$work/fa1.html" 2>/dev/null
+"$py" - "$work/fa0.h5" "$work/fa1.h5" "$work/fa2.h5" "$work/cal.json" "$work/fa1.out" "$work/fa0.md" "$work/fa1.md" "$work/fa1.html" <<'PY' && ok || bad "run --attn-fp8: $(cat "$work/fa1.out")"
+import json, sys, h5py, numpy as np
+a, b, c = (h5py.File(p, "r") for p in sys.argv[1:4])
+sa, sb = json.loads(a.attrs["run_settings"]), json.loads(b.attrs["run_settings"])
+assert "attn-fp8" not in sa and sb.pop("attn-fp8") is True and sa == sb
+assert c.attrs["run_settings"] == b.attrs["run_settings"]  # the spec's field
+assert "q_scale" not in a["calibration"]
+cal = json.load(open(sys.argv[4]))
+q = np.array([l["q_scale"] for l in cal["layers"]], dtype=np.float32)
+assert q.shape == (2, 4) and np.array_equal(b["/calibration/q_scale"][:], q), (b["/calibration/q_scale"][:], q)
+assert np.array_equal(a["/calibration/k_scale"][:], b["/calibration/k_scale"][:])
+def toks(f, mode):
+    ts, tk = f["/drift/token_sets"][:], f["/drift/tokens"][:]
+    r = ts[ts["mode"] == mode.encode()][0]
+    return tk[r["first"]:r["first"] + r["n"]]
+for mode in ("bf16", "fp8-e5m2"):
+    x, y = toks(a, mode), toks(b, mode)
+    assert all(np.array_equal(x[n], y[n], equal_nan=True) for n in x.dtype.names), mode
+for mode in ("fp8-cal", "fp8-unscaled"):
+    x, y = toks(a, mode), toks(b, mode)
+    moved = np.abs(x["kl"] - y["kl"])
+    assert (moved > 0).mean() > 0.5, (mode, (moved > 0).mean())
+    # the isolated view holds the query and weights in E4M3 too
+    assert not np.array_equal(x["attn_isolated"], y["attn_isolated"], equal_nan=True), mode
+    assert np.array_equal(toks(c, mode)["kl"], y["kl"])
+out = open(sys.argv[5]).read()
+note = "the E4M3 modes computed attention in FP8, as FlashAttention 3 does over an FP8 cache (--attn-fp8)"
+assert "In this run, " + note in out
+assert note in open(sys.argv[7]).read() and note not in open(sys.argv[6]).read()
+assert note in open(sys.argv[8]).read()
+PY
+
 # resuming: a file's cells ran under its settings, model and traces; a run
 # that differs in any of them is refused and leaves the file as it was, one
 # that only adds cells resumes

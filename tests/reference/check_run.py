@@ -20,7 +20,11 @@ codec, the propagated view the mode's own run against the reference's).
 The reference computes the trace in float64 with each mode's cache (its own
 BF16 rounding and E4M3 codec, fp8-cal with the scales the results file
 recorded in /calibration), and the figures from their definitions, written
-here from the documentation rather than from the C:
+here from the documentation rather than from the C. A sweep run with
+--attn-fp8 (its run_settings say so) has the E4M3 modes' attention in FP8:
+the query through E4M3 with fp8-cal's /calibration/q_scale (1.0 for
+fp8-unscaled), the weights 2^8 exp(s - max) rounded to E4M3 over the
+unrounded weights' sum, in both views.
   - at position p (0 <= p < context - 1) the prediction of token p + 1:
     KL(P_bf16 || P_mode), whether the two argmaxes agree, delta p = p_mode -
     p_bf16 of the next token, delta NLL = NLL_mode - NLL_bf16;
@@ -35,10 +39,12 @@ are compared within tolerances (stated per figure below), not bit for bit.
 import json
 import sys
 
+import h5py
+
 import numpy as np
 
 from checks import Checks, read_sweep
-from qwen3next_ref import Qwen3NextRef, store
+from qwen3next_ref import Qwen3NextRef, fp8_attention, store
 
 MODES = ("fp8-cal", "fp8-unscaled")
 # figure -> (relative tolerance, absolute tolerance)
@@ -72,16 +78,6 @@ def figures(lp_ref, lp, nxt):
             "delta_p_rms": np.sqrt(np.mean(dp * dp)), "ln_ppl_ratio": dnll.mean()}
 
 
-def attention(q, kq, vq):
-    """Causal attention of every position: P [heads, T, T], output [T, heads, hd]."""
-    T, nh, hd = q.shape
-    grp = nh // kq.shape[1]
-    kr, vr = np.repeat(kq, grp, axis=1), np.repeat(vq, grp, axis=1)
-    s = np.einsum("thd,uhd->htu", q, kr) / np.sqrt(hd)
-    s = np.where(np.tril(np.ones((T, T), dtype=bool))[None], s, -np.inf)
-    s = np.exp(s - s.max(-1, keepdims=True))
-    p = s / s.sum(-1, keepdims=True)
-    return p, np.einsum("htu,uhd->thd", p, vr)
 
 
 def att_figures(p_ref, o_ref, p_test, o_test, pos, kv_heads):
@@ -112,6 +108,14 @@ def main():
     model = Qwen3NextRef(ckpt)
     kvh = model.cfg["num_key_value_heads"]
     t, scales, tokens, refs = read_sweep(results, traces, ("drift/summary", "drift/layers", "drift/attention"), kvh)
+    # FP8 attention (run --attn-fp8): the E4M3 modes' query and weights in
+    # E4M3, fp8-cal's query scales those /calibration/q_scale recorded
+    with h5py.File(results, "r") as f:
+        attn_fp8 = bool(json.loads(f.attrs["run_settings"]).get("attn-fp8", False))
+        if attn_fp8:
+            scales["q"] = list(f["calibration/q_scale"][:])
+    nh = model.cfg["num_attention_heads"]
+    print(f"FP8 attention: {'on' if attn_fp8 else 'off'}")
     summ, layers, att = t["drift/summary"], t["drift/layers"], t["drift/attention"]
     ctx = int(summ["context"][0])
     check(set(summ["context"]) == {ctx} and set(summ["trace"]) == {0},
@@ -127,12 +131,12 @@ def main():
     model.record = rec_ref = {}
     lp_ref = log_softmax(model.forward(tok, "bf16")[0])[:-1]
     sampled = np.nonzero((np.arange(ctx) % 16 == 0) | first[:ctx])[0]
-    ref_att = [attention(a["q"], a["kq"], a["vq"]) for a in rec_ref["attn"]]
+    ref_att = [fp8_attention(a["q"], a["kq"], a["vq"]) for a in rec_ref["attn"]]
     subsets = {"all": np.ones(ctx - 1, dtype=bool), "copy": copied[1:ctx], "other": ~copied[1:ctx]}
     print(f"context {ctx}: {int(subsets['copy'].sum())} of {ctx - 1} predictions are of copied tokens")
     for mode in MODES:
         model.record = rec = {}
-        logits, _ = model.forward(tok, mode, scales)
+        logits, _ = model.forward(tok, mode, scales, attn_fp8=attn_fp8)
         lp = log_softmax(logits)[:-1]
         # hidden states after every layer, every position
         for layer, (xr, xm) in enumerate(zip(rec_ref["hidden"], rec["hidden"])):
@@ -155,12 +159,14 @@ def main():
         # attention per full-attention layer, both views, at the sampled positions
         for al, a in enumerate(rec["attn"]):
             sc = (scales["k"][al], scales["v"][al]) if mode == "fp8-cal" else (np.ones(kvh), np.ones(kvh))
+            qs = None if not attn_fp8 else scales["q"][al] if mode == "fp8-cal" else np.ones(nh)
             iso_k = store(rec_ref["attn"][al]["k"], "fp8", sc[0])[0]
             iso_v = store(rec_ref["attn"][al]["v"], "fp8", sc[1])[0]
             p_ref, o_ref = ref_att[al]
-            views = {"isolated": att_figures(p_ref, o_ref, *attention(rec_ref["attn"][al]["q"], iso_k, iso_v),
-                                             sampled, kvh),
-                     "propagated": att_figures(p_ref, o_ref, *attention(a["q"], a["kq"], a["vq"]), sampled, kvh)}
+            views = {"isolated": att_figures(p_ref, o_ref, *fp8_attention(rec_ref["attn"][al]["q"], iso_k, iso_v,
+                                                                          qs, attn_fp8), sampled, kvh),
+                     "propagated": att_figures(p_ref, o_ref, *fp8_attention(a["q"], a["kq"], a["vq"], qs, attn_fp8),
+                                               sampled, kvh)}
             for view, figs in views.items():
                 for metric, tol in (("kl", 0.02), ("argmax_agree", 0.01), ("out_rel_l2", 0.02)):
                     want = float(figs[metric].mean())

@@ -76,6 +76,25 @@ def e4m3_decode(c):
     return np.where(c & 0x80, -v, v)
 
 
+def fp8_attention(q, kq, vq, qs=None, p_fp8=False):
+    """Causal attention of every position, [T, heads, hd] in: the
+    distribution P [heads, T, T] and the output [T, heads, hd]. With FP8
+    attention (FlashAttention 3 over an FP8 cache): the query through E4M3
+    with per-head scales qs, and the weights 2^8 exp(s - max) rounded to
+    E4M3 for the sum of V, normalised by the unrounded weights' sum."""
+    if qs is not None:
+        q = store(q, "fp8", qs)[0]
+    T, nh, hd = q.shape
+    grp = nh // kq.shape[1]
+    kr, vr = np.repeat(kq, grp, axis=1), np.repeat(vq, grp, axis=1)
+    s = np.einsum("thd,uhd->htu", q, kr) / np.sqrt(hd)
+    s = np.where(np.tril(np.ones((T, T), dtype=bool))[None], s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    total = e.sum(-1, keepdims=True)
+    w = e4m3_decode(e4m3_encode((256.0 * e).astype(np.float32))) / 256.0 if p_fp8 else e
+    return e / total, np.einsum("htu,uhd->thd", w / total, vr)
+
+
 def store(x, mode, scale):
     """What the cache holds and gives back for x ([..., head_dim], float64),
     with per-KV-head scales, and the stored codes (None for BF16)."""
@@ -129,7 +148,7 @@ class Qwen3NextRef:
         # before the cache and as the cache gives them back
         self.record = None
 
-    def forward(self, tokens, kv_mode="bf16", scales=None, cache_codes=None):
+    def forward(self, tokens, kv_mode="bf16", scales=None, cache_codes=None, attn_fp8=False):
         """Logits [T, vocab] and, per full-attention layer, (K, V, K codes,
         V codes) with K/V as computed before the cache stored them.
 
@@ -138,7 +157,11 @@ class Qwen3NextRef:
         upstream (a value a float32 ulp from a rounding midpoint) changes a
         value by an FP8 step, and everything above would inherit that. With
         the same cache, the layers above are comparable to float noise again,
-        while this model still reports the codes it would have written."""
+        while this model still reports the codes it would have written.
+
+        attn_fp8: FP8 attention for the E4M3 modes (fp8_attention), with
+        fp8-cal's query scales from scales["q"] (per layer, per query head)
+        and 1.0 for fp8-unscaled."""
         c, W = self.cfg, self.w
         T = len(tokens)
         eps = c["rms_norm_eps"]
@@ -152,7 +175,10 @@ class Qwen3NextRef:
                 al = len(caches)
                 sc = None if scales is None else (scales["k"][al], scales["v"][al])
                 forced = None if cache_codes is None else cache_codes.get(al)
-                mix, kvrec = self.attention(xn, p, pos, kv_mode, sc, forced)
+                qs = None
+                if attn_fp8 and kv_mode in ("fp8-cal", "fp8-unscaled"):
+                    qs = scales["q"][al] if kv_mode == "fp8-cal" else np.ones(c["num_attention_heads"])
+                mix, kvrec = self.attention(xn, p, pos, kv_mode, sc, forced, qs)
                 caches.append(kvrec)
             else:
                 mix = self.deltanet(xn, p)
@@ -164,7 +190,7 @@ class Qwen3NextRef:
         x = rms_norm(x, W["model.norm.weight"], eps, True)
         return x @ W["lm_head.weight"].T, caches
 
-    def attention(self, xn, p, pos, kv_mode, sc, forced=None):
+    def attention(self, xn, p, pos, kv_mode, sc, forced=None, qs=None):
         c, W = self.cfg, self.w
         T = xn.shape[0]
         nh, kvh, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
@@ -190,14 +216,7 @@ class Qwen3NextRef:
             vq = e4m3_decode(forced[1]) * np.asarray(vs, dtype=np.float32)[:, None].astype(np.float64)
         if self.record is not None:
             self.record.setdefault("attn", []).append({"q": q, "k": k, "v": v, "kq": kq, "vq": vq})
-        grp = nh // kvh
-        kr = np.repeat(kq, grp, axis=1)  # [T, nh, hd]
-        vr = np.repeat(vq, grp, axis=1)
-        s = np.einsum("thd,uhd->htu", q, kr) / np.sqrt(hd)
-        s = np.where(np.tril(np.ones((T, T), dtype=bool))[None], s, -np.inf)
-        s = np.exp(s - s.max(-1, keepdims=True))
-        pr = s / s.sum(-1, keepdims=True)
-        o = np.einsum("htu,uhd->thd", pr, vr) * sigmoid(gate)
+        o = fp8_attention(q, kq, vq, qs, qs is not None)[1] * sigmoid(gate)
         return o.reshape(T, nh * hd) @ W[p + "self_attn.o_proj.weight"].T, (k, v, kc, vc)
 
     def deltanet(self, xn, p):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the NumPy reference checks: export the tiny model, run the C forward
-# with a dump, compare (check.py); run drift sweeps and compare the figures
-# they wrote (check_run.py, check_gen.py, check_kv.py). Skips (77) only when python3-numpy or python3-h5py
+# with a dump, compare (check.py); run drift sweeps (one with FP8 attention)
+# and compare the figures they wrote (check_run.py, check_gen.py, check_kv.py). Skips (77) only when python3-numpy or python3-h5py
 # is absent.
 set -euo pipefail
 bin="$1"
@@ -29,6 +29,13 @@ gen=32
 }
 "$bin" trace gen --length $((512 + gen + 1)) --seed 7 --vocab 512 -o "$work/trace.h5" >/dev/null
 "$py" "$here/check_run.py" "$work/ckpt" "$work/run.h5" "$work/trace.h5" || rc=1
+# the same with FP8 attention (FlashAttention 3's rule) in the E4M3 modes
+"$bin" run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 512 --traces 1 --seed 7 \
+  --gen-tokens $gen --cells drift --attn-per-head --attn-fp8 -o "$work/run-fp8attn.h5" >/dev/null 2>"$work/run.err" || {
+  cat "$work/run.err"
+  exit 1
+}
+"$py" "$here/check_run.py" "$work/ckpt" "$work/run-fp8attn.h5" "$work/trace.h5" || rc=1
 # greedy generation from the trace's prefixes, short enough for the
 # reference to recompute every step (seed 3: continuations that diverge)
 "$bin" run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 96 --traces 1 --seed 3 \
