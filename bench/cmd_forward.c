@@ -157,7 +157,7 @@ static const char *const forward_help =
     "  --threads N             worker threads (default: every core)\n"
     "  --fp8-overflow sat|nan  E4M3 overflow: saturate to 448 (default) or NaN\n"
     "  --attn-fp8              E4M3 modes compute attention in FP8 as FlashAttention 3 does\n"
-    "                          (the query and the softmax weights in E4M3; CPU back end)\n"
+    "                          (the query and the softmax weights in E4M3)\n"
     "  --scales FILE           calibrated scales for fp8-cal (default: calibrate now)\n"
     "  --calibration RECIPE    absmax | modelopt | vllm-dynamic (default absmax)\n"
     "  --per-head              calibrate per KV head instead of per layer\n"
@@ -204,10 +204,6 @@ int kvd_cmd_forward(int argc, char **argv) {
         }
     }
     char err[KVD_ERR_LEN];
-    if (attn_fp8 && strcmp(co.backend, "cpu"))
-        kvd_die(KVD_EXIT_USAGE, cmd,
-                "--attn-fp8: FP8 attention runs on the CPU back end only so far (--backend cpu): "
-                "the CUDA kernels do not round the query and the weights yet");
     kvd_use_backend(&co.be, co.backend, cmd, NULL, 0);
     /* modes: bf16 always runs first, as the reference */
     int want[KVD_KV_N_MODES] = {0};

@@ -360,8 +360,13 @@ static void check_resume(const char *cmd, const char *path, const char *was_rev,
                 path, fix);
     json_t *a = json_loads(was_settings, 0, NULL), *b = json_loads(settings, 0, NULL);
     if (!a) kvd_die(KVD_EXIT_USAGE, cmd, "%s: attribute run_settings: expected JSON", path);
+    /* switches written only when set (attn-fp8) are false where absent */
+    for (int i = 0; i < 2; i++)
+        if (!json_object_get(i ? b : a, "attn-fp8"))
+            json_object_set_new(i ? b : a, "attn-fp8", json_false());
     const char *key;
     json_t *v;
+    char why[1200] = "";
     json_object_foreach(b, key, v) {
         const json_t *w = json_object_get(a, key);
         if (w && json_equal((json_t *)w, v)) continue;
@@ -374,16 +379,21 @@ static void check_resume(const char *cmd, const char *path, const char *was_rev,
                 const json_t *ww = json_object_get(w, wk);
                 if (ww && json_equal((json_t *)ww, wv)) continue;
                 kvd_json_text(ww, x, sizeof x), kvd_json_text(wv, y, sizeof y);
-                kvd_die(KVD_EXIT_USAGE, cmd,
-                        "%s holds cells of other weights (their %s %s, this run's %s): %s", path,
-                        wk, x, y, fix);
+                snprintf(why, sizeof why,
+                         "%s holds cells of other weights (their %s %s, this run's %s)", path, wk,
+                         x, y);
+                break;
             }
+            if (why[0]) break;
         }
         kvd_json_text(w, x, sizeof x), kvd_json_text(v, y, sizeof y);
-        kvd_die(KVD_EXIT_USAGE, cmd, "%s holds cells run with --%s %s, this run has --%s %s: %s",
-                path, key, x, key, y, fix);
+        snprintf(why, sizeof why, "%s holds cells run with --%s %s, this run has --%s %s", path,
+                 key, x, key, y);
+        break;
     }
+    /* freed before exiting: nothing the run parsed is left behind */
     json_decref(a), json_decref(b);
+    if (why[0]) kvd_die(KVD_EXIT_USAGE, cmd, "%s: %s", why, fix);
     if (!was_model || strcmp(was_model, model))
         kvd_die(KVD_EXIT_USAGE, cmd,
                 "%s holds cells of another model (its model_config differs from this run's): %s",
@@ -867,7 +877,7 @@ static const char *const run_help =
     "  --attn-per-head      attention KL also per KV head (rows with kv_head >= 0)\n"
     "  --attn-fp8           E4M3 modes compute attention in FP8 as FlashAttention 3 does: the\n"
     "                       query in E4M3 (fp8-cal: calibrated q scales; others 1.0), the\n"
-    "                       softmax weights rounded to E4M3 (CPU back end)\n"
+    "                       softmax weights rounded to E4M3\n"
     "  --calib-tokens N     held-out calibration trace length (default " KVD_CALIB_TOKENS_TEXT ")\n"
     "  --sample-every K     attention figures every K positions and at copy starts (default 16)\n"
     "  --gen-tokens N       greedy tokens from prefixes of 1/4, 1/2 and all of the context "
@@ -916,10 +926,6 @@ int kvd_cmd_run(int argc, char **argv) {
     if (!o.out) kvd_die(KVD_EXIT_USAGE, cmd, "expected -o FILE (or \"output\" in the spec)");
     kvd_check_scales_flags(cmd, o.scales_path, o.cal_given);
     if (o.dopt.attn_fp8) {
-        if (strcmp(o.backend, "cpu"))
-            kvd_die(KVD_EXIT_USAGE, cmd,
-                    "--attn-fp8: FP8 attention runs on the CPU back end only so far (--backend "
-                    "cpu): the CUDA kernels do not round the query and the weights yet");
         int e4m3 = 0;
         for (int i = 0; i < o.n_modes; i++)
             e4m3 |= o.modes[i] == KVD_KV_FP8_CAL || o.modes[i] == KVD_KV_FP8_UNSCALED ||

@@ -78,6 +78,11 @@ typedef struct {
     unsigned int *absmax;
     int32_t *btab, *slot; /* btab: n_blocks entries per sequence */
     int32_t *h_slot;
+    /* FP8 attention (the host cache's q_scale): this rank's query heads'
+     * scales [layer][head], NULL without; the queries' absmax bits where the
+     * host cache notes them (calibration), NULL without */
+    float *qscale;
+    unsigned int *qabsmax;
 } dev_kv;
 
 struct kvd_cuda_model {
@@ -99,6 +104,7 @@ struct kvd_cuda_model {
     int *pos, *seqs, *row0, *ntok;
     float *attn_scratch;
     size_t attn_scratch_floats;
+    float *d_qfp8; /* FP8 attention over the shadow: this model's queries in E4M3 */
     unsigned long long *nonfinite;
     /* the cache, and the shadow cache with its host bookkeeping (NULL: none) */
     int kv_heads, head_dim;
@@ -295,6 +301,37 @@ static int dev_kv_scales(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv) {
     return kvd_cuda_upload(d->kscale, ks, n) || kvd_cuda_upload(d->vscale, vs, n) ? -1 : 0;
 }
 
+/* FP8 attention's query scales and calibration's query absmax, this rank's
+ * query heads, where the host cache has them (allocated once: a cache set
+ * again with them keeps the arrays) */
+static int dev_kv_queries(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv) {
+    const int nf = m->n_full, nhl = m->c.num_attention_heads, h0 = m->p.nh0;
+    const size_t n = (size_t)nf * nhl;
+    if ((kv->q_scale || kv->q_absmax) && kv->n_heads != m->full.num_attention_heads) return -1;
+    if (kv->q_scale) {
+        if (!d->qscale && !(d->qscale = dalloc(&m->mem, sizeof(float) * (n + 1)))) return -1;
+        float qs[n + 1];
+        for (int a = 0; a < nf; a++)
+            for (int h = 0; h < nhl; h++)
+                qs[(size_t)a * nhl + h] = kv->q_scale[(size_t)a * kv->n_heads + h0 + h];
+        if (kvd_cuda_upload(d->qscale, qs, sizeof(float) * n)) return -1;
+    } else {
+        d->qscale = NULL;
+    }
+    if (kv->q_absmax && !d->qabsmax &&
+        !(d->qabsmax = dalloc(&m->mem, sizeof(unsigned int) * (n + 1))))
+        return -1;
+    if (!kv->q_absmax) d->qabsmax = NULL;
+    return 0;
+}
+
+/* the scratch FP8 attention's plain kernels need over the model's
+ * cache: a row's scores, this rank's heads by the longest context (at least have) */
+static size_t fp8_scratch(const kvd_cuda_model *m, size_t have) {
+    size_t need = (size_t)m->c.num_attention_heads * (size_t)m->kc.n_blocks * m->kc.block_size;
+    return need > have ? need : have;
+}
+
 static int dev_kv_init(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv) {
     const size_t kvh = (size_t)m->kv_heads, nf = (size_t)m->n_full;
     d->fmt = kv->fmt;
@@ -318,7 +355,7 @@ static int dev_kv_init(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv) {
     d->stats = dalloc(&m->mem, sizeof(unsigned long long) * (nf * 8 + 8));
     d->absmax = dalloc(&m->mem, sizeof(unsigned int) * (nf * 2 * kvh + 2));
     if (!d->btab || !d->slot || !d->kscale || !d->vscale || !d->stats || !d->absmax) return -1;
-    return dev_kv_scales(m, d, kv);
+    return dev_kv_scales(m, d, kv) || dev_kv_queries(m, d, kv) ? -1 : 0;
 }
 
 static kvd_kv_view dev_kv_view(const kvd_cuda_model *m, const dev_kv *d, int al) {
@@ -332,8 +369,8 @@ static kvd_kv_view dev_kv_view(const kvd_cuda_model *m, const dev_kv *d, int al)
                      d->kscale + o,
                      d->vscale + o,
                      0,
-                     NULL,
-                     0};
+                     d->qscale ? d->qscale + (size_t)al * m->c.num_attention_heads : NULL,
+                     d->qscale != NULL};
     return v;
 }
 
@@ -375,6 +412,14 @@ static int dev_kv_stage(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv, con
             memcpy(&am[((size_t)a * 2 + 1) * kvh + h], &kv->v_absmax[g], 4);
         }
     rc |= kvd_cuda_upload(d->absmax, am, sizeof(unsigned int) * na);
+    if (d->qabsmax) { /* the queries' running absmax, this rank's heads */
+        const int nhl = m->c.num_attention_heads;
+        unsigned int qa[(size_t)m->n_full * nhl + 1];
+        for (int a = 0; a < m->n_full; a++)
+            memcpy(&qa[(size_t)a * nhl], &kv->q_absmax[(size_t)a * kv->n_heads + m->p.nh0],
+                   sizeof(float) * nhl);
+        rc |= kvd_cuda_upload(d->qabsmax, qa, sizeof(unsigned int) * m->n_full * nhl);
+    }
     return rc;
 }
 
@@ -399,6 +444,14 @@ static int dev_kv_settle(kvd_cuda_model *m, dev_kv *d, kvd_kvcache *kv) {
             memcpy(&kv->k_absmax[g], &am[((size_t)a * 2) * kvh + h], 4);
             memcpy(&kv->v_absmax[g], &am[((size_t)a * 2 + 1) * kvh + h], 4);
         }
+    }
+    if (d->qabsmax && kv->q_absmax) {
+        const int nhl = m->c.num_attention_heads;
+        unsigned int qa[(size_t)m->n_full * nhl + 1];
+        if (kvd_cuda_download(qa, d->qabsmax, sizeof(unsigned int) * m->n_full * nhl)) return -1;
+        for (int a = 0; a < m->n_full; a++)
+            memcpy(&kv->q_absmax[(size_t)a * kv->n_heads + m->p.nh0], &qa[(size_t)a * nhl],
+                   sizeof(float) * nhl);
     }
     return 0;
 }
@@ -640,6 +693,8 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_cuda_model *peer
     DBUF(m->nonfinite, 2 * (size_t)c->num_hidden_layers + 2);
     m->attn_scratch_floats = kvd_cuda_attn_scratch_floats(kv->n_blocks * kv->block_size,
                                                           c->num_attention_heads, c->head_dim);
+    if (kv->q_scale) /* FP8 attention's plain kernels: a row's scores */
+        m->attn_scratch_floats = fp8_scratch(m, m->attn_scratch_floats);
     DBUF(m->attn_scratch, m->attn_scratch_floats);
     m->conv_len = (size_t)m->n_lin * cd * (Kc - 1);
     m->ssm_len = (size_t)m->n_lin * nv * dk * dv;
@@ -790,6 +845,28 @@ static int rank_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err) {
                  "device model: out of device memory for a %lld-block shadow cache",
                  (long long)shadow->n_blocks);
         return -1;
+    }
+    if (dev_kv_queries(m, &m->sc, shadow)) {
+        snprintf(err, KVD_ERR_LEN, "device model: the shadow's query scales failed");
+        return -1;
+    }
+    /* FP8 attention over the shadow: this model's queries in E4M3 (its own
+     * are not, over its own cache), and scratch for the plain kernels over
+     * this model's longest context */
+    const size_t need = m->sc.qscale ? fp8_scratch(m, 0) : 0;
+    if (m->sc.qscale && !m->d_qfp8 &&
+        !(m->d_qfp8 = dalloc(&m->mem, sizeof(float) * (size_t)m->max_rows *
+                                          m->c.num_attention_heads * m->head_dim))) {
+        snprintf(err, KVD_ERR_LEN, "device model: out of device memory for FP8 queries");
+        return -1;
+    }
+    if (need > m->attn_scratch_floats) {
+        float *sc = dalloc(&m->mem, sizeof(float) * need);
+        if (!sc) {
+            snprintf(err, KVD_ERR_LEN, "device model: out of device memory for FP8 attention");
+            return -1;
+        }
+        m->attn_scratch = sc, m->attn_scratch_floats = need;
     }
     m->sc.fmt = shadow->fmt;
     m->sc.saturate = shadow->saturate;
@@ -1045,6 +1122,13 @@ static int group_attention(kvd_cuda_model *m, kvd_cuda_model *om, dev_kv *kc, in
     const int32_t *tab = kc->btab + (size_t)seq * kc->n_blocks;
     int rc = kvd_cuda_attn_probs_rows_dev(&view, tab, n, om->d_rowidx + s0, om->d_rowidx + R + s0,
                                           max_ctx, q, no, nhl, sm_scale, probs, (size_t)max_ctx);
+    if (view.p_fp8) { /* FP8 weights: the plain kernels, row by row */
+        for (int k = 0; k < n; k++)
+            rc |= kvd_cuda_attn_fp8_dev(
+                &view, tab, h_sel[R + s0 + k], q + (size_t)h_sel[s0 + k] * no, nhl, sm_scale,
+                om->d_outs + ((size_t)(s0 + k) * 3 + slot) * no, om->attn_scratch);
+        return rc;
+    }
     if (!kvd_cuda_attn_decode_rows_dev(&view, tab, n, om->d_rowidx + s0, om->d_rowidx + R + s0,
                                        max_ctx, q, no, nhl, sm_scale,
                                        om->d_outs + ((size_t)s0 * 3 + slot) * no, 3 * no,
@@ -1101,6 +1185,14 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
         const size_t no = (size_t)nhl * hd, ro = (size_t)n * nhl;
         kvd_cuda_set_device(r);
         rc |= kvd_cuda_upload(m->d_rowidx, sel, sizeof(int) * 2 * R); /* sel, then ctx */
+        /* over an FP8-attention shadow, the query in E4M3 (the model's own
+         * attention, over its own cache, took it as it is) */
+        const float *qiso = m->qh;
+        if (iso && m->sc.qscale) {
+            rc |= kvd_cuda_attn_fp8_query_dev(m->qh, m->d_qfp8, rows, no, nhl, hd,
+                                              m->sc.qscale + (size_t)al * nhl);
+            qiso = m->d_qfp8;
+        }
         for (int s0 = 0, s1; s0 < n && !rc; s0 = s1) {
             /* a group: consecutive sampled rows of one sequence (and one of the
              * reference's) */
@@ -1116,8 +1208,8 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
             const size_t st = (size_t)gmax;
             rc |= group_attention(m, m, &m->kc, al, seq, s0, gn, gmax, m->qh, sel, m->d_probs, 0);
             if (iso) {
-                rc |= group_attention(m, m, &m->sc, al, seq, s0, gn, gmax, m->qh, sel, m->d_sprobs,
-                                      1);
+                rc |=
+                    group_attention(m, m, &m->sc, al, seq, s0, gn, gmax, qiso, sel, m->d_sprobs, 1);
                 rc |= kvd_cuda_attn_compare_rows_dev(
                     m->d_probs, m->d_sprobs, nhl, gn, m->d_rowidx + R + s0, st,
                     m->d_kl + (size_t)s0 * nhl, m->d_top + (size_t)s0 * nhl,
@@ -1191,10 +1283,21 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
     dev_kv_write(m, &m->kc, al, rows);
     if (m->shadow) dev_kv_write(m, &m->sc, al, rows);
     kvd_cudaop_split_query(m->qg, m->qh, rows, nh, hd);
+    if (m->kc.qabsmax) /* calibration: the queries as attention sees them */
+        kvd_cudaop_absmax_heads(m->qh, rows, nh, hd, m->kc.qabsmax + (size_t)al * nh);
     if (m->d_held) /* a reference keeps its queries for the propagated view */
         kvd_cuda_copy(m->d_held + (size_t)al * m->max_rows * nh * hd, m->qh,
                       sizeof(float) * (size_t)rows * nh * hd);
     kvd_kv_view view = dev_kv_view(m, &m->kc, al);
+    if (view.q_scale) /* FP8 attention: the query in E4M3 for every kernel below */
+        kvd_cuda_attn_fp8_query_dev(m->qh, m->qh, rows, (size_t)nh * hd, nh, hd, view.q_scale);
+    if (view.p_fp8) { /* and its weights: every row through the plain kernels */
+        for (int r = 0; r < rows; r++)
+            kvd_cuda_attn_fp8_dev(&view, m->kc.btab + (size_t)m->h_row_seq[r] * m->kc.n_blocks,
+                                  m->h_pos[r] + 1, m->qh + (size_t)r * nh * hd, nh, sm_scale,
+                                  m->att + (size_t)r * nh * hd, m->attn_scratch);
+        return;
+    }
     /* the one-token entries in one launch where the kernel allows it (the
      * rest one by one); prefill entries one by one */
     int max_ctx = 0;

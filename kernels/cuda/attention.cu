@@ -955,6 +955,114 @@ out:
     return rc;
 }
 
+// ---- FP8 attention: FlashAttention 3's rule (kvd_kv_view's q_scale and
+// p_fp8), the twin of kvd_attn_paged's. The query is written as E4M3 and read
+// back before any kernel sees it (the attention kernels take the query as
+// given); the weights are rounded in the plain kernels, whose scores hold the
+// whole context, so the row's maximum is known before any weight is rounded.
+// Correct rather than fast: a GPU run with --attn-fp8 times these kernels.
+
+// rows of n_heads * hd values, stride floats apart: cvt(q / q_scale[head])
+// to E4M3 (saturating) and back, times the scale, as kvd_quant_e4m3 and
+// kvd_dequant_e4m3 do on the CPU
+__global__ void fp8_query_kernel(const float *q, float *out, int rows, size_t stride, int n_heads,
+                                 int hd, const float *q_scale) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)rows * n_heads * hd;
+    if (i >= n) return;
+    const size_t rh = i / hd, r = rh / n_heads;
+    const int h = (int)(rh % n_heads), d = (int)(i % hd);
+    const size_t at = r * stride + (size_t)h * hd + d;
+    const float s = q_scale[h];
+    const __nv_fp8_storage_t c =
+        __nv_cvt_float_to_fp8(__fdiv_rn(q[at], s), __NV_SATFINITE, __NV_E4M3);
+    out[at] = __fmul_rn(__half2float(__half(__nv_cvt_fp8_to_halfraw(c, __NV_E4M3))), s);
+}
+
+// softmax_row with the weights in E4M3: e = exp(x - max) as there, their sum
+// in double, then each weight 2^8 e in E4M3, times 2^-8, over the sum
+__global__ void fp8_softmax_kernel(float *s, int n_ctx) {
+    __shared__ float red[256];
+    __shared__ double dred[256];
+    float *x = s + (size_t)blockIdx.x * n_ctx;
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < n_ctx; i += blockDim.x) m = fmaxf(m, x[i]);
+    red[threadIdx.x] = m;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w /= 2) {
+        if ((int)threadIdx.x < w) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + w]);
+        __syncthreads();
+    }
+    m = red[0];
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < n_ctx; i += blockDim.x) {
+        const float e = expf(x[i] - m);
+        const __nv_fp8_storage_t c =
+            __nv_cvt_float_to_fp8(__fmul_rn(256.0f, e), __NV_SATFINITE, __NV_E4M3);
+        x[i] = __fmul_rn(__half2float(__half(__nv_cvt_fp8_to_halfraw(c, __NV_E4M3))), 1.0f / 256);
+        sum += e;
+    }
+    dred[threadIdx.x] = sum;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w /= 2) {
+        if ((int)threadIdx.x < w) dred[threadIdx.x] += dred[threadIdx.x + w];
+        __syncthreads();
+    }
+    const float inv = (float)(1.0 / dred[0]);
+    for (int i = threadIdx.x; i < n_ctx; i += blockDim.x) x[i] *= inv;
+}
+
+extern "C" int kvd_cuda_attn_fp8_query_dev(const float *q, float *out, int rows, size_t stride,
+                                           int n_heads, int head_dim, const float *q_scale) {
+    const size_t n = (size_t)rows * n_heads * head_dim;
+    if (rows < 1) return 0;
+    fp8_query_kernel<<<(unsigned)((n + 255) / 256), 256>>>(q, out, rows, stride, n_heads, head_dim,
+                                                           q_scale);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int kvd_cuda_attn_fp8_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
+                                     const float *q, int n_heads, float sm_scale, float *out,
+                                     float *scratch) {
+    if (n_ctx < 1) return -1;
+    const view kv = dev_view(dv);
+    const int *db = (const int *)blocks, hd = dv->head_dim;
+    dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)dv->kv_heads);
+    scores_kernel<<<g1, 128>>>(kv, db, n_ctx, q, n_heads, sm_scale, scratch);
+    if (dv->p_fp8)
+        fp8_softmax_kernel<<<(unsigned)n_heads, 256>>>(scratch, n_ctx);
+    else
+        softmax_kernel<<<(unsigned)n_heads, 256>>>(scratch, n_ctx);
+    pv_kernel<<<(unsigned)n_heads, (unsigned)((hd + 31) / 32 * 32)>>>(kv, db, n_ctx, scratch,
+                                                                      n_heads, out);
+    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+}
+
+extern "C" int kvd_cuda_attn_fp8(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
+                                 int n_ctx, const float *q, int n_heads, float sm_scale,
+                                 float *out) {
+    const int hd = hv->head_dim, nb = (n_ctx + hv->block_size - 1) / hv->block_size;
+    const size_t nq = sizeof(float) * n_heads * hd;
+    dev_cache dc;
+    float *dq = nullptr, *dout = nullptr, *work = nullptr, *dqs = nullptr;
+    int rc = -1;
+    if (!dc.upload(hv, n_blocks, blocks, nb) || cudaMalloc(&dq, nq) || cudaMalloc(&dout, nq) ||
+        cudaMalloc(&work, sizeof(float) * n_heads * n_ctx) ||
+        cudaMalloc(&dqs, sizeof(float) * n_heads) ||
+        cudaMemcpy(dq, q, nq, cudaMemcpyHostToDevice) ||
+        (hv->q_scale &&
+         cudaMemcpy(dqs, hv->q_scale, sizeof(float) * n_heads, cudaMemcpyHostToDevice)))
+        goto out;
+    if ((!hv->q_scale ||
+         kvd_cuda_attn_fp8_query_dev(dq, dq, 1, (size_t)n_heads * hd, n_heads, hd, dqs) == 0) &&
+        kvd_cuda_attn_fp8_dev(&dc.v, dc.blocks, n_ctx, dq, n_heads, sm_scale, dout, work) == 0 &&
+        cudaMemcpy(out, dout, nq, cudaMemcpyDeviceToHost) == cudaSuccess &&
+        cudaGetLastError() == cudaSuccess)
+        rc = 0;
+out:
+    cudaFree(dq), cudaFree(dout), cudaFree(work), cudaFree(dqs);
+    return rc;
+}
+
 // ---- the distributions of several query rows of one sequence (the drift
 // figures' sampled rows of a step), each over its own context. A CTA takes
 // ROWS_TILE positions of one KV head and decodes their K rows once into

@@ -180,6 +180,21 @@ int kvd_cuda_attn_probs_rows_dev(const kvd_kv_view *dv, const int32_t *blocks, i
 int kvd_cuda_attn_compare_rows_dev(const float *p, const float *q, int n_heads, int n,
                                    const int *n_ctx, size_t stride, double *kl, int *top_p,
                                    int *top_q, size_t out_stride);
+/* FP8 attention (kvd_kv_view's q_scale and p_fp8, FlashAttention 3's rule;
+ * the twin of kvd_attn_paged's). The attention kernels take the query as
+ * given: kvd_cuda_attn_fp8_query_dev writes rows of n_heads * head_dim values
+ * (stride floats apart) as E4M3 with q_scale[head] and reads them back into
+ * out (may be q). kvd_cuda_attn_fp8_dev is one query row over n_ctx
+ * positions through the plain kernels, its weights rounded to E4M3 where
+ * the view has p_fp8; scratch holds n_heads * n_ctx floats. Device
+ * pointers; kvd_cuda_attn_fp8 takes a host view (its q_scale too), host q
+ * and out (the tests'). */
+int kvd_cuda_attn_fp8_query_dev(const float *q, float *out, int rows, size_t stride, int n_heads,
+                                int head_dim, const float *q_scale);
+int kvd_cuda_attn_fp8_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
+                          int n_heads, float sm_scale, float *out, float *scratch);
+int kvd_cuda_attn_fp8(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks, int n_ctx,
+                      const float *q, int n_heads, float sm_scale, float *out);
 /* scratch (may be null) lets a short chunk split its context: n_q * splits
  * * n_heads * (head_dim + 2) floats for that many splits */
 int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,
@@ -223,6 +238,10 @@ void kvd_cudaop_swiglu(float *g, const float *u, size_t n);
 void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads, int head_dim,
                          void *pool, int n_tok, const int32_t *slot, const float *x,
                          const float *scale, unsigned long long *stats, unsigned int *absmax);
+/* the running absmax (float bits, atomically) of rows of heads x head_dim
+ * values, per head: the queries calibration notes (kvd_kvcache_note_queries) */
+void kvd_cudaop_absmax_heads(const float *x, int rows, int heads, int head_dim,
+                             unsigned int *absmax);
 void kvd_cudaop_ungroup(const float *qkvz, const float *ba, const float *A_log,
                         const float *dt_bias, float *conv, float *z, float *beta, float *gdec,
                         int rows, int nk, int nv, int dk, int dv);

@@ -411,6 +411,25 @@ extern "C" void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, i
     kv_write_k<<<n_tok * kv_heads, (head_dim + 31) / 32 * 32>>>(a);
 }
 
+// one block a (row, head), the absmax of its head_dim values into the head's
+__global__ void absmax_heads_k(const float *x, int heads, int head_dim, unsigned int *absmax) {
+    const int h = blockIdx.x % heads;
+    const float *r = x + (size_t)blockIdx.x * head_dim;
+    unsigned m = 0;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        const float a = fabsf(r[d]);
+        if (a == a) m = max(m, __float_as_uint(a)); // a NaN is passed over, as on the CPU
+    }
+    for (int o = 16; o > 0; o /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) atomicMax(&absmax[h], m);
+}
+
+extern "C" void kvd_cudaop_absmax_heads(const float *x, int rows, int heads, int head_dim,
+                                        unsigned int *absmax) {
+    if (rows <= 0) return;
+    absmax_heads_k<<<rows * heads, 32>>>(x, heads, head_dim, absmax);
+}
+
 extern "C" void kvd_cudaop_route(const float *logits, int rows, int E, int K, int norm, int *topi,
                                  float *topw) {
     if (rows > 0) route_k<<<rows, 128, sizeof(float) * E>>>(logits, E, K, norm, topi, topw);

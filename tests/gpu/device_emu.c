@@ -237,12 +237,50 @@ void kvd_cudaop_nonfinite(const float *x, size_t n, unsigned long long *first) {
 size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim) {
     return kvd_attn_work_bytes(n_heads, head_dim, max_ctx, 32) / sizeof(float) + 16;
 }
+/* The device's attention kernels take the query as given and round no
+ * weights: FP8 attention is kvd_cuda_attn_fp8_query_dev before them and
+ * kvd_cuda_attn_fp8_dev instead of them (the view keeps p_fp8 there). */
+static kvd_kv_view as_given(const kvd_kv_view *dv, int p_fp8) {
+    kvd_kv_view v = *dv;
+    v.q_scale = NULL;
+    v.p_fp8 = p_fp8 && dv->p_fp8;
+    return v;
+}
 int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
                              const float *q, int n_heads, float sm_scale, float *out,
                              float *scratch) {
-    kvd_attn_paged(dv, blocks, n_ctx, q, n_heads, sm_scale, out, NULL, scratch,
+    const kvd_kv_view v = as_given(dv, 0);
+    kvd_attn_paged(&v, blocks, n_ctx, q, n_heads, sm_scale, out, NULL, scratch,
                    kvd_attn_parts(n_ctx, dv->block_size));
     return 0;
+}
+int kvd_cuda_attn_fp8_query_dev(const float *q, float *out, int rows, size_t stride, int n_heads,
+                                int head_dim, const float *q_scale) {
+    uint8_t codes[head_dim];
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < n_heads; h++) {
+            const size_t at = (size_t)r * stride + (size_t)h * head_dim;
+            kvd_quant_e4m3(q + at, codes, (size_t)head_dim, q_scale[h], 1, NULL);
+            kvd_dequant_e4m3(codes, out + at, (size_t)head_dim, q_scale[h]);
+        }
+    return 0;
+}
+int kvd_cuda_attn_fp8_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
+                          int n_heads, float sm_scale, float *out, float *scratch) {
+    const kvd_kv_view v = as_given(dv, 1);
+    kvd_attn_paged(&v, blocks, n_ctx, q, n_heads, sm_scale, out, NULL, scratch,
+                   kvd_attn_parts(n_ctx, dv->block_size));
+    return 0;
+}
+void kvd_cudaop_absmax_heads(const float *x, int rows, int heads, int head_dim,
+                             unsigned int *absmax) {
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < heads; h++)
+            for (int d = 0; d < head_dim; d++) {
+                float a = fabsf(x[((size_t)r * heads + h) * head_dim + d]), m;
+                memcpy(&m, &absmax[h], sizeof m);
+                if (a > m) memcpy(&absmax[h], &a, sizeof a);
+            }
 }
 int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab, int btab_stride,
                                    const int *seqs, const int *row0, const int *ntok,
@@ -251,10 +289,11 @@ int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab, i
                                    size_t scratch_floats) {
     (void)max_ctx, (void)scratch_floats;
     const size_t stride = (size_t)n_heads * dv->head_dim;
+    const kvd_kv_view v = as_given(dv, 0);
     for (int z = 0; z < n; z++) {
         if (ntok[z] != 1) continue;
         const int r = row0[z], n_ctx = pos[r] + 1;
-        kvd_attn_paged(dv, btab + (size_t)seqs[z] * btab_stride, n_ctx, q + r * stride, n_heads,
+        kvd_attn_paged(&v, btab + (size_t)seqs[z] * btab_stride, n_ctx, q + r * stride, n_heads,
                        sm_scale, out + r * stride, NULL, scratch,
                        kvd_attn_parts(n_ctx, dv->block_size));
     }
@@ -265,8 +304,9 @@ int kvd_cuda_attn_decode_rows_dev(const kvd_kv_view *dv, const int32_t *blocks, 
                                   size_t q_stride, int n_heads, float sm_scale, float *out,
                                   size_t out_stride, float *scratch, size_t scratch_floats) {
     (void)max_ctx, (void)scratch_floats;
+    const kvd_kv_view v = as_given(dv, 0);
     for (int k = 0; k < n; k++)
-        kvd_attn_paged(dv, blocks, n_ctx[k], q + (size_t)qrow[k] * q_stride, n_heads, sm_scale,
+        kvd_attn_paged(&v, blocks, n_ctx[k], q + (size_t)qrow[k] * q_stride, n_heads, sm_scale,
                        out + (size_t)k * out_stride, NULL, scratch,
                        kvd_attn_parts(n_ctx[k], dv->block_size));
     return 0;
@@ -276,7 +316,8 @@ int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_
     int parts = kvd_attn_parts(n_ctx, dv->block_size);
     void *work = malloc(kvd_attn_work_bytes(n_heads, dv->head_dim, n_ctx, parts));
     float *out = malloc(sizeof(float) * (size_t)n_heads * dv->head_dim);
-    kvd_attn_paged(dv, blocks, n_ctx, q, n_heads, sm_scale, out, probs, work, parts);
+    const kvd_kv_view v = as_given(dv, 0);
+    kvd_attn_paged(&v, blocks, n_ctx, q, n_heads, sm_scale, out, probs, work, parts);
     free(work), free(out);
     return 0;
 }
@@ -323,8 +364,9 @@ int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int 
                               float *scratch, size_t scratch_floats) {
     (void)scratch, (void)scratch_floats;
     void *work = malloc(kvd_attn_work_bytes(n_heads, dv->head_dim, pos0 + n_q, 32));
+    const kvd_kv_view v = as_given(dv, 0);
     for (int r = 0; r < n_q; r++)
-        kvd_attn_paged(dv, blocks, pos0 + r + 1, q + (size_t)r * n_heads * dv->head_dim, n_heads,
+        kvd_attn_paged(&v, blocks, pos0 + r + 1, q + (size_t)r * n_heads * dv->head_dim, n_heads,
                        sm_scale, out + (size_t)r * n_heads * dv->head_dim, NULL, work,
                        kvd_attn_parts(pos0 + r + 1, dv->block_size));
     free(work);

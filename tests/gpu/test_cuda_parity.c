@@ -418,6 +418,118 @@ static void attention(void) {
     attention_rows();
 }
 
+/* FP8 attention (FlashAttention 3's rule) against kvd_attn_paged's: the
+ * query's E4M3 round trip bit for bit (rows at a stride, per-head scales,
+ * values past 448 times the scale saturating), then whole attention with
+ * the query and the weights in E4M3 over an E4M3 cache. The device's expf
+ * and the CPU's differ in the last bit, so a weight within that of an E4M3
+ * rounding boundary may land one code apart (about 1 in 10^6): the output
+ * is held within a twentieth of what rounding the weights moves it by, and
+ * 1e-4 relative L2 where that is less. */
+static void fp8_attention_case(int nh, int kvh, int hd, int n_ctx) {
+    const int bs = 16, nb = (n_ctx + bs - 1) / bs + 3, rows = 3;
+    const size_t n = (size_t)nb * kvh * bs * hd, stride = (size_t)nh * hd + 8;
+    float *src = malloc(sizeof(float) * n), *q = malloc(sizeof(float) * rows * stride);
+    float *qc = malloc(sizeof(float) * rows * stride), *qg = malloc(sizeof(float) * rows * stride);
+    float *ocpu = malloc(sizeof(float) * nh * hd), *ogpu = malloc(sizeof(float) * nh * hd);
+    float *oplain = malloc(sizeof(float) * nh * hd), qs[64], ks[16], vs[16];
+    uint8_t *k = malloc(n), *v = malloc(n);
+    uint64_t key = kvd_rng_key((uint64_t)(nh * 1000 + hd), "gpu.fp8attn");
+    for (size_t i = 0; i < n; i++) src[i] = 2.0f * kvd_rng_normal(key, i);
+    write_pools(KVD_FMT_E4M3, src, k, v, n, 0.02f, 0.01f);
+    for (int h = 0; h < kvh; h++) ks[h] = 0.02f, vs[h] = 0.01f;
+    for (int h = 0; h < nh; h++) qs[h] = h % 3 == 0 ? 1.0f : 0.004f * (float)(h + 1);
+    for (size_t i = 0; i < rows * stride; i++)
+        q[i] = (float)(i % 97 == 0 ? 40.0 : 1.0) * kvd_rng_normal(key, n + i);
+    int32_t *blocks = malloc(sizeof(int32_t) * (size_t)nb);
+    for (int i = 0; i < nb; i++) blocks[i] = (int32_t)(((int64_t)i * 37) % nb);
+    /* the query's round trip: the CPU's codec, row by row and head by head */
+    memcpy(qc, q, sizeof(float) * rows * stride);
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < nh; h++) {
+            uint8_t codes[512];
+            float *x = qc + r * stride + (size_t)h * hd;
+            kvd_quant_e4m3(x, codes, (size_t)hd, qs[h], 1, NULL);
+            kvd_dequant_e4m3(codes, x, (size_t)hd, qs[h]);
+        }
+    float *dq = kvd_cuda_alloc(sizeof(float) * rows * stride), *dqs = kvd_cuda_alloc(sizeof qs);
+    CHECK(dq && dqs && !kvd_cuda_upload(dq, q, sizeof(float) * rows * stride) &&
+              !kvd_cuda_upload(dqs, qs, sizeof qs) &&
+              !kvd_cuda_attn_fp8_query_dev(dq, dq, rows, stride, nh, hd, dqs) &&
+              !kvd_cuda_download(qg, dq, sizeof(float) * rows * stride),
+          "fp8 query (%d heads x %d) failed\n", nh, hd);
+    size_t differ = 0;
+    for (int r = 0; r < rows; r++)
+        for (size_t i = 0; i < (size_t)nh * hd; i++)
+            differ += memcmp(&qg[r * stride + i], &qc[r * stride + i], 4) != 0;
+    CHECK(differ == 0, "fp8 query (%d heads x %d): %zu of %zu values differ from the CPU's\n", nh,
+          hd, differ, (size_t)rows * nh * hd);
+    kvd_cuda_free(dq), kvd_cuda_free(dqs);
+    /* whole attention, FP8 query and weights, against the CPU's (3 parts) */
+    kvd_kv_view view = {KVD_FMT_E4M3, bs, kvh, hd, k, v, ks, vs, 0, qs, 1};
+    kvd_kv_view plain = view;
+    plain.p_fp8 = 0;
+    void *work = malloc(kvd_attn_work_bytes(nh, hd, n_ctx, 3));
+    kvd_attn_paged(&view, blocks, n_ctx, q, nh, 1.0f / 16.0f, ocpu, NULL, work, 3);
+    kvd_attn_paged(&plain, blocks, n_ctx, q, nh, 1.0f / 16.0f, oplain, NULL, work, 3);
+    CHECK(kvd_cuda_attn_fp8(&view, nb, blocks, n_ctx, q, nh, 1.0f / 16.0f, ogpu) == 0,
+          "cuda fp8 attention (%d/%d heads x %d, %d tokens) failed\n", nh, kvh, hd, n_ctx);
+    double num = 0, den = 0, mv = 0; /* over every head */
+    for (int i = 0; i < nh * hd; i++) {
+        double e = (double)ogpu[i] - ocpu[i], m = (double)oplain[i] - ocpu[i];
+        num += e * e, mv += m * m, den += (double)ocpu[i] * ocpu[i];
+    }
+    const double worst = sqrt(num / den), moved = sqrt(mv / den);
+    CHECK(moved > 1e-4 && worst < fmax(1e-4, moved / 20),
+          "fp8 attention (%d/%d heads x %d, %d tokens): rel L2 %g, the weights' rounding moves "
+          "it %g\n",
+          nh, kvh, hd, n_ctx, worst, moved);
+    /* the query alone (no weights rounded): the plain kernels */
+    CHECK(kvd_cuda_attn_fp8(&plain, nb, blocks, n_ctx, q, nh, 1.0f / 16.0f, ogpu) == 0,
+          "cuda fp8-query attention failed\n");
+    double w2 = 0;
+    for (int h = 0; h < nh; h++) {
+        double num = 0, den = 0;
+        for (int d = 0; d < hd; d++) {
+            double e = (double)ogpu[h * hd + d] - oplain[h * hd + d];
+            num += e * e, den += (double)oplain[h * hd + d] * oplain[h * hd + d];
+        }
+        w2 = worst_of(w2, sqrt(num / den));
+    }
+    CHECK(w2 < 1e-4, "fp8-query attention (%d/%d heads x %d): rel L2 %g\n", nh, kvh, hd, w2);
+    free(src), free(q), free(qc), free(qg), free(ocpu), free(ogpu), free(oplain), free(k), free(v),
+        free(blocks), free(work);
+}
+
+/* the attention sink of unit_kvcache's fp8_attention_sink, in closed form:
+ * the weights of the positions 12 nats below the sink land in E4M3's
+ * subnormal range, where the offset 2^8 decides what they keep */
+static void fp8_attention_sink(void) {
+    enum { D = 16, N = 1000, BS = 16, NB = (N + BS - 1) / BS };
+    uint8_t *k = calloc((size_t)NB * BS * D, 1), *v = calloc((size_t)NB * BS * D, 1);
+    int32_t blocks[NB];
+    for (int i = 0; i < NB; i++) blocks[i] = i;
+    k[0] = kvd_f32_to_e4m3(12.0f, 1);
+    for (int t = 1; t < N; t++)
+        for (int d = 0; d < D; d++) v[(size_t)t * D + d] = kvd_f32_to_e4m3(1.0f, 1);
+    float one = 1.0f, q[D] = {1.0f}, out[D];
+    kvd_kv_view view = {KVD_FMT_E4M3, BS, 1, D, k, v, &one, &one, 0, &one, 1};
+    const double want = (N - 1) * ldexp(1.0, -17) / (1.0 + (N - 1) * (double)expf(-12.0f));
+    CHECK(kvd_cuda_attn_fp8(&view, NB, blocks, N, q, 1, 1.0f, out) == 0,
+          "cuda fp8 attention (sink) failed\n");
+    for (int d = 0; d < D; d++)
+        CHECK(fabs(out[d] - want) <= 1e-5 * want, "fp8 attention sink: dim %d %.9g, want %.9g\n", d,
+              out[d], want);
+    free(k), free(v);
+}
+
+static void fp8_attention(void) {
+    fp8_attention_sink();
+    fp8_attention_case(8, 2, 64, 300);
+    fp8_attention_case(32, 2, 256, 1100); /* the qwen3.5 shape */
+    fp8_attention_case(6, 2, 40, 77);
+}
+
 /* cuBLASLt BF16 GEMM against a double-precision product of the same BF16
  * values: FP32 accumulation over K = 1024 terms stays within 1e-5 relative. */
 static void gemm(void) {
@@ -986,6 +1098,7 @@ int main(void) {
         void (*run)(void);
     } sections[] = {{"codecs", codecs},
                     {"attention", attention},
+                    {"fp8_attention", fp8_attention},
                     {"gemm", gemm},
                     {"linear_w16", linear_w16},
                     {"dense", dense},

@@ -268,10 +268,40 @@ static void fp8_attention_shape(int NH, int D, kvd_kv_mode mode) {
     kvd_kv_scales_free(&sc);
 }
 
+/* An attention sink in closed form: position 0 scores 12, the other n - 1
+ * score 0, so their weights exp(-12) sit in E4M3's subnormal range once
+ * times 2^8: 256 exp(-12) = 1.57e-3 rounds to 2^-9 (0.805 of it), so each
+ * weighs 2^-17 against the sum's exp(-12). With V 0 at the sink and 1
+ * elsewhere the output is (n - 1) 2^-17 / (1 + (n - 1) exp(-12)); an offset
+ * of 2^6 or 2^7 would round those weights to 0. */
+static void fp8_attention_sink(void) {
+    enum { D = 16, N = 1000 };
+    char err[KVD_ERR_LEN];
+    kvd_kvcache c;
+    assert_int_equal(kvd_kvcache_init(&c, KVD_KV_FP8_UNSCALED, 1, 1, D, BS, N, NULL, 1, err), 0);
+    assert_int_equal(kvd_kvcache_attn_fp8(&c, 1, NULL, err), 0);
+    int s = kvd_kvcache_add_seq(&c);
+    kvd_kvcache_reserve(&c, s, N);
+    float k[D] = {12.0f}, v[D] = {0}, q[D] = {1.0f}, out[D];
+    kvd_kvcache_write(&c, 0, s, 0, k, v);
+    k[0] = 0.0f;
+    for (int d = 0; d < D; d++) v[d] = 1.0f;
+    for (int t = 1; t < N; t++) kvd_kvcache_write(&c, 0, s, t, k, v);
+    char work[1 << 16];
+    kvd_kv_view view = kvd_kvcache_view(&c, 0);
+    const double want = (N - 1) * ldexp(1.0, -17) / (1.0 + (N - 1) * (double)expf(-12.0f));
+    for (int parts = 1; parts <= 3; parts += 2) {
+        kvd_attn_paged(&view, c.seqs[s].blocks, N, q, 1, 1.0f, out, NULL, work, parts);
+        for (int d = 0; d < D; d++) assert_true(fabs(out[d] - want) <= 1e-6 * want);
+    }
+    kvd_kvcache_free(&c);
+}
+
 static void fp8_attention(void **st) {
     (void)st;
     fp8_attention_shape(8, 64, KVD_KV_FP8_CAL);
     fp8_attention_shape(6, 40, KVD_KV_FP8_UNSCALED);
+    fp8_attention_sink();
     /* E4M3 only; a scale that is no scale is refused */
     char err[KVD_ERR_LEN];
     kvd_kvcache c;
