@@ -57,9 +57,18 @@ __global__ void scores_kernel(view kv, const int *blocks, int n_ctx, const float
     }
 }
 
+// 2^8 e in E4M3, times 2^-8: FlashAttention 3's FP8 weight (kvd_kv_view.p_fp8)
+__device__ inline float fp8_weight(float e) {
+    const __nv_fp8_storage_t c =
+        __nv_cvt_float_to_fp8(__fmul_rn(256.0f, e), __NV_SATFINITE, __NV_E4M3);
+    return __fmul_rn(__half2float(__half(__nv_cvt_fp8_to_halfraw(c, __NV_E4M3))), 1.0f / 256);
+}
+
 // x[0, n) in place: exp(x - max) over their sum (in double), by one block of
-// 256 threads with its shared red and dred
-__device__ inline void softmax_row(float *x, int n_ctx, float *red, double *dred) {
+// 256 threads with its shared red and dred; with fp8 each weight rounded
+// (fp8_weight) over the sum of the unrounded ones
+__device__ inline void softmax_row(float *x, int n_ctx, float *red, double *dred,
+                                   bool fp8 = false) {
     float m = -INFINITY;
     for (int i = threadIdx.x; i < n_ctx; i += blockDim.x) m = fmaxf(m, x[i]);
     red[threadIdx.x] = m;
@@ -72,7 +81,7 @@ __device__ inline void softmax_row(float *x, int n_ctx, float *red, double *dred
     double sum = 0.0;
     for (int i = threadIdx.x; i < n_ctx; i += blockDim.x) {
         float e = expf(x[i] - m);
-        x[i] = e;
+        x[i] = fp8 ? fp8_weight(e) : e;
         sum += e;
     }
     dred[threadIdx.x] = sum;
@@ -85,10 +94,10 @@ __device__ inline void softmax_row(float *x, int n_ctx, float *red, double *dred
     for (int i = threadIdx.x; i < n_ctx; i += blockDim.x) x[i] *= inv;
 }
 
-__global__ void softmax_kernel(float *s, int n_ctx) {
+__global__ void softmax_kernel(float *s, int n_ctx, bool fp8) {
     __shared__ float red[256];
     __shared__ double dred[256];
-    softmax_row(s + (size_t)blockIdx.x * n_ctx, n_ctx, red, dred);
+    softmax_row(s + (size_t)blockIdx.x * n_ctx, n_ctx, red, dred, fp8);
 }
 
 __global__ void pv_kernel(view kv, const int *blocks, int n_ctx, const float *s, int n_heads,
@@ -942,7 +951,7 @@ extern "C" int kvd_cuda_attn_decode_v(const kvd_kv_view *hv, int n_blocks, const
         const int *db = (const int *)dc.blocks;
         dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)hv->kv_heads);
         scores_kernel<<<g1, 128>>>(kv, db, n_ctx, dq, n_heads, sm_scale, work);
-        softmax_kernel<<<(unsigned)n_heads, 256>>>(work, n_ctx);
+        softmax_kernel<<<(unsigned)n_heads, 256>>>(work, n_ctx, false);
         pv_kernel<<<(unsigned)n_heads, (unsigned)((hd + 31) / 32 * 32)>>>(kv, db, n_ctx, work,
                                                                           n_heads, dout);
         rc = 0;
@@ -978,39 +987,6 @@ __global__ void fp8_query_kernel(const float *q, float *out, int rows, size_t st
     out[at] = __fmul_rn(__half2float(__half(__nv_cvt_fp8_to_halfraw(c, __NV_E4M3))), s);
 }
 
-// softmax_row with the weights in E4M3: e = exp(x - max) as there, their sum
-// in double, then each weight 2^8 e in E4M3, times 2^-8, over the sum
-__global__ void fp8_softmax_kernel(float *s, int n_ctx) {
-    __shared__ float red[256];
-    __shared__ double dred[256];
-    float *x = s + (size_t)blockIdx.x * n_ctx;
-    float m = -INFINITY;
-    for (int i = threadIdx.x; i < n_ctx; i += blockDim.x) m = fmaxf(m, x[i]);
-    red[threadIdx.x] = m;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w /= 2) {
-        if ((int)threadIdx.x < w) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + w]);
-        __syncthreads();
-    }
-    m = red[0];
-    double sum = 0.0;
-    for (int i = threadIdx.x; i < n_ctx; i += blockDim.x) {
-        const float e = expf(x[i] - m);
-        const __nv_fp8_storage_t c =
-            __nv_cvt_float_to_fp8(__fmul_rn(256.0f, e), __NV_SATFINITE, __NV_E4M3);
-        x[i] = __fmul_rn(__half2float(__half(__nv_cvt_fp8_to_halfraw(c, __NV_E4M3))), 1.0f / 256);
-        sum += e;
-    }
-    dred[threadIdx.x] = sum;
-    __syncthreads();
-    for (int w = blockDim.x / 2; w > 0; w /= 2) {
-        if ((int)threadIdx.x < w) dred[threadIdx.x] += dred[threadIdx.x + w];
-        __syncthreads();
-    }
-    const float inv = (float)(1.0 / dred[0]);
-    for (int i = threadIdx.x; i < n_ctx; i += blockDim.x) x[i] *= inv;
-}
-
 extern "C" int kvd_cuda_attn_fp8_query_dev(const float *q, float *out, int rows, size_t stride,
                                            int n_heads, int head_dim, const float *q_scale) {
     const size_t n = (size_t)rows * n_heads * head_dim;
@@ -1028,10 +1004,7 @@ extern "C" int kvd_cuda_attn_fp8_dev(const kvd_kv_view *dv, const int32_t *block
     const int *db = (const int *)blocks, hd = dv->head_dim;
     dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)dv->kv_heads);
     scores_kernel<<<g1, 128>>>(kv, db, n_ctx, q, n_heads, sm_scale, scratch);
-    if (dv->p_fp8)
-        fp8_softmax_kernel<<<(unsigned)n_heads, 256>>>(scratch, n_ctx);
-    else
-        softmax_kernel<<<(unsigned)n_heads, 256>>>(scratch, n_ctx);
+    softmax_kernel<<<(unsigned)n_heads, 256>>>(scratch, n_ctx, dv->p_fp8 != 0);
     pv_kernel<<<(unsigned)n_heads, (unsigned)((hd + 31) / 32 * 32)>>>(kv, db, n_ctx, scratch,
                                                                       n_heads, out);
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
@@ -1210,7 +1183,7 @@ extern "C" int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blo
     view kv = dev_view(dv);
     dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)dv->kv_heads);
     scores_kernel<<<g1, 128>>>(kv, (const int *)blocks, n_ctx, q, n_heads, sm_scale, probs);
-    softmax_kernel<<<(unsigned)n_heads, 256>>>(probs, n_ctx);
+    softmax_kernel<<<(unsigned)n_heads, 256>>>(probs, n_ctx, false);
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
 
@@ -1905,7 +1878,7 @@ extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_he
                                       dout, ds, version) == 0;
                 dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)kv_heads);
                 scores_kernel<<<g1, 128>>>(kv, db, n_ctx, dq, n_heads, 0.0625f, ds);
-                softmax_kernel<<<(unsigned)n_heads, 256>>>(ds, n_ctx);
+                softmax_kernel<<<(unsigned)n_heads, 256>>>(ds, n_ctx, false);
                 pv_kernel<<<(unsigned)n_heads, (unsigned)((head_dim + 31) / 32 * 32)>>>(
                     kv, db, n_ctx, ds, n_heads, dout);
                 return true;
