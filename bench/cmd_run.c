@@ -358,12 +358,8 @@ static void check_resume(const char *cmd, const char *path, const char *was_rev,
                 "%s: its cells cannot be resumed: it records no run settings (an older "
                 "kvdrift wrote it); %s",
                 path, fix);
-    json_t *a = json_loads(was_settings, 0, NULL), *b = json_loads(settings, 0, NULL);
+    json_t *a = kvd_settings_parse(was_settings), *b = kvd_settings_parse(settings);
     if (!a) kvd_die(KVD_EXIT_USAGE, cmd, "%s: attribute run_settings: expected JSON", path);
-    /* switches written only when set (attn-fp8) are false where absent */
-    for (int i = 0; i < 2; i++)
-        if (!json_object_get(i ? b : a, "attn-fp8"))
-            json_object_set_new(i ? b : a, "attn-fp8", json_false());
     const char *key;
     json_t *v;
     char why[1200] = "";

@@ -499,9 +499,9 @@ static void add_diff(char *out, size_t n, const char *what) {
     snprintf(out + len, n - len, "%s%s", len ? ", " : "", what);
 }
 
-/* Every key of ja that jb lacks or holds otherwise: "PREFIXkey (x against
- * y)", or "PREFIXkey" for an object or array; strings quoted when quote
- * ('' is a value there). */
+/* Every key of ja that jb lacks or holds otherwise, then every key only jb
+ * has: "PREFIXkey (x against y)", or "PREFIXkey" for an object or array;
+ * strings quoted when quote ('' is a value there). */
 static void json_diffs(char *out, size_t n, json_t *ja, json_t *jb, const char *prefix, int quote) {
     const char *key;
     json_t *v;
@@ -524,6 +524,16 @@ static void json_diffs(char *out, size_t n, json_t *ja, json_t *jb, const char *
         }
         add_diff(out, n, what);
     }
+    json_object_foreach(jb, key, v) {
+        if (json_object_get(ja, key)) continue;
+        char what[200], y[48];
+        if (quote && json_is_string(v))
+            snprintf(y, sizeof y, "'%s'", json_string_value(v));
+        else
+            kvd_json_text(v, y, sizeof y);
+        snprintf(what, sizeof what, "%s%s (none against %s)", prefix, key, y);
+        add_diff(out, n, what);
+    }
 }
 
 void kvd_run_differences(const kvd_run *a, const kvd_run *b, char *out, size_t n) {
@@ -532,7 +542,7 @@ void kvd_run_differences(const kvd_run *a, const kvd_run *b, char *out, size_t n
     if (!sa || !sb) {
         if (sa || sb) add_diff(out, n, "run settings (one file does not record them)");
     } else {
-        json_t *ja = json_loads(sa, 0, NULL), *jb = json_loads(sb, 0, NULL);
+        json_t *ja = kvd_settings_parse(sa), *jb = kvd_settings_parse(sb);
         json_diffs(out, n, ja, jb, "", 0);
         json_decref(ja), json_decref(jb);
     }

@@ -187,6 +187,13 @@ void kvd_json_text(const void *value, char *out, size_t n) {
     }
 }
 
+void *kvd_settings_parse(const char *text) {
+    json_t *j = text ? json_loads(text, 0, NULL) : NULL;
+    if (json_is_object(j) && !json_object_get(j, "attn-fp8"))
+        json_object_set_new(j, "attn-fp8", json_false());
+    return j;
+}
+
 void *kvd_json_load(const char *path, char *err) {
     FILE *f = fopen(path, "rb");
     if (!f) {

@@ -323,6 +323,9 @@ printf '{"model": "tiny", "kv": ["bf16", "fp8-cal", "fp8-unscaled", "fp8-e5m2"],
 "$bin" report "$work/fa0.h5" --format md -o "$work/fa0.md" 2>/dev/null
 "$bin" report "$work/fa1.h5" --format md -o "$work/fa1.md" 2>/dev/null
 "$bin" report "$work/fa1.h5" -o "$work/fa1.html" 2>/dev/null
+"$bin" compare "$work/fa0.h5" "$work/fa1.h5" >"$work/fa.cmp" 2>&1
+grep -q "^note: the runs differ in attn-fp8 (false against true)$" "$work/fa.cmp" &&
+  ok || bad "compare does not say one run computed attention in FP8: $(cat "$work/fa.cmp")"
 "$py" - "$work/fa0.h5" "$work/fa1.h5" "$work/fa2.h5" "$work/cal.json" "$work/fa1.out" "$work/fa0.md" "$work/fa1.md" "$work/fa1.html" <<'PY' && ok || bad "run --attn-fp8: $(cat "$work/fa1.out")"
 import json, sys, h5py, numpy as np
 a, b, c = (h5py.File(p, "r") for p in sys.argv[1:4])
