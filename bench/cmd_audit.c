@@ -116,12 +116,21 @@ int kvd_cmd_audit(int argc, char **argv) {
         advice = "an FP8 KV cache would hold 2x the tokens; measure what it costs with kvdrift run "
                  "--model-dir DIR --kv bf16,fp8-cal before turning it on";
     }
+    /* an FP8 cache on FlashAttention 3 computes attention in FP8 too */
+    const char *fp8_attn =
+        fp8_kv && !other
+            ? "on FlashAttention 3 (vLLM's choice on Hopper) an engine with this FP8 cache also "
+              "writes the query as E4M3, with the checkpoint's q_scale (1.0 where it has none), "
+              "and rounds the softmax weights to E4M3: kvdrift run --model-dir DIR --attn-fp8 "
+              "measures that too"
+            : NULL;
     if (json) {
         /* the facts, and what follows from them here */
         json_t *o = kvd_audit_json(&au);
         json_object_set_new(o, "checkpoint", json_string(dir));
         json_object_set_new(o, "engine_behaviour", json_string(engine));
         json_object_set_new(o, "recommendation", json_string(advice));
+        json_object_set_new(o, "fp8_attention", fp8_attn ? json_string(fp8_attn) : json_null());
         json_object_set_new(
             o, "kv_bytes_per_token",
             json_pack("{s:I, s:I}", "bf16", (json_int_t)bpt16, "fp8", (json_int_t)bpt8));
@@ -174,6 +183,7 @@ int kvd_cmd_audit(int argc, char **argv) {
                (long long)bpt16, budget / (double)bpt16, budget_s, (long long)bpt8,
                budget / (double)bpt8);
         printf("recommendation: %s\n", advice);
+        if (fp8_attn) printf("FP8 attention: %s\n", fp8_attn);
         if (silent) printf("VERDICT: FP8 KV cache without scales (silent scale 1.0)\n");
         if (bad) printf("VERDICT: FP8 KV cache with an unusable scale (%s)\n", au.bad_scale);
         if (unit) printf("VERDICT: FP8 KV cache with %s 1.0 (the same as without scales)\n", which);

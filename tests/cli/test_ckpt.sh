@@ -71,7 +71,12 @@ import json,sys; a=json.load(open('$work/a.json'))
 assert a['fp8_kv_without_scales'] is True and a['layers_missing_kv_scales'] == [3, 7]
 assert a['kv_cache_quantization'] == 'FP8' and a['kv_bytes_per_token']['fp8'] * 2 == a['kv_bytes_per_token']['bf16']
 assert abs(a['tokens_in_budget']['fp8'] - 2 * a['tokens_in_budget']['bf16']) < 1
+assert 'q_scale (1.0 where it has none)' in a['fp8_attention'] and '--attn-fp8' in a['fp8_attention']
 " && ok || bad "audit --format json"
+# an FP8 cache on FlashAttention 3 computes attention in FP8 too: said for
+# FP8 KV, not for a BF16 cache or a format kvdrift does not model
+"$bin" audit "$work/noscale" | grep -q "^FP8 attention: on FlashAttention 3 .* kvdrift run --model-dir DIR --attn-fp8 measures that too$" &&
+  ! "$bin" audit "$work/ck" | grep -q "^FP8 attention" && ok || bad "audit's FP8 attention line"
 expect 0 "no k_scale/v_scale; fp8-ckpt uses 1.0" -- forward --model-dir "$work/noscale" --tokens 32 --kv fp8-ckpt
 
 # ... and fixed: calibrate writes the scales into the checkpoint as engines
@@ -135,6 +140,7 @@ expect 1 "VERDICT: NVFP4 KV cache, which kvdrift does not model \(not checked\)"
 "$bin" audit "$work/nv4" --format json >"$work/a.json" && "$py" -c "
 import json; a = json.load(open('$work/a.json'))
 assert a['kv_cache_not_modelled'] is True and a['kv_cache_quantization'] == 'NVFP4' and a['fp8_kv_without_scales'] is False
+assert a['fp8_attention'] is None
 " && ok || bad "audit --format json on an NVFP4 KV cache: $(cat "$work/a.json")"
 "$bin" audit "$work/fixed" --format json >"$work/a.json" && "$py" -c "
 import json; a = json.load(open('$work/a.json')); assert a['kv_cache_not_modelled'] is False" && ok || bad "kv_cache_not_modelled on an FP8 checkpoint"
