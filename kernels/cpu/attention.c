@@ -10,7 +10,6 @@
 
 #include <math.h>
 #include <pthread.h>
-#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -439,7 +438,8 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
     for (int j = 0; j < n_heads; j++)
         l[j] = exp_sum(s + (size_t)j * n_ctx + t_begin, t_end - t_begin, m[j]);
     memset(out, 0, sizeof(float) * (size_t)n_heads * hd);
-    float *rounded = kv->p_fp8 ? malloc(sizeof(float) * (size_t)G * bs) : NULL;
+    float rounded_w[kv->p_fp8 ? G * bs : 1]; /* a block's FP8 weights, [G][nt] */
+    float *rounded = kv->p_fp8 ? rounded_w : NULL;
     for (int b = b0; b < b1; b++) {
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
         for (int h = 0; h < kvh; h++) {
@@ -456,7 +456,6 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
                                    : NULL);
         }
     }
-    free(rounded);
 }
 
 /* Work: the parts' sums, maxima and outputs, the query in kernel order, then
