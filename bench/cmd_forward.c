@@ -243,11 +243,7 @@ int kvd_cmd_forward(int argc, char **argv) {
     if (want[KVD_KV_FP8_CKPT]) kvd_model_opts_ckpt_scales(&mo, cmd, c, &ck);
     if (want[KVD_KV_FP8_CAL]) {
         get_scales(&co, &w, seed, cmd, &sc, &am, 1);
-        if (attn_fp8 && !sc.q)
-            kvd_die(KVD_EXIT_USAGE, cmd,
-                    "--attn-fp8: %s has no q_scale: fp8-cal's FP8 attention needs the query's "
-                    "scales (kvdrift calibrate writes them)",
-                    co.scales_path ? co.scales_path : "the calibration");
+        if (attn_fp8) kvd_check_query_scales(cmd, &sc, co.scales_path);
         for (int l = 0; l < nf; l++)
             for (int h = 0; h < (sc.per_head ? kvh : 1); h++)
                 printf("  attention layer %d%s: k_scale %.6g  v_scale %.6g\n", l,

@@ -1041,11 +1041,7 @@ int kvd_cmd_run(int argc, char **argv) {
         if (!o.scales_path && kvd_calibrate_trace(&o.be, &w, o.seed, o.calib_tokens, o.recipe,
                                                   o.per_head, &sc, &am, err))
             kvd_die(1, cmd, "%s", err);
-        if (o.dopt.attn_fp8 && !sc.q)
-            kvd_die(KVD_EXIT_USAGE, cmd,
-                    "--attn-fp8: %s has no q_scale: fp8-cal's FP8 attention needs the query's "
-                    "scales (kvdrift calibrate writes them)",
-                    o.scales_path ? o.scales_path : "the calibration");
+        if (o.dopt.attn_fp8) kvd_check_query_scales(cmd, &sc, o.scales_path);
         if (!o.dopt.attn_fp8) { /* the query's scales are FP8 attention's alone */
             free(sc.q);
             sc.q = NULL, sc.n_heads = 0;

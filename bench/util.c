@@ -228,6 +228,14 @@ void kvd_check_scales_flags(const char *cmd, const char *scales_path, int cal_gi
                 "--calib-tokens make them: expected one or the other");
 }
 
+void kvd_check_query_scales(const char *cmd, const kvd_kv_scales *sc, const char *scales_path) {
+    if (!sc->q)
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "--attn-fp8: %s has no q_scale: fp8-cal's FP8 attention needs the query's "
+                "scales (kvdrift calibrate writes them)",
+                scales_path ? scales_path : "the calibration");
+}
+
 json_t *kvd_model_opts_weights_json(const kvd_model_opts *o, const kvd_config *cfg) {
     if (o->model_dir) {
         char fp[40], err[KVD_ERR_LEN];

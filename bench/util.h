@@ -60,6 +60,9 @@ void kvd_check_positions(const char *cmd, const char *flag, int64_t n, const kvd
 /* --scales gives fp8-cal's scales; the calibration flags (cal_given: any of
  * --calibration, --per-head, --calib-tokens) make them: exits when both. */
 void kvd_check_scales_flags(const char *cmd, const char *scales_path, int cal_given);
+/* --attn-fp8 with fp8-cal: its scales (from scales_path, else the
+ * calibration) must hold the query's; one clear line and exit 2 if not */
+void kvd_check_query_scales(const char *cmd, const kvd_kv_scales *sc, const char *scales_path);
 /* Where the weights kvd_model_opts_build made come from, as JSON: a
  * checkpoint's directory and the fingerprint of its contents, or every knob
  * of the synthetic ones (a profile's per-layer values included); NULL when

@@ -45,6 +45,17 @@ typedef struct {
     int p_fp8;
 } kvd_kv_view;
 
+/* The CPU twins of FP8 attention's query step and of calibration's query
+ * absmax (kvd_cuda_attn_fp8_query_dev, kvd_cudaop_absmax_heads): rows of
+ * n_heads x head_dim values, row_stride floats apart. kvd_fp8_query writes
+ * each head's values as E4M3 with q_scale[head] (saturating) and reads them
+ * back into out (may be q); kvd_absmax_heads raises absmax[head] to the
+ * largest |value| of each head (a NaN is passed over). */
+void kvd_fp8_query(const float *q, float *out, int rows, size_t row_stride, int n_heads,
+                   int head_dim, const float *q_scale);
+void kvd_absmax_heads(const float *x, int rows, size_t row_stride, size_t head_stride, int n_heads,
+                      int head_dim, float *absmax);
+
 /* Bytes of one element in a cache of this format. */
 static inline size_t kvd_fmt_bytes(kvd_fmt f) {
     return f == KVD_FMT_BF16 ? 2 : 1;

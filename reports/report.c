@@ -1091,7 +1091,7 @@ int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_
 }
 
 int kvd_run_attn_fp8(const kvd_run *r) {
-    json_t *j = r->r.settings ? json_loads(r->r.settings, 0, NULL) : NULL;
+    json_t *j = kvd_settings_parse(r->r.settings);
     const int on = json_is_true(json_object_get(j, "attn-fp8"));
     json_decref(j);
     return on;

@@ -315,16 +315,9 @@ int kvd_kvcache_track_queries(kvd_kvcache *c, int n_heads) {
 
 void kvd_kvcache_note_queries(kvd_kvcache *c, int layer, const float *q, int rows,
                               size_t row_stride, size_t head_stride) {
-    if (!c->q_absmax) return;
-    float *am = c->q_absmax + (size_t)layer * (size_t)c->n_heads;
-    for (int r = 0; r < rows; r++)
-        for (int h = 0; h < c->n_heads; h++) {
-            const float *x = q + (size_t)r * row_stride + (size_t)h * head_stride;
-            for (int k = 0; k < c->head_dim; k++) {
-                float a = fabsf(x[k]);
-                if (a > am[h]) am[h] = a;
-            }
-        }
+    if (c->q_absmax)
+        kvd_absmax_heads(q, rows, row_stride, head_stride, c->n_heads, c->head_dim,
+                         c->q_absmax + (size_t)layer * (size_t)c->n_heads);
 }
 
 int kvd_kvcache_fork(kvd_kvcache *c, int seq) {

@@ -835,7 +835,7 @@ static int rank_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err) {
                      "device model: a shadow cache was set before with another mode or size");
             return -1;
         }
-        if (dev_kv_scales(m, &m->sc, shadow)) {
+        if (dev_kv_scales(m, &m->sc, shadow) || dev_kv_queries(m, &m->sc, shadow)) {
             if (!kvd_cuda_sync(err, KVD_ERR_LEN))
                 snprintf(err, KVD_ERR_LEN, "device model: uploading the shadow's scales failed");
             return -1;
@@ -844,10 +844,6 @@ static int rank_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err) {
         snprintf(err, KVD_ERR_LEN,
                  "device model: out of device memory for a %lld-block shadow cache",
                  (long long)shadow->n_blocks);
-        return -1;
-    }
-    if (dev_kv_queries(m, &m->sc, shadow)) {
-        snprintf(err, KVD_ERR_LEN, "device model: the shadow's query scales failed");
         return -1;
     }
     /* FP8 attention over the shadow: this model's queries in E4M3 (its own

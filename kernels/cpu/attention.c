@@ -458,6 +458,29 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
     }
 }
 
+void kvd_fp8_query(const float *q, float *out, int rows, size_t row_stride, int n_heads,
+                   int head_dim, const float *q_scale) {
+    uint8_t codes[head_dim];
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < n_heads; h++) {
+            const size_t at = (size_t)r * row_stride + (size_t)h * head_dim;
+            kvd_quant_e4m3(q + at, codes, (size_t)head_dim, q_scale[h], 1, NULL);
+            kvd_dequant_e4m3(codes, out + at, (size_t)head_dim, q_scale[h]);
+        }
+}
+
+void kvd_absmax_heads(const float *x, int rows, size_t row_stride, size_t head_stride, int n_heads,
+                      int head_dim, float *absmax) {
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < n_heads; h++) {
+            const float *v = x + (size_t)r * row_stride + (size_t)h * head_stride;
+            for (int k = 0; k < head_dim; k++) {
+                const float a = fabsf(v[k]);
+                if (a > absmax[h]) absmax[h] = a;
+            }
+        }
+}
+
 /* Work: the parts' sums, maxima and outputs, the query in kernel order, then
  * the scores when the caller does not want them. */
 size_t kvd_attn_work_bytes(int n_heads, int head_dim, int n_ctx, int n_parts) {
@@ -487,11 +510,7 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
     for (int j = 0; j < n_heads; j++)
         for (int k = 0; k < hd; k++) qk[(size_t)j * hd + k] = q[(size_t)j * hd + dim[k]];
     if (kv->q_scale) /* the FP8 query, read back */
-        for (int j = 0; j < n_heads; j++) {
-            uint8_t codes[hd];
-            kvd_quant_e4m3(qk + (size_t)j * hd, codes, (size_t)hd, kv->q_scale[j], 1, NULL);
-            kvd_dequant_e4m3(codes, qk + (size_t)j * hd, (size_t)hd, kv->q_scale[j]);
-        }
+        kvd_fp8_query(qk, qk, 1, (size_t)n_heads * hd, n_heads, hd, kv->q_scale);
     int per = (nb + n_parts - 1) / n_parts, used = (nb + per - 1) / per;
     if (!kv->p_fp8) { /* each part whole, against its own maximum */
 #pragma omp parallel for schedule(static) if (used > 1)

@@ -256,13 +256,7 @@ int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n
 }
 int kvd_cuda_attn_fp8_query_dev(const float *q, float *out, int rows, size_t stride, int n_heads,
                                 int head_dim, const float *q_scale) {
-    uint8_t codes[head_dim];
-    for (int r = 0; r < rows; r++)
-        for (int h = 0; h < n_heads; h++) {
-            const size_t at = (size_t)r * stride + (size_t)h * head_dim;
-            kvd_quant_e4m3(q + at, codes, (size_t)head_dim, q_scale[h], 1, NULL);
-            kvd_dequant_e4m3(codes, out + at, (size_t)head_dim, q_scale[h]);
-        }
+    kvd_fp8_query(q, out, rows, stride, n_heads, head_dim, q_scale);
     return 0;
 }
 int kvd_cuda_attn_fp8_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
@@ -274,13 +268,10 @@ int kvd_cuda_attn_fp8_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ct
 }
 void kvd_cudaop_absmax_heads(const float *x, int rows, int heads, int head_dim,
                              unsigned int *absmax) {
-    for (int r = 0; r < rows; r++)
-        for (int h = 0; h < heads; h++)
-            for (int d = 0; d < head_dim; d++) {
-                float a = fabsf(x[((size_t)r * heads + h) * head_dim + d]), m;
-                memcpy(&m, &absmax[h], sizeof m);
-                if (a > m) memcpy(&absmax[h], &a, sizeof a);
-            }
+    float am[heads]; /* the device keeps float bits */
+    memcpy(am, absmax, sizeof am);
+    kvd_absmax_heads(x, rows, (size_t)heads * head_dim, (size_t)head_dim, heads, head_dim, am);
+    memcpy(absmax, am, sizeof am);
 }
 int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab, int btab_stride,
                                    const int *seqs, const int *row0, const int *ntok,
