@@ -287,7 +287,7 @@ int kvd_bench_cuda(int reps) {
         for (int ci = 0; ci < 2; ci++) {
             double tb = 0;
             for (int f = 0; f < 3; f++) {
-                double t = kvd_cuda_bench_attn(f, ctxs[ci], 32, 2, 256, reps, ver);
+                double t = kvd_cuda_bench_attn(f, ctxs[ci], 32, 2, 256, reps, ver, 0);
                 fail |= t <= 0;
                 double bytes = 2.0 * ctxs[ci] * 2 * 256 * (f == 0 ? 2 : 1);
                 if (f == 0) tb = t;
@@ -295,6 +295,25 @@ int kvd_bench_cuda(int reps) {
                        bytes / t / 1e9, 100 * bytes / t / bw, tb / t);
             }
         }
+    /* FP8 attention (--attn-fp8) over an E4M3 cache: v3's two passes (the
+     * row maxima from K alone, then the rounded weights) against v3 without
+     * rounding on the same cache, and against the plain kernels, which ran
+     * it before the two passes. read_GB_s counts the cache once (K and V),
+     * so of_copy says how near the one pass a fused kernel would reach. */
+    printf("\nFP8 attention (--attn-fp8: E4M3 query and weights), E4M3 cache, 32/2 heads x 256:\n"
+           "%8s %-13s %10s %10s %8s %8s\n",
+           "context", "kernels", "time_us", "read_GB_s", "of_copy", "vs_v3");
+    for (int ci = 0; ci < 2; ci++) {
+        const double bytes = 2.0 * ctxs[ci] * 2 * 256;
+        const double t3 = kvd_cuda_bench_attn(KVD_FMT_E4M3, ctxs[ci], 32, 2, 256, reps, 3, 0);
+        const char *what[2] = {"v3, 2 passes", "plain"};
+        for (int k = 0; k < 2; k++) {
+            double t = kvd_cuda_bench_attn(KVD_FMT_E4M3, ctxs[ci], 32, 2, 256, reps, k ? 1 : 3, 1);
+            fail |= t <= 0 || t3 <= 0;
+            printf("%8d %-13s %10.1f %10.1f %7.1f%% %7.2fx\n", ctxs[ci], what[k], t * 1e6,
+                   bytes / t / 1e9, 100 * bytes / t / bw, t3 / t);
+        }
+    }
     /* v3's split length and stage count at 128K: what the next tuning of
      * per_split_for and stages_for starts from */
     printf("\nv3 at 131072 tokens by split length and stages (us; '-' where the stages do not "
@@ -332,7 +351,8 @@ int kvd_bench_cuda(int reps) {
             static const int vers[3] = {1, 2, 4};
             for (int vi = 0; vi < 3; vi++) {
                 const int ver = vers[vi];
-                double t = kvd_cuda_bench_prefill(f, p0, nq, 32, 2, 256, reps > 3 ? 3 : reps, ver);
+                double t =
+                    kvd_cuda_bench_prefill(f, p0, nq, 32, 2, 256, reps > 3 ? 3 : reps, ver, 0);
                 fail |= t <= 0;
                 if (ver == 1) t1 = t;
                 if (ver == 2 && flop / t > pf_best) pf_best = flop / t;
@@ -340,6 +360,23 @@ int kvd_bench_cuda(int reps) {
                        t * 1e3, flop / t / 1e12, t1 / t);
             }
         }
+    /* FP8 attention's prefill: v2's two passes against v2 without rounding
+     * (512-row chunks), and against the plain kernels row by row (a 64-row
+     * chunk at 32K; at 128K they would take most of the check's time) */
+    printf("\nFP8 attention prefill, E4M3 cache, 32/2 heads x 256, a chunk ending the context:\n"
+           "%8s %5s %-13s %10s %9s %8s\n",
+           "context", "rows", "kernels", "time_ms", "TFLOP_s", "vs_v2");
+    for (int ci = 0; ci < 3; ci++) {
+        const int nq = ci < 2 ? 512 : 64, p0 = ctxs[ci % 2] - nq, r3 = reps > 3 ? 3 : reps;
+        const double flop = 2.0 * 2 * nq * 32 * 256 * (p0 + (nq + 1) / 2.0);
+        const double t2 = kvd_cuda_bench_prefill(KVD_FMT_E4M3, p0, nq, 32, 2, 256, r3, 2, 0);
+        for (int k = 0; k < (ci == 2 ? 2 : 1); k++) {
+            double t = kvd_cuda_bench_prefill(KVD_FMT_E4M3, p0, nq, 32, 2, 256, r3, k ? 1 : 2, 1);
+            fail |= t <= 0 || t2 <= 0;
+            printf("%8d %5d %-13s %10.2f %9.1f %7.2fx\n", ctxs[ci % 2], nq,
+                   k ? "plain, rows" : "v2, 2 passes", t * 1e3, flop / t / 1e12, t2 / t);
+        }
+    }
     /* the qwen3.5-397b-a17b preset's projections as the model runs them
      * through cuBLASLt: the exact split's stacked 3M rows at concurrency 32
      * (96) and for a 512-row prefill chunk (1536), beside plain 8 and 32;

@@ -1096,6 +1096,17 @@ static int views_room(kvd_cuda_model *m0) {
     return m0->h_sel ? 0 : -1;
 }
 
+/* One query row's attention: the decode kernels, or with FP8 weights where
+ * they cannot round them (a shape or a device the tensor-core kernels do
+ * not take, KVD_CUDA_DECODE=2) the plain kernels, whose scratch fp8_scratch
+ * sized. */
+static int decode_row(const kvd_kv_view *view, const int32_t *tab, int n_ctx, const float *q,
+                      int nh, float sm_scale, float *out, float *scratch) {
+    const int rc = kvd_cuda_attn_decode_dev(view, tab, n_ctx, q, nh, sm_scale, out, scratch);
+    if (!rc || !view->p_fp8) return rc;
+    return kvd_cuda_attn_fp8_dev(view, tab, n_ctx, q, nh, sm_scale, out, scratch);
+}
+
 /* A group of sampled rows (n, from index s0 of the step's selection, of one
  * sequence) over one cache kc of model m (the current device's rank: the
  * model's own, its shadow, or the reference's), their queries q's rows:
@@ -1118,13 +1129,6 @@ static int group_attention(kvd_cuda_model *m, kvd_cuda_model *om, dev_kv *kc, in
     const int32_t *tab = kc->btab + (size_t)seq * kc->n_blocks;
     int rc = kvd_cuda_attn_probs_rows_dev(&view, tab, n, om->d_rowidx + s0, om->d_rowidx + R + s0,
                                           max_ctx, q, no, nhl, sm_scale, probs, (size_t)max_ctx);
-    if (view.p_fp8) { /* FP8 weights: the plain kernels, row by row */
-        for (int k = 0; k < n; k++)
-            rc |= kvd_cuda_attn_fp8_dev(
-                &view, tab, h_sel[R + s0 + k], q + (size_t)h_sel[s0 + k] * no, nhl, sm_scale,
-                om->d_outs + ((size_t)(s0 + k) * 3 + slot) * no, om->attn_scratch);
-        return rc;
-    }
     if (!kvd_cuda_attn_decode_rows_dev(&view, tab, n, om->d_rowidx + s0, om->d_rowidx + R + s0,
                                        max_ctx, q, no, nhl, sm_scale,
                                        om->d_outs + ((size_t)s0 * 3 + slot) * no, 3 * no,
@@ -1132,9 +1136,8 @@ static int group_attention(kvd_cuda_model *m, kvd_cuda_model *om, dev_kv *kc, in
         return rc;
     for (int k = 0; k < n; k++) { /* where the rows' launch cannot take them */
         const int i = h_sel[s0 + k], n_ctx = h_sel[R + s0 + k];
-        rc |= kvd_cuda_attn_decode_dev(&view, tab, n_ctx, q + (size_t)i * no, nhl, sm_scale,
-                                       om->d_outs + ((size_t)(s0 + k) * 3 + slot) * no,
-                                       om->attn_scratch);
+        rc |= decode_row(&view, tab, n_ctx, q + (size_t)i * no, nhl, sm_scale,
+                         om->d_outs + ((size_t)(s0 + k) * 3 + slot) * no, om->attn_scratch);
     }
     return rc;
 }
@@ -1287,13 +1290,6 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
     kvd_kv_view view = dev_kv_view(m, &m->kc, al);
     if (view.q_scale) /* FP8 attention: the query in E4M3 for every kernel below */
         kvd_cuda_attn_fp8_query_dev(m->qh, m->qh, rows, (size_t)nh * hd, nh, hd, view.q_scale);
-    if (view.p_fp8) { /* and its weights: every row through the plain kernels */
-        for (int r = 0; r < rows; r++)
-            kvd_cuda_attn_fp8_dev(&view, m->kc.btab + (size_t)m->h_row_seq[r] * m->kc.n_blocks,
-                                  m->h_pos[r] + 1, m->qh + (size_t)r * nh * hd, nh, sm_scale,
-                                  m->att + (size_t)r * nh * hd, m->attn_scratch);
-        return;
-    }
     /* the one-token entries in one launch where the kernel allows it (the
      * rest one by one); prefill entries one by one */
     int max_ctx = 0;
@@ -1308,12 +1304,16 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
         int r0 = m->h_row0[s], nt = b->n_tok[s], seq = b->seq[s];
         const int32_t *tab = m->kc.btab + (size_t)seq * m->kc.n_blocks;
         if (nt == 1 && !batched) {
-            kvd_cuda_attn_decode_dev(&view, tab, m->h_pos[r0] + 1, m->qh + (size_t)r0 * nh * hd, nh,
-                                     sm_scale, m->att + (size_t)r0 * nh * hd, m->attn_scratch);
-        } else if (nt > 1) {
-            kvd_cuda_attn_prefill_dev(&view, tab, m->h_pos[r0], nt, m->qh + (size_t)r0 * nh * hd,
-                                      nh, sm_scale, m->att + (size_t)r0 * nh * hd, m->attn_scratch,
-                                      m->attn_scratch_floats);
+            decode_row(&view, tab, m->h_pos[r0] + 1, m->qh + (size_t)r0 * nh * hd, nh, sm_scale,
+                       m->att + (size_t)r0 * nh * hd, m->attn_scratch);
+        } else if (nt > 1 &&
+                   kvd_cuda_attn_prefill_dev(
+                       &view, tab, m->h_pos[r0], nt, m->qh + (size_t)r0 * nh * hd, nh, sm_scale,
+                       m->att + (size_t)r0 * nh * hd, m->attn_scratch, m->attn_scratch_floats) &&
+                   view.p_fp8) { /* FP8 weights the tensor-core kernels could not round */
+            for (int r = r0; r < r0 + nt; r++)
+                kvd_cuda_attn_fp8_dev(&view, tab, m->h_pos[r] + 1, m->qh + (size_t)r * nh * hd, nh,
+                                      sm_scale, m->att + (size_t)r * nh * hd, m->attn_scratch);
         }
     }
 }

@@ -357,6 +357,41 @@ __device__ inline void prob_frags(const float (*sv)[4], const float m2[2], float
     kvd_mma::split2<F16>(p[1][0], p[1][1], &pa[0][2], &pa[1][2]);
     kvd_mma::split2<F16>(p[1][2], p[1][3], &pa[0][3], &pa[1][3]);
 }
+// FP8 attention's weights of two score tiles against the row's maximum m2
+// over the whole context (fixed, so nothing is rescaled): the unrounded
+// weights added to l, each rounded as fp8_weight and scaled by pscale, as
+// the A fragment of the values' MMAs. A rounded weight is exact in the
+// MMA's 16-bit format (4 significant bits, 2^-17 .. 1 times pscale), so it
+// needs no lo half.
+template <bool F16>
+__device__ inline void prob_frags_fp8(const float (*sv)[4], const float m2[2], float l[2],
+                                      float pscale, unsigned pa[4]) {
+    float p[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float w = exp2f(sv[nt][e] - (m2[e / 2] == -INFINITY ? 0.0f : m2[e / 2]));
+            l[e / 2] += w;
+            p[nt][e] = fp8_weight(w) * pscale;
+        }
+    unsigned lo;
+    kvd_mma::split2<F16>(p[0][0], p[0][1], &pa[0], &lo);
+    kvd_mma::split2<F16>(p[0][2], p[0][3], &pa[1], &lo);
+    kvd_mma::split2<F16>(p[1][0], p[1][1], &pa[2], &lo);
+    kvd_mma::split2<F16>(p[1][2], p[1][3], &pa[3], &lo);
+}
+
+// The tensor-core kernels' passes (template MODE). FP8 attention rounds
+// each weight against its row's maximum over the whole context, which a
+// split cannot know, so it takes two passes over the cache:
+//   - PASS_MAX: the scores only (K rows, no V), each split's row maxima
+//     (log2 units), reduced over the splits by a small kernel;
+//   - PASS_FP8: that maximum fixed from the start (no rescaling), the
+//     weights rounded to E4M3 (prob_frags_fp8), their sum unrounded.
+// Both passes compute every score by the same instructions, so the maximum
+// is one of the scores the second pass weighs, bit for bit.
+enum { PASS_PLAIN = 0, PASS_MAX = 1, PASS_FP8 = 2 };
 
 namespace v3 {
 // TPW n8 tiles of positions a warp for the scores; a stage is 8 TPW WARPS
@@ -385,7 +420,7 @@ __host__ __device__ constexpr int stage_bytes(int hd, bool fp8) {
 // K and V rows of positions p0 .. p0 + STAGE - 1 of KV head h into a
 // stage's buffers ks and vs, by cp.async from the THREADS threads of the
 // CTA; positions from t1 on are zero-filled
-template <int ROWB, int KSTR, int VSTR, int THREADS>
+template <int ROWB, int KSTR, int VSTR, int THREADS, bool WITH_V = true>
 __device__ inline void load_stage(const view &kv, const int *blocks, int h, int p0, int t1,
                                   unsigned char *ks, unsigned char *vs) {
     constexpr int CPR = ROWB / 16;
@@ -396,7 +431,7 @@ __device__ inline void load_stage(const view &kv, const int *blocks, int h, int 
         size_t off = 0;
         if (in) off = (((size_t)blocks[p / bs] * kv.kv_heads + h) * bs + p % bs) * ROWB + 16 * c;
         kvd_mma::cp_async16(ks + r * KSTR + 16 * c, kv.k + off, in ? 16 : 0);
-        kvd_mma::cp_async16(vs + r * VSTR + 16 * c, kv.v + off, in ? 16 : 0);
+        if constexpr (WITH_V) kvd_mma::cp_async16(vs + r * VSTR + 16 * c, kv.v + off, in ? 16 : 0);
     }
 }
 
@@ -438,10 +473,13 @@ __device__ inline bool row_of(const rows &R, int z, const int **blocks, int *n_c
     return true;
 }
 
-template <int HD, int FMT>
+// MODE (PASS_*): PASS_MAX leaves each split's row maxima in part_m (log2
+// units) and nothing else; PASS_FP8 takes entry z's row maxima (log2 units)
+// from rowmax + z n_heads
+template <int HD, int FMT, int MODE>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     decode_v3(view kv, rows R, int per_split, int nstage, int G, const float *q, float sm_scale,
-              float *part_acc, float *part_m, float *part_l) {
+              const float *rowmax, float *part_acc, float *part_m, float *part_l) {
     using namespace kvd_mma;
     constexpr bool F16 = FMT != KVD_FMT_BF16, E5 = FMT == KVD_FMT_E5M2;
     constexpr int ROWB = row_bytes(HD, F16), KSTR = kstride(HD, F16), VSTR = vstride(HD, F16);
@@ -467,8 +505,8 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     // stage st's K and V rows into buffer st % nstage
     auto issue = [&](int st) {
         unsigned char *ks = buffer(st % nstage);
-        load_stage<ROWB, KSTR, VSTR, WARPS * 32>(kv, blocks, h, t0 + st * STAGE, t1, ks,
-                                                 ks + STAGE * KSTR);
+        load_stage<ROWB, KSTR, VSTR, WARPS * 32, MODE != PASS_MAX>(kv, blocks, h, t0 + st * STAGE,
+                                                                   t1, ks, ks + STAGE * KSTR);
     };
     for (int st = 0; st < nstage - 1; st++) {
         if (st < nst) issue(st);
@@ -523,6 +561,9 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     float o[NT][4], m2[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < NT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    if constexpr (MODE == PASS_FP8)
+        for (int r = 0; r < 2; r++)
+            if (g + 8 * r < G) m2[r] = rowmax[((size_t)z * kv.kv_heads + h) * G + g + 8 * r];
 
     for (int st = 0; st < nst; st++) {
         cp_async_wait(nstage - 2);
@@ -565,81 +606,112 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
                     mma<F16>(s[nt][1], qa[4 * i + j][1], b);
                 }
         }
-        // to every warp: [tile][lane][4]
+        if constexpr (MODE == PASS_MAX) { // the warp's own positions' maxima only
 #pragma unroll
-        for (int nt = 0; nt < TPW; nt++) {
-            float4 v;
-            float *vv = &v.x;
-            for (int e = 0; e < 4; e++) {
-                const int pos = 8 * (TPW * warp + nt) + 2 * t + (e & 1);
-                vv[e] = pos < nvalid ? (s[nt][0][e] + s[nt][1][e]) * kmul2 : -INFINITY;
-            }
-            *reinterpret_cast<float4 *>(sbuf + ((TPW * warp + nt) * 32 + lane) * 4) = v;
-        }
-        __syncthreads();
-        float sv[NTILE][4];
-        float mx[2] = {-INFINITY, -INFINITY};
+            for (int nt = 0; nt < TPW; nt++)
 #pragma unroll
-        for (int tile = 0; tile < NTILE; tile++) {
-            float4 v = *reinterpret_cast<const float4 *>(sbuf + (tile * 32 + lane) * 4);
-            sv[tile][0] = v.x, sv[tile][1] = v.y, sv[tile][2] = v.z, sv[tile][3] = v.w;
-            mx[0] = fmaxf(mx[0], fmaxf(v.x, v.y));
-            mx[1] = fmaxf(mx[1], fmaxf(v.z, v.w));
-        }
-        softmax_rescale<NT>(mx, m2, l, o);
-#pragma unroll
-        for (int kc = 0; kc < STAGE / 16; kc++) { // tiles 2 kc and 2 kc + 1
-            unsigned pa[2][4];
-            prob_frags<F16>(sv + 2 * kc, m2, l, pscale, pa);
-            const unsigned char *vrow = vs + (16 * kc + (lane & 15)) * VSTR;
-            if constexpr (!F16) {
-#pragma unroll
-                for (int i = 0; i < NT; i++) { // 8 dims a tile
-                    unsigned b[2];
-                    ldsm_x2_trans(b, vrow + (warp * SLICE / 8 + i) * 16);
-                    mma<false>(o[i], pa[0], b);
-                    mma<false>(o[i], pa[1], b);
+                for (int e = 0; e < 4; e++) {
+                    const int pos = 8 * (TPW * warp + nt) + 2 * t + (e & 1);
+                    if (pos < nvalid)
+                        m2[e / 2] = fmaxf(m2[e / 2], (s[nt][0][e] + s[nt][1][e]) * kmul2);
                 }
-            } else {
+        } else {
+            // to every warp: [tile][lane][4]
 #pragma unroll
-                for (int i = 0; i < NT / 2; i++) { // 16 dims: even and odd ones
-                    unsigned r[2];
-                    ldsm_x2_trans(r, vrow + (warp * SLICE / 16 + i) * 16);
-                    unsigned be[2] = {fp8_pair<E5>(r[0], 0x2404u), fp8_pair<E5>(r[1], 0x2404u)};
-                    unsigned bo[2] = {fp8_pair<E5>(r[0], 0x3414u), fp8_pair<E5>(r[1], 0x3414u)};
-                    mma<true>(o[2 * i], pa[0], be);
-                    mma<true>(o[2 * i], pa[1], be);
-                    mma<true>(o[2 * i + 1], pa[0], bo);
-                    mma<true>(o[2 * i + 1], pa[1], bo);
+            for (int nt = 0; nt < TPW; nt++) {
+                float4 v;
+                float *vv = &v.x;
+                for (int e = 0; e < 4; e++) {
+                    const int pos = 8 * (TPW * warp + nt) + 2 * t + (e & 1);
+                    vv[e] = pos < nvalid ? (s[nt][0][e] + s[nt][1][e]) * kmul2 : -INFINITY;
+                }
+                *reinterpret_cast<float4 *>(sbuf + ((TPW * warp + nt) * 32 + lane) * 4) = v;
+            }
+            __syncthreads();
+            float sv[NTILE][4];
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int tile = 0; tile < NTILE; tile++) {
+                float4 v = *reinterpret_cast<const float4 *>(sbuf + (tile * 32 + lane) * 4);
+                sv[tile][0] = v.x, sv[tile][1] = v.y, sv[tile][2] = v.z, sv[tile][3] = v.w;
+                mx[0] = fmaxf(mx[0], fmaxf(v.x, v.y));
+                mx[1] = fmaxf(mx[1], fmaxf(v.z, v.w));
+            }
+            if constexpr (MODE == PASS_PLAIN) softmax_rescale<NT>(mx, m2, l, o);
+#pragma unroll
+            for (int kc = 0; kc < STAGE / 16; kc++) { // tiles 2 kc and 2 kc + 1
+                unsigned pa[2][4];
+                if constexpr (MODE == PASS_FP8)
+                    prob_frags_fp8<F16>(sv + 2 * kc, m2, l, pscale, pa[0]);
+                else
+                    prob_frags<F16>(sv + 2 * kc, m2, l, pscale, pa);
+                constexpr bool LO = MODE != PASS_FP8; // rounded weights have no lo half
+                const unsigned char *vrow = vs + (16 * kc + (lane & 15)) * VSTR;
+                if constexpr (!F16) {
+#pragma unroll
+                    for (int i = 0; i < NT; i++) { // 8 dims a tile
+                        unsigned b[2];
+                        ldsm_x2_trans(b, vrow + (warp * SLICE / 8 + i) * 16);
+                        mma<false>(o[i], pa[0], b);
+                        if constexpr (LO) mma<false>(o[i], pa[1], b);
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < NT / 2; i++) { // 16 dims: even and odd ones
+                        unsigned r[2];
+                        ldsm_x2_trans(r, vrow + (warp * SLICE / 16 + i) * 16);
+                        unsigned be[2] = {fp8_pair<E5>(r[0], 0x2404u), fp8_pair<E5>(r[1], 0x2404u)};
+                        unsigned bo[2] = {fp8_pair<E5>(r[0], 0x3414u), fp8_pair<E5>(r[1], 0x3414u)};
+                        mma<true>(o[2 * i], pa[0], be);
+                        if constexpr (LO) mma<true>(o[2 * i], pa[1], be);
+                        mma<true>(o[2 * i + 1], pa[0], bo);
+                        if constexpr (LO) mma<true>(o[2 * i + 1], pa[1], bo);
+                    }
                 }
             }
         }
     }
     cp_async_wait(0);
 
-    // the split's partial results, as decode_v2 leaves them for merge_v2
+    if constexpr (MODE == PASS_MAX) { // the split's row maxima: over the quad, then the warps
+        const size_t base = (zsplit * kv.kv_heads + h) * G;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
-    const float unscale = (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / pscale;
-    const size_t base = (zsplit * kv.kv_heads + h) * G;
-#pragma unroll
-    for (int i = 0; i < NT; i++)
-        for (int e = 0; e < 4; e++) {
-            const int row = g + 8 * (e / 2), col = 2 * t + (e & 1);
-            if (row >= G) continue;
-            const int dim =
-                F16 ? warp * SLICE + 16 * (i / 2) + 2 * col + (i & 1) : warp * SLICE + 8 * i + col;
-            part_acc[(base + row) * HD + dim] = o[i][e] * unscale;
+        for (int r = 0; r < 2; r++) {
+            m2[r] = fmaxf(m2[r], __shfl_xor_sync(0xffffffffu, m2[r], 1));
+            m2[r] = fmaxf(m2[r], __shfl_xor_sync(0xffffffffu, m2[r], 2));
+            if (t == 0) sbuf[warp * 16 + g + 8 * r] = m2[r];
         }
-    if (warp == 0 && t == 0)
-        for (int r = 0; r < 2; r++)
-            if (g + 8 * r < G) {
-                part_m[base + g + 8 * r] = nst ? m2[r] * LN2 : -INFINITY;
-                part_l[base + g + 8 * r] = l[r];
+        __syncthreads();
+        if (threadIdx.x < (unsigned)G)
+            part_m[base + threadIdx.x] =
+                fmaxf(fmaxf(sbuf[threadIdx.x], sbuf[16 + threadIdx.x]),
+                      fmaxf(sbuf[32 + threadIdx.x], sbuf[48 + threadIdx.x]));
+    } else {
+
+        // the split's partial results, as decode_v2 leaves them for merge_v2
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        }
+        const float unscale = (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / pscale;
+        const size_t base = (zsplit * kv.kv_heads + h) * G;
+#pragma unroll
+        for (int i = 0; i < NT; i++)
+            for (int e = 0; e < 4; e++) {
+                const int row = g + 8 * (e / 2), col = 2 * t + (e & 1);
+                if (row >= G) continue;
+                const int dim = F16 ? warp * SLICE + 16 * (i / 2) + 2 * col + (i & 1)
+                                    : warp * SLICE + 8 * i + col;
+                part_acc[(base + row) * HD + dim] = o[i][e] * unscale;
             }
+        if (warp == 0 && t == 0)
+            for (int r = 0; r < 2; r++)
+                if (g + 8 * r < G) {
+                    part_m[base + g + 8 * r] = nst ? m2[r] * LN2 : -INFINITY;
+                    part_l[base + g + 8 * r] = l[r];
+                }
+    }
 }
 
 // the device's limits, once per device
@@ -704,31 +776,72 @@ static int per_split_for(int max_ctx, int kv_heads, int n) {
     return ps;
 }
 
-template <int HD, int FMT>
-static int launch_t(const view &kv, const rows &R, int n_entries, int per_split, int nstage, int G,
-                    const float *dq, float sm_scale, float *pa, float *pm, float *pl) {
-    const size_t shm = (size_t)nstage * stage_bytes(HD, FMT != KVD_FMT_BF16) + SBUF;
-    void (*decode_v3_t)(view, rows, int, int, int, const float *, float, float *, float *,
-                        float *) = decode_v3<HD, FMT>;
+// one launch's arguments beside the view and the entries: the split
+// kernels' partial results, and FP8 attention's row maxima (log2 units,
+// n_heads an entry; null: plain attention)
+struct split_args {
+    int n, per_split, nstage, G;
+    const float *dq;
+    float sm_scale;
+    float *pa, *pm, *pl, *rowmax;
+};
+
+template <int HD, int FMT, int MODE>
+static int launch_t(const view &kv, const rows &R, const split_args &a) {
+    const size_t shm = (size_t)a.nstage * stage_bytes(HD, FMT != KVD_FMT_BF16) + SBUF;
+    void (*decode_v3_t)(view, rows, int, int, int, const float *, float, const float *, float *,
+                        float *, float *) = decode_v3<HD, FMT, MODE>;
     // the shared-memory opt-in, asked for when it changes (per device)
     static size_t opted[16];
     if (!opt_in(decode_v3_t, shm, opted)) return -1;
     if (R.max_splits > 65535) return -1;
-    dim3 grid((unsigned)n_entries, (unsigned)kv.kv_heads, (unsigned)R.max_splits);
-    decode_v3_t<<<grid, WARPS * 32, shm>>>(kv, R, per_split, nstage, G, dq, sm_scale, pa, pm, pl);
+    dim3 grid((unsigned)a.n, (unsigned)kv.kv_heads, (unsigned)R.max_splits);
+    decode_v3_t<<<grid, WARPS * 32, shm>>>(kv, R, a.per_split, a.nstage, a.G, a.dq, a.sm_scale,
+                                           a.rowmax, a.pa, a.pm, a.pl);
     return 0;
 }
 
-template <int HD>
-static int launch_hd(const view &kv, const rows &R, int n, int per_split, int nstage, int G,
-                     const float *dq, float sm_scale, float *pa, float *pm, float *pl) {
+// entry z's row maxima over its splits' (PASS_MAX's part_m): grid (entries)
+__global__ void rowmax_rows(rows R, int per_split, int n_heads, const float *part_m,
+                            float *rowmax) {
+    const int *blocks;
+    int n_ctx, qrow, orow;
+    const int z = blockIdx.x;
+    if (!row_of(R, z, &blocks, &n_ctx, &qrow, &orow)) return;
+    const int splits = (n_ctx + per_split - 1) / per_split;
+    for (int hq = threadIdx.x; hq < n_heads; hq += blockDim.x) {
+        float m = -INFINITY;
+        for (int s = 0; s < splits; s++)
+            m = fmaxf(m, part_m[((size_t)z * R.max_splits + s) * n_heads + hq]);
+        rowmax[(size_t)z * n_heads + hq] = m;
+    }
+}
+
+// FP8 attention's two passes (the row maxima between them); E4M3 only
+template <int HD, int FMT>
+static int launch_fp8(const view &kv, const rows &R, const split_args &a) {
+    if constexpr (FMT != KVD_FMT_E4M3) {
+        return -1;
+    } else {
+        if (launch_t<HD, FMT, PASS_MAX>(kv, R, a)) return -1;
+        const int n_heads = kv.kv_heads * a.G;
+        rowmax_rows<<<(unsigned)a.n, 128>>>(R, a.per_split, n_heads, a.pm, a.rowmax);
+        return launch_t<HD, FMT, PASS_FP8>(kv, R, a);
+    }
+}
+
+template <int HD, int FMT> static int launch_f(const view &kv, const rows &R, const split_args &a) {
+    return a.rowmax ? launch_fp8<HD, FMT>(kv, R, a) : launch_t<HD, FMT, PASS_PLAIN>(kv, R, a);
+}
+
+template <int HD> static int launch_hd(const view &kv, const rows &R, const split_args &a) {
     switch (kv.fmt) {
     case KVD_FMT_BF16:
-        return launch_t<HD, KVD_FMT_BF16>(kv, R, n, per_split, nstage, G, dq, sm_scale, pa, pm, pl);
+        return launch_f<HD, KVD_FMT_BF16>(kv, R, a);
     case KVD_FMT_E4M3:
-        return launch_t<HD, KVD_FMT_E4M3>(kv, R, n, per_split, nstage, G, dq, sm_scale, pa, pm, pl);
+        return launch_f<HD, KVD_FMT_E4M3>(kv, R, a);
     case KVD_FMT_E5M2:
-        return launch_t<HD, KVD_FMT_E5M2>(kv, R, n, per_split, nstage, G, dq, sm_scale, pa, pm, pl);
+        return launch_f<HD, KVD_FMT_E5M2>(kv, R, a);
     default:
         return -1;
     }
@@ -753,14 +866,17 @@ __global__ void merge_rows(rows R, int per_split, int kv_heads, int G, int hd,
 }
 
 /* v3 and the merge on device buffers, n entries of R; part buffers hold
- * n * R.max_splits * n_heads (* hd) */
+ * n * R.max_splits * n_heads (* hd); rowmax, n * n_heads floats, for FP8
+ * attention (null: plain) */
 static int launch(const view &kv, const rows &R, int n, const float *dq, int n_heads,
-                  float sm_scale, float *dout, int per_split, float *pa, float *pm, float *pl) {
+                  float sm_scale, float *dout, int per_split, float *pa, float *pm, float *pl,
+                  float *rowmax) {
     const int G = n_heads / kv.kv_heads, hd = kv.head_dim, ns = stages_for(hd, kv.fmt);
     if (ns < 2) return -1;
-    int rc = hd == 64    ? launch_hd<64>(kv, R, n, per_split, ns, G, dq, sm_scale, pa, pm, pl)
-             : hd == 128 ? launch_hd<128>(kv, R, n, per_split, ns, G, dq, sm_scale, pa, pm, pl)
-                         : launch_hd<256>(kv, R, n, per_split, ns, G, dq, sm_scale, pa, pm, pl);
+    const split_args a = {n, per_split, ns, G, dq, sm_scale, pa, pm, pl, rowmax};
+    int rc = hd == 64    ? launch_hd<64>(kv, R, a)
+             : hd == 128 ? launch_hd<128>(kv, R, a)
+                         : launch_hd<256>(kv, R, a);
     if (rc) return rc;
     merge_rows<<<dim3((unsigned)n_heads, (unsigned)n), 128>>>(R, per_split, kv.kv_heads, G, hd, pa,
                                                               pm, pl, kv.v_scale, dout);
@@ -811,10 +927,11 @@ struct dev_cache {
     }
 };
 
-// splits of 128 positions or more (v3 takes 128 to 512, v2 512)
+// splits of 128 positions or more (v3 takes 128 to 512, v2 512), and FP8
+// attention's row maxima of one query
 extern "C" size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim) {
     size_t splits = (size_t)(max_ctx + 127) / 128;
-    return splits * (size_t)n_heads * ((size_t)head_dim + 2);
+    return splits * (size_t)n_heads * ((size_t)head_dim + 2) + (size_t)n_heads;
 }
 
 // whether the environment sets name to value
@@ -839,7 +956,8 @@ static parts parts_in(float *scratch, size_t np, int hd) {
 }
 
 // decode on device buffers: v3 (tensor cores) where the shape and the
-// device's shared memory allow it, else v2; version 2 or 3 forces one
+// device's shared memory allow it, else v2; version 2 or 3 forces one. FP8
+// weights (p_fp8) only v3 rounds: -1 where it cannot run.
 static int decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
                       int n_heads, float sm_scale, float *out, float *scratch, int version) {
     const int G = n_heads / dv->kv_heads;
@@ -847,13 +965,15 @@ static int decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, c
     const bool ok3 = version != 2 && v3::ok(kv, G);
     const bool use3 = version == 3 || (version == 0 && ok3);
     if (use3 ? !ok3 : !v2_ok(dv->head_dim, G)) return -1;
+    if (dv->p_fp8 && !use3) return -1;
     const int per_split = use3 ? v3::per_split_for(n_ctx, dv->kv_heads, 1) : 512;
     const int splits = (n_ctx + per_split - 1) / per_split;
     const parts P = parts_in(scratch, (size_t)splits * n_heads, dv->head_dim);
     if (use3) {
         v3::rows R{};
         R.btab = (const int *)blocks, R.n_ctx = n_ctx, R.max_splits = splits;
-        return v3::launch(kv, R, 1, q, n_heads, sm_scale, out, per_split, P.acc, P.m, P.l);
+        return v3::launch(kv, R, 1, q, n_heads, sm_scale, out, per_split, P.acc, P.m, P.l,
+                          dv->p_fp8 ? P.l + (size_t)splits * n_heads : nullptr);
     }
     return launch_v2(kv, (const int *)blocks, n_ctx, q, n_heads, sm_scale, out, splits, P.acc, P.m,
                      P.l);
@@ -879,6 +999,19 @@ static int split_in(int max_ctx, int kv_heads, int n, int n_heads, int hd, size_
     return ps;
 }
 
+// FP8 attention's row maxima (n entries of n_heads floats) from the end of a
+// scratch of *floats, which shrinks by as much; rowmax stays null without
+// FP8 weights. false where the scratch cannot hold them.
+static bool fp8_rowmax(const kvd_kv_view *dv, int n, int n_heads, float *scratch, size_t *floats,
+                       float **rowmax) {
+    if (!dv->p_fp8) return true;
+    const size_t need = (size_t)n * n_heads;
+    if (*floats <= need) return false;
+    *floats -= need;
+    *rowmax = scratch + *floats;
+    return true;
+}
+
 extern "C" int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab,
                                               int btab_stride, const int *seqs, const int *row0,
                                               const int *ntok, const int *pos, int n, int max_ctx,
@@ -887,6 +1020,8 @@ extern "C" int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32
     const int G = n_heads / dv->kv_heads, hd = dv->head_dim;
     const view kv = dev_view(dv);
     if (n < 1 || max_ctx < 1 || decode_forced_v2() || !v3::ok(kv, G)) return -1;
+    float *rowmax = nullptr;
+    if (!fp8_rowmax(dv, n, n_heads, scratch, &scratch_floats, &rowmax)) return -1;
     const int ps = split_in(max_ctx, dv->kv_heads, n, n_heads, hd, scratch_floats);
     if (ps < 0) return -1;
     const int splits = (max_ctx + ps - 1) / ps;
@@ -895,7 +1030,7 @@ extern "C" int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32
     R.seqs = seqs, R.row0 = row0, R.ntok = ntok, R.pos = pos;
     R.btab = (const int *)btab, R.btab_stride = btab_stride, R.max_splits = splits;
     R.qstride = R.ostride = n_heads * hd;
-    return v3::launch(kv, R, n, q, n_heads, sm_scale, out, ps, P.acc, P.m, P.l);
+    return v3::launch(kv, R, n, q, n_heads, sm_scale, out, ps, P.acc, P.m, P.l, rowmax);
 }
 
 // Listed query rows of one sequence (the drift figures' sampled rows of a
@@ -915,6 +1050,8 @@ extern "C" int kvd_cuda_attn_decode_rows_dev(const kvd_kv_view *dv, const int32_
     if (n < 1 || max_ctx < 1 || q_stride > INT_MAX || out_stride > INT_MAX || decode_forced_v2() ||
         !v3::ok(kv, G))
         return -1;
+    float *rowmax = nullptr;
+    if (!fp8_rowmax(dv, n, n_heads, scratch, &scratch_floats, &rowmax)) return -1;
     const int ps = split_in(max_ctx, dv->kv_heads, n, n_heads, hd, scratch_floats);
     if (ps < 0) return -1;
     const int splits = (max_ctx + ps - 1) / ps;
@@ -922,7 +1059,7 @@ extern "C" int kvd_cuda_attn_decode_rows_dev(const kvd_kv_view *dv, const int32_
     v3::rows R{};
     R.row0 = qrow, R.ctx = n_ctx, R.btab = (const int *)blocks, R.max_splits = splits;
     R.qstride = (int)q_stride, R.ostride = (int)out_stride;
-    return v3::launch(kv, R, n, q, n_heads, sm_scale, out, ps, P.acc, P.m, P.l);
+    return v3::launch(kv, R, n, q, n_heads, sm_scale, out, ps, P.acc, P.m, P.l, rowmax);
 }
 
 extern "C" int kvd_cuda_attn_decode_v(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks,
@@ -951,7 +1088,7 @@ extern "C" int kvd_cuda_attn_decode_v(const kvd_kv_view *hv, int n_blocks, const
         const int *db = (const int *)dc.blocks;
         dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)hv->kv_heads);
         scores_kernel<<<g1, 128>>>(kv, db, n_ctx, dq, n_heads, sm_scale, work);
-        softmax_kernel<<<(unsigned)n_heads, 256>>>(work, n_ctx, false);
+        softmax_kernel<<<(unsigned)n_heads, 256>>>(work, n_ctx, hv->p_fp8 != 0);
         pv_kernel<<<(unsigned)n_heads, (unsigned)((hd + 31) / 32 * 32)>>>(kv, db, n_ctx, work,
                                                                           n_heads, dout);
         rc = 0;
@@ -1334,12 +1471,16 @@ __host__ __device__ constexpr int wide_bytes(int hd, bool fp8) {
 // output, maximum (natural log units) and sum at part index
 // (row splits + z) n_heads + head, for merge_prefill. acc null: one split,
 // the rows' outputs written directly.
+// FP8 attention's passes (MODE, as v3's): PASS_MAX leaves each row's
+// maximum over the split (log2 units) at m's part index, splits apart or
+// not; PASS_FP8 takes row r's maxima (log2 units) from rowmax + r n_heads.
 struct parts_out {
     float *acc, *m, *l;
     int per_split, splits;
+    const float *rowmax;
 };
 
-template <int HD, int FMT, bool QSH>
+template <int HD, int FMT, bool QSH, int MODE>
 __global__ void __launch_bounds__(WARPS * 32, 1)
     prefill_tc(view kv, const int *blocks, int pos0, int n_q, const float *q, int n_heads,
                float sm_scale, int nstage, float *out, parts_out P) {
@@ -1370,8 +1511,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 
     auto issue = [&](int st) {
         unsigned char *ks = buffer(st % nstage);
-        v3::load_stage<ROWB, KSTR, VSTR, WARPS * 32>(kv, blocks, h, t0 + st * STAGE, t1, ks,
-                                                     ks + STAGE * KSTR);
+        v3::load_stage<ROWB, KSTR, VSTR, WARPS * 32, MODE != PASS_MAX>(
+            kv, blocks, h, t0 + st * STAGE, t1, ks, ks + STAGE * KSTR);
     };
     for (int st = 0; st < nstage - 1; st++) {
         if (st < nst) issue(st);
@@ -1433,6 +1574,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     float o[NT][4], m2[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < NT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    if constexpr (MODE == PASS_FP8)
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const int vv = wv0 + g + 8 * rr;
+            if (vv < nv) m2[rr] = P.rowmax[(size_t)(vv / G) * n_heads + h * G + vv % G];
+        }
 
     for (int st = 0; st < nst; st++) {
         cp_async_wait(nstage - 2);
@@ -1444,10 +1591,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 #pragma unroll 1
             for (int e = threadIdx.x; e < STAGE * HD / 4; e += WARPS * 32) {
                 const int r = e / (HD / 4), c = e % (HD / 4);
-                const unsigned wk = *reinterpret_cast<const unsigned *>(ks + r * KSTR + 4 * c),
-                               wv = *reinterpret_cast<const unsigned *>(vs + r * VSTR + 4 * c);
+                const unsigned wk = *reinterpret_cast<const unsigned *>(ks + r * KSTR + 4 * c);
                 *reinterpret_cast<uint2 *>(wide + r * KS16 + 8 * c) =
                     make_uint2(fp8_pair<E5>(wk, 0x1404u), fp8_pair<E5>(wk, 0x3424u));
+                if constexpr (MODE == PASS_MAX) continue; // no values
+                const unsigned wv = *reinterpret_cast<const unsigned *>(vs + r * VSTR + 4 * c);
                 *reinterpret_cast<uint2 *>(wide + STAGE * KS16 + r * VS16 + 8 * c) =
                     make_uint2(fp8_pair<E5>(wv, 0x1404u), fp8_pair<E5>(wv, 0x3424u));
             }
@@ -1502,51 +1650,71 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
                 sv[nt][e] = pos <= lim[rr] ? (s[nt][0][e] + s[nt][1][e]) * kmul2 : -INFINITY;
                 smx[rr] = fmaxf(smx[rr], sv[nt][e]);
             }
-        softmax_rescale<NT>(smx, m2, l, o);
+        if constexpr (MODE == PASS_MAX) { // the lane's maxima; the quad's at the end
+            m2[0] = fmaxf(m2[0], smx[0]), m2[1] = fmaxf(m2[1], smx[1]);
+        } else {
+            if constexpr (MODE == PASS_PLAIN) softmax_rescale<NT>(smx, m2, l, o);
 #pragma unroll
-        for (int kc = 0; kc < STAGE / 16; kc++) { // score tiles 2 kc and 2 kc + 1
-            unsigned pa[2][4];
-            prob_frags<F16>(sv + 2 * kc, m2, l, pscale, pa);
-            const unsigned char *vrow = vs + (16 * kc + (lane & 15)) * VS16;
+            for (int kc = 0; kc < STAGE / 16; kc++) { // score tiles 2 kc and 2 kc + 1
+                unsigned pa[2][4];
+                if constexpr (MODE == PASS_FP8)
+                    prob_frags_fp8<F16>(sv + 2 * kc, m2, l, pscale, pa[0]);
+                else
+                    prob_frags<F16>(sv + 2 * kc, m2, l, pscale, pa);
+                const unsigned char *vrow = vs + (16 * kc + (lane & 15)) * VS16;
 #pragma unroll
-            for (int i = 0; i < NT; i++) { // dims 8 i .. 8 i + 7
-                unsigned b[2];
-                ldsm_x2_trans(b, vrow + i * 16);
-                mma<F16>(o[i], pa[0], b);
-                mma<F16>(o[i], pa[1], b);
+                for (int i = 0; i < NT; i++) { // dims 8 i .. 8 i + 7
+                    unsigned b[2];
+                    ldsm_x2_trans(b, vrow + i * 16);
+                    mma<F16>(o[i], pa[0], b);
+                    if constexpr (MODE != PASS_FP8) mma<F16>(o[i], pa[1], b);
+                }
             }
         }
     }
     cp_async_wait(0);
 
-    // the rows' outputs: sums over the quad, the V scale and E4M3's 2^8
-    // (a split's: the sums and maxima apart, the V scale left to the merge)
-    const float unscale = (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / pscale;
-    float f[2];
-    float *orow[2];
+    if constexpr (MODE == PASS_MAX) {
 #pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
-        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
-        const int vv = wv0 + g + 8 * rr;
-        const size_t row = (size_t)(vv / G) * n_heads + h * G + vv % G;
-        orow[rr] = nullptr;
-        if (vv >= nv) continue;
-        if (P.acc) {
-            const size_t pi = ((size_t)(vv / G) * P.splits + blockIdx.z) * n_heads + h * G + vv % G;
-            orow[rr] = P.acc + pi * HD, f[rr] = unscale;
-            if (t == 0) P.m[pi] = m2[rr] * v3::LN2, P.l[pi] = l[rr];
-        } else {
-            orow[rr] = out + row * HD, f[rr] = unscale * kv.v_scale[h] / l[rr];
+        for (int rr = 0; rr < 2; rr++) {
+            m2[rr] = fmaxf(m2[rr], __shfl_xor_sync(0xffffffffu, m2[rr], 1));
+            m2[rr] = fmaxf(m2[rr], __shfl_xor_sync(0xffffffffu, m2[rr], 2));
+            const int vv = wv0 + g + 8 * rr;
+            if (vv < nv && t == 0)
+                P.m[((size_t)(vv / G) * P.splits + blockIdx.z) * n_heads + h * G + vv % G] = m2[rr];
         }
+    } else {
+
+        // the rows' outputs: sums over the quad, the V scale and E4M3's 2^8
+        // (a split's: the sums and maxima apart, the V scale left to the merge)
+        const float unscale = (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / pscale;
+        float f[2];
+        float *orow[2];
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+            l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+            const int vv = wv0 + g + 8 * rr;
+            const size_t row = (size_t)(vv / G) * n_heads + h * G + vv % G;
+            orow[rr] = nullptr;
+            if (vv >= nv) continue;
+            if (P.acc) {
+                const size_t pi =
+                    ((size_t)(vv / G) * P.splits + blockIdx.z) * n_heads + h * G + vv % G;
+                orow[rr] = P.acc + pi * HD, f[rr] = unscale;
+                if (t == 0) P.m[pi] = m2[rr] * v3::LN2, P.l[pi] = l[rr];
+            } else {
+                orow[rr] = out + row * HD, f[rr] = unscale * kv.v_scale[h] / l[rr];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NT; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int rr = e / 2, col = 2 * t + (e & 1);
+                if (orow[rr]) orow[rr][8 * i + col] = o[i][e] * f[rr];
+            }
     }
-#pragma unroll
-    for (int i = 0; i < NT; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int rr = e / 2, col = 2 * t + (e & 1);
-            if (orow[rr]) orow[rr][8 * i + col] = o[i][e] * f[rr];
-        }
 }
 
 // the rows' outputs from their splits: grid (n_heads, n_q)
@@ -1593,24 +1761,55 @@ struct args {
     parts_out P;
 };
 
-template <int HD, int FMT, bool QSH> static int launch_t(const args &a, int nstage) {
+template <int HD, int FMT, bool QSH, int MODE>
+static int launch_t(const args &a, const parts_out &P, int nstage) {
     constexpr bool F16 = FMT != KVD_FMT_BF16;
     const size_t shm = (size_t)nstage * v3::stage_bytes(HD, F16) + wide_bytes(HD, F16) +
                        (QSH ? qfrag_bytes<HD>() : 0);
     void (*prefill_t)(view, const int *, int, int, const float *, int, float, int, float *,
-                      parts_out) = prefill_tc<HD, FMT, QSH>;
+                      parts_out) = prefill_tc<HD, FMT, QSH, MODE>;
     static size_t opted[16];
     if (!v3::opt_in(prefill_t, shm, opted)) return -1;
     const int G = a.n_heads / a.kv.kv_heads;
     dim3 grid((unsigned)(((size_t)a.n_q * G + QV - 1) / QV), (unsigned)a.kv.kv_heads,
-              (unsigned)(a.P.acc ? a.P.splits : 1));
+              (unsigned)(P.acc ? P.splits : 1));
     prefill_t<<<grid, WARPS * 32, shm>>>(a.kv, a.blocks, a.pos0, a.n_q, a.q, a.n_heads, a.sm_scale,
-                                         nstage, a.out, a.P);
+                                         nstage, a.out, P);
     return 0;
 }
 
+// the rows' maxima over their splits' (PASS_MAX's): grid (n_q)
+__global__ void rowmax_prefill(int splits, int n_heads, const float *pm, float *rowmax) {
+    const size_t r = blockIdx.x;
+    for (int hq = threadIdx.x; hq < n_heads; hq += blockDim.x) {
+        float m = -INFINITY;
+        for (int s = 0; s < splits; s++) m = fmaxf(m, pm[(r * splits + s) * n_heads + hq]);
+        rowmax[r * n_heads + hq] = m;
+    }
+}
+
+// FP8 attention's two passes (E4M3 only): the maxima straight into rowmax
+// where the launch is not split, else per split and then reduced
+template <int HD, int FMT, bool QSH> static int launch_fp8(const args &a, int nstage) {
+    if constexpr (FMT != KVD_FMT_E4M3) {
+        return -1;
+    } else {
+        float *rowmax = const_cast<float *>(a.P.rowmax);
+        parts_out pmax = a.P;
+        if (!a.P.acc) pmax.m = rowmax, pmax.splits = 1;
+        if (launch_t<HD, FMT, QSH, PASS_MAX>(a, pmax, nstage)) return -1;
+        if (a.P.acc) rowmax_prefill<<<(unsigned)a.n_q, 128>>>(a.P.splits, a.n_heads, a.P.m, rowmax);
+        return launch_t<HD, FMT, QSH, PASS_FP8>(a, a.P, nstage);
+    }
+}
+
+template <int HD, int FMT, bool QSH> static int launch_m(const args &a, int nstage) {
+    return a.P.rowmax ? launch_fp8<HD, FMT, QSH>(a, nstage)
+                      : launch_t<HD, FMT, QSH, PASS_PLAIN>(a, a.P, nstage);
+}
+
 template <int HD, int FMT> static int launch_f(const args &a, layout L) {
-    return L.qsh ? launch_t<HD, FMT, true>(a, L.nstage) : launch_t<HD, FMT, false>(a, L.nstage);
+    return L.qsh ? launch_m<HD, FMT, true>(a, L.nstage) : launch_m<HD, FMT, false>(a, L.nstage);
 }
 
 template <int HD> static int launch_hd(const args &a, layout L) {
@@ -1633,10 +1832,20 @@ template <int HD> static int launch_hd(const args &a, layout L) {
 // chunk deep in a long context would otherwise leave most SMs idle.
 // split_query: the query split per stage even where shared memory would
 // hold its fragments (the tests' and the benchmark's).
-static int launch(args a, float *scratch, size_t scratch_floats, int force_ps, bool split_query) {
+// fp8: FP8 attention's weights, whose row maxima (n_q n_heads floats) take
+// the end of the scratch (-1 where there is none)
+static int launch(args a, float *scratch, size_t scratch_floats, int force_ps, bool split_query,
+                  bool fp8) {
     const int hd = a.kv.head_dim;
     const layout L = layout_for(hd, a.kv.fmt, split_query);
     if (L.nstage < 2) return -1;
+    float *rowmax = nullptr;
+    if (fp8) {
+        const size_t need = (size_t)a.n_q * a.n_heads;
+        if (!scratch || scratch_floats <= need) return -1;
+        scratch_floats -= need;
+        rowmax = scratch + scratch_floats;
+    }
     const int n_ctx = a.pos0 + a.n_q, G = a.n_heads / a.kv.kv_heads;
     const int sms = v3::limits_of_current().sms;
     const long long ctas = (((long long)a.n_q * G + QV - 1) / QV) * a.kv.kv_heads;
@@ -1651,13 +1860,13 @@ static int launch(args a, float *scratch, size_t scratch_floats, int force_ps, b
         if (force_ps > 0) return -1;
         splits = (int)room;
     }
-    a.P = parts_out{nullptr, nullptr, nullptr, 0, 1};
+    a.P = parts_out{nullptr, nullptr, nullptr, 0, 1, rowmax};
     if (splits > 1) {
         const int ps =
             force_ps > 0 ? force_ps : ((n_ctx + splits - 1) / splits + STAGE - 1) / STAGE * STAGE;
         const int ns2 = (n_ctx + ps - 1) / ps;
         const parts pp = parts_in(scratch, (size_t)a.n_q * ns2 * a.n_heads, hd);
-        a.P = parts_out{pp.acc, pp.m, pp.l, ps, ns2};
+        a.P = parts_out{pp.acc, pp.m, pp.l, ps, ns2, rowmax};
     }
     const int rc = hd == 64    ? launch_hd<64>(a, L)
                    : hd == 128 ? launch_hd<128>(a, L)
@@ -1685,7 +1894,7 @@ static int prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, i
                        size_t scratch_floats, int version) {
     if (n_q < 1 || n_heads % dv->kv_heads || version < 0 || version > 5) return -1;
     const bool ok2 = version != 1 && pf3::ok(dv->head_dim, (int)dv->fmt);
-    if (version >= 2 && !ok2) return -1;
+    if ((version >= 2 || dv->p_fp8) && !ok2) return -1; // only version 2 rounds FP8 weights
     if (!ok2) return prefill_fp32(dv, blocks, pos0, n_q, q, n_heads, sm_scale, out);
     const pf3::args a = {dev_view(dv),
                          (const int *)blocks,
@@ -1695,9 +1904,9 @@ static int prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, i
                          n_heads,
                          sm_scale,
                          out,
-                         {nullptr, nullptr, nullptr, 0, 1}};
+                         {nullptr, nullptr, nullptr, 0, 1, nullptr}};
     if (pf3::launch(a, scratch, scratch_floats, version == 3 || version == 5 ? 128 : 0,
-                    version >= 4))
+                    version >= 4, dv->p_fp8 != 0))
         return -1;
     return cudaGetLastError() == cudaSuccess ? 0 : -1;
 }
@@ -1714,8 +1923,9 @@ extern "C" int kvd_cuda_attn_prefill_v(const kvd_kv_view *hv, int n_blocks, cons
                                        float sm_scale, float *out, int version) {
     const int nb = (pos0 + n_q + hv->block_size - 1) / hv->block_size;
     const size_t nq = sizeof(float) * (size_t)n_q * n_heads * hv->head_dim;
-    // room for splits of 128 positions
-    const size_t ns = (size_t)n_q * ((pos0 + n_q + 127) / 128) * n_heads * (hv->head_dim + 2);
+    // room for splits of 128 positions, and FP8 attention's row maxima
+    const size_t ns = (size_t)n_q * ((pos0 + n_q + 127) / 128) * n_heads * (hv->head_dim + 2) +
+                      (size_t)n_q * n_heads;
     dev_cache dc;
     float *dq = nullptr, *dout = nullptr, *scratch = nullptr;
     int rc = -1;
@@ -1855,7 +2065,7 @@ extern "C" double kvd_cuda_bench_sampled_rows(int outputs, int fmt, int n_ctx, i
 }
 
 extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim,
-                                      int reps, int version) {
+                                      int reps, int version, int attn_fp8) {
     const size_t flush_bytes = (size_t)256 << 20, nq = (size_t)n_heads * head_dim;
     const size_t work = version == 1 ? (size_t)n_heads * n_ctx
                                      : kvd_cuda_attn_scratch_floats(n_ctx, n_heads, head_dim);
@@ -1867,6 +2077,7 @@ extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_he
         !cudaMalloc(&ds, sizeof(float) * work) && !cudaMalloc(&dout, sizeof(float) * nq) &&
         !cudaMalloc(&flush, flush_bytes)) {
         cudaMemset(dq, 0, sizeof(float) * nq);
+        bc.view.p_fp8 = attn_fp8;
         const view kv = dev_view(&bc.view);
         const int *db = bc.blocks;
         int r = 0;
@@ -1878,7 +2089,7 @@ extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_he
                                       dout, ds, version) == 0;
                 dim3 g1((unsigned)((n_ctx + 127) / 128), (unsigned)kv_heads);
                 scores_kernel<<<g1, 128>>>(kv, db, n_ctx, dq, n_heads, 0.0625f, ds);
-                softmax_kernel<<<(unsigned)n_heads, 256>>>(ds, n_ctx, false);
+                softmax_kernel<<<(unsigned)n_heads, 256>>>(ds, n_ctx, attn_fp8 != 0);
                 pv_kernel<<<(unsigned)n_heads, (unsigned)((head_dim + 31) / 32 * 32)>>>(
                     kv, db, n_ctx, ds, n_heads, dout);
                 return true;
@@ -1893,7 +2104,7 @@ extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_he
 extern "C" double kvd_cuda_bench_attn_v3(int fmt, int n_ctx, int n_heads, int kv_heads,
                                          int head_dim, int reps, int per_split, int nstage) {
     v3::bench_per_split = per_split, v3::bench_nstage = nstage;
-    double t = kvd_cuda_bench_attn(fmt, n_ctx, n_heads, kv_heads, head_dim, reps, 3);
+    double t = kvd_cuda_bench_attn(fmt, n_ctx, n_heads, kv_heads, head_dim, reps, 3, 0);
     v3::bench_per_split = 0, v3::bench_nstage = 0;
     return t;
 }
@@ -1902,7 +2113,7 @@ extern "C" double kvd_cuda_bench_attn_v3(int fmt, int n_ctx, int n_heads, int kv
  * of one sequence (version as kvd_cuda_attn_prefill_v), the cache on the
  * device in scattered 16-token blocks; 0 when it could not run. */
 extern "C" double kvd_cuda_bench_prefill(int fmt, int pos0, int n_q, int n_heads, int kv_heads,
-                                         int head_dim, int reps, int version) {
+                                         int head_dim, int reps, int version, int attn_fp8) {
     const int n_ctx = pos0 + n_q;
     const size_t nq = (size_t)n_q * n_heads * head_dim;
     // the scratch the model would have for a 32-sequence cache of this context
@@ -1913,11 +2124,19 @@ extern "C" double kvd_cuda_bench_prefill(int fmt, int pos0, int n_q, int n_heads
     if (bc.make(fmt, n_ctx, kv_heads, head_dim) && !cudaMalloc(&dq, sizeof(float) * nq) &&
         !cudaMalloc(&dout, sizeof(float) * nq) && !cudaMalloc(&ds, sizeof(float) * ns)) {
         cudaMemset(dq, 0x3c, sizeof(float) * nq); /* 0.0115 */
+        bc.view.p_fp8 = attn_fp8;
+        const size_t no = (size_t)n_heads * head_dim;
         best = best_of(
             reps, [] {},
             [&] {
-                return prefill_dev(&bc.view, (const int32_t *)bc.blocks, pos0, n_q, dq, n_heads,
-                                   0.0625f, dout, ds, ns, version) == 0;
+                if (!attn_fp8 || version != 1)
+                    return prefill_dev(&bc.view, (const int32_t *)bc.blocks, pos0, n_q, dq, n_heads,
+                                       0.0625f, dout, ds, ns, version) == 0;
+                for (int r = 0; r < n_q; r++) // FP8 weights before the tensor-core passes
+                    if (kvd_cuda_attn_fp8_dev(&bc.view, bc.blocks, pos0 + r + 1, dq + r * no,
+                                              n_heads, 0.0625f, dout + r * no, ds))
+                        return false;
+                return true;
             });
     }
     cudaFree(dq), cudaFree(dout), cudaFree(ds);

@@ -278,19 +278,21 @@ int kvd_cuda_allreduce_sum(kvd_comm *c, float *const *bufs, size_t count);
 /* Device-to-device copy bandwidth (read + write bytes per second). */
 double kvd_cuda_copy_bandwidth(size_t bytes, int reps);
 /* Seconds per decode-attention query with the cache on the device (fmt is a
- * kvd_fmt; version as kvd_cuda_attn_decode_v), the L2 flushed before each
- * rep; 0 when it could not run. */
+ * kvd_fmt; version as kvd_cuda_attn_decode_v; attn_fp8: the weights rounded
+ * to E4M3, an E4M3 cache's FP8 attention), the L2 flushed before each rep;
+ * 0 when it could not run. */
 double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim, int reps,
-                           int version);
+                           int version, int attn_fp8);
 /* The same for v3 with its split length (positions, a multiple of 32) and
  * stage count (2 to 4) given; 0 for either: as v3 chooses them. */
 double kvd_cuda_bench_attn_v3(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim, int reps,
                               int per_split, int nstage);
 /* Seconds per prefill chunk of n_q rows at positions pos0 .. pos0 + n_q - 1
- * (version as kvd_cuda_attn_prefill_v), the cache on the device; 0 when it
+ * (version as kvd_cuda_attn_prefill_v; attn_fp8 as above, where version 1
+ * is the plain kernels row by row), the cache on the device; 0 when it
  * could not run. */
 double kvd_cuda_bench_prefill(int fmt, int pos0, int n_q, int n_heads, int kv_heads, int head_dim,
-                              int reps, int version);
+                              int reps, int version, int attn_fp8);
 /* Seconds for `rows` sampled rows whose contexts end every 16 positions up
  * to n_ctx: their distributions (outputs 0) or their decode outputs (1),
  * one row at a time (batched 0) or by the group launches (1); 0 when it

@@ -237,19 +237,18 @@ void kvd_cudaop_nonfinite(const float *x, size_t n, unsigned long long *first) {
 size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim) {
     return kvd_attn_work_bytes(n_heads, head_dim, max_ctx, 32) / sizeof(float) + 16;
 }
-/* The device's attention kernels take the query as given and round no
- * weights: FP8 attention is kvd_cuda_attn_fp8_query_dev before them and
- * kvd_cuda_attn_fp8_dev instead of them (the view keeps p_fp8 there). */
-static kvd_kv_view as_given(const kvd_kv_view *dv, int p_fp8) {
+/* The device's attention kernels take the query as given (FP8 attention's
+ * is rounded by kvd_cuda_attn_fp8_query_dev before them) and round FP8
+ * weights where the view has p_fp8. */
+static kvd_kv_view as_given(const kvd_kv_view *dv) {
     kvd_kv_view v = *dv;
     v.q_scale = NULL;
-    v.p_fp8 = p_fp8 && dv->p_fp8;
     return v;
 }
 int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
                              const float *q, int n_heads, float sm_scale, float *out,
                              float *scratch) {
-    const kvd_kv_view v = as_given(dv, 0);
+    const kvd_kv_view v = as_given(dv);
     kvd_attn_paged(&v, blocks, n_ctx, q, n_heads, sm_scale, out, NULL, scratch,
                    kvd_attn_parts(n_ctx, dv->block_size));
     return 0;
@@ -261,7 +260,7 @@ int kvd_cuda_attn_fp8_query_dev(const float *q, float *out, int rows, size_t str
 }
 int kvd_cuda_attn_fp8_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
                           int n_heads, float sm_scale, float *out, float *scratch) {
-    const kvd_kv_view v = as_given(dv, 1);
+    const kvd_kv_view v = as_given(dv);
     kvd_attn_paged(&v, blocks, n_ctx, q, n_heads, sm_scale, out, NULL, scratch,
                    kvd_attn_parts(n_ctx, dv->block_size));
     return 0;
@@ -280,7 +279,7 @@ int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab, i
                                    size_t scratch_floats) {
     (void)max_ctx, (void)scratch_floats;
     const size_t stride = (size_t)n_heads * dv->head_dim;
-    const kvd_kv_view v = as_given(dv, 0);
+    const kvd_kv_view v = as_given(dv);
     for (int z = 0; z < n; z++) {
         if (ntok[z] != 1) continue;
         const int r = row0[z], n_ctx = pos[r] + 1;
@@ -295,7 +294,7 @@ int kvd_cuda_attn_decode_rows_dev(const kvd_kv_view *dv, const int32_t *blocks, 
                                   size_t q_stride, int n_heads, float sm_scale, float *out,
                                   size_t out_stride, float *scratch, size_t scratch_floats) {
     (void)max_ctx, (void)scratch_floats;
-    const kvd_kv_view v = as_given(dv, 0);
+    const kvd_kv_view v = as_given(dv);
     for (int k = 0; k < n; k++)
         kvd_attn_paged(&v, blocks, n_ctx[k], q + (size_t)qrow[k] * q_stride, n_heads, sm_scale,
                        out + (size_t)k * out_stride, NULL, scratch,
@@ -307,7 +306,7 @@ int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_
     int parts = kvd_attn_parts(n_ctx, dv->block_size);
     void *work = malloc(kvd_attn_work_bytes(n_heads, dv->head_dim, n_ctx, parts));
     float *out = malloc(sizeof(float) * (size_t)n_heads * dv->head_dim);
-    const kvd_kv_view v = as_given(dv, 0);
+    const kvd_kv_view v = as_given(dv);
     kvd_attn_paged(&v, blocks, n_ctx, q, n_heads, sm_scale, out, probs, work, parts);
     free(work), free(out);
     return 0;
@@ -355,7 +354,7 @@ int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int 
                               float *scratch, size_t scratch_floats) {
     (void)scratch, (void)scratch_floats;
     void *work = malloc(kvd_attn_work_bytes(n_heads, dv->head_dim, pos0 + n_q, 32));
-    const kvd_kv_view v = as_given(dv, 0);
+    const kvd_kv_view v = as_given(dv);
     for (int r = 0; r < n_q; r++)
         kvd_attn_paged(&v, blocks, pos0 + r + 1, q + (size_t)r * n_heads * dv->head_dim, n_heads,
                        sm_scale, out + (size_t)r * n_heads * dv->head_dim, NULL, work,

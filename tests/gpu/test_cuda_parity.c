@@ -418,14 +418,34 @@ static void attention(void) {
     attention_rows();
 }
 
+/* FP8 attention's output against the CPU's (cpu; plain: the CPU's without
+ * the weights rounded), over n values: within a twentieth of what rounding
+ * the weights moves it by, and 1e-4 relative L2 where that is less. The
+ * device's scores and exponentials and the CPU's differ in the last bits, so
+ * a weight that close to an E4M3 rounding boundary may land one code apart
+ * (about 1 in 10^5 on the tensor cores, 1 in 10^6 on the plain kernels). */
+static void check_fp8_out(const float *got, const float *cpu, const float *plain, size_t n,
+                          const char *what, int nh, int kvh, int hd, int n_ctx) {
+    double num = 0, den = 0, mv = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)got[i] - cpu[i], m = (double)plain[i] - cpu[i];
+        num += e * e, mv += m * m, den += (double)cpu[i] * cpu[i];
+    }
+    const double worst = sqrt(num / den), moved = sqrt(mv / den);
+    CHECK(moved > 1e-4 && worst < fmax(1e-4, moved / 20),
+          "fp8 attention, %s (%d/%d heads x %d, %d tokens): rel L2 %g, the weights' rounding "
+          "moves it %g\n",
+          what, nh, kvh, hd, n_ctx, worst, moved);
+}
+
 /* FP8 attention (FlashAttention 3's rule) against kvd_attn_paged's: the
  * query's E4M3 round trip bit for bit (rows at a stride, per-head scales,
  * values past 448 times the scale saturating), then whole attention with
- * the query and the weights in E4M3 over an E4M3 cache. The device's expf
- * and the CPU's differ in the last bit, so a weight within that of an E4M3
- * rounding boundary may land one code apart (about 1 in 10^6): the output
- * is held within a twentieth of what rounding the weights moves it by, and
- * 1e-4 relative L2 where that is less. */
+ * the query and the weights in E4M3 over an E4M3 cache (check_fp8_out):
+ * the plain kernels, decode v3's two passes, and prefill v2's (a chunk of
+ * rows; one launch and split over the context; the query's fragments in
+ * shared memory and split per stage). v2 and prefill v1 do not round the
+ * weights, and say so. */
 static void fp8_attention_case(int nh, int kvh, int hd, int n_ctx) {
     const int bs = 16, nb = (n_ctx + bs - 1) / bs + 3, rows = 3;
     const size_t n = (size_t)nb * kvh * bs * hd, stride = (size_t)nh * hd + 8;
@@ -474,16 +494,44 @@ static void fp8_attention_case(int nh, int kvh, int hd, int n_ctx) {
     kvd_attn_paged(&plain, blocks, n_ctx, q, nh, 1.0f / 16.0f, oplain, NULL, work, 3);
     CHECK(kvd_cuda_attn_fp8(&view, nb, blocks, n_ctx, q, nh, 1.0f / 16.0f, ogpu) == 0,
           "cuda fp8 attention (%d/%d heads x %d, %d tokens) failed\n", nh, kvh, hd, n_ctx);
-    double num = 0, den = 0, mv = 0; /* over every head */
-    for (int i = 0; i < nh * hd; i++) {
-        double e = (double)ogpu[i] - ocpu[i], m = (double)oplain[i] - ocpu[i];
-        num += e * e, mv += m * m, den += (double)ocpu[i] * ocpu[i];
+    check_fp8_out(ogpu, ocpu, oplain, (size_t)nh * hd, "plain kernels", nh, kvh, hd, n_ctx);
+    /* the tensor-core kernels take the query as given: the CPU's rounding */
+    const int v3 = (hd == 64 || hd == 128 || hd == 256) && nh / kvh <= 16;
+    memset(ogpu, 0, sizeof(float) * nh * hd);
+    CHECK(kvd_cuda_attn_decode_v(&view, nb, blocks, n_ctx, qc, nh, 1.0f / 16.0f, ogpu, 3) ==
+              (v3 ? 0 : -1),
+          "cuda fp8 attention, decode v3 (%d/%d heads x %d): %s\n", nh, kvh, hd,
+          v3 ? "failed" : "ran a shape it does not take");
+    if (v3) check_fp8_out(ogpu, ocpu, oplain, (size_t)nh * hd, "decode v3", nh, kvh, hd, n_ctx);
+    CHECK(kvd_cuda_attn_decode_v(&view, nb, blocks, n_ctx, qc, nh, 1.0f / 16.0f, ogpu, 2) == -1,
+          "cuda fp8 attention: decode v2 ran, but it does not round the weights\n");
+    /* prefill: a chunk of 3 rows ending at n_ctx - 1, contiguous */
+    enum { NQ = 3 };
+    const size_t no = (size_t)nh * hd;
+    float *pq = malloc(sizeof(float) * NQ * no), *pcpu = malloc(sizeof(float) * NQ * no);
+    float *pplain = malloc(sizeof(float) * NQ * no), *pgpu = malloc(sizeof(float) * NQ * no);
+    for (int r = 0; r < NQ; r++) {
+        const int n_r = n_ctx - NQ + 1 + r;
+        memcpy(pq + r * no, qc + r * stride, sizeof(float) * no);
+        kvd_attn_paged(&view, blocks, n_r, q + r * stride, nh, 1.0f / 16.0f, pcpu + r * no, NULL,
+                       work, 3);
+        kvd_attn_paged(&plain, blocks, n_r, q + r * stride, nh, 1.0f / 16.0f, pplain + r * no, NULL,
+                       work, 3);
     }
-    const double worst = sqrt(num / den), moved = sqrt(mv / den);
-    CHECK(moved > 1e-4 && worst < fmax(1e-4, moved / 20),
-          "fp8 attention (%d/%d heads x %d, %d tokens): rel L2 %g, the weights' rounding moves "
-          "it %g\n",
-          nh, kvh, hd, n_ctx, worst, moved);
+    for (int ver = 2; ver <= 5; ver++) {
+        const int rc = kvd_cuda_attn_prefill_v(&view, nb, blocks, n_ctx - NQ, NQ, pq, nh,
+                                               1.0f / 16.0f, pgpu, ver);
+        CHECK(rc == (v3 ? 0 : -1), "cuda fp8 attention, prefill version %d (%d/%d x %d): %s\n", ver,
+              nh, kvh, hd, v3 ? "failed" : "ran a shape it does not take");
+        if (rc) continue;
+        char what[32];
+        snprintf(what, sizeof what, "prefill version %d", ver);
+        check_fp8_out(pgpu, pcpu, pplain, NQ * no, what, nh, kvh, hd, n_ctx);
+    }
+    CHECK(kvd_cuda_attn_prefill_v(&view, nb, blocks, n_ctx - NQ, NQ, pq, nh, 1.0f / 16.0f, pgpu,
+                                  1) == -1,
+          "cuda fp8 attention: prefill v1 ran, but it does not round the weights\n");
+    free(pq), free(pcpu), free(pplain), free(pgpu);
     /* the query alone (no weights rounded): the plain kernels */
     CHECK(kvd_cuda_attn_fp8(&plain, nb, blocks, n_ctx, q, nh, 1.0f / 16.0f, ogpu) == 0,
           "cuda fp8-query attention failed\n");
@@ -503,28 +551,53 @@ static void fp8_attention_case(int nh, int kvh, int hd, int n_ctx) {
 
 /* the attention sink of unit_kvcache's fp8_attention_sink, in closed form:
  * the weights of the positions 12 nats below the sink land in E4M3's
- * subnormal range, where the offset 2^8 decides what they keep */
-static void fp8_attention_sink(void) {
-    enum { D = 16, N = 1000, BS = 16, NB = (N + BS - 1) / BS };
+ * subnormal range, where the offset 2^8 decides what they keep (2^7 would
+ * round them to zero). The plain kernels at head_dim 16, within 1e-5; decode
+ * v3 and prefill v2 (a chunk of NQ rows, each over its own context; versions
+ * 2 to 5) at 64, within 1e-4: their running sums are FP32, and 1 + 999
+ * weights of 6e-6 gather rounding errors of up to 2^-24 each. */
+static double sink_want(int n) {
+    return (n - 1) * ldexp(1.0, -17) / (1.0 + (n - 1) * (double)expf(-12.0f));
+}
+static void fp8_attention_sink(int D) {
+    enum { N = 1000, BS = 16, NB = (N + BS - 1) / BS, NQ = 4 };
     uint8_t *k = calloc((size_t)NB * BS * D, 1), *v = calloc((size_t)NB * BS * D, 1);
     int32_t blocks[NB];
     for (int i = 0; i < NB; i++) blocks[i] = i;
     k[0] = kvd_f32_to_e4m3(12.0f, 1);
     for (int t = 1; t < N; t++)
         for (int d = 0; d < D; d++) v[(size_t)t * D + d] = kvd_f32_to_e4m3(1.0f, 1);
-    float one = 1.0f, q[D] = {1.0f}, out[D];
+    float one = 1.0f, q[NQ][64] = {{1.0f}, {1.0f}, {1.0f}, {1.0f}}, out[NQ][64];
     kvd_kv_view view = {KVD_FMT_E4M3, BS, 1, D, k, v, &one, &one, 0, &one, 1};
-    const double want = (N - 1) * ldexp(1.0, -17) / (1.0 + (N - 1) * (double)expf(-12.0f));
-    CHECK(kvd_cuda_attn_fp8(&view, NB, blocks, N, q, 1, 1.0f, out) == 0,
-          "cuda fp8 attention (sink) failed\n");
+    const double want = sink_want(N), tol = D == 64 ? 1e-4 : 1e-5;
+    if (D != 64) {
+        CHECK(kvd_cuda_attn_fp8(&view, NB, blocks, N, q[0], 1, 1.0f, out[0]) == 0,
+              "cuda fp8 attention (sink) failed\n");
+    } else {
+        CHECK(kvd_cuda_attn_decode_v(&view, NB, blocks, N, q[0], 1, 1.0f, out[0], 3) == 0,
+              "cuda fp8 attention (sink, decode v3) failed\n");
+    }
     for (int d = 0; d < D; d++)
-        CHECK(fabs(out[d] - want) <= 1e-5 * want, "fp8 attention sink: dim %d %.9g, want %.9g\n", d,
-              out[d], want);
+        CHECK(fabs(out[0][d] - want) <= tol * want,
+              "fp8 attention sink (head_dim %d): dim %d %.9g, want %.9g\n", D, d, out[0][d], want);
+    for (int ver = 2; ver <= 5 && D == 64; ver++) {
+        CHECK(kvd_cuda_attn_prefill_v(&view, NB, blocks, N - NQ, NQ, q[0], 1, 1.0f, out[0], ver) ==
+                  0,
+              "cuda fp8 attention (sink, prefill version %d) failed\n", ver);
+        for (int r = 0; r < NQ; r++) {
+            const double w = sink_want(N - NQ + 1 + r);
+            for (int d = 0; d < D; d++)
+                CHECK(fabs(out[r][d] - w) <= tol * w,
+                      "fp8 attention sink, prefill version %d: row %d dim %d %.9g, want %.9g\n",
+                      ver, r, d, out[r][d], w);
+        }
+    }
     free(k), free(v);
 }
 
 static void fp8_attention(void) {
-    fp8_attention_sink();
+    fp8_attention_sink(16);
+    fp8_attention_sink(64);
     fp8_attention_case(8, 2, 64, 300);
     fp8_attention_case(32, 2, 256, 1100); /* the qwen3.5 shape */
     fp8_attention_case(6, 2, 40, 77);
