@@ -14,6 +14,7 @@
 #endif
 
 #include "../kernels/backend.h"
+#include "../kernels/fp8.h"
 #include "../kernels/kernels.h"
 #include "../datasets/trace.h"
 #include "../runners/config.h"
@@ -87,6 +88,7 @@ static double read_bandwidth(size_t bytes, int reps) {
 typedef struct {
     kvd_fmt fmt;
     int n_ctx, kvh, hd, nh, bs;
+    int p_fp8;         /* FP8 attention's weights (--attn-fp8) */
     size_t pool_bytes; /* of each of k and v */
     uint8_t *k, *v;
     int32_t *blocks;
@@ -129,7 +131,8 @@ static void cache_free(bench_cache *c) {
 }
 
 static kvd_kv_view cache_view(const bench_cache *c) {
-    kvd_kv_view v = {c->fmt, c->bs, c->kvh, c->hd, c->k, c->v, c->kscale, c->vscale, 0, NULL, 0};
+    kvd_kv_view v = {c->fmt,    c->bs,     c->kvh, c->hd, c->k,    c->v,
+                     c->kscale, c->vscale, 0,      NULL,  c->p_fp8};
     return v;
 }
 
@@ -155,7 +158,9 @@ static void decode_once(const bench_cache *c, const float *q, float *out, float 
                    parts);
 }
 
-/* Reference: every row decoded by the scalar codec, softmax in double. */
+/* Reference: every row decoded by the scalar codec, softmax in double; with
+ * FP8 weights each rounded by the codec (2^8 exp(s - M) in E4M3) over the
+ * sum of the unrounded ones. */
 static double decode_check(const bench_cache *c, const float *q, const float *out) {
     kvd_kv_view v = cache_view(c);
     int g = c->nh / c->kvh, hd = c->hd, n = c->n_ctx;
@@ -176,7 +181,10 @@ static double decode_check(const bench_cache *c, const float *q, const float *ou
         memset(acc, 0, sizeof(double) * (size_t)hd);
         for (int t = 0; t < n; t++) {
             kvd_kv_row(&v, 1, c->blocks, t, h, row);
-            for (int i = 0; i < hd; i++) acc[i] += s[t] / sum * row[i];
+            const double w =
+                c->p_fp8 ? kvd_e4m3_to_f32(kvd_f32_to_e4m3((float)(256.0 * s[t]), 1)) / 256.0
+                         : s[t];
+            for (int i = 0; i < hd; i++) acc[i] += w / sum * row[i];
         }
         double num = 0, den = 0;
         for (int i = 0; i < hd; i++) {
@@ -209,24 +217,27 @@ static int bench_kernels(int reps) {
     kvd_config_preset("small", &cfg, err);
     printf("decode attention, one query over the cache of one layer, shape of 'small' (%d query "
            "heads, %d KV heads, head_dim %d), blocks of %d tokens (the cache's) and of 16 (GPU "
-           "engines'); the cache evicted from every CPU cache before each run:\n",
+           "engines'); the cache evicted from every CPU cache before each run; fp8att: the e4m3 "
+           "cache with FP8 attention's weights (--attn-fp8):\n",
            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, KVD_KV_BLOCK);
     printf("%6s %8s %-6s %10s %10s %10s %10s %8s %8s %8s\n", "block", "context", "cache",
            "max_rel_err", "time_us", "cache_MB", "read_GB_s", "of_copy", "of_read", "vs_bf16");
     int ctxs[2] = {4096, 32768}, blocks[2] = {KVD_KV_BLOCK, 16};
-    kvd_fmt fmts[3] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E5M2};
-    const char *fn[3] = {"bf16", "e4m3", "e5m2"};
+    enum { NF = 4 };
+    kvd_fmt fmts[NF] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E5M2, KVD_FMT_E4M3};
+    const char *fn[NF] = {"bf16", "e4m3", "e5m2", "fp8att"};
     int fail = 0;
     /* the three formats are timed in turn, rep by rep, so that a slow spell
      * of this (shared) machine falls on all of them alike */
     for (int bi = 0; bi < 2; bi++)
         for (int ci = 0; ci < 2; ci++) {
-            bench_cache c[3];
-            float *q[3], *out[3], *probs[3];
-            void *work[3];
+            bench_cache c[NF];
+            float *q[NF], *out[NF], *probs[NF];
+            void *work[NF];
             int parts = 0;
-            for (int fi = 0; fi < 3; fi++) {
+            for (int fi = 0; fi < NF; fi++) {
                 memset(&c[fi], 0, sizeof c[fi]);
+                c[fi].p_fp8 = fi == 3;
                 c[fi].kvh = cfg.num_key_value_heads;
                 c[fi].hd = cfg.head_dim;
                 c[fi].nh = cfg.num_attention_heads;
@@ -241,8 +252,8 @@ static int bench_kernels(int reps) {
                 parts = kvd_attn_parts(c[fi].n_ctx, c[fi].bs);
                 work[fi] = malloc(kvd_attn_work_bytes(c[fi].nh, c[fi].hd, c[fi].n_ctx, parts));
             }
-            double rel[3];
-            for (int fi = 0; fi < 3; fi++) {
+            double rel[NF];
+            for (int fi = 0; fi < NF; fi++) {
                 decode_once(&c[fi], q[fi], out[fi], probs[fi], work[fi], parts);
                 rel[fi] = decode_check(&c[fi], q[fi], out[fi]);
                 /* fp32 accumulation over up to 32K terms against a double reference */
@@ -253,9 +264,9 @@ static int bench_kernels(int reps) {
                 }
             }
             int n = reps * (ctxs[ci] <= 4096 ? 4 : 1);
-            double *ts = malloc(sizeof(double) * 3 * (size_t)n);
+            double *ts = malloc(sizeof(double) * NF * (size_t)n);
             for (int r = 0; r < n; r++)
-                for (int fi = 0; fi < 3; fi++) {
+                for (int fi = 0; fi < NF; fi++) {
                     evict(c[fi].k, c[fi].pool_bytes);
                     evict(c[fi].v, c[fi].pool_bytes);
                     double t0 = kvd_now();
@@ -263,7 +274,7 @@ static int bench_kernels(int reps) {
                     ts[fi * n + r] = kvd_now() - t0;
                 }
             double t_bf16 = 0;
-            for (int fi = 0; fi < 3; fi++) {
+            for (int fi = 0; fi < NF; fi++) {
                 double t = median(ts + fi * n, n);
                 double bytes =
                     2.0 * c[fi].n_ctx * c[fi].kvh * c[fi].hd * (double)kvd_fmt_bytes(c[fi].fmt);
@@ -274,7 +285,7 @@ static int bench_kernels(int reps) {
                        t_bf16 / t);
             }
             free(ts);
-            for (int fi = 0; fi < 3; fi++) {
+            for (int fi = 0; fi < NF; fi++) {
                 free(work[fi]);
                 free(q[fi]);
                 free(out[fi]);

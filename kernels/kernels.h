@@ -45,6 +45,11 @@ typedef struct {
     int p_fp8;
 } kvd_kv_view;
 
+/* FP8 attention's weights: each e (a softmax weight exp(s - M), in [0, 1])
+ * as 2^8 e in E4M3 (saturating) read back times 2^-8; the CPU twin of the
+ * device's fp8_weight. out may be e. */
+void kvd_fp8_weights(const float *e, size_t n, float *out);
+
 /* The CPU twins of FP8 attention's query step and of calibration's query
  * absmax (kvd_cuda_attn_fp8_query_dev, kvd_cudaop_absmax_heads): rows of
  * n_heads x head_dim values, row_stride floats apart. kvd_fp8_query writes

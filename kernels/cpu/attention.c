@@ -414,14 +414,47 @@ static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_
         m[j] = max_of(s + (size_t)j * n_ctx + t_begin, t_end - t_begin);
 }
 
-/* FlashAttention 3's FP8 weights: 2^8 exp(s - M) in E4M3, scaled back by
- * 2^-8 (exact). */
+/* FlashAttention 3's FP8 weights: 2^8 e in E4M3 (saturating), scaled back
+ * by 2^-8 (exact). The vector path rounds in place of encoding: from 2^-6
+ * (E4M3's least normal) the float's mantissa to 3 bits, to nearest even,
+ * by integer arithmetic on its bits; below, to a multiple of 2^-9 (the
+ * subnormal step). A NaN stays a NaN. unit_kvcache holds it bit for bit to
+ * the codec (a NaN as a NaN). */
+#ifdef KVD_VEC
+static inline __m512 fp8_weight16(__m512 e) {
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    __m512 x = _mm512_mul_ps(e, _mm512_set1_ps(256.0f));
+    __m512i u = _mm512_castps_si512(x), s = _mm512_and_si512(u, sign);
+    __m512 a = _mm512_castsi512_ps(_mm512_andnot_si512(sign, u));
+    a = _mm512_min_ps(_mm512_set1_ps(448.0f), a); /* a NaN passes (the second operand) */
+    __m512i ua = _mm512_castps_si512(a);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(ua, 20), _mm512_set1_epi32(1));
+    __m512i rn =
+        _mm512_and_si512(_mm512_add_epi32(ua, _mm512_add_epi32(_mm512_set1_epi32(0x7ffff), lsb)),
+                         _mm512_set1_epi32((int)0xfff00000u));
+    __m512 sub = _mm512_mul_ps(_mm512_roundscale_ps(_mm512_mul_ps(a, _mm512_set1_ps(512.0f)),
+                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                               _mm512_set1_ps(1.0f / 512.0f));
+    const __mmask16 small = _mm512_cmp_ps_mask(a, _mm512_set1_ps(0x1p-6f), _CMP_LT_OQ);
+    __m512 r = _mm512_mask_blend_ps(small, _mm512_castsi512_ps(rn), sub);
+    /* a NaN as it is: the rounding's carry could run into the sign */
+    r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), a);
+    r = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(r), s));
+    return _mm512_mul_ps(r, _mm512_set1_ps(1.0f / 256.0f));
+}
+#endif
+
+void kvd_fp8_weights(const float *e, size_t n, float *out) {
+    size_t i = 0;
+#ifdef KVD_VEC
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, fp8_weight16(_mm512_loadu_ps(e + i)));
+#endif
+    for (; i < n; i++)
+        out[i] = kvd_e4m3_to_f32(kvd_f32_to_e4m3(256.0f * e[i], 1)) * (1.0f / 256.0f);
+}
+
 static void round_weights(const float *p, size_t stride, int G, int nt, float *out) {
-    for (int g = 0; g < G; g++)
-        for (int t = 0; t < nt; t++)
-            out[g * nt + t] =
-                kvd_e4m3_to_f32(kvd_f32_to_e4m3(256.0f * p[(size_t)g * stride + t], 1)) *
-                (1.0f / 256.0f);
+    for (int g = 0; g < G; g++) kvd_fp8_weights(p + (size_t)g * stride, (size_t)nt, out + g * nt);
 }
 
 /* The same part's weights exp(s - m) in place, l their sum per query head,

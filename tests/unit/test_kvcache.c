@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -297,6 +298,50 @@ static void fp8_attention_sink(void) {
     kvd_kvcache_free(&c);
 }
 
+/* FP8 attention's weight rounding (kvd_fp8_weights, vector and scalar
+ * paths) bit for bit against the codec's round trip: a sweep of float bit
+ * patterns over [0, 1] and on to NaN, both signs, and every E4M3 value's
+ * midpoint to the next, with its neighbours one float either side (the
+ * ties go to the even code). NaNs compare as NaNs. */
+static float codec_weight(float e) {
+    return kvd_e4m3_to_f32(kvd_f32_to_e4m3(256.0f * e, 1)) * (1.0f / 256.0f);
+}
+static size_t weights_differ(const float *e, size_t n) {
+    float *got = malloc(sizeof(float) * n);
+    kvd_fp8_weights(e, n, got);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float want = codec_weight(e[i]);
+        if (isnan(want) ? !isnan(got[i]) : memcmp(&want, &got[i], sizeof want) != 0) {
+            if (bad++ < 5) fprintf(stderr, "weight %a: got %a, want %a\n", e[i], got[i], want);
+        }
+    }
+    free(got);
+    return bad;
+}
+static void fp8_weights(void **st) {
+    (void)st;
+    enum { N = 1 << 16 };
+    float *e = malloc(sizeof(float) * N);
+    size_t n = 0, bad = 0;
+    for (uint64_t u = 0; u <= 0x7fc00000u; u += 61) { /* 0 .. NaN, 35M values */
+        uint32_t b = (uint32_t)u | (u % 2 ? 0x80000000u : 0);
+        memcpy(&e[n++], &b, sizeof b);
+        if (n == N) bad += weights_differ(e, n), n = 0;
+    }
+    for (int c = 0; c < 0x7e; c++) { /* E4M3's codes to 448, midpoints to the next */
+        const float lo = kvd_e4m3_to_f32((uint8_t)c), hi = kvd_e4m3_to_f32((uint8_t)(c + 1));
+        const float mid = (lo + hi) / 2 / 256;
+        const float pts[5] = {mid, nextafterf(mid, 0), nextafterf(mid, 1), lo / 256, -mid};
+        for (int i = 0; i < 5; i++) e[n++] = pts[i];
+    }
+    const float special[6] = {INFINITY, -INFINITY, NAN, 1.75f, 464.0f / 256, 0x1p-40f};
+    for (int i = 0; i < 6; i++) e[n++] = special[i];
+    bad += weights_differ(e, n);
+    assert_int_equal(bad, 0);
+    free(e);
+}
+
 static void fp8_attention(void **st) {
     (void)st;
     fp8_attention_shape(8, 64, KVD_KV_FP8_CAL);
@@ -413,6 +458,7 @@ int main(void) {
         cmocka_unit_test(paging),           cmocka_unit_test(modes),
         cmocka_unit_test(attention_kernel), cmocka_unit_test(attention_paths),
         cmocka_unit_test(nosat_nan),        cmocka_unit_test(fp8_attention),
+        cmocka_unit_test(fp8_weights),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
