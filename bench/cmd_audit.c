@@ -116,14 +116,26 @@ int kvd_cmd_audit(int argc, char **argv) {
         advice = "an FP8 KV cache would hold 2x the tokens; measure what it costs with kvdrift run "
                  "--model-dir DIR --kv bf16,fp8-cal before turning it on";
     }
-    /* an FP8 cache on FlashAttention 3 computes attention in FP8 too */
-    const char *fp8_attn =
-        fp8_kv && !other
-            ? "on FlashAttention 3 (vLLM's choice on Hopper) an engine with this FP8 cache also "
-              "writes the query as E4M3, with the checkpoint's q_scale (1.0 where it has none), "
-              "and rounds the softmax weights to E4M3: kvdrift run --model-dir DIR --attn-fp8 "
-              "measures that too"
-            : NULL;
+    /* an FP8 cache on FlashAttention 3 computes attention in FP8 too, with
+     * the query scales the checkpoint carries (vLLM warns "Using
+     * uncalibrated q_scale 1.0" where it has none) */
+    char qs_have[160], fp8_attn_text[600];
+    if (au.n_with_q_scales == 0)
+        snprintf(qs_have, sizeof qs_have, "with q_scale 1.0 (the checkpoint carries none)");
+    else if (au.n_with_q_scales == au.n_attn)
+        snprintf(qs_have, sizeof qs_have,
+                 "with the checkpoint's q_scale (every full-attention layer has one)");
+    else
+        snprintf(qs_have, sizeof qs_have,
+                 "with the checkpoint's q_scale in %d of %d full-attention layers and 1.0 in "
+                 "the others",
+                 au.n_with_q_scales, au.n_attn);
+    snprintf(fp8_attn_text, sizeof fp8_attn_text,
+             "on FlashAttention 3 (vLLM's choice on Hopper) an engine with this FP8 cache also "
+             "writes the query as E4M3, %s, and rounds the softmax weights to E4M3: kvdrift run "
+             "--model-dir DIR --kv fp8-ckpt --attn-fp8 measures that too",
+             qs_have);
+    const char *fp8_attn = fp8_kv && !other ? fp8_attn_text : NULL;
     if (json) {
         /* the facts, and what follows from them here */
         json_t *o = kvd_audit_json(&au);

@@ -1098,8 +1098,9 @@ int kvd_run_attn_fp8(const kvd_run *r) {
 }
 const char *const kvd_attn_fp8_text =
     "the E4M3 modes computed attention in FP8, as FlashAttention 3 does over an FP8 cache "
-    "(--attn-fp8): the query in E4M3 with q scales (fp8-cal's calibrated, the others 1.0) and "
-    "the softmax weights rounded to E4M3; bf16 and fp8-e5m2 compute as without.";
+    "(--attn-fp8): the query in E4M3 with q scales (fp8-cal's calibrated, fp8-ckpt's the "
+    "checkpoint's where it carries them, else 1.0) and the softmax weights rounded to E4M3; "
+    "bf16 and fp8-e5m2 compute as without.";
 
 /* Speeds a CPU run measures, for what they are: whether any of the runs
  * has them. */

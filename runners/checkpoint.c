@@ -596,6 +596,32 @@ static const kvd_st_tensor *find_scale(const kvd_checkpoint *c, int layer, int i
     return NULL;
 }
 
+/* The names engines read a layer's query scale under (FP8 attention's
+ * q_scale; vLLM's and SGLang's loaders map each onto the layer's attention
+ * q_scale): Quark's and compressed-tensors' q_proj.output_scale, the
+ * engines' own attn.q_scale, and llm-compressor's self_attn.q_scale. */
+static const char *const q_scale_names[3] = {"self_attn.q_proj.output_scale",
+                                             "self_attn.attn.q_scale", "self_attn.q_scale"};
+
+static const kvd_st_tensor *find_q_scale(const kvd_checkpoint *c, int layer) {
+    char name[160];
+    for (int k = 0; k < 3; k++) {
+        snprintf(name, sizeof name, "model.layers.%d.%s", layer, q_scale_names[k]);
+        const kvd_st_tensor *t = find_named(c, name);
+        if (t) return t;
+    }
+    return NULL;
+}
+
+static int is_q_scale_name(const char *name) {
+    const size_t n = strlen(name);
+    for (int k = 0; k < 3; k++) {
+        const size_t m = strlen(q_scale_names[k]);
+        if (n > m && name[n - m - 1] == '.' && !strcmp(name + n - m, q_scale_names[k])) return 1;
+    }
+    return 0;
+}
+
 /* whether a tensor name is a KV scale's, under any of those names */
 static int is_kv_scale_name(const char *name) {
     const size_t n = strlen(name);
@@ -608,42 +634,75 @@ static int is_kv_scale_name(const char *name) {
     return 0;
 }
 
+/* A scale tensor's n values (1, or `heads` spread over them) into out
+ * [heads]: positive and finite, else -1 with err naming the file and the
+ * tensor. */
+static int scale_heads(const kvd_checkpoint *c, const kvd_st_tensor *t, int heads, const char *per,
+                       float *out, char *err) {
+    if (t->numel != 1 && t->numel != heads) {
+        snprintf(err, KVD_ERR_LEN, "%s: %s: %lld values, expected 1 or %d (per %s)",
+                 c->files[t->file].path, t->name, (long long)t->numel, heads, per);
+        return -1;
+    }
+    float buf[256];
+    if (heads > 256) {
+        snprintf(err, KVD_ERR_LEN, "%s: %s: %d heads, at most 256 supported",
+                 c->files[t->file].path, t->name, heads);
+        return -1;
+    }
+    if (kvd_st_to_f32(t, buf, err)) return -1;
+    for (int h = 0; h < heads; h++) {
+        const float x = buf[t->numel > 1 ? h : 0];
+        if (!(x > 0) || !isfinite(x)) {
+            snprintf(err, KVD_ERR_LEN, "%s: %s: expected positive finite scales, got %g",
+                     c->files[t->file].path, t->name, x);
+            return -1;
+        }
+        out[h] = x;
+    }
+    return 0;
+}
+
+/* The full-attention layers' query scales (s->q, 1.0 where a layer has
+ * none, as an engine defaults them; left NULL where no layer has one) */
+static int query_scales(const kvd_checkpoint *c, const kvd_config *cfg, kvd_kv_scales *s,
+                        char *err) {
+    const int nh = cfg->num_attention_heads;
+    for (int l = 0, al = 0; l < cfg->num_hidden_layers; l++) {
+        if (cfg->layer_types[l] != KVD_LAYER_FULL) continue;
+        const kvd_st_tensor *t = find_q_scale(c, l);
+        if (t && !s->q && kvd_kv_scales_init_q(s, nh)) {
+            snprintf(err, KVD_ERR_LEN, "out of memory for the query scales");
+            return -1;
+        }
+        if (t && scale_heads(c, t, nh, "query head", s->q + (size_t)al * nh, err)) return -1;
+        al++;
+    }
+    return 0;
+}
+
 int kvd_checkpoint_kv_scales(const char *dir, const kvd_config *cfg, kvd_kv_scales *s, int *found,
                              char *err) {
     kvd_checkpoint c;
     if (kvd_checkpoint_open(&c, dir, err)) return -1;
     int nf = kvd_config_n_full(cfg), kvh = cfg->num_key_value_heads, al = 0, have = 0;
     kvd_kv_scales_init(s, nf, kvh);
+    if (query_scales(&c, cfg, s, err)) {
+        kvd_checkpoint_close(&c);
+        kvd_kv_scales_free(s);
+        return -1;
+    }
     for (int l = 0; l < cfg->num_hidden_layers; l++) {
         if (cfg->layer_types[l] != KVD_LAYER_FULL) continue;
         const kvd_st_tensor *t[2] = {find_scale(&c, l, 0), find_scale(&c, l, 1)};
         int ok = t[0] && t[1];
         for (int v = 0; ok && v < 2; v++) {
-            if (t[v]->numel != 1 && t[v]->numel != kvh) {
-                snprintf(err, KVD_ERR_LEN, "%s: %s: %lld values, expected 1 or %d (per KV head)",
-                         c.files[t[v]->file].path, t[v]->name, (long long)t[v]->numel, kvh);
-                kvd_checkpoint_close(&c);
-                kvd_kv_scales_free(s);
-                return -1;
-            }
-            float buf[64];
-            if (kvd_st_to_f32(t[v], buf, err)) {
+            if (scale_heads(&c, t[v], kvh, "KV head", (v ? s->v : s->k) + al * kvh, err)) {
                 kvd_checkpoint_close(&c);
                 kvd_kv_scales_free(s);
                 return -1;
             }
             if (t[v]->numel > 1) s->per_head = 1;
-            for (int h = 0; h < kvh; h++) {
-                float x = buf[t[v]->numel > 1 ? h : 0];
-                if (!(x > 0) || !isfinite(x)) {
-                    snprintf(err, KVD_ERR_LEN, "%s: %s: expected positive finite scales, got %g",
-                             c.files[t[v]->file].path, t[v]->name, x);
-                    kvd_checkpoint_close(&c);
-                    kvd_kv_scales_free(s);
-                    return -1;
-                }
-                (v ? s->v : s->k)[al * kvh + h] = x;
-            }
         }
         if (found) found[al] = ok;
         have += ok;
@@ -801,6 +860,7 @@ int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err) {
         if (cfg->layer_types[l] != KVD_LAYER_FULL) continue;
         a->n_attn++;
         const kvd_st_tensor *k = find_scale(&c, l, 0), *v = find_scale(&c, l, 1);
+        a->n_with_q_scales += find_q_scale(&c, l) != NULL;
         if (k && v) {
             a->n_with_scales++;
             if (k->numel > 1 || v->numel > 1) a->scales_per_head = 1;
@@ -844,6 +904,7 @@ json_t *kvd_audit_json(const kvd_audit *a) {
         a->fp8_weights, "fp4_weight_tensors", a->fp4_weights, "full_attention_layers", a->n_attn,
         "layers_with_kv_scales", a->n_with_scales, "kv_scales_per_head", a->scales_per_head,
         "fp8_kv_without_scales", f.silent);
+    json_object_set_new(o, "layers_with_q_scales", json_integer(a->n_with_q_scales));
     json_object_set_new(o, "kv_cache_not_modelled", json_boolean(f.unmodelled));
     json_t *ml = json_array();
     for (int i = 0; i < a->n_missing; i++)
@@ -904,7 +965,8 @@ int kvd_checkpoint_fingerprint(const char *dir, char *out, size_t n, char *err) 
     /* and the values of the KV scales, which a re-calibration changes
      * without changing any header */
     for (int i = 0; i < c.n; i++)
-        if (is_kv_scale_name(c.t[i].name)) h = fnv(h, c.t[i].data, c.t[i].nbytes);
+        if (is_kv_scale_name(c.t[i].name) || is_q_scale_name(c.t[i].name))
+            h = fnv(h, c.t[i].data, c.t[i].nbytes);
     kvd_checkpoint_close(&c);
     snprintf(out, n, "fnv1a64:%016llx", (unsigned long long)h);
     return 0;

@@ -17,8 +17,11 @@ int kvd_weights_lazy_load(kvd_weights *w, const char *dir, char *err);
 /* KV scales from the checkpoint's k_scale / v_scale tensors (ModelOpt's
  * self_attn.k_proj.k_scale or llm-compressor's self_attn.k_scale), a scalar
  * or one per KV head. found[l] (may be NULL) says whether layer l had both;
- * missing ones are 1.0, as an engine defaults them. Returns how many
- * full-attention layers had both scales. */
+ * missing ones are 1.0, as an engine defaults them. Where any layer has a
+ * query scale (FP8 attention's q_scale: q_proj.output_scale, attn.q_scale
+ * or self_attn.q_scale; a scalar or one per query head), s->q holds them,
+ * 1.0 in the layers without. Returns how many full-attention layers had
+ * both KV scales. */
 int kvd_checkpoint_kv_scales(const char *dir, const kvd_config *cfg, kvd_kv_scales *s, int *found,
                              char *err);
 
@@ -28,7 +31,7 @@ typedef struct {
     char weight_algo[32]; /* FP8, NVFP4, ..., or none */
     char kv_algo[32];     /* FP8, none, or another KV cache format (NVFP4, INT8, ...) */
     char producer[64];    /* modelopt, compressed-tensors, fp8, ... */
-    int n_attn, n_with_scales;
+    int n_attn, n_with_scales, n_with_q_scales;
     int scales_per_head;
     /* the values of the scales there are: their range for K and for V, how
      * many scale tensors hold 1.0 and nothing else (ModelOpt's export clamps

@@ -686,9 +686,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
             part_m[base + threadIdx.x] =
                 fmaxf(fmaxf(sbuf[threadIdx.x], sbuf[16 + threadIdx.x]),
                       fmaxf(sbuf[32 + threadIdx.x], sbuf[48 + threadIdx.x]));
-    } else {
-
-        // the split's partial results, as decode_v2 leaves them for merge_v2
+    } else { // the split's partial results, as decode_v2 leaves them for merge_v2
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);

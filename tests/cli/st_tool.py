@@ -46,15 +46,21 @@ def f32(values):
 def main():
     cmd = sys.argv[1]
     if cmd in ("add-scales", "add-scales-as"):
-        # [add-scales-as STYLE] DIR LAYER:K:V ... -> kv_scales.safetensors + index, under
+        # [add-scales-as STYLE] DIR LAYER:K:V[:Q] ... -> kv_scales.safetensors + index, under
         # ModelOpt's names or STYLE's: quark (k_proj.output_scale), attn (attn.k_scale),
-        # legacy (one kv_scale, the K value, for both)
+        # legacy (one kv_scale, the K value, for both). Q: the query scale (FP8 attention),
+        # one value or comma-separated per head, as self_attn.q_scale (modelopt style:
+        # llm-compressor's name), q_proj.output_scale (quark) or attn.q_scale (attn)
         style = sys.argv.pop(2) if cmd == "add-scales-as" else "modelopt"
         d = sys.argv[2]
         scales = {}
         for spec in sys.argv[3:]:
-            layer, k, v = spec.split(":")
+            layer, k, v, *q = spec.split(":")
             p = f"model.layers.{layer}.self_attn"
+            if q:
+                qn = {"modelopt": "q_scale", "quark": "q_proj.output_scale", "attn": "attn.q_scale"}[style]
+                qv = [float(x) for x in q[0].split(",")]
+                scales[f"{p}.{qn}"] = f32(qv if len(qv) > 1 else qv[0])
             if style == "legacy":
                 scales[f"{p}.kv_scale"] = f32(float(k))
                 continue

@@ -71,11 +71,12 @@ import json,sys; a=json.load(open('$work/a.json'))
 assert a['fp8_kv_without_scales'] is True and a['layers_missing_kv_scales'] == [3, 7]
 assert a['kv_cache_quantization'] == 'FP8' and a['kv_bytes_per_token']['fp8'] * 2 == a['kv_bytes_per_token']['bf16']
 assert abs(a['tokens_in_budget']['fp8'] - 2 * a['tokens_in_budget']['bf16']) < 1
-assert 'q_scale (1.0 where it has none)' in a['fp8_attention'] and '--attn-fp8' in a['fp8_attention']
+assert 'with q_scale 1.0 (the checkpoint carries none)' in a['fp8_attention'] and '--attn-fp8' in a['fp8_attention']
+assert a['layers_with_q_scales'] == 0
 " && ok || bad "audit --format json"
 # an FP8 cache on FlashAttention 3 computes attention in FP8 too: said for
 # FP8 KV, not for a BF16 cache or a format kvdrift does not model
-"$bin" audit "$work/noscale" | grep -q "^FP8 attention: on FlashAttention 3 .* kvdrift run --model-dir DIR --attn-fp8 measures that too$" &&
+"$bin" audit "$work/noscale" | grep -q "^FP8 attention: on FlashAttention 3 .* kvdrift run --model-dir DIR --kv fp8-ckpt --attn-fp8 measures that too$" &&
   ! "$bin" audit "$work/ck" | grep -q "^FP8 attention" && ok || bad "audit's FP8 attention line"
 expect 0 "no k_scale/v_scale; fp8-ckpt uses 1.0" -- forward --model-dir "$work/noscale" --tokens 32 --kv fp8-ckpt
 
@@ -185,6 +186,43 @@ for style in quark attn legacy; do
     cmp -s "$work/scs/fp8-cal/logits.f32" "$work/scs/fp8-ckpt/logits.f32" && ok ||
     bad "KV scales named as $style: fp8-ckpt differs from fp8-cal with the same scales: $(cat "$work/err")"
 done
+
+# FP8 attention's query scales from the checkpoint, under each name engines
+# load them as (llm-compressor's self_attn.q_scale, Quark's
+# q_proj.output_scale, attn.q_scale): fp8-ckpt --attn-fp8 computes exactly
+# what fp8-cal does with the same K, V and query scales in a scales file,
+# and they change the logits (per layer here, per query head in layer 7)
+printf '{"format": "kvdrift-kv-scales", "version": 1, "granularity": "per-head", "layers": [{"k_scale": [0.75, 0.75], "v_scale": [0.0002, 0.0002], "q_scale": [0.02, 0.02, 0.02, 0.02]}, {"k_scale": [1.5, 1.5], "v_scale": [0.0001, 0.0001], "q_scale": [0.01, 0.02, 0.03, 0.04]}]}' >"$work/same-q.json"
+for style in modelopt quark attn; do
+  cp -r "$work/noscale" "$work/q-$style"
+  st add-scales-as $style "$work/q-$style" 3:0.75:0.0002:0.02 7:1.5:0.0001:0.01,0.02,0.03,0.04
+  "$bin" forward --model-dir "$work/q-$style" --tokens 64 --kv fp8-cal,fp8-ckpt --scales "$work/same-q.json" --attn-fp8 --dump "$work/qs-$style" >/dev/null 2>"$work/err" &&
+    cmp -s "$work/qs-$style/fp8-cal/logits.f32" "$work/qs-$style/fp8-ckpt/logits.f32" && ok ||
+    bad "query scales named as $style: fp8-ckpt --attn-fp8 differs from fp8-cal with the same scales: $(cat "$work/err")"
+done
+"$bin" forward --model-dir "$work/sc-quark" --tokens 64 --kv fp8-ckpt --attn-fp8 --dump "$work/qs-none" >/dev/null 2>&1 &&
+  ! cmp -s "$work/qs-none/fp8-ckpt/logits.f32" "$work/qs-quark/fp8-ckpt/logits.f32" && ok ||
+  bad "the checkpoint's query scales do not change fp8-ckpt's FP8 attention"
+"$bin" audit "$work/q-quark" --format json >"$work/aq.json"
+"$bin" audit "$work/sc-quark" --format json >"$work/an.json"
+cp -r "$work/noscale" "$work/q-half"
+st add-scales-as quark "$work/q-half" 3:0.75:0.0002:0.02 7:1.5:0.0001
+"$bin" audit "$work/q-half" --format json >"$work/ah.json"
+"$py" - "$work/aq.json" "$work/an.json" "$work/ah.json" <<'PY' && ok || bad "audit's query scales"
+import json, sys
+q, n, h = (json.load(open(p)) for p in sys.argv[1:4])
+assert (q['layers_with_q_scales'], n['layers_with_q_scales'], h['layers_with_q_scales']) == (2, 0, 1)
+assert "with the checkpoint's q_scale (every full-attention layer has one)" in q['fp8_attention']
+assert 'with q_scale 1.0 (the checkpoint carries none)' in n['fp8_attention']
+assert "with the checkpoint's q_scale in 1 of 2 full-attention layers and 1.0 in the others" in h['fp8_attention']
+assert '--kv fp8-ckpt --attn-fp8' in q['fp8_attention']
+PY
+# query scales that cannot be: the file, the tensor and what was expected
+cp -r "$work/noscale" "$work/q-bad"
+st add-scales-as quark "$work/q-bad" 3:0.75:0.0002:0.02,0.02,0.02 7:1.5:0.0001:0.02
+expect 2 "kv_scales.safetensors: model.layers.3.self_attn.q_proj.output_scale: 3 values, expected 1 or 4 \(per query head\)" -- forward --model-dir "$work/q-bad" --tokens 16 --kv fp8-ckpt --attn-fp8
+st add-scales-as quark "$work/q-bad" 3:0.75:0.0002:0.02 7:1.5:0.0001:-1
+expect 2 "model.layers.7.self_attn.q_proj.output_scale: expected positive finite scales, got -1" -- forward --model-dir "$work/q-bad" --tokens 16 --kv fp8-ckpt
 
 # a sweep over a checkpoint resumes only over the same contents: scales
 # re-calibrated in place (same files, same headers) are another sweep
