@@ -1681,9 +1681,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             if (vv < nv && t == 0)
                 P.m[((size_t)(vv / G) * P.splits + blockIdx.z) * n_heads + h * G + vv % G] = m2[rr];
         }
-    } else {
-
-        // the rows' outputs: sums over the quad, the V scale and E4M3's 2^8
+    } else { // the rows' outputs: sums over the quad, the V scale and E4M3's 2^8
         // (a split's: the sums and maxima apart, the V scale left to the merge)
         const float unscale = (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / pscale;
         float f[2];
