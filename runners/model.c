@@ -244,6 +244,77 @@ void kvd_model_copy_seq(kvd_model *m, int from, int to) {
     memcpy(m->ssm + (size_t)to * sl, m->ssm + (size_t)from * sl, sl * sizeof(float));
 }
 
+/* What every row's attention over the cache shares (attention() below). */
+typedef struct {
+    kvd_model *m;
+    kvd_kvcache *kv;
+    int al, nh, hd, hook_raw, shadow, cmp;
+    float sm_scale;
+    size_t qb, pb, sb, rb, fb, per_thread;
+    kvd_kv_view view;
+    const kvd_model *ref;
+} attn_rows;
+
+/* Row r's attention (thread tid's arena): its distribution and output over
+ * the cache, and the drift views the hooks want. */
+static void attend_row(const attn_rows *J, int r, int tid) {
+    kvd_model *m = J->m;
+    kvd_kvcache *kv = J->kv;
+    const int al = J->al, nh = J->nh, hd = J->hd, hook_raw = J->hook_raw, shadow = J->shadow,
+              cmp = J->cmp;
+    const float sm_scale = J->sm_scale;
+    const size_t qb = J->qb, pb = J->pb, sb = J->sb, rb = J->rb, fb = J->fb,
+                 per_thread = J->per_thread;
+    const kvd_model *ref = J->ref;
+    const kvd_kv_view view = J->view;
+    char *arena = (char *)m->probs + (size_t)tid * per_thread;
+    float *qh = (float *)arena, *pr = (float *)(arena + qb);
+    float *sp = (float *)(arena + qb + pb), *so = (float *)(arena + qb + 2 * pb);
+    float *rp = (float *)(arena + qb + pb + sb), *ro = (float *)(arena + qb + 2 * pb + sb);
+    double *kl = (double *)(arena + qb + pb + sb + rb);
+    int *top = (int *)(kl + 2 * nh);
+    void *work = arena + qb + pb + sb + rb + fb;
+    const float *q = m->qg + (size_t)r * nh * 2 * hd;
+    for (int h = 0; h < nh; h++)
+        memcpy(qh + (size_t)h * hd, q + (size_t)h * 2 * hd, sizeof(float) * (size_t)hd);
+    if (m->held) memcpy(m->held + ((size_t)al * m->max_rows + r) * nh * hd, qh, qb);
+    int n_ctx = m->pos[r] + 1, parts = kvd_attn_parts(n_ctx, kv->block_size);
+    float *out = m->att + (size_t)r * nh * hd;
+    kvd_attn_paged(&view, kv->seqs[m->row_seq[r]].blocks, n_ctx, qh, nh, sm_scale, out, pr, work,
+                   parts);
+    if ((!hook_raw && !cmp) ||
+        (m->hooks.want_attn && !m->hooks.want_attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r])))
+        return;
+    if (shadow) {
+        kvd_kv_view sv = kvd_kvcache_view(m->shadow, al);
+        kvd_attn_paged(&sv, m->shadow->seqs[m->row_seq[r]].blocks, n_ctx, qh, nh, sm_scale, so, sp,
+                       work, parts);
+    }
+    kvd_attn_cmp views[2], *iso = NULL, *prop = NULL;
+    if (cmp && shadow) {
+        kvd_attn_compare(pr, sp, nh, n_ctx, kl, top, top + nh);
+        views[0] = (kvd_attn_cmp){kl, top, top + nh, out, so};
+        iso = &views[0];
+    }
+    /* the reference's row at the same position, over its own cache */
+    if (cmp && ref) {
+        kvd_kv_view rv = kvd_kvcache_view(m->ref_kv, al);
+        kvd_attn_paged(&rv, m->ref_kv->seqs[ref->row_seq[r]].blocks, n_ctx,
+                       ref->held + ((size_t)al * ref->max_rows + r) * nh * hd, nh, sm_scale, ro, rp,
+                       work, parts);
+        kvd_attn_compare(rp, pr, nh, n_ctx, kl + nh, top + 2 * nh, top + 3 * nh);
+        views[1] = (kvd_attn_cmp){kl + nh, top + 2 * nh, top + 3 * nh, ro, out};
+        prop = &views[1];
+    }
+#pragma omp critical(kvd_attn_hook)
+    {
+        if (hook_raw)
+            m->hooks.attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r], n_ctx, pr, out,
+                          shadow ? sp : NULL, shadow ? so : NULL);
+        if (iso || prop) m->hooks.attn_cmp(m->hooks.ctx, al, m->row_seq[r], m->pos[r], iso, prop);
+    }
+}
+
 /* ---- gated full attention ---- */
 
 static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *err) {
@@ -319,59 +390,35 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
         m->probs_cap = need;
     }
     kvd_kv_view view = kvd_kvcache_view(kv, al);
-    const kvd_model *ref = m->ref;
     /* calibration: the queries as attention sees them (after norm and RoPE) */
     kvd_kvcache_note_queries(kv, al, m->qg, rows, (size_t)nh * 2 * hd, (size_t)2 * hd);
-#pragma omp parallel for schedule(dynamic, 1) if (by_rows)
-    for (int r = 0; r < rows; r++) {
-        int tid = by_rows ? thread_num() : 0;
-        char *arena = (char *)m->probs + (size_t)tid * per_thread;
-        float *qh = (float *)arena, *pr = (float *)(arena + qb);
-        float *sp = (float *)(arena + qb + pb), *so = (float *)(arena + qb + 2 * pb);
-        float *rp = (float *)(arena + qb + pb + sb), *ro = (float *)(arena + qb + 2 * pb + sb);
-        double *kl = (double *)(arena + qb + pb + sb + rb);
-        int *top = (int *)(kl + 2 * nh);
-        void *work = arena + qb + pb + sb + rb + fb;
-        const float *q = m->qg + (size_t)r * nh * 2 * hd;
-        for (int h = 0; h < nh; h++)
-            memcpy(qh + (size_t)h * hd, q + (size_t)h * 2 * hd, sizeof(float) * (size_t)hd);
-        if (m->held) memcpy(m->held + ((size_t)al * m->max_rows + r) * nh * hd, qh, qb);
-        int n_ctx = m->pos[r] + 1, parts = kvd_attn_parts(n_ctx, kv->block_size);
-        float *out = m->att + (size_t)r * nh * hd;
-        kvd_attn_paged(&view, kv->seqs[m->row_seq[r]].blocks, n_ctx, qh, nh, sm_scale, out, pr,
-                       work, parts);
-        if ((!hook_raw && !cmp) ||
-            (m->hooks.want_attn && !m->hooks.want_attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r])))
-            continue;
-        if (shadow) {
-            kvd_kv_view sv = kvd_kvcache_view(m->shadow, al);
-            kvd_attn_paged(&sv, m->shadow->seqs[m->row_seq[r]].blocks, n_ctx, qh, nh, sm_scale, so,
-                           sp, work, parts);
-        }
-        kvd_attn_cmp views[2], *iso = NULL, *prop = NULL;
-        if (cmp && shadow) {
-            kvd_attn_compare(pr, sp, nh, n_ctx, kl, top, top + nh);
-            views[0] = (kvd_attn_cmp){kl, top, top + nh, out, so};
-            iso = &views[0];
-        }
-        /* the reference's row at the same position, over its own cache */
-        if (cmp && ref) {
-            kvd_kv_view rv = kvd_kvcache_view(m->ref_kv, al);
-            kvd_attn_paged(&rv, m->ref_kv->seqs[ref->row_seq[r]].blocks, n_ctx,
-                           ref->held + ((size_t)al * ref->max_rows + r) * nh * hd, nh, sm_scale, ro,
-                           rp, work, parts);
-            kvd_attn_compare(rp, pr, nh, n_ctx, kl + nh, top + 2 * nh, top + 3 * nh);
-            views[1] = (kvd_attn_cmp){kl + nh, top + 2 * nh, top + 3 * nh, ro, out};
-            prop = &views[1];
-        }
-#pragma omp critical(kvd_attn_hook)
-        {
-            if (hook_raw)
-                m->hooks.attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r], n_ctx, pr, out,
-                              shadow ? sp : NULL, shadow ? so : NULL);
-            if (iso || prop)
-                m->hooks.attn_cmp(m->hooks.ctx, al, m->row_seq[r], m->pos[r], iso, prop);
-        }
+    const attn_rows J = {.m = m,
+                         .kv = kv,
+                         .al = al,
+                         .nh = nh,
+                         .hd = hd,
+                         .hook_raw = hook_raw,
+                         .shadow = shadow,
+                         .cmp = cmp,
+                         .sm_scale = sm_scale,
+                         .qb = qb,
+                         .pb = pb,
+                         .sb = sb,
+                         .rb = rb,
+                         .fb = fb,
+                         .per_thread = per_thread,
+                         .view = view,
+                         .ref = m->ref};
+    if (by_rows) {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int r = 0; r < rows; r++) attend_row(&J, r, thread_num());
+    } else {
+        /* outside any parallel region, so that each row's parts take the
+         * threads as the top-level team: inside even an inactive region
+         * they would be a nested team, new threads contending with the
+         * top-level team's spinning ones (milliseconds a call on 2 cores,
+         * against 0.15 ms) */
+        for (int r = 0; r < rows; r++) attend_row(&J, r, 0);
     }
 
     /* output gate, then o_proj */
