@@ -613,25 +613,19 @@ static const kvd_st_tensor *find_q_scale(const kvd_checkpoint *c, int layer) {
     return NULL;
 }
 
-static int is_q_scale_name(const char *name) {
+/* whether a tensor name ends in ".X", X one of the n names */
+static int ends_in_one_of(const char *name, const char *const *names, int n_names) {
     const size_t n = strlen(name);
-    for (int k = 0; k < 3; k++) {
-        const size_t m = strlen(q_scale_names[k]);
-        if (n > m && name[n - m - 1] == '.' && !strcmp(name + n - m, q_scale_names[k])) return 1;
+    for (int k = 0; k < n_names; k++) {
+        const size_t m = strlen(names[k]);
+        if (n > m && name[n - m - 1] == '.' && !strcmp(name + n - m, names[k])) return 1;
     }
     return 0;
 }
 
 /* whether a tensor name is a KV scale's, under any of those names */
 static int is_kv_scale_name(const char *name) {
-    const size_t n = strlen(name);
-    for (int v = 0; v < 2; v++)
-        for (int k = 0; k < 5; k++) {
-            const size_t m = strlen(kv_scale_names[v][k]);
-            if (n > m && name[n - m - 1] == '.' && !strcmp(name + n - m, kv_scale_names[v][k]))
-                return 1;
-        }
-    return 0;
+    return ends_in_one_of(name, kv_scale_names[0], 5) || ends_in_one_of(name, kv_scale_names[1], 5);
 }
 
 /* A scale tensor's n values (1, or `heads` spread over them) into out
@@ -965,7 +959,7 @@ int kvd_checkpoint_fingerprint(const char *dir, char *out, size_t n, char *err) 
     /* and the values of the KV scales, which a re-calibration changes
      * without changing any header */
     for (int i = 0; i < c.n; i++)
-        if (is_kv_scale_name(c.t[i].name) || is_q_scale_name(c.t[i].name))
+        if (is_kv_scale_name(c.t[i].name) || ends_in_one_of(c.t[i].name, q_scale_names, 3))
             h = fnv(h, c.t[i].data, c.t[i].nbytes);
     kvd_checkpoint_close(&c);
     snprintf(out, n, "fnv1a64:%016llx", (unsigned long long)h);

@@ -217,6 +217,14 @@ assert 'with q_scale 1.0 (the checkpoint carries none)' in n['fp8_attention']
 assert "with the checkpoint's q_scale in 1 of 2 full-attention layers and 1.0 in the others" in h['fp8_attention']
 assert '--kv fp8-ckpt --attn-fp8' in q['fp8_attention']
 PY
+# the checkpoint's digest covers its query scales: a sweep run over them is
+# not resumed over others, even where they sit in a large shard whose
+# values the digest only samples (one byte of layer 3's q scale changed)
+cp -r "$work/q-quark" "$work/q-merged"
+st merge-into-model "$work/q-merged" kv_scales.safetensors
+"$bin" run --model-dir "$work/q-merged" --kv fp8-ckpt --attn-fp8 --context 64 --cells drift --gen-tokens 0 -o "$work/q-run.h5" >/dev/null 2>&1 || bad "run --model-dir with query scales failed"
+st poke "$work/q-merged/model.safetensors" model.layers.3.self_attn.q_proj.output_scale 2 0xb3
+expect 2 "q-run.h5 holds cells of other weights" -- run --model-dir "$work/q-merged" --kv fp8-ckpt --attn-fp8 --context 64 --cells drift --gen-tokens 0 -o "$work/q-run.h5"
 # query scales that cannot be: the file, the tensor and what was expected
 cp -r "$work/noscale" "$work/q-bad"
 st add-scales-as quark "$work/q-bad" 3:0.75:0.0002:0.02,0.02,0.02 7:1.5:0.0001:0.02
