@@ -31,7 +31,9 @@ int kvd_cuda_attn_decode(const kvd_kv_view *kv, int n_blocks, const int32_t *blo
  * tensor cores with the query and probabilities as 16-bit hi + lo pairs;
  * head_dim 64/128/256, any GQA group <= 16, where the device's shared memory
  * holds two stages), or 0: the best of these the shape allows. -1 when the
- * version asked for cannot take the shape. */
+ * version asked for cannot take the shape. FP8 weights (kv->p_fp8; the
+ * query is taken as given): versions 1 and 3 round them, 3 in two passes
+ * (the row maxima, then the weights); 2 refuses them (-1). */
 int kvd_cuda_attn_decode_v(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int n_ctx,
                            const float *q, int n_heads, float sm_scale, float *out, int version);
 
@@ -69,7 +71,8 @@ int kvd_cuda_logits_compare(const float *a, const float *x, int rows, int V, con
  * stage instead of keeping the pieces in shared memory (what version 2 does
  * where shared memory is short, as on sm_120; the same results bit for
  * bit); 0: 2 where it can, else 1. -1 when the version asked for cannot
- * take the shape. */
+ * take the shape. FP8 weights (kv->p_fp8): versions 2 to 5 round them in
+ * two passes, 1 refuses them (-1). */
 int kvd_cuda_attn_prefill_v(const kvd_kv_view *kv, int n_blocks, const int32_t *blocks, int pos0,
                             int n_q, const float *q, int n_heads, float sm_scale, float *out,
                             int version);
@@ -129,7 +132,11 @@ int kvd_cuda_sync(char *err, int len);
  * kvd_cuda_attn_scratch_floats(n_ctx, ...) floats. Decode runs version 3
  * where it can, else 2; KVD_CUDA_DECODE=2 in the environment keeps it on 2,
  * and KVD_CUDA_PREFILL=1 keeps prefill on version 1 (diagnostics: the GPU
- * check compares the versions on the whole model). */
+ * check compares the versions on the whole model). FP8 weights (p_fp8):
+ * these and the batch and rows entry points below round them on the
+ * tensor cores in two passes, their row maxima (n_heads floats a query) at
+ * the scratch's end; where versions 3 / 2 cannot run they return -1 and
+ * kvd_cuda_attn_fp8_dev is the caller's fallback. */
 size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim);
 int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
                              const float *q, int n_heads, float sm_scale, float *out,
@@ -196,7 +203,8 @@ int kvd_cuda_attn_fp8_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ct
 int kvd_cuda_attn_fp8(const kvd_kv_view *hv, int n_blocks, const int32_t *blocks, int n_ctx,
                       const float *q, int n_heads, float sm_scale, float *out);
 /* scratch (may be null) lets a short chunk split its context: n_q * splits
- * * n_heads * (head_dim + 2) floats for that many splits */
+ * * n_heads * (head_dim + 2) floats for that many splits; FP8 weights need
+ * n_q * n_heads floats more for the rows' maxima, and a scratch */
 int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, int n_q,
                               const float *q, int n_heads, float sm_scale, float *out,
                               float *scratch, size_t scratch_floats);
