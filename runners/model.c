@@ -248,8 +248,7 @@ void kvd_model_copy_seq(kvd_model *m, int from, int to) {
 typedef struct {
     kvd_model *m;
     kvd_kvcache *kv;
-    int al, nh, hd, hook_raw, shadow, cmp;
-    float sm_scale;
+    int al, hook_raw, shadow, cmp;
     size_t qb, pb, sb, rb, fb, per_thread;
     kvd_kv_view view;
     const kvd_model *ref;
@@ -260,9 +259,9 @@ typedef struct {
 static void attend_row(const attn_rows *J, int r, int tid) {
     kvd_model *m = J->m;
     kvd_kvcache *kv = J->kv;
-    const int al = J->al, nh = J->nh, hd = J->hd, hook_raw = J->hook_raw, shadow = J->shadow,
-              cmp = J->cmp;
-    const float sm_scale = J->sm_scale;
+    const int al = J->al, hook_raw = J->hook_raw, shadow = J->shadow, cmp = J->cmp;
+    const int nh = m->c.num_attention_heads, hd = m->c.head_dim;
+    const float sm_scale = 1.0f / sqrtf((float)hd);
     const size_t qb = J->qb, pb = J->pb, sb = J->sb, rb = J->rb, fb = J->fb,
                  per_thread = J->per_thread;
     const kvd_model *ref = J->ref;
@@ -323,7 +322,7 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
     const int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads;
     const int kvh = c->num_key_value_heads, rot = kvd_rot_dim(c);
     const int al = m->attn_index[layer];
-    const float eps = (float)c->rms_norm_eps, sm_scale = 1.0f / sqrtf((float)hd);
+    const float eps = (float)c->rms_norm_eps;
 
     /* projections: q carries [query | gate] per head */
     kvd_linear(m->xn, lw->q_proj, m->qg, rows, nh * hd * 2, H);
@@ -395,12 +394,9 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
     const attn_rows J = {.m = m,
                          .kv = kv,
                          .al = al,
-                         .nh = nh,
-                         .hd = hd,
                          .hook_raw = hook_raw,
                          .shadow = shadow,
                          .cmp = cmp,
-                         .sm_scale = sm_scale,
                          .qb = qb,
                          .pb = pb,
                          .sb = sb,
