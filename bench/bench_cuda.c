@@ -316,23 +316,31 @@ int kvd_bench_cuda(int reps) {
                    bytes / t / 1e9, 100 * bytes / t / bw, t3 / t);
         }
     }
-    /* v3's split length and stage count at 128K: what the next tuning of
-     * per_split_for and stages_for starts from */
-    printf("\nv3 at 131072 tokens by split length and stages (us; '-' where the stages do not "
-           "fit):\n%6s %7s %9s %9s %9s\n",
-           "cache", "split", "2 stages", "3 stages", "4 stages");
-    const int splits[4] = {128, 256, 512, 1024};
+    /* v3's split length and stage count at 32K and 128K, the split v3
+     * chooses marked: what the next tuning of per_split_for and stages_for
+     * starts from. Each split adds G (hd + 2) floats of partial results,
+     * written and read again by the merge, to its cache rows. */
+    printf("\nv3 by split length and stages (us; '-' where the stages do not fit; '*' the split "
+           "v3 chooses,\n%d CTAs a wave):\n%6s %8s %7s %9s %9s %9s\n",
+           kvd_cuda_attn_wave(KVD_FMT_BF16, 256), "cache", "context", "split", "2 stages",
+           "3 stages", "4 stages");
+    const int splits[5] = {128, 256, 512, 1024, 2048};
     for (int f = 0; f < 2; f++)
-        for (int si = 0; si < 4; si++) {
-            printf("%6s %7d", fn[f], splits[si]);
-            for (int ns = 2; ns <= 4; ns++) {
-                double t = kvd_cuda_bench_attn_v3(f, 131072, 32, 2, 256, reps, splits[si], ns);
-                if (t > 0)
-                    printf(" %9.1f", t * 1e6);
-                else
-                    printf(" %9s", "-");
+        for (int ci = 0; ci < 2; ci++) {
+            const int chosen = kvd_cuda_attn_split_len(f, 256, 2, 1, ctxs[ci]);
+            for (int si = 0; si < 5; si++) {
+                printf("%6s %8d %6d%c", fn[f], ctxs[ci], splits[si],
+                       splits[si] == chosen ? '*' : ' ');
+                for (int ns = 2; ns <= 4; ns++) {
+                    double t =
+                        kvd_cuda_bench_attn_v3(f, ctxs[ci], 32, 2, 256, reps, splits[si], ns);
+                    if (t > 0)
+                        printf(" %9.1f", t * 1e6);
+                    else
+                        printf(" %9s", "-");
+                }
+                printf("\n");
             }
-            printf("\n");
         }
     /* prefill attention: a 512-row chunk at the end of a 32K and a 128K
      * prompt; its multiply-adds (2 n_q heads hd per position attended,

@@ -18,6 +18,7 @@
 
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -211,27 +212,98 @@ __global__ void decode_v2(view kv, const int *blocks, int n_ctx, int per_split, 
         part_acc[((size_t)split * kv.kv_heads + h) * G * hd + i] = sacc[i];
 }
 
+// ---- merging a query head's splits ----
+// A merge block takes MERGE_DIMS of a head's dims (grid z: hd / MERGE_DIMS
+// rounded up) and 64 to 256 threads (merge_threads): lanes of one float4
+// each across a split's dims, and as many groups of them as the splits ask
+// for, each group summing every groups-th split. A split's row of partial
+// results is G (hd + 2) floats (16 KB at G = 16, head_dim 256), so at C = 1
+// the merge reads megabytes; one thread a dim, walking the splits in turn
+// with an exponential per value, would leave it latency-bound, tens of
+// microseconds against the attention's few.
+constexpr int MERGE_DIMS = 64, MERGE_MAX_THREADS = 256;
+
+// a block of want threads, a power of two from 64 to MERGE_MAX_THREADS
+static unsigned block_of(long long want) {
+    int nt = 64;
+    while (nt < want && nt < MERGE_MAX_THREADS) nt *= 2;
+    return (unsigned)nt;
+}
+static unsigned merge_threads(int splits, int hd) {
+    return block_of((long long)(hd % 4 == 0 ? MERGE_DIMS / 4 : MERGE_DIMS) * splits);
+}
+
+static dim3 merge_grid(int n_heads, int entries, int hd) {
+    return dim3((unsigned)n_heads, (unsigned)entries,
+                (unsigned)((hd + MERGE_DIMS - 1) / MERGE_DIMS));
+}
+
+// the largest of query head hq's split maxima (m: [split][n_heads]), in
+// every thread of the block (64, 128 or 256 of them)
+__device__ inline float splits_max(int splits, int n_heads, int hq, const float *m) {
+    __shared__ float red[MERGE_MAX_THREADS];
+    float M = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += blockDim.x)
+        M = fmaxf(M, m[(size_t)s * n_heads + hq]);
+    red[threadIdx.x] = M;
+    __syncthreads();
+    for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + w]);
+        __syncthreads();
+    }
+    M = red[0];
+    __syncthreads(); // red is free again
+    return M;
+}
+
 // query head hq's output from its splits' partial results (layout [split]
-// [kv_head][G] (x hd)); the block's threads take the dims
+// [n_heads] (x hd), head hq of KV head hq / G), dims MERGE_DIMS blockIdx.z
+// on; the sums in double
 __device__ inline void merge_splits(int splits, int kv_heads, int G, int hd, int hq,
                                     const float *part_acc, const float *part_m, const float *part_l,
                                     const float *v_scale, float *out) {
-    const int h = hq / G, j = hq % G;
-    float M = -INFINITY;
-    for (int s = 0; s < splits; s++) M = fmaxf(M, part_m[((size_t)s * kv_heads + h) * G + j]);
+    __shared__ double red[MERGE_MAX_THREADS * 4];
+    const int n_heads = kv_heads * G, tid = threadIdx.x, nt = blockDim.x;
+    const float M = splits_max(splits, n_heads, hq, part_m);
     double L = 0.0;
-    for (int s = 0; s < splits; s++) {
-        float ms = part_m[((size_t)s * kv_heads + h) * G + j];
-        if (ms != -INFINITY) L += (double)part_l[((size_t)s * kv_heads + h) * G + j] * expf(ms - M);
+    for (int s = tid; s < splits; s += nt) {
+        const float ms = part_m[(size_t)s * n_heads + hq];
+        if (ms != -INFINITY) L += (double)part_l[(size_t)s * n_heads + hq] * expf(ms - M);
     }
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        double a = 0.0;
-        for (int s = 0; s < splits; s++) {
-            float ms = part_m[((size_t)s * kv_heads + h) * G + j];
-            if (ms != -INFINITY)
-                a += (double)part_acc[(((size_t)s * kv_heads + h) * G + j) * hd + d] * expf(ms - M);
+    red[tid] = L;
+    __syncthreads();
+    for (int w = nt / 2; w > 0; w >>= 1) {
+        if (tid < w) red[tid] += red[tid + w];
+        __syncthreads();
+    }
+    L = red[0];
+    __syncthreads();
+
+    const int d0 = blockIdx.z * MERGE_DIMS;
+    const bool v4 = hd % 4 == 0 && ((uintptr_t)part_acc & 15) == 0;
+    const int vec = v4 ? 4 : 1, lanes = MERGE_DIMS / vec, groups = nt / lanes;
+    const int grp = tid / lanes, d = d0 + (tid % lanes) * vec;
+    double a[4] = {0.0, 0.0, 0.0, 0.0};
+    if (d < hd)
+        for (int s = grp; s < splits; s += groups) {
+            const float ms = part_m[(size_t)s * n_heads + hq];
+            if (ms == -INFINITY) continue;
+            const float w = expf(ms - M);
+            const float *p = part_acc + ((size_t)s * n_heads + hq) * hd + d;
+            if (v4) {
+                const float4 x = *reinterpret_cast<const float4 *>(p);
+                a[0] += (double)x.x * w, a[1] += (double)x.y * w;
+                a[2] += (double)x.z * w, a[3] += (double)x.w * w;
+            } else {
+                a[0] += (double)p[0] * w;
+            }
         }
-        out[(size_t)hq * hd + d] = (float)(a / L) * v_scale[h];
+    for (int k = 0; k < vec; k++) red[grp * MERGE_DIMS + (tid % lanes) * vec + k] = a[k];
+    __syncthreads();
+    if (tid < MERGE_DIMS && d0 + tid < hd) {
+        double sum = 0.0;
+        for (int g = 0; g < groups; g++) sum += red[g * MERGE_DIMS + tid];
+        out[(size_t)hq * hd + d0 + tid] = (float)(sum / L) * v_scale[hq / G];
     }
 }
 
@@ -286,8 +358,9 @@ static int launch_v2(const view &kv, const int *db, int n_ctx, const float *dq, 
         return -1;
     }
     if (rc) return rc;
-    merge_v2<<<(unsigned)n_heads, 128>>>((n_ctx + per_split - 1) / per_split, kv.kv_heads, G,
-                                         kv.head_dim, pa, pm, pl, kv.v_scale, dout);
+    const int splits_run = (n_ctx + per_split - 1) / per_split;
+    merge_v2<<<merge_grid(n_heads, 1, kv.head_dim), merge_threads(splits_run, kv.head_dim)>>>(
+        splits_run, kv.kv_heads, G, kv.head_dim, pa, pm, pl, kv.v_scale, dout);
     return 0;
 }
 
@@ -764,13 +837,27 @@ template <class F> static bool opt_in(F *kernel, size_t shm, size_t opted[16]) {
     return true;
 }
 
-// positions a split: 512, or fewer (down to 128) until the grid of n
-// entries of up to max_ctx positions has three CTAs an SM
-static int per_split_for(int max_ctx, int kv_heads, int n) {
+// CTAs of v3 an SM holds at once: two where their stages leave room (the
+// launch bounds' two), else one
+static int ctas_per_sm(int hd, int fmt) {
+    const int shm = stages_for(hd, fmt) * stage_bytes(hd, fmt != KVD_FMT_BF16) + SBUF;
+    return limits_of_current().smem_sm >= 2 * (shm + 1024) ? 2 : 1;
+}
+
+// positions a split: the fewest (128 times a power of two) whose grid of n
+// entries of up to max_ctx positions still runs in one wave, every CTA
+// resident from the start, as FlashInfer's decode sizes its KV chunks. A
+// split costs more than its cache rows: its G query rows' partial results
+// (G (hd + 2) floats, written, then read by the merge) and the query
+// itself. At G = 16 and head_dim 256 that is 32 KB beside 64 KB of an FP8
+// cache in a 128-position split, 256 KB in a 512-position one; splitting
+// finer than the device can run at once buys no parallelism for that
+// traffic. Where the entries alone fill a wave, one split each.
+static int per_split_for(int max_ctx, int kv_heads, int n, int hd, int fmt) {
     if (bench_per_split) return bench_per_split;
-    const long long want = 3LL * limits_of_current().sms;
-    int ps = 512;
-    while (ps > 128 && (long long)((max_ctx + ps - 1) / ps) * kv_heads * n < want) ps /= 2;
+    const long long wave = (long long)ctas_per_sm(hd, fmt) * limits_of_current().sms;
+    int ps = 128;
+    while (ps < max_ctx && (long long)((max_ctx + ps - 1) / ps) * kv_heads * n > wave) ps *= 2;
     return ps;
 }
 
@@ -799,20 +886,17 @@ static int launch_t(const view &kv, const rows &R, const split_args &a) {
     return 0;
 }
 
-// entry z's row maxima over its splits' (PASS_MAX's part_m): grid (entries)
+// entry z's row maxima over its splits' (PASS_MAX's part_m): grid
+// (n_heads, entries)
 __global__ void rowmax_rows(rows R, int per_split, int n_heads, const float *part_m,
                             float *rowmax) {
     const int *blocks;
     int n_ctx, qrow, orow;
-    const int z = blockIdx.x;
+    const int z = blockIdx.y, hq = blockIdx.x;
     if (!row_of(R, z, &blocks, &n_ctx, &qrow, &orow)) return;
-    const int splits = (n_ctx + per_split - 1) / per_split;
-    for (int hq = threadIdx.x; hq < n_heads; hq += blockDim.x) {
-        float m = -INFINITY;
-        for (int s = 0; s < splits; s++)
-            m = fmaxf(m, part_m[((size_t)z * R.max_splits + s) * n_heads + hq]);
-        rowmax[(size_t)z * n_heads + hq] = m;
-    }
+    const float m = splits_max((n_ctx + per_split - 1) / per_split, n_heads, hq,
+                               part_m + (size_t)z * R.max_splits * n_heads);
+    if (threadIdx.x == 0) rowmax[(size_t)z * n_heads + hq] = m;
 }
 
 // FP8 attention's two passes (the row maxima between them); E4M3 only
@@ -823,7 +907,8 @@ static int launch_fp8(const view &kv, const rows &R, const split_args &a) {
     } else {
         if (launch_t<HD, FMT, PASS_MAX>(kv, R, a)) return -1;
         const int n_heads = kv.kv_heads * a.G;
-        rowmax_rows<<<(unsigned)a.n, 128>>>(R, a.per_split, n_heads, a.pm, a.rowmax);
+        rowmax_rows<<<dim3((unsigned)n_heads, (unsigned)a.n), block_of(R.max_splits)>>>(
+            R, a.per_split, n_heads, a.pm, a.rowmax);
         return launch_t<HD, FMT, PASS_FP8>(kv, R, a);
     }
 }
@@ -850,7 +935,8 @@ static bool ok(const view &kv, int G) {
            stages_for(kv.head_dim, kv.fmt) >= 2;
 }
 
-// the batch entries' outputs from their splits: grid (n_heads, entries)
+// the batch entries' outputs from their splits: grid merge_grid(n_heads,
+// entries, hd)
 __global__ void merge_rows(rows R, int per_split, int kv_heads, int G, int hd,
                            const float *part_acc, const float *part_m, const float *part_l,
                            const float *v_scale, float *out) {
@@ -876,8 +962,8 @@ static int launch(const view &kv, const rows &R, int n, const float *dq, int n_h
              : hd == 128 ? launch_hd<128>(kv, R, a)
                          : launch_hd<256>(kv, R, a);
     if (rc) return rc;
-    merge_rows<<<dim3((unsigned)n_heads, (unsigned)n), 128>>>(R, per_split, kv.kv_heads, G, hd, pa,
-                                                              pm, pl, kv.v_scale, dout);
+    merge_rows<<<merge_grid(n_heads, n, hd), merge_threads(R.max_splits, hd)>>>(
+        R, per_split, kv.kv_heads, G, hd, pa, pm, pl, kv.v_scale, dout);
     return 0;
 }
 } // namespace v3
@@ -925,11 +1011,23 @@ struct dev_cache {
     }
 };
 
-// splits of 128 positions or more (v3 takes 128 to 512, v2 512), and FP8
+// splits of 128 positions or more (v3 takes 128 or more, v2 512), and FP8
 // attention's row maxima of one query
 extern "C" size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim) {
     size_t splits = (size_t)(max_ctx + 127) / 128;
     return splits * (size_t)n_heads * ((size_t)head_dim + 2) + (size_t)n_heads;
+}
+
+extern "C" int kvd_cuda_attn_wave(int fmt, int head_dim) {
+    if ((head_dim != 64 && head_dim != 128 && head_dim != 256) || fmt < 0 || fmt > KVD_FMT_E5M2 ||
+        v3::stages_for(head_dim, fmt) < 2)
+        return 0;
+    return v3::ctas_per_sm(head_dim, fmt) * v3::limits_of_current().sms;
+}
+
+extern "C" int kvd_cuda_attn_split_len(int fmt, int head_dim, int kv_heads, int n, int max_ctx) {
+    if (!kvd_cuda_attn_wave(fmt, head_dim) || kv_heads < 1 || n < 1 || max_ctx < 1) return 0;
+    return v3::per_split_for(max_ctx, kv_heads, n, head_dim, fmt);
 }
 
 // whether the environment sets name to value
@@ -964,7 +1062,8 @@ static int decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, c
     const bool use3 = version == 3 || (version == 0 && ok3);
     if (use3 ? !ok3 : !v2_ok(dv->head_dim, G)) return -1;
     if (dv->p_fp8 && !use3) return -1;
-    const int per_split = use3 ? v3::per_split_for(n_ctx, dv->kv_heads, 1) : 512;
+    const int per_split =
+        use3 ? v3::per_split_for(n_ctx, dv->kv_heads, 1, dv->head_dim, dv->fmt) : 512;
     const int splits = (n_ctx + per_split - 1) / per_split;
     const parts P = parts_in(scratch, (size_t)splits * n_heads, dv->head_dim);
     if (use3) {
@@ -987,8 +1086,9 @@ extern "C" int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *bl
 // v3's split length for n entries of up to max_ctx positions: the one the
 // grid wants, longer where the scratch (n_heads * (hd + 2) floats an entry
 // and split) is short; -1 where even one split an entry does not fit
-static int split_in(int max_ctx, int kv_heads, int n, int n_heads, int hd, size_t scratch_floats) {
-    int ps = v3::per_split_for(max_ctx, kv_heads, n);
+static int split_in(int max_ctx, const kvd_kv_view *dv, int n, int n_heads, size_t scratch_floats) {
+    const int hd = dv->head_dim;
+    int ps = v3::per_split_for(max_ctx, dv->kv_heads, n, hd, dv->fmt);
     const size_t per_split_floats = (size_t)n * n_heads * ((size_t)hd + 2);
     while ((size_t)((max_ctx + ps - 1) / ps) * per_split_floats > scratch_floats) {
         if (ps >= max_ctx) return -1;
@@ -1020,7 +1120,7 @@ extern "C" int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32
     if (n < 1 || max_ctx < 1 || decode_forced_v2() || !v3::ok(kv, G)) return -1;
     float *rowmax = nullptr;
     if (!fp8_rowmax(dv, n, n_heads, scratch, &scratch_floats, &rowmax)) return -1;
-    const int ps = split_in(max_ctx, dv->kv_heads, n, n_heads, hd, scratch_floats);
+    const int ps = split_in(max_ctx, dv, n, n_heads, scratch_floats);
     if (ps < 0) return -1;
     const int splits = (max_ctx + ps - 1) / ps;
     const parts P = parts_in(scratch, (size_t)n * splits * n_heads, hd);
@@ -1050,7 +1150,7 @@ extern "C" int kvd_cuda_attn_decode_rows_dev(const kvd_kv_view *dv, const int32_
         return -1;
     float *rowmax = nullptr;
     if (!fp8_rowmax(dv, n, n_heads, scratch, &scratch_floats, &rowmax)) return -1;
-    const int ps = split_in(max_ctx, dv->kv_heads, n, n_heads, hd, scratch_floats);
+    const int ps = split_in(max_ctx, dv, n, n_heads, scratch_floats);
     if (ps < 0) return -1;
     const int splits = (max_ctx + ps - 1) / ps;
     const parts P = parts_in(scratch, (size_t)n * splits * n_heads, hd);
@@ -1713,7 +1813,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     }
 }
 
-// the rows' outputs from their splits: grid (n_heads, n_q)
+// the rows' outputs from their splits: grid merge_grid(n_heads, n_q, hd)
 __global__ void merge_prefill(int splits, int kv_heads, int G, int hd, int n_heads, const float *pa,
                               const float *pm, const float *pl, const float *v_scale, float *out) {
     const size_t np = (size_t)blockIdx.y * splits * n_heads;
@@ -1774,14 +1874,11 @@ static int launch_t(const args &a, const parts_out &P, int nstage) {
     return 0;
 }
 
-// the rows' maxima over their splits' (PASS_MAX's): grid (n_q)
+// the rows' maxima over their splits' (PASS_MAX's): grid (n_heads, n_q)
 __global__ void rowmax_prefill(int splits, int n_heads, const float *pm, float *rowmax) {
-    const size_t r = blockIdx.x;
-    for (int hq = threadIdx.x; hq < n_heads; hq += blockDim.x) {
-        float m = -INFINITY;
-        for (int s = 0; s < splits; s++) m = fmaxf(m, pm[(r * splits + s) * n_heads + hq]);
-        rowmax[r * n_heads + hq] = m;
-    }
+    const size_t r = blockIdx.y;
+    const float m = splits_max(splits, n_heads, blockIdx.x, pm + r * splits * n_heads);
+    if (threadIdx.x == 0) rowmax[r * n_heads + blockIdx.x] = m;
 }
 
 // FP8 attention's two passes (E4M3 only): the maxima straight into rowmax
@@ -1794,7 +1891,9 @@ template <int HD, int FMT, bool QSH> static int launch_fp8(const args &a, int ns
         parts_out pmax = a.P;
         if (!a.P.acc) pmax.m = rowmax, pmax.splits = 1;
         if (launch_t<HD, FMT, QSH, PASS_MAX>(a, pmax, nstage)) return -1;
-        if (a.P.acc) rowmax_prefill<<<(unsigned)a.n_q, 128>>>(a.P.splits, a.n_heads, a.P.m, rowmax);
+        if (a.P.acc)
+            rowmax_prefill<<<dim3((unsigned)a.n_heads, (unsigned)a.n_q), block_of(a.P.splits)>>>(
+                a.P.splits, a.n_heads, a.P.m, rowmax);
         return launch_t<HD, FMT, QSH, PASS_FP8>(a, a.P, nstage);
     }
 }
@@ -1868,7 +1967,7 @@ static int launch(args a, float *scratch, size_t scratch_floats, int force_ps, b
                    : hd == 128 ? launch_hd<128>(a, L)
                                : launch_hd<256>(a, L);
     if (rc || !a.P.acc) return rc;
-    merge_prefill<<<dim3((unsigned)a.n_heads, (unsigned)a.n_q), 128>>>(
+    merge_prefill<<<merge_grid(a.n_heads, a.n_q, hd), merge_threads(a.P.splits, hd)>>>(
         a.P.splits, a.kv.kv_heads, G, hd, a.n_heads, a.P.acc, a.P.m, a.P.l, a.kv.v_scale, a.out);
     return 0;
 }

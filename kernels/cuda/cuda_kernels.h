@@ -138,6 +138,14 @@ int kvd_cuda_sync(char *err, int len);
  * the scratch's end; where versions 3 / 2 cannot run they return -1 and
  * kvd_cuda_attn_fp8_dev is the caller's fallback. */
 size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim);
+/* Version 3 decode on the current device: the CTAs it runs in one wave
+ * (every one resident at once) for a cache of this format and head_dim,
+ * and the positions a split takes for n entries of up to max_ctx positions
+ * with kv_heads KV heads (before any lengthening for a short scratch): the
+ * fewest, 128 times a power of two, whose n * kv_heads * splits CTAs fit
+ * that wave. 0 where version 3 cannot run the format and head_dim. */
+int kvd_cuda_attn_wave(int fmt, int head_dim);
+int kvd_cuda_attn_split_len(int fmt, int head_dim, int kv_heads, int n, int max_ctx);
 int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx,
                              const float *q, int n_heads, float sm_scale, float *out,
                              float *scratch);

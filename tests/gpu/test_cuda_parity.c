@@ -408,7 +408,50 @@ static void attention_rows(void) {
     }
 }
 
+/* v3 decode's split length: for every format and head_dim, at the model's
+ * shapes and contexts from one block to 256K, the fewest positions (128
+ * times a power of two) whose grid fits one wave, and the grid of half
+ * that would not; on a device of 132 SMs with room for two CTAs each (an
+ * H100's or H200's, and the simulator's), the qwen3.5 shape's splits at
+ * C = 1: 256 positions at 32K, 1024 at 128K. */
+static void split_rule(void) {
+    static const int hds[3] = {64, 128, 256}, kvs[3] = {1, 2, 8}, ns[4] = {1, 3, 8, 32};
+    static const int ctxs[6] = {16, 128, 1100, 32768, 131072, 262144};
+    for (int fmt = 0; fmt < 3; fmt++)
+        for (int hi = 0; hi < 3; hi++) {
+            const int wave = kvd_cuda_attn_wave(fmt, hds[hi]);
+            CHECK(wave > 0, "split rule: no wave for format %d, head_dim %d\n", fmt, hds[hi]);
+            if (wave <= 0) continue;
+            for (int ki = 0; ki < 3; ki++)
+                for (int ni = 0; ni < 4; ni++)
+                    for (int ci = 0; ci < 6; ci++) {
+                        const int kv = kvs[ki], n = ns[ni], ctx = ctxs[ci];
+                        const int ps = kvd_cuda_attn_split_len(fmt, hds[hi], kv, n, ctx);
+                        const long long grid = (long long)n * kv * ((ctx + ps - 1) / ps),
+                                        half = (long long)n * kv * ((ctx + ps / 2 - 1) / (ps / 2));
+                        const int pow2 =
+                            ps >= 128 && ps % 128 == 0 && !((ps / 128) & (ps / 128 - 1));
+                        CHECK(pow2 && (grid <= wave || ps >= ctx) && (ps == 128 || half > wave),
+                              "split rule: format %d, head_dim %d, %d KV heads, %d entries of %d "
+                              "positions: %d a split (grid %lld, wave %d)\n",
+                              fmt, hds[hi], kv, n, ctx, ps, grid, wave);
+                    }
+        }
+    if (kvd_cuda_attn_wave(0, 256) == 264) {
+        CHECK(kvd_cuda_attn_split_len(0, 256, 2, 1, 32768) == 256 &&
+                  kvd_cuda_attn_split_len(1, 256, 2, 1, 32768) == 256 &&
+                  kvd_cuda_attn_split_len(0, 256, 2, 1, 131072) == 1024 &&
+                  kvd_cuda_attn_split_len(0, 256, 2, 32, 32768) == 8192,
+              "split rule, 264 CTAs a wave: %d and %d at 32K, %d at 128K, %d at C = 32\n",
+              kvd_cuda_attn_split_len(0, 256, 2, 1, 32768),
+              kvd_cuda_attn_split_len(1, 256, 2, 1, 32768),
+              kvd_cuda_attn_split_len(0, 256, 2, 1, 131072),
+              kvd_cuda_attn_split_len(0, 256, 2, 32, 32768));
+    }
+}
+
 static void attention(void) {
+    split_rule();
     attention_case(8, 2, 256, 3000);  /* G 4 */
     attention_case(32, 2, 256, 1100); /* the qwen3.5 shape, G 16 */
     attention_case(12, 4, 128, 777);  /* G 3 (v3 only) */
