@@ -275,6 +275,21 @@ void kvd_cudaop_route(const float *logits, int rows, int E, int K, int norm, int
 void kvd_cudaop_gather(const float *xn, const int *slots, int n, int K, float *gx, int H);
 void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const float *topw, int n,
                         int K, int H);
+/* The MoE experts of one step in a launch each, by kvd_cudaop_linear_fp32's
+ * one-warp-a-column arithmetic (so bit for bit the per-expert products
+ * where every expert has at most 16 rows): groups holds ng expert indices,
+ * then ng + 1 item offsets; group g multiplies items groups[ng + g] ..
+ * groups[ng + g + 1] - 1 by w_tab[groups[g]] (BF16 [N][K], a device array
+ * of pointers), item i's activations x's row slots[i] / slot_div (slots
+ * null: row i), its output y's row i. The weighted scatter adds items lo ..
+ * hi - 1 (slots and topw as kvd_cudaop_scatter's) to their rows, rows
+ * blocks, in the items' order: bit for bit kvd_cudaop_scatter expert by
+ * expert. */
+void kvd_cudaop_linear_grouped(const float *x, const int *slots, int slot_div,
+                               const void *const *w_tab, const int *groups, int ng, float *y, int N,
+                               int K);
+void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots, const float *topw,
+                                int K, int lo, int hi, int rows, int H);
 void kvd_cudaop_add_gated(float *mix, const float *y, const float *gate, int rows, int H);
 void kvd_cudaop_nonfinite(const float *x, size_t n, unsigned long long *first);
 

@@ -60,16 +60,17 @@ inline unsigned blocks_for(size_t n, unsigned th) {
 // warp per output column and tile of 16 rows, each lane 8 weights (16 bytes)
 // at a time: decode reads every weight once per step.
 constexpr int LIN_ROWS = 16;
-__global__ void linear_w16_k(const float *x, const __nv_bfloat16 *w, float *y, int M, int N,
-                             int K) {
-    const int n = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    const int m0 = blockIdx.y * LIN_ROWS;
-    if (n >= N) return;
-    const int rows = min(LIN_ROWS, M - m0);
+
+// one warp's output column: y[i * y_stride] = xrow(i) . wr for i < rows
+// (<= LIN_ROWS), wr the column's K weights; xrow(i) gives row i's
+// activations. rows is the same for the whole warp, so the shuffles stay
+// converged.
+template <class XRow>
+__device__ inline void w16_column(XRow xrow, const __nv_bfloat16 *wr, float *y, size_t y_stride,
+                                  int rows, int K, int lane) {
     float acc[LIN_ROWS];
 #pragma unroll
     for (int i = 0; i < LIN_ROWS; i++) acc[i] = 0.0f;
-    const __nv_bfloat16 *wr = w + (size_t)n * K;
     if (K % 8 == 0) {
         for (int k = lane * 8; k < K; k += 256) {
             uint4 raw = *reinterpret_cast<const uint4 *>(wr + k);
@@ -80,7 +81,7 @@ __global__ void linear_w16_k(const float *x, const __nv_bfloat16 *w, float *y, i
 #pragma unroll
             for (int i = 0; i < LIN_ROWS; i++)
                 if (i < rows) {
-                    const float *xr = x + (size_t)(m0 + i) * K + k;
+                    const float *xr = xrow(i) + k;
 #pragma unroll
                     for (int e = 0; e < 8; e++) acc[i] += wv[e] * xr[e];
                 }
@@ -88,18 +89,55 @@ __global__ void linear_w16_k(const float *x, const __nv_bfloat16 *w, float *y, i
     } else {
         for (int k = lane; k < K; k += 32) {
             float wv = __bfloat162float(wr[k]);
-            for (int i = 0; i < rows; i++) acc[i] += wv * x[(size_t)(m0 + i) * K + k];
+            for (int i = 0; i < rows; i++) acc[i] += wv * xrow(i)[k];
         }
     }
-    // the rows that exist only (decode has one or two): rows is the same
-    // for the whole warp, so the shuffles stay converged
 #pragma unroll
     for (int i = 0; i < LIN_ROWS; i++) {
         if (i >= rows) break;
         float a = acc[i];
         for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-        if (lane == 0) y[(size_t)(m0 + i) * N + n] = a;
+        if (lane == 0) y[(size_t)i * y_stride] = a;
     }
+}
+
+__global__ void linear_w16_k(const float *x, const __nv_bfloat16 *w, float *y, int M, int N,
+                             int K) {
+    const int n = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    const int m0 = blockIdx.y * LIN_ROWS;
+    if (n >= N) return;
+    w16_column([&](int i) { return x + (size_t)(m0 + i) * K; }, w + (size_t)n * K,
+               y + (size_t)m0 * N + n, (size_t)N, min(LIN_ROWS, M - m0), K, lane);
+}
+
+// MoE experts' products in one launch, by linear_w16_k's arithmetic: group
+// g (grid y) is expert groups[g], its rows the items groups[ng + g] ..
+// groups[ng + g + 1] - 1; item i's activations are x's row slots[i] /
+// slot_div (slots null: row i), its output y's row i; the expert's weights
+// w_tab[groups[g]]. Rows past 16 take further tiles of 16.
+struct grouped_args {
+    const float *x;
+    const int *slots;
+    int slot_div;
+    const void *const *w_tab;
+    const int *groups;
+    int ng;
+    float *y;
+    int N, K;
+};
+__global__ void linear_grouped_k(grouped_args a) {
+    const int n = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    const int g = blockIdx.y, i0 = a.groups[a.ng + g], i1 = a.groups[a.ng + g + 1];
+    if (n >= a.N) return;
+    const __nv_bfloat16 *wr = (const __nv_bfloat16 *)a.w_tab[a.groups[g]] + (size_t)n * a.K;
+    for (int t0 = i0; t0 < i1; t0 += LIN_ROWS)
+        w16_column(
+            [&](int i) {
+                const int item = t0 + i;
+                const size_t r = a.slots ? (size_t)(a.slots[item] / a.slot_div) : (size_t)item;
+                return a.x + r * a.K;
+            },
+            wr, a.y + (size_t)t0 * a.N + n, (size_t)a.N, min(LIN_ROWS, i1 - t0), a.K, lane);
 }
 
 // The same product for many rows (prefill): 64 x 64 output tiles, 256
@@ -278,6 +316,21 @@ __global__ void scatter_rows_k(float *mix, const float *gy, const int *slots, co
         mix[(size_t)r * H + d] =
             __fadd_rn(mix[(size_t)r * H + d], __fmul_rn(wgt, gy[(size_t)i * H + d]));
 }
+// every expert's weighted output of items lo .. hi - 1 added to its row
+// (block r: row r), in the items' order, which is the experts': bit for bit
+// what scatter_rows_k does expert after expert
+__global__ void scatter_grouped_k(float *mix, const float *gy, const int *slots, const float *topw,
+                                  int K, int lo, int hi, int H) {
+    const int r = blockIdx.x;
+    for (int i = lo; i < hi; i++) {
+        const int s = slots[i];
+        if (s / K != r) continue;
+        const float wgt = topw[s];
+        for (int d = threadIdx.x; d < H; d += blockDim.x)
+            mix[(size_t)r * H + d] =
+                __fadd_rn(mix[(size_t)r * H + d], __fmul_rn(wgt, gy[(size_t)i * H + d]));
+    }
+}
 __global__ void add_gated_k(float *mix, const float *y, const float *gate, int H, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -365,6 +418,18 @@ extern "C" void kvd_cudaop_gather(const float *xn, const int *slots, int n, int 
 extern "C" void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const float *topw,
                                    int n, int K, int H) {
     if (n > 0) scatter_rows_k<<<n, 256>>>(mix, gy, slots, topw, K, H);
+}
+extern "C" void kvd_cudaop_linear_grouped(const float *x, const int *slots, int slot_div,
+                                          const void *const *w_tab, const int *groups, int ng,
+                                          float *y, int N, int K) {
+    if (ng <= 0 || N <= 0) return;
+    const grouped_args a = {x, slots, slot_div, w_tab, groups, ng, y, N, K};
+    linear_grouped_k<<<dim3(blocks_for((size_t)N, 8), (unsigned)ng), 256>>>(a);
+}
+extern "C" void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots,
+                                           const float *topw, int K, int lo, int hi, int rows,
+                                           int H) {
+    if (rows > 0 && hi > lo) scatter_grouped_k<<<rows, 256>>>(mix, gy, slots, topw, K, lo, hi, H);
 }
 extern "C" void kvd_cudaop_add_gated(float *mix, const float *y, const float *gate, int rows,
                                      int H) {

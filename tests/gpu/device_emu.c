@@ -227,6 +227,26 @@ void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const flo
         for (int d = 0; d < H; d++)
             mix[(size_t)(slots[i] / K) * H + d] += topw[slots[i]] * gy[(size_t)i * H + d];
 }
+/* as the per-expert launches: each group's rows gathered, then its product */
+void kvd_cudaop_linear_grouped(const float *x, const int *slots, int slot_div,
+                               const void *const *w_tab, const int *groups, int ng, float *y, int N,
+                               int K) {
+    for (int g = 0; g < ng; g++) {
+        const int i0 = groups[ng + g], rows = groups[ng + g + 1] - i0;
+        float *xg = malloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1) * K);
+        for (int i = 0; i < rows; i++) {
+            const size_t r = slots ? (size_t)(slots[i0 + i] / slot_div) : (size_t)(i0 + i);
+            memcpy(xg + (size_t)i * K, x + r * K, sizeof(float) * (size_t)K);
+        }
+        kvd_cudaop_linear(xg, w_tab[groups[g]], y + (size_t)i0 * N, rows, N, K);
+        free(xg);
+    }
+}
+void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots, const float *topw,
+                                int K, int lo, int hi, int rows, int H) {
+    (void)rows;
+    kvd_cudaop_scatter(mix, gy + (size_t)lo * H, slots + lo, topw, hi - lo, K, H);
+}
 void kvd_cudaop_add_gated(float *mix, const float *y, const float *gate, int rows, int H) {
     for (size_t i = 0; i < (size_t)rows * H; i++) mix[i] += kvd_sigmoidf(gate[i / H]) * y[i];
 }

@@ -663,6 +663,72 @@ static void refusals(void) {
     kvd_weights_free(&w);
 }
 
+/* The MoE experts' grouped launches against a launch per expert and
+ * product (KVD_CUDA_MOE=loop when the model is made): a prefill (its
+ * experts' rows past 16 take the per-expert launches either way), then
+ * decode steps of four sequences on one GPU and split over two, whose
+ * logits must be the same bit for bit. */
+static void moe_paths(const char *preset) {
+    char err[KVD_ERR_LEN];
+    kvd_config cfg;
+    kvd_weights w;
+    if (preset_weights(preset, &cfg, &w)) return;
+    const int V = cfg.vocab_size, nf = kvd_config_n_full(&cfg);
+    for (int gpus = 1; gpus <= 2; gpus++) {
+        float *lg[2] = {malloc(sizeof(float) * 4 * V * 6), malloc(sizeof(float) * 4 * V * 6)};
+        int ok = 1;
+        for (int path = 0; path < 2 && ok; path++) {
+            kvd_kvcache kv;
+            if (kvd_kvcache_init(&kv, KVD_KV_BF16, nf, cfg.num_key_value_heads, cfg.head_dim, 16,
+                                 4096, NULL, 1, err)) {
+                CHECK(0, "%s: %s\n", preset, err);
+                ok = 0;
+                break;
+            }
+            if (path) setenv("KVD_CUDA_MOE", "loop", 1);
+            kvd_cuda_model *md = kvd_cuda_model_new_tp(&w, &kv, MAX_ROWS, 4, gpus, err);
+            unsetenv("KVD_CUDA_MOE");
+            if (!md) {
+                if (!strstr(err, "CUDA devices visible")) CHECK(0, "%s: %s\n", preset, err);
+                kvd_kvcache_free(&kv);
+                ok = 0;
+                break;
+            }
+            int seqs[4], ones[4] = {1, 1, 1, 1};
+            int32_t tok[4][40], nxt[4];
+            for (int s = 0; s < 4 && ok; s++) {
+                seqs[s] = kvd_kvcache_add_seq(&kv);
+                tokens(40 + s, 40, V, tok[s]);
+                int n = 40;
+                kvd_batch b = {1, &seqs[s], &n, tok[s]};
+                ok = kvd_cuda_forward(md, &kv, &b, lg[path], 1, err) == 0;
+                nxt[s] = tok[s][s];
+            }
+            for (int step = 0; step < 6 && ok; step++) {
+                kvd_batch b = {4, seqs, ones, nxt};
+                float *out = lg[path] + (size_t)step * 4 * V;
+                ok = kvd_cuda_forward(md, &kv, &b, out, 1, err) == 0;
+                for (int s = 0; s < 4 && ok; s++) nxt[s] = kvd_argmax(out + (size_t)s * V, V);
+            }
+            CHECK(ok, "%s moe paths (%d GPUs, %s): %s\n", preset, gpus, path ? "loop" : "grouped",
+                  err);
+            kvd_cuda_model_free(md);
+            kvd_kvcache_free(&kv);
+        }
+        if (ok) {
+            CHECK(!memcmp(lg[0], lg[1], sizeof(float) * 4 * V * 6),
+                  "%s, %d GPU(s): the grouped experts' decode logits differ from a launch per "
+                  "expert's\n",
+                  preset, gpus);
+            printf("%-6s %d GPU%s: decode logits with the experts grouped and launched one by one "
+                   "identical\n",
+                   preset, gpus, gpus > 1 ? "s" : " ");
+        }
+        free(lg[0]), free(lg[1]);
+    }
+    kvd_weights_free(&w);
+}
+
 int main(void) {
     char why[256];
     if (!kvd_cuda_available(why, sizeof why)) {
@@ -678,6 +744,7 @@ int main(void) {
     for (int p = 0; p < 2; p++) {
         if (only && !strstr(only, presets[p])) continue;
         kvd_kv_scales cal = {0};
+        moe_paths(presets[p]);
         run(presets[p], KVD_KV_BF16, NULL, &cal, 1);
         if (quick) {
             run(presets[p], KVD_KV_FP8_CAL, &cal, NULL, 2);

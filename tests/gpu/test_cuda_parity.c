@@ -733,6 +733,104 @@ static void linear_w16(void) {
     }
 }
 
+/* MoE experts in grouped launches (kvd_cudaop_linear_grouped and
+ * kvd_cudaop_scatter_grouped) against the per-expert launches they replace
+ * (gather, kvd_cudaop_linear_fp32, kvd_cudaop_scatter expert by expert),
+ * bit for bit, and against kvd_linear: 24 rows, 2 experts a row, in the
+ * model's slot order; expert 0 takes every row's first choice (24 rows:
+ * two tiles of 16), expert 3 none; K a multiple of 8 and not. */
+static void moe_grouped(void) {
+    enum { R = 24, TOPK = 2, E = 5, N = 300 };
+    static const int Ks[2] = {1024, 1000};
+    for (int ki = 0; ki < 2; ki++) {
+        const int K = Ks[ki];
+        int topi[R * TOPK], slots[R * TOPK + 2 * E + 1], off[E + 1], n = 0;
+        for (int r = 0; r < R; r++) topi[r * TOPK] = 0, topi[r * TOPK + 1] = 1 + (r * 7) % 4 % 3;
+        for (int e = 0; e < E; e++) { /* as the model lists them */
+            off[e] = n;
+            for (int r = 0; r < R; r++)
+                for (int j = 0; j < TOPK; j++)
+                    if (topi[r * TOPK + j] == e) slots[n++] = r * TOPK + j;
+        }
+        off[E] = n;
+        int ng = 0, *grp = slots + n;
+        for (int e = 0; e < E; e++)
+            if (off[e + 1] > off[e]) grp[ng++] = e;
+        for (int g = 0; g < ng; g++) grp[ng + g] = off[grp[g]];
+        grp[2 * ng] = n;
+        float *x = malloc(sizeof(float) * R * K), *wf = malloc(sizeof(float) * E * N * K),
+              *topw = malloc(sizeof(float) * R * TOPK), *mix0 = malloc(sizeof(float) * R * N);
+        float *yl = malloc(sizeof(float) * n * N), *yg = malloc(sizeof(float) * n * N),
+              *yc = malloc(sizeof(float) * n * N), *ml = malloc(sizeof(float) * R * N),
+              *mg = malloc(sizeof(float) * R * N), *xe = malloc(sizeof(float) * R * K);
+        uint16_t *w = malloc(2 * (size_t)E * N * K);
+        fill(x, (size_t)R * K, "gpu.moe.x", 1.0f);
+        fill(wf, (size_t)E * N * K, "gpu.moe.w", 0.05f);
+        fill(topw, R * TOPK, "gpu.moe.topw", 0.5f);
+        fill(mix0, (size_t)R * N, "gpu.moe.mix", 1.0f);
+        kvd_quant_bf16(wf, w, (size_t)E * N * K);
+        kvd_dequant_bf16(w, wf, (size_t)E * N * K);
+        for (int e = 0; e < E; e++) { /* the CPU's product of each expert's rows */
+            const int ne = off[e + 1] - off[e];
+            for (int i = 0; i < ne; i++)
+                memcpy(xe + (size_t)i * K, x + (size_t)(slots[off[e] + i] / TOPK) * K,
+                       sizeof(float) * K);
+            if (ne) kvd_linear(xe, wf + (size_t)e * N * K, yc + (size_t)off[e] * N, ne, N, K);
+        }
+        float *dx = kvd_cuda_alloc(sizeof(float) * R * K),
+              *dgx = kvd_cuda_alloc(sizeof(float) * R * K);
+        float *dy = kvd_cuda_alloc(sizeof(float) * n * N),
+              *dtw = kvd_cuda_alloc(sizeof(float) * R * TOPK);
+        float *dmix = kvd_cuda_alloc(sizeof(float) * R * N);
+        int *dslots = kvd_cuda_alloc(sizeof slots);
+        void *dw = kvd_cuda_alloc(2 * (size_t)E * N * K), *tab[E];
+        const void **dtab = kvd_cuda_alloc(sizeof tab);
+        for (int e = 0; e < E; e++) tab[e] = dw ? (char *)dw + 2 * (size_t)e * N * K : NULL;
+        char err[256] = "";
+        int ok = dx && dgx && dy && dtw && dmix && dslots && dw && dtab &&
+                 !kvd_cuda_upload(dx, x, sizeof(float) * R * K) &&
+                 !kvd_cuda_upload(dw, w, 2 * (size_t)E * N * K) &&
+                 !kvd_cuda_upload(dslots, slots, sizeof slots) &&
+                 !kvd_cuda_upload(dtw, topw, sizeof(float) * R * TOPK) &&
+                 !kvd_cuda_upload(dtab, tab, sizeof tab) &&
+                 !kvd_cuda_upload(dmix, mix0, sizeof(float) * R * N);
+        /* per expert: gathered rows, the product, the scatter */
+        for (int e = 0; ok && e < E; e++) {
+            const int ne = off[e + 1] - off[e];
+            if (!ne) continue;
+            kvd_cudaop_gather(dx, dslots + off[e], ne, TOPK, dgx, K);
+            kvd_cudaop_linear_fp32(dgx, tab[e], dy + (size_t)off[e] * N, ne, N, K);
+            kvd_cudaop_scatter(dmix, dy + (size_t)off[e] * N, dslots + off[e], dtw, ne, TOPK, N);
+        }
+        ok = ok && !kvd_cuda_sync(err, sizeof err) &&
+             !kvd_cuda_download(yl, dy, sizeof(float) * n * N) &&
+             !kvd_cuda_download(ml, dmix, sizeof(float) * R * N);
+        /* grouped */
+        ok = ok && !kvd_cuda_zero(dy, sizeof(float) * n * N) &&
+             !kvd_cuda_upload(dmix, mix0, sizeof(float) * R * N);
+        if (ok) {
+            kvd_cudaop_linear_grouped(dx, dslots, TOPK, dtab, dslots + n, ng, dy, N, K);
+            kvd_cudaop_scatter_grouped(dmix, dy, dslots, dtw, TOPK, 0, n, R, N);
+        }
+        ok = ok && !kvd_cuda_sync(err, sizeof err) &&
+             !kvd_cuda_download(yg, dy, sizeof(float) * n * N) &&
+             !kvd_cuda_download(mg, dmix, sizeof(float) * R * N);
+        CHECK(ok, "moe grouped (K %d) failed: %s\n", K, err);
+        if (ok) {
+            CHECK(!memcmp(yl, yg, sizeof(float) * n * N),
+                  "moe grouped (K %d): products differ from the per-expert launches'\n", K);
+            CHECK(!memcmp(ml, mg, sizeof(float) * R * N),
+                  "moe grouped (K %d): scatter differs from the per-expert launches'\n", K);
+            const double e = rel_l2(yg, yc, (size_t)n * N);
+            CHECK(e < 1e-5, "moe grouped (K %d): rel L2 %g to the CPU's\n", K, e);
+        }
+        kvd_cuda_free(dx), kvd_cuda_free(dgx), kvd_cuda_free(dy), kvd_cuda_free(dtw);
+        kvd_cuda_free(dmix), kvd_cuda_free(dslots), kvd_cuda_free(dw), kvd_cuda_free((void *)dtab);
+        free(x), free(wf), free(topw), free(mix0), free(yl), free(yg), free(yc), free(ml);
+        free(mg), free(xe), free(w);
+    }
+}
+
 /* RMSNorm, RoPE and SwiGLU at the model's widths. Each product and sum is
  * rounded as on the CPU; what may differ is the double sum of squares (in a
  * tree) and libm's cos, sin and expf in their last place. */
@@ -1217,6 +1315,7 @@ int main(void) {
                     {"fp8_attention", fp8_attention},
                     {"gemm", gemm},
                     {"linear_w16", linear_w16},
+                    {"moe_grouped", moe_grouped},
                     {"dense", dense},
                     {"kv_write", kv_write},
                     {"prefill", prefill},
