@@ -685,7 +685,7 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_cuda_model *peer
     DBUF(m->rlogit, R * (E ? E : 1));
     DBUF(m->topw, R * K);
     DBUF(m->topi, R * K);
-    DBUF(m->slots_moe, R * K + 2 * E + 1); /* the slots, then the grouped products' groups */
+    DBUF(m->slots_moe, R * K + 2 * E + 2); /* the slots, then the experts' groups */
     DBUF(m->gx, R * H);
     DBUF(m->g1, R * K * I);
     DBUF(m->g2, R * K * I);
@@ -720,7 +720,7 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_cuda_model *peer
     m->h_pos = malloc(sizeof(int) * R);
     m->h_row_seq = malloc(sizeof(int) * R);
     m->h_topi = malloc(sizeof(int) * R * K);
-    m->h_slots = malloc(sizeof(int) * (R * K + 2 * E + 1));
+    m->h_slots = malloc(sizeof(int) * (R * K + 2 * E + 2));
     m->h_seqs = malloc(sizeof(int) * (size_t)max_seqs);
     m->h_row0 = malloc(sizeof(int) * (size_t)max_seqs);
     m->h_ntok = malloc(sizeof(int) * (size_t)max_seqs);
@@ -1363,22 +1363,30 @@ static void deltanet(kvd_cuda_model *m, int l, const kvd_batch *b, int rows) {
     kvd_cudaop_linear(m->gdn_o, d->out_proj, m->mix, rows, H, vd);
 }
 
-static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err) {
-    const kvd_config *c = &m->c;
+/* the MoE experts' products, SwiGLU (on items lo .. hi - 1) and weighted
+ * scatter in five launches over the groups G (at most `most` of them) */
+static void experts_grouped(kvd_cuda_model *m, const dev_layer *d, int rows, const int *G, int most,
+                            int lo, int hi) {
+    const int H = m->c.hidden_size, E = m->c.num_experts, K = m->c.num_experts_per_tok;
+    const int I = m->c.moe_intermediate_size;
+    const void *const *tab = (const void *const *)d->exp_tab;
+    kvd_cudaop_linear_grouped(m->xn, m->slots_moe, K, tab, G, most, m->g1, I, H);
+    kvd_cudaop_linear_grouped(m->xn, m->slots_moe, K, tab + E, G, most, m->g2, I, H);
+    kvd_cudaop_swiglu(m->g1 + (size_t)lo * I, m->g2 + (size_t)lo * I, (size_t)(hi - lo) * I);
+    kvd_cudaop_linear_grouped(m->g1, NULL, 1, tab + 2 * E, G, most, m->gy, H, I);
+    kvd_cudaop_scatter_grouped(m->mix, m->gy, m->slots_moe, m->topw, K, G, rows, H);
+}
+
+/* The experts' item lists made on the host from the routing (one wait a
+ * layer), in the CPU's order, then the products: grouped where every
+ * expert has at most 16 rows (kvd_cudaop_linear would run each on the
+ * one-warp-a-column kernel: the same arithmetic for all experts at once),
+ * else a launch per expert and product (prefill: cuBLASLt). */
+static int moe_host_lists(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, int *G,
+                          char *err) {
     const dev_layer *d = &m->wt->L[l];
-    const int H = c->hidden_size, E = c->num_experts;
-    if (E == 0) {
-        const int I = c->intermediate_size;
-        kvd_cudaop_linear(m->xn, d->dense_gate, m->g1, rows, I, H);
-        kvd_cudaop_linear(m->xn, d->dense_up, m->g2, rows, I, H);
-        kvd_cudaop_swiglu(m->g1, m->g2, (size_t)rows * I);
-        kvd_cudaop_linear(m->g1, d->dense_down, m->mix, rows, H, I);
-        return 0;
-    }
-    const int K = c->num_experts_per_tok, I = c->moe_intermediate_size;
-    kvd_cudaop_linear(m->xn, d->router, m->rlogit, rows, E, H);
-    kvd_cudaop_route(m->rlogit, rows, E, K, c->norm_topk_prob, m->topi, m->topw);
-    /* the experts' row lists are made here, in the CPU's order */
+    const int H = m->c.hidden_size, E = m->c.num_experts, K = m->c.num_experts_per_tok;
+    const int I = m->c.moe_intermediate_size;
     if (kvd_cuda_download(m->h_topi, m->topi, sizeof(int) * (size_t)rows * K)) {
         kvd_cuda_sync(err, KVD_ERR_LEN);
         return -1;
@@ -1394,38 +1402,27 @@ static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err
                 if (m->h_topi[(size_t)r * K + j] == e) m->h_slots[n++] = r * K + j;
     }
     off[E] = n;
-    /* this rank's experts with rows, as groups after the slots: their
-     * indices, then their items' offsets (contiguous: an expert without
-     * rows has none) */
-    int ng = 0, most = 0, *grp = m->h_slots + n;
+    /* this rank's experts with items, as G after the slots: their count,
+     * indices and offsets (contiguous: an expert without rows has none) */
+    int ng = 0, most = 0, *hg = m->h_slots + n;
     for (int e = m->p.e0; e < m->p.e1; e++)
         if (off[e + 1] > off[e]) {
-            grp[ng++] = e;
+            hg[1 + ng++] = e;
             if (off[e + 1] - off[e] > most) most = off[e + 1] - off[e];
         }
-    for (int g = 0; g < ng; g++) grp[ng + g] = off[grp[g]];
-    grp[2 * ng] = off[m->p.e1];
-    if (kvd_cuda_upload(m->slots_moe, m->h_slots, sizeof(int) * (size_t)(n + 2 * ng + 1))) {
+    hg[0] = ng;
+    for (int g = 0; g < ng; g++) hg[1 + ng + g] = off[hg[1 + g]];
+    hg[1 + 2 * ng] = off[m->p.e1];
+    if (kvd_cuda_upload(m->slots_moe, m->h_slots, sizeof(int) * (size_t)n) ||
+        kvd_cuda_upload(G, hg, sizeof(int) * (size_t)(2 * ng + 2))) {
         kvd_cuda_sync(err, KVD_ERR_LEN);
         return -1;
     }
-    /* where every expert has at most 16 rows (decode), kvd_cudaop_linear
-     * would run each product on the one-warp-a-column kernel: the grouped
-     * launches run the same arithmetic for all experts at once: five
-     * launches a layer instead of six an expert (ten experts a token in
-     * qwen3.5, all 32 of the preset's at C = 32) */
-    const int grouped = !m->moe_loop && ng > 0 && most <= 16;
-    if (grouped) {
-        const int lo = off[m->p.e0], hi = off[m->p.e1];
-        const int *groups = m->slots_moe + n;
-        const void *const *tab = (const void *const *)d->exp_tab;
-        kvd_cudaop_linear_grouped(m->xn, m->slots_moe, K, tab, groups, ng, m->g1, I, H);
-        kvd_cudaop_linear_grouped(m->xn, m->slots_moe, K, tab + E, groups, ng, m->g2, I, H);
-        kvd_cudaop_swiglu(m->g1 + (size_t)lo * I, m->g2 + (size_t)lo * I, (size_t)(hi - lo) * I);
-        kvd_cudaop_linear_grouped(m->g1, NULL, 1, tab + 2 * E, groups, ng, m->gy, H, I);
-        kvd_cudaop_scatter_grouped(m->mix, m->gy, m->slots_moe, m->topw, K, lo, hi, rows, H);
+    if (!m->moe_loop && ng > 0 && most <= 16) {
+        experts_grouped(m, d, rows, G, ng, off[m->p.e0], off[m->p.e1]);
+        return 0;
     }
-    for (int e = m->p.e0; e < m->p.e1 && !grouped; e++) {
+    for (int e = m->p.e0; e < m->p.e1; e++) {
         int ne = off[e + 1] - off[e];
         if (ne == 0) continue;
         const int *sl = m->slots_moe + off[e];
@@ -1435,6 +1432,43 @@ static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err
         kvd_cudaop_swiglu(m->g1, m->g2, (size_t)ne * I);
         kvd_cudaop_linear(m->g1, d->exp_down[e], m->gy, ne, H, I);
         kvd_cudaop_scatter(m->mix, m->gy, sl, m->topw, ne, K, H);
+    }
+    return 0;
+}
+
+static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err) {
+    const kvd_config *c = &m->c;
+    const dev_layer *d = &m->wt->L[l];
+    const int H = c->hidden_size, E = c->num_experts;
+    if (E == 0) {
+        const int I = c->intermediate_size;
+        kvd_cudaop_linear(m->xn, d->dense_gate, m->g1, rows, I, H);
+        kvd_cudaop_linear(m->xn, d->dense_up, m->g2, rows, I, H);
+        kvd_cudaop_swiglu(m->g1, m->g2, (size_t)rows * I);
+        kvd_cudaop_linear(m->g1, d->dense_down, m->mix, rows, H, I);
+        return 0;
+    }
+    const int K = c->num_experts_per_tok;
+    kvd_cudaop_linear(m->xn, d->router, m->rlogit, rows, E, H);
+    kvd_cudaop_route(m->rlogit, rows, E, K, c->norm_topk_prob, m->topi, m->topw);
+    /* the experts' groups (kvd_cudaop_linear_grouped's G) after the slots */
+    int *G = m->slots_moe + (size_t)m->max_rows * K;
+    /* up to 16 rows no expert has more: the item lists are made on the
+     * device, and nothing waits for the routing unless a hook reads it */
+    if (!m->moe_loop && rows <= 16) {
+        if (m->hooks.router) {
+            if (kvd_cuda_download(m->h_topi, m->topi, sizeof(int) * (size_t)rows * K)) {
+                kvd_cuda_sync(err, KVD_ERR_LEN);
+                return -1;
+            }
+            m->hooks.router(m->hooks.ctx, l, b, m->h_topi);
+        }
+        kvd_cuda_zero(m->mix, sizeof(float) * (size_t)rows * H);
+        kvd_cudaop_expert_lists(m->topi, rows, K, E, m->p.e0, m->p.e1, m->slots_moe, G);
+        const int most = m->p.e1 - m->p.e0 < rows * K ? m->p.e1 - m->p.e0 : rows * K;
+        experts_grouped(m, d, rows, G, most, 0, rows * K);
+    } else if (moe_host_lists(m, l, b, rows, G, err)) {
+        return -1;
     }
     const int Is = c->shared_expert_intermediate_size;
     if (Is > 0) {

@@ -277,19 +277,25 @@ void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const flo
                         int K, int H);
 /* The MoE experts of one step in a launch each, by kvd_cudaop_linear_fp32's
  * one-warp-a-column arithmetic (so bit for bit the per-expert products
- * where every expert has at most 16 rows): groups holds ng expert indices,
- * then ng + 1 item offsets; group g multiplies items groups[ng + g] ..
- * groups[ng + g + 1] - 1 by w_tab[groups[g]] (BF16 [N][K], a device array
- * of pointers), item i's activations x's row slots[i] / slot_div (slots
- * null: row i), its output y's row i. The weighted scatter adds items lo ..
- * hi - 1 (slots and topw as kvd_cudaop_scatter's) to their rows, rows
- * blocks, in the items' order: bit for bit kvd_cudaop_scatter expert by
- * expert. */
+ * where every expert has at most 16 rows), over expert groups G on the
+ * device: G[0] = ng, G[1 .. ng] the experts, G[ng + 1 .. 2 ng + 1] their
+ * items' offsets. Group g multiplies items G[ng + 1 + g] .. G[ng + 2 + g] -
+ * 1 by w_tab[G[1 + g]] (BF16 [N][K]; a device array of pointers); item i's
+ * activations are x's row slots[i] / slot_div (slots null: row i), its
+ * output y's row i. max_groups bounds ng (the launch's grid). The weighted
+ * scatter adds the groups' items to their rows (rows blocks; slots and topw
+ * as kvd_cudaop_scatter's) in the items' order: bit for bit
+ * kvd_cudaop_scatter expert by expert. kvd_cudaop_expert_lists makes the
+ * slots (expert e's items r K + j, row r's j-th choice, in (r, j) order,
+ * experts in turn: as the host makes them) and G for experts e0 .. e1 - 1
+ * from the routing's topi, on the device, one block. */
 void kvd_cudaop_linear_grouped(const float *x, const int *slots, int slot_div,
-                               const void *const *w_tab, const int *groups, int ng, float *y, int N,
-                               int K);
+                               const void *const *w_tab, const int *G, int max_groups, float *y,
+                               int N, int K);
 void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots, const float *topw,
-                                int K, int lo, int hi, int rows, int H);
+                                int K, const int *G, int rows, int H);
+void kvd_cudaop_expert_lists(const int *topi, int rows, int K, int E, int e0, int e1, int *slots,
+                             int *G);
 void kvd_cudaop_add_gated(float *mix, const float *y, const float *gate, int rows, int H);
 void kvd_cudaop_nonfinite(const float *x, size_t n, unsigned long long *first);
 

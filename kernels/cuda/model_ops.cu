@@ -110,26 +110,27 @@ __global__ void linear_w16_k(const float *x, const __nv_bfloat16 *w, float *y, i
                y + (size_t)m0 * N + n, (size_t)N, min(LIN_ROWS, M - m0), K, lane);
 }
 
-// MoE experts' products in one launch, by linear_w16_k's arithmetic: group
-// g (grid y) is expert groups[g], its rows the items groups[ng + g] ..
-// groups[ng + g + 1] - 1; item i's activations are x's row slots[i] /
-// slot_div (slots null: row i), its output y's row i; the expert's weights
-// w_tab[groups[g]]. Rows past 16 take further tiles of 16.
+// MoE experts' products in one launch, by linear_w16_k's arithmetic, over
+// the expert groups G (G[0] = ng, G[1 ..] the experts, then their items'
+// ng + 1 offsets): block row g < ng (grid y) is expert G[1 + g], its rows
+// the items G[1 + ng + g] .. G[2 + ng + g] - 1; item i's activations are
+// x's row slots[i] / slot_div (slots null: row i), its output y's row i;
+// the expert's weights w_tab[G[1 + g]]. Rows past 16 take further tiles.
 struct grouped_args {
     const float *x;
     const int *slots;
     int slot_div;
     const void *const *w_tab;
-    const int *groups;
-    int ng;
+    const int *G;
     float *y;
     int N, K;
 };
 __global__ void linear_grouped_k(grouped_args a) {
     const int n = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    const int g = blockIdx.y, i0 = a.groups[a.ng + g], i1 = a.groups[a.ng + g + 1];
-    if (n >= a.N) return;
-    const __nv_bfloat16 *wr = (const __nv_bfloat16 *)a.w_tab[a.groups[g]] + (size_t)n * a.K;
+    const int ng = a.G[0], g = blockIdx.y;
+    if (n >= a.N || g >= ng) return;
+    const int i0 = a.G[1 + ng + g], i1 = a.G[2 + ng + g];
+    const __nv_bfloat16 *wr = (const __nv_bfloat16 *)a.w_tab[a.G[1 + g]] + (size_t)n * a.K;
     for (int t0 = i0; t0 < i1; t0 += LIN_ROWS)
         w16_column(
             [&](int i) {
@@ -316,12 +317,12 @@ __global__ void scatter_rows_k(float *mix, const float *gy, const int *slots, co
         mix[(size_t)r * H + d] =
             __fadd_rn(mix[(size_t)r * H + d], __fmul_rn(wgt, gy[(size_t)i * H + d]));
 }
-// every expert's weighted output of items lo .. hi - 1 added to its row
-// (block r: row r), in the items' order, which is the experts': bit for bit
-// what scatter_rows_k does expert after expert
+// the groups' (G, as linear_grouped_k's) weighted outputs added to their
+// rows (block r: row r) in the items' order, which is the experts': bit for
+// bit what scatter_rows_k does expert after expert
 __global__ void scatter_grouped_k(float *mix, const float *gy, const int *slots, const float *topw,
-                                  int K, int lo, int hi, int H) {
-    const int r = blockIdx.x;
+                                  int K, const int *G, int H) {
+    const int r = blockIdx.x, ng = G[0], lo = G[1 + ng], hi = G[1 + 2 * ng];
     for (int i = lo; i < hi; i++) {
         const int s = slots[i];
         if (s / K != r) continue;
@@ -329,6 +330,39 @@ __global__ void scatter_grouped_k(float *mix, const float *gy, const int *slots,
         for (int d = threadIdx.x; d < H; d += blockDim.x)
             mix[(size_t)r * H + d] =
                 __fadd_rn(mix[(size_t)r * H + d], __fmul_rn(wgt, gy[(size_t)i * H + d]));
+    }
+}
+// The routing's item lists, as the host makes them, in one block: expert
+// e's items are the slots r K + j (row r's j-th choice) with topi == e, in
+// (r, j) order, experts one after another; G (as linear_grouped_k's) the
+// experts e0 .. e1 - 1 with items. count: E ints of shared memory.
+__global__ void expert_lists_k(const int *topi, int rows, int K, int E, int e0, int e1, int *slots,
+                               int *G) {
+    extern __shared__ int count[];
+    const int n = rows * K;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int c = 0;
+        for (int i = 0; i < n; i++) c += topi[i] == e;
+        count[e] = c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { // the offsets, and the groups of e0 .. e1 - 1
+        int o = 0, ng = 0;
+        for (int e = 0; e < E; e++) {
+            const int c = count[e];
+            count[e] = o;
+            if (e >= e0 && e < e1 && c > 0) G[1 + ng++] = e;
+            o += c;
+        }
+        G[0] = ng;
+        for (int g = 0; g < ng; g++) G[1 + ng + g] = count[G[1 + g]];
+        G[1 + 2 * ng] = e1 < E ? count[e1] : o;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int o = count[e];
+        for (int i = 0; i < n; i++)
+            if (topi[i] == e) slots[o++] = i;
     }
 }
 __global__ void add_gated_k(float *mix, const float *y, const float *gate, int H, size_t n) {
@@ -420,16 +454,21 @@ extern "C" void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots
     if (n > 0) scatter_rows_k<<<n, 256>>>(mix, gy, slots, topw, K, H);
 }
 extern "C" void kvd_cudaop_linear_grouped(const float *x, const int *slots, int slot_div,
-                                          const void *const *w_tab, const int *groups, int ng,
+                                          const void *const *w_tab, const int *G, int max_groups,
                                           float *y, int N, int K) {
-    if (ng <= 0 || N <= 0) return;
-    const grouped_args a = {x, slots, slot_div, w_tab, groups, ng, y, N, K};
-    linear_grouped_k<<<dim3(blocks_for((size_t)N, 8), (unsigned)ng), 256>>>(a);
+    if (max_groups <= 0 || N <= 0) return;
+    const grouped_args a = {x, slots, slot_div, w_tab, G, y, N, K};
+    linear_grouped_k<<<dim3(blocks_for((size_t)N, 8), (unsigned)max_groups), 256>>>(a);
 }
 extern "C" void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots,
-                                           const float *topw, int K, int lo, int hi, int rows,
+                                           const float *topw, int K, const int *G, int rows,
                                            int H) {
-    if (rows > 0 && hi > lo) scatter_grouped_k<<<rows, 256>>>(mix, gy, slots, topw, K, lo, hi, H);
+    if (rows > 0) scatter_grouped_k<<<rows, 256>>>(mix, gy, slots, topw, K, G, H);
+}
+extern "C" void kvd_cudaop_expert_lists(const int *topi, int rows, int K, int E, int e0, int e1,
+                                        int *slots, int *G) {
+    if (rows > 0 && E > 0)
+        expert_lists_k<<<1, 256, sizeof(int) * (size_t)E>>>(topi, rows, K, E, e0, e1, slots, G);
 }
 extern "C" void kvd_cudaop_add_gated(float *mix, const float *y, const float *gate, int rows,
                                      int H) {

@@ -229,23 +229,40 @@ void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const flo
 }
 /* as the per-expert launches: each group's rows gathered, then its product */
 void kvd_cudaop_linear_grouped(const float *x, const int *slots, int slot_div,
-                               const void *const *w_tab, const int *groups, int ng, float *y, int N,
-                               int K) {
+                               const void *const *w_tab, const int *G, int max_groups, float *y,
+                               int N, int K) {
+    const int ng = G[0] < max_groups ? G[0] : max_groups;
     for (int g = 0; g < ng; g++) {
-        const int i0 = groups[ng + g], rows = groups[ng + g + 1] - i0;
+        const int i0 = G[1 + G[0] + g], rows = G[2 + G[0] + g] - i0;
         float *xg = malloc(sizeof(float) * (size_t)(rows > 0 ? rows : 1) * K);
         for (int i = 0; i < rows; i++) {
             const size_t r = slots ? (size_t)(slots[i0 + i] / slot_div) : (size_t)(i0 + i);
             memcpy(xg + (size_t)i * K, x + r * K, sizeof(float) * (size_t)K);
         }
-        kvd_cudaop_linear(xg, w_tab[groups[g]], y + (size_t)i0 * N, rows, N, K);
+        kvd_cudaop_linear(xg, w_tab[G[1 + g]], y + (size_t)i0 * N, rows, N, K);
         free(xg);
     }
 }
 void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots, const float *topw,
-                                int K, int lo, int hi, int rows, int H) {
+                                int K, const int *G, int rows, int H) {
     (void)rows;
+    const int lo = G[1 + G[0]], hi = G[1 + 2 * G[0]];
     kvd_cudaop_scatter(mix, gy + (size_t)lo * H, slots + lo, topw, hi - lo, K, H);
+}
+void kvd_cudaop_expert_lists(const int *topi, int rows, int K, int E, int e0, int e1, int *slots,
+                             int *G) {
+    int n = 0, ng = 0, off[E + 1];
+    for (int e = 0; e < E; e++) {
+        off[e] = n;
+        for (int i = 0; i < rows * K; i++)
+            if (topi[i] == e) slots[n++] = i;
+    }
+    off[E] = n;
+    for (int e = e0; e < e1; e++)
+        if (off[e + 1] > off[e]) G[1 + ng++] = e;
+    G[0] = ng;
+    for (int g = 0; g < ng; g++) G[1 + ng + g] = off[G[1 + g]];
+    G[1 + 2 * ng] = off[e1];
 }
 void kvd_cudaop_add_gated(float *mix, const float *y, const float *gate, int rows, int H) {
     for (size_t i = 0; i < (size_t)rows * H; i++) mix[i] += kvd_sigmoidf(gate[i / H]) * y[i];

@@ -733,18 +733,32 @@ static void linear_w16(void) {
     }
 }
 
+/* the experts' groups of e0 .. e1 - 1 (kvd_cudaop_linear_grouped's G)
+ * from the item offsets off (E + 1), as the model makes them on the host */
+static int host_groups(const int *off, int e0, int e1, int *G) {
+    int ng = 0;
+    for (int e = e0; e < e1; e++)
+        if (off[e + 1] > off[e]) G[1 + ng++] = e;
+    G[0] = ng;
+    for (int g = 0; g < ng; g++) G[1 + ng + g] = off[G[1 + g]];
+    G[1 + 2 * ng] = off[e1];
+    return 2 * ng + 2;
+}
+
 /* MoE experts in grouped launches (kvd_cudaop_linear_grouped and
  * kvd_cudaop_scatter_grouped) against the per-expert launches they replace
  * (gather, kvd_cudaop_linear_fp32, kvd_cudaop_scatter expert by expert),
  * bit for bit, and against kvd_linear: 24 rows, 2 experts a row, in the
  * model's slot order; expert 0 takes every row's first choice (24 rows:
- * two tiles of 16), expert 3 none; K a multiple of 8 and not. */
+ * two tiles of 16), expert 4 none; K a multiple of 8 and not. The device's
+ * item lists (kvd_cudaop_expert_lists) against the host's, for the first
+ * 16 and all 24 rows and for every range of experts a rank may hold. */
 static void moe_grouped(void) {
     enum { R = 24, TOPK = 2, E = 5, N = 300 };
     static const int Ks[2] = {1024, 1000};
     for (int ki = 0; ki < 2; ki++) {
         const int K = Ks[ki];
-        int topi[R * TOPK], slots[R * TOPK + 2 * E + 1], off[E + 1], n = 0;
+        int topi[R * TOPK], slots[R * TOPK], G[2 * E + 2], off[E + 1], n = 0;
         for (int r = 0; r < R; r++) topi[r * TOPK] = 0, topi[r * TOPK + 1] = 1 + (r * 7) % 4 % 3;
         for (int e = 0; e < E; e++) { /* as the model lists them */
             off[e] = n;
@@ -753,11 +767,8 @@ static void moe_grouped(void) {
                     if (topi[r * TOPK + j] == e) slots[n++] = r * TOPK + j;
         }
         off[E] = n;
-        int ng = 0, *grp = slots + n;
-        for (int e = 0; e < E; e++)
-            if (off[e + 1] > off[e]) grp[ng++] = e;
-        for (int g = 0; g < ng; g++) grp[ng + g] = off[grp[g]];
-        grp[2 * ng] = n;
+        host_groups(off, 0, E, G);
+        const int ng = G[0];
         float *x = malloc(sizeof(float) * R * K), *wf = malloc(sizeof(float) * E * N * K),
               *topw = malloc(sizeof(float) * R * TOPK), *mix0 = malloc(sizeof(float) * R * N);
         float *yl = malloc(sizeof(float) * n * N), *yg = malloc(sizeof(float) * n * N),
@@ -782,15 +793,16 @@ static void moe_grouped(void) {
         float *dy = kvd_cuda_alloc(sizeof(float) * n * N),
               *dtw = kvd_cuda_alloc(sizeof(float) * R * TOPK);
         float *dmix = kvd_cuda_alloc(sizeof(float) * R * N);
-        int *dslots = kvd_cuda_alloc(sizeof slots);
+        int *dslots = kvd_cuda_alloc(sizeof slots), *dG = kvd_cuda_alloc(sizeof G);
         void *dw = kvd_cuda_alloc(2 * (size_t)E * N * K), *tab[E];
         const void **dtab = kvd_cuda_alloc(sizeof tab);
         for (int e = 0; e < E; e++) tab[e] = dw ? (char *)dw + 2 * (size_t)e * N * K : NULL;
         char err[256] = "";
-        int ok = dx && dgx && dy && dtw && dmix && dslots && dw && dtab &&
+        int ok = dx && dgx && dy && dtw && dmix && dslots && dG && dw && dtab &&
                  !kvd_cuda_upload(dx, x, sizeof(float) * R * K) &&
                  !kvd_cuda_upload(dw, w, 2 * (size_t)E * N * K) &&
                  !kvd_cuda_upload(dslots, slots, sizeof slots) &&
+                 !kvd_cuda_upload(dG, G, sizeof G) &&
                  !kvd_cuda_upload(dtw, topw, sizeof(float) * R * TOPK) &&
                  !kvd_cuda_upload(dtab, tab, sizeof tab) &&
                  !kvd_cuda_upload(dmix, mix0, sizeof(float) * R * N);
@@ -809,8 +821,8 @@ static void moe_grouped(void) {
         ok = ok && !kvd_cuda_zero(dy, sizeof(float) * n * N) &&
              !kvd_cuda_upload(dmix, mix0, sizeof(float) * R * N);
         if (ok) {
-            kvd_cudaop_linear_grouped(dx, dslots, TOPK, dtab, dslots + n, ng, dy, N, K);
-            kvd_cudaop_scatter_grouped(dmix, dy, dslots, dtw, TOPK, 0, n, R, N);
+            kvd_cudaop_linear_grouped(dx, dslots, TOPK, dtab, dG, ng + ki, dy, N, K);
+            kvd_cudaop_scatter_grouped(dmix, dy, dslots, dtw, TOPK, dG, R, N);
         }
         ok = ok && !kvd_cuda_sync(err, sizeof err) &&
              !kvd_cuda_download(yg, dy, sizeof(float) * n * N) &&
@@ -824,6 +836,32 @@ static void moe_grouped(void) {
             const double e = rel_l2(yg, yc, (size_t)n * N);
             CHECK(e < 1e-5, "moe grouped (K %d): rel L2 %g to the CPU's\n", K, e);
         }
+        /* the item lists on the device */
+        int *dtopi = kvd_cuda_alloc(sizeof topi);
+        ok = ok && dtopi && !kvd_cuda_upload(dtopi, topi, sizeof topi);
+        for (int rows = 16; ok && rows <= R; rows += R - 16) {
+            int hs[R * TOPK], hoff[E + 1], m = 0, gs[R * TOPK], gG[2 * E + 2], hG[2 * E + 2];
+            for (int e = 0; e < E; e++) {
+                hoff[e] = m;
+                for (int i = 0; i < rows * TOPK; i++)
+                    if (topi[i] == e) hs[m++] = i;
+            }
+            hoff[E] = m;
+            for (int e0 = 0; e0 < E; e0++)
+                for (int e1 = e0 + 1; e1 <= E; e1++) {
+                    const int ng2 = host_groups(hoff, e0, e1, hG);
+                    kvd_cudaop_expert_lists(dtopi, rows, TOPK, E, e0, e1, dslots, dG);
+                    ok = !kvd_cuda_sync(err, sizeof err) &&
+                         !kvd_cuda_download(gs, dslots, sizeof(int) * m) &&
+                         !kvd_cuda_download(gG, dG, sizeof(int) * ng2);
+                    CHECK(ok && !memcmp(gs, hs, sizeof(int) * m) &&
+                              !memcmp(gG, hG, sizeof(int) * ng2),
+                          "moe expert lists on the device (%d rows, experts %d .. %d): not the "
+                          "host's: %s\n",
+                          rows, e0, e1 - 1, err);
+                }
+        }
+        kvd_cuda_free(dtopi), kvd_cuda_free(dG);
         kvd_cuda_free(dx), kvd_cuda_free(dgx), kvd_cuda_free(dy), kvd_cuda_free(dtw);
         kvd_cuda_free(dmix), kvd_cuda_free(dslots), kvd_cuda_free(dw), kvd_cuda_free((void *)dtab);
         free(x), free(wf), free(topw), free(mix0), free(yl), free(yg), free(yc), free(ml);
