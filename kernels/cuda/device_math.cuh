@@ -33,17 +33,45 @@ __device__ inline float silu_rn(float x) {
 }
 
 // kvd_gdn_step for value dimension j of one head (S [dk][dv], column j
-// only: the columns are independent): returns o[j]
+// only: the columns are independent): returns o[j]. Every sum runs in the
+// CPU's order, one key dimension after another; the loads are issued
+// GDN_LOADS at a time before any of them is used, so a thread waits for
+// memory dk / GDN_LOADS times a pass rather than once a row (the compiler
+// may not move a load of S or k past the store into S before it).
+constexpr int GDN_LOADS = 16;
 __device__ inline float gdn_column(float *S, const float *q, const float *k, float vj, float g,
                                    float beta, int dk, int dv, int j) {
     float decay = expf(g), mem = 0.0f;
-    for (int i = 0; i < dk; i++) mem = __fadd_rn(mem, __fmul_rn(S[(size_t)i * dv + j], k[i]));
+    float *col = S + j;
+    for (int i0 = 0; i0 < dk; i0 += GDN_LOADS) {
+        float sv[GDN_LOADS], kv[GDN_LOADS];
+        const int n = dk - i0 < GDN_LOADS ? dk - i0 : GDN_LOADS;
+#pragma unroll
+        for (int u = 0; u < GDN_LOADS; u++)
+            sv[u] = u < n ? col[(size_t)(i0 + u) * dv] : 0.0f, kv[u] = u < n ? k[i0 + u] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < GDN_LOADS; u++)
+            if (u < n) mem = __fadd_rn(mem, __fmul_rn(sv[u], kv[u]));
+    }
     float delta = __fmul_rn(__fsub_rn(vj, __fmul_rn(decay, mem)), beta);
     float acc = 0.0f;
-    for (int i = 0; i < dk; i++) {
-        float s = __fadd_rn(__fmul_rn(decay, S[(size_t)i * dv + j]), __fmul_rn(k[i], delta));
-        S[(size_t)i * dv + j] = s;
-        acc = __fadd_rn(acc, __fmul_rn(s, q[i]));
+    for (int i0 = 0; i0 < dk; i0 += GDN_LOADS) {
+        float sv[GDN_LOADS], kv[GDN_LOADS], qv[GDN_LOADS];
+        const int n = dk - i0 < GDN_LOADS ? dk - i0 : GDN_LOADS;
+#pragma unroll
+        for (int u = 0; u < GDN_LOADS; u++)
+            if (u < n) {
+                sv[u] = col[(size_t)(i0 + u) * dv], kv[u] = k[i0 + u], qv[u] = q[i0 + u];
+            } else {
+                sv[u] = kv[u] = qv[u] = 0.0f;
+            }
+#pragma unroll
+        for (int u = 0; u < GDN_LOADS; u++)
+            if (u < n) {
+                float s = __fadd_rn(__fmul_rn(decay, sv[u]), __fmul_rn(kv[u], delta));
+                col[(size_t)(i0 + u) * dv] = s;
+                acc = __fadd_rn(acc, __fmul_rn(s, qv[u]));
+            }
     }
     return acc;
 }
