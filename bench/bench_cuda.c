@@ -13,8 +13,10 @@
 #include "clock.h"
 
 /* The whole model on the device at one preset: C sequences of ctx tokens
- * each (prefilled), then decode steps of all C at once, the logits of every
- * step copied back (the drift engine needs them). ms per step and tokens/s
+ * each (prefilled), then greedy decode steps of all C at once, the next
+ * tokens taken on the device and copied back (as an engine samples, and as
+ * the sweep's throughput cells decode after their first step). ms per step
+ * and tokens/s
  * with a BF16 cache, and an FP8 one when with_fp8 (each its own model: the
  * weights are made twice), the model split over `gpus` devices; 0, or -1
  * when a step failed. */
@@ -31,11 +33,10 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gp
     const kvd_kv_mode modes[2] = {KVD_KV_BF16, KVD_KV_FP8_UNSCALED};
     double tps[2][3] = {{0}};
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)ctx);
-    float *logits = malloc(sizeof(float) * 32 * (size_t)V);
     uint64_t key = kvd_rng_key(21, "bench.model.tokens");
     for (int i = 0; i < ctx; i++) tok[i] = (int32_t)(kvd_rng_uniform(key, (uint64_t)i) * V) % V;
-    printf("\nthe whole model on %d device%s, %s, %d-token contexts, %d decode steps (logits "
-           "copied back every step):\n",
+    printf("\nthe whole model on %d device%s, %s, %d-token contexts, %d greedy decode steps "
+           "(sampled on the device):\n",
            gpus, gpus > 1 ? "s" : "", preset, ctx, steps);
     int rc = 0;
     const int n_modes = with_fp8 ? 2 : 1;
@@ -74,9 +75,8 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gp
             for (int st = 0; st < steps + 2 && rc == 0; st++) {
                 kvd_batch b = {C, seqs, ones, nxt};
                 double a = kvd_now();
-                rc = kvd_cuda_forward(m, &kv, &b, logits, 1, err);
+                rc = kvd_cuda_forward_greedy(m, &kv, &b, nxt, err);
                 if (st >= 2) t += kvd_now() - a; /* two warm-up steps */
-                for (int s = 0; s < C; s++) nxt[s] = kvd_argmax(logits + (size_t)s * V, V);
             }
             if (rc) {
                 fprintf(stderr, "bench model: %s\n", err);
@@ -95,7 +95,6 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gp
             printf("  C %2d: FP8 cache %.2fx the BF16 cache's tokens/s\n", Cs[ci],
                    tps[1][ci] / tps[0][ci]);
     free(tok);
-    free(logits);
     return rc;
 }
 

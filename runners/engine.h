@@ -24,6 +24,10 @@ typedef struct {
      * the same back end, and its cache; NULL to stop */
     int (*set_reference)(void *m, void *ref, const kvd_kvcache *ref_kv, char *err);
     kvd_step_fn forward;
+    /* forward with last_only, each sequence's greedy next token (kvd_argmax
+     * of its last row's logits) into next instead of the logits, taken
+     * where the logits are; NULL: the engine's forward and kvd_argmax */
+    int (*greedy)(void *m, kvd_kvcache *kv, const kvd_batch *b, int32_t *next, char *err);
     /* a branch of seq (cache and recurrent state): the new id, or -1 */
     int (*fork)(void *m, kvd_kvcache *kv, int seq);
     /* kv's host pools made to hold the cache's bytes (the device keeps its
@@ -61,6 +65,15 @@ void kvd_engine_close(kvd_engine *e);
 static inline int kvd_engine_forward(kvd_engine *e, kvd_kvcache *kv, const kvd_batch *b,
                                      float *logits, int last_only, char *err) {
     return e->ops->forward(e->m, kv, b, logits, last_only, err);
+}
+/* One step and each sequence's greedy next token: on the device where the
+ * engine samples there, else from logits (b->n x vocab floats of scratch). */
+static inline int kvd_engine_greedy(kvd_engine *e, kvd_kvcache *kv, const kvd_batch *b,
+                                    float *logits, int32_t *next, char *err) {
+    if (e->ops->greedy) return e->ops->greedy(e->m, kv, b, next, err);
+    if (e->ops->forward(e->m, kv, b, logits, 1, err)) return -1;
+    for (int s = 0; s < b->n; s++) next[s] = kvd_argmax(logits + (size_t)s * e->vocab, e->vocab);
+    return 0;
 }
 /* kvd_prefill on this engine */
 static inline int kvd_engine_prefill(kvd_engine *e, kvd_kvcache *kv, int seq, const int32_t *tok,

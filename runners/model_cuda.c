@@ -100,7 +100,7 @@ struct kvd_cuda_model {
     float *x, *xn, *mix, *qg, *qh, *kb, *vb, *att;
     float *qkvz, *ba, *conv, *z, *beta, *gdec, *gdn_o;
     float *rlogit, *topw, *gx, *g1, *g2, *gy, *sh1, *sh2, *shg, *logits;
-    int *topi, *slots_moe;
+    int *topi, *slots_moe, *d_next;
     int moe_loop; /* KVD_CUDA_MOE=loop: a launch per expert and product */
     int32_t *tok;
     int *pos, *seqs, *row0, *ntok;
@@ -145,7 +145,7 @@ struct kvd_cuda_model {
     float *conv_state, *ssm;
     size_t conv_len, ssm_len; /* per sequence slot, all DeltaNet layers */
     /* host staging */
-    int *h_pos, *h_row_seq, *h_topi, *h_slots, *h_seqs, *h_row0, *h_ntok;
+    int *h_pos, *h_row_seq, *h_topi, *h_slots, *h_seqs, *h_row0, *h_ntok, *h_next;
     float *h_x;
     /* the weights being uploaded (lazy ones are made one tensor at a time,
      * just before their upload; what went wrong making one), and a BF16
@@ -199,7 +199,7 @@ static void rank_free(kvd_cuda_model *m) {
     free(m->h_stop), free(m->h_sel), free(m->h_k), free(m->h_v);
     free(m->h_hcmp), free(m->h_lcmp), free(m->h_target);
     free(m->stage16);
-    free(m->h_pos), free(m->h_row_seq), free(m->h_topi), free(m->h_slots);
+    free(m->h_pos), free(m->h_row_seq), free(m->h_topi), free(m->h_slots), free(m->h_next);
     free(m->h_seqs), free(m->h_row0), free(m->h_ntok), free(m->h_x);
     free(m);
 }
@@ -694,6 +694,7 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_cuda_model *peer
     DBUF(m->sh2, R * (Is ? Is : 1));
     DBUF(m->shg, R);
     DBUF(m->logits, R * V);
+    DBUF(m->d_next, R);
     DBUF(m->tok, R);
     DBUF(m->pos, R);
     DBUF(m->seqs, max_seqs);
@@ -719,13 +720,14 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_cuda_model *peer
     /* host staging */
     m->h_pos = malloc(sizeof(int) * R);
     m->h_row_seq = malloc(sizeof(int) * R);
+    m->h_next = malloc(sizeof(int) * R);
     m->h_topi = malloc(sizeof(int) * R * K);
     m->h_slots = malloc(sizeof(int) * (R * K + 2 * E + 2));
     m->h_seqs = malloc(sizeof(int) * (size_t)max_seqs);
     m->h_row0 = malloc(sizeof(int) * (size_t)max_seqs);
     m->h_ntok = malloc(sizeof(int) * (size_t)max_seqs);
-    if (!m->h_pos || !m->h_row_seq || !m->h_topi || !m->h_slots || !m->h_seqs || !m->h_row0 ||
-        !m->h_ntok)
+    if (!m->h_pos || !m->h_row_seq || !m->h_next || !m->h_topi || !m->h_slots || !m->h_seqs ||
+        !m->h_row0 || !m->h_ntok)
         goto oom;
     if (part->rank == 0) { /* the hooks' copies, of every rank's heads */
         const size_t fkvh = (size_t)full->num_key_value_heads;
@@ -1553,8 +1555,11 @@ static int reduce_mix(kvd_cuda_model *m0, int rows, char *err) {
     return -1;
 }
 
-int kvd_cuda_forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, float *logits,
-                     int last_only, char *err) {
+/* kvd_cuda_forward, and with next set (logits null, last_only) the
+ * sequences' greedy next tokens from the device's argmax instead of their
+ * logits */
+static int forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, float *logits,
+                   int last_only, int32_t *next, char *err) {
     const kvd_config *c = &m0->full;
     const int H = c->hidden_size, V = c->vocab_size, n_ranks = m0->p.n;
     const float eps = (float)c->rms_norm_eps;
@@ -1667,8 +1672,9 @@ int kvd_cuda_forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, fl
      * wants them (with last_only, each sequence's last row then goes back),
      * else the last rows' alone */
     kvd_cuda_model *m = m0;
-    const int cmp = ref0 && hk->logits_cmp, all = logits && (!last_only || cmp || m0->d_held);
-    if (logits) kvd_cudaop_rmsnorm(m->xn, H, m->x, H, m->wt->final_norm, rows, H, eps, 1);
+    const int want = logits || next;
+    const int cmp = ref0 && hk->logits_cmp, all = want && (!last_only || cmp || m0->d_held);
+    if (want) kvd_cudaop_rmsnorm(m->xn, H, m->x, H, m->wt->final_norm, rows, H, eps, 1);
     if (all) {
         kvd_cudaop_linear(m->xn, m->wt->lm_head, m->logits, rows, V, H);
         m0->held_logits_rows = m0->d_held ? rows : 0; /* they stay in logits */
@@ -1689,7 +1695,7 @@ int kvd_cuda_forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, fl
             }
             hk->logits_cmp(hk->ctx, b, m0->h_pos, m0->h_lcmp);
         }
-    } else if (logits) {
+    } else if (want) {
         int last = -1;
         for (int s = 0; s < b->n; s++) {
             last += b->n_tok[s];
@@ -1697,6 +1703,9 @@ int kvd_cuda_forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, fl
         }
         kvd_cudaop_linear(m->gx, m->wt->lm_head, m->logits, b->n, V, H);
     }
+    /* greedy: the argmax of every row's logits (all) or of the last rows'
+     * (the rest), the sequences' last rows' copied back */
+    if (next) kvd_cudaop_argmax(m->logits, all ? rows : b->n, V, m->d_next);
     for (int r = 0; r < n_ranks && !rc; r++) {
         kvd_cuda_set_device(r);
         rc = settle(rk[r], kv, b, rows, err);
@@ -1720,12 +1729,36 @@ int kvd_cuda_forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, fl
             return -1;
         }
     }
+    if (next) {
+        rc = kvd_cuda_download(m->h_next, m->d_next, sizeof(int) * (size_t)(all ? rows : b->n));
+        for (int s = 0, last = -1; s < b->n && !rc; s++) {
+            last += b->n_tok[s];
+            next[s] = m->h_next[all ? last : s];
+        }
+        if (rc) {
+            snprintf(err, KVD_ERR_LEN, "device model: copying the next tokens back failed");
+            return -1;
+        }
+    }
     return 0;
+}
+
+int kvd_cuda_forward(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits,
+                     int last_only, char *err) {
+    return forward(m, kv, b, logits, last_only, NULL, err);
+}
+
+int kvd_cuda_forward_greedy(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, int32_t *next,
+                            char *err) {
+    return forward(m, kv, b, NULL, 1, next, err);
 }
 
 static int dev_step(void *m, kvd_kvcache *kv, const kvd_batch *b, float *logits, int last_only,
                     char *err) {
     return kvd_cuda_forward(m, kv, b, logits, last_only, err);
+}
+static int dev_greedy(void *m, kvd_kvcache *kv, const kvd_batch *b, int32_t *next, char *err) {
+    return kvd_cuda_forward_greedy(m, kv, b, next, err);
 }
 
 int kvd_cuda_prefill(kvd_cuda_model *m, kvd_kvcache *kv, int seq, const int32_t *tok, int n,
@@ -1776,5 +1809,6 @@ const kvd_engine_ops kvd_engine_cuda = {.name = "cuda",
                                         .set_shadow = eng_set_shadow,
                                         .set_reference = eng_set_reference,
                                         .forward = dev_step,
+                                        .greedy = dev_greedy,
                                         .fork = eng_fork,
                                         .pull_cache = eng_pull_cache};

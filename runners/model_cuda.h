@@ -73,6 +73,13 @@ int kvd_cuda_model_fork(kvd_cuda_model *m, kvd_kvcache *kv, int seq);
 int kvd_cuda_forward(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits,
                      int last_only, char *err);
 
+/* kvd_cuda_forward's step without the logits: each sequence's greedy next
+ * token (the argmax of its last row's logits, the lowest index of a tie, as
+ * kvd_argmax) taken on the device, b->n of them copied back to next, as a
+ * serving engine samples. */
+int kvd_cuda_forward_greedy(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, int32_t *next,
+                            char *err);
+
 /* kvd_prefill on the device: one sequence in steps of at most max_rows. */
 int kvd_cuda_prefill(kvd_cuda_model *m, kvd_kvcache *kv, int seq, const int32_t *tok, int n,
                      float *logits, int all_logits, char *err);

@@ -272,6 +272,9 @@ void kvd_cudaop_gated_norm(float *o, const float *z, const float *w, int rows, i
                            float eps);
 void kvd_cudaop_route(const float *logits, int rows, int E, int K, int norm, int *topi,
                       float *topw);
+/* greedy sampling on the device: out[r] = the argmax of row r of x (rows
+ * x n), the lowest index of a tie (kvd_cuda_argmax's kernel) */
+void kvd_cudaop_argmax(const float *x, int rows, int n, int *out);
 void kvd_cudaop_gather(const float *xn, const int *slots, int n, int K, float *gx, int H);
 void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const float *topw, int n,
                         int K, int H);

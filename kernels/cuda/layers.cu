@@ -430,6 +430,9 @@ extern "C" void kvd_cudaop_absmax_heads(const float *x, int rows, int heads, int
     absmax_heads_k<<<rows * heads, 32>>>(x, heads, head_dim, absmax);
 }
 
+extern "C" void kvd_cudaop_argmax(const float *x, int rows, int n, int *out) {
+    if (rows > 0) argmax_k<<<rows, 1024>>>(x, n, out);
+}
 extern "C" void kvd_cudaop_route(const float *logits, int rows, int E, int K, int norm, int *topi,
                                  float *topw) {
     if (rows > 0) route_k<<<rows, 128, sizeof(float) * E>>>(logits, E, K, norm, topi, topw);

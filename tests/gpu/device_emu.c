@@ -264,6 +264,9 @@ void kvd_cudaop_expert_lists(const int *topi, int rows, int K, int E, int e0, in
     for (int g = 0; g < ng; g++) G[1 + ng + g] = off[G[1 + g]];
     G[1 + 2 * ng] = off[e1];
 }
+void kvd_cudaop_argmax(const float *x, int rows, int n, int *out) {
+    for (int r = 0; r < rows; r++) out[r] = kvd_argmax(x + (size_t)r * n, n);
+}
 void kvd_cudaop_add_gated(float *mix, const float *y, const float *gate, int rows, int H) {
     for (size_t i = 0; i < (size_t)rows * H; i++) mix[i] += kvd_sigmoidf(gate[i / H]) * y[i];
 }

@@ -666,15 +666,15 @@ static void refusals(void) {
 /* The MoE experts' grouped launches against a launch per expert and
  * product (KVD_CUDA_MOE=loop when the model is made): a prefill (its
  * experts' rows past 16 take the per-expert launches either way), then
- * decode steps of four sequences on one GPU and split over two, whose
- * logits must be the same bit for bit. */
-static void moe_paths(const char *preset) {
+ * decode steps of four sequences on one GPU (from gpus0) and split over
+ * two, whose logits must be the same bit for bit. */
+static void moe_paths(const char *preset, int gpus0) {
     char err[KVD_ERR_LEN];
     kvd_config cfg;
     kvd_weights w;
     if (preset_weights(preset, &cfg, &w)) return;
     const int V = cfg.vocab_size, nf = kvd_config_n_full(&cfg);
-    for (int gpus = 1; gpus <= 2; gpus++) {
+    for (int gpus = gpus0; gpus <= 2; gpus++) {
         float *lg[2] = {malloc(sizeof(float) * 4 * V * 6), malloc(sizeof(float) * 4 * V * 6)};
         int ok = 1;
         for (int path = 0; path < 2 && ok; path++) {
@@ -729,6 +729,66 @@ static void moe_paths(const char *preset) {
     kvd_weights_free(&w);
 }
 
+/* Greedy decoding on the device (kvd_cuda_forward_greedy) against the
+ * argmax of the logits kvd_cuda_forward copies back, step for step, on
+ * two models of the same weights: a prefill of three sequences in one step
+ * (each one's last row), then decode steps of all three, on one GPU (from
+ * gpus0) and split over two. */
+static void greedy_steps(const char *preset, int gpus0) {
+    char err[KVD_ERR_LEN];
+    kvd_config cfg;
+    kvd_weights w;
+    if (preset_weights(preset, &cfg, &w)) return;
+    const int V = cfg.vocab_size, nf = kvd_config_n_full(&cfg);
+    for (int gpus = gpus0; gpus <= 2; gpus++) {
+        kvd_kvcache kv[2];
+        memset(kv, 0, sizeof kv);
+        kvd_cuda_model *md[2] = {NULL, NULL};
+        int ok = 1;
+        for (int i = 0; i < 2; i++) {
+            if (kvd_kvcache_init(&kv[i], KVD_KV_FP8_UNSCALED, nf, cfg.num_key_value_heads,
+                                 cfg.head_dim, 16, 4096, NULL, 1, err)) {
+                CHECK(0, "%s: %s\n", preset, err);
+                ok = 0;
+                continue;
+            }
+            md[i] = kvd_cuda_model_new_tp(&w, &kv[i], MAX_ROWS, 4, gpus, err);
+            if (!md[i] && !strstr(err, "CUDA devices visible")) CHECK(0, "%s: %s\n", preset, err);
+            ok = ok && md[i];
+        }
+        float *lg = malloc(sizeof(float) * 3 * V);
+        int seqs[3], lens[3] = {30, 1, 17}, ones[3] = {1, 1, 1}, agree = 0, steps = 0;
+        int32_t tok[48], want[3], got[3];
+        tokens(77, 48, V, tok);
+        for (int i = 0; ok && i < 2; i++)
+            for (int s = 0; s < 3; s++) seqs[s] = kvd_kvcache_add_seq(&kv[i]);
+        for (int step = 0; ok && step < 7; step++) {
+            kvd_batch b = {3, seqs, step ? ones : lens, step ? want : tok};
+            ok = kvd_cuda_forward(md[0], &kv[0], &b, lg, 1, err) == 0 &&
+                 kvd_cuda_forward_greedy(md[1], &kv[1], &b, got, err) == 0;
+            CHECK(ok, "%s greedy (%d GPUs): %s\n", preset, gpus, err);
+            for (int s = 0; ok && s < 3; s++) {
+                want[s] = kvd_argmax(lg + (size_t)s * V, V);
+                agree += got[s] == want[s];
+                steps++;
+            }
+        }
+        if (ok) {
+            CHECK(agree == steps,
+                  "%s, %d GPU(s): greedy tokens on the device: %d of %d the logits' argmax\n",
+                  preset, gpus, agree, steps);
+            printf("%-6s %d GPU%s: greedy tokens on the device, %d of %d the logits' argmax\n",
+                   preset, gpus, gpus > 1 ? "s" : " ", agree, steps);
+        }
+        free(lg);
+        for (int i = 0; i < 2; i++) {
+            kvd_cuda_model_free(md[i]);
+            kvd_kvcache_free(&kv[i]);
+        }
+    }
+    kvd_weights_free(&w);
+}
+
 int main(void) {
     char why[256];
     if (!kvd_cuda_available(why, sizeof why)) {
@@ -744,7 +804,10 @@ int main(void) {
     for (int p = 0; p < 2; p++) {
         if (only && !strstr(only, presets[p])) continue;
         kvd_kv_scales cal = {0};
-        moe_paths(presets[p]);
+        /* quick: the split over two GPUs alone, which runs every path one
+         * GPU does */
+        moe_paths(presets[p], quick ? 2 : 1);
+        greedy_steps(presets[p], quick ? 2 : 1);
         run(presets[p], KVD_KV_BF16, NULL, &cal, 1);
         if (quick) {
             run(presets[p], KVD_KV_FP8_CAL, &cal, NULL, 2);
