@@ -208,35 +208,71 @@ __global__ void gdn_chunked_k(float *S_all, const float *q_all, const float *k_a
 
 // ---- MoE routing: softmax over the experts (sum in double), the top k
 // (ties to the lower index), optionally renormalised; one block per row ----
+// a block's largest v (ties: the lowest i) into every thread, i -1 where
+// nothing was offered; blockDim.x a power of two up to ROUTE_THREADS
+constexpr int ROUTE_THREADS = 128, ROUTE_MAX_K = 64; // the config's KVD_MAX_TOPK
+__device__ inline void block_best(float *v, int *i) {
+    __shared__ float bv[ROUTE_THREADS];
+    __shared__ int bi[ROUTE_THREADS];
+    bv[threadIdx.x] = *v, bi[threadIdx.x] = *i;
+    __syncthreads();
+    for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) {
+            const float ov = bv[threadIdx.x + w];
+            const int oi = bi[threadIdx.x + w], mi = bi[threadIdx.x];
+            if (oi >= 0 && (mi < 0 || ov > bv[threadIdx.x] || (ov == bv[threadIdx.x] && oi < mi)))
+                bv[threadIdx.x] = ov, bi[threadIdx.x] = oi;
+        }
+        __syncthreads();
+    }
+    *v = bv[0], *i = bi[0];
+    __syncthreads(); // bv and bi are free again
+}
+
+// kvd_route for row blockIdx.x, ROUTE_THREADS threads: the maximum, the
+// exponentials and the normalisation element-wise across the threads; the
+// softmax's sum in double in the CPU's order (one thread); the top K as K
+// rounds of the largest probability not yet taken, the lowest expert of a
+// tie first, which is the order of kvd_topk's insertion
 __global__ void route_k(const float *logits, int E, int K, int norm, int *topi, float *topw) {
     extern __shared__ float p[];
+    __shared__ float inv, chosen[ROUTE_MAX_K];
     const float *x = logits + (size_t)blockIdx.x * E;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] = x[e];
-    __syncthreads();
-    if (threadIdx.x != 0) return;
     float m = -INFINITY;
-    for (int e = 0; e < E; e++) m = p[e] > m ? p[e] : m;
-    double sum = 0.0;
-    for (int e = 0; e < E; e++) {
-        p[e] = expf(__fsub_rn(p[e], m));
-        sum += p[e];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        p[e] = x[e];
+        m = p[e] > m ? p[e] : m;
     }
-    float inv = (float)(1.0 / sum);
-    for (int e = 0; e < E; e++) p[e] = __fmul_rn(p[e], inv);
-    int *idx = topi + (size_t)blockIdx.x * K, have = 0;
-    for (int e = 0; e < E; e++) {
-        if (have == K && !(p[e] > p[idx[K - 1]])) continue;
-        int j = have < K ? have++ : K - 1;
-        while (j > 0 && p[e] > p[idx[j - 1]]) {
-            idx[j] = idx[j - 1];
-            j--;
+    int none = -1;
+    block_best(&m, &none);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] = expf(__fsub_rn(p[e], m));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double sum = 0.0;
+        for (int e = 0; e < E; e++) sum += p[e];
+        inv = (float)(1.0 / sum);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] = __fmul_rn(p[e], inv);
+    __syncthreads();
+    int *idx = topi + (size_t)blockIdx.x * K;
+    for (int j = 0; j < K; j++) {
+        float bv = -1.0f; // probabilities are >= 0; a taken one is -1
+        int bi = -1;
+        for (int e = threadIdx.x; e < E; e += blockDim.x)
+            if (p[e] >= 0.0f && (bi < 0 || p[e] > bv)) bv = p[e], bi = e;
+        block_best(&bv, &bi);
+        if (threadIdx.x == 0) {
+            idx[j] = bi, chosen[j] = bv;
+            p[bi] = -1.0f;
         }
-        idx[j] = e;
+        __syncthreads();
     }
+    if (threadIdx.x != 0) return;
     double s = 0.0;
-    for (int j = 0; j < K; j++) s += p[idx[j]];
+    for (int j = 0; j < K; j++) s += chosen[j];
     for (int j = 0; j < K; j++)
-        topw[(size_t)blockIdx.x * K + j] = norm ? (float)(p[idx[j]] / s) : p[idx[j]];
+        topw[(size_t)blockIdx.x * K + j] = norm ? (float)(chosen[j] / s) : chosen[j];
 }
 
 // ---- greedy sampling: the first largest logit of each row (rows free of
@@ -382,7 +418,7 @@ extern "C" int kvd_cuda_gdn_chunked(float *S, const float *q, const float *k, co
 extern "C" int kvd_cuda_route(const float *logits, int rows, int E, int K, int norm, int *topi,
                               float *topw) {
     dbuf dl, di, dw;
-    if (!dl.put(logits, sizeof(float) * (size_t)rows * E) ||
+    if (K > ROUTE_MAX_K || !dl.put(logits, sizeof(float) * (size_t)rows * E) ||
         !di.alloc(sizeof(int) * (size_t)rows * K) || !dw.alloc(sizeof(float) * (size_t)rows * K))
         return -1;
     kvd_cudaop_route(dl.as<float>(), rows, E, K, norm, di.as<int>(), dw.as<float>());
@@ -435,7 +471,8 @@ extern "C" void kvd_cudaop_argmax(const float *x, int rows, int n, int *out) {
 }
 extern "C" void kvd_cudaop_route(const float *logits, int rows, int E, int K, int norm, int *topi,
                                  float *topw) {
-    if (rows > 0) route_k<<<rows, 128, sizeof(float) * E>>>(logits, E, K, norm, topi, topw);
+    if (rows > 0 && K <= ROUTE_MAX_K)
+        route_k<<<rows, ROUTE_THREADS, sizeof(float) * E>>>(logits, E, K, norm, topi, topw);
 }
 
 extern "C" void kvd_cudaop_rmsnorm(float *out, size_t out_stride, const float *x, size_t x_stride,

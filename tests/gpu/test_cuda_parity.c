@@ -1003,12 +1003,18 @@ static void route_and_sample(void) {
     int ti1[R * K], ti2[R * K];
     float tw1[R * K], tw2[R * K];
     fill(x, (size_t)R * E, "gpu.route", 2.0f);
+    /* ties: row 5's two largest logits equal, row 6's all equal (the
+     * lowest experts first, as kvd_topk keeps them) */
+    x[5 * E + 300] = x[5 * E + 7] = 9.0f;
+    for (int e = 0; e < E; e++) x[6 * E + e] = 0.25f;
     for (int norm = 0; norm <= 1; norm++) {
         memcpy(xc, x, sizeof(float) * R * E);
         for (int r = 0; r < R; r++)
             kvd_route(xc + (size_t)r * E, E, K, norm, ti1 + r * K, tw1 + r * K);
         CHECK(kvd_cuda_route(x, R, E, K, norm, ti2, tw2) == 0, "cuda route failed\n");
-        CHECK(!memcmp(ti1, ti2, sizeof ti1), "route (norm %d): experts differ\n", norm);
+        CHECK(!memcmp(ti1, ti2, sizeof ti1) && ti2[5 * K] == 7 && ti2[5 * K + 1] == 300 &&
+                  ti2[6 * K] == 0 && ti2[6 * K + K - 1] == K - 1,
+              "route (norm %d): experts differ\n", norm);
         CHECK(rel_l2(tw2, tw1, R * K) < 1e-6, "route (norm %d): weights rel L2 %g\n", norm,
               rel_l2(tw2, tw1, R * K));
     }
