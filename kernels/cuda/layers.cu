@@ -243,8 +243,8 @@ __global__ void route_k(const float *logits, int E, int K, int norm, int *topi, 
         p[e] = x[e];
         m = p[e] > m ? p[e] : m;
     }
-    int none = -1;
-    block_best(&m, &none);
+    int any = (int)threadIdx.x; // every thread's maximum takes part
+    block_best(&m, &any);
     for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] = expf(__fsub_rn(p[e], m));
     __syncthreads();
     if (threadIdx.x == 0) {

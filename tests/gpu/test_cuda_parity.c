@@ -1007,6 +1007,9 @@ static void route_and_sample(void) {
      * lowest experts first, as kvd_topk keeps them) */
     x[5 * E + 300] = x[5 * E + 7] = 9.0f;
     for (int e = 0; e < E; e++) x[6 * E + e] = 0.25f;
+    /* row 7: a maximum of 100 among logits of -50 (an exponential against
+     * any other maximum overflows) */
+    for (int e = 0; e < E; e++) x[7 * E + e] = e == 333 ? 100.0f : -50.0f;
     for (int norm = 0; norm <= 1; norm++) {
         memcpy(xc, x, sizeof(float) * R * E);
         for (int r = 0; r < R; r++)
