@@ -663,6 +663,9 @@ static void refusals(void) {
     kvd_weights_free(&w);
 }
 
+/* the simulator's count of kernel launches (absent on a GPU) */
+extern unsigned long long kvd_simt_launches(void) __attribute__((weak));
+
 /* The MoE experts' grouped launches against a launch per expert and
  * product (KVD_CUDA_MOE=loop when the model is made): a prefill (its
  * experts' rows past 16 take the per-expert launches either way), then
@@ -676,6 +679,7 @@ static void moe_paths(const char *preset, int gpus0) {
     const int V = cfg.vocab_size, nf = kvd_config_n_full(&cfg);
     for (int gpus = gpus0; gpus <= 2; gpus++) {
         float *lg[2] = {malloc(sizeof(float) * 4 * V * 6), malloc(sizeof(float) * 4 * V * 6)};
+        unsigned long long launched[2] = {0, 0}; /* over the decode steps */
         int ok = 1;
         for (int path = 0; path < 2 && ok; path++) {
             kvd_kvcache kv;
@@ -704,12 +708,14 @@ static void moe_paths(const char *preset, int gpus0) {
                 ok = kvd_cuda_forward(md, &kv, &b, lg[path], 1, err) == 0;
                 nxt[s] = tok[s][s];
             }
+            const unsigned long long l0 = kvd_simt_launches ? kvd_simt_launches() : 0;
             for (int step = 0; step < 6 && ok; step++) {
                 kvd_batch b = {4, seqs, ones, nxt};
                 float *out = lg[path] + (size_t)step * 4 * V;
                 ok = kvd_cuda_forward(md, &kv, &b, out, 1, err) == 0;
                 for (int s = 0; s < 4 && ok; s++) nxt[s] = kvd_argmax(out + (size_t)s * V, V);
             }
+            launched[path] = kvd_simt_launches ? kvd_simt_launches() - l0 : 0;
             CHECK(ok, "%s moe paths (%d GPUs, %s): %s\n", preset, gpus, path ? "loop" : "grouped",
                   err);
             kvd_cuda_model_free(md);
@@ -723,6 +729,11 @@ static void moe_paths(const char *preset, int gpus0) {
             printf("%-6s %d GPU%s: decode logits with the experts grouped and launched one by one "
                    "identical\n",
                    preset, gpus, gpus > 1 ? "s" : " ");
+            if (launched[1])
+                printf("%-6s %d GPU%s: kernel launches a decode step of 4 sequences: %.0f grouped, "
+                       "%.0f one by one (%.2fx)\n",
+                       preset, gpus, gpus > 1 ? "s" : " ", launched[0] / 6.0, launched[1] / 6.0,
+                       (double)launched[1] / launched[0]);
         }
         free(lg[0]), free(lg[1]);
     }
