@@ -131,14 +131,19 @@ __global__ void linear_grouped_k(grouped_args a) {
     if (n >= a.N || g >= ng) return;
     const int i0 = a.G[1 + ng + g], i1 = a.G[2 + ng + g];
     const __nv_bfloat16 *wr = (const __nv_bfloat16 *)a.w_tab[a.G[1 + g]] + (size_t)n * a.K;
-    for (int t0 = i0; t0 < i1; t0 += LIN_ROWS)
-        w16_column(
-            [&](int i) {
-                const int item = t0 + i;
-                const size_t r = a.slots ? (size_t)(a.slots[item] / a.slot_div) : (size_t)item;
-                return a.x + r * a.K;
-            },
-            wr, a.y + (size_t)t0 * a.N + n, (size_t)a.N, min(LIN_ROWS, i1 - t0), a.K, lane);
+    for (int t0 = i0; t0 < i1; t0 += LIN_ROWS) {
+        // the tile's rows' activations, looked up once (registers: the
+        // column's loops index them by constants)
+        const int rows = min(LIN_ROWS, i1 - t0);
+        const float *xr[LIN_ROWS];
+#pragma unroll
+        for (int i = 0; i < LIN_ROWS; i++) {
+            const int item = t0 + (i < rows ? i : 0);
+            xr[i] = a.x + (a.slots ? (size_t)(a.slots[item] / a.slot_div) : (size_t)item) * a.K;
+        }
+        w16_column([&](int i) { return xr[i]; }, wr, a.y + (size_t)t0 * a.N + n, (size_t)a.N, rows,
+                   a.K, lane);
+    }
 }
 
 // The same product for many rows (prefill): 64 x 64 output tiles, 256
