@@ -1366,16 +1366,16 @@ static void deltanet(kvd_cuda_model *m, int l, const kvd_batch *b, int rows) {
 }
 
 /* the MoE experts' products, SwiGLU (on items lo .. hi - 1) and weighted
- * scatter in five launches over the groups G (at most `most` of them) */
-static void experts_grouped(kvd_cuda_model *m, const dev_layer *d, int rows, const int *G, int most,
-                            int lo, int hi) {
+ * scatter in five launches over the groups G (at most max_groups of them) */
+static void experts_grouped(kvd_cuda_model *m, const dev_layer *d, int rows, const int *G,
+                            int max_groups, int lo, int hi) {
     const int H = m->c.hidden_size, E = m->c.num_experts, K = m->c.num_experts_per_tok;
     const int I = m->c.moe_intermediate_size;
     const void *const *tab = (const void *const *)d->exp_tab;
-    kvd_cudaop_linear_grouped(m->xn, m->slots_moe, K, tab, G, most, m->g1, I, H);
-    kvd_cudaop_linear_grouped(m->xn, m->slots_moe, K, tab + E, G, most, m->g2, I, H);
+    kvd_cudaop_linear_grouped(m->xn, m->slots_moe, K, tab, G, max_groups, m->g1, I, H);
+    kvd_cudaop_linear_grouped(m->xn, m->slots_moe, K, tab + E, G, max_groups, m->g2, I, H);
     kvd_cudaop_swiglu(m->g1 + (size_t)lo * I, m->g2 + (size_t)lo * I, (size_t)(hi - lo) * I);
-    kvd_cudaop_linear_grouped(m->g1, NULL, 1, tab + 2 * E, G, most, m->gy, H, I);
+    kvd_cudaop_linear_grouped(m->g1, NULL, 1, tab + 2 * E, G, max_groups, m->gy, H, I);
     kvd_cudaop_scatter_grouped(m->mix, m->gy, m->slots_moe, m->topw, K, G, rows, H);
 }
 
@@ -1406,11 +1406,11 @@ static int moe_host_lists(kvd_cuda_model *m, int l, const kvd_batch *b, int rows
     off[E] = n;
     /* this rank's experts with items, as G after the slots: their count,
      * indices and offsets (contiguous: an expert without rows has none) */
-    int ng = 0, most = 0, *hg = m->h_slots + n;
+    int ng = 0, most_rows = 0, *hg = m->h_slots + n;
     for (int e = m->p.e0; e < m->p.e1; e++)
         if (off[e + 1] > off[e]) {
             hg[1 + ng++] = e;
-            if (off[e + 1] - off[e] > most) most = off[e + 1] - off[e];
+            if (off[e + 1] - off[e] > most_rows) most_rows = off[e + 1] - off[e];
         }
     hg[0] = ng;
     for (int g = 0; g < ng; g++) hg[1 + ng + g] = off[hg[1 + g]];
@@ -1420,7 +1420,7 @@ static int moe_host_lists(kvd_cuda_model *m, int l, const kvd_batch *b, int rows
         kvd_cuda_sync(err, KVD_ERR_LEN);
         return -1;
     }
-    if (!m->moe_loop && ng > 0 && most <= 16) {
+    if (!m->moe_loop && ng > 0 && most_rows <= 16) {
         experts_grouped(m, d, rows, G, ng, off[m->p.e0], off[m->p.e1]);
         return 0;
     }
@@ -1467,8 +1467,8 @@ static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err
         }
         kvd_cuda_zero(m->mix, sizeof(float) * (size_t)rows * H);
         kvd_cudaop_expert_lists(m->topi, rows, K, E, m->p.e0, m->p.e1, m->slots_moe, G);
-        const int most = m->p.e1 - m->p.e0 < rows * K ? m->p.e1 - m->p.e0 : rows * K;
-        experts_grouped(m, d, rows, G, most, 0, rows * K);
+        const int max_groups = m->p.e1 - m->p.e0 < rows * K ? m->p.e1 - m->p.e0 : rows * K;
+        experts_grouped(m, d, rows, G, max_groups, 0, rows * K);
     } else if (moe_host_lists(m, l, b, rows, G, err)) {
         return -1;
     }
