@@ -266,6 +266,86 @@ static int bench_compare(int reps, const char *preset, int ctx) {
 /* The device side: copy bandwidth, decode attention at the qwen3.5 shape
  * (32 query heads, 2 KV heads, head_dim 256) at 32K and 128K tokens, and the
  * BF16 GEMM at the model's projection shapes. */
+/* A decode step's Gated DeltaNet recurrences at qwen3.5-397b-a17b's shape
+ * (its 45 DeltaNet layers, each with its own states, so the L2 holds none
+ * of the next layer's) at C = 1, 8, 32: the columns held in registers
+ * (what the model runs) against stepped in memory. state_GB_s counts each
+ * state read once and written once. 0, or -1. */
+typedef struct {
+    int C, L, nk, nv, dk, dv, regs;
+    size_t sl;
+    float *conv, *g, *b, *out, *ssm;
+    int *seqs, *row0, *ntok;
+} gdn_case;
+static int gdn_layers(void *p) {
+    gdn_case *c = p;
+    for (int l = 0; l < c->L; l++) {
+        float *S = c->ssm + (size_t)l * c->C * c->sl;
+        if (c->regs)
+            kvd_cudaop_gdn(c->conv, c->g, c->b, c->out, S, c->sl, c->C, c->seqs, c->row0, c->ntok,
+                           c->nk, c->nv, c->dk, c->dv);
+        else
+            kvd_cudaop_gdn_columns(c->conv, c->g, c->b, c->out, S, c->sl, c->C, c->seqs, c->row0,
+                                   c->ntok, c->nk, c->nv, c->dk, c->dv);
+    }
+    return 0;
+}
+static int bench_gdn(int reps, double bw) {
+    kvd_config q;
+    char err[KVD_ERR_LEN];
+    if (kvd_config_preset("qwen3.5-397b-a17b", &q, err)) return -1;
+    gdn_case c = {.nk = q.linear_num_key_heads,
+                  .nv = q.linear_num_value_heads,
+                  .dk = q.linear_key_head_dim,
+                  .dv = q.linear_value_head_dim};
+    for (int l = 0; l < q.num_hidden_layers; l++) c.L += q.layer_types[l] == KVD_LAYER_LINEAR;
+    c.sl = (size_t)c.nv * c.dk * c.dv;
+    printf("\nGated DeltaNet decode step, %d layers of %d/%d heads x %d x %d (us a layer):\n"
+           "%4s %10s %11s %8s %12s %8s\n",
+           c.L, c.nk, c.nv, c.dk, c.dv, "C", "registers", "state_GB_s", "of_copy", "in_memory",
+           "speedup");
+    const int Cs[3] = {1, 8, 32};
+    int fail = 0;
+    for (int ci = 0; ci < 3 && !fail; ci++) {
+        const int C = c.C = Cs[ci], cd = 2 * c.nk * c.dk + c.nv * c.dv;
+        int *h = malloc(sizeof(int) * 3 * C);
+        float *hc = malloc(sizeof(float) * (size_t)C * cd);
+        for (int i = 0; i < C; i++) h[i] = i, h[C + i] = i, h[2 * C + i] = 1;
+        for (size_t i = 0; i < (size_t)C * cd; i++) hc[i] = 0.01f * (float)(i % 17);
+        const size_t ns = (size_t)c.L * C * c.sl;
+        c.conv = kvd_cuda_alloc(sizeof(float) * C * cd);
+        c.g = kvd_cuda_alloc(sizeof(float) * C * c.nv);
+        c.b = kvd_cuda_alloc(sizeof(float) * C * c.nv);
+        c.out = kvd_cuda_alloc(sizeof(float) * C * c.nv * c.dv);
+        c.ssm = kvd_cuda_alloc(sizeof(float) * ns);
+        c.seqs = kvd_cuda_alloc(sizeof(int) * 3 * C);
+        c.row0 = c.seqs ? c.seqs + C : NULL, c.ntok = c.seqs ? c.seqs + 2 * C : NULL;
+        fail = !h || !hc || !c.conv || !c.g || !c.b || !c.out || !c.ssm || !c.seqs ||
+               kvd_cuda_upload(c.conv, hc, sizeof(float) * C * cd) ||
+               kvd_cuda_zero(c.g, sizeof(float) * C * c.nv) ||
+               kvd_cuda_zero(c.b, sizeof(float) * C * c.nv) ||
+               kvd_cuda_zero(c.ssm, sizeof(float) * ns) ||
+               kvd_cuda_upload(c.seqs, h, sizeof(int) * 3 * C);
+        double t[2] = {-1, -1};
+        for (int r = 0; r < 2 && !fail; r++) {
+            c.regs = !r;
+            t[r] = fastest(gdn_layers, &c, reps) / c.L;
+            fail = t[r] <= 0;
+        }
+        if (fail) {
+            printf("%4d failed\n", C);
+        } else {
+            const double bytes = 2.0 * sizeof(float) * C * c.sl;
+            printf("%4d %10.1f %11.1f %7.1f%% %12.1f %7.2fx\n", C, t[0] * 1e6, bytes / t[0] / 1e9,
+                   100 * bytes / t[0] / bw, t[1] * 1e6, t[1] / t[0]);
+        }
+        kvd_cuda_free(c.conv), kvd_cuda_free(c.g), kvd_cuda_free(c.b), kvd_cuda_free(c.out);
+        kvd_cuda_free(c.ssm), kvd_cuda_free(c.seqs);
+        free(h), free(hc);
+    }
+    return fail ? -1 : 0;
+}
+
 int kvd_bench_cuda(int reps) {
     char why[256];
     if (!kvd_cuda_available(why, sizeof why)) {
@@ -432,6 +512,7 @@ int kvd_bench_cuda(int reps) {
                "TFLOP/s; v2 does each product twice, hi and lo, so 0.5 is the tensor cores' "
                "rate)\n",
                pf_best / (gemm_best * 1e9), gemm_best / 1e3);
+    fail |= bench_gdn(reps, bw) != 0;
     fail |= bench_compare(reps, "qwen3.5-397b-a17b", 131072) != 0;
     return fail;
 }

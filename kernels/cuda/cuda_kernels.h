@@ -268,6 +268,14 @@ void kvd_cudaop_l2norm(float *conv, int rows, int cd, int nk, int dk, float qsca
 void kvd_cudaop_gdn(const float *conv, const float *gdec, const float *beta, float *out, float *ssm,
                     size_t ssm_seq_stride, int n_seqs, const int *seqs, const int *row0,
                     const int *ntok, int nk, int nv, int dk, int dv);
+/* kvd_cudaop_gdn holds each state column in registers where
+ * kvd_cuda_gdn_regs(dk) (dk 32, 64 or 128), reading and writing S once a
+ * launch; kvd_cudaop_gdn_columns always steps it in memory (the other
+ * dk's path, and the tests' and benchmark's reference). Bit for bit alike. */
+void kvd_cudaop_gdn_columns(const float *conv, const float *gdec, const float *beta, float *out,
+                            float *ssm, size_t ssm_seq_stride, int n_seqs, const int *seqs,
+                            const int *row0, const int *ntok, int nk, int nv, int dk, int dv);
+int kvd_cuda_gdn_regs(int dk);
 void kvd_cudaop_gated_norm(float *o, const float *z, const float *w, int rows, int nv, int dv,
                            float eps);
 void kvd_cudaop_route(const float *logits, int rows, int E, int K, int norm, int *topi,

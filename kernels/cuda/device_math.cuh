@@ -1,6 +1,7 @@
 // kvdrift: device helpers shared by the kernels: a block's sum of squares
 // in double, the logistic functions rounded as the CPU's (ISO C, no fused
-// multiply-adds), and one column of the gated delta rule step.
+// multiply-adds), and one column of the gated delta rule step (in memory,
+// or held in registers).
 #ifndef KVD_DEVICE_MATH_CUH
 #define KVD_DEVICE_MATH_CUH
 
@@ -75,5 +76,54 @@ __device__ inline float gdn_column(float *S, const float *q, const float *k, flo
     }
     return acc;
 }
+
+// The same step with the column in registers: a launch reads its state
+// once and writes it once however many tokens it steps, and all of a
+// thread's loads of it are in flight at once. P threads of a warp share a
+// column, DK / P rows each (at DK = 128 one thread's 128 floats and the
+// step's temporaries would pass 255 registers and spill): each sum runs
+// through the parts in order, part p taking part p - 1's running value by
+// a shuffle, so every sum keeps gdn_column's order and the two agree bit
+// for bit. The warp's 32 / P columns are its lanes modulo 32 / P; all 32
+// lanes must call step (the shuffles), a lane past the last column with
+// its state zero.
+template <int DK, int P> struct gdn_regs {
+    static constexpr int R = DK / P, W = 32 / P;
+    float s[R];
+    __device__ void load(const float *col, int dv, int part) {
+#pragma unroll
+        for (int i = 0; i < R; i++) s[i] = col[(size_t)(part * R + i) * dv];
+    }
+    __device__ void store(float *col, int dv, int part) const {
+#pragma unroll
+        for (int i = 0; i < R; i++) col[(size_t)(part * R + i) * dv] = s[i];
+    }
+    // q and k: the whole head's DK values; returns o[j] to every part
+    __device__ float step(const float *q, const float *k, float vj, float g, float beta) {
+        const int lane = threadIdx.x & 31, c = lane % W, part = lane / W;
+        const float *kp = k + part * R, *qp = q + part * R;
+        float decay = expf(g), mem = 0.0f;
+#pragma unroll
+        for (int p = 0; p < P; p++) {
+            if (p == part)
+#pragma unroll
+                for (int i = 0; i < R; i++) mem = __fadd_rn(mem, __fmul_rn(s[i], kp[i]));
+            if (P > 1) mem = __shfl_sync(0xffffffffu, mem, p * W + c);
+        }
+        float delta = __fmul_rn(__fsub_rn(vj, __fmul_rn(decay, mem)), beta);
+        float acc = 0.0f;
+#pragma unroll
+        for (int p = 0; p < P; p++) {
+            if (p == part)
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    s[i] = __fadd_rn(__fmul_rn(decay, s[i]), __fmul_rn(kp[i], delta));
+                    acc = __fadd_rn(acc, __fmul_rn(s[i], qp[i]));
+                }
+            if (P > 1) acc = __shfl_sync(0xffffffffu, acc, p * W + c);
+        }
+        return acc;
+    }
+};
 
 #endif

@@ -298,6 +298,35 @@ __global__ void gdn_rows_k(gdn_rows_args a) {
     }
 }
 
+// the same with the columns in registers (gdn_regs): one warp a block,
+// 32 / P columns of one head, so a decode step at C = 1 spreads its heads
+// over every SM
+template <int DK, int P> __global__ void __launch_bounds__(32) gdn_rows_regs_k(gdn_rows_args a) {
+    __shared__ float qk[2 * DK]; // this token's q and k head, read by every column
+    using regs = gdn_regs<DK, P>;
+    const int s = blockIdx.x / a.nv, vh = blockIdx.x % a.nv, kh = vh / a.r_;
+    const int part = threadIdx.x / regs::W, j = blockIdx.y * regs::W + threadIdx.x % regs::W;
+    const bool mine = j < a.dv;
+    float *col = a.ssm + (size_t)a.seqs[s] * a.ssm_seq_stride + (size_t)vh * DK * a.dv + j;
+    regs S;
+    if (mine)
+        S.load(col, a.dv, part);
+    else
+        for (int i = 0; i < regs::R; i++) S.s[i] = 0.0f;
+    for (int t = 0; t < a.ntok[s]; t++) {
+        const size_t r = (size_t)(a.row0[s] + t);
+        const float *x = a.conv + r * a.cd;
+        __syncthreads(); // the last token's q and k are read
+        for (int i = threadIdx.x; i < DK; i += blockDim.x)
+            qk[i] = x[kh * DK + i], qk[DK + i] = x[a.kd + kh * DK + i];
+        __syncthreads();
+        const float vj = mine ? x[2 * a.kd + vh * a.dv + j] : 0.0f;
+        const float o = S.step(qk, qk + DK, vj, a.gdec[r * a.nv + vh], a.beta[r * a.nv + vh]);
+        if (mine && part == P - 1) a.out[r * a.vd + vh * a.dv + j] = o;
+    }
+    if (mine) S.store(col, a.dv, part);
+}
+
 // gated RMSNorm per value head: rmsnorm(o) * w * silu(z)
 __global__ void gated_norm_k(float *o, const float *z, const float *w, int nv, int dv, float eps) {
     const int r = blockIdx.x / nv, vh = blockIdx.x % nv;
@@ -444,7 +473,33 @@ extern "C" void kvd_cudaop_gdn(const float *conv, const float *gdec, const float
     gdn_rows_args a = {
         conv,    gdec,    beta, out,     ssm, seqs, row0,          ntok, 2 * nk * dk + nv * dv,
         nk * dk, nv * dv, nv,   nv / nk, dk,  dv,   ssm_seq_stride};
-    gdn_rows_k<<<n_seqs * nv, (dv + 31) / 32 * 32>>>(a);
+    if (n_seqs <= 0) return;
+    const unsigned heads = (unsigned)(n_seqs * nv);
+    switch (kvd_cuda_gdn_regs(dk) ? dk : 0) {
+    case 32:
+        gdn_rows_regs_k<32, 1><<<dim3(heads, (dv + 31) / 32), 32>>>(a);
+        break;
+    case 64:
+        gdn_rows_regs_k<64, 2><<<dim3(heads, (dv + 15) / 16), 32>>>(a);
+        break;
+    case 128:
+        gdn_rows_regs_k<128, 2><<<dim3(heads, (dv + 15) / 16), 32>>>(a);
+        break;
+    default:
+        gdn_rows_k<<<heads, (dv + 31) / 32 * 32>>>(a);
+    }
+}
+extern "C" void kvd_cudaop_gdn_columns(const float *conv, const float *gdec, const float *beta,
+                                       float *out, float *ssm, size_t ssm_seq_stride, int n_seqs,
+                                       const int *seqs, const int *row0, const int *ntok, int nk,
+                                       int nv, int dk, int dv) {
+    gdn_rows_args a = {
+        conv,    gdec,    beta, out,     ssm, seqs, row0,          ntok, 2 * nk * dk + nv * dv,
+        nk * dk, nv * dv, nv,   nv / nk, dk,  dv,   ssm_seq_stride};
+    if (n_seqs > 0) gdn_rows_k<<<n_seqs * nv, (dv + 31) / 32 * 32>>>(a);
+}
+extern "C" int kvd_cuda_gdn_regs(int dk) {
+    return dk == 32 || dk == 64 || dk == 128;
 }
 extern "C" void kvd_cudaop_gated_norm(float *o, const float *z, const float *w, int rows, int nv,
                                       int dv, float eps) {

@@ -995,6 +995,98 @@ static void gdn(void) {
     free(S1), free(S2);
 }
 
+/* The model's recurrence op over a batch as a step lays it out: sequences
+ * in slots out of order, 1, 4 and 0 tokens, one slot left alone. Where the
+ * columns sit in registers (dk 32, 64, 128; dv not a multiple of the 16
+ * columns a warp takes among them) the state and outputs must be the
+ * in-memory kernel's bit for bit, and both the CPU's within expf's last
+ * place (bit for bit in the simulator); other dk take the in-memory path. */
+static void gdn_rows(void) {
+    static const int shapes[][4] = {/* nk, nv, dk, dv */
+                                    {2, 4, 32, 32},
+                                    {1, 2, 64, 128},
+                                    {2, 4, 128, 128},
+                                    {1, 2, 128, 40},
+                                    {1, 1, 48, 32}};
+    enum { NS = 3, SLOTS = 4, ROWS = 5 };
+    const int seqs[NS] = {2, 0, 3}, ntok[NS] = {1, 4, 0}, row0[NS] = {0, 1, 5};
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+        const int nk = shapes[c][0], nv = shapes[c][1], dk = shapes[c][2], dv = shapes[c][3];
+        const int kd = nk * dk, vd = nv * dv, cd = 2 * kd + vd;
+        const size_t sl = (size_t)nv * dk * dv, ns = SLOTS * sl;
+        float *conv = malloc(sizeof(float) * ROWS * cd), *gdec = malloc(sizeof(float) * ROWS * nv);
+        float *beta = malloc(sizeof(float) * ROWS * nv), *S0 = malloc(sizeof(float) * ns);
+        float *S1 = malloc(sizeof(float) * ns), *Sr = malloc(sizeof(float) * ns),
+              *Sc = malloc(sizeof(float) * ns);
+        float *o1 = calloc((size_t)ROWS * vd, sizeof(float)),
+              *orr = malloc(sizeof(float) * ROWS * vd), *oc = malloc(sizeof(float) * ROWS * vd);
+        fill(conv, (size_t)ROWS * cd, "gpu.gdnr.conv", 0.09f); /* q, k as after the L2 norm */
+        for (int r = 0; r < ROWS; r++)                         /* v at unit scale */
+            for (int i = 0; i < vd; i++) conv[(size_t)r * cd + 2 * kd + i] *= 11.0f;
+        for (int i = 0; i < ROWS * nv; i++)
+            gdec[i] = -0.05f * (1 + i % 4), beta[i] = 0.3f + 0.04f * (i % 9);
+        fill(S0, ns, "gpu.gdnr.S", 0.3f);
+        memcpy(S1, S0, sizeof(float) * ns);
+        for (int q = 0; q < NS; q++)
+            for (int t = 0; t < ntok[q]; t++) {
+                const int r = row0[q] + t;
+                const float *x = conv + (size_t)r * cd;
+                for (int vh = 0; vh < nv; vh++) {
+                    const int kh = vh / (nv / nk);
+                    kvd_gdn_step(S1 + seqs[q] * sl + (size_t)vh * dk * dv, x + kh * dk,
+                                 x + kd + kh * dk, x + 2 * kd + vh * dv, gdec[r * nv + vh],
+                                 beta[r * nv + vh], o1 + (size_t)r * vd + vh * dv, dk, dv);
+                }
+            }
+        float *dconv = kvd_cuda_alloc(sizeof(float) * ROWS * cd),
+              *dg = kvd_cuda_alloc(sizeof(float) * ROWS * nv),
+              *db = kvd_cuda_alloc(sizeof(float) * ROWS * nv),
+              *dout = kvd_cuda_alloc(sizeof(float) * ROWS * vd),
+              *dS = kvd_cuda_alloc(sizeof(float) * ns);
+        int *dseqs = kvd_cuda_alloc(sizeof seqs), *dntok = kvd_cuda_alloc(sizeof ntok),
+            *drow0 = kvd_cuda_alloc(sizeof row0);
+        char err[256] = "";
+        int ok = dconv && dg && db && dout && dS && dseqs && dntok && drow0 &&
+                 !kvd_cuda_upload(dconv, conv, sizeof(float) * ROWS * cd) &&
+                 !kvd_cuda_upload(dg, gdec, sizeof(float) * ROWS * nv) &&
+                 !kvd_cuda_upload(db, beta, sizeof(float) * ROWS * nv) &&
+                 !kvd_cuda_upload(dseqs, seqs, sizeof seqs) &&
+                 !kvd_cuda_upload(dntok, ntok, sizeof ntok) &&
+                 !kvd_cuda_upload(drow0, row0, sizeof row0);
+        for (int path = 0; path < 2 && ok; path++) {
+            ok = !kvd_cuda_upload(dS, S0, sizeof(float) * ns) &&
+                 !kvd_cuda_zero(dout, sizeof(float) * ROWS * vd);
+            if (ok && path == 0)
+                kvd_cudaop_gdn(dconv, dg, db, dout, dS, sl, NS, dseqs, drow0, dntok, nk, nv, dk,
+                               dv);
+            else if (ok)
+                kvd_cudaop_gdn_columns(dconv, dg, db, dout, dS, sl, NS, dseqs, drow0, dntok, nk, nv,
+                                       dk, dv);
+            ok = ok && !kvd_cuda_sync(err, sizeof err) &&
+                 !kvd_cuda_download(path ? Sc : Sr, dS, sizeof(float) * ns) &&
+                 !kvd_cuda_download(path ? oc : orr, dout, sizeof(float) * ROWS * vd);
+        }
+        CHECK(ok, "gdn rows (dk %d dv %d) failed: %s\n", dk, dv, err);
+        if (ok) {
+            CHECK(kvd_cuda_gdn_regs(dk) == (dk != 48), "gdn rows: dk %d %s registers\n", dk,
+                  dk == 48 ? "in" : "not in");
+            CHECK(!memcmp(Sr, Sc, sizeof(float) * ns) &&
+                      !memcmp(orr, oc, sizeof(float) * ROWS * vd),
+                  "gdn rows (dk %d dv %d): state or outputs differ from the in-memory path's\n", dk,
+                  dv);
+            CHECK(!memcmp(Sr + sl, S0 + sl, sizeof(float) * sl),
+                  "gdn rows (dk %d dv %d): the unused slot changed\n", dk, dv);
+            const double eo = rel_l2(orr, o1, (size_t)ROWS * vd), es = rel_l2(Sr, S1, ns);
+            CHECK(eo < 1e-5 && es < 1e-5, "gdn rows (dk %d dv %d): output rel L2 %g, state %g\n",
+                  dk, dv, eo, es);
+        }
+        kvd_cuda_free(dconv), kvd_cuda_free(dg), kvd_cuda_free(db), kvd_cuda_free(dout);
+        kvd_cuda_free(dS), kvd_cuda_free(dseqs), kvd_cuda_free(dntok), kvd_cuda_free(drow0);
+        free(conv), free(gdec), free(beta), free(S0), free(S1), free(Sr), free(Sc);
+        free(o1), free(orr), free(oc);
+    }
+}
+
 /* Routing and greedy sampling: the same experts in the same order, weights
  * within the last place; the same token. */
 static void route_and_sample(void) {
@@ -1369,6 +1461,7 @@ int main(void) {
                     {"compare", compare},
                     {"compare_rows", compare_rows},
                     {"gdn", gdn},
+                    {"gdn_rows", gdn_rows},
                     {"gdn_chunked", gdn_chunked},
                     {"route_and_sample", route_and_sample}};
     const size_t n_sections = sizeof sections / sizeof sections[0];
