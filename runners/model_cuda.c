@@ -101,7 +101,10 @@ struct kvd_cuda_model {
     float *qkvz, *ba, *conv, *z, *beta, *gdec, *gdn_o;
     float *rlogit, *topw, *gx, *g1, *g2, *gy, *sh1, *sh2, *shg, *logits;
     int *topi, *slots_moe, *d_next;
-    int moe_loop; /* KVD_CUDA_MOE=loop: a launch per expert and product */
+    /* KVD_CUDA_MOE: unset, the experts' lists on the device up to
+     * KVD_GROUPED_ROWS rows; "host", always on the host; "loop", on the host
+     * and a launch per expert and product */
+    enum { MOE_DEVICE, MOE_HOST, MOE_LOOP } moe_mode;
     int32_t *tok;
     int *pos, *seqs, *row0, *ntok;
     float *attn_scratch;
@@ -626,7 +629,15 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_cuda_model *peer
     m->full = *full;
     m->p = *part;
     const char *moe_env = getenv("KVD_CUDA_MOE");
-    m->moe_loop = moe_env && !strcmp(moe_env, "loop");
+    if (moe_env && *moe_env && strcmp(moe_env, "loop") && strcmp(moe_env, "host")) {
+        snprintf(err, KVD_ERR_LEN, "KVD_CUDA_MOE=%.64s: expected 'host' or 'loop' (or unset)",
+                 moe_env);
+        free(m);
+        return NULL;
+    }
+    m->moe_mode = !moe_env || !*moe_env      ? MOE_DEVICE
+                  : !strcmp(moe_env, "loop") ? MOE_LOOP
+                                             : MOE_HOST;
     local_config(full, part, &m->c);
     const kvd_config *c = &m->c;
     m->max_rows = max_rows;
@@ -1381,9 +1392,9 @@ static void experts_grouped(kvd_cuda_model *m, const dev_layer *d, int rows, con
 
 /* The experts' item lists made on the host from the routing (one wait a
  * layer), in the CPU's order, then the products: grouped where every
- * expert has at most 16 rows (kvd_cudaop_linear would run each on the
- * one-warp-a-column kernel: the same arithmetic for all experts at once),
- * else a launch per expert and product (prefill: cuBLASLt). */
+ * expert has at most KVD_GROUPED_ROWS rows (up to 16, kvd_cudaop_linear
+ * would run each on the same one-warp-a-column arithmetic), else a launch
+ * per expert and product (prefill: cuBLASLt). */
 static int moe_host_lists(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, int *G,
                           char *err) {
     const dev_layer *d = &m->wt->L[l];
@@ -1420,7 +1431,7 @@ static int moe_host_lists(kvd_cuda_model *m, int l, const kvd_batch *b, int rows
         kvd_cuda_sync(err, KVD_ERR_LEN);
         return -1;
     }
-    if (!m->moe_loop && ng > 0 && most_rows <= 16) {
+    if (m->moe_mode != MOE_LOOP && ng > 0 && most_rows <= KVD_GROUPED_ROWS) {
         experts_grouped(m, d, rows, G, ng, off[m->p.e0], off[m->p.e1]);
         return 0;
     }
@@ -1455,9 +1466,10 @@ static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err
     kvd_cudaop_route(m->rlogit, rows, E, K, c->norm_topk_prob, m->topi, m->topw);
     /* the experts' groups (kvd_cudaop_linear_grouped's G) after the slots */
     int *G = m->slots_moe + (size_t)m->max_rows * K;
-    /* up to 16 rows no expert has more: the item lists are made on the
-     * device, and nothing waits for the routing unless a hook reads it */
-    if (!m->moe_loop && rows <= 16) {
+    /* up to KVD_GROUPED_ROWS rows no expert has more: the item lists are
+     * made on the device, and nothing waits for the routing unless a hook
+     * reads it */
+    if (m->moe_mode == MOE_DEVICE && rows <= KVD_GROUPED_ROWS) {
         if (m->hooks.router) {
             if (kvd_cuda_download(m->h_topi, m->topi, sizeof(int) * (size_t)rows * K)) {
                 kvd_cuda_sync(err, KVD_ERR_LEN);

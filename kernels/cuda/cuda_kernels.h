@@ -288,7 +288,8 @@ void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const flo
                         int K, int H);
 /* The MoE experts of one step in a launch each, by kvd_cudaop_linear_fp32's
  * one-warp-a-column arithmetic (so bit for bit the per-expert products
- * where every expert has at most 16 rows), over expert groups G on the
+ * where every expert has at most 16 rows; more take further tiles of 16,
+ * each reading the weights again), over expert groups G on the
  * device: G[0] = ng, G[1 .. ng] the experts, G[ng + 1 .. 2 ng + 1] their
  * items' offsets. Group g multiplies items G[ng + 1 + g] .. G[ng + 2 + g] -
  * 1 by w_tab[G[1 + g]] (BF16 [N][K]; a device array of pointers); item i's
@@ -300,6 +301,9 @@ void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const flo
  * slots (expert e's items r K + j, row r's j-th choice, in (r, j) order,
  * experts in turn: as the host makes them) and G for experts e0 .. e1 - 1
  * from the routing's topi, on the device, one block. */
+/* the most rows an expert may have for the model to group the experts: two
+ * tiles (decode up to C = 32, where each row picks an expert at most once) */
+#define KVD_GROUPED_ROWS 32
 void kvd_cudaop_linear_grouped(const float *x, const int *slots, int slot_div,
                                const void *const *w_tab, const int *G, int max_groups, float *y,
                                int N, int K);

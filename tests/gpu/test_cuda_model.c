@@ -666,77 +666,129 @@ static void refusals(void) {
 /* the simulator's count of kernel launches (absent on a GPU) */
 extern unsigned long long kvd_simt_launches(void) __attribute__((weak));
 
-/* The MoE experts' grouped launches against a launch per expert and
- * product (KVD_CUDA_MOE=loop when the model is made): a prefill (its
- * experts' rows past 16 take the per-expert launches either way), then
- * decode steps of four sequences on one GPU (from gpus0) and split over
- * two, whose logits must be the same bit for bit. */
-static void moe_paths(const char *preset, int gpus0) {
+/* the router hook's record: the most rows any expert had in a step */
+typedef struct {
+    int E, K, most;
+} moe_rows;
+static void note_rows(void *ctx, int layer, const kvd_batch *b, const int *experts) {
+    moe_rows *r = ctx;
+    (void)layer;
+    int rows = 0, *count = calloc((size_t)r->E, sizeof(int));
+    for (int s = 0; s < b->n; s++) rows += b->n_tok[s];
+    for (int i = 0; count && i < rows * r->K; i++)
+        if (experts[i] >= 0 && experts[i] < r->E && ++count[experts[i]] > r->most)
+            r->most = count[experts[i]];
+    free(count);
+}
+
+/* C sequences prefilled with P tokens each (one sequence a step), then
+ * `steps` decode steps of all C, on a model made with KVD_CUDA_MOE=env (NULL:
+ * unset); the decode steps' logits into lg, C V a step; the kernel launches
+ * of the decode steps (the simulator's count; 0 on a GPU) into *launched
+ * and, with rows, the most rows an expert had in them. 0, or -1 after a
+ * failed check (-2: no devices). */
+static int moe_run(const char *preset, const kvd_weights *w, int gpus, const char *env, int C,
+                   int P, int steps, float *lg, unsigned long long *launched, moe_rows *rows) {
     char err[KVD_ERR_LEN];
+    const kvd_config *cfg = &w->cfg;
+    const int V = cfg->vocab_size;
+    kvd_kvcache kv;
+    if (kvd_kvcache_init(&kv, KVD_KV_BF16, kvd_config_n_full(cfg), cfg->num_key_value_heads,
+                         cfg->head_dim, 16, 4096, NULL, 1, err)) {
+        CHECK(0, "%s: %s\n", preset, err);
+        return -1;
+    }
+    if (env) setenv("KVD_CUDA_MOE", env, 1);
+    kvd_cuda_model *md = kvd_cuda_model_new_tp(w, &kv, MAX_ROWS, C, gpus, err);
+    unsetenv("KVD_CUDA_MOE");
+    if (!md) {
+        const int none = strstr(err, "CUDA devices visible") != NULL;
+        if (!none) CHECK(0, "%s: %s\n", preset, err);
+        kvd_kvcache_free(&kv);
+        return none ? -2 : -1;
+    }
+    int *seqs = malloc(sizeof(int) * C), *ones = malloc(sizeof(int) * C);
+    int32_t *tok = malloc(sizeof(int32_t) * P), *nxt = malloc(sizeof(int32_t) * C);
+    int ok = 1;
+    for (int s = 0; s < C && ok; s++) {
+        seqs[s] = kvd_kvcache_add_seq(&kv), ones[s] = 1;
+        tokens(40 + s, P, V, tok);
+        kvd_batch b = {1, &seqs[s], &P, tok};
+        ok = kvd_cuda_forward(md, &kv, &b, lg, 1, err) == 0;
+        nxt[s] = tok[s % P];
+    }
+    kvd_hooks h = {.ctx = rows, .router = note_rows};
+    if (ok && rows) ok = kvd_cuda_model_set_hooks(md, &h, err) == 0;
+    const unsigned long long l0 = kvd_simt_launches ? kvd_simt_launches() : 0;
+    for (int step = 0; step < steps && ok; step++) {
+        kvd_batch b = {C, seqs, ones, nxt};
+        float *out = lg + (size_t)step * C * V;
+        ok = kvd_cuda_forward(md, &kv, &b, out, 1, err) == 0;
+        for (int s = 0; s < C && ok; s++) nxt[s] = kvd_argmax(out + (size_t)s * V, V);
+    }
+    *launched = kvd_simt_launches ? kvd_simt_launches() - l0 : 0;
+    CHECK(ok, "%s moe paths (%d GPUs, KVD_CUDA_MOE=%s, C %d): %s\n", preset, gpus, env ? env : "",
+          C, err);
+    kvd_cuda_model_free(md);
+    kvd_kvcache_free(&kv);
+    free(seqs), free(ones), free(tok), free(nxt);
+    return ok ? 0 : -1;
+}
+
+/* The MoE experts' paths on one GPU (from gpus0) and split over two, bit
+ * for bit. Four sequences of 16 tokens, then decode steps of all four:
+ * the grouped launches (their lists made on the device) against a launch
+ * per expert and product (KVD_CUDA_MOE=loop; up to 16 rows an expert, the
+ * same arithmetic). Decode steps of 32 sequences, up to KVD_GROUPED_ROWS
+ * rows an expert in two tiles of 16: the device's lists against the
+ * host's (KVD_CUDA_MOE=host). */
+static void moe_paths(const char *preset, int gpus0) {
     kvd_config cfg;
     kvd_weights w;
     if (preset_weights(preset, &cfg, &w)) return;
-    const int V = cfg.vocab_size, nf = kvd_config_n_full(&cfg);
-    for (int gpus = gpus0; gpus <= 2; gpus++) {
-        float *lg[2] = {malloc(sizeof(float) * 4 * V * 6), malloc(sizeof(float) * 4 * V * 6)};
-        unsigned long long launched[2] = {0, 0}; /* over the decode steps */
-        int ok = 1;
-        for (int path = 0; path < 2 && ok; path++) {
-            kvd_kvcache kv;
-            if (kvd_kvcache_init(&kv, KVD_KV_BF16, nf, cfg.num_key_value_heads, cfg.head_dim, 16,
-                                 4096, NULL, 1, err)) {
-                CHECK(0, "%s: %s\n", preset, err);
-                ok = 0;
-                break;
+    const int V = cfg.vocab_size;
+    static const struct {
+        int C, P, steps;
+        const char *env;
+    } cases[2] = {{4, 16, 6, "loop"}, {32, 6, 2, "host"}};
+    for (int gpus = gpus0; gpus <= 2; gpus++)
+        for (int ci = 0; ci < 2; ci++) {
+            const int C = cases[ci].C, n = C * cases[ci].steps;
+            float *lg[2] = {malloc(sizeof(float) * n * V), malloc(sizeof(float) * n * V)};
+            unsigned long long launched[2] = {0, 0};
+            moe_rows rows = {cfg.num_experts, cfg.num_experts_per_tok, 0};
+            int rc = moe_run(preset, &w, gpus, NULL, C, cases[ci].P, cases[ci].steps, lg[0],
+                             &launched[0], ci ? &rows : NULL);
+            if (!rc)
+                rc = moe_run(preset, &w, gpus, cases[ci].env, C, cases[ci].P, cases[ci].steps,
+                             lg[1], &launched[1], NULL);
+            if (!rc) {
+                const int same = !memcmp(lg[0], lg[1], sizeof(float) * n * V);
+                CHECK(same,
+                      "%s, %d GPU(s), C %d: the experts' decode logits differ with "
+                      "KVD_CUDA_MOE=%s\n",
+                      preset, gpus, C, cases[ci].env);
+                if (ci)
+                    CHECK(rows.most > 0 && rows.most <= C, "%s: an expert had %d rows\n", preset,
+                          rows.most);
+                if (same) {
+                    printf("%-6s %d GPU%s, C %2d: decode logits identical with KVD_CUDA_MOE unset "
+                           "and %s",
+                           preset, gpus, gpus > 1 ? "s" : " ", C, cases[ci].env);
+                    if (ci) printf(" (the most rows an expert had: %d)", rows.most);
+                    printf("\n");
+                }
+                if (launched[1] && !ci)
+                    printf("%-6s %d GPU%s, C %2d: kernel launches a decode step: %.0f, %.0f "
+                           "with KVD_CUDA_MOE=%s (%.2fx)\n",
+                           preset, gpus, gpus > 1 ? "s" : " ", C,
+                           launched[0] / (double)cases[ci].steps,
+                           launched[1] / (double)cases[ci].steps, cases[ci].env,
+                           (double)launched[1] / launched[0]);
             }
-            if (path) setenv("KVD_CUDA_MOE", "loop", 1);
-            kvd_cuda_model *md = kvd_cuda_model_new_tp(&w, &kv, MAX_ROWS, 4, gpus, err);
-            unsetenv("KVD_CUDA_MOE");
-            if (!md) {
-                if (!strstr(err, "CUDA devices visible")) CHECK(0, "%s: %s\n", preset, err);
-                kvd_kvcache_free(&kv);
-                ok = 0;
-                break;
-            }
-            int seqs[4], ones[4] = {1, 1, 1, 1};
-            int32_t tok[4][40], nxt[4];
-            for (int s = 0; s < 4 && ok; s++) {
-                seqs[s] = kvd_kvcache_add_seq(&kv);
-                tokens(40 + s, 40, V, tok[s]);
-                int n = 40;
-                kvd_batch b = {1, &seqs[s], &n, tok[s]};
-                ok = kvd_cuda_forward(md, &kv, &b, lg[path], 1, err) == 0;
-                nxt[s] = tok[s][s];
-            }
-            const unsigned long long l0 = kvd_simt_launches ? kvd_simt_launches() : 0;
-            for (int step = 0; step < 6 && ok; step++) {
-                kvd_batch b = {4, seqs, ones, nxt};
-                float *out = lg[path] + (size_t)step * 4 * V;
-                ok = kvd_cuda_forward(md, &kv, &b, out, 1, err) == 0;
-                for (int s = 0; s < 4 && ok; s++) nxt[s] = kvd_argmax(out + (size_t)s * V, V);
-            }
-            launched[path] = kvd_simt_launches ? kvd_simt_launches() - l0 : 0;
-            CHECK(ok, "%s moe paths (%d GPUs, %s): %s\n", preset, gpus, path ? "loop" : "grouped",
-                  err);
-            kvd_cuda_model_free(md);
-            kvd_kvcache_free(&kv);
+            free(lg[0]), free(lg[1]);
+            if (rc == -2) break;
         }
-        if (ok) {
-            CHECK(!memcmp(lg[0], lg[1], sizeof(float) * 4 * V * 6),
-                  "%s, %d GPU(s): the grouped experts' decode logits differ from a launch per "
-                  "expert's\n",
-                  preset, gpus);
-            printf("%-6s %d GPU%s: decode logits with the experts grouped and launched one by one "
-                   "identical\n",
-                   preset, gpus, gpus > 1 ? "s" : " ");
-            if (launched[1])
-                printf("%-6s %d GPU%s: kernel launches a decode step of 4 sequences: %.0f grouped, "
-                       "%.0f one by one (%.2fx)\n",
-                       preset, gpus, gpus > 1 ? "s" : " ", launched[0] / 6.0, launched[1] / 6.0,
-                       (double)launched[1] / launched[0]);
-        }
-        free(lg[0]), free(lg[1]);
-    }
     kvd_weights_free(&w);
 }
 
