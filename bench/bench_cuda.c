@@ -346,6 +346,81 @@ static int bench_gdn(int reps, double bw) {
     return fail ? -1 : 0;
 }
 
+/* The decode projections at qwen3.5-397b-a17b's shapes, M = 1, 8 and 16
+ * rows: the FP32 per-column kernel kvd_cudaop_linear runs up to 16 rows
+ * against the cuBLASLt path (x split in three BF16 parts) it runs beyond.
+ * Each rep runs over enough copies of the weights (256 MB at least) that
+ * the L2 holds none of the next; weights_GB_s counts each weight once. 0,
+ * or -1. */
+typedef struct {
+    int M, N, K, copies, split;
+    float *x, *y;
+    char *w;
+} lin_case;
+static int lin_copies(void *p) {
+    lin_case *c = p;
+    const size_t wb = 2 * (size_t)c->N * c->K;
+    for (int i = 0; i < c->copies; i++) {
+        if (c->split) {
+            if (kvd_cuda_linear_split_dev(c->x, c->w + i * wb, c->y, c->M, c->N, c->K, 0))
+                return -1;
+        } else {
+            kvd_cudaop_linear_fp32(c->x, c->w + i * wb, c->y, c->M, c->N, c->K);
+        }
+    }
+    return 0;
+}
+static int bench_linear(int reps, double bw) {
+    kvd_config q;
+    char err[KVD_ERR_LEN];
+    if (kvd_config_preset("qwen3.5-397b-a17b", &q, err)) return -1;
+    struct {
+        const char *what;
+        int N, K;
+    } shapes[] = {
+        {"q_proj (query + gate)", 2 * q.num_attention_heads * q.head_dim, q.hidden_size},
+        {"in_proj_qkvz", 2 * kvd_key_dim(&q) + 2 * kvd_value_dim(&q), q.hidden_size},
+        {"out_proj", q.hidden_size, kvd_value_dim(&q)},
+        {"expert gate/up", q.moe_intermediate_size, q.hidden_size},
+        {"expert down", q.hidden_size, q.moe_intermediate_size},
+        {"lm_head", q.vocab_size, q.hidden_size},
+    };
+    printf("\ndecode projections, shapes of qwen3.5-397b-a17b (us; weights_GB_s and of_copy for "
+           "the FP32\nper-column kernel, which runs up to 16 rows; vs_split: its speed over "
+           "cuBLASLt's on the same shape):\n  %-24s %3s %6s %6s %10s %11s %8s %10s %8s\n",
+           "shape", "M", "N", "K", "per_column", "weights_GB_s", "of_copy", "cublaslt", "vs_split");
+    int fail = 0;
+    const int Ms[3] = {1, 8, 16};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0] && !fail; si++) {
+        lin_case c = {.N = shapes[si].N, .K = shapes[si].K};
+        const size_t wb = 2 * (size_t)c.N * c.K;
+        c.copies = (int)(((size_t)256 << 20) / wb) + 1;
+        c.w = kvd_cuda_alloc(wb * c.copies);
+        c.x = kvd_cuda_alloc(sizeof(float) * 16 * c.K);
+        c.y = kvd_cuda_alloc(sizeof(float) * 16 * c.N);
+        fail = !c.w || !c.x || !c.y || kvd_cuda_zero(c.w, wb * c.copies) ||
+               kvd_cuda_zero(c.x, sizeof(float) * 16 * c.K);
+        for (int mi = 0; mi < 3 && !fail; mi++) {
+            double t[2];
+            c.M = Ms[mi];
+            for (int p = 0; p < 2; p++) {
+                c.split = p;
+                t[p] = fastest(lin_copies, &c, reps) / c.copies;
+            }
+            fail = t[0] <= 0;
+            if (fail) break;
+            printf("  %-24s %3d %6d %6d %10.1f %11.1f %7.1f%% ", shapes[si].what, c.M, c.N, c.K,
+                   t[0] * 1e6, wb / t[0] / 1e9, 100 * wb / t[0] / bw);
+            if (t[1] > 0)
+                printf("%10.1f %7.2fx\n", t[1] * 1e6, t[1] / t[0]);
+            else
+                printf("%10s %8s\n", "failed", "-");
+        }
+        kvd_cuda_free(c.w), kvd_cuda_free(c.x), kvd_cuda_free(c.y);
+    }
+    return fail ? -1 : 0;
+}
+
 int kvd_bench_cuda(int reps) {
     char why[256];
     if (!kvd_cuda_available(why, sizeof why)) {
@@ -512,6 +587,7 @@ int kvd_bench_cuda(int reps) {
                "TFLOP/s; v2 does each product twice, hi and lo, so 0.5 is the tensor cores' "
                "rate)\n",
                pf_best / (gemm_best * 1e9), gemm_best / 1e3);
+    fail |= bench_linear(reps, bw) != 0;
     fail |= bench_gdn(reps, bw) != 0;
     fail |= bench_compare(reps, "qwen3.5-397b-a17b", 131072) != 0;
     return fail;

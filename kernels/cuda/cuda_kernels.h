@@ -288,13 +288,14 @@ void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const flo
                         int K, int H);
 /* The MoE experts of one step in a launch each, by kvd_cudaop_linear_fp32's
  * one-warp-a-column arithmetic (so bit for bit the per-expert products
- * where every expert has at most 16 rows; more take further tiles of 16,
- * each reading the weights again), over expert groups G on the
+ * where every expert has at most 16 rows; more take further tiles, each
+ * reading the weights again), over expert groups G on the
  * device: G[0] = ng, G[1 .. ng] the experts, G[ng + 1 .. 2 ng + 1] their
  * items' offsets. Group g multiplies items G[ng + 1 + g] .. G[ng + 2 + g] -
  * 1 by w_tab[G[1 + g]] (BF16 [N][K]; a device array of pointers); item i's
  * activations are x's row slots[i] / slot_div (slots null: row i), its
- * output y's row i. max_groups bounds ng (the launch's grid). The weighted
+ * output y's row i. max_groups bounds ng (the launch's grid), max_rows a
+ * group's items (the tile: 1, 2, 4, 8 or 16 rows). The weighted
  * scatter adds the groups' items to their rows (rows blocks; slots and topw
  * as kvd_cudaop_scatter's) in the items' order: bit for bit
  * kvd_cudaop_scatter expert by expert. kvd_cudaop_expert_lists makes the
@@ -305,8 +306,8 @@ void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const flo
  * tiles (decode up to C = 32, where each row picks an expert at most once) */
 #define KVD_GROUPED_ROWS 32
 void kvd_cudaop_linear_grouped(const float *x, const int *slots, int slot_div,
-                               const void *const *w_tab, const int *G, int max_groups, float *y,
-                               int N, int K);
+                               const void *const *w_tab, const int *G, int max_groups, int max_rows,
+                               float *y, int N, int K);
 void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots, const float *topw,
                                 int K, const int *G, int rows, int H);
 void kvd_cudaop_expert_lists(const int *topi, int rows, int K, int E, int e0, int e1, int *slots,

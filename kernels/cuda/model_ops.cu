@@ -57,43 +57,70 @@ inline unsigned blocks_for(size_t n, unsigned th) {
 }
 
 // y[M,N] = x[M,K] W[N,K]^T: FP32 activations, BF16 weights, FP32 sums. One
-// warp per output column and tile of 16 rows, each lane 8 weights (16 bytes)
-// at a time: decode reads every weight once per step.
+// warp per output column and tile of TR rows (1, 2, 4, 8 or 16: the fewest
+// that hold the launch's rows, so that C = 1 keeps one accumulator a lane
+// rather than sixteen and the SM room for more warps), each lane 8 weights
+// (16 bytes) at a time: decode reads every weight once per step. A lane
+// issues the loads of lin_ahead(TR) such slices before it uses the first,
+// so a warp has that many times 512 bytes of weights in flight rather than
+// 512 (a decode step streams every weight once, at whatever bandwidth the
+// loads in flight allow): 4 up to 4 rows, 2 at 8, 1 at 16, where more
+// would cost the SM warps (ptxas for sm_90: 34 registers a thread at one
+// row, 71 at 8, 80 at 16; 107 with 16 rows two slices ahead, and the
+// grouped kernel's 16 row pointers 168). A row's sums take the slices in
+// the same order whatever TR and the look-ahead, so every tile gives the
+// same bits.
 constexpr int LIN_ROWS = 16;
+__host__ __device__ constexpr int lin_ahead(int TR) {
+    return TR <= 4 ? 4 : TR <= 8 ? 2 : 1;
+}
+inline int lin_tile(int rows) {
+    return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : rows <= 8 ? 8 : LIN_ROWS;
+}
 
 // one warp's output column: y[i * y_stride] = xrow(i) . wr for i < rows
-// (<= LIN_ROWS), wr the column's K weights; xrow(i) gives row i's
-// activations. rows is the same for the whole warp, so the shuffles stay
-// converged.
-template <class XRow>
+// (<= TR), wr the column's K weights; xrow(i) gives row i's activations.
+// rows is the same for the whole warp, so the shuffles stay converged.
+template <int TR, class XRow>
 __device__ inline void w16_column(XRow xrow, const __nv_bfloat16 *wr, float *y, size_t y_stride,
                                   int rows, int K, int lane) {
-    float acc[LIN_ROWS];
+    constexpr int AHEAD = lin_ahead(TR);
+    float acc[TR];
 #pragma unroll
-    for (int i = 0; i < LIN_ROWS; i++) acc[i] = 0.0f;
+    for (int i = 0; i < TR; i++) acc[i] = 0.0f;
     if (K % 8 == 0) {
-        for (int k = lane * 8; k < K; k += 256) {
-            uint4 raw = *reinterpret_cast<const uint4 *>(wr + k);
-            const __nv_bfloat16 *wb = reinterpret_cast<const __nv_bfloat16 *>(&raw);
-            float wv[8];
+        for (int k0 = lane * 8; k0 < K; k0 += 256 * AHEAD) {
+            uint4 raw[AHEAD];
 #pragma unroll
-            for (int e = 0; e < 8; e++) wv[e] = __bfloat162float(wb[e]);
+            for (int u = 0; u < AHEAD; u++)
+                if (k0 + 256 * u < K) raw[u] = *reinterpret_cast<const uint4 *>(wr + k0 + 256 * u);
 #pragma unroll
-            for (int i = 0; i < LIN_ROWS; i++)
-                if (i < rows) {
-                    const float *xr = xrow(i) + k;
+            for (int u = 0; u < AHEAD; u++) {
+                const int k = k0 + 256 * u;
+                if (k >= K) break;
+                const __nv_bfloat16 *wb = reinterpret_cast<const __nv_bfloat16 *>(&raw[u]);
+                float wv[8];
 #pragma unroll
-                    for (int e = 0; e < 8; e++) acc[i] += wv[e] * xr[e];
-                }
+                for (int e = 0; e < 8; e++) wv[e] = __bfloat162float(wb[e]);
+#pragma unroll
+                for (int i = 0; i < TR; i++)
+                    if (i < rows) {
+                        const float *xr = xrow(i) + k;
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[i] += wv[e] * xr[e];
+                    }
+            }
         }
     } else {
         for (int k = lane; k < K; k += 32) {
             float wv = __bfloat162float(wr[k]);
-            for (int i = 0; i < rows; i++) acc[i] += wv * xrow(i)[k];
+#pragma unroll
+            for (int i = 0; i < TR; i++)
+                if (i < rows) acc[i] += wv * xrow(i)[k];
         }
     }
 #pragma unroll
-    for (int i = 0; i < LIN_ROWS; i++) {
+    for (int i = 0; i < TR; i++) {
         if (i >= rows) break;
         float a = acc[i];
         for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
@@ -101,13 +128,14 @@ __device__ inline void w16_column(XRow xrow, const __nv_bfloat16 *wr, float *y, 
     }
 }
 
+template <int TR>
 __global__ void linear_w16_k(const float *x, const __nv_bfloat16 *w, float *y, int M, int N,
                              int K) {
     const int n = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    const int m0 = blockIdx.y * LIN_ROWS;
+    const int m0 = blockIdx.y * TR;
     if (n >= N) return;
-    w16_column([&](int i) { return x + (size_t)(m0 + i) * K; }, w + (size_t)n * K,
-               y + (size_t)m0 * N + n, (size_t)N, min(LIN_ROWS, M - m0), K, lane);
+    w16_column<TR>([&](int i) { return x + (size_t)(m0 + i) * K; }, w + (size_t)n * K,
+                   y + (size_t)m0 * N + n, (size_t)N, min(TR, M - m0), K, lane);
 }
 
 // MoE experts' products in one launch, by linear_w16_k's arithmetic, over
@@ -115,7 +143,7 @@ __global__ void linear_w16_k(const float *x, const __nv_bfloat16 *w, float *y, i
 // ng + 1 offsets): block row g < ng (grid y) is expert G[1 + g], its rows
 // the items G[1 + ng + g] .. G[2 + ng + g] - 1; item i's activations are
 // x's row slots[i] / slot_div (slots null: row i), its output y's row i;
-// the expert's weights w_tab[G[1 + g]]. Rows past 16 take further tiles.
+// the expert's weights w_tab[G[1 + g]]. Rows past TR take further tiles.
 struct grouped_args {
     const float *x;
     const int *slots;
@@ -125,24 +153,24 @@ struct grouped_args {
     float *y;
     int N, K;
 };
-__global__ void linear_grouped_k(grouped_args a) {
+template <int TR> __global__ void linear_grouped_k(grouped_args a) {
     const int n = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     const int ng = a.G[0], g = blockIdx.y;
     if (n >= a.N || g >= ng) return;
     const int i0 = a.G[1 + ng + g], i1 = a.G[2 + ng + g];
     const __nv_bfloat16 *wr = (const __nv_bfloat16 *)a.w_tab[a.G[1 + g]] + (size_t)n * a.K;
-    for (int t0 = i0; t0 < i1; t0 += LIN_ROWS) {
+    for (int t0 = i0; t0 < i1; t0 += TR) {
         // the tile's rows' activations, looked up once (registers: the
         // column's loops index them by constants)
-        const int rows = min(LIN_ROWS, i1 - t0);
-        const float *xr[LIN_ROWS];
+        const int rows = min(TR, i1 - t0);
+        const float *xr[TR];
 #pragma unroll
-        for (int i = 0; i < LIN_ROWS; i++) {
+        for (int i = 0; i < TR; i++) {
             const int item = t0 + (i < rows ? i : 0);
             xr[i] = a.x + (a.slots ? (size_t)(a.slots[item] / a.slot_div) : (size_t)item) * a.K;
         }
-        w16_column([&](int i) { return xr[i]; }, wr, a.y + (size_t)t0 * a.N + n, (size_t)a.N, rows,
-                   a.K, lane);
+        w16_column<TR>([&](int i) { return xr[i]; }, wr, a.y + (size_t)t0 * a.N + n, (size_t)a.N,
+                       rows, a.K, lane);
     }
 }
 
@@ -433,8 +461,25 @@ extern "C" void kvd_cudaop_linear_fp32(const float *x, const void *w, float *y, 
         linear_tiled_k<<<grid, 256>>>(x, (const __nv_bfloat16 *)w, y, M, N, K);
         return;
     }
-    dim3 grid(blocks_for((size_t)N, 8), (unsigned)((M + LIN_ROWS - 1) / LIN_ROWS));
-    linear_w16_k<<<grid, 256>>>(x, (const __nv_bfloat16 *)w, y, M, N, K);
+    const int tr = lin_tile(M);
+    const dim3 grid(blocks_for((size_t)N, 8), (unsigned)((M + tr - 1) / tr));
+    const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w;
+    switch (tr) {
+    case 1:
+        linear_w16_k<1><<<grid, 256>>>(x, wb, y, M, N, K);
+        break;
+    case 2:
+        linear_w16_k<2><<<grid, 256>>>(x, wb, y, M, N, K);
+        break;
+    case 4:
+        linear_w16_k<4><<<grid, 256>>>(x, wb, y, M, N, K);
+        break;
+    case 8:
+        linear_w16_k<8><<<grid, 256>>>(x, wb, y, M, N, K);
+        break;
+    default:
+        linear_w16_k<LIN_ROWS><<<grid, 256>>>(x, wb, y, M, N, K);
+    }
 }
 extern "C" void kvd_cudaop_embed(const void *E, const int32_t *tok, float *x, int rows, int H) {
     embed_k<<<rows, 256>>>((const __nv_bfloat16 *)E, tok, x, H);
@@ -515,10 +560,26 @@ extern "C" void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots
 }
 extern "C" void kvd_cudaop_linear_grouped(const float *x, const int *slots, int slot_div,
                                           const void *const *w_tab, const int *G, int max_groups,
-                                          float *y, int N, int K) {
+                                          int max_rows, float *y, int N, int K) {
     if (max_groups <= 0 || N <= 0) return;
     const grouped_args a = {x, slots, slot_div, w_tab, G, y, N, K};
-    linear_grouped_k<<<dim3(blocks_for((size_t)N, 8), (unsigned)max_groups), 256>>>(a);
+    const dim3 grid(blocks_for((size_t)N, 8), (unsigned)max_groups);
+    switch (lin_tile(max_rows)) {
+    case 1:
+        linear_grouped_k<1><<<grid, 256>>>(a);
+        break;
+    case 2:
+        linear_grouped_k<2><<<grid, 256>>>(a);
+        break;
+    case 4:
+        linear_grouped_k<4><<<grid, 256>>>(a);
+        break;
+    case 8:
+        linear_grouped_k<8><<<grid, 256>>>(a);
+        break;
+    default:
+        linear_grouped_k<LIN_ROWS><<<grid, 256>>>(a);
+    }
 }
 extern "C" void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots,
                                            const float *topw, int K, const int *G, int rows,

@@ -229,8 +229,9 @@ void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const flo
 }
 /* as the per-expert launches: each group's rows gathered, then its product */
 void kvd_cudaop_linear_grouped(const float *x, const int *slots, int slot_div,
-                               const void *const *w_tab, const int *G, int max_groups, float *y,
-                               int N, int K) {
+                               const void *const *w_tab, const int *G, int max_groups, int max_rows,
+                               float *y, int N, int K) {
+    (void)max_rows;
     const int ng = G[0] < max_groups ? G[0] : max_groups;
     for (int g = 0; g < ng; g++) {
         const int i0 = G[1 + G[0] + g], rows = G[2 + G[0] + g] - i0;

@@ -686,9 +686,9 @@ static void fill(float *x, size_t n, const char *name, float scale) {
  * tiles from there), with edges that fill no tile: the two differ only in
  * the order of 1000-term FP32 sums, 1e-5 relative. */
 static void linear_w16(void) {
-    const int shapes[6][3] = {{1, 512, 1024},  {16, 300, 1000}, {63, 129, 1000},
-                              {67, 512, 1023}, {200, 77, 1000}, {513, 1031, 1032}};
-    for (int si = 0; si < 6; si++) {
+    const int shapes[8][3] = {{1, 512, 1024},  {3, 200, 1000},  {6, 130, 2048},  {16, 300, 1000},
+                              {63, 129, 1000}, {67, 512, 1023}, {200, 77, 1000}, {513, 1031, 1032}};
+    for (int si = 0; si < 8; si++) {
         int M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
         float *x = malloc(sizeof(float) * (size_t)M * K),
               *wf = malloc(sizeof(float) * (size_t)N * K);
@@ -727,6 +727,20 @@ static void linear_w16(void) {
                   : M >= KVD_LINEAR_TILED_ROWS ? "FP32 tiled"
                                                : "FP32 per column",
                   e);
+        }
+        /* per column, the rows' tile (1, 2, 4, 8 or 16 rows) leaves each
+         * row's sums as they are: the product row by row, bit for bit */
+        for (int r = 0; ok && M < KVD_LINEAR_TILED_ROWS && r < M; r++)
+            kvd_cudaop_linear_fp32(dx + (size_t)r * K, dw, dy + (size_t)r * N, 1, N, K);
+        if (ok && M < KVD_LINEAR_TILED_ROWS) {
+            float *y1 = malloc(sizeof(float) * (size_t)M * N);
+            int ok2 = !kvd_cuda_sync(err, sizeof err) &&
+                      !kvd_cuda_download(y1, dy, sizeof(float) * (size_t)M * N);
+            CHECK(ok2 && !memcmp(y1, yg, sizeof(float) * (size_t)M * N),
+                  "linear %dx%dx%d (FP32 per column): rows one at a time differ from the "
+                  "tile's\n",
+                  M, N, K);
+            free(y1);
         }
         kvd_cuda_free(dx), kvd_cuda_free(dy), kvd_cuda_free(dw);
         free(x), free(wf), free(yc), free(yg), free(w);
@@ -817,24 +831,30 @@ static void moe_grouped(void) {
         ok = ok && !kvd_cuda_sync(err, sizeof err) &&
              !kvd_cuda_download(yl, dy, sizeof(float) * n * N) &&
              !kvd_cuda_download(ml, dmix, sizeof(float) * R * N);
-        /* grouped */
-        ok = ok && !kvd_cuda_zero(dy, sizeof(float) * n * N) &&
-             !kvd_cuda_upload(dmix, mix0, sizeof(float) * R * N);
-        if (ok) {
-            kvd_cudaop_linear_grouped(dx, dslots, TOPK, dtab, dG, ng + ki, dy, N, K);
-            kvd_cudaop_scatter_grouped(dmix, dy, dslots, dtw, TOPK, dG, R, N);
-        }
-        ok = ok && !kvd_cuda_sync(err, sizeof err) &&
-             !kvd_cuda_download(yg, dy, sizeof(float) * n * N) &&
-             !kvd_cuda_download(mg, dmix, sizeof(float) * R * N);
-        CHECK(ok, "moe grouped (K %d) failed: %s\n", K, err);
-        if (ok) {
-            CHECK(!memcmp(yl, yg, sizeof(float) * n * N),
-                  "moe grouped (K %d): products differ from the per-expert launches'\n", K);
-            CHECK(!memcmp(ml, mg, sizeof(float) * R * N),
-                  "moe grouped (K %d): scatter differs from the per-expert launches'\n", K);
-            const double e = rel_l2(yg, yc, (size_t)n * N);
-            CHECK(e < 1e-5, "moe grouped (K %d): rel L2 %g to the CPU's\n", K, e);
+        /* grouped, the tile sized for at most 1, 2, 4, 8, 16 and 24 rows
+         * (every size takes the same sums: the larger groups take more tiles) */
+        static const int tiles[6] = {1, 2, 4, 8, 16, R};
+        for (int ti = 0; ok && ti < 6; ti++) {
+            ok = !kvd_cuda_zero(dy, sizeof(float) * n * N) &&
+                 !kvd_cuda_upload(dmix, mix0, sizeof(float) * R * N);
+            if (ok) {
+                kvd_cudaop_linear_grouped(dx, dslots, TOPK, dtab, dG, ng + ki, tiles[ti], dy, N, K);
+                kvd_cudaop_scatter_grouped(dmix, dy, dslots, dtw, TOPK, dG, R, N);
+            }
+            ok = ok && !kvd_cuda_sync(err, sizeof err) &&
+                 !kvd_cuda_download(yg, dy, sizeof(float) * n * N) &&
+                 !kvd_cuda_download(mg, dmix, sizeof(float) * R * N);
+            CHECK(ok, "moe grouped (K %d) failed: %s\n", K, err);
+            if (ok) {
+                CHECK(!memcmp(yl, yg, sizeof(float) * n * N),
+                      "moe grouped (K %d, tiles for %d rows): products differ from the "
+                      "per-expert launches'\n",
+                      K, tiles[ti]);
+                CHECK(!memcmp(ml, mg, sizeof(float) * R * N),
+                      "moe grouped (K %d): scatter differs from the per-expert launches'\n", K);
+                const double e = rel_l2(yg, yc, (size_t)n * N);
+                CHECK(e < 1e-5, "moe grouped (K %d): rel L2 %g to the CPU's\n", K, e);
+            }
         }
         /* the item lists on the device */
         int *dtopi = kvd_cuda_alloc(sizeof topi);
