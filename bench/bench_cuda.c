@@ -85,6 +85,24 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gp
             tps[mi][ci] = C * steps / t;
             printf("  %-13s C %2d: %8.2f ms per step %9.1f tokens/s\n", kvd_kv_mode_name(modes[mi]),
                    C, 1e3 * t / steps, tps[mi][ci]);
+            /* where the time goes: three more steps, each phase drained */
+            double ph[KVD_PHASES], pt = 0;
+            kvd_cuda_model_profile(m, 1);
+            for (int st = 0; st < 3 && rc == 0; st++) {
+                kvd_batch b = {C, seqs, ones, nxt};
+                rc = kvd_cuda_forward_greedy(m, &kv, &b, nxt, err);
+            }
+            kvd_cuda_model_phases(m, ph);
+            kvd_cuda_model_profile(m, 0);
+            if (rc) fprintf(stderr, "bench model: %s\n", err);
+            for (int p = 0; p < KVD_PHASES; p++) pt += ph[p];
+            if (rc == 0 && pt > 0) {
+                printf("  %-13s C %2d: %8.2f ms a step drained at each phase:", "", C,
+                       1e3 * pt / 3);
+                for (int p = 0; p < KVD_PHASES; p++)
+                    printf(" %s %.1f%%", kvd_cuda_phase_names[p], 100 * ph[p] / pt);
+                printf("\n");
+            }
             for (int s = 0; s < C; s++) kvd_kvcache_release(&kv, seqs[s]);
         }
         kvd_cuda_model_free(m);

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../kernels/cuda/cuda_kernels.h"
 #include "engine.h"
@@ -107,6 +108,9 @@ struct kvd_cuda_model {
     enum { MOE_DEVICE, MOE_HOST, MOE_LOOP } moe_mode;
     int32_t *tok;
     int *pos, *seqs, *row0, *ntok;
+    /* rank 0: kvd_cuda_model_profile's sums, and the last phase's end */
+    int profile;
+    double phase_s[KVD_PHASES], phase_end;
     float *attn_scratch;
     size_t attn_scratch_floats;
     float *d_qfp8; /* FP8 attention over the shadow: this model's queries in E4M3 */
@@ -1572,6 +1576,39 @@ static int reduce_mix(kvd_cuda_model *m0, int rows, char *err) {
 /* kvd_cuda_forward, and with next set (logits null, last_only) the
  * sequences' greedy next tokens from the device's argmax instead of their
  * logits */
+const char *const kvd_cuda_phase_names[KVD_PHASES] = {"stage", "attention", "deltanet",
+                                                      "moe",   "lm_head",   "settle"};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void kvd_cuda_model_profile(kvd_cuda_model *m, int on) {
+    m->profile = on;
+    if (on) memset(m->phase_s, 0, sizeof m->phase_s);
+}
+
+void kvd_cuda_model_phases(const kvd_cuda_model *m, double secs[KVD_PHASES]) {
+    memcpy(secs, m->phase_s, sizeof m->phase_s);
+}
+
+/* profiling: every rank's queue drained, the time since the last phase's
+ * end added to `phase` (phase < 0: only the mark, at a step's start) */
+static void phase_done(kvd_cuda_model *m0, int phase) {
+    if (!m0->profile) return;
+    char e[KVD_ERR_LEN];
+    for (int r = 0; r < m0->p.n; r++) {
+        kvd_cuda_set_device(r);
+        kvd_cuda_sync(e, sizeof e); /* a failure shows at the step's own sync */
+    }
+    kvd_cuda_set_device(0);
+    const double t = now_s();
+    if (phase >= 0) m0->phase_s[phase] += t - m0->phase_end;
+    m0->phase_end = t;
+}
+
 static int forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, float *logits,
                    int last_only, int32_t *next, char *err) {
     const kvd_config *c = &m0->full;
@@ -1583,6 +1620,7 @@ static int forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, floa
                  m0->max_seqs);
         return -1;
     }
+    phase_done(m0, -1);
     int rows = kvd_batch_rows(c, kv, b, m0->max_rows, m0->max_seqs, m0->h_pos, m0->h_row_seq, err);
     if (rows < 0) return -1;
     if (m0->shadow) /* the shadow receives every row the cache does, at the same positions */
@@ -1610,6 +1648,7 @@ static int forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, floa
         if (!(rc = stage(m, kv, b, rows, err)))
             kvd_cudaop_embed(m->wt->embed, m->tok, m->x, rows, H);
     }
+    phase_done(m0, KVD_PHASE_STAGE);
     for (int l = 0; l < c->num_hidden_layers && !rc; l++) {
         const int full_attn = c->layer_types[l] == KVD_LAYER_FULL;
         for (int r = 0; r < n_ranks; r++) {
@@ -1639,6 +1678,7 @@ static int forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, floa
             }
         }
         rc = reduce_mix(m0, rows, err);
+        phase_done(m0, full_attn ? KVD_PHASE_ATTENTION : KVD_PHASE_DELTANET);
         for (int r = 0; r < n_ranks && !rc; r++) {
             kvd_cuda_model *m = rk[r];
             kvd_cuda_set_device(r);
@@ -1654,6 +1694,7 @@ static int forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, floa
             kvd_cudaop_add(m->x, m->mix, n);
             kvd_cudaop_nonfinite(m->x, n, m->nonfinite + 2 * l + 1);
         }
+        phase_done(m0, KVD_PHASE_MOE);
         kvd_cuda_set_device(0);
         if (!rc && m0->hooks.hidden) {
             if (kvd_cuda_download(m0->h_x, m0->x, sizeof(float) * n)) {
@@ -1720,6 +1761,7 @@ static int forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, floa
     /* greedy: the argmax of every row's logits (all) or of the last rows'
      * (the rest), the sequences' last rows' copied back */
     if (next) kvd_cudaop_argmax(m->logits, all ? rows : b->n, V, m->d_next);
+    phase_done(m0, KVD_PHASE_HEAD);
     for (int r = 0; r < n_ranks && !rc; r++) {
         kvd_cuda_set_device(r);
         rc = settle(rk[r], kv, b, rows, err);
@@ -1754,6 +1796,7 @@ static int forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, floa
             return -1;
         }
     }
+    phase_done(m0, KVD_PHASE_SETTLE);
     return 0;
 }
 

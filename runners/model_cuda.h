@@ -39,6 +39,30 @@ kvd_cuda_model *kvd_cuda_model_new_synth(const kvd_config *cfg, const kvd_synth 
                                          int n_gpus, char *err);
 void kvd_cuda_model_free(kvd_cuda_model *m);
 
+/* Where a step's time goes: with profiling on, every rank's queue is
+ * drained at the end of each phase of a step and the wall time since the
+ * last end added to that phase's sum, so a profiled step runs slower than
+ * an unprofiled one (the benchmark reports both). The phases: staging the
+ * batch and the embedding; the full-attention layers' mixers (norm,
+ * projections, cache write, attention, output projection, all-reduce); the
+ * DeltaNet layers' mixers; the MoE blocks (norm, router, experts, shared
+ * expert, all-reduce, residual adds); the final norm, lm_head and greedy
+ * sampling; settling the cache's bookkeeping and copying results back.
+ * kvd_cuda_model_profile(m, 1) zeroes the sums and starts; 0 stops;
+ * kvd_cuda_model_phases gives the sums in seconds. */
+enum {
+    KVD_PHASE_STAGE,
+    KVD_PHASE_ATTENTION,
+    KVD_PHASE_DELTANET,
+    KVD_PHASE_MOE,
+    KVD_PHASE_HEAD,
+    KVD_PHASE_SETTLE,
+    KVD_PHASES
+};
+extern const char *const kvd_cuda_phase_names[KVD_PHASES];
+void kvd_cuda_model_profile(kvd_cuda_model *m, int on);
+void kvd_cuda_model_phases(const kvd_cuda_model *m, double secs[KVD_PHASES]);
+
 /* Hooks, called as on the CPU with host copies of what the device computed:
  * the residual stream, the router's choices, K and V before the cache, and
  * for the rows want_attn accepts the attn_cmp views, compared on the device

@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../../kernels/cuda/cuda_kernels.h"
@@ -663,6 +664,12 @@ static void refusals(void) {
     kvd_weights_free(&w);
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* the simulator's count of kernel launches (absent on a GPU) */
 extern unsigned long long kvd_simt_launches(void) __attribute__((weak));
 
@@ -825,10 +832,15 @@ static void greedy_steps(const char *preset, int gpus0) {
         tokens(77, 48, V, tok);
         for (int i = 0; ok && i < 2; i++)
             for (int s = 0; s < 3; s++) seqs[s] = kvd_kvcache_add_seq(&kv[i]);
+        /* the greedy model's steps profiled, which must not change them */
+        double wall = 0, ph[KVD_PHASES], sum = 0;
+        if (ok) kvd_cuda_model_profile(md[1], 1);
         for (int step = 0; ok && step < 7; step++) {
             kvd_batch b = {3, seqs, step ? ones : lens, step ? want : tok};
-            ok = kvd_cuda_forward(md[0], &kv[0], &b, lg, 1, err) == 0 &&
-                 kvd_cuda_forward_greedy(md[1], &kv[1], &b, got, err) == 0;
+            ok = kvd_cuda_forward(md[0], &kv[0], &b, lg, 1, err) == 0;
+            const double t0 = now_s();
+            ok = ok && kvd_cuda_forward_greedy(md[1], &kv[1], &b, got, err) == 0;
+            wall += now_s() - t0;
             CHECK(ok, "%s greedy (%d GPUs): %s\n", preset, gpus, err);
             for (int s = 0; ok && s < 3; s++) {
                 want[s] = kvd_argmax(lg + (size_t)s * V, V);
@@ -842,6 +854,23 @@ static void greedy_steps(const char *preset, int gpus0) {
                   preset, gpus, agree, steps);
             printf("%-6s %d GPU%s: greedy tokens on the device, %d of %d the logits' argmax\n",
                    preset, gpus, gpus > 1 ? "s" : " ", agree, steps);
+            /* every phase ran, and together they are the steps' time */
+            kvd_cuda_model_phases(md[1], ph);
+            kvd_cuda_model_profile(md[1], 0);
+            for (int p = 0; p < KVD_PHASES; p++) {
+                sum += ph[p];
+                CHECK(ph[p] >= 0 && (p == KVD_PHASE_STAGE || p == KVD_PHASE_SETTLE || ph[p] > 0),
+                      "%s, %d GPU(s): profiled phase %s took %g s\n", preset, gpus,
+                      kvd_cuda_phase_names[p], ph[p]);
+            }
+            CHECK(sum <= wall && sum >= 0.5 * wall,
+                  "%s, %d GPU(s): the phases add up to %g s of the steps' %g s\n", preset, gpus,
+                  sum, wall);
+            printf("%-6s %d GPU%s: 7 profiled steps, %.0f%% of their time in phases:", preset, gpus,
+                   gpus > 1 ? "s" : " ", 100 * sum / wall);
+            for (int p = 0; p < KVD_PHASES; p++)
+                printf(" %s %.0f%%", kvd_cuda_phase_names[p], 100 * ph[p] / sum);
+            printf("\n");
         }
         free(lg);
         for (int i = 0; i < 2; i++) {
