@@ -295,9 +295,9 @@ void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const flo
  * 1 by w_tab[G[1 + g]] (BF16 [N][K]; a device array of pointers); item i's
  * activations are x's row slots[i] / slot_div (slots null: row i), its
  * output y's row i. max_groups bounds ng (the launch's grid), max_rows a
- * group's items (the tile: 1, 2, 4, 8 or 16 rows). The weighted
- * scatter adds the groups' items to their rows (rows blocks; slots and topw
- * as kvd_cudaop_scatter's) in the items' order: bit for bit
+ * group's items (the tile: 1, 2, 4, 8 or 16 rows). The weighted scatter
+ * adds the groups' items to their rows (a block for 256 values of a row;
+ * slots and topw as kvd_cudaop_scatter's) in the items' order: bit for bit
  * kvd_cudaop_scatter expert by expert. kvd_cudaop_expert_lists makes the
  * slots (expert e's items r K + j, row r's j-th choice, in (r, j) order,
  * experts in turn: as the host makes them) and G for experts e0 .. e1 - 1

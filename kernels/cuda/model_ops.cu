@@ -380,19 +380,22 @@ __global__ void scatter_rows_k(float *mix, const float *gy, const int *slots, co
             __fadd_rn(mix[(size_t)r * H + d], __fmul_rn(wgt, gy[(size_t)i * H + d]));
 }
 // the groups' (G, as linear_grouped_k's) weighted outputs added to their
-// rows (block r: row r) in the items' order, which is the experts': bit for
-// bit what scatter_rows_k does expert after expert
+// rows in the items' order, which is the experts': bit for bit what
+// scatter_rows_k does expert after expert. Block (r, c): row r's values c *
+// 256 .. c * 256 + 255, one a thread, its sum kept in a register (a row's
+// 4096 values at C = 1 are 16 blocks, and each item's loads are issued
+// without waiting on the last item's store)
 __global__ void scatter_grouped_k(float *mix, const float *gy, const int *slots, const float *topw,
                                   int K, const int *G, int H) {
-    const int r = blockIdx.x, ng = G[0], lo = G[1 + ng], hi = G[1 + 2 * ng];
+    const int r = blockIdx.x, d = blockIdx.y * blockDim.x + threadIdx.x;
+    const int ng = G[0], lo = G[1 + ng], hi = G[1 + 2 * ng];
+    if (d >= H) return;
+    float acc = mix[(size_t)r * H + d];
     for (int i = lo; i < hi; i++) {
         const int s = slots[i];
-        if (s / K != r) continue;
-        const float wgt = topw[s];
-        for (int d = threadIdx.x; d < H; d += blockDim.x)
-            mix[(size_t)r * H + d] =
-                __fadd_rn(mix[(size_t)r * H + d], __fmul_rn(wgt, gy[(size_t)i * H + d]));
+        if (s / K == r) acc = __fadd_rn(acc, __fmul_rn(topw[s], gy[(size_t)i * H + d]));
     }
+    mix[(size_t)r * H + d] = acc;
 }
 // The routing's item lists, as the host makes them, in one block: expert
 // e's items are the slots r K + j (row r's j-th choice) with topi == e, in
@@ -584,7 +587,9 @@ extern "C" void kvd_cudaop_linear_grouped(const float *x, const int *slots, int 
 extern "C" void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots,
                                            const float *topw, int K, const int *G, int rows,
                                            int H) {
-    if (rows > 0) scatter_grouped_k<<<rows, 256>>>(mix, gy, slots, topw, K, G, H);
+    if (rows > 0 && H > 0)
+        scatter_grouped_k<<<dim3((unsigned)rows, blocks_for((size_t)H, 256)), 256>>>(mix, gy, slots,
+                                                                                     topw, K, G, H);
 }
 extern "C" void kvd_cudaop_expert_lists(const int *topi, int rows, int K, int E, int e0, int e1,
                                         int *slots, int *G) {
