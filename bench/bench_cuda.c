@@ -35,9 +35,11 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gp
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)ctx);
     uint64_t key = kvd_rng_key(21, "bench.model.tokens");
     for (int i = 0; i < ctx; i++) tok[i] = (int32_t)(kvd_rng_uniform(key, (uint64_t)i) * V) % V;
+    /* the roofline: what a step must move, against the copy bandwidth */
+    const double bw = kvd_cuda_copy_bandwidth((size_t)1 << 30, 5);
     printf("\nthe whole model on %d device%s, %s, %d-token contexts, %d greedy decode steps "
-           "(sampled on the device):\n",
-           gpus, gpus > 1 ? "s" : "", preset, ctx, steps);
+           "(sampled on the device);\ndevice copy bandwidth %.1f GB/s:\n",
+           gpus, gpus > 1 ? "s" : "", preset, ctx, steps, bw / 1e9);
     int rc = 0;
     const int n_modes = with_fp8 ? 2 : 1;
     for (int mi = 0; mi < n_modes && rc == 0; mi++) {
@@ -85,6 +87,18 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gp
             tps[mi][ci] = C * steps / t;
             printf("  %-13s C %2d: %8.2f ms per step %9.1f tokens/s\n", kvd_kv_mode_name(modes[mi]),
                    C, 1e3 * t / steps, tps[mi][ci]);
+            kvd_step_bytes sb;
+            kvd_decode_step_bytes(&cfg, C, ctx + steps / 2,
+                                  (double)kvd_kvcache_bytes_per_token(
+                                      modes[mi], nf, cfg.num_key_value_heads, cfg.head_dim),
+                                  &sb);
+            const double need = sb.dense + sb.experts + sb.cache + sb.state;
+            if (bw > 0)
+                printf("  %-13s C %2d: a step moves %.2f GB at least (dense weights %.2f, experts "
+                       "%.2f expected, cache %.2f, state %.2f): %.1f GB/s, %.1f%% of the copy "
+                       "bandwidth\n",
+                       "", C, need / 1e9, sb.dense / 1e9, sb.experts / 1e9, sb.cache / 1e9,
+                       sb.state / 1e9, need / (t / steps) / 1e9, 100 * need / (t / steps) / bw);
             /* where the time goes: three more steps, each phase drained */
             double ph[KVD_PHASES], pt = 0;
             kvd_cuda_model_profile(m, 1);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +132,36 @@ int kvd_config_n_full(const kvd_config *c) {
     int n = 0;
     for (int i = 0; i < c->num_hidden_layers; i++) n += c->layer_types[i] == KVD_LAYER_FULL;
     return n;
+}
+
+void kvd_decode_step_bytes(const kvd_config *c, int C, int ctx, double kv_bytes_per_token,
+                           kvd_step_bytes *b) {
+    const double H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads;
+    const double kvh = c->num_key_value_heads, kd = kvd_key_dim(c), vd = kvd_value_dim(c);
+    const double nv = c->linear_num_value_heads, E = c->num_experts;
+    const double k = c->num_experts_per_tok, I = c->moe_intermediate_size;
+    const double Is = c->shared_expert_intermediate_size;
+    double dense = 0, experts = 0, state = 0; /* elements, then bytes */
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if (c->layer_types[l] == KVD_LAYER_FULL) {
+            dense += (2 * nh * hd + 2 * kvh * hd) * H + H * nh * hd; /* q + gate, k, v; o */
+        } else {
+            dense += (2 * kd + 2 * vd + 2 * nv) * H + H * vd; /* qkvz, ba; out */
+            state += nv * c->linear_key_head_dim * c->linear_value_head_dim +
+                     (double)kvd_conv_dim(c) * (c->linear_conv_kernel_dim - 1);
+        }
+        if (E > 0) {
+            dense += E * H + (Is > 0 ? 3 * Is * H + H : 0); /* router; shared expert, its gate */
+            experts += E * (1 - pow(1 - k / E, C)) * 3 * I * H;
+        } else {
+            dense += 3 * (double)c->intermediate_size * H;
+        }
+    }
+    dense += (double)c->vocab_size * H + C * H; /* lm_head (or the tied embedding); C rows */
+    b->dense = 2 * dense;
+    b->experts = 2 * experts;
+    b->cache = (double)C * ctx * kv_bytes_per_token;
+    b->state = 2.0 * 4 * C * state;
 }
 
 /* ---- config.json ---- */

@@ -85,6 +85,18 @@ void kvd_err_prefix(char *err, const char *prefix);
 
 /* Derived sizes. */
 int kvd_config_n_full(const kvd_config *cfg);
+/* What one decode step of C sequences at ctx tokens of context must move,
+ * at the least, in bytes: every BF16 matrix it reads whole (projections,
+ * routers, shared experts, lm_head; and C embedding rows), the routed
+ * experts it reads (E (1 - (1 - k / E)^C) of them a layer, the expected
+ * count when each row picks k of E uniformly), the C sequences' cache (ctx
+ * tokens at kv_bytes_per_token each), and their DeltaNet and conv states
+ * (FP32), read and written. The roofline a step's time is held against. */
+typedef struct {
+    double dense, experts, cache, state;
+} kvd_step_bytes;
+void kvd_decode_step_bytes(const kvd_config *c, int C, int ctx, double kv_bytes_per_token,
+                           kvd_step_bytes *b);
 /* Each layer's index among the full-attention layers (attn_index) or the
  * DeltaNet layers (lin_index), -1 in the other; the two counts. */
 void kvd_config_layer_indices(const kvd_config *cfg, int *attn_index, int *lin_index, int *n_full,

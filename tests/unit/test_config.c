@@ -7,6 +7,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,12 +159,32 @@ static void hf_nesting(void **st) {
     assert_int_equal(c.layer_types[3], KVD_LAYER_FULL);
 }
 
+/* A decode step's bytes for tiny, counted by hand from its shapes (hidden
+ * 128; 2 attention layers of 4 x 64 query and 2 x 64 KV heads; 6 DeltaNet
+ * layers of 2 x 32 key and 4 x 32 value heads, conv kernel 4; 8 MoE layers
+ * of 8 experts, top 2, 64 wide, a shared expert 64 wide; vocabulary 512):
+ * dense 2 x 131072 + 6 x 66560 + 8 x 25728 + 65536 + 128 C elements of two
+ * bytes; experts 8 x 8 (1 - (3/4)^C) x 24576 elements of two bytes; state 6
+ * x (4096 + 768) floats per sequence, read and written. */
+static void near(double got, double want) {
+    if (!(fabs(got - want) <= 1e-9 * want)) fail_msg("got %.1f, expected %.1f", got, want);
+}
+static void step_bytes(void **st) {
+    (void)st;
+    kvd_config c;
+    char err[KVD_ERR_LEN];
+    kvd_step_bytes b;
+    assert_int_equal(kvd_config_preset("tiny", &c, err), 0);
+    kvd_decode_step_bytes(&c, 1, 100, 1024, &b);
+    near(b.dense, 1865984), near(b.experts, 786432), near(b.cache, 102400), near(b.state, 233472);
+    kvd_decode_step_bytes(&c, 4, 100, 1024, &b);
+    near(b.dense, 1866752), near(b.experts, 2150400), near(b.cache, 409600), near(b.state, 933888);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(presets),
-        cmocka_unit_test(round_trip),
-        cmocka_unit_test(refusals),
-        cmocka_unit_test(hf_nesting),
+        cmocka_unit_test(step_bytes), cmocka_unit_test(presets),    cmocka_unit_test(round_trip),
+        cmocka_unit_test(refusals),   cmocka_unit_test(hf_nesting),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
