@@ -230,7 +230,8 @@ int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int 
  * (kvd_cuda_linear_split_dev); up to 16 rows, where that fails, or with
  * KVD_CUDA_LINEAR=fp32, on FP32 cores (kvd_cudaop_linear_fp32): 64 x 64
  * tiles from KVD_LINEAR_TILED_ROWS rows on (prefill), one warp per column
- * and 16 rows below it (decode) */
+ * below it (decode) and a tile of 1, 2, 4, 8 or 16 rows, the fewest that
+ * hold M (every tile gives the same bits) */
 #define KVD_LINEAR_TILED_ROWS 64
 void kvd_cudaop_linear(const float *x, const void *w, float *y, int M, int N, int K);
 void kvd_cudaop_linear_fp32(const float *x, const void *w, float *y, int M, int N, int K);

@@ -758,6 +758,19 @@ static void moe_paths(const char *preset, int gpus0) {
         int C, P, steps;
         const char *env;
     } cases[2] = {{4, 16, 6, "loop"}, {32, 6, 2, "host"}};
+    /* a value the model does not know is refused, not taken for unset */
+    char err[KVD_ERR_LEN];
+    kvd_kvcache kv;
+    if (kvd_kvcache_init(&kv, KVD_KV_BF16, kvd_config_n_full(&cfg), cfg.num_key_value_heads,
+                         cfg.head_dim, 16, 64, NULL, 1, err) == 0) {
+        setenv("KVD_CUDA_MOE", "grouped", 1);
+        kvd_cuda_model *md = kvd_cuda_model_new_tp(&w, &kv, 16, 1, gpus0, err);
+        unsetenv("KVD_CUDA_MOE");
+        CHECK(!md && strstr(err, "KVD_CUDA_MOE=grouped: expected 'host' or 'loop'"),
+              "%s: KVD_CUDA_MOE=grouped %s (%s)\n", preset, md ? "accepted" : "refused", err);
+        kvd_cuda_model_free(md);
+        kvd_kvcache_free(&kv);
+    }
     for (int gpus = gpus0; gpus <= 2; gpus++)
         for (int ci = 0; ci < 2; ci++) {
             const int C = cases[ci].C, n = C * cases[ci].steps;
