@@ -402,15 +402,15 @@ static int dev_kv_stage(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv, con
     int rc = 0;
     for (int s = 0; s < b->n; s++) {
         const kvd_kv_seq *q = &kv->seqs[b->seq[s]];
-        rc |= kvd_cuda_upload(d->btab + (size_t)b->seq[s] * d->n_blocks, q->blocks,
-                              sizeof(int32_t) * (size_t)q->n_blocks);
+        rc |= kvd_cuda_stage_upload(d->btab + (size_t)b->seq[s] * d->n_blocks, q->blocks,
+                                    sizeof(int32_t) * (size_t)q->n_blocks);
     }
     for (int r = 0; r < rows; r++) {
         const kvd_kv_seq *q = &kv->seqs[m->h_row_seq[r]];
         int p = m->h_pos[r];
         d->h_slot[r] = q->blocks[p / bs] * bs + p % bs;
     }
-    rc |= kvd_cuda_upload(d->slot, d->h_slot, sizeof(int32_t) * (size_t)rows);
+    rc |= kvd_cuda_stage_upload(d->slot, d->h_slot, sizeof(int32_t) * (size_t)rows);
     rc |= kvd_cuda_zero(d->stats, sizeof(unsigned long long) * (size_t)m->n_full * 8);
     size_t na = (size_t)m->n_full * 2 * kvh;
     unsigned int am[na + 1];
@@ -420,14 +420,14 @@ static int dev_kv_stage(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv, con
             memcpy(&am[((size_t)a * 2) * kvh + h], &kv->k_absmax[g], 4);
             memcpy(&am[((size_t)a * 2 + 1) * kvh + h], &kv->v_absmax[g], 4);
         }
-    rc |= kvd_cuda_upload(d->absmax, am, sizeof(unsigned int) * na);
+    rc |= kvd_cuda_stage_upload(d->absmax, am, sizeof(unsigned int) * na);
     if (d->qabsmax) { /* the queries' running absmax, this rank's heads */
         const int nhl = m->c.num_attention_heads;
         unsigned int qa[(size_t)m->n_full * nhl + 1];
         for (int a = 0; a < m->n_full; a++)
             memcpy(&qa[(size_t)a * nhl], &kv->q_absmax[(size_t)a * kv->n_heads + m->p.nh0],
                    sizeof(float) * nhl);
-        rc |= kvd_cuda_upload(d->qabsmax, qa, sizeof(unsigned int) * m->n_full * nhl);
+        rc |= kvd_cuda_stage_upload(d->qabsmax, qa, sizeof(unsigned int) * m->n_full * nhl);
     }
     return rc;
 }
@@ -1505,8 +1505,9 @@ static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err
 /* ---- one step ---- */
 
 static int stage(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, int rows, char *err) {
-    int rc = kvd_cuda_upload(m->tok, b->tok, sizeof(int32_t) * (size_t)rows);
-    rc |= kvd_cuda_upload(m->pos, m->h_pos, sizeof(int) * (size_t)rows);
+    int rc = kvd_cuda_stage_begin();
+    rc |= kvd_cuda_stage_upload(m->tok, b->tok, sizeof(int32_t) * (size_t)rows);
+    rc |= kvd_cuda_stage_upload(m->pos, m->h_pos, sizeof(int) * (size_t)rows);
     int r0 = 0;
     for (int s = 0; s < b->n; s++) {
         m->h_seqs[s] = b->seq[s];
@@ -1514,15 +1515,15 @@ static int stage(kvd_cuda_model *m, kvd_kvcache *kv, const kvd_batch *b, int row
         m->h_ntok[s] = b->n_tok[s];
         r0 += b->n_tok[s];
     }
-    rc |= kvd_cuda_upload(m->seqs, m->h_seqs, sizeof(int) * (size_t)b->n);
-    rc |= kvd_cuda_upload(m->row0, m->h_row0, sizeof(int) * (size_t)b->n);
-    rc |= kvd_cuda_upload(m->ntok, m->h_ntok, sizeof(int) * (size_t)b->n);
+    rc |= kvd_cuda_stage_upload(m->seqs, m->h_seqs, sizeof(int) * (size_t)b->n);
+    rc |= kvd_cuda_stage_upload(m->row0, m->h_row0, sizeof(int) * (size_t)b->n);
+    rc |= kvd_cuda_stage_upload(m->ntok, m->h_ntok, sizeof(int) * (size_t)b->n);
     rc |= dev_kv_stage(m, &m->kc, kv, b, rows);
     if (m->shadow) rc |= dev_kv_stage(m, &m->sc, m->shadow, b, rows);
     size_t nl = 2 * (size_t)m->c.num_hidden_layers;
     unsigned long long none[nl + 1];
     for (size_t i = 0; i < nl; i++) none[i] = ~0ull;
-    rc |= kvd_cuda_upload(m->nonfinite, none, sizeof none[0] * nl);
+    rc |= kvd_cuda_stage_upload(m->nonfinite, none, sizeof none[0] * nl);
     if (rc) kvd_cuda_sync(err, KVD_ERR_LEN);
     return rc;
 }

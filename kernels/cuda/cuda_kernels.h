@@ -126,6 +126,14 @@ int kvd_cuda_download(void *dst, const void *src, size_t n);
 int kvd_cuda_copy(void *dst, const void *src, size_t n);
 int kvd_cuda_zero(void *p, size_t n);
 int kvd_cuda_sync(char *err, int len);
+/* A step's uploads without a wait each: kvd_cuda_stage_begin drains the
+ * current device's queue (the last step's copies are done) and empties its
+ * page-locked arena (8 MB, made on first use); kvd_cuda_stage_upload copies
+ * src into the arena at once and queues the copy to dst behind the work
+ * already queued (a plain upload where the arena is full or missing). 0, or
+ * -1. */
+int kvd_cuda_stage_begin(void);
+int kvd_cuda_stage_upload(void *dst, const void *src, size_t n);
 
 /* decode (one query) and prefill (n_q causal rows) attention; the view's
  * pools and scales and the block table on the device; decode's scratch holds

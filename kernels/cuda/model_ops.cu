@@ -40,6 +40,46 @@ extern "C" int kvd_cuda_copy(void *dst, const void *src, size_t n) {
 extern "C" int kvd_cuda_zero(void *p, size_t n) {
     return cudaMemset(p, 0, n) == cudaSuccess ? 0 : -1;
 }
+// a step's staged uploads: a page-locked arena per device, whose copies
+// queue behind the kernels instead of waiting for them (a plain cudaMemcpy
+// from pageable memory first drains the queue)
+namespace {
+struct stage_arena {
+    char *p;
+    size_t used;
+    bool tried;
+};
+stage_arena arenas[16];
+constexpr size_t stage_bytes = (size_t)8 << 20;
+stage_arena *arena() {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    return &arenas[dev & 15];
+}
+} // namespace
+extern "C" int kvd_cuda_stage_begin(void) {
+    stage_arena *a = arena();
+    if (cudaStreamSynchronize(nullptr) != cudaSuccess) return -1; // the last step's copies are done
+    if (!a->tried) {
+        a->tried = true;
+        if (cudaHostAlloc(reinterpret_cast<void **>(&a->p), stage_bytes, cudaHostAllocPortable) !=
+            cudaSuccess) {
+            a->p = nullptr;
+            cudaGetLastError(); // no arena: the uploads wait instead
+        }
+    }
+    a->used = 0;
+    return 0;
+}
+extern "C" int kvd_cuda_stage_upload(void *dst, const void *src, size_t n) {
+    stage_arena *a = arena();
+    const size_t off = (a->used + 15) / 16 * 16;
+    if (!a->p || off + n > stage_bytes) return kvd_cuda_upload(dst, src, n);
+    std::memcpy(a->p + off, src, n);
+    a->used = off + n;
+    return cudaMemcpyAsync(dst, a->p + off, n, cudaMemcpyHostToDevice, nullptr) == cudaSuccess ? 0
+                                                                                               : -1;
+}
 extern "C" int kvd_cuda_sync(char *err, int len) {
     cudaError_t e = cudaDeviceSynchronize();
     if (e == cudaSuccess) e = cudaGetLastError();

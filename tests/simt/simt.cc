@@ -724,6 +724,21 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
     if (n) std::memmove(dst, src, n);
     return cudaSuccess;
 }
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) {
+    *p = std::malloc(n ? n : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFreeHost(void *p) {
+    std::free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t) {
+    return cudaMemcpy(dst, src, n, kind);
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+    return cudaDeviceSynchronize();
+}
 cudaError_t cudaMemset(void *p, int value, size_t n) {
     if (!range_ok(p, n, "cudaMemset")) {
         fail(cudaErrorInvalidValue);

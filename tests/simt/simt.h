@@ -118,6 +118,14 @@ template <class T> cudaError_t cudaMalloc(T **p, size_t n) {
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind);
 cudaError_t cudaMemset(void *p, int value, size_t n);
+// page-locked host memory and the stream's copies: host memory and
+// cudaMemcpy here (one queue, run as it is given)
+#define cudaHostAllocPortable 1
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags);
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t s = nullptr);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaGetLastError();
 cudaError_t cudaDeviceSynchronize();
 // clears the errors (a fault included); allocations stay
