@@ -378,6 +378,30 @@ static int bench_gdn(int reps, double bw) {
     return fail ? -1 : 0;
 }
 
+/* The projections of a decode step of qwen3.5-397b-a17b (N outputs of K
+ * inputs), timed by the projection and GEMM benchmarks below; 6 of them,
+ * or 0 when the preset is missing */
+typedef struct {
+    const char *what;
+    int N, K;
+} proj_shape;
+enum { N_PROJ = 6 };
+static int q35_projections(proj_shape out[N_PROJ]) {
+    kvd_config q;
+    char err[KVD_ERR_LEN];
+    if (kvd_config_preset("qwen3.5-397b-a17b", &q, err)) return 0;
+    const proj_shape s[N_PROJ] = {
+        {"q_proj (query + gate)", 2 * q.num_attention_heads * q.head_dim, q.hidden_size},
+        {"in_proj_qkvz", 2 * kvd_key_dim(&q) + 2 * kvd_value_dim(&q), q.hidden_size},
+        {"out_proj", q.hidden_size, kvd_value_dim(&q)},
+        {"expert gate/up", q.moe_intermediate_size, q.hidden_size},
+        {"expert down", q.hidden_size, q.moe_intermediate_size},
+        {"lm_head", q.vocab_size, q.hidden_size},
+    };
+    memcpy(out, s, sizeof s);
+    return N_PROJ;
+}
+
 /* The decode projections at qwen3.5-397b-a17b's shapes, M = 1, 8 and 16
  * rows: the FP32 per-column kernel kvd_cudaop_linear runs up to 16 rows
  * against the cuBLASLt path (x split in three BF16 parts) it runs beyond.
@@ -403,27 +427,16 @@ static int lin_copies(void *p) {
     return 0;
 }
 static int bench_linear(int reps, double bw) {
-    kvd_config q;
-    char err[KVD_ERR_LEN];
-    if (kvd_config_preset("qwen3.5-397b-a17b", &q, err)) return -1;
-    struct {
-        const char *what;
-        int N, K;
-    } shapes[] = {
-        {"q_proj (query + gate)", 2 * q.num_attention_heads * q.head_dim, q.hidden_size},
-        {"in_proj_qkvz", 2 * kvd_key_dim(&q) + 2 * kvd_value_dim(&q), q.hidden_size},
-        {"out_proj", q.hidden_size, kvd_value_dim(&q)},
-        {"expert gate/up", q.moe_intermediate_size, q.hidden_size},
-        {"expert down", q.hidden_size, q.moe_intermediate_size},
-        {"lm_head", q.vocab_size, q.hidden_size},
-    };
+    proj_shape shapes[N_PROJ];
+    const int n_shapes = q35_projections(shapes);
+    if (!n_shapes) return -1;
     printf("\ndecode projections, shapes of qwen3.5-397b-a17b (us; weights_GB_s and of_copy for "
            "the FP32\nper-column kernel, which runs up to 16 rows; vs_split: its speed over "
            "cuBLASLt's on the same shape):\n  %-24s %3s %6s %6s %10s %11s %8s %10s %8s\n",
            "shape", "M", "N", "K", "per_column", "weights_GB_s", "of_copy", "cublaslt", "vs_split");
     int fail = 0;
     const int Ms[3] = {1, 8, 16};
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0] && !fail; si++) {
+    for (int si = 0; si < n_shapes && !fail; si++) {
         lin_case c = {.N = shapes[si].N, .K = shapes[si].K};
         const size_t wb = 2 * (size_t)c.N * c.K;
         c.copies = (int)(((size_t)256 << 20) / wb) + 1;
@@ -578,19 +591,9 @@ int kvd_bench_cuda(int reps) {
      * through cuBLASLt: the exact split's stacked 3M rows at concurrency 32
      * (96) and for a 512-row prefill chunk (1536), beside plain 8 and 32;
      * the back end runs the heuristic's first choice */
-    kvd_config q35;
-    char err[KVD_ERR_LEN];
-    kvd_config_preset("qwen3.5-397b-a17b", &q35, err);
-    struct {
-        const char *what;
-        int N, K;
-    } shapes[] = {
-        {"q_proj (query + gate)", 2 * q35.num_attention_heads * q35.head_dim, q35.hidden_size},
-        {"in_proj_qkvz", 2 * kvd_key_dim(&q35) + 2 * kvd_value_dim(&q35), q35.hidden_size},
-        {"out_proj", q35.hidden_size, kvd_value_dim(&q35)},
-        {"expert gate/up", q35.moe_intermediate_size, q35.hidden_size},
-        {"lm_head", q35.vocab_size, q35.hidden_size},
-    };
+    proj_shape shapes[N_PROJ];
+    const int n_shapes = q35_projections(shapes);
+    fail |= !n_shapes;
     printf("\nBF16 GEMM through cuBLASLt (FP32 accumulation), shapes of qwen3.5-397b-a17b: the "
            "heuristic's first\nchoice (what the back end runs) against the fastest of the "
            "algorithms it offers; M = 96 and 1536 are\nthe 3M rows of the model's exact split "
@@ -599,7 +602,7 @@ int kvd_bench_cuda(int reps) {
            "best_GFLOP_s", "of_best", "algos");
     const int Ms[4] = {8, 32, 96, 1536};
     double gemm_best = 0;
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+    for (int si = 0; si < n_shapes; si++)
         for (int mi = 0; mi < 4; mi++) {
             double first = 0, best = 0;
             int n = 0;

@@ -1,5 +1,6 @@
 /* kvdrift: the benchmarks' clock, for the CLI and for kvd_gpu_bench alike
- * (which links neither bench/util.c nor its libraries). */
+ * (which links neither bench/util.c nor its libraries), and for the device
+ * model's step profile. */
 #ifndef KVD_CLOCK_H
 #define KVD_CLOCK_H
 

@@ -20,8 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "../bench/clock.h"
 #include "../kernels/cuda/cuda_kernels.h"
 #include "engine.h"
 
@@ -1580,12 +1580,6 @@ static int reduce_mix(kvd_cuda_model *m0, int rows, char *err) {
 const char *const kvd_cuda_phase_names[KVD_PHASES] = {"stage", "attention", "deltanet",
                                                       "moe",   "lm_head",   "settle"};
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 void kvd_cuda_model_profile(kvd_cuda_model *m, int on) {
     m->profile = on;
     if (on) memset(m->phase_s, 0, sizeof m->phase_s);
@@ -1605,7 +1599,7 @@ static void phase_done(kvd_cuda_model *m0, int phase) {
         kvd_cuda_sync(e, sizeof e); /* a failure shows at the step's own sync */
     }
     kvd_cuda_set_device(0);
-    const double t = now_s();
+    const double t = kvd_now();
     if (phase >= 0) m0->phase_s[phase] += t - m0->phase_end;
     m0->phase_end = t;
 }

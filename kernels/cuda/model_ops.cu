@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "cuda_kernels.h"
 #include "device_math.cuh"
@@ -116,6 +117,26 @@ __host__ __device__ constexpr int lin_ahead(int TR) {
 }
 inline int lin_tile(int rows) {
     return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : rows <= 8 ? 8 : LIN_ROWS;
+}
+// launch(tile) with lin_tile(rows) as a compile-time constant (tile::value)
+template <int TR> using tile_c = std::integral_constant<int, TR>;
+template <class F> inline void with_tile(int rows, F launch) {
+    switch (lin_tile(rows)) {
+    case 1:
+        launch(tile_c<1>{});
+        break;
+    case 2:
+        launch(tile_c<2>{});
+        break;
+    case 4:
+        launch(tile_c<4>{});
+        break;
+    case 8:
+        launch(tile_c<8>{});
+        break;
+    default:
+        launch(tile_c<LIN_ROWS>{});
+    }
 }
 
 // one warp's output column: y[i * y_stride] = xrow(i) . wr for i < rows
@@ -507,22 +528,8 @@ extern "C" void kvd_cudaop_linear_fp32(const float *x, const void *w, float *y, 
     const int tr = lin_tile(M);
     const dim3 grid(blocks_for((size_t)N, 8), (unsigned)((M + tr - 1) / tr));
     const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w;
-    switch (tr) {
-    case 1:
-        linear_w16_k<1><<<grid, 256>>>(x, wb, y, M, N, K);
-        break;
-    case 2:
-        linear_w16_k<2><<<grid, 256>>>(x, wb, y, M, N, K);
-        break;
-    case 4:
-        linear_w16_k<4><<<grid, 256>>>(x, wb, y, M, N, K);
-        break;
-    case 8:
-        linear_w16_k<8><<<grid, 256>>>(x, wb, y, M, N, K);
-        break;
-    default:
-        linear_w16_k<LIN_ROWS><<<grid, 256>>>(x, wb, y, M, N, K);
-    }
+    with_tile(M,
+              [&](auto t) { linear_w16_k<decltype(t)::value><<<grid, 256>>>(x, wb, y, M, N, K); });
 }
 extern "C" void kvd_cudaop_embed(const void *E, const int32_t *tok, float *x, int rows, int H) {
     embed_k<<<rows, 256>>>((const __nv_bfloat16 *)E, tok, x, H);
@@ -555,15 +562,17 @@ extern "C" void kvd_cudaop_conv(float *conv, int cd, const float *w, int K, floa
 extern "C" void kvd_cudaop_l2norm(float *conv, int rows, int cd, int nk, int dk, float qscale) {
     if (rows > 0) l2norm_k<<<rows * 2 * nk, 128>>>(conv, cd, nk, dk, qscale);
 }
-extern "C" void kvd_cudaop_gdn(const float *conv, const float *gdec, const float *beta, float *out,
-                               float *ssm, size_t ssm_seq_stride, int n_seqs, const int *seqs,
-                               const int *row0, const int *ntok, int nk, int nv, int dk, int dv) {
+// the recurrence over a batch, the columns in registers (regs, for the dk
+// kvd_cuda_gdn_regs accepts) or in memory
+static void gdn_launch(bool regs, const float *conv, const float *gdec, const float *beta,
+                       float *out, float *ssm, size_t ssm_seq_stride, int n_seqs, const int *seqs,
+                       const int *row0, const int *ntok, int nk, int nv, int dk, int dv) {
     gdn_rows_args a = {
         conv,    gdec,    beta, out,     ssm, seqs, row0,          ntok, 2 * nk * dk + nv * dv,
         nk * dk, nv * dv, nv,   nv / nk, dk,  dv,   ssm_seq_stride};
     if (n_seqs <= 0) return;
     const unsigned heads = (unsigned)(n_seqs * nv);
-    switch (kvd_cuda_gdn_regs(dk) ? dk : 0) {
+    switch (regs ? dk : 0) {
     case 32:
         gdn_rows_regs_k<32, 1><<<dim3(heads, (dv + 31) / 32), 32>>>(a);
         break;
@@ -577,14 +586,18 @@ extern "C" void kvd_cudaop_gdn(const float *conv, const float *gdec, const float
         gdn_rows_k<<<heads, (dv + 31) / 32 * 32>>>(a);
     }
 }
+extern "C" void kvd_cudaop_gdn(const float *conv, const float *gdec, const float *beta, float *out,
+                               float *ssm, size_t ssm_seq_stride, int n_seqs, const int *seqs,
+                               const int *row0, const int *ntok, int nk, int nv, int dk, int dv) {
+    gdn_launch(kvd_cuda_gdn_regs(dk), conv, gdec, beta, out, ssm, ssm_seq_stride, n_seqs, seqs,
+               row0, ntok, nk, nv, dk, dv);
+}
 extern "C" void kvd_cudaop_gdn_columns(const float *conv, const float *gdec, const float *beta,
                                        float *out, float *ssm, size_t ssm_seq_stride, int n_seqs,
                                        const int *seqs, const int *row0, const int *ntok, int nk,
                                        int nv, int dk, int dv) {
-    gdn_rows_args a = {
-        conv,    gdec,    beta, out,     ssm, seqs, row0,          ntok, 2 * nk * dk + nv * dv,
-        nk * dk, nv * dv, nv,   nv / nk, dk,  dv,   ssm_seq_stride};
-    if (n_seqs > 0) gdn_rows_k<<<n_seqs * nv, (dv + 31) / 32 * 32>>>(a);
+    gdn_launch(false, conv, gdec, beta, out, ssm, ssm_seq_stride, n_seqs, seqs, row0, ntok, nk, nv,
+               dk, dv);
 }
 extern "C" int kvd_cuda_gdn_regs(int dk) {
     return dk == 32 || dk == 64 || dk == 128;
@@ -607,22 +620,7 @@ extern "C" void kvd_cudaop_linear_grouped(const float *x, const int *slots, int 
     if (max_groups <= 0 || N <= 0) return;
     const grouped_args a = {x, slots, slot_div, w_tab, G, y, N, K};
     const dim3 grid(blocks_for((size_t)N, 8), (unsigned)max_groups);
-    switch (lin_tile(max_rows)) {
-    case 1:
-        linear_grouped_k<1><<<grid, 256>>>(a);
-        break;
-    case 2:
-        linear_grouped_k<2><<<grid, 256>>>(a);
-        break;
-    case 4:
-        linear_grouped_k<4><<<grid, 256>>>(a);
-        break;
-    case 8:
-        linear_grouped_k<8><<<grid, 256>>>(a);
-        break;
-    default:
-        linear_grouped_k<LIN_ROWS><<<grid, 256>>>(a);
-    }
+    with_tile(max_rows, [&](auto t) { linear_grouped_k<decltype(t)::value><<<grid, 256>>>(a); });
 }
 extern "C" void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots,
                                            const float *topw, int K, const int *G, int rows,

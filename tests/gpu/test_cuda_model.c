@@ -38,9 +38,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "../../bench/clock.h"
 #include "../../kernels/cuda/cuda_kernels.h"
 #include "../../kernels/kernels.h"
 #include "../../runners/checkpoint.h"
@@ -664,12 +664,6 @@ static void refusals(void) {
     kvd_weights_free(&w);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* the simulator's count of kernel launches (absent on a GPU) */
 extern unsigned long long kvd_simt_launches(void) __attribute__((weak));
 
@@ -851,9 +845,9 @@ static void greedy_steps(const char *preset, int gpus0) {
         for (int step = 0; ok && step < 7; step++) {
             kvd_batch b = {3, seqs, step ? ones : lens, step ? want : tok};
             ok = kvd_cuda_forward(md[0], &kv[0], &b, lg, 1, err) == 0;
-            const double t0 = now_s();
+            const double t0 = kvd_now();
             ok = ok && kvd_cuda_forward_greedy(md[1], &kv[1], &b, got, err) == 0;
-            wall += now_s() - t0;
+            wall += kvd_now() - t0;
             CHECK(ok, "%s greedy (%d GPUs): %s\n", preset, gpus, err);
             for (int s = 0; ok && s < 3; s++) {
                 want[s] = kvd_argmax(lg + (size_t)s * V, V);
