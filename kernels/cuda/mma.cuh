@@ -106,15 +106,23 @@ __device__ inline void mma(float c[4], const unsigned a[4], const unsigned b[2])
     const unsigned mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
     const lane_regs L(mine, 6);
     for (int s = 0; s < 4; s++) {
-        unsigned ag[4], bn[2][2];
-        for (int i = 0; i < 4; i++) ag[i] = L.get(4 * g + s, i);
+        // thread s's elements, each decoded once: A's rows g, g + 8 and B's
+        // columns 2t, 2t + 1, at k = 2s + 8 kh + e
+        float av[2][2][2], bv[2][2][2];
+        for (int r = 0; r < 2; r++)
+            for (int kh = 0; kh < 2; kh++) {
+                const unsigned reg = L.get(4 * g + s, r + 2 * kh);
+                for (int e = 0; e < 2; e++) av[r][kh][e] = val(reg, e);
+            }
         for (int n = 0; n < 2; n++)
-            for (int i = 0; i < 2; i++) bn[n][i] = L.get(4 * (2 * t + n) + s, 4 + i);
+            for (int kh = 0; kh < 2; kh++) {
+                const unsigned reg = L.get(4 * (2 * t + n) + s, 4 + kh);
+                for (int e = 0; e < 2; e++) bv[n][kh][e] = val(reg, e);
+            }
         for (int r = 0; r < 2; r++)     // rows g, g + 8
             for (int n = 0; n < 2; n++) // columns 2t, 2t + 1
                 for (int kh = 0; kh < 2; kh++)
-                    for (int e = 0; e < 2; e++)
-                        c[2 * r + n] += val(ag[r + 2 * kh], e) * val(bn[n][kh], e);
+                    for (int e = 0; e < 2; e++) c[2 * r + n] += av[r][kh][e] * bv[n][kh][e];
     }
 #endif
 }

@@ -47,12 +47,13 @@ thread_ctx *self = nullptr;
 // others write without a barrier or warp operation between them (a race on
 // a GPU, where they run at once) sees those writes in one order and not in
 // the other, so running the tests both ways shows the race.
+const bool reverse_run = [] {
+    const char *e = std::getenv("KVD_SIMT_ORDER");
+    return e && !std::strcmp(e, "reverse");
+}();
+
 bool reverse_order() {
-    static const bool rev = [] {
-        const char *e = std::getenv("KVD_SIMT_ORDER");
-        return e && !std::strcmp(e, "reverse");
-    }();
-    return rev;
+    return reverse_run;
 }
 
 // The device the simulator reports: an H200 (compute capability 9.0), or,
@@ -266,16 +267,26 @@ inline int nth(int i, int n) {
     return reverse_order() ? n - 1 - i : i;
 }
 
+// after the last lane of a warp has stopped (see yield_lane)
+__attribute__((noinline)) void warp_stopped(fiber &f, bool finished);
+
 // The running thread stops (at a barrier, a warp operation or its end):
 // the next lane of its warp runs; after the warp's last lane, the warp's
 // operations that can complete do, and its first released lane runs on (the
 // warp stays together); else back to the scheduler. Lanes in run order.
-void yield_lane(fiber &f, bool finished) {
+// Every thread passes here at every warp operation, so the step to the next
+// lane is kept short and inlined; the rest is warp_stopped's.
+inline void yield_lane(fiber &f, bool finished) {
     const int base = f.warp * 32, lanes = std::min(32, block_n - base);
     const int at = reverse_order() ? lanes - 1 - f.lane : f.lane;
     for (int i = at + 1; i < lanes; i++)
         if (fibers[base + nth(i, lanes)].st == READY)
             return switch_from(f, base + nth(i, lanes), finished);
+    warp_stopped(f, finished);
+}
+
+void warp_stopped(fiber &f, bool finished) {
+    const int base = f.warp * 32, lanes = std::min(32, block_n - base);
     int r = release_warp(*block_cfg, f.warp, block_n);
     if (r < 0) block_failed = true;
     if (r > 0)
@@ -305,7 +316,13 @@ void start_fiber(int t, char *stack) {
     __asan_unpoison_memory_region(stack, stack_bytes); // frames of the last thread here
 #endif
 #if defined(__x86_64__)
-    uint64_t *s = reinterpret_cast<uint64_t *>(((uintptr_t)stack + stack_bytes) & ~(uintptr_t)15);
+    // Every stack is a whole number of pages, so without an offset the
+    // threads' top frames would all fall in the same sets of the L1 cache
+    // and evict each other at every switch: each thread's stack starts a
+    // different number of cache lines below its top.
+    const size_t color = (size_t)(t % 64) * 64;
+    uint64_t *s = reinterpret_cast<uint64_t *>(((uintptr_t)stack + stack_bytes - color) &
+                                               ~(uintptr_t)15);
     *--s = 0;                                    // the entry's return address: never used
     *--s = (uint64_t)(uintptr_t)&kvd_simt_entry; // where kvd_simt_swap returns to
     for (int i = 0; i < 6; i++) *--s = 0;        // rbp, rbx, r12 .. r15
@@ -853,7 +870,7 @@ __half __float2half_rn(float x) {
     std::memcpy(&r.__x, &h, 2);
     return r;
 }
-float __half2float(__half h) {
+float kvd_simt::half_rare(__half h) {
     unsigned s = (h.__x & 0x8000u) << 16, e = (h.__x >> 10) & 31u, m = h.__x & 1023u;
     uint32_t u;
     if (e == 31) {
@@ -998,16 +1015,35 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         return CUBLAS_STATUS_INVALID_VALUE;
     const float al = *static_cast<const float *>(alpha), be = *static_cast<const float *>(beta);
     const uint64_t M = dl->rows, N = dl->cols, K = op_cols(a, d->ta);
-    std::vector<float> acc((size_t)(M * N));
+    // op(A)'s rows and op(B)'s columns as FP32 runs over k, once; then each
+    // sum over k in ascending order, a tile of rows at a time so that the
+    // independent sums overlap (each one's order, so its bits, unchanged)
+    std::vector<float> ar((size_t)(M * K)), bc((size_t)(N * K));
+    for (uint64_t i = 0; i < M; i++)
+        for (uint64_t k = 0; k < K; k++) ar[(size_t)(i * K + k)] = lt_at(A, a, d->ta, i, k);
     for (uint64_t j = 0; j < N; j++)
-        for (uint64_t i = 0; i < M; i++) {
-            float s = 0.0f;
-            for (uint64_t k = 0; k < K; k++)
-                s += lt_at(A, a, d->ta, i, k) * lt_at(B, b, d->tb, k, j);
-            float r = al * s;
-            if (be != 0.0f) r += be * lt_at(C, c, CUBLAS_OP_N, i, j);
-            acc[(size_t)(j * M + i)] = r;
+        for (uint64_t k = 0; k < K; k++) bc[(size_t)(j * K + k)] = lt_at(B, b, d->tb, k, j);
+    std::vector<float> acc((size_t)(M * N));
+    const uint64_t T = 8;
+    for (uint64_t j = 0; j < N; j++) {
+        const float *bj = &bc[(size_t)(j * K)];
+        for (uint64_t i0 = 0; i0 < M; i0 += T) {
+            const uint64_t n = std::min(T, M - i0);
+            float s[T] = {0};
+            const float *ai = &ar[(size_t)(i0 * K)];
+            if (n == T)
+                for (uint64_t k = 0; k < K; k++)
+                    for (uint64_t t = 0; t < T; t++) s[t] += ai[t * K + k] * bj[k];
+            else
+                for (uint64_t t = 0; t < n; t++)
+                    for (uint64_t k = 0; k < K; k++) s[t] += ai[t * K + k] * bj[k];
+            for (uint64_t t = 0; t < n; t++) {
+                float r = al * s[t];
+                if (be != 0.0f) r += be * lt_at(C, c, CUBLAS_OP_N, i0 + t, j);
+                acc[(size_t)(j * M + i0 + t)] = r;
+            }
         }
+    }
     for (uint64_t j = 0; j < N; j++)
         for (uint64_t i = 0; i < M; i++)
             static_cast<float *>(D)[(size_t)(j * (uint64_t)dl->ld + i)] = acc[(size_t)(j * M + i)];

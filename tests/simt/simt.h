@@ -384,7 +384,19 @@ typedef unsigned char __nv_fp8_storage_t;
 
 float __bfloat162float(__nv_bfloat16 b);
 __nv_bfloat16 __float2bfloat16_rn(float x);
-float __half2float(__half h);
+namespace kvd_simt {
+float half_rare(__half h); // zeros, subnormals, infinities and NaN
+}
+// the normal numbers inline (the tensor-core bodies convert every element)
+inline float __half2float(__half h) {
+    const unsigned e = (h.__x >> 10) & 31u;
+    if (e - 1u >= 30u) return kvd_simt::half_rare(h);
+    // exponent and mantissa shift into place; the bias goes from 15 to 127
+    const uint32_t u = ((h.__x & 0x8000u) << 16 | (h.__x & 0x7fffu) << 13) + (112u << 23);
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
 __half __float2half_rn(float x);
 __half_raw __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t v, __nv_fp8_interpretation_t f);
 __nv_fp8_storage_t __nv_cvt_float_to_fp8(float x, __nv_saturation_t s, __nv_fp8_interpretation_t f);

@@ -408,6 +408,11 @@ void conversions() {
         __half_raw r;
         r.x = (unsigned short)u;
         float f = __half2float(__half(r));
+        _Float16 ref; // the compiler's own widening, an independent reference
+        std::memcpy(&ref, &u, 2);
+        CHECK(std::isnan(f) == std::isnan((float)ref) &&
+                  (std::isnan(f) || (f == (float)ref && std::signbit(f) == std::signbit((float)ref))),
+              "half 0x%04x: %g, expected %g\n", u, f, (float)ref);
         if (std::isnan(f)) continue;
         CHECK(__float2half_rn(f).__x == u, "half 0x%04x: round trip 0x%04x\n", u,
               __float2half_rn(f).__x);
