@@ -183,6 +183,13 @@ const size_t page = 4096;
 std::vector<fiber> fibers;
 unsigned gathered[32][32][8]; // warp_gather's tables, per warp of the block
 std::vector<char *> stacks;   // one per thread slot, a guard page below each
+#ifdef KVD_SIMT_ASAN
+// per slot, how far below its top the stack may hold poisoned frames: all
+// of it where the last thread there did not finish (a failed launch), else
+// no deeper than its end (the whole stack's shadow at every thread's start
+// was a 32 KB memset, most of the sanitizer build's simulated time)
+std::vector<size_t> stack_dirty;
+#endif
 const std::function<void()> *body = nullptr;
 const config *block_cfg = nullptr;
 int block_n = 0, cur = -1;
@@ -305,15 +312,30 @@ void fiber_main() {
     __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
 #endif
     (*body)();
+#ifdef KVD_SIMT_ASAN
+    // the kernel's frames have returned, and unpoisoned themselves: what may
+    // be poisoned still is this frame and the few the last switch adds
+    const size_t used = (size_t)(stacks[cur] + stack_bytes - (char *)__builtin_frame_address(0));
+    stack_dirty[cur] = std::min(stack_bytes, used + (16u << 10));
+#endif
     fibers[cur].st = DONE;
     yield_lane(fibers[cur], true);
-    std::abort(); // a finished fiber is never resumed
+    // A finished fiber is never resumed. The abort is behind a condition
+    // the compiler cannot see through, so that it does not take this
+    // function for one that never returns: under AddressSanitizer a call to
+    // such a function first unpoisons the caller's whole stack (a memset of
+    // its shadow and a system call), which was at every thread's start.
+    static volatile bool never_resumed = true;
+    if (never_resumed) std::abort();
 }
 
 void start_fiber(int t, char *stack) {
     fiber &f = fibers[t];
 #ifdef KVD_SIMT_ASAN
-    __asan_unpoison_memory_region(stack, stack_bytes); // frames of the last thread here
+    // frames of the last thread here: the whole stack unless it finished
+    if ((int)stack_dirty.size() <= t) stack_dirty.resize(t + 1, stack_bytes);
+    __asan_unpoison_memory_region(stack + stack_bytes - stack_dirty[t], stack_dirty[t]);
+    stack_dirty[t] = stack_bytes;
 #endif
 #if defined(__x86_64__)
     // Every stack is a whole number of pages, so without an offset the
