@@ -257,10 +257,13 @@ __global__ void route_k(const float *logits, int E, int K, int norm, int *topi, 
     __syncthreads();
     int *idx = topi + (size_t)blockIdx.x * K;
     for (int j = 0; j < K; j++) {
-        float bv = -1.0f; // probabilities are >= 0; a taken one is -1
+        // probabilities are >= 0; a taken one is -1. A NaN (from a NaN
+        // logit: the step reports it at its end) is offered too, so that
+        // every round takes an expert in range, as kvd_topk does
+        float bv = -1.0f;
         int bi = -1;
         for (int e = threadIdx.x; e < E; e += blockDim.x)
-            if (p[e] >= 0.0f && (bi < 0 || p[e] > bv)) bv = p[e], bi = e;
+            if (!(p[e] < 0.0f) && (bi < 0 || p[e] > bv)) bv = p[e], bi = e;
         block_best(&bv, &bi);
         if (threadIdx.x == 0) {
             idx[j] = bi, chosen[j] = bv;

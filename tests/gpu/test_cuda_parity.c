@@ -1122,16 +1122,33 @@ static void route_and_sample(void) {
     /* row 7: a maximum of 100 among logits of -50 (an exponential against
      * any other maximum overflows) */
     for (int e = 0; e < E; e++) x[7 * E + e] = e == 333 ? 100.0f : -50.0f;
+    /* the last two rows: NaN logits, all of them and every third (a step
+     * that reports a NaN activation at its end routes them first): any K
+     * distinct experts in range, none read or written out of bounds */
+    for (int e = 0; e < E; e++) {
+        x[(size_t)(R - 2) * E + e] = NAN;
+        if (e % 3 == 0) x[(size_t)(R - 1) * E + e] = NAN;
+    }
+    const int RF = R - 2; /* the rows of finite logits */
     for (int norm = 0; norm <= 1; norm++) {
         memcpy(xc, x, sizeof(float) * R * E);
         for (int r = 0; r < R; r++)
             kvd_route(xc + (size_t)r * E, E, K, norm, ti1 + r * K, tw1 + r * K);
         CHECK(kvd_cuda_route(x, R, E, K, norm, ti2, tw2) == 0, "cuda route failed\n");
-        CHECK(!memcmp(ti1, ti2, sizeof ti1) && ti2[5 * K] == 7 && ti2[5 * K + 1] == 300 &&
-                  ti2[6 * K] == 0 && ti2[6 * K + K - 1] == K - 1,
+        CHECK(!memcmp(ti1, ti2, sizeof ti1[0] * RF * K) && ti2[5 * K] == 7 &&
+                  ti2[5 * K + 1] == 300 && ti2[6 * K] == 0 && ti2[6 * K + K - 1] == K - 1,
               "route (norm %d): experts differ\n", norm);
-        CHECK(rel_l2(tw2, tw1, R * K) < 1e-6, "route (norm %d): weights rel L2 %g\n", norm,
-              rel_l2(tw2, tw1, R * K));
+        CHECK(rel_l2(tw2, tw1, RF * K) < 1e-6, "route (norm %d): weights rel L2 %g\n", norm,
+              rel_l2(tw2, tw1, RF * K));
+        for (int r = RF; r < R; r++) {
+            int ok = 1;
+            for (int j = 0; j < K; j++) {
+                const int e = ti2[r * K + j];
+                ok = ok && e >= 0 && e < E;
+                for (int i = 0; i < j; i++) ok = ok && ti2[r * K + i] != e;
+            }
+            CHECK(ok, "route (norm %d): NaN row %d: experts out of range or repeated\n", norm, r);
+        }
     }
     enum { RS = 8 };
     float *lg = malloc(sizeof(float) * RS * V);
