@@ -1649,7 +1649,9 @@ static int forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, floa
         for (int r = 0; r < n_ranks; r++) {
             kvd_cuda_model *m = rk[r];
             kvd_cuda_set_device(r);
-            kvd_cudaop_rmsnorm(m->xn, H, m->x, H, m->wt->L[l].input_norm, rows, H, eps, 1);
+            /* after the first layer, the last one's tail normed x already */
+            if (l == 0)
+                kvd_cudaop_rmsnorm(m->xn, H, m->x, H, m->wt->L[l].input_norm, rows, H, eps, 1);
             if (full_attn) {
                 attention_in(m, l, b, rows);
             } else {
@@ -1677,17 +1679,20 @@ static int forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, floa
         for (int r = 0; r < n_ranks && !rc; r++) {
             kvd_cuda_model *m = rk[r];
             kvd_cuda_set_device(r);
-            kvd_cudaop_nonfinite(m->mix, n, m->nonfinite + 2 * l);
-            kvd_cudaop_add(m->x, m->mix, n);
-            kvd_cudaop_rmsnorm(m->xn, H, m->x, H, m->wt->L[l].post_norm, rows, H, eps, 1);
+            kvd_cudaop_add_norm(m->x, m->mix, rows, H, m->nonfinite + 2 * l, 0, m->xn,
+                                m->wt->L[l].post_norm, eps, 1);
             rc = moe(m, l, b, rows, err);
         }
         if (!rc) rc = reduce_mix(m0, rows, err);
+        /* the residual add, and the norm the next layer's mixer reads (the
+         * final norm's where logits are wanted after the last layer) */
+        const int last = l + 1 == c->num_hidden_layers, norm = !last || logits || next;
         for (int r = 0; r < n_ranks && !rc; r++) {
             kvd_cuda_model *m = rk[r];
             kvd_cuda_set_device(r);
-            kvd_cudaop_add(m->x, m->mix, n);
-            kvd_cudaop_nonfinite(m->x, n, m->nonfinite + 2 * l + 1);
+            const float *w = !norm ? NULL : !last ? m->wt->L[l + 1].input_norm : m->wt->final_norm;
+            kvd_cudaop_add_norm(m->x, m->mix, rows, H, m->nonfinite + 2 * l + 1, 1, m->xn, w, eps,
+                                1);
         }
         phase_done(m0, KVD_PHASE_MOE);
         kvd_cuda_set_device(0);
@@ -1724,7 +1729,7 @@ static int forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, floa
     kvd_cuda_model *m = m0;
     const int want = logits || next;
     const int cmp = ref0 && hk->logits_cmp, all = want && (!last_only || cmp || m0->d_held);
-    if (want) kvd_cudaop_rmsnorm(m->xn, H, m->x, H, m->wt->final_norm, rows, H, eps, 1);
+    /* xn holds the final norm of x (the last layer's add_norm) */
     if (all) {
         kvd_cudaop_linear(m->xn, m->wt->lm_head, m->logits, rows, V, H);
         m0->held_logits_rows = m0->d_held ? rows : 0; /* they stay in logits */

@@ -258,7 +258,12 @@ void kvd_cudaop_rope(float *v, int rows, int heads, int stride, const int *pos, 
                      const float *inv_freq);
 void kvd_cudaop_split_query(const float *qg, float *qh, int rows, int nh, int hd);
 void kvd_cudaop_output_gate(float *att, const float *qg, int rows, int nh, int hd);
-void kvd_cudaop_add(float *x, const float *y, size_t n);
+/* the residual stream's add, check and next norm in one launch: x[rows][n]
+ * += y; the first non-finite value of y (check_sum 0) or of the sum
+ * (check_sum 1) into *first as a flat index (atomic minimum); then, unless
+ * w is NULL, out[rows][n] = RMSNorm(x) as kvd_cudaop_rmsnorm computes it */
+void kvd_cudaop_add_norm(float *x, const float *y, int rows, int n, unsigned long long *first,
+                         int check_sum, float *out, const float *w, float eps, int one_plus);
 void kvd_cudaop_swiglu(float *g, const float *u, size_t n);
 void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads, int head_dim,
                          void *pool, int n_tok, const int32_t *slot, const float *x,
@@ -322,7 +327,6 @@ void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots, c
 void kvd_cudaop_expert_lists(const int *topi, int rows, int K, int E, int e0, int e1, int *slots,
                              int *G);
 void kvd_cudaop_add_gated(float *mix, const float *y, const float *gate, int rows, int H);
-void kvd_cudaop_nonfinite(const float *x, size_t n, unsigned long long *first);
 
 /* ---- tensor parallelism: ranks are devices 0 .. n-1 of this process ----
  * kvd_cuda_set_device makes a rank's device current (allocations and

@@ -7,12 +7,11 @@
 
 #include <cuda_runtime.h>
 
-// sum of x[i]^2 over i < n by the whole block (blockDim a multiple of 32,
-// at most 1024), returned to every thread
-__device__ inline double block_sum_sq(const float *x, int n) {
+// every thread's ss summed by the whole block (blockDim a multiple of 32,
+// at most 1024): each warp's by shuffles, then the warps' in order;
+// returned to every thread
+__device__ inline double block_sum_warps(double ss) {
     __shared__ double part[32];
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)x[i] * x[i];
     for (int off = 16; off > 0; off >>= 1) ss += __shfl_down_sync(0xffffffffu, ss, off);
     __syncthreads(); // part may still be read by an earlier call
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
@@ -24,6 +23,14 @@ __device__ inline double block_sum_sq(const float *x, int n) {
     }
     __syncthreads();
     return part[0];
+}
+
+// sum of x[i]^2 over i < n by the whole block, each thread taking
+// i = threadIdx.x, + blockDim.x, ... in order
+__device__ inline double block_sum_sq(const float *x, int n) {
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)x[i] * x[i];
+    return block_sum_warps(ss);
 }
 
 __device__ inline float sigmoid_rn(float x) {

@@ -35,6 +35,33 @@ __global__ void rmsnorm_k(float *out, size_t out_stride, const float *x, size_t 
     }
 }
 
+// ---- the residual add with its check and the next RMSNorm, one block per
+// row: x += y; the first non-finite value of y (check 0) or of the sum
+// (check 1) as a flat index into *first; then, where w is given, out =
+// RMSNorm(x) exactly as rmsnorm_k computes it (each thread sums the
+// squares of the values it added, in rmsnorm_k's order). Three launches of
+// the decode step's every layer, twice, in one. ----
+__global__ void add_norm_k(float *x, const float *y, int n, unsigned long long *first, int check,
+                           float *out, const float *w, float eps, int one_plus) {
+    const size_t row = (size_t)blockIdx.x * n;
+    float *xr = x + row;
+    const float *yr = y + row;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = yr[i], s = __fadd_rn(xr[i], v);
+        if (!isfinite(check ? s : v)) atomicMin(first, (unsigned long long)(row + i));
+        xr[i] = s;
+        ss += (double)s * s;
+    }
+    if (!w) return;
+    float r = (float)(1.0 / sqrt(block_sum_warps(ss) / n + (double)eps));
+    float *o = out + row;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float g = one_plus ? __fadd_rn(1.0f, w[i]) : w[i];
+        o[i] = __fmul_rn(__fmul_rn(xr[i], r), g);
+    }
+}
+
 // ---- rotate-half RoPE on the first rot_dim of each head: one block per
 // (row, head), the angle in double as on the CPU ----
 __global__ void rope_k(float *v, int heads, int stride, const int *pos, int rot_dim,
@@ -481,6 +508,12 @@ extern "C" void kvd_cudaop_route(const float *logits, int rows, int E, int K, in
 extern "C" void kvd_cudaop_rmsnorm(float *out, size_t out_stride, const float *x, size_t x_stride,
                                    const float *w, int rows, int n, float eps, int one_plus) {
     if (rows > 0) rmsnorm_k<<<rows, 256>>>(out, out_stride, x, x_stride, w, n, eps, one_plus);
+}
+
+extern "C" void kvd_cudaop_add_norm(float *x, const float *y, int rows, int n,
+                                    unsigned long long *first, int check_sum, float *out,
+                                    const float *w, float eps, int one_plus) {
+    if (rows > 0) add_norm_k<<<rows, 256>>>(x, y, n, first, check_sum, out, w, eps, one_plus);
 }
 
 extern "C" void kvd_cudaop_rope(float *v, int rows, int heads, int stride, const int *pos,

@@ -299,11 +299,6 @@ __global__ void output_gate_k(float *att, const float *qg, int hd, size_t n) {
     att[i] = __fmul_rn(att[i], sigmoid_rn(qg[(rh * 2 + 1) * hd + d]));
 }
 
-__global__ void add_k(float *x, const float *y, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = __fadd_rn(x[i], y[i]);
-}
-
 // DeltaNet: the fused projections un-grouped per key head into [q | k | v],
 // z, beta and the log decay g (softplus with torch's threshold of 20)
 struct ungroup_args {
@@ -497,12 +492,6 @@ __global__ void add_gated_k(float *mix, const float *y, const float *gate, int H
     mix[i] = __fadd_rn(mix[i], __fmul_rn(sigmoid_rn(gate[i / H]), y[i]));
 }
 
-// the first non-finite value of x[rows][H]: its flat index into *first
-__global__ void nonfinite_k(const float *x, size_t n, unsigned long long *first) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n && !isfinite(x[i])) atomicMin(first, (unsigned long long)i);
-}
-
 } // namespace
 
 // ---- entry points (device pointers; asynchronous) ----
@@ -541,9 +530,6 @@ extern "C" void kvd_cudaop_split_query(const float *qg, float *qh, int rows, int
 extern "C" void kvd_cudaop_output_gate(float *att, const float *qg, int rows, int nh, int hd) {
     size_t n = (size_t)rows * nh * hd;
     output_gate_k<<<blocks_for(n, 256), 256>>>(att, qg, hd, n);
-}
-extern "C" void kvd_cudaop_add(float *x, const float *y, size_t n) {
-    add_k<<<blocks_for(n, 256), 256>>>(x, y, n);
 }
 extern "C" void kvd_cudaop_ungroup(const float *qkvz, const float *ba, const float *A_log,
                                    const float *dt_bias, float *conv, float *z, float *beta,
@@ -638,7 +624,4 @@ extern "C" void kvd_cudaop_add_gated(float *mix, const float *y, const float *ga
                                      int H) {
     size_t n = (size_t)rows * H;
     add_gated_k<<<blocks_for(n, 256), 256>>>(mix, y, gate, H, n);
-}
-extern "C" void kvd_cudaop_nonfinite(const float *x, size_t n, unsigned long long *first) {
-    nonfinite_k<<<blocks_for(n, 256), 256>>>(x, n, first);
 }

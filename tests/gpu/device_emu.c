@@ -105,8 +105,16 @@ void kvd_cudaop_output_gate(float *att, const float *qg, int rows, int nh, int h
     for (size_t rh = 0; rh < (size_t)rows * nh; rh++)
         for (int d = 0; d < hd; d++) att[rh * hd + d] *= kvd_sigmoidf(qg[(rh * 2 + 1) * hd + d]);
 }
-void kvd_cudaop_add(float *x, const float *y, size_t n) {
-    for (size_t i = 0; i < n; i++) x[i] += y[i];
+void kvd_cudaop_add_norm(float *x, const float *y, int rows, int n, unsigned long long *first,
+                         int check_sum, float *out, const float *w, float eps, int one_plus) {
+    for (size_t i = 0; i < (size_t)rows * n; i++) {
+        const float v = y[i], s = x[i] + v;
+        if (!isfinite(check_sum ? s : v) && i < *first) *first = i;
+        x[i] = s;
+    }
+    if (w)
+        for (int r = 0; r < rows; r++)
+            kvd_rmsnorm(out + (size_t)r * n, x + (size_t)r * n, w, n, eps, one_plus);
 }
 void kvd_cudaop_swiglu(float *g, const float *u, size_t n) {
     kvd_swiglu(g, u, n);
@@ -277,10 +285,6 @@ void kvd_cudaop_argmax(const float *x, int rows, int n, int *out) {
 }
 void kvd_cudaop_add_gated(float *mix, const float *y, const float *gate, int rows, int H) {
     for (size_t i = 0; i < (size_t)rows * H; i++) mix[i] += kvd_sigmoidf(gate[i / H]) * y[i];
-}
-void kvd_cudaop_nonfinite(const float *x, size_t n, unsigned long long *first) {
-    for (size_t i = 0; i < n && i < *first; i++)
-        if (!isfinite(x[i])) *first = i;
 }
 size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int head_dim) {
     return kvd_attn_work_bytes(n_heads, head_dim, max_ctx, 32) / sizeof(float) + 16;

@@ -664,6 +664,68 @@ static void refusals(void) {
     kvd_weights_free(&w);
 }
 
+/* A NaN in an activation is reported with its layer, what held it and its
+ * position, on one GPU and split over two: a poisoned embedding row (the
+ * token at position 9) shows first in layer 0's token mixer output; a
+ * poisoned norm weight after layer 2's mixer, in layer 2's residual stream
+ * (the MoE's output added), from the first position on. */
+static void nonfinite_caught(void) {
+    static const struct {
+        const char *tensor, *want[3];
+        size_t at; /* flat index into the tensor */
+    } cases[] = {
+        {"model.embed_tokens.weight",
+         {"the token mixer output of layer 0 (linear_attention)", "position 9,", NULL},
+         77 * 128 + 5},
+        {"model.layers.2.post_attention_layernorm.weight",
+         {"the residual stream of layer 2 (linear_attention)", "position 0,", NULL},
+         5},
+    };
+    for (int ci = 0; ci < 2; ci++)
+        for (int gpus = 1; gpus <= 2; gpus++) {
+            char err[KVD_ERR_LEN] = "";
+            kvd_config cfg;
+            kvd_weights w;
+            if (preset_weights("tiny", &cfg, &w)) return;
+            CHECK(cfg.hidden_size == 128, "tiny's hidden size changed: the case's index\n");
+            const kvd_tensor *t = kvd_weights_find(&w, cases[ci].tensor);
+            CHECK(t != NULL, "no tensor %s\n", cases[ci].tensor);
+            if (!t) {
+                kvd_weights_free(&w);
+                return;
+            }
+            t->data[cases[ci].at] = NAN;
+            kvd_kvcache kv;
+            kvd_kvcache_init(&kv, KVD_KV_BF16, kvd_config_n_full(&cfg), cfg.num_key_value_heads,
+                             cfg.head_dim, 16, 64, NULL, 1, err);
+            kvd_cuda_model *md = kvd_cuda_model_new_tp(&w, &kv, 16, 1, gpus, err);
+            if (!md) {
+                CHECK(strstr(err, "CUDA devices visible") != NULL, "tiny, %d GPUs: %s\n", gpus,
+                      err);
+                kvd_kvcache_free(&kv), kvd_weights_free(&w);
+                continue;
+            }
+            int32_t tok[16];
+            tokens(5, 16, cfg.vocab_size, tok);
+            for (int i = 0; i < 16; i++)
+                if (tok[i] == 77) tok[i] = 78;
+            tok[9] = 77;
+            int seq = kvd_kvcache_add_seq(&kv), n = 16;
+            kvd_batch b = {1, &seq, &n, tok};
+            float *lg = malloc(sizeof(float) * cfg.vocab_size);
+            const int rc = kvd_cuda_forward(md, &kv, &b, lg, 1, err);
+            int found = rc == -1 && strstr(err, "non-finite activation") != NULL;
+            for (int k = 0; k < 3 && cases[ci].want[k]; k++)
+                found = found && strstr(err, cases[ci].want[k]) != NULL;
+            CHECK(found, "NaN in %s, %d GPU(s): expected a report naming '%s', got rc %d: '%s'\n",
+                  cases[ci].tensor, gpus, cases[ci].want[0], rc, err);
+            free(lg);
+            kvd_cuda_model_free(md);
+            kvd_kvcache_free(&kv);
+            kvd_weights_free(&w);
+        }
+}
+
 /* the simulator's count of kernel launches (absent on a GPU) */
 extern unsigned long long kvd_simt_launches(void) __attribute__((weak));
 
@@ -932,6 +994,7 @@ int main(void) {
     }
     lazy_weights();
     refusals();
+    nonfinite_caught();
     printf("cuda model: %d passed, %d failed\n", checks - failures, failures);
     return failures ? 1 : 0;
 }

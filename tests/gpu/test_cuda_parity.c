@@ -889,6 +889,80 @@ static void moe_grouped(void) {
     }
 }
 
+/* The residual add with its non-finite check and the next RMSNorm in one
+ * launch (kvd_cudaop_add_norm), against the CPU's add, scan and kvd_rmsnorm:
+ * the sums bit for bit, the first non-finite index exactly (a NaN in y, a
+ * sum that overflows, each seen by its check only), the norm as RMSNorm's
+ * test holds it; without a norm weight the output is left alone. Rows of
+ * 4096 and of 1000 (not a multiple of the block). */
+static void add_norm(void) {
+    enum { R = 19 };
+    const int widths[2] = {4096, 1000};
+    for (int wi = 0; wi < 2; wi++)
+        for (int check = 0; check <= 1; check++)
+            for (int with_w = 0; with_w <= 1; with_w++) {
+                const int N = widths[wi];
+                const size_t n = (size_t)R * N;
+                float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n),
+                      *w = malloc(sizeof(float) * N), *xs = malloc(sizeof(float) * n),
+                      *xn = malloc(sizeof(float) * n), *gx = malloc(sizeof(float) * n),
+                      *gn = malloc(sizeof(float) * n);
+                fill(x, n, "gpu.addnorm.x", 3.0f);
+                fill(y, n, "gpu.addnorm.y", 1.0f);
+                fill(w, N, "gpu.addnorm.w", 0.1f);
+                /* row R-4 overflows in the sum, row R-3 has a NaN in y */
+                const size_t over = (size_t)(R - 4) * N + 11, nan_at = (size_t)(R - 3) * N + 77;
+                x[over] = 3e38f, y[over] = 3e38f, y[nan_at] = NAN;
+                y[(size_t)(R - 1) * N + 5] = INFINITY;
+                unsigned long long want = ~0ull;
+                for (size_t i = 0; i < n; i++) {
+                    xs[i] = x[i] + y[i];
+                    if (!isfinite(check ? xs[i] : y[i]) && i < want) want = i;
+                }
+                CHECK(want == (check ? over : nan_at), "add_norm: the test's own first index\n");
+                for (int r = 0; r < R; r++)
+                    kvd_rmsnorm(xn + (size_t)r * N, xs + (size_t)r * N, w, N, 1e-6f, 1);
+                for (size_t i = 0; i < n; i++) gn[i] = -7.0f; /* untouched without w */
+                float *dx = kvd_cuda_alloc(sizeof(float) * n),
+                      *dy = kvd_cuda_alloc(sizeof(float) * n),
+                      *dw = kvd_cuda_alloc(sizeof(float) * N),
+                      *dn = kvd_cuda_alloc(sizeof(float) * n);
+                unsigned long long *df = kvd_cuda_alloc(sizeof *df), first = ~0ull;
+                int ok = dx && dy && dw && dn && df && !kvd_cuda_upload(dx, x, sizeof(float) * n) &&
+                         !kvd_cuda_upload(dy, y, sizeof(float) * n) &&
+                         !kvd_cuda_upload(dw, w, sizeof(float) * N) &&
+                         !kvd_cuda_upload(dn, gn, sizeof(float) * n) &&
+                         !kvd_cuda_upload(df, &first, sizeof first);
+                if (ok) {
+                    kvd_cudaop_add_norm(dx, dy, R, N, df, check, dn, with_w ? dw : NULL, 1e-6f, 1);
+                    ok = !kvd_cuda_download(gx, dx, sizeof(float) * n) &&
+                         !kvd_cuda_download(gn, dn, sizeof(float) * n) &&
+                         !kvd_cuda_download(&first, df, sizeof first);
+                }
+                CHECK(ok, "cuda add_norm failed\n");
+                size_t bad = 0;
+                for (size_t i = 0; i < n && ok; i++) /* NaN payloads may differ */
+                    bad += !(isnan(gx[i]) ? isnan(xs[i]) : !memcmp(&gx[i], &xs[i], 4));
+                CHECK(ok && !bad, "add_norm N %d check %d: %zu sums differ from the CPU's\n", N,
+                      check, bad);
+                CHECK(first == want,
+                      "add_norm N %d check %d: first non-finite %llu, expected %llu\n", N, check,
+                      first, want);
+                if (with_w) { /* the rows before the non-finite ones */
+                    const size_t m = (size_t)(R - 4) * N;
+                    CHECK(rel_l2(gn, xn, m) < 1e-7, "add_norm N %d: norm rel L2 %g\n", N,
+                          rel_l2(gn, xn, m));
+                } else {
+                    size_t moved = 0;
+                    for (size_t i = 0; i < n; i++) moved += gn[i] != -7.0f;
+                    CHECK(!moved, "add_norm N %d without w: %zu outputs written\n", N, moved);
+                }
+                kvd_cuda_free(dx), kvd_cuda_free(dy), kvd_cuda_free(dw), kvd_cuda_free(dn);
+                kvd_cuda_free(df);
+                free(x), free(y), free(w), free(xs), free(xn), free(gx), free(gn);
+            }
+}
+
 /* RMSNorm, RoPE and SwiGLU at the model's widths. Each product and sum is
  * rounded as on the CPU; what may differ is the double sum of squares (in a
  * tree) and libm's cos, sin and expf in their last place. */
@@ -930,6 +1004,7 @@ static void dense(void) {
     CHECK(ok, "cuda swiglu failed\n");
     CHECK(rel_l2(b, a, (size_t)R * N) < 1e-6, "swiglu: rel L2 %g\n", rel_l2(b, a, (size_t)R * N));
     free(x), free(w), free(a), free(b), free(v), free(vc);
+    add_norm();
 }
 
 /* The paged cache write in every mode: the device's pool bytes equal the
