@@ -1301,9 +1301,10 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
     const int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads;
     const int kvh = c->num_key_value_heads, rot = kvd_rot_dim(c), al = m->attn_index[l];
     const float eps = (float)c->rms_norm_eps, sm_scale = 1.0f / sqrtf((float)hd);
-    kvd_cudaop_linear(m->xn, d->q_proj, m->qg, rows, nh * hd * 2, H);
-    kvd_cudaop_linear(m->xn, d->k_proj, m->kb, rows, kvh * hd, H);
-    kvd_cudaop_linear(m->xn, d->v_proj, m->vb, rows, kvh * hd, H);
+    const kvd_lin_out qkv[3] = {{d->q_proj, m->qg, nh * hd * 2},
+                                {d->k_proj, m->kb, kvh * hd},
+                                {d->v_proj, m->vb, kvh * hd}};
+    kvd_cudaop_linear_multi(m->xn, rows, H, qkv, 3);
     kvd_cudaop_rmsnorm(m->qg, 2 * (size_t)hd, m->qg, 2 * (size_t)hd, d->q_norm, rows * nh, hd, eps,
                        1);
     kvd_cudaop_rope(m->qg, rows, nh, 2 * hd, m->pos, rot, m->wt->inv_freq);
@@ -1365,8 +1366,9 @@ static void deltanet(kvd_cuda_model *m, int l, const kvd_batch *b, int rows) {
     const int kd = kvd_key_dim(c), vd = kvd_value_dim(c), cd = kvd_conv_dim(c);
     const int Kc = c->linear_conv_kernel_dim, li = m->lin_index[l];
     const float eps = (float)c->rms_norm_eps, qscale = 1.0f / sqrtf((float)dk);
-    kvd_cudaop_linear(m->xn, d->in_proj_qkvz, m->qkvz, rows, 2 * kd + 2 * vd, H);
-    kvd_cudaop_linear(m->xn, d->in_proj_ba, m->ba, rows, 2 * nv, H);
+    const kvd_lin_out in[2] = {{d->in_proj_qkvz, m->qkvz, 2 * kd + 2 * vd},
+                               {d->in_proj_ba, m->ba, 2 * nv}};
+    kvd_cudaop_linear_multi(m->xn, rows, H, in, 2);
     kvd_cudaop_ungroup(m->qkvz, m->ba, d->A_log, d->dt_bias, m->conv, m->z, m->beta, m->gdec, rows,
                        nk, nv, dk, dv);
     size_t csl = (size_t)cd * (size_t)(Kc - 1);
@@ -1461,14 +1463,21 @@ static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err
     const int H = c->hidden_size, E = c->num_experts;
     if (E == 0) {
         const int I = c->intermediate_size;
-        kvd_cudaop_linear(m->xn, d->dense_gate, m->g1, rows, I, H);
-        kvd_cudaop_linear(m->xn, d->dense_up, m->g2, rows, I, H);
+        const kvd_lin_out gu[2] = {{d->dense_gate, m->g1, I}, {d->dense_up, m->g2, I}};
+        kvd_cudaop_linear_multi(m->xn, rows, H, gu, 2);
         kvd_cudaop_swiglu(m->g1, m->g2, (size_t)rows * I);
         kvd_cudaop_linear(m->g1, d->dense_down, m->mix, rows, H, I);
         return 0;
     }
-    const int K = c->num_experts_per_tok;
-    kvd_cudaop_linear(m->xn, d->router, m->rlogit, rows, E, H);
+    const int K = c->num_experts_per_tok, Is = c->shared_expert_intermediate_size;
+    /* every projection of xn at once: the router's, and the shared
+     * expert's gate, up and sigmoid gate (its swiglu and down after the
+     * routed experts) */
+    const kvd_lin_out in[4] = {{d->router, m->rlogit, E},
+                               {d->sh_gate, m->sh1, Is},
+                               {d->sh_up, m->sh2, Is},
+                               {d->sh_expert_gate, m->shg, 1}};
+    kvd_cudaop_linear_multi(m->xn, rows, H, in, Is > 0 ? 4 : 1);
     kvd_cudaop_route(m->rlogit, rows, E, K, c->norm_topk_prob, m->topi, m->topw);
     /* the experts' groups (kvd_cudaop_linear_grouped's G) after the slots */
     int *G = m->slots_moe + (size_t)m->max_rows * K;
@@ -1490,13 +1499,9 @@ static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err
     } else if (moe_host_lists(m, l, b, rows, G, err)) {
         return -1;
     }
-    const int Is = c->shared_expert_intermediate_size;
     if (Is > 0) {
-        kvd_cudaop_linear(m->xn, d->sh_gate, m->sh1, rows, Is, H);
-        kvd_cudaop_linear(m->xn, d->sh_up, m->sh2, rows, Is, H);
         kvd_cudaop_swiglu(m->sh1, m->sh2, (size_t)rows * Is);
         kvd_cudaop_linear(m->sh1, d->sh_down, m->gx, rows, H, Is);
-        kvd_cudaop_linear(m->xn, d->sh_expert_gate, m->shg, rows, 1, H);
         kvd_cudaop_add_gated(m->mix, m->gx, m->shg, rows, H);
     }
     return 0;

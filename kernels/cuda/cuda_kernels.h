@@ -243,6 +243,18 @@ int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int 
 #define KVD_LINEAR_TILED_ROWS 64
 void kvd_cudaop_linear(const float *x, const void *w, float *y, int M, int N, int K);
 void kvd_cudaop_linear_fp32(const float *x, const void *w, float *y, int M, int N, int K);
+/* Several projections of one input: outs[j].y[M, N_j] = x[M, K] W_j[N_j, K]^T
+ * for j < n (at most KVD_LINEAR_OUTS). Up to 8 rows in one launch of
+ * kvd_cudaop_linear's per-column kernel over all the outputs' columns (each
+ * column's arithmetic unchanged, so each output's bits are those of its own
+ * kvd_cudaop_linear); past 8 rows each through kvd_cudaop_linear. */
+#define KVD_LINEAR_OUTS 4
+typedef struct {
+    const void *w; /* BF16 [N][K] */
+    float *y;      /* [M][N] */
+    int N;
+} kvd_lin_out;
+void kvd_cudaop_linear_multi(const float *x, int M, int K, const kvd_lin_out *outs, int n);
 /* y[M,N] = x[M,K] W[N,K]^T for FP32 x and BF16 W on tensor cores: x as
  * hi + mid + lo BF16 parts (exact), three products summed in FP32 (stacked
  * into one product of 3M rows while the outputs fit 256 MB, so a decode step

@@ -199,6 +199,36 @@ __global__ void linear_w16_k(const float *x, const __nv_bfloat16 *w, float *y, i
                    y + (size_t)m0 * N + n, (size_t)N, min(TR, M - m0), K, lane);
 }
 
+// several projections of one x, by linear_w16_k's arithmetic: warp c of the
+// grid is column c of the outputs' columns laid end to end (ends[j] the
+// first column past output j)
+struct multi_args {
+    const float *x;
+    const __nv_bfloat16 *w[KVD_LINEAR_OUTS];
+    float *y[KVD_LINEAR_OUTS];
+    int ends[KVD_LINEAR_OUTS];
+    int n, M, K;
+};
+template <int TR> __global__ void linear_multi_k(multi_args a) {
+    const int c = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    const int m0 = blockIdx.y * TR;
+    // the output holding column c, by constant indices only (a runtime
+    // index into the parameters would copy them to local memory)
+    const __nv_bfloat16 *w = nullptr;
+    float *y = nullptr;
+    int c0 = 0, end = 0;
+#pragma unroll
+    for (int k = 0; k < KVD_LINEAR_OUTS; k++)
+        if (k < a.n && !w && c < a.ends[k])
+            w = a.w[k], y = a.y[k], end = a.ends[k];
+        else if (k < a.n && !w)
+            c0 = a.ends[k];
+    if (!w) return;
+    const int N = end - c0, n = c - c0;
+    w16_column<TR>([&](int i) { return a.x + (size_t)(m0 + i) * a.K; }, w + (size_t)n * a.K,
+                   y + (size_t)m0 * N + n, (size_t)N, min(TR, a.M - m0), a.K, lane);
+}
+
 // MoE experts' products in one launch, by linear_w16_k's arithmetic, over
 // the expert groups G (G[0] = ng, G[1 ..] the experts, then their items'
 // ng + 1 offsets): block row g < ng (grid y) is expert G[1 + g], its rows
@@ -519,6 +549,28 @@ extern "C" void kvd_cudaop_linear_fp32(const float *x, const void *w, float *y, 
     const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w;
     with_tile(M,
               [&](auto t) { linear_w16_k<decltype(t)::value><<<grid, 256>>>(x, wb, y, M, N, K); });
+}
+extern "C" void kvd_cudaop_linear_multi(const float *x, int M, int K, const kvd_lin_out *outs,
+                                        int n) {
+    if (M <= 0 || n <= 0) return;
+    // past 8 rows the outputs launch one by one: with 16 rows a lane the
+    // outputs' pointers cost 16 registers (96, ptxas for sm_90, against
+    // linear_w16_k's 80), two blocks an SM rather than three
+    if (M > 8 || n > KVD_LINEAR_OUTS) {
+        for (int j = 0; j < n; j++) kvd_cudaop_linear(x, outs[j].w, outs[j].y, M, outs[j].N, K);
+        return;
+    }
+    multi_args a{};
+    a.x = x, a.n = n, a.M = M, a.K = K;
+    int cols = 0;
+    for (int j = 0; j < n; j++) {
+        a.w[j] = (const __nv_bfloat16 *)outs[j].w, a.y[j] = outs[j].y;
+        a.ends[j] = cols += outs[j].N > 0 ? outs[j].N : 0;
+    }
+    if (cols == 0) return;
+    const int tr = lin_tile(M);
+    const dim3 grid(blocks_for((size_t)cols, 8), (unsigned)((M + tr - 1) / tr));
+    with_tile(M, [&](auto t) { linear_multi_k<decltype(t)::value><<<grid, 256>>>(a); });
 }
 extern "C" void kvd_cudaop_embed(const void *E, const int32_t *tok, float *x, int rows, int H) {
     embed_k<<<rows, 256>>>((const __nv_bfloat16 *)E, tok, x, H);

@@ -82,6 +82,9 @@ void kvd_cudaop_linear(const float *x, const void *w, float *y, int M, int N, in
     kvd_linear(x, wf, y, M, N, K);
     free(wf);
 }
+void kvd_cudaop_linear_multi(const float *x, int M, int K, const kvd_lin_out *outs, int n) {
+    for (int j = 0; j < n; j++) kvd_cudaop_linear(x, outs[j].w, outs[j].y, M, outs[j].N, K);
+}
 void kvd_cudaop_embed(const void *E, const int32_t *tok, float *x, int rows, int H) {
     for (int r = 0; r < rows; r++)
         kvd_dequant_bf16((const uint16_t *)E + (size_t)tok[r] * H, x + (size_t)r * H, (size_t)H);

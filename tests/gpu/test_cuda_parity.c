@@ -685,6 +685,7 @@ static void fill(float *x, size_t n, const char *name, float scale) {
  * its paths (warp per column below KVD_LINEAR_TILED_ROWS rows, 64 x 64
  * tiles from there), with edges that fill no tile: the two differ only in
  * the order of 1000-term FP32 sums, 1e-5 relative. */
+static void linear_multi(void);
 static void linear_w16(void) {
     const int shapes[8][3] = {{1, 512, 1024},  {3, 200, 1000},  {6, 130, 2048},  {16, 300, 1000},
                               {63, 129, 1000}, {67, 512, 1023}, {200, 77, 1000}, {513, 1031, 1032}};
@@ -745,6 +746,70 @@ static void linear_w16(void) {
         kvd_cuda_free(dx), kvd_cuda_free(dy), kvd_cuda_free(dw);
         free(x), free(wf), free(yc), free(yg), free(w);
     }
+    linear_multi();
+}
+
+/* Several projections of one input in a launch (kvd_cudaop_linear_multi):
+ * each output bit for bit what its own kvd_cudaop_linear gives, at 1, 3
+ * and 8 rows (one launch), 16 and 17 (each through kvd_cudaop_linear), K a
+ * multiple of 8 or not, outputs of 300, 0, 77 and 1 columns (the model's
+ * shared-expert gate has one), and a single output. */
+static void linear_multi(void) {
+    enum { NO = 4 };
+    const int Ns[NO] = {300, 0, 77, 1}, Ms[5] = {1, 3, 8, 16, 17}, Ks[2] = {1000, 1003};
+    for (int ki = 0; ki < 2; ki++)
+        for (int mi = 0; mi < 5; mi++)
+            for (int n = 1; n <= NO; n += NO - 1) {
+                const int M = Ms[mi], K = Ks[ki];
+                float *x = malloc(sizeof(float) * (size_t)M * K), *dx = NULL;
+                int ok = x != NULL;
+                fill(x, (size_t)M * K, "gpu.multi.x", 1.0f);
+                dx = kvd_cuda_alloc(sizeof(float) * (size_t)M * K);
+                ok = ok && dx && !kvd_cuda_upload(dx, x, sizeof(float) * (size_t)M * K);
+                kvd_lin_out outs[NO];
+                float *dref[NO], *h1[NO], *h2[NO];
+                for (int j = 0; j < n; j++) {
+                    const size_t nw = (size_t)Ns[j] * K, ny = (size_t)M * Ns[j];
+                    float *wf = malloc(sizeof(float) * (nw ? nw : 1));
+                    uint16_t *w = malloc(2 * (nw ? nw : 1));
+                    char name[32];
+                    snprintf(name, sizeof name, "gpu.multi.w%d", j);
+                    fill(wf, nw, name, 0.05f);
+                    kvd_quant_bf16(wf, w, nw);
+                    void *dw = kvd_cuda_alloc(2 * (nw ? nw : 1));
+                    outs[j] =
+                        (kvd_lin_out){dw, kvd_cuda_alloc(sizeof(float) * (ny ? ny : 1)), Ns[j]};
+                    dref[j] = kvd_cuda_alloc(sizeof(float) * (ny ? ny : 1));
+                    h1[j] = malloc(sizeof(float) * (ny ? ny : 1));
+                    h2[j] = malloc(sizeof(float) * (ny ? ny : 1));
+                    ok = ok && dw && outs[j].y && dref[j] && !kvd_cuda_upload(dw, w, 2 * nw) &&
+                         !kvd_cuda_zero(outs[j].y, sizeof(float) * ny) &&
+                         !kvd_cuda_zero(dref[j], sizeof(float) * ny);
+                    free(wf), free(w);
+                }
+                for (int j = 0; ok && j < n; j++)
+                    kvd_cudaop_linear(dx, outs[j].w, dref[j], M, Ns[j], K);
+                if (ok) kvd_cudaop_linear_multi(dx, M, K, outs, n);
+                char err[256] = "";
+                ok = ok && !kvd_cuda_sync(err, sizeof err);
+                size_t differ = 0;
+                for (int j = 0; ok && j < n; j++) {
+                    const size_t ny = (size_t)M * Ns[j];
+                    ok = !kvd_cuda_download(h1[j], outs[j].y, sizeof(float) * ny) &&
+                         !kvd_cuda_download(h2[j], dref[j], sizeof(float) * ny);
+                    for (size_t i = 0; ok && i < ny; i++)
+                        differ += memcmp(&h1[j][i], &h2[j][i], 4) != 0;
+                }
+                CHECK(ok && !differ,
+                      "linear_multi M %d K %d, %d outputs: %zu values differ from their own "
+                      "projections (%s)\n",
+                      M, K, n, differ, err);
+                for (int j = 0; j < n; j++) {
+                    kvd_cuda_free((void *)outs[j].w), kvd_cuda_free(outs[j].y);
+                    kvd_cuda_free(dref[j]), free(h1[j]), free(h2[j]);
+                }
+                kvd_cuda_free(dx), free(x);
+            }
 }
 
 /* the experts' groups of e0 .. e1 - 1 (kvd_cudaop_linear_grouped's G)
