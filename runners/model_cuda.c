@@ -1501,8 +1501,7 @@ static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err
     }
     if (Is > 0) {
         kvd_cudaop_swiglu(m->sh1, m->sh2, (size_t)rows * Is);
-        kvd_cudaop_linear(m->sh1, d->sh_down, m->gx, rows, H, Is);
-        kvd_cudaop_add_gated(m->mix, m->gx, m->shg, rows, H);
+        kvd_cudaop_linear_add_gated(m->sh1, d->sh_down, m->gx, m->mix, m->shg, rows, H, Is);
     }
     return 0;
 }

@@ -339,6 +339,12 @@ void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots, c
 void kvd_cudaop_expert_lists(const int *topi, int rows, int K, int E, int e0, int e1, int *slots,
                              int *G);
 void kvd_cudaop_add_gated(float *mix, const float *y, const float *gate, int rows, int H);
+/* the shared expert's down projection and its gated add: mix[M, N] +=
+ * sigmoid(gate[m]) * (x[M, K] W[N, K]^T)[m, n], bit for bit
+ * kvd_cudaop_linear into y then kvd_cudaop_add_gated; up to 16 rows in one
+ * launch (y untouched), past 16 those two (y their scratch) */
+void kvd_cudaop_linear_add_gated(const float *x, const void *w, float *y, float *mix,
+                                 const float *gate, int M, int N, int K);
 
 /* ---- tensor parallelism: ranks are devices 0 .. n-1 of this process ----
  * kvd_cuda_set_device makes a rank's device current (allocations and

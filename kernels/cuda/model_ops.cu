@@ -142,9 +142,12 @@ template <class F> inline void with_tile(int rows, F launch) {
 // one warp's output column: y[i * y_stride] = xrow(i) . wr for i < rows
 // (<= TR), wr the column's K weights; xrow(i) gives row i's activations.
 // rows is the same for the whole warp, so the shuffles stay converged.
+// With gate (row i's at gate[i]), the column is added into y instead,
+// scaled by the gate's logistic: y += sigmoid(gate[i]) * sum, rounded as
+// add_gated_k rounds it.
 template <int TR, class XRow>
 __device__ inline void w16_column(XRow xrow, const __nv_bfloat16 *wr, float *y, size_t y_stride,
-                                  int rows, int K, int lane) {
+                                  int rows, int K, int lane, const float *gate = nullptr) {
     constexpr int AHEAD = lin_ahead(TR);
     float acc[TR];
 #pragma unroll
@@ -185,7 +188,9 @@ __device__ inline void w16_column(XRow xrow, const __nv_bfloat16 *wr, float *y, 
         if (i >= rows) break;
         float a = acc[i];
         for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-        if (lane == 0) y[(size_t)i * y_stride] = a;
+        if (lane != 0) continue;
+        float *out = y + (size_t)i * y_stride;
+        *out = gate ? __fadd_rn(*out, __fmul_rn(sigmoid_rn(gate[i]), a)) : a;
     }
 }
 
@@ -197,6 +202,18 @@ __global__ void linear_w16_k(const float *x, const __nv_bfloat16 *w, float *y, i
     if (n >= N) return;
     w16_column<TR>([&](int i) { return x + (size_t)(m0 + i) * K; }, w + (size_t)n * K,
                    y + (size_t)m0 * N + n, (size_t)N, min(TR, M - m0), K, lane);
+}
+
+// y[M,N] += sigmoid(gate[m]) * (x W^T)[m, n]: the shared expert's down
+// projection and its gated add into the MoE's output in one launch
+template <int TR>
+__global__ void linear_gated_k(const float *x, const __nv_bfloat16 *w, float *y, const float *gate,
+                               int M, int N, int K) {
+    const int n = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    const int m0 = blockIdx.y * TR;
+    if (n >= N) return;
+    w16_column<TR>([&](int i) { return x + (size_t)(m0 + i) * K; }, w + (size_t)n * K,
+                   y + (size_t)m0 * N + n, (size_t)N, min(TR, M - m0), K, lane, gate + m0);
 }
 
 // several projections of one x, by linear_w16_k's arithmetic: warp c of the
@@ -549,6 +566,21 @@ extern "C" void kvd_cudaop_linear_fp32(const float *x, const void *w, float *y, 
     const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w;
     with_tile(M,
               [&](auto t) { linear_w16_k<decltype(t)::value><<<grid, 256>>>(x, wb, y, M, N, K); });
+}
+extern "C" void kvd_cudaop_linear_add_gated(const float *x, const void *w, float *y, float *mix,
+                                            const float *gate, int M, int N, int K) {
+    if (M <= 0 || N <= 0) return;
+    if (M > LIN_ROWS) {
+        kvd_cudaop_linear(x, w, y, M, N, K);
+        kvd_cudaop_add_gated(mix, y, gate, M, N);
+        return;
+    }
+    const int tr = lin_tile(M);
+    const dim3 grid(blocks_for((size_t)N, 8), (unsigned)((M + tr - 1) / tr));
+    const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w;
+    with_tile(M, [&](auto t) {
+        linear_gated_k<decltype(t)::value><<<grid, 256>>>(x, wb, mix, gate, M, N, K);
+    });
 }
 extern "C" void kvd_cudaop_linear_multi(const float *x, int M, int K, const kvd_lin_out *outs,
                                         int n) {

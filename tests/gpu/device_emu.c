@@ -82,6 +82,11 @@ void kvd_cudaop_linear(const float *x, const void *w, float *y, int M, int N, in
     kvd_linear(x, wf, y, M, N, K);
     free(wf);
 }
+void kvd_cudaop_linear_add_gated(const float *x, const void *w, float *y, float *mix,
+                                 const float *gate, int M, int N, int K) {
+    kvd_cudaop_linear(x, w, y, M, N, K);
+    kvd_cudaop_add_gated(mix, y, gate, M, N);
+}
 void kvd_cudaop_linear_multi(const float *x, int M, int K, const kvd_lin_out *outs, int n) {
     for (int j = 0; j < n; j++) kvd_cudaop_linear(x, outs[j].w, outs[j].y, M, outs[j].N, K);
 }

@@ -686,6 +686,7 @@ static void fill(float *x, size_t n, const char *name, float scale) {
  * tiles from there), with edges that fill no tile: the two differ only in
  * the order of 1000-term FP32 sums, 1e-5 relative. */
 static void linear_multi(void);
+static void linear_add_gated(void);
 static void linear_w16(void) {
     const int shapes[8][3] = {{1, 512, 1024},  {3, 200, 1000},  {6, 130, 2048},  {16, 300, 1000},
                               {63, 129, 1000}, {67, 512, 1023}, {200, 77, 1000}, {513, 1031, 1032}};
@@ -747,6 +748,7 @@ static void linear_w16(void) {
         free(x), free(wf), free(yc), free(yg), free(w);
     }
     linear_multi();
+    linear_add_gated();
 }
 
 /* Several projections of one input in a launch (kvd_cudaop_linear_multi):
@@ -810,6 +812,56 @@ static void linear_multi(void) {
                 }
                 kvd_cuda_free(dx), free(x);
             }
+}
+
+/* The shared expert's down projection with its gated add in one launch
+ * (kvd_cudaop_linear_add_gated): mix bit for bit what kvd_cudaop_linear
+ * then kvd_cudaop_add_gated give, at 1, 5 and 16 rows (one launch) and 17
+ * (those two), K a multiple of 8 or not. */
+static void linear_add_gated(void) {
+    enum { N = 300 };
+    const int Ms[4] = {1, 5, 16, 17}, Ks[2] = {1000, 1003};
+    for (int ki = 0; ki < 2; ki++)
+        for (int mi = 0; mi < 4; mi++) {
+            const int M = Ms[mi], K = Ks[ki];
+            const size_t nx = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N;
+            float *x = malloc(sizeof(float) * nx), *wf = malloc(sizeof(float) * nw),
+                  *mix = malloc(sizeof(float) * ny), *gate = malloc(sizeof(float) * M),
+                  *m1 = malloc(sizeof(float) * ny), *m2 = malloc(sizeof(float) * ny);
+            uint16_t *w = malloc(2 * nw);
+            fill(x, nx, "gpu.gated.x", 1.0f);
+            fill(wf, nw, "gpu.gated.w", 0.05f);
+            fill(mix, ny, "gpu.gated.mix", 1.0f);
+            fill(gate, (size_t)M, "gpu.gated.gate", 4.0f);
+            kvd_quant_bf16(wf, w, nw);
+            float *dx = kvd_cuda_alloc(sizeof(float) * nx),
+                  *dy = kvd_cuda_alloc(sizeof(float) * ny),
+                  *dm1 = kvd_cuda_alloc(sizeof(float) * ny),
+                  *dm2 = kvd_cuda_alloc(sizeof(float) * ny),
+                  *dg = kvd_cuda_alloc(sizeof(float) * M);
+            void *dw = kvd_cuda_alloc(2 * nw);
+            char err[256] = "";
+            int ok =
+                dx && dy && dm1 && dm2 && dg && dw && !kvd_cuda_upload(dx, x, sizeof(float) * nx) &&
+                !kvd_cuda_upload(dw, w, 2 * nw) && !kvd_cuda_upload(dm1, mix, sizeof(float) * ny) &&
+                !kvd_cuda_upload(dm2, mix, sizeof(float) * ny) &&
+                !kvd_cuda_upload(dg, gate, sizeof(float) * M);
+            if (ok) {
+                kvd_cudaop_linear(dx, dw, dy, M, N, K);
+                kvd_cudaop_add_gated(dm1, dy, dg, M, N);
+                kvd_cudaop_linear_add_gated(dx, dw, dy, dm2, dg, M, N, K);
+            }
+            ok = ok && !kvd_cuda_sync(err, sizeof err) &&
+                 !kvd_cuda_download(m1, dm1, sizeof(float) * ny) &&
+                 !kvd_cuda_download(m2, dm2, sizeof(float) * ny);
+            CHECK(ok && !memcmp(m1, m2, sizeof(float) * ny),
+                  "linear_add_gated M %d K %d: the sums differ from the projection and the "
+                  "gated add's (%s)\n",
+                  M, K, err);
+            kvd_cuda_free(dx), kvd_cuda_free(dy), kvd_cuda_free(dm1), kvd_cuda_free(dm2);
+            kvd_cuda_free(dg), kvd_cuda_free(dw);
+            free(x), free(wf), free(mix), free(gate), free(m1), free(m2), free(w);
+        }
 }
 
 /* the experts' groups of e0 .. e1 - 1 (kvd_cudaop_linear_grouped's G)
