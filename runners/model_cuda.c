@@ -1382,18 +1382,18 @@ static void deltanet(kvd_cuda_model *m, int l, const kvd_batch *b, int rows) {
     kvd_cudaop_linear(m->gdn_o, d->out_proj, m->mix, rows, H, vd);
 }
 
-/* the MoE experts' products, SwiGLU (on items lo .. hi - 1) and weighted
- * scatter in five launches over the groups G (at most max_groups of them,
+/* the MoE experts' products, SwiGLU (with the up products) and weighted
+ * scatter in four launches over the groups G (at most max_groups of them,
  * each of at most max_rows items) */
 static void experts_grouped(kvd_cuda_model *m, const dev_layer *d, int rows, const int *G,
-                            int max_groups, int max_rows, int lo, int hi) {
+                            int max_groups, int max_rows) {
     const int H = m->c.hidden_size, E = m->c.num_experts, K = m->c.num_experts_per_tok;
     const int I = m->c.moe_intermediate_size;
     const void *const *tab = (const void *const *)d->exp_tab;
     kvd_cudaop_linear_grouped(m->xn, m->slots_moe, K, tab, G, max_groups, max_rows, m->g1, I, H);
-    kvd_cudaop_linear_grouped(m->xn, m->slots_moe, K, tab + E, G, max_groups, max_rows, m->g2, I,
-                              H);
-    kvd_cudaop_swiglu(m->g1 + (size_t)lo * I, m->g2 + (size_t)lo * I, (size_t)(hi - lo) * I);
+    /* up, and SwiGLU into the gate's products */
+    kvd_cudaop_linear_grouped_glu(m->xn, m->slots_moe, K, tab + E, G, max_groups, max_rows, m->g1,
+                                  I, H);
     kvd_cudaop_linear_grouped(m->g1, NULL, 1, tab + 2 * E, G, max_groups, max_rows, m->gy, H, I);
     kvd_cudaop_scatter_grouped(m->mix, m->gy, m->slots_moe, m->topw, K, G, rows, H);
 }
@@ -1440,7 +1440,7 @@ static int moe_host_lists(kvd_cuda_model *m, int l, const kvd_batch *b, int rows
         return -1;
     }
     if (m->moe_mode != MOE_LOOP && ng > 0 && most_rows <= KVD_GROUPED_ROWS) {
-        experts_grouped(m, d, rows, G, ng, most_rows, off[m->p.e0], off[m->p.e1]);
+        experts_grouped(m, d, rows, G, ng, most_rows);
         return 0;
     }
     for (int e = m->p.e0; e < m->p.e1; e++) {
@@ -1495,7 +1495,7 @@ static int moe(kvd_cuda_model *m, int l, const kvd_batch *b, int rows, char *err
         kvd_cuda_zero(m->mix, sizeof(float) * (size_t)rows * H);
         kvd_cudaop_expert_lists(m->topi, rows, K, E, m->p.e0, m->p.e1, m->slots_moe, G);
         const int max_groups = m->p.e1 - m->p.e0 < rows * K ? m->p.e1 - m->p.e0 : rows * K;
-        experts_grouped(m, d, rows, G, max_groups, rows, 0, rows * K);
+        experts_grouped(m, d, rows, G, max_groups, rows);
     } else if (moe_host_lists(m, l, b, rows, G, err)) {
         return -1;
     }

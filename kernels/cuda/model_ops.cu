@@ -144,8 +144,9 @@ template <class F> inline void with_tile(int rows, F launch) {
 // rows is the same for the whole warp, so the shuffles stay converged.
 // With gate (row i's at gate[i]), the column is added into y instead,
 // scaled by the gate's logistic: y += sigmoid(gate[i]) * sum, rounded as
-// add_gated_k rounds it.
-template <int TR, class XRow>
+// add_gated_k rounds it. With GLU, y holds the gate projection's column and
+// becomes silu(y) * sum, rounded as swiglu_k rounds it.
+template <int TR, bool GLU = false, class XRow>
 __device__ inline void w16_column(XRow xrow, const __nv_bfloat16 *wr, float *y, size_t y_stride,
                                   int rows, int K, int lane, const float *gate = nullptr) {
     constexpr int AHEAD = lin_ahead(TR);
@@ -190,7 +191,10 @@ __device__ inline void w16_column(XRow xrow, const __nv_bfloat16 *wr, float *y, 
         for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
         if (lane != 0) continue;
         float *out = y + (size_t)i * y_stride;
-        *out = gate ? __fadd_rn(*out, __fmul_rn(sigmoid_rn(gate[i]), a)) : a;
+        if (GLU)
+            *out = __fmul_rn(silu_rn(*out), a);
+        else
+            *out = gate ? __fadd_rn(*out, __fmul_rn(sigmoid_rn(gate[i]), a)) : a;
     }
 }
 
@@ -261,7 +265,7 @@ struct grouped_args {
     float *y;
     int N, K;
 };
-template <int TR> __global__ void linear_grouped_k(grouped_args a) {
+template <int TR, bool GLU = false> __global__ void linear_grouped_k(grouped_args a) {
     const int n = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     const int ng = a.G[0], g = blockIdx.y;
     if (n >= a.N || g >= ng) return;
@@ -277,8 +281,8 @@ template <int TR> __global__ void linear_grouped_k(grouped_args a) {
             const int item = t0 + (i < rows ? i : 0);
             xr[i] = a.x + (a.slots ? (size_t)(a.slots[item] / a.slot_div) : (size_t)item) * a.K;
         }
-        w16_column<TR>([&](int i) { return xr[i]; }, wr, a.y + (size_t)t0 * a.N + n, (size_t)a.N,
-                       rows, a.K, lane);
+        w16_column<TR, GLU>([&](int i) { return xr[i]; }, wr, a.y + (size_t)t0 * a.N + n,
+                            (size_t)a.N, rows, a.K, lane);
     }
 }
 
@@ -691,6 +695,16 @@ extern "C" void kvd_cudaop_linear_grouped(const float *x, const int *slots, int 
     const grouped_args a = {x, slots, slot_div, w_tab, G, y, N, K};
     const dim3 grid(blocks_for((size_t)N, 8), (unsigned)max_groups);
     with_tile(max_rows, [&](auto t) { linear_grouped_k<decltype(t)::value><<<grid, 256>>>(a); });
+}
+extern "C" void kvd_cudaop_linear_grouped_glu(const float *x, const int *slots, int slot_div,
+                                              const void *const *w_tab, const int *G,
+                                              int max_groups, int max_rows, float *g, int N,
+                                              int K) {
+    if (max_groups <= 0 || N <= 0) return;
+    const grouped_args a = {x, slots, slot_div, w_tab, G, g, N, K};
+    const dim3 grid(blocks_for((size_t)N, 8), (unsigned)max_groups);
+    with_tile(max_rows,
+              [&](auto t) { linear_grouped_k<decltype(t)::value, true><<<grid, 256>>>(a); });
 }
 extern "C" void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots,
                                            const float *topw, int K, const int *G, int rows,
