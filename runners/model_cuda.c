@@ -1612,6 +1612,7 @@ static int forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, floa
                    int last_only, int32_t *next, char *err) {
     const kvd_config *c = &m0->full;
     const int H = c->hidden_size, V = c->vocab_size, n_ranks = m0->p.n;
+    const int want = logits || next; /* the final norm and the lm_head run */
     const float eps = (float)c->rms_norm_eps;
     kvd_cuda_model *const *rk = m0->rk;
     if (b->n > m0->max_seqs) {
@@ -1690,7 +1691,7 @@ static int forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, floa
         if (!rc) rc = reduce_mix(m0, rows, err);
         /* the residual add, and the norm the next layer's mixer reads (the
          * final norm's where logits are wanted after the last layer) */
-        const int last = l + 1 == c->num_hidden_layers, norm = !last || logits || next;
+        const int last = l + 1 == c->num_hidden_layers, norm = !last || want;
         for (int r = 0; r < n_ranks && !rc; r++) {
             kvd_cuda_model *m = rk[r];
             kvd_cuda_set_device(r);
@@ -1731,7 +1732,6 @@ static int forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, floa
      * wants them (with last_only, each sequence's last row then goes back),
      * else the last rows' alone */
     kvd_cuda_model *m = m0;
-    const int want = logits || next;
     const int cmp = ref0 && hk->logits_cmp, all = want && (!last_only || cmp || m0->d_held);
     /* xn holds the final norm of x (the last layer's add_norm) */
     if (all) {

@@ -24,15 +24,19 @@ namespace {
 
 // ---- RMSNorm: one block per row of n values (rows at strides; in place
 // allowed), the sum of squares in double ----
-__global__ void rmsnorm_k(float *out, size_t out_stride, const float *x, size_t x_stride,
-                          const float *w, int n, float eps, int one_plus) {
-    const float *xr = x + (size_t)blockIdx.x * x_stride;
-    float *o = out + (size_t)blockIdx.x * out_stride;
-    float r = (float)(1.0 / sqrt(block_sum_sq(xr, n) / n + (double)eps));
+// the row's norm from its sum of squares ss (the block's, in double)
+__device__ inline void norm_row(float *o, const float *xr, const float *w, int n, double ss,
+                                float eps, int one_plus) {
+    float r = (float)(1.0 / sqrt(ss / n + (double)eps));
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float g = one_plus ? __fadd_rn(1.0f, w[i]) : w[i];
         o[i] = __fmul_rn(__fmul_rn(xr[i], r), g);
     }
+}
+__global__ void rmsnorm_k(float *out, size_t out_stride, const float *x, size_t x_stride,
+                          const float *w, int n, float eps, int one_plus) {
+    const float *xr = x + (size_t)blockIdx.x * x_stride;
+    norm_row(out + (size_t)blockIdx.x * out_stride, xr, w, n, block_sum_sq(xr, n), eps, one_plus);
 }
 
 // ---- the residual add with its check and the next RMSNorm, one block per
@@ -53,13 +57,7 @@ __global__ void add_norm_k(float *x, const float *y, int n, unsigned long long *
         xr[i] = s;
         ss += (double)s * s;
     }
-    if (!w) return;
-    float r = (float)(1.0 / sqrt(block_sum_warps(ss) / n + (double)eps));
-    float *o = out + row;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float g = one_plus ? __fadd_rn(1.0f, w[i]) : w[i];
-        o[i] = __fmul_rn(__fmul_rn(xr[i], r), g);
-    }
+    if (w) norm_row(out + row, xr, w, n, block_sum_warps(ss), eps, one_plus);
 }
 
 // ---- rotate-half RoPE on the first rot_dim of each head: one block per

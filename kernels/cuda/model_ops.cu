@@ -142,11 +142,12 @@ template <class F> inline void with_tile(int rows, F launch) {
 // one warp's output column: y[i * y_stride] = xrow(i) . wr for i < rows
 // (<= TR), wr the column's K weights; xrow(i) gives row i's activations.
 // rows is the same for the whole warp, so the shuffles stay converged.
-// With gate (row i's at gate[i]), the column is added into y instead,
-// scaled by the gate's logistic: y += sigmoid(gate[i]) * sum, rounded as
-// add_gated_k rounds it. With GLU, y holds the gate projection's column and
-// becomes silu(y) * sum, rounded as swiglu_k rounds it.
-template <int TR, bool GLU = false, class XRow>
+// What the column's sum a does to y (OUT): STORE y = a; GATED y +=
+// sigmoid(gate[i]) * a, rounded as add_gated_k rounds it (row i's gate at
+// gate[i]); GLU, where y holds the gate projection's column, y = silu(y) *
+// a, rounded as swiglu_k rounds it.
+enum class col_out { STORE, GATED, GLU };
+template <int TR, col_out OUT = col_out::STORE, class XRow>
 __device__ inline void w16_column(XRow xrow, const __nv_bfloat16 *wr, float *y, size_t y_stride,
                                   int rows, int K, int lane, const float *gate = nullptr) {
     constexpr int AHEAD = lin_ahead(TR);
@@ -191,33 +192,26 @@ __device__ inline void w16_column(XRow xrow, const __nv_bfloat16 *wr, float *y, 
         for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
         if (lane != 0) continue;
         float *out = y + (size_t)i * y_stride;
-        if (GLU)
+        if constexpr (OUT == col_out::GLU)
             *out = __fmul_rn(silu_rn(*out), a);
+        else if constexpr (OUT == col_out::GATED)
+            *out = __fadd_rn(*out, __fmul_rn(sigmoid_rn(gate[i]), a));
         else
-            *out = gate ? __fadd_rn(*out, __fmul_rn(sigmoid_rn(gate[i]), a)) : a;
+            *out = a;
     }
 }
 
-template <int TR>
-__global__ void linear_w16_k(const float *x, const __nv_bfloat16 *w, float *y, int M, int N,
-                             int K) {
+// y[M,N] = x W^T, or with GATED y += sigmoid(gate[m]) * (x W^T)[m, n] (the
+// shared expert's down projection and its gated add into the MoE's output)
+template <int TR, col_out OUT>
+__global__ void linear_w16_k(const float *x, const __nv_bfloat16 *w, float *y, const float *gate,
+                             int M, int N, int K) {
     const int n = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     const int m0 = blockIdx.y * TR;
     if (n >= N) return;
-    w16_column<TR>([&](int i) { return x + (size_t)(m0 + i) * K; }, w + (size_t)n * K,
-                   y + (size_t)m0 * N + n, (size_t)N, min(TR, M - m0), K, lane);
-}
-
-// y[M,N] += sigmoid(gate[m]) * (x W^T)[m, n]: the shared expert's down
-// projection and its gated add into the MoE's output in one launch
-template <int TR>
-__global__ void linear_gated_k(const float *x, const __nv_bfloat16 *w, float *y, const float *gate,
-                               int M, int N, int K) {
-    const int n = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    const int m0 = blockIdx.y * TR;
-    if (n >= N) return;
-    w16_column<TR>([&](int i) { return x + (size_t)(m0 + i) * K; }, w + (size_t)n * K,
-                   y + (size_t)m0 * N + n, (size_t)N, min(TR, M - m0), K, lane, gate + m0);
+    w16_column<TR, OUT>([&](int i) { return x + (size_t)(m0 + i) * K; }, w + (size_t)n * K,
+                        y + (size_t)m0 * N + n, (size_t)N, min(TR, M - m0), K, lane,
+                        OUT == col_out::GATED ? gate + m0 : nullptr);
 }
 
 // several projections of one x, by linear_w16_k's arithmetic: warp c of the
@@ -265,7 +259,7 @@ struct grouped_args {
     float *y;
     int N, K;
 };
-template <int TR, bool GLU = false> __global__ void linear_grouped_k(grouped_args a) {
+template <int TR, col_out OUT> __global__ void linear_grouped_k(grouped_args a) {
     const int n = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     const int ng = a.G[0], g = blockIdx.y;
     if (n >= a.N || g >= ng) return;
@@ -281,7 +275,7 @@ template <int TR, bool GLU = false> __global__ void linear_grouped_k(grouped_arg
             const int item = t0 + (i < rows ? i : 0);
             xr[i] = a.x + (a.slots ? (size_t)(a.slots[item] / a.slot_div) : (size_t)item) * a.K;
         }
-        w16_column<TR, GLU>([&](int i) { return xr[i]; }, wr, a.y + (size_t)t0 * a.N + n,
+        w16_column<TR, OUT>([&](int i) { return xr[i]; }, wr, a.y + (size_t)t0 * a.N + n,
                             (size_t)a.N, rows, a.K, lane);
     }
 }
@@ -543,6 +537,26 @@ __global__ void add_gated_k(float *mix, const float *y, const float *gate, int H
     mix[i] = __fadd_rn(mix[i], __fmul_rn(sigmoid_rn(gate[i / H]), y[i]));
 }
 
+// the per-column kernels' grid: a warp per column (8 a block), a block row
+// per tile of lin_tile(M) rows
+inline dim3 w16_grid(int M, int cols) {
+    const int tr = lin_tile(M);
+    return dim3(blocks_for((size_t)cols, 8), (unsigned)((M + tr - 1) / tr));
+}
+template <col_out OUT>
+void w16_launch(const float *x, const void *w, float *y, const float *gate, int M, int N, int K) {
+    const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w;
+    with_tile(M, [&](auto t) {
+        linear_w16_k<decltype(t)::value, OUT><<<w16_grid(M, N), 256>>>(x, wb, y, gate, M, N, K);
+    });
+}
+template <col_out OUT> void grouped_launch(const grouped_args &a, int max_groups, int max_rows) {
+    if (max_groups <= 0 || a.N <= 0) return;
+    const dim3 grid(blocks_for((size_t)a.N, 8), (unsigned)max_groups);
+    with_tile(max_rows,
+              [&](auto t) { linear_grouped_k<decltype(t)::value, OUT><<<grid, 256>>>(a); });
+}
+
 } // namespace
 
 // ---- entry points (device pointers; asynchronous) ----
@@ -565,11 +579,7 @@ extern "C" void kvd_cudaop_linear_fp32(const float *x, const void *w, float *y, 
         linear_tiled_k<<<grid, 256>>>(x, (const __nv_bfloat16 *)w, y, M, N, K);
         return;
     }
-    const int tr = lin_tile(M);
-    const dim3 grid(blocks_for((size_t)N, 8), (unsigned)((M + tr - 1) / tr));
-    const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w;
-    with_tile(M,
-              [&](auto t) { linear_w16_k<decltype(t)::value><<<grid, 256>>>(x, wb, y, M, N, K); });
+    w16_launch<col_out::STORE>(x, w, y, nullptr, M, N, K);
 }
 extern "C" void kvd_cudaop_linear_add_gated(const float *x, const void *w, float *y, float *mix,
                                             const float *gate, int M, int N, int K) {
@@ -579,12 +589,7 @@ extern "C" void kvd_cudaop_linear_add_gated(const float *x, const void *w, float
         kvd_cudaop_add_gated(mix, y, gate, M, N);
         return;
     }
-    const int tr = lin_tile(M);
-    const dim3 grid(blocks_for((size_t)N, 8), (unsigned)((M + tr - 1) / tr));
-    const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w;
-    with_tile(M, [&](auto t) {
-        linear_gated_k<decltype(t)::value><<<grid, 256>>>(x, wb, mix, gate, M, N, K);
-    });
+    w16_launch<col_out::GATED>(x, w, mix, gate, M, N, K);
 }
 extern "C" void kvd_cudaop_linear_multi(const float *x, int M, int K, const kvd_lin_out *outs,
                                         int n) {
@@ -604,9 +609,8 @@ extern "C" void kvd_cudaop_linear_multi(const float *x, int M, int K, const kvd_
         a.ends[j] = cols += outs[j].N > 0 ? outs[j].N : 0;
     }
     if (cols == 0) return;
-    const int tr = lin_tile(M);
-    const dim3 grid(blocks_for((size_t)cols, 8), (unsigned)((M + tr - 1) / tr));
-    with_tile(M, [&](auto t) { linear_multi_k<decltype(t)::value><<<grid, 256>>>(a); });
+    with_tile(M,
+              [&](auto t) { linear_multi_k<decltype(t)::value><<<w16_grid(M, cols), 256>>>(a); });
 }
 extern "C" void kvd_cudaop_embed(const void *E, const int32_t *tok, float *x, int rows, int H) {
     embed_k<<<rows, 256>>>((const __nv_bfloat16 *)E, tok, x, H);
@@ -691,20 +695,13 @@ extern "C" void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots
 extern "C" void kvd_cudaop_linear_grouped(const float *x, const int *slots, int slot_div,
                                           const void *const *w_tab, const int *G, int max_groups,
                                           int max_rows, float *y, int N, int K) {
-    if (max_groups <= 0 || N <= 0) return;
-    const grouped_args a = {x, slots, slot_div, w_tab, G, y, N, K};
-    const dim3 grid(blocks_for((size_t)N, 8), (unsigned)max_groups);
-    with_tile(max_rows, [&](auto t) { linear_grouped_k<decltype(t)::value><<<grid, 256>>>(a); });
+    grouped_launch<col_out::STORE>({x, slots, slot_div, w_tab, G, y, N, K}, max_groups, max_rows);
 }
 extern "C" void kvd_cudaop_linear_grouped_glu(const float *x, const int *slots, int slot_div,
                                               const void *const *w_tab, const int *G,
                                               int max_groups, int max_rows, float *g, int N,
                                               int K) {
-    if (max_groups <= 0 || N <= 0) return;
-    const grouped_args a = {x, slots, slot_div, w_tab, G, g, N, K};
-    const dim3 grid(blocks_for((size_t)N, 8), (unsigned)max_groups);
-    with_tile(max_rows,
-              [&](auto t) { linear_grouped_k<decltype(t)::value, true><<<grid, 256>>>(a); });
+    grouped_launch<col_out::GLU>({x, slots, slot_div, w_tab, G, g, N, K}, max_groups, max_rows);
 }
 extern "C" void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots,
                                            const float *topw, int K, const int *G, int rows,

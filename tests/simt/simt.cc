@@ -343,8 +343,8 @@ void start_fiber(int t, char *stack) {
     // and evict each other at every switch: each thread's stack starts a
     // different number of cache lines below its top.
     const size_t color = (size_t)(t % 64) * 64;
-    uint64_t *s = reinterpret_cast<uint64_t *>(((uintptr_t)stack + stack_bytes - color) &
-                                               ~(uintptr_t)15);
+    uint64_t *s =
+        reinterpret_cast<uint64_t *>(((uintptr_t)stack + stack_bytes - color) & ~(uintptr_t)15);
     *--s = 0;                                    // the entry's return address: never used
     *--s = (uint64_t)(uintptr_t)&kvd_simt_entry; // where kvd_simt_swap returns to
     for (int i = 0; i < 6; i++) *--s = 0;        // rbp, rbx, r12 .. r15
@@ -893,16 +893,12 @@ __half __float2half_rn(float x) {
     return r;
 }
 float kvd_simt::half_rare(__half h) {
-    unsigned s = (h.__x & 0x8000u) << 16, e = (h.__x >> 10) & 31u, m = h.__x & 1023u;
-    uint32_t u;
-    if (e == 31) {
-        u = s | 0x7f800000u | m << 13;
-    } else if (e == 0) {
+    const unsigned s = (h.__x & 0x8000u) << 16, m = h.__x & 1023u;
+    if ((h.__x & 0x7c00u) == 0) { // zero or subnormal: m * 2^-24
         float f = std::ldexp((float)m, -24);
         return s ? -f : f;
-    } else {
-        u = s | (e - 15 + 127) << 23 | m << 13;
     }
+    const uint32_t u = s | 0x7f800000u | m << 13; // infinity or NaN
     float f;
     std::memcpy(&f, &u, 4);
     return f;
