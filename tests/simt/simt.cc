@@ -574,13 +574,16 @@ void run(const config &c, const std::function<void()> &body_) {
     else if (c.shmem > 48 * 1024 && c.shmem > c.shmem_optin)
         bad = c.shmem_optin ? "more dynamic shared memory than the kernel's opt-in"
                             : "more than 48 KB of dynamic shared memory without an opt-in";
+    cudaError_t code = cudaErrorInvalidConfiguration;
+    char why[512];
+    if (!bad) bad = refused_resources(c, why, sizeof why, &code);
     if (bad) {
         std::fprintf(stderr,
                      "kvd_simt: %s: launch of grid (%u,%u,%u), block (%u,%u,%u), %zu bytes of "
                      "shared memory refused: %s\n",
                      c.name, c.grid.x, c.grid.y, c.grid.z, c.block.x, c.block.y, c.block.z, c.shmem,
                      bad);
-        fail(cudaErrorInvalidConfiguration);
+        fail(code);
         return;
     }
     if (sticky_error != cudaSuccess) return; // a context after a fault runs nothing
@@ -706,7 +709,9 @@ void bad_pointer(const config &c, int arg, const void *p) {
 }
 
 cudaError_t func_set_shmem(const void *kernel, int bytes) {
-    if (bytes < 0 || (size_t)bytes > device().smem_optin) {
+    // the GPU takes what the kernel's static shared memory leaves
+    const kernel_usage *u = usage_of(kernel);
+    if (bytes < 0 || (size_t)bytes + (u ? u->smem : 0) > device().smem_optin) {
         fail(cudaErrorInvalidValue);
         return cudaErrorInvalidValue;
     }
@@ -812,6 +817,8 @@ const char *cudaGetErrorString(cudaError_t e) {
         return "invalid device ordinal";
     case cudaErrorIllegalAddress:
         return "an illegal memory access was encountered";
+    case cudaErrorLaunchOutOfResources:
+        return "too many resources requested for launch";
     case cudaErrorLaunchFailure:
         return "unspecified launch failure";
     }

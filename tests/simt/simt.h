@@ -93,6 +93,7 @@ enum cudaError_t {
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidDevice = 101,
     cudaErrorIllegalAddress = 700,
+    cudaErrorLaunchOutOfResources = 701,
     cudaErrorLaunchFailure = 719,
 };
 enum cudaMemcpyKind {
@@ -162,11 +163,37 @@ struct config {
     dim3 grid, block;
     size_t shmem;
     size_t shmem_optin; // what cudaFuncSetAttribute allowed the kernel (0: 48 KB)
+    const void *kernel; // the kernel's function
 };
 
 // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel, per device
 cudaError_t func_set_shmem(const void *kernel, int bytes);
 size_t func_shmem(const void *kernel);
+
+// What ptxas gave each kernel (registers a thread, static shared memory),
+// read from the .usage files the CUDA build writes beside its objects
+// (scripts/nvcc-usage.sh) into the folder KVD_SIMT_PTXAS names, for the
+// simulated device's architecture. The kernels here are the same functions
+// compiled for the host; their ELF symbols name them as nvcc's do (the
+// anonymous namespace aside). With a table loaded, a launch the GPU would
+// refuse for its registers or shared memory fails the same way, and so
+// does the launch of a kernel the table lacks.
+struct kernel_usage {
+    int regs;
+    size_t smem; // static shared memory
+};
+// the kernel's entry, or nullptr (no table, or not in it)
+const kernel_usage *usage_of(const void *kernel);
+// whether a table is loaded
+bool usage_loaded();
+// why the launch c would be refused for its resources (written into msg),
+// and the error, or nullptr when it fits or no table is loaded
+const char *refused_resources(const config &c, char *msg, size_t n, cudaError_t *code);
+// (tests) the table from the .usage files in dir instead of KVD_SIMT_PTXAS's;
+// nullptr: none. 0, or -1 (said on stderr) when dir has none or one is malformed
+int usage_load(const char *dir);
+// the mangled name of a function of this executable, or nullptr
+const char *symbol_of(const void *fn);
 
 // runs body once per thread of the grid; a failed launch sets the error
 // cudaGetLastError returns
@@ -223,7 +250,7 @@ struct launcher {
 inline launcher launch(const char *name, dim3 grid, dim3 block, size_t shmem = 0,
                        cudaStream_t stream = nullptr) {
     (void)stream;
-    return {{name, grid, block, shmem, 0}};
+    return {{name, grid, block, shmem, 0, nullptr}};
 }
 
 template <size_t I, class T> bool check_args(const config &c, const T &args) {
@@ -249,7 +276,8 @@ template <class... P, class... A> void operator%(void (*k)(P...), pending<A...> 
     std::tuple<P...> args =
         std::apply([](auto &...a) { return std::tuple<P...>(static_cast<P>(a)...); }, p.args);
     if (!check_args<0>(p.c, args)) return;
-    p.c.shmem_optin = func_shmem(reinterpret_cast<const void *>(k));
+    p.c.kernel = reinterpret_cast<const void *>(k);
+    p.c.shmem_optin = func_shmem(p.c.kernel);
     run(p.c, [&] { std::apply(k, args); });
 }
 

@@ -8,7 +8,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
+
+#include <stdlib.h>
+#include <unistd.h>
 
 #include "cublasLt.h"
 #include "cuda_bf16.h"
@@ -320,6 +324,93 @@ void shared_dynamic() {
     cudaFree(d);
 }
 
+// A table of ptxas's registers and static shared memory, for this file's
+// kernels: lines of "ARCH REGISTERS SHARED STACK NAME", the names in
+// nvcc's spelling of the anonymous namespace
+int ptxas_table(const char *dir, const char *lines) {
+    const std::string path = std::string(dir) + "/test.usage";
+    FILE *f = std::fopen(path.c_str(), "w");
+    if (!f) return -1;
+    std::fputs(lines, f);
+    std::fclose(f);
+    const int rc = kvd_simt::usage_load(dir);
+    std::remove(path.c_str());
+    return rc;
+}
+std::string nvcc_name(const void *kernel) {
+    const char *sym = kvd_simt::symbol_of(kernel);
+    std::string s = sym ? sym : "";
+    const size_t at = s.find("12_GLOBAL__N_1");
+    if (at != std::string::npos) s.replace(at, 14, "41_GLOBAL__N__7e6123b4_9_layers_cu_1830dcac");
+    return s;
+}
+
+// Launches a GPU refuses for the registers or shared memory ptxas gave a
+// kernel are refused; those that fit run.
+void ptxas_resources() {
+    CHECK(!kvd_simt::usage_loaded(), "a ptxas table is loaded before the test made one\n");
+    const std::string t_name = nvcc_name(reinterpret_cast<const void *>(touch)),
+                      s_name = nvcc_name(reinterpret_cast<const void *>(dyn_shared));
+    CHECK(t_name.find("5touchEPf") != std::string::npos &&
+              s_name.find("10dyn_sharedEPf") != std::string::npos,
+          "the kernels' ELF symbols: '%s', '%s'\n", t_name.c_str(), s_name.c_str());
+    char dir[] = "/tmp/kvd-simt-ptxas-XXXXXX";
+    if (!mkdtemp(dir)) return;
+    const char *arch = kvd_simt::device().arch;
+    float *d = dev<float>(1024);
+    char lines[1024];
+    // 128 registers a thread: 16 warps of 4096 fill a block's 65536
+    std::snprintf(lines, sizeof lines, "%s 128 0 0 %s\n%s 20 40960 0 %s\n", arch, t_name.c_str(),
+                  arch, s_name.c_str());
+    CHECK(ptxas_table(dir, lines) == 0 && kvd_simt::usage_loaded(), "the table did not load\n");
+    touch % launch("touch", 1, 512)(d);
+    CHECK(cudaGetLastError() == cudaSuccess, "128 registers x 512 threads: refused\n");
+    touch % launch("touch", 1, 513)(d);
+    CHECK(cudaGetLastError() == cudaErrorLaunchOutOfResources,
+          "128 registers x 513 threads: not refused\n");
+    // 130 registers take 136 (a warp's registers come in 256s): 15 warps fit
+    std::snprintf(lines, sizeof lines, "%s 130 0 0 %s\n", arch, t_name.c_str());
+    CHECK(ptxas_table(dir, lines) == 0, "the second table did not load\n");
+    touch % launch("touch", 1, 480)(d);
+    CHECK(cudaGetLastError() == cudaSuccess, "130 registers x 480 threads: refused\n");
+    touch % launch("touch", 1, 481)(d);
+    CHECK(cudaGetLastError() == cudaErrorLaunchOutOfResources,
+          "130 registers x 481 threads: not refused\n");
+    // 40 KB of static shared memory leave 8 KB of dynamic without an opt-in,
+    // and the opt-in at most the device's limit less the 40 KB
+    std::snprintf(lines, sizeof lines, "%s 20 40960 0 %s\n", arch, s_name.c_str());
+    CHECK(ptxas_table(dir, lines) == 0, "the third table did not load\n");
+    dyn_shared % launch("dyn_shared", 1, 64, 8192)(d);
+    CHECK(cudaGetLastError() == cudaSuccess, "40 KB static + 8 KB dynamic: refused\n");
+    dyn_shared % launch("dyn_shared", 1, 64, 8196)(d);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue, "40 KB static + 8196 bytes: not refused\n");
+    const int room = (int)kvd_simt::device().smem_optin - 40960;
+    CHECK(cudaFuncSetAttribute(dyn_shared, cudaFuncAttributeMaxDynamicSharedMemorySize, room + 4) ==
+              cudaErrorInvalidValue,
+          "an opt-in past the limit less the static shared memory: accepted\n");
+    cudaGetLastError();
+    CHECK(cudaFuncSetAttribute(dyn_shared, cudaFuncAttributeMaxDynamicSharedMemorySize, room) ==
+              cudaSuccess,
+          "an opt-in of the limit less the static shared memory: refused\n");
+    dyn_shared % launch("dyn_shared", 1, 64, room)(d);
+    CHECK(cudaGetLastError() == cudaSuccess, "the opt-in's dynamic shared memory: refused\n");
+    // a kernel the table lacks is refused too (a stale table, or names that
+    // do not match, would otherwise check nothing)
+    touch % launch("touch", 1, 64)(d);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration,
+          "a kernel missing from the table: not refused\n");
+    std::snprintf(lines, sizeof lines, "%s 20 x 0 %s\n", arch, s_name.c_str());
+    CHECK(ptxas_table(dir, lines) == -1 && !kvd_simt::usage_loaded(),
+          "a malformed table: accepted\n");
+    CHECK(kvd_simt::usage_load(nullptr) == 0 && !kvd_simt::usage_loaded(), "no table: refused\n");
+    touch % launch("touch", 1, 1024)(d);
+    CHECK(cudaGetLastError() == cudaSuccess, "without a table, 1024 threads: refused\n");
+    cudaFuncSetAttribute(dyn_shared, cudaFuncAttributeMaxDynamicSharedMemorySize, 0);
+    cudaDeviceReset();
+    cudaFree(d);
+    rmdir(dir);
+}
+
 void simulator_checks() {
     float *d = dev<float>(64);
     std::vector<float> h(64);
@@ -410,9 +501,10 @@ void conversions() {
         float f = __half2float(__half(r));
         _Float16 ref; // the compiler's own widening, an independent reference
         std::memcpy(&ref, &u, 2);
-        CHECK(std::isnan(f) == std::isnan((float)ref) &&
-                  (std::isnan(f) || (f == (float)ref && std::signbit(f) == std::signbit((float)ref))),
-              "half 0x%04x: %g, expected %g\n", u, f, (float)ref);
+        CHECK(
+            std::isnan(f) == std::isnan((float)ref) &&
+                (std::isnan(f) || (f == (float)ref && std::signbit(f) == std::signbit((float)ref))),
+            "half 0x%04x: %g, expected %g\n", u, f, (float)ref);
         if (std::isnan(f)) continue;
         CHECK(__float2half_rn(f).__x == u, "half 0x%04x: round trip 0x%04x\n", u,
               __float2half_rn(f).__x);
@@ -689,6 +781,7 @@ int main() {
     warp_operations();
     divergence_and_state();
     shared_dynamic();
+    ptxas_resources();
     simulator_checks();
     conversions();
     lt_matmul();
