@@ -179,7 +179,8 @@ __global__ void decode_v2(view kv, const int *blocks, int n_ctx, int per_split, 
     }
     // merge the warps of the CTA: each in turn adds its outputs, rescaled to
     // the CTA's maximum, into one shared accumulator
-    __shared__ float wm[V2_WARPS][V2_MAXG], wl[V2_WARPS][V2_MAXG];
+    __shared__ float wm[V2_WARPS][V2_MAXG];
+    __shared__ float wl[V2_WARPS][V2_MAXG];
     __shared__ float sacc[V2_MAXG * 256];
     for (int i = threadIdx.x; i < G * hd; i += blockDim.x) sacc[i] = 0.f;
     if (lane == 0)

@@ -45,8 +45,10 @@ __global__ void attn_kernel(const float *p, const float *q, int n_heads, const i
     if (n_ctx_rows) n_ctx = n_ctx_rows[row];
     const float *ph = p + off, *qh = q + off;
     __shared__ double sum[CMP_THREADS];
-    __shared__ float pv[CMP_THREADS], qv[CMP_THREADS];
-    __shared__ int pi[CMP_THREADS], qi[CMP_THREADS];
+    __shared__ float pv[CMP_THREADS];
+    __shared__ float qv[CMP_THREADS];
+    __shared__ int pi[CMP_THREADS];
+    __shared__ int qi[CMP_THREADS];
     const int t0 = threadIdx.x;
     double s = 0.0;
     float bp = -INFINITY, bq = -INFINITY;
@@ -90,8 +92,10 @@ __global__ void logits_kernel(const float *a, const float *x, int V, const int *
                               kvd_logit_cmp *out) {
     const float *ar = a + (size_t)blockIdx.x * V, *xr = x + (size_t)blockIdx.x * V;
     __shared__ double sh[CMP_THREADS];
-    __shared__ float av[CMP_THREADS], xv[CMP_THREADS];
-    __shared__ int ai[CMP_THREADS], xi[CMP_THREADS];
+    __shared__ float av[CMP_THREADS];
+    __shared__ float xv[CMP_THREADS];
+    __shared__ int ai[CMP_THREADS];
+    __shared__ int xi[CMP_THREADS];
     const int t0 = threadIdx.x;
     float ba = -INFINITY, bx = -INFINITY;
     int ia = V, ix = V;

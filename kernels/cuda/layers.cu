@@ -153,7 +153,8 @@ __global__ void gdn_chunked_k(float *S_all, const float *q_all, const float *k_a
                               const float *v_all, const float *g_all, const float *b_all,
                               float *o_all, float *X_all, int n, int dk, int dv) {
     __shared__ double G[GDN_C];
-    __shared__ float A[GDN_C * GDN_C], QK[GDN_C * GDN_C];
+    __shared__ float A[GDN_C * GDN_C];
+    __shared__ float QK[GDN_C * GDN_C];
     const int h = blockIdx.x, w = dv + dk, tid = threadIdx.x, nth = blockDim.x;
     float *S = S_all + (size_t)h * dk * dv, *X = X_all + (size_t)h * GDN_C * w;
     const float *q = q_all + (size_t)h * n * dk, *k = k_all + (size_t)h * n * dk,
@@ -261,7 +262,8 @@ __device__ inline void block_best(float *v, int *i) {
 // tie first, which is the order of kvd_topk's insertion
 __global__ void route_k(const float *logits, int E, int K, int norm, int *topi, float *topw) {
     extern __shared__ float p[];
-    __shared__ float inv, chosen[ROUTE_MAX_K];
+    __shared__ float inv;
+    __shared__ float chosen[ROUTE_MAX_K];
     const float *x = logits + (size_t)blockIdx.x * E;
     float m = -INFINITY;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {

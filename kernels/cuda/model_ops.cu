@@ -287,7 +287,8 @@ template <int TR, col_out OUT> __global__ void linear_grouped_k(grouped_args a) 
 constexpr int GT_M = 64, GT_N = 64, GT_K = 32;
 __global__ void linear_tiled_k(const float *x, const __nv_bfloat16 *w, float *y, int M, int N,
                                int K) {
-    __shared__ float xs[GT_K][GT_M + 4], ws[GT_K][GT_N + 4];
+    __shared__ float xs[GT_K][GT_M + 4];
+    __shared__ float ws[GT_K][GT_N + 4];
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
     const int m0 = blockIdx.y * GT_M, n0 = blockIdx.x * GT_N;
     float acc[4][4] = {};

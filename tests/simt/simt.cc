@@ -205,6 +205,7 @@ void *sched_bottom = nullptr;
 size_t sched_size = 0;
 #endif
 std::vector<unsigned char> dyn_smem;
+std::vector<void *> fresh_shared; // the static __shared__ variables this block has filled
 
 char *stack_of(int t) {
     while ((int)stacks.size() <= t) {
@@ -509,6 +510,9 @@ int release_warp(const config &c, int w, int n) {
 // one block: -1 when a barrier or warp operation could not complete
 int run_block(const config &c, uint3 bid) {
     const int n = (int)(c.block.x * c.block.y * c.block.z);
+    // a block's shared memory holds nothing it did not write
+    std::memset(dyn_smem.data(), 0xff, dyn_smem.size());
+    fresh_shared.clear();
     for (int t = 0; t < n; t++) {
         fiber &f = fibers[t];
         f.ctx.tid = {t % c.block.x, t / c.block.x % c.block.y, t / (c.block.x * c.block.y)};
@@ -594,7 +598,7 @@ void run(const config &c, const std::function<void()> &body_) {
     const int n = (int)threads;
     if ((int)fibers.size() < n) fibers.resize(n);
     for (int t = 0; t < n; t++) stack_of(t);
-    dyn_smem.assign(c.shmem ? c.shmem : 1, 0xff);
+    dyn_smem.resize(c.shmem ? c.shmem : 1);
     body = &body_;
     for (unsigned k = 0; k < c.grid.z; k++)
         for (unsigned j = 0; j < c.grid.y; j++)
@@ -688,6 +692,13 @@ void fiber_entry() {
 
 void *dynamic_shared() {
     return dyn_smem.data();
+}
+
+void shared_fresh(void *p, size_t n) {
+    for (void *q : fresh_shared)
+        if (q == p) return;
+    fresh_shared.push_back(p);
+    std::memset(p, 0xff, n);
 }
 
 bool device_ptr(const void *p) {

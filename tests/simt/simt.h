@@ -13,7 +13,8 @@
 // after another until each finishes or waits at __syncthreads or a warp
 // operation (shuffles, ballots, __activemask), which complete when every
 // thread they name has arrived. The blocks of a grid run one after another,
-// so __shared__ (a static here) is per block. What the simulator checks on
+// so __shared__ (a static here) is per block, refilled with 0xff bytes
+// for each block by translate.cmake's shared_fresh call. What the simulator checks on
 // top of running the code:
 //   - launch configurations (threads per block, grid limits, dynamic shared
 //     memory beyond 48 KB without an opt-in): the launch fails, as on a GPU,
@@ -24,7 +25,8 @@
 //     lane of the mask that has exited): the launch fails with the threads
 //     named;
 //   - device memory starts as 0xff bytes (NaN floats, -1 integers), so a
-//     read of what was never written shows;
+//     read of what was never written shows; so does each block's shared
+//     memory, dynamic and static, so a block reads only what it wrote;
 //   - a block no larger than the kernel's __launch_bounds__;
 //   - cp.async's addresses and ldmatrix's rows must be 16-byte aligned;
 //   - cp.async copies (kernels/cuda/mma.cuh) land only at the
@@ -202,6 +204,11 @@ void run(const config &c, const std::function<void()> &body);
 bool device_ptr(const void *p);
 void bad_pointer(const config &c, int arg, const void *p);
 void *dynamic_shared();
+// a static __shared__ variable's declaration reached by a thread
+// (translate.cmake puts the call after it): the block's first thread to
+// reach it fills it with 0xff bytes, as each block's dynamic shared memory
+// is filled, so a block reads only what it wrote, not the last block's
+void shared_fresh(void *p, size_t n);
 
 enum warp_kind { W_SHFL_IDX, W_SHFL_XOR, W_SHFL_DOWN, W_BALLOT, W_ACTIVEMASK, W_GATHER };
 uint64_t warp_op(warp_kind k, unsigned mask, uint64_t value, int arg, int width);

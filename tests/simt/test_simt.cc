@@ -141,6 +141,24 @@ __global__ void mma_tile(const unsigned short *A, const unsigned short *B, float
     T[2 * lane] = r[0], T[2 * lane + 1] = r[1];
 }
 
+// shared memory is a block's own: block 0 writes its static and dynamic
+// shared memory, every block reads them back (translate.cmake writes a
+// __shared__ declaration as the static and the shared_fresh call); the
+// declaration is reached twice by each thread, and the second keeps what
+// the first pass wrote
+__global__ void block_shared(float *out) {
+    float *d = static_cast<float *>(kvd_simt::dynamic_shared());
+    const unsigned t = threadIdx.x;
+    for (int pass = 0; pass < 2; pass++) {
+        static float s[64];
+        kvd_simt::shared_fresh(&s, sizeof s);
+        if (pass == 0 && blockIdx.x == 0) s[t] = 1.0f, d[t] = 2.0f;
+        __syncthreads();
+        if (pass == 1) out[blockIdx.x * 128 + t] = s[t], out[blockIdx.x * 128 + 64 + t] = d[t];
+        __syncthreads();
+    }
+}
+
 __global__ void touch(float *p) {
     p[threadIdx.x] = 1.0f;
 }
@@ -409,6 +427,21 @@ void ptxas_resources() {
     cudaDeviceReset();
     cudaFree(d);
     rmdir(dir);
+}
+
+void shared_per_block() {
+    float *d = dev<float>(2 * 128);
+    block_shared % launch("block_shared", 2, 64, sizeof(float) * 64)(d);
+    CHECK(cudaGetLastError() == cudaSuccess, "block_shared: launch failed\n");
+    std::vector<float> o(2 * 128);
+    cudaMemcpy(o.data(), d, sizeof(float) * o.size(), cudaMemcpyDeviceToHost);
+    for (int t = 0; t < 64; t++) {
+        CHECK(o[t] == 1.0f && o[64 + t] == 2.0f, "block 0 t=%d: %g %g, expected 1 2\n", t, o[t],
+              o[64 + t]);
+        CHECK(std::isnan(o[128 + t]) && std::isnan(o[192 + t]),
+              "block 1 t=%d reads %g %g: block 0's shared memory\n", t, o[128 + t], o[192 + t]);
+    }
+    cudaFree(d);
 }
 
 void simulator_checks() {
@@ -781,6 +814,7 @@ int main() {
     warp_operations();
     divergence_and_state();
     shared_dynamic();
+    shared_per_block();
     ptxas_resources();
     simulator_checks();
     conversions();
