@@ -34,6 +34,7 @@ extern "C" void kvd_cuda_comm_free(kvd_comm *c) {
 }
 
 extern "C" int kvd_cuda_allreduce_sum(kvd_comm *c, float *const *bufs, size_t count) {
+    kvd_simt::land_copies(-1); // the ranks' streams' earlier copies
     int dev = 0;
     cudaGetDevice(&dev);
     for (int r = 0; r < c->n; r++) {

@@ -86,6 +86,21 @@ void fail(cudaError_t e) {
     if (last_error == cudaSuccess) last_error = e;
 }
 
+// ---- cudaMemcpyAsync from the host: a copy on the device's stream ----
+// A GPU makes it at some time between the call and the stream's next
+// operation. In ascending order (KVD_SIMT_ORDER) it lands at once; in
+// reverse order it waits in its device's queue until just before that
+// next operation (a launch, a copy, a memset, a cuBLASLt product, an
+// all-reduce, a synchronisation, a free), and reads its source then. A
+// host that rewrites the source before the copy is known to be done sends
+// the new bytes in one order and the old in the other.
+struct queued_copy {
+    void *dst;
+    const void *src;
+    size_t n;
+};
+std::vector<queued_copy> queued[n_devices];
+
 // ---- device memory: every allocation with its size and device ----
 struct alloc {
     size_t n;
@@ -569,6 +584,7 @@ static unsigned long long launches = 0; // kernel launches asked for, kvd_simt_l
 
 void run(const config &c, const std::function<void()> &body_) {
     launches++;
+    land_copies(cur_device);
     const unsigned long long threads = (unsigned long long)c.block.x * c.block.y * c.block.z;
     const char *bad = nullptr;
     if (!threads || threads > 1024 || c.block.z > 64)
@@ -694,6 +710,13 @@ void *dynamic_shared() {
     return dyn_smem.data();
 }
 
+void land_copies(int dev) {
+    for (int d = dev < 0 ? 0 : dev; d < (dev < 0 ? n_devices : dev + 1); d++) {
+        for (const queued_copy &q : queued[d]) std::memmove(q.dst, q.src, q.n);
+        queued[d].clear();
+    }
+}
+
 void shared_fresh(void *p, size_t n) {
     for (void *q : fresh_shared)
         if (q == p) return;
@@ -755,6 +778,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
 }
 cudaError_t cudaFree(void *p) {
     if (!p) return cudaSuccess;
+    land_copies(cur_device); // it waits for the device
     auto it = allocs.find((uintptr_t)p);
     if (it == allocs.end()) {
         std::fprintf(stderr, "kvd_simt: cudaFree(%p): not an allocation\n", p);
@@ -766,6 +790,7 @@ cudaError_t cudaFree(void *p) {
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
+    land_copies(cur_device);
     bool ok = true;
     if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice)
         ok = range_ok(dst, n, "cudaMemcpy destination");
@@ -784,17 +809,26 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) {
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFreeHost(void *p) {
+    land_copies(-1); // it waits for the device
     std::free(p);
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
                             cudaStream_t) {
-    return cudaMemcpy(dst, src, n, kind);
+    if (kind != cudaMemcpyHostToDevice || !reverse_order()) return cudaMemcpy(dst, src, n, kind);
+    if (!range_ok(dst, n, "cudaMemcpyAsync destination")) {
+        fail(cudaErrorInvalidValue);
+        return cudaErrorInvalidValue;
+    }
+    if (sticky_error != cudaSuccess) return sticky_error;
+    if (n) queued[cur_device].push_back({dst, src, n});
+    return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
     return cudaDeviceSynchronize();
 }
 cudaError_t cudaMemset(void *p, int value, size_t n) {
+    land_copies(cur_device);
     if (!range_ok(p, n, "cudaMemset")) {
         fail(cudaErrorInvalidValue);
         return cudaErrorInvalidValue;
@@ -808,9 +842,11 @@ cudaError_t cudaGetLastError() {
     return e;
 }
 cudaError_t cudaDeviceSynchronize() {
+    land_copies(cur_device);
     return sticky_error;
 }
 cudaError_t cudaDeviceReset() {
+    queued[cur_device].clear();
     last_error = sticky_error = cudaSuccess;
     return cudaSuccess;
 }
@@ -872,6 +908,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t) {
+    land_copies(-1);
     return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
@@ -1043,6 +1080,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
                               cublasLtMatrixLayout_t b, const void *beta, const void *C,
                               cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t dl,
                               const cublasLtMatmulAlgo_t *algo, void *, size_t, cudaStream_t) {
+    land_copies(cur_device);
     if (!h || !algo || !algo->data[0] || !lt_shapes(d, a, b, c, dl))
         return CUBLAS_STATUS_INVALID_VALUE;
     if (!range_ok(A, lt_bytes(a), "cublasLtMatmul A") ||

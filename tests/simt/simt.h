@@ -32,6 +32,9 @@
 //   - cp.async copies (kernels/cuda/mma.cuh) land only at the
 //     cp.async.wait_group that completes them, so a read of a stage that
 //     was not waited for sees the old bytes;
+//   - cudaMemcpyAsync from the host lands at once in ascending order, and
+//     in reverse order only at the stream's next operation, reading its
+//     source then, so a host that rewrites the source too soon shows;
 //   - with KVD_SIMT_ORDER=reverse, threads, warps and blocks run in
 //     descending order instead of ascending, so a read of another thread's
 //     write with no barrier or warp operation between them (a race on a
@@ -204,6 +207,9 @@ void run(const config &c, const std::function<void()> &body);
 bool device_ptr(const void *p);
 void bad_pointer(const config &c, int arg, const void *p);
 void *dynamic_shared();
+// the host-to-device copies cudaMemcpyAsync queued on device dev (every
+// device's: -1) land, as they have by the stream's next operation
+void land_copies(int dev);
 // a static __shared__ variable's declaration reached by a thread
 // (translate.cmake puts the call after it): the block's first thread to
 // reach it fills it with 0xff bytes, as each block's dynamic shared memory

@@ -159,6 +159,10 @@ __global__ void block_shared(float *out) {
     }
 }
 
+__global__ void copy_of(float *out, const float *in) {
+    out[threadIdx.x] = in[threadIdx.x];
+}
+
 __global__ void touch(float *p) {
     p[threadIdx.x] = 1.0f;
 }
@@ -442,6 +446,39 @@ void shared_per_block() {
               "block 1 t=%d reads %g %g: block 0's shared memory\n", t, o[128 + t], o[192 + t]);
     }
     cudaFree(d);
+}
+
+// cudaMemcpyAsync from the host: in ascending order the copy lands at
+// once, in reverse order at the stream's next operation, reading its
+// source then; after a synchronisation the host may reuse the source
+void async_upload() {
+    float *h = nullptr, *d = dev<float>(64), *o = dev<float>(64);
+    CHECK(cudaHostAlloc(reinterpret_cast<void **>(&h), sizeof(float) * 64, 0) == cudaSuccess,
+          "no page-locked memory\n");
+    const bool late = kvd_simt::reverse_order();
+    std::vector<float> r(64);
+    for (int i = 0; i < 64; i++) h[i] = 1.0f;
+    CHECK(cudaMemcpyAsync(d, h, sizeof(float) * 64, cudaMemcpyHostToDevice, nullptr) == cudaSuccess,
+          "cudaMemcpyAsync refused\n");
+    for (int i = 0; i < 64; i++) h[i] = 2.0f; // too soon: the copy may not have run
+    copy_of % launch("copy_of", 1, 64)(o, d);
+    cudaMemcpy(r.data(), o, sizeof(float) * 64, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 64; i++)
+        CHECK(r[i] == (late ? 2.0f : 1.0f), "async copy, %s: the kernel read %g\n",
+              late ? "late" : "at once", r[i]);
+    for (int i = 0; i < 64; i++) h[i] = 3.0f;
+    cudaMemcpyAsync(d, h, sizeof(float) * 64, cudaMemcpyHostToDevice, nullptr);
+    CHECK(cudaStreamSynchronize(nullptr) == cudaSuccess, "synchronize failed\n");
+    for (int i = 0; i < 64; i++) h[i] = 4.0f; // after the synchronisation: fine
+    cudaMemcpy(r.data(), d, sizeof(float) * 64, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 64; i++)
+        CHECK(r[i] == 3.0f, "async copy, synchronised: the device holds %g\n", r[i]);
+    CHECK(cudaMemcpyAsync(d + 1, h, sizeof(float) * 64, cudaMemcpyHostToDevice, nullptr) ==
+              cudaErrorInvalidValue,
+          "an async copy past the allocation: not refused\n");
+    cudaGetLastError();
+    cudaFreeHost(h);
+    cudaFree(d), cudaFree(o);
 }
 
 void simulator_checks() {
@@ -815,6 +852,7 @@ int main() {
     divergence_and_state();
     shared_dynamic();
     shared_per_block();
+    async_upload();
     ptxas_resources();
     simulator_checks();
     conversions();
