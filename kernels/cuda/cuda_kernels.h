@@ -121,6 +121,9 @@ int kvd_cuda_argmax(const float *x, int rows, int n, int *out);
  * The model's weights: matrices in BF16, vectors in FP32. */
 void *kvd_cuda_alloc(size_t n);
 void kvd_cuda_free(void *p);
+/* the current device's memory in use, in bytes (its total less what is
+ * free), or -1 where the device cannot say */
+int kvd_cuda_mem_in_use(size_t *bytes);
 int kvd_cuda_upload(void *dst, const void *src, size_t n);
 int kvd_cuda_download(void *dst, const void *src, size_t n);
 int kvd_cuda_copy(void *dst, const void *src, size_t n);

@@ -29,6 +29,15 @@ extern "C" void *kvd_cuda_alloc(size_t n) {
 extern "C" void kvd_cuda_free(void *p) {
     if (p) cudaFree(p);
 }
+extern "C" int kvd_cuda_mem_in_use(size_t *bytes) {
+    size_t free_bytes = 0, total = 0;
+    if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    *bytes = total - free_bytes;
+    return 0;
+}
 extern "C" int kvd_cuda_upload(void *dst, const void *src, size_t n) {
     return cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
 }

@@ -726,6 +726,60 @@ static void nonfinite_caught(void) {
         }
 }
 
+/* A model made, run and freed gives back every byte of device memory it
+ * took: of two rounds, the second (the first makes the back end's state
+ * for each device: cuBLASLt's workspace, the split products' buffers)
+ * leaves each device's memory in use as it found it; on one GPU and split
+ * over two. A GPU's figure may move by a little the model did not take. */
+static void memory_returned(void) {
+#if defined(KVD_DEVICE_EMULATED) || defined(KVD_DEVICE_SIMT)
+    const size_t slack = 0;
+#else
+    const size_t slack = (size_t)4 << 20;
+#endif
+    kvd_config cfg;
+    kvd_weights w;
+    if (preset_weights("tiny", &cfg, &w)) return;
+    for (int gpus = 1; gpus <= 2; gpus++) {
+        size_t before[2] = {0, 0}, after[2] = {0, 0};
+        int known = 1;
+        for (int round = 0; round < 2; round++) {
+            char err[KVD_ERR_LEN] = "";
+            for (int r = 0; r < gpus && round == 1; r++)
+                known &= kvd_cuda_set_device(r) == 0 && kvd_cuda_mem_in_use(&before[r]) == 0;
+            kvd_cuda_set_device(0);
+            kvd_kvcache kv;
+            kvd_kvcache_init(&kv, KVD_KV_FP8_UNSCALED, kvd_config_n_full(&cfg),
+                             cfg.num_key_value_heads, cfg.head_dim, 16, 64, NULL, 1, err);
+            kvd_cuda_model *md = kvd_cuda_model_new_tp(&w, &kv, 16, 1, gpus, err);
+            if (!md) {
+                CHECK(strstr(err, "CUDA devices visible") != NULL, "tiny, %d GPUs: %s\n", gpus,
+                      err);
+                kvd_kvcache_free(&kv);
+                known = 0;
+                break;
+            }
+            int32_t tok[16];
+            tokens(7, 16, cfg.vocab_size, tok);
+            int seq = kvd_kvcache_add_seq(&kv), n = 16;
+            kvd_batch b = {1, &seq, &n, tok};
+            float *lg = malloc(sizeof(float) * cfg.vocab_size);
+            CHECK(kvd_cuda_forward(md, &kv, &b, lg, 1, err) == 0, "tiny, %d GPUs: %s\n", gpus, err);
+            free(lg);
+            kvd_cuda_model_free(md);
+            kvd_kvcache_free(&kv);
+            for (int r = 0; r < gpus && round == 1; r++)
+                known &= kvd_cuda_set_device(r) == 0 && kvd_cuda_mem_in_use(&after[r]) == 0;
+            kvd_cuda_set_device(0);
+        }
+        for (int r = 0; r < gpus && known; r++)
+            CHECK(after[r] <= before[r] + slack,
+                  "%d GPU(s): device %d holds %zu bytes more after a model's round\n", gpus, r,
+                  after[r] - before[r]);
+    }
+    kvd_weights_free(&w);
+}
+
 /* the simulator's count of kernel launches (absent on a GPU) */
 extern unsigned long long kvd_simt_launches(void) __attribute__((weak));
 
@@ -995,6 +1049,7 @@ int main(void) {
     lazy_weights();
     refusals();
     nonfinite_caught();
+    memory_returned();
     printf("cuda model: %d passed, %d failed\n", checks - failures, failures);
     return failures ? 1 : 0;
 }

@@ -789,6 +789,15 @@ cudaError_t cudaFree(void *p) {
     std::free(p);
     return cudaSuccess;
 }
+// the current device's memory: the host's, less what its allocations hold
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
+    size_t used = 0;
+    for (const auto &a : allocs)
+        if (a.second.dev == cur_device) used += a.second.n;
+    *total = (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGE_SIZE);
+    *free_bytes = used < *total ? *total - used : 0;
+    return cudaSuccess;
+}
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
     land_copies(cur_device);
     bool ok = true;

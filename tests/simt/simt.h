@@ -122,6 +122,7 @@ template <class T> cudaError_t cudaMalloc(T **p, size_t n) {
     return cudaMalloc(reinterpret_cast<void **>(p), n);
 }
 cudaError_t cudaFree(void *p);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind);
 cudaError_t cudaMemset(void *p, int value, size_t n);
 // page-locked host memory and the stream's copies: host memory and
