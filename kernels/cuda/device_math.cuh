@@ -39,6 +39,15 @@ __device__ inline float sigmoid_rn(float x) {
 __device__ inline float silu_rn(float x) {
     return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x)));
 }
+// SwiGLU's silu(g) * u, and the shared expert's gated add mix +
+// sigmoid(gate) * y, each rounded as the CPU rounds it: one definition for
+// the kernels that do them alone and those that fuse them into a product
+__device__ inline float swiglu_rn(float g, float u) {
+    return __fmul_rn(silu_rn(g), u);
+}
+__device__ inline float gated_add_rn(float mix, float gate, float y) {
+    return __fadd_rn(mix, __fmul_rn(sigmoid_rn(gate), y));
+}
 
 // kvd_gdn_step for value dimension j of one head (S [dk][dv], column j
 // only: the columns are independent): returns o[j]. Every sum runs in the

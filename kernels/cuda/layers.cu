@@ -78,7 +78,7 @@ __global__ void rope_k(float *v, int heads, int stride, const int *pos, int rot_
 // ---- SwiGLU in place: g = silu(g) * u ----
 __global__ void swiglu_k(float *g, const float *u, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) g[i] = __fmul_rn(silu_rn(g[i]), u[i]);
+    if (i < n) g[i] = swiglu_rn(g[i], u[i]);
 }
 
 // ---- the paged cache write: one block per (token, KV head), one thread per

@@ -152,9 +152,9 @@ template <class F> inline void with_tile(int rows, F launch) {
 // (<= TR), wr the column's K weights; xrow(i) gives row i's activations.
 // rows is the same for the whole warp, so the shuffles stay converged.
 // What the column's sum a does to y (OUT): STORE y = a; GATED y +=
-// sigmoid(gate[i]) * a, rounded as add_gated_k rounds it (row i's gate at
+// sigmoid(gate[i]) * a (gated_add_rn, as add_gated_k; row i's gate at
 // gate[i]); GLU, where y holds the gate projection's column, y = silu(y) *
-// a, rounded as swiglu_k rounds it.
+// a (swiglu_rn, as swiglu_k).
 enum class col_out { STORE, GATED, GLU };
 template <int TR, col_out OUT = col_out::STORE, class XRow>
 __device__ inline void w16_column(XRow xrow, const __nv_bfloat16 *wr, float *y, size_t y_stride,
@@ -202,9 +202,9 @@ __device__ inline void w16_column(XRow xrow, const __nv_bfloat16 *wr, float *y, 
         if (lane != 0) continue;
         float *out = y + (size_t)i * y_stride;
         if constexpr (OUT == col_out::GLU)
-            *out = __fmul_rn(silu_rn(*out), a);
+            *out = swiglu_rn(*out, a);
         else if constexpr (OUT == col_out::GATED)
-            *out = __fadd_rn(*out, __fmul_rn(sigmoid_rn(gate[i]), a));
+            *out = gated_add_rn(*out, gate[i], a);
         else
             *out = a;
     }
@@ -242,11 +242,13 @@ template <int TR> __global__ void linear_multi_k(multi_args a) {
     float *y = nullptr;
     int c0 = 0, end = 0;
 #pragma unroll
-    for (int k = 0; k < KVD_LINEAR_OUTS; k++)
-        if (k < a.n && !w && c < a.ends[k])
+    for (int k = 0; k < KVD_LINEAR_OUTS; k++) {
+        if (k >= a.n || w) continue;
+        if (c < a.ends[k])
             w = a.w[k], y = a.y[k], end = a.ends[k];
-        else if (k < a.n && !w)
+        else
             c0 = a.ends[k];
+    }
     if (!w) return;
     const int N = end - c0, n = c - c0;
     w16_column<TR>([&](int i) { return a.x + (size_t)(m0 + i) * a.K; }, w + (size_t)n * a.K,
@@ -544,7 +546,7 @@ __global__ void expert_lists_k(const int *topi, int rows, int K, int E, int e0, 
 __global__ void add_gated_k(float *mix, const float *y, const float *gate, int H, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    mix[i] = __fadd_rn(mix[i], __fmul_rn(sigmoid_rn(gate[i / H]), y[i]));
+    mix[i] = gated_add_rn(mix[i], gate[i / H], y[i]);
 }
 
 // the per-column kernels' grid: a warp per column (8 a block), a block row

@@ -381,22 +381,22 @@ void ptxas_resources() {
     const char *arch = kvd_simt::device().arch;
     float *d = dev<float>(1024);
     char lines[1024];
+    // touch's launch with a block of that many threads: the error it left
+    auto touch_at = [&](unsigned threads) {
+        touch % launch("touch", 1, threads)(d);
+        return cudaGetLastError();
+    };
     // 128 registers a thread: 16 warps of 4096 fill a block's 65536
-    std::snprintf(lines, sizeof lines, "%s 128 0 0 %s\n%s 20 40960 0 %s\n", arch, t_name.c_str(),
-                  arch, s_name.c_str());
+    std::snprintf(lines, sizeof lines, "%s 128 0 0 %s\n", arch, t_name.c_str());
     CHECK(ptxas_table(dir, lines) == 0 && kvd_simt::usage_loaded(), "the table did not load\n");
-    touch % launch("touch", 1, 512)(d);
-    CHECK(cudaGetLastError() == cudaSuccess, "128 registers x 512 threads: refused\n");
-    touch % launch("touch", 1, 513)(d);
-    CHECK(cudaGetLastError() == cudaErrorLaunchOutOfResources,
+    CHECK(touch_at(512) == cudaSuccess, "128 registers x 512 threads: refused\n");
+    CHECK(touch_at(513) == cudaErrorLaunchOutOfResources,
           "128 registers x 513 threads: not refused\n");
     // 130 registers take 136 (a warp's registers come in 256s): 15 warps fit
     std::snprintf(lines, sizeof lines, "%s 130 0 0 %s\n", arch, t_name.c_str());
     CHECK(ptxas_table(dir, lines) == 0, "the second table did not load\n");
-    touch % launch("touch", 1, 480)(d);
-    CHECK(cudaGetLastError() == cudaSuccess, "130 registers x 480 threads: refused\n");
-    touch % launch("touch", 1, 481)(d);
-    CHECK(cudaGetLastError() == cudaErrorLaunchOutOfResources,
+    CHECK(touch_at(480) == cudaSuccess, "130 registers x 480 threads: refused\n");
+    CHECK(touch_at(481) == cudaErrorLaunchOutOfResources,
           "130 registers x 481 threads: not refused\n");
     // 40 KB of static shared memory leave 8 KB of dynamic without an opt-in,
     // and the opt-in at most the device's limit less the 40 KB
@@ -418,15 +418,13 @@ void ptxas_resources() {
     CHECK(cudaGetLastError() == cudaSuccess, "the opt-in's dynamic shared memory: refused\n");
     // a kernel the table lacks is refused too (a stale table, or names that
     // do not match, would otherwise check nothing)
-    touch % launch("touch", 1, 64)(d);
-    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration,
+    CHECK(touch_at(64) == cudaErrorInvalidConfiguration,
           "a kernel missing from the table: not refused\n");
     std::snprintf(lines, sizeof lines, "%s 20 x 0 %s\n", arch, s_name.c_str());
     CHECK(ptxas_table(dir, lines) == -1 && !kvd_simt::usage_loaded(),
           "a malformed table: accepted\n");
     CHECK(kvd_simt::usage_load(nullptr) == 0 && !kvd_simt::usage_loaded(), "no table: refused\n");
-    touch % launch("touch", 1, 1024)(d);
-    CHECK(cudaGetLastError() == cudaSuccess, "without a table, 1024 threads: refused\n");
+    CHECK(touch_at(1024) == cudaSuccess, "without a table, 1024 threads: refused\n");
     cudaFuncSetAttribute(dyn_shared, cudaFuncAttributeMaxDynamicSharedMemorySize, 0);
     cudaDeviceReset();
     cudaFree(d);
