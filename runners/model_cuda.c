@@ -617,6 +617,14 @@ static int upload_weights(kvd_cuda_model *m, const kvd_weights *w) {
     return bad ? -1 : 0;
 }
 
+/* 1 (err set) when the environment's `name` is set to neither a nor b */
+static int env_refused(const char *name, const char *a, const char *b, char *err) {
+    const char *v = getenv(name);
+    if (!v || !*v || !strcmp(v, a) || !strcmp(v, b)) return 0;
+    snprintf(err, KVD_ERR_LEN, "%s=%.64s: expected '%s' or '%s' (or unset)", name, v, a, b);
+    return 1;
+}
+
 /* One rank on its device: its share of the weights (or peer's, the same
  * rank of a model over the same weights), its cache pools, state and
  * buffers. */
@@ -632,10 +640,12 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_cuda_model *peer
     if (!m) goto oom;
     m->full = *full;
     m->p = *part;
+    /* KVD_CUDA_GEMM is read by the GEMMs themselves (kvd_cuda_gemm_set_tune);
+     * both are checked here, so that a misspelt value is refused rather than
+     * taken for unset */
     const char *moe_env = getenv("KVD_CUDA_MOE");
-    if (moe_env && *moe_env && strcmp(moe_env, "loop") && strcmp(moe_env, "host")) {
-        snprintf(err, KVD_ERR_LEN, "KVD_CUDA_MOE=%.64s: expected 'host' or 'loop' (or unset)",
-                 moe_env);
+    if (env_refused("KVD_CUDA_MOE", "host", "loop", err) ||
+        env_refused("KVD_CUDA_GEMM", "tune", "first", err)) {
         free(m);
         return NULL;
     }

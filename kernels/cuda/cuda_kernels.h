@@ -84,6 +84,22 @@ int kvd_cuda_attn_prefill(const kvd_kv_view *kv, int n_blocks, const int32_t *bl
 int kvd_cuda_linear_bf16(const uint16_t *x, const uint16_t *w, float *y, int M, int N, int K);
 /* The same on device pointers. */
 int kvd_cuda_linear_bf16_dev(const void *x, const void *w, float *y, int M, int N, int K);
+/* cuBLASLt's algorithm for a shape: the heuristic's first choice, or with
+ * tuning on (KVD_CUDA_GEMM=tune in the environment, or
+ * kvd_cuda_gemm_set_tune(1)) the fastest of the heuristic's first eight,
+ * timed at the shape's first product on its own operands and kept for the
+ * process (per device). The choice rests on timings, so two processes may
+ * choose differently where two algorithms run alike, and their FP32 sums
+ * then differ in order; within one process a shape keeps its algorithm.
+ * kvd_cuda_gemm_set_tune(-1) goes back to the environment's setting. */
+void kvd_cuda_gemm_set_tune(int on);
+/* The shapes tuned so far on the current device. */
+int kvd_cuda_gemm_tuned(void);
+/* Tuning's choice among n candidates timed ms[i] each (<= 0: it failed):
+ * the first that ran, displaced by a later one only when at least 5%
+ * faster than the one kept, so that near-ties keep the heuristic's order.
+ * -1 when none ran. */
+int kvd_cuda_gemm_pick(const float *ms, int n);
 
 /* The layer building blocks, twins of the CPU functions named, host memory
  * in and out (0 on success):
@@ -393,9 +409,10 @@ double kvd_cuda_bench_prefill(int fmt, int pos0, int n_q, int n_heads, int kv_he
 double kvd_cuda_bench_sampled_rows(int outputs, int fmt, int n_ctx, int n_heads, int kv_heads,
                                    int head_dim, int rows, int reps, int batched);
 /* Every algorithm the heuristic offers for a shape (up to 32), each timed:
- * GFLOP/s of its first choice (the one the back end runs) and of the fastest. */
+ * GFLOP/s of its first choice (the one the back end runs), of the one
+ * KVD_CUDA_GEMM=tune picks (tuned on the spot) and of the fastest. */
 int kvd_cuda_bench_gemm_algos(int M, int N, int K, int reps, double *first, double *best,
-                              int *n_algos);
+                              double *tuned, int *n_algos);
 
 #ifdef __cplusplus
 }

@@ -3,23 +3,41 @@
 // column-major, so this asks for y^T = W * x^T: A = W (stored K x N, used
 // transposed), B = x^T (K x M), C = y^T (N x M). Per shape the
 // descriptors and the heuristic's first choice are made once and kept (a
-// plan), with one workspace per device.
+// plan), with one workspace per device. With KVD_CUDA_GEMM=tune a shape
+// runs instead the fastest of the heuristic's first few algorithms, timed
+// once per shape and device on the first call's own operands.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "cuda_kernels.h"
 
 namespace {
-// one shape's descriptors and the heuristic's first algorithm, made once
+// one shape's descriptors and the heuristic's first algorithm, made once;
+// the tuned algorithm (an entry of the device's table) once it is known
 struct plan {
     int M, N, K; // M 0: an empty slot
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t first;
+    const cublasLtMatmulAlgo_t *tuned;
+};
+// a shape's tuned algorithm; entries are never removed, so a shape keeps
+// its algorithm for the process even when its plan is remade, and two
+// models in one process compute alike
+struct tuned_algo {
+    int M, N, K; // M 0: an empty slot
     cublasLtMatmulAlgo_t algo;
 };
+// the candidates tuning times (the heuristic's first), and how: a warm-up,
+// then the best of ROUNDS batches of RUNS back to back
+constexpr int TUNE_CANDIDATES = 8, TUNE_ROUNDS = 2, TUNE_RUNS = 4;
+// the tuned table's slots; past 3/4 full a new shape keeps the first choice
+constexpr int TUNED = 4096;
 // a hash table of plans: a shape probes PROBE slots from its hash; when all
 // are taken the first is remade (MoE experts' row counts make many shapes)
 constexpr int PLANS = 256, PROBE = 8;
@@ -29,6 +47,8 @@ struct lt_state {
     cublasLtHandle_t handle;
     void *workspace;
     plan plans[PLANS];
+    tuned_algo *tuned; // [TUNED], made at the first tuning
+    int n_tuned;
     unsigned short *xs; // [3][rows][K] BF16: hi, mid, lo
     size_t xs_cap;
     float *ys; // [3][rows][N] when the three products are stacked
@@ -37,8 +57,17 @@ struct lt_state {
 lt_state states[16];
 const size_t workspace_bytes = 32u << 20;
 const size_t stacked_max_floats = (size_t)64 << 20; // 256 MB of stacked outputs at most
+int tune_setting = -1; // kvd_cuda_gemm_set_tune's; -1: the environment's
 
 } // namespace
+
+static bool tuning() {
+    static const bool env = [] {
+        const char *e = getenv("KVD_CUDA_GEMM");
+        return e && !strcmp(e, "tune");
+    }();
+    return tune_setting >= 0 ? tune_setting != 0 : env;
+}
 
 // the current device's state, its handle and workspace made on first use;
 // null where they cannot be
@@ -86,10 +115,44 @@ static void drop(plan *p) {
     p->M = 0;
 }
 
-// the shape's plan: found, or made (descriptors and the heuristic's first
-// choice) in a free slot or over the first of its probe; null where
-// cuBLASLt has nothing for it
-static const plan *plan_for(lt_state *st, int M, int N, int K) {
+// the shape's slot in the device's tuned table (*known: it holds the
+// shape's algorithm; else an empty slot for it), the table made on first
+// use; null where it is 3/4 full (or cannot be made) and lacks the shape
+static tuned_algo *tuned_find(lt_state *st, int M, int N, int K, bool *known) {
+    *known = false;
+    if (!st->tuned) st->tuned = static_cast<tuned_algo *>(calloc(TUNED, sizeof(tuned_algo)));
+    if (!st->tuned) return nullptr;
+    unsigned i = ((unsigned)M * 2654435761u ^ (unsigned)N * 40503u ^ (unsigned)K) % TUNED;
+    for (;; i = (i + 1) % TUNED) {
+        tuned_algo *t = &st->tuned[i];
+        if (t->M == M && t->N == N && t->K == K) {
+            *known = true;
+            return t;
+        }
+        if (!t->M) return st->n_tuned < TUNED / 4 * 3 ? t : nullptr;
+    }
+}
+
+// the heuristic's first `want` algorithms for the plan's shape (with the
+// device's workspace); how many it gave
+static int candidates(lt_state *st, const plan *p, cublasLtMatmulHeuristicResult_t *heur,
+                      int want) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    int found = 0;
+    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return 0;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                         &workspace_bytes, sizeof workspace_bytes);
+    if (cublasLtMatmulAlgoGetHeuristic(st->handle, p->op, p->a, p->b, p->c, p->c, pref, want, heur,
+                                       &found) != CUBLAS_STATUS_SUCCESS)
+        found = 0;
+    cublasLtMatmulPreferenceDestroy(pref);
+    return found;
+}
+
+// the shape's plan: found, or made (descriptors, the heuristic's first
+// choice, a tuned algorithm the device's table holds) in a free slot or
+// over the first of its probe; null where cuBLASLt has nothing for it
+static plan *plan_for(lt_state *st, int M, int N, int K) {
     const unsigned h = ((unsigned)M * 2654435761u ^ (unsigned)N * 40503u ^ (unsigned)K) % PLANS;
     plan *slot = nullptr;
     for (int i = 0; i < PROBE; i++) {
@@ -99,37 +162,117 @@ static const plan *plan_for(lt_state *st, int M, int N, int K) {
     }
     if (!slot) slot = &st->plans[h];
     drop(slot);
-    plan np{M, N, K, nullptr, nullptr, nullptr, nullptr, {}};
+    plan np{M, N, K, nullptr, nullptr, nullptr, nullptr, {}, nullptr};
     if (describe(M, N, K, &np.op, &np.a, &np.b, &np.c)) return nullptr;
-    cublasLtMatmulPreference_t pref = nullptr;
     cublasLtMatmulHeuristicResult_t heur;
-    int found = 0;
-    if (cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS) {
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                             &workspace_bytes, sizeof workspace_bytes);
-        if (cublasLtMatmulAlgoGetHeuristic(st->handle, np.op, np.a, np.b, np.c, np.c, pref, 1,
-                                           &heur, &found) != CUBLAS_STATUS_SUCCESS)
-            found = 0;
-        cublasLtMatmulPreferenceDestroy(pref);
-    }
-    if (found < 1) {
+    if (candidates(st, &np, &heur, 1) < 1) {
         drop(&np);
         return nullptr;
     }
-    np.algo = heur.algo;
+    np.first = heur.algo;
+    bool known = false;
+    tuned_algo *t = st->tuned ? tuned_find(st, M, N, K, &known) : nullptr;
+    if (known) np.tuned = &t->algo;
     *slot = np;
     return slot;
 }
 
-// y[M,N] = x[M,K] W[N,K]^T + beta y, BF16 x and W, FP32 y, by the shape's plan
+// y = x W^T by the plan's descriptors and `algo`, beta 0, `runs` times back
+// to back; true when cuBLASLt ran them all
+static bool run_algo(lt_state *st, const plan *p, const cublasLtMatmulAlgo_t *algo, const void *x,
+                     const void *w, float *y, int runs) {
+    const float alpha = 1.0f, beta = 0.0f;
+    for (int i = 0; i < runs; i++)
+        if (cublasLtMatmul(st->handle, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c,
+                           algo, st->workspace, workspace_bytes, 0) != CUBLAS_STATUS_SUCCESS)
+            return false;
+    return true;
+}
+
+// milliseconds for `runs` products back to back by `algo`, the best of
+// `rounds` batches after a warm-up; -1 where cuBLASLt refuses the algorithm
+static float time_algo(lt_state *st, const plan *p, const cublasLtMatmulAlgo_t *algo, const void *x,
+                       const void *w, float *y, int rounds, int runs, cudaEvent_t e0,
+                       cudaEvent_t e1) {
+    if (!run_algo(st, p, algo, x, w, y, 1)) return -1;
+    float best = -1;
+    for (int r = 0; r < rounds; r++) {
+        cudaEventRecord(e0);
+        const bool ran = run_algo(st, p, algo, x, w, y, runs);
+        cudaEventRecord(e1);
+        float ms = 0;
+        if (!ran || cudaEventSynchronize(e1) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+            return -1;
+        if (best < 0 || ms < best) best = ms;
+    }
+    return best;
+}
+
+// The plan's tuned algorithm: the device table's, or found now by timing
+// the heuristic's first TUNE_CANDIDATES on the call's operands into y
+// (which the call is about to overwrite) and kept there. The first choice
+// where the table is full or the timing cannot run.
+static const cublasLtMatmulAlgo_t *tune(lt_state *st, plan *p, const void *x, const void *w,
+                                        float *y) {
+    bool known = false;
+    tuned_algo *t = tuned_find(st, p->M, p->N, p->K, &known);
+    if (known) return &t->algo;
+    if (!t) return &p->first;
+    cublasLtMatmulHeuristicResult_t heur[TUNE_CANDIDATES];
+    const int found = candidates(st, p, heur, TUNE_CANDIDATES);
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
+    if (found < 1 || cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+        if (e0) cudaEventDestroy(e0);
+        return &p->first;
+    }
+    float ms[TUNE_CANDIDATES];
+    for (int i = 0; i < found; i++)
+        ms[i] = heur[i].state == CUBLAS_STATUS_SUCCESS
+                    ? time_algo(st, p, &heur[i].algo, x, w, y, TUNE_ROUNDS, TUNE_RUNS, e0, e1)
+                    : -1;
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    const int k = kvd_cuda_gemm_pick(ms, found);
+    if (k < 0) return &p->first;
+    *t = tuned_algo{p->M, p->N, p->K, heur[k].algo};
+    st->n_tuned++;
+    return &t->algo;
+}
+
+// y[M,N] = x[M,K] W[N,K]^T + beta y, BF16 x and W, FP32 y, by the shape's
+// plan: its first choice, or its tuned algorithm when tuning (found at a
+// call with beta 0, whose y may be written while timing)
 static int lt_matmul(lt_state *st, const void *x, const void *w, float *y, int M, int N, int K,
                      float beta) {
-    const plan *p = plan_for(st, M, N, K);
+    plan *p = plan_for(st, M, N, K);
+    if (!p) return -1;
+    const cublasLtMatmulAlgo_t *algo = &p->first;
+    if (tuning()) {
+        if (!p->tuned && beta == 0.0f) p->tuned = tune(st, p, x, w, y);
+        if (p->tuned) algo = p->tuned;
+    }
     const float alpha = 1.0f;
-    return p && cublasLtMatmul(st->handle, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c,
-                               &p->algo, st->workspace, workspace_bytes, 0) == CUBLAS_STATUS_SUCCESS
+    return cublasLtMatmul(st->handle, p->op, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c,
+                          algo, st->workspace, workspace_bytes, 0) == CUBLAS_STATUS_SUCCESS
                ? 0
                : -1;
+}
+
+extern "C" int kvd_cuda_gemm_pick(const float *ms, int n) {
+    int k = -1;
+    for (int i = 0; i < n; i++)
+        if (ms[i] > 0 && (k < 0 || ms[i] < 0.95f * ms[k])) k = i;
+    return k;
+}
+
+extern "C" void kvd_cuda_gemm_set_tune(int on) {
+    tune_setting = on < 0 ? -1 : on != 0;
+}
+
+extern "C" int kvd_cuda_gemm_tuned(void) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    return states[dev & 15].n_tuned;
 }
 
 extern "C" int kvd_cuda_linear_bf16_dev(const void *x, const void *w, float *y, int M, int N,
@@ -244,67 +387,47 @@ extern "C" double kvd_cuda_copy_bandwidth(size_t bytes, int reps) {
 }
 
 /* Every algorithm cuBLASLt's heuristic offers for a shape (up to 32), each
- * timed (best of reps): GFLOP/s of its first choice, the one
- * kvd_cuda_linear_bf16_dev runs, and of the fastest. 0 on success. */
+ * timed (best of reps): GFLOP/s of its first choice (what the back end
+ * runs), of the one tuning picks (KVD_CUDA_GEMM=tune, tuned here on these
+ * operands as the back end would) and of the fastest. 0 on success. */
 extern "C" int kvd_cuda_bench_gemm_algos(int M, int N, int K, int reps, double *first, double *best,
-                                         int *n_algos) {
-    *first = *best = 0;
+                                         double *tuned, int *n_algos) {
+    *first = *best = *tuned = 0;
     *n_algos = 0;
-    const lt_state *st = lt();
-    if (!st) return -1;
-    const cublasLtHandle_t handle = st->handle;
-    void *const workspace = st->workspace;
+    lt_state *st = M > 0 && N > 0 && K > 0 ? lt() : nullptr;
+    plan *p = st ? plan_for(st, M, N, K) : nullptr;
+    if (!p) return -1;
     void *x = nullptr, *w = nullptr;
     float *y = nullptr;
-    cublasLtMatmulDesc_t op = nullptr;
-    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-    cublasLtMatmulPreference_t pref = nullptr;
     cublasLtMatmulHeuristicResult_t heur[32];
     int found = 0, rc = -1;
     cudaEvent_t e0 = nullptr, e1 = nullptr;
+    const double flop = 2.0 * M * N * (double)K;
+    const cublasLtMatmulAlgo_t *pick = nullptr;
     if (cudaMalloc(&x, (size_t)M * K * 2) || cudaMalloc(&w, (size_t)N * K * 2) ||
-        cudaMalloc(&y, (size_t)M * N * 4))
+        cudaMalloc(&y, (size_t)M * N * 4) || cudaEventCreate(&e0) != cudaSuccess ||
+        cudaEventCreate(&e1) != cudaSuccess)
         goto out;
     cudaMemset(x, 0x3c, (size_t)M * K * 2);
     cudaMemset(w, 0x3c, (size_t)N * K * 2);
-    if (describe(M, N, K, &op, &a, &b, &c) ||
-        cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS)
-        goto out;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                         &workspace_bytes, sizeof workspace_bytes);
-    if (cublasLtMatmulAlgoGetHeuristic(handle, op, a, b, c, c, pref, 32, heur, &found) !=
-            CUBLAS_STATUS_SUCCESS ||
-        found < 1)
-        goto out;
-    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    if ((found = candidates(st, p, heur, 32)) < 1) goto out;
+    pick = tune(st, p, x, w, y);
     for (int i = 0; i < found; i++) {
-        double g_best = 0;
-        const float alpha = 1.0f, beta = 0.0f;
-        for (int r = 0; r <= reps; r++) {
-            cudaEventRecord(e0);
-            cublasStatus_t st = cublasLtMatmul(handle, op, &alpha, w, a, x, b, &beta, y, c, y, c,
-                                               &heur[i].algo, workspace, workspace_bytes, 0);
-            cudaEventRecord(e1);
-            cudaEventSynchronize(e1);
-            float ms = 0;
-            cudaEventElapsedTime(&ms, e0, e1);
-            double g = 2.0 * M * N * (double)K / (ms * 1e-3) / 1e9;
-            if (st != CUBLAS_STATUS_SUCCESS) break;
-            if (r && g > g_best) g_best = g; /* the first is a warm-up */
-        }
-        if (i == 0) *first = g_best;
-        if (g_best > *best) *best = g_best;
+        const float ms = time_algo(st, p, &heur[i].algo, x, w, y, reps, 1, e0, e1);
+        const double g = ms > 0 ? flop / (ms * 1e-3) / 1e9 : 0;
+        if (i == 0) *first = g;
+        if (!memcmp(pick, &heur[i].algo, sizeof *pick)) *tuned = g;
+        if (g > *best) *best = g;
+    }
+    if (*tuned == 0) { // not among the 32 (the heuristic's order moved): timed alone
+        const float ms = time_algo(st, p, pick, x, w, y, reps, 1, e0, e1);
+        *tuned = ms > 0 ? flop / (ms * 1e-3) / 1e9 : 0;
     }
     *n_algos = found;
     rc = cudaGetLastError() == cudaSuccess ? 0 : -1;
 out:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (op) cublasLtMatmulDescDestroy(op);
     cudaFree(x), cudaFree(w), cudaFree(y);
     return rc;
 }

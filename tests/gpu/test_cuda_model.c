@@ -648,6 +648,14 @@ static void refusals(void) {
     CHECK(!m && strstr(err, "linear_num_key_heads 2 does not split into 4"),
           "tiny over 4 GPUs: expected a refusal naming linear_num_key_heads, got '%s'\n", err);
     kvd_cuda_model_free(m);
+    /* a GEMM setting the back end does not know is refused, not taken for
+     * unset */
+    setenv("KVD_CUDA_GEMM", "fastest", 1);
+    m = kvd_cuda_model_new_tp(&w, &kv, 64, 1, 1, err);
+    unsetenv("KVD_CUDA_GEMM");
+    CHECK(!m && strstr(err, "KVD_CUDA_GEMM=fastest: expected 'tune' or 'first'"),
+          "KVD_CUDA_GEMM=fastest: expected a refusal naming it, got '%s'\n", m ? "accepted" : err);
+    kvd_cuda_model_free(m);
     kvd_cuda_model *a = kvd_cuda_model_new_tp(&w, &kv, 64, 1, 1, err);
     kvd_cuda_model *b = a ? kvd_cuda_model_new_shared(a, &kv, 128, 1, err) : NULL;
     CHECK(a && b, "tiny on 1 GPU: %s\n", err);
@@ -922,6 +930,71 @@ static void moe_paths(const char *preset, int gpus0) {
     kvd_weights_free(&w);
 }
 
+/* the simulator's count of cuBLASLt products by algorithm id (absent on a
+ * GPU); id 2 is the one tuning picks there */
+extern unsigned long long kvd_simt_lt_calls(int id) __attribute__((weak));
+
+/* The model with cuBLASLt's algorithms tuned (KVD_CUDA_GEMM=tune): decode
+ * steps of 20 sequences (60 rows a projection, through cuBLASLt) give the
+ * untuned logits within the tolerance the CPU's are held to (bit for bit
+ * in the simulator, whose algorithms compute alike), and a second tuned
+ * model in the process tunes nothing more and gives the first's logits bit
+ * for bit, so the drift run's two models compute alike. On one GPU and
+ * over two. */
+static void gemm_tuned(const char *preset, int gpus0) {
+    kvd_config cfg;
+    kvd_weights w;
+    if (preset_weights(preset, &cfg, &w)) return;
+    const int V = cfg.vocab_size, C = 20, P = 4, steps = 2, n = C * steps;
+    float *lg[3];
+    for (int i = 0; i < 3; i++) lg[i] = malloc(sizeof(float) * n * V);
+    for (int gpus = gpus0; gpus <= 2; gpus++) {
+        unsigned long long launched, id2 = kvd_simt_lt_calls ? kvd_simt_lt_calls(2) : 0;
+        int rc = 0, tuned[3] = {0, 0, 0};
+        for (int i = 0; i < 3 && !rc; i++) {
+            kvd_cuda_gemm_set_tune(i > 0);
+            rc = moe_run(preset, &w, gpus, NULL, C, P, steps, lg[i], &launched, NULL);
+            for (int r = 0; r < gpus && !rc; r++) {
+                kvd_cuda_set_device(r);
+                tuned[i] += kvd_cuda_gemm_tuned();
+            }
+            kvd_cuda_set_device(0);
+        }
+        kvd_cuda_gemm_set_tune(-1);
+        if (rc == -2) break;
+        if (rc) continue;
+#if defined(KVD_DEVICE_EMULATED)
+        const int tunes = 0; /* the emulation's products are the CPU's */
+#else
+        const int tunes = 1;
+        CHECK(tuned[1] > tuned[0], "%s, %d GPU(s): the tuned model tuned no shape\n", preset, gpus);
+#endif
+        CHECK(tuned[2] == tuned[1], "%s, %d GPU(s): a second tuned model tuned %d more shapes\n",
+              preset, gpus, tuned[2] - tuned[1]);
+        CHECK(!memcmp(lg[2], lg[1], sizeof(float) * n * V),
+              "%s, %d GPU(s): two tuned models' decode logits differ\n", preset, gpus);
+        /* on a GPU only the first step: a greedy token may flip after it */
+        const size_t cmp = kvd_simt_lt_calls ? (size_t)n * V : (size_t)C * V;
+        const double e = rel_l2(lg[1], lg[0], cmp);
+        if (kvd_simt_lt_calls) {
+            CHECK(e == 0, "%s, %d GPU(s): tuned logits differ in the simulator (rel L2 %g)\n",
+                  preset, gpus, e);
+            CHECK(kvd_simt_lt_calls(2) > id2,
+                  "%s, %d GPU(s): no product ran the simulator's fastest algorithm\n", preset,
+                  gpus);
+        } else
+            CHECK(e < 1e-4, "%s, %d GPU(s): tuned logits rel L2 %g from the untuned\n", preset,
+                  gpus, e);
+        printf("%-6s %d GPU%s, C %2d: KVD_CUDA_GEMM=tune, %d shapes tuned: decode logits rel L2 "
+               "%.1e from the heuristic's first choice; a second tuned model the same bit for "
+               "bit%s\n",
+               preset, gpus, gpus > 1 ? "s" : " ", C, tunes ? tuned[1] - tuned[0] : 0, e,
+               tunes ? "" : " (emulated: nothing to tune)");
+    }
+    for (int i = 0; i < 3; i++) free(lg[i]);
+    kvd_weights_free(&w);
+}
+
 /* Greedy decoding on the device (kvd_cuda_forward_greedy) against the
  * argmax of the logits kvd_cuda_forward copies back, step for step, on
  * two models of the same weights: a prefill of three sequences in one step
@@ -1022,6 +1095,7 @@ int main(void) {
         /* quick: the split over two GPUs alone, which runs every path one
          * GPU does */
         moe_paths(presets[p], quick ? 2 : 1);
+        gemm_tuned(presets[p], quick ? 2 : 1);
         greedy_steps(presets[p], quick ? 2 : 1);
         run(presets[p], KVD_KV_BF16, NULL, &cal, 1);
         if (quick) {

@@ -680,6 +680,144 @@ static void fill(float *x, size_t n, const char *name, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = scale * kvd_rng_normal(key, i);
 }
 
+/* the simulator's count of cuBLASLt products by algorithm id 1-3 (absent on
+ * a GPU): id 1 is the heuristic's first, id 2 the one tuning must pick */
+extern unsigned long long kvd_simt_lt_calls(int id) __attribute__((weak));
+static void lt_calls(unsigned long long n[4]) {
+    for (int id = 1; id < 4; id++) n[id] = kvd_simt_lt_calls ? kvd_simt_lt_calls(id) : 0;
+}
+
+/* KVD_CUDA_GEMM=tune (kvd_cuda_gemm_set_tune): the choice rule on made-up
+ * timings; the exact split's products, stacked and accumulated, tuned at
+ * their first use and to the CPU's tolerance, a tuned shape's second
+ * product bit for bit its first; a full table tunes no new shape. In the
+ * simulator, whose algorithms compute alike and differ in the time the
+ * events see, the tuned products are the untuned ones bit for bit, every
+ * candidate is timed as often as the others (a warm-up and two batches of
+ * four) and every product after goes to the fastest. */
+static void gemm_tuning(void) {
+    static const struct {
+        int n;
+        float ms[4];
+        int want;
+    } picks[] = {
+        {3, {10, 9.6f, 9.2f}, 2}, /* 9.6 is within 5% of 10, 9.2 is not */
+        {2, {10, 9.6f}, 0},       /* a near-tie keeps the heuristic's order */
+        {3, {-1, 5, 4.9f}, 1},    /* the first failed */
+        {3, {10, 5, 4.8f}, 1},    /* measured against the one kept, not the first */
+        {3, {0, NAN, 8}, 2},      /* 0 and NaN are no timings */
+        {4, {-1, -1, 0, -1}, -1}, /* none ran */
+        {0, {0}, -1},
+    };
+    for (size_t i = 0; i < sizeof picks / sizeof picks[0]; i++) {
+        const int got = kvd_cuda_gemm_pick(picks[i].ms, picks[i].n);
+        CHECK(got == picks[i].want, "gemm tuning: pick case %zu chose %d, expected %d\n", i, got,
+              picks[i].want);
+    }
+    const int simt = kvd_simt_lt_calls != NULL;
+    /* a shape of its own (no other section uses it): the split stacked
+     * (144 rows) and accumulated (48) */
+    const int M = 48, N = 200, K = 1000, FILL = 4096 / 4 * 3;
+    float *x = malloc(sizeof(float) * M * K), *wf = malloc(sizeof(float) * N * K);
+    float *yc = malloc(sizeof(float) * M * N), *y[3];
+    uint16_t *w = malloc(2 * (size_t)N * K);
+    for (int i = 0; i < 3; i++) y[i] = malloc(sizeof(float) * M * N);
+    fill(x, (size_t)M * K, "gpu.tune.x", 1.0f);
+    fill(wf, (size_t)N * K, "gpu.tune.w", 0.05f);
+    kvd_quant_bf16(wf, w, (size_t)N * K);
+    kvd_dequant_bf16(w, wf, (size_t)N * K);
+    kvd_linear(x, wf, yc, M, N, K);
+    float *dx = kvd_cuda_alloc(sizeof(float) * M * K), *dy = kvd_cuda_alloc(sizeof(float) * M * N);
+    void *dw = kvd_cuda_alloc(2 * (size_t)N * K);
+    char err[256] = "";
+    int ok = dx && dy && dw && !kvd_cuda_upload(dx, x, sizeof(float) * M * K) &&
+             !kvd_cuda_upload(dw, w, 2 * (size_t)N * K);
+    CHECK(ok, "gemm tuning: no room for a %dx%dx%d product\n", M, N, K);
+    for (int mode = 1; ok && mode <= 2; mode++) {
+        const char *how = mode == 1 ? "stacked" : "accumulated";
+        const int products = mode == 1 ? 1 : 3;
+        unsigned long long before[4], tuned[4], again[4];
+        const int tuned0 = kvd_cuda_gemm_tuned();
+        /* untuned, tuned at first use, tuned again */
+        for (int r = 0; ok && r < 3; r++) {
+            kvd_cuda_gemm_set_tune(r > 0);
+            if (r == 1) lt_calls(before);
+            ok = !kvd_cuda_linear_split_dev(dx, dw, dy, M, N, K, mode) &&
+                 !kvd_cuda_sync(err, sizeof err) &&
+                 !kvd_cuda_download(y[r], dy, sizeof(float) * M * N);
+            CHECK(ok, "gemm tuning (%s, run %d): %s\n", how, r, err);
+            lt_calls(r == 1 ? tuned : again);
+        }
+        kvd_cuda_gemm_set_tune(-1);
+        if (!ok) break;
+        const double e = rel_l2(y[1], yc, (size_t)M * N);
+        CHECK(e < 1.5e-6, "gemm tuning (%s): tuned product rel L2 %g from the CPU's\n", how, e);
+        CHECK(!memcmp(y[2], y[1], sizeof(float) * M * N),
+              "gemm tuning (%s): a tuned shape's second product differs from its first\n", how);
+        CHECK(kvd_cuda_gemm_tuned() == tuned0 + 1,
+              "gemm tuning (%s): %d shapes tuned, expected %d\n", how, kvd_cuda_gemm_tuned(),
+              tuned0 + 1);
+        if (!simt) continue;
+        CHECK(!memcmp(y[1], y[0], sizeof(float) * M * N),
+              "gemm tuning (%s): the simulator's algorithms gave different products\n", how);
+        /* the first tuned run: 9 timed products of each candidate, then the
+         * call's own by the fastest; the second: the fastest only */
+        CHECK(tuned[1] - before[1] == 9 && tuned[3] - before[3] == 9 &&
+                  tuned[2] - before[2] == 9u + products,
+              "gemm tuning (%s): products by algorithm 1/2/3 while tuning: %llu/%llu/%llu, "
+              "expected 9/%d/9\n",
+              how, tuned[1] - before[1], tuned[2] - before[2], tuned[3] - before[3], 9 + products);
+        CHECK(again[1] == tuned[1] && again[3] == tuned[3] &&
+                  again[2] - tuned[2] == (unsigned)products,
+              "gemm tuning (%s): the tuned shape's second call ran algorithms 1/2/3 "
+              "%llu/%llu/%llu times, expected 0/%d/0\n",
+              how, again[1] - tuned[1], again[2] - tuned[2], again[3] - tuned[3], products);
+    }
+    /* fill the table to its 3/4 with small shapes (M rows of 8 x 8), then
+     * a new shape keeps the heuristic's first choice untimed */
+    uint16_t *xs = calloc((size_t)(FILL + 2) * 8, 2);
+    void *dxs = kvd_cuda_alloc((size_t)(FILL + 2) * 8 * 2),
+         *dys = kvd_cuda_alloc(sizeof(float) * (size_t)(FILL + 2) * 8);
+    kvd_cuda_gemm_set_tune(1);
+    ok = xs && dxs && dys && !kvd_cuda_upload(dxs, xs, (size_t)(FILL + 2) * 8 * 2);
+    int rows = 1;
+    for (; ok && kvd_cuda_gemm_tuned() < FILL && rows <= FILL; rows++)
+        ok = !kvd_cuda_linear_bf16_dev(dxs, dw, (float *)dys, rows, 8, 8);
+    CHECK(ok && kvd_cuda_gemm_tuned() == FILL, "gemm tuning: %d shapes tuned filling the table\n",
+          kvd_cuda_gemm_tuned());
+    unsigned long long c0[4], c1[4];
+    lt_calls(c0);
+    ok = ok && !kvd_cuda_linear_bf16_dev(dxs, dw, (float *)dys, rows + 1, 8, 8) &&
+         !kvd_cuda_sync(err, sizeof err);
+    lt_calls(c1);
+    CHECK(ok && kvd_cuda_gemm_tuned() == FILL, "gemm tuning: a full table took a shape (%d) %s\n",
+          kvd_cuda_gemm_tuned(), err);
+    if (simt)
+        CHECK(c1[1] - c0[1] == 1 && c1[2] == c0[2] && c1[3] == c0[3],
+              "gemm tuning: a shape past the full table ran algorithms 1/2/3 %llu/%llu/%llu "
+              "times, expected 1/0/0\n",
+              c1[1] - c0[1], c1[2] - c0[2], c1[3] - c0[3]);
+    /* the accumulated split again, after 3000 other shapes have passed
+     * through the 256 plans (its own remade): its tuned algorithm, not
+     * timed again */
+    lt_calls(c0);
+    ok = ok && !kvd_cuda_linear_split_dev(dx, dw, dy, M, N, K, 2) &&
+         !kvd_cuda_sync(err, sizeof err) && !kvd_cuda_download(y[0], dy, sizeof(float) * M * N);
+    lt_calls(c1);
+    CHECK(ok && !memcmp(y[0], y[1], sizeof(float) * M * N),
+          "gemm tuning: a tuned shape's product changed after its plan was remade %s\n", err);
+    if (simt)
+        CHECK(c1[1] == c0[1] && c1[2] - c0[2] == 3 && c1[3] == c0[3],
+              "gemm tuning: a tuned shape, its plan remade, ran algorithms 1/2/3 %llu/%llu/%llu "
+              "times, expected 0/3/0\n",
+              c1[1] - c0[1], c1[2] - c0[2], c1[3] - c0[3]);
+    kvd_cuda_gemm_set_tune(-1);
+    kvd_cuda_free(dxs), kvd_cuda_free(dys), free(xs);
+    kvd_cuda_free(dx), kvd_cuda_free(dy), kvd_cuda_free(dw);
+    free(x), free(wf), free(yc), free(w);
+    for (int i = 0; i < 3; i++) free(y[i]);
+}
+
 /* The model's own projection (kvd_cudaop_linear: FP32 activations, BF16
  * weights, FP32 sums) against kvd_linear over the same weights, on both of
  * its paths (warp per column below KVD_LINEAR_TILED_ROWS rows, 64 x 64
@@ -1708,6 +1846,7 @@ int main(void) {
                     {"attention", attention},
                     {"fp8_attention", fp8_attention},
                     {"gemm", gemm},
+                    {"gemm_tuning", gemm_tuning},
                     {"linear_w16", linear_w16},
                     {"moe_grouped", moe_grouped},
                     {"dense", dense},
