@@ -319,8 +319,8 @@ static int bench_compare(int reps, const char *preset, int ctx) {
 /* The device side: copy bandwidth, decode attention at the qwen3.5 shape
  * (32 query heads, 2 KV heads, head_dim 256) at 32K and 128K tokens, and the
  * BF16 GEMM at the model's projection shapes. */
-/* A decode step's Gated DeltaNet recurrences at qwen3.5-397b-a17b's shape
- * (its 45 DeltaNet layers, each with its own states, so the L2 holds none
+/* A decode step's Gated DeltaNet recurrences at a preset's shape
+ * (qwen3.5-397b-a17b's 45 DeltaNet layers, each with its own states, so the L2 holds none
  * of the next layer's) at C = 1, 8, 32: the columns held in registers
  * (what the model runs) against stepped in memory. state_GB_s counts each
  * state read once and written once. 0, or -1. */
@@ -343,10 +343,10 @@ static int gdn_layers(void *p) {
     }
     return 0;
 }
-static int bench_gdn(int reps, double bw) {
+static int bench_gdn(const char *preset, int reps, double bw) {
     kvd_config q;
     char err[KVD_ERR_LEN];
-    if (kvd_config_preset("qwen3.5-397b-a17b", &q, err)) return -1;
+    if (kvd_config_preset(preset, &q, err)) return -1;
     gdn_case c = {.nk = q.linear_num_key_heads,
                   .nv = q.linear_num_value_heads,
                   .dk = q.linear_key_head_dim,
@@ -399,18 +399,18 @@ static int bench_gdn(int reps, double bw) {
     return fail ? -1 : 0;
 }
 
-/* The projections of a decode step of qwen3.5-397b-a17b (N outputs of K
- * inputs), timed by the projection and GEMM benchmarks below; 6 of them,
- * or 0 when the preset is missing */
+/* The projections of a decode step of a preset (qwen3.5-397b-a17b in the
+ * benchmark; N outputs of K inputs), timed by the projection and GEMM
+ * benchmarks below; 6 of them, or 0 when the preset is missing */
 typedef struct {
     const char *what;
     int N, K;
 } proj_shape;
 enum { N_PROJ = 6 };
-static int q35_projections(proj_shape out[N_PROJ]) {
+static int projections(const char *preset, proj_shape out[N_PROJ]) {
     kvd_config q;
     char err[KVD_ERR_LEN];
-    if (kvd_config_preset("qwen3.5-397b-a17b", &q, err)) return 0;
+    if (kvd_config_preset(preset, &q, err)) return 0;
     const proj_shape s[N_PROJ] = {
         {"q_proj (query + gate)", 2 * q.num_attention_heads * q.head_dim, q.hidden_size},
         {"in_proj_qkvz", 2 * kvd_key_dim(&q) + 2 * kvd_value_dim(&q), q.hidden_size},
@@ -423,7 +423,7 @@ static int q35_projections(proj_shape out[N_PROJ]) {
     return N_PROJ;
 }
 
-/* The decode projections at qwen3.5-397b-a17b's shapes, M = 1, 8 and 16
+/* The decode projections at a preset's shapes, M = 1, 8 and 16
  * rows: the FP32 per-column kernel kvd_cudaop_linear runs up to 16 rows
  * against the cuBLASLt path (x split in three BF16 parts) it runs beyond.
  * Each rep runs over enough copies of the weights (256 MB at least) that
@@ -447,20 +447,21 @@ static int lin_copies(void *p) {
     }
     return 0;
 }
-static int bench_linear(int reps, double bw) {
+static int bench_linear(const char *preset, size_t copy_bytes, int reps, double bw) {
     proj_shape shapes[N_PROJ];
-    const int n_shapes = q35_projections(shapes);
+    const int n_shapes = projections(preset, shapes);
     if (!n_shapes) return -1;
-    printf("\ndecode projections, shapes of qwen3.5-397b-a17b (us; weights_GB_s and of_copy for "
-           "the FP32\nper-column kernel, which runs up to 16 rows; vs_split: its speed over "
-           "cuBLASLt's on the same shape):\n  %-24s %3s %6s %6s %10s %11s %8s %10s %8s\n",
-           "shape", "M", "N", "K", "per_column", "weights_GB_s", "of_copy", "cublaslt", "vs_split");
+    printf("\ndecode projections, shapes of %s (us; weights_GB_s and of_copy for the FP32\n"
+           "per-column kernel, which runs up to 16 rows; vs_split: its speed over cuBLASLt's on "
+           "the same shape):\n  %-24s %3s %6s %6s %10s %11s %8s %10s %8s\n",
+           preset, "shape", "M", "N", "K", "per_column", "weights_GB_s", "of_copy", "cublaslt",
+           "vs_split");
     int fail = 0;
     const int Ms[3] = {1, 8, 16};
     for (int si = 0; si < n_shapes && !fail; si++) {
         lin_case c = {.N = shapes[si].N, .K = shapes[si].K};
         const size_t wb = 2 * (size_t)c.N * c.K;
-        c.copies = (int)(((size_t)256 << 20) / wb) + 1;
+        c.copies = (int)(copy_bytes / wb) + 1;
         c.w = kvd_cuda_alloc(wb * c.copies);
         c.x = kvd_cuda_alloc(sizeof(float) * 16 * c.K);
         c.y = kvd_cuda_alloc(sizeof(float) * 16 * c.N);
@@ -493,21 +494,57 @@ static double cache_bytes(int ctx, int f) {
     return 2.0 * ctx * 2 * 256 * (f == KVD_FMT_BF16 ? 2 : 1);
 }
 
-int kvd_bench_cuda(int reps) {
+/* The benchmark's sizes: the GPU's, and a small one that runs every part
+ * of it in minutes on the SIMT simulator (whose figures mean nothing). The
+ * sampled rows' grouped decode needs 16 rows x 128 positions of context to
+ * fit the model's one-row scratch (else the model decodes row by row), so
+ * the small size's longer context is 2048. */
+typedef struct {
+    const char *preset;   /* the projections, GEMMs, DeltaNet and comparisons */
+    int ctx[2];           /* decode and prefill attention's contexts */
+    int chunk[2];         /* prefill's rows: a chunk, and a short one */
+    int gemm_M[4];        /* the GEMMs' rows */
+    size_t copy_bytes;    /* the copy bandwidth's buffer */
+    size_t weights_bytes; /* the decode projections' weights a rep, at least */
+} bench_size;
+static const bench_size gpu_size = {
+    .preset = "qwen3.5-397b-a17b",
+    .ctx = {32768, 131072},
+    .chunk = {512, 64},
+    .gemm_M = {8, 32, 96, 1536},
+    .copy_bytes = (size_t)1 << 30,
+    .weights_bytes = (size_t)256 << 20,
+};
+static const bench_size smoke_size = {
+    .preset = "tiny",
+    .ctx = {1024, 2048},
+    .chunk = {32, 16},
+    .gemm_M = {8, 32, 96, 192},
+    .copy_bytes = (size_t)16 << 20,
+    .weights_bytes = (size_t)1 << 20,
+};
+
+int kvd_bench_cuda(int reps, int smoke) {
     char why[256];
     if (!kvd_cuda_available(why, sizeof why)) {
         printf("kvdrift bench cuda: %s; nothing to measure\n", why);
         return 1; /* a benchmark that measured nothing did not pass */
     }
+    const bench_size *sz = smoke ? &smoke_size : &gpu_size;
+    if (smoke)
+        printf("smoke size (the program run end to end, not a measurement): %s's projections, "
+               "%d and %d tokens\n\n",
+               sz->preset, sz->ctx[0], sz->ctx[1]);
     int fail = 0;
-    double bw = kvd_cuda_copy_bandwidth((size_t)1 << 30, reps);
+    double bw = kvd_cuda_copy_bandwidth(sz->copy_bytes, reps);
     fail |= bw <= 0;
-    printf("device copy bandwidth (read + write, 1 GiB): %.1f GB/s\n\n", bw / 1e9);
+    printf("device copy bandwidth (read + write, %zu MiB): %.1f GB/s\n\n", sz->copy_bytes >> 20,
+           bw / 1e9);
     printf("decode attention, 32/2 heads x 256, L2 flushed before each rep (v1: plain kernels; "
            "v2: split over the context,\nFP32 cores; v3: tensor cores, what the model runs):\n"
            "%8s %-6s %4s %10s %10s %8s %8s\n",
            "context", "cache", "ver", "time_us", "read_GB_s", "of_copy", "vs_bf16");
-    int ctxs[2] = {32768, 131072};
+    const int *ctxs = sz->ctx;
     const char *fn[3] = {"bf16", "e4m3", "e5m2"};
     /* v3's time by context, BF16 and E4M3: FP8 attention's table and the targets */
     double v3[2][2] = {{0, 0}, {0, 0}};
@@ -582,7 +619,7 @@ int kvd_bench_cuda(int reps) {
     double pf_best = 0, v2_e4m3[4] = {0, 0, 0, 0}; /* by chunk, for FP8 attention's table */
     for (int ci = 0; ci < 4; ci++)
         for (int f = 0; f < 2; f++) {
-            const int nq = ci < 2 ? 512 : 64, p0 = ctxs[ci % 2] - nq;
+            const int nq = sz->chunk[ci / 2], p0 = ctxs[ci % 2] - nq;
             const double flop = 2.0 * 2 * nq * 32 * 256 * (p0 + (nq + 1) / 2.0);
             double t1 = 0;
             static const int vers[3] = {1, 2, 4};
@@ -605,7 +642,7 @@ int kvd_bench_cuda(int reps) {
            "%8s %5s %-13s %10s %9s %8s\n",
            "context", "rows", "kernels", "time_ms", "TFLOP_s", "vs_v2");
     for (int ci = 0; ci < 3; ci++) {
-        const int nq = ci < 2 ? 512 : 64, p0 = ctxs[ci % 2] - nq, r3 = reps > 3 ? 3 : reps;
+        const int nq = sz->chunk[ci / 2], p0 = ctxs[ci % 2] - nq, r3 = reps > 3 ? 3 : reps;
         const double flop = 2.0 * 2 * nq * 32 * 256 * (p0 + (nq + 1) / 2.0);
         const double t2 = v2_e4m3[ci]; /* the same chunk in the table above */
         for (int k = 0; k < (ci == 2 ? 2 : 1); k++) {
@@ -615,21 +652,22 @@ int kvd_bench_cuda(int reps) {
                    k ? "plain, rows" : "v2, 2 passes", t * 1e3, flop / t / 1e12, t2 / t);
         }
     }
-    /* the qwen3.5-397b-a17b preset's projections as the model runs them
-     * through cuBLASLt: the exact split's stacked 3M rows at concurrency 32
-     * (96) and for a 512-row prefill chunk (1536), beside plain 8 and 32;
+    /* the preset's projections as the model runs them through cuBLASLt:
+     * the exact split's stacked 3M rows at concurrency 32 (96) and for a
+     * 512-row prefill chunk (1536), beside plain 8 and 32;
      * the back end runs the heuristic's first choice, or with
      * KVD_CUDA_GEMM=tune the fastest of its first eight as it times them */
     proj_shape shapes[N_PROJ];
-    const int n_shapes = q35_projections(shapes);
+    const int n_shapes = projections(sz->preset, shapes);
     fail |= !n_shapes;
-    printf("\nBF16 GEMM through cuBLASLt (FP32 accumulation), shapes of qwen3.5-397b-a17b: the "
-           "heuristic's first\nchoice (what the back end runs) and the one KVD_CUDA_GEMM=tune "
-           "picks, against the fastest of the\nalgorithms it offers; M = 96 and 1536 are the 3M "
-           "rows of the model's exact split at C = 32 and\nfor a 512-row prefill chunk:\n");
+    printf("\nBF16 GEMM through cuBLASLt (FP32 accumulation), shapes of %s: the heuristic's "
+           "first\nchoice (what the back end runs) and the one KVD_CUDA_GEMM=tune picks, against "
+           "the fastest of the\nalgorithms it offers; M = %d and %d are the 3M rows of the "
+           "model's exact split at C = 32 and\nfor a %d-row prefill chunk:\n",
+           sz->preset, sz->gemm_M[2], sz->gemm_M[3], sz->gemm_M[3] / 3);
     printf("  %-24s %5s %6s %6s %13s %8s %13s %8s %12s %6s\n", "shape", "M", "N", "K",
            "first_GFLOP_s", "of_best", "tuned_GFLOP_s", "of_best", "best_GFLOP_s", "algos");
-    const int Ms[4] = {8, 32, 96, 1536};
+    const int *Ms = sz->gemm_M;
     double gemm_best = 0, gemm_worst[2] = {2, 2};
     const char *worst_what[2] = {"", ""};
     int worst_M[2] = {0, 0};
@@ -657,9 +695,9 @@ int kvd_bench_cuda(int reps) {
                "TFLOP/s; v2 does each product twice, hi and lo, so 0.5 is the tensor cores' "
                "rate)\n",
                pf_best / (gemm_best * 1e9), gemm_best / 1e3);
-    fail |= bench_linear(reps, bw) != 0;
-    fail |= bench_gdn(reps, bw) != 0;
-    fail |= bench_compare(reps, "qwen3.5-397b-a17b", 131072) != 0;
+    fail |= bench_linear(sz->preset, sz->weights_bytes, reps, bw) != 0;
+    fail |= bench_gdn(sz->preset, reps, bw) != 0;
+    fail |= bench_compare(reps, sz->preset, ctxs[1]) != 0;
     /* the back end's speed targets (docs/cuda-backend.md), from the tables
      * above; the whole model's tokens/s comes from `kvd_gpu_bench model` */
     printf("\nthe targets, from this run's figures above:\n");
@@ -673,9 +711,9 @@ int kvd_bench_cuda(int reps) {
         }
     if (v3[1][KVD_FMT_BF16] > 0 && v3[1][KVD_FMT_E4M3] > 0) {
         const double speed = v3[1][KVD_FMT_BF16] / v3[1][KVD_FMT_E4M3];
-        printf("  decode attention v3, 128K: the E4M3 cache %.2fx the BF16 cache's speed (target "
+        printf("  decode attention v3, %3dK: the E4M3 cache %.2fx the BF16 cache's speed (target "
                ">= 1.7x): %s\n",
-               speed, speed >= 1.7 ? "met" : "NOT met");
+               ctxs[1] / 1024, speed, speed >= 1.7 ? "met" : "NOT met");
     }
     for (int t = 0; t < 2; t++)
         if (gemm_worst[t] < 2) /* some shape was measured */

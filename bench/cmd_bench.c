@@ -389,7 +389,7 @@ int kvd_cmd_bench(int argc, char **argv) {
         kvd_cuda_probe(&ci);
         if (ci.devices < 1) kvd_die(1, cmd, "cuda: %s", ci.name);
 #ifdef KVD_HAVE_CUDA
-        return kvd_bench_cuda(10) ? 1 : 0;
+        return kvd_bench_cuda(10, 0) ? 1 : 0;
 #endif
     }
     if (argc >= 1 && !strcmp(argv[0], "lockstep")) {

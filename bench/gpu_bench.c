@@ -2,6 +2,8 @@
  * cuda` measures, in an executable that needs no HDF5 (the GPU check runs it
  * on a machine without the host's libraries).
  * usage: kvd_gpu_bench [REPS]                       the kernels
+ *        kvd_gpu_bench smoke                        the same at a small size, once
+ *        (the SIMT simulator's build runs it end to end)
  *        kvd_gpu_bench model [PRESET [CTX [STEPS [fp8|bf16 [GPUS]]]]] the
  *        whole model's decode (default qwen3.5-397b-a17b, 512, 8, bf16, 1; fp8:
  *        an FP8 cache too; GPUS: split over that many, tensor parallel)
@@ -50,6 +52,7 @@ int main(int argc, char **argv) {
                    ? 1
                    : 0;
     }
+    if (argc > 1 && !strcmp(argv[1], "smoke")) return kvd_bench_cuda(1, 1);
     int reps = argc > 1 ? atoi(argv[1]) : 10;
-    return kvd_bench_cuda(reps < 1 ? 1 : reps);
+    return kvd_bench_cuda(reps < 1 ? 1 : reps, 0);
 }
