@@ -316,14 +316,12 @@ static int bench_compare(int reps, const char *preset, int ctx) {
     return fail ? -1 : 0;
 }
 
-/* The device side: copy bandwidth, decode attention at the qwen3.5 shape
- * (32 query heads, 2 KV heads, head_dim 256) at 32K and 128K tokens, and the
- * BF16 GEMM at the model's projection shapes. */
-/* A decode step's Gated DeltaNet recurrences at a preset's shape
- * (qwen3.5-397b-a17b's 45 DeltaNet layers, each with its own states, so the L2 holds none
- * of the next layer's) at C = 1, 8, 32: the columns held in registers
- * (what the model runs) against stepped in memory. state_GB_s counts each
- * state read once and written once. 0, or -1. */
+/* A decode step's Gated DeltaNet recurrences at a preset's shape (in the
+ * benchmark qwen3.5-397b-a17b's 45 DeltaNet layers, each with its own
+ * states, so the L2 holds none of the next layer's) at C = 1, 8, 32: the
+ * columns held in registers (what the model runs) against stepped in
+ * memory. state_GB_s counts each state read once and written once. 0, or
+ * -1. */
 typedef struct {
     int C, L, nk, nv, dk, dv, regs;
     size_t sl;
@@ -524,6 +522,11 @@ static const bench_size smoke_size = {
     .weights_bytes = (size_t)1 << 20,
 };
 
+/* The device side: copy bandwidth, decode attention at the qwen3.5 shape
+ * (32 query heads, 2 KV heads, head_dim 256) at 32K and 128K tokens (or
+ * the small size's), prefill attention, the BF16 GEMMs and decode
+ * projections at the preset's shapes, the DeltaNet recurrence and the
+ * drift comparisons, then one line per speed target. */
 int kvd_bench_cuda(int reps, int smoke) {
     char why[256];
     if (!kvd_cuda_available(why, sizeof why)) {
