@@ -227,8 +227,17 @@ static int is_outlier(const kvd_config *c, const kvd_synth *s, int layer, int d)
     return 0;
 }
 
-static void fill_normal(kvd_tensor *t, uint64_t key, float std) {
+/* the tensor drawn whole from N(0, std^2), or (s->uniform_draws) from the
+ * uniform law of the same deviation, +-sqrt(3) std */
+static void fill_normal(kvd_tensor *t, const kvd_synth *s, uint64_t key, float std) {
     float *x = t->data;
+    if (s->uniform_draws) {
+        const float half = 1.7320508f * std;
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < t->numel; i++)
+            x[i] = half * (2.0f * (float)kvd_rng_uniform(key, (uint64_t)i) - 1.0f);
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < t->numel; i++) x[i] = std * kvd_rng_normal(key, (uint64_t)i);
 }
@@ -251,7 +260,7 @@ static void fill(kvd_tensor *t, const kvd_config *c, const kvd_synth *s) {
 
 #define ENDS(suf) (strlen(nm) >= strlen(suf) && strcmp(nm + strlen(nm) - strlen(suf), suf) == 0)
     if (strcmp(nm, "model.embed_tokens.weight") == 0) {
-        fill_normal(t, key, 1.0f);
+        fill_normal(t, s, key, 1.0f);
         /* channel 0: a constant direction every token carries (the query side
          * of the sink); channel 1: present only in token 0 (the sink's key) */
         float c0 = 0.5f * sqrtf(H), c1 = 2.0f * sqrtf(H);
@@ -260,9 +269,9 @@ static void fill(kvd_tensor *t, const kvd_config *c, const kvd_synth *s) {
             x[v * t->shape[1] + 1] = v == 0 ? c1 : 0.0f;
         }
     } else if (ENDS("layernorm.weight") || strcmp(nm, "model.norm.weight") == 0) {
-        fill_normal(t, key, 0.05f); /* zero-centred: the norm applies 1 + w */
+        fill_normal(t, s, key, 0.05f); /* zero-centred: the norm applies 1 + w */
     } else if (ENDS("q_norm.weight")) {
-        fill_normal(t, key, 0.1f);
+        fill_normal(t, s, key, 0.1f);
         /* queries read the outlier channels at a gain of 12 / |K|: each such
          * channel moves a logit by about one unit (std), so what saturation
          * does to those keys reaches the attention distribution */
@@ -277,7 +286,7 @@ static void fill(kvd_tensor *t, const kvd_config *c, const kvd_synth *s) {
         }
     } else if (ENDS("q_proj.weight") || ENDS("k_proj.weight")) {
         int is_q = ENDS("q_proj.weight");
-        fill_normal(t, key, 1.0f / sqrtf(H));
+        fill_normal(t, s, key, 1.0f / sqrtf(H));
         int kvh = c->num_key_value_heads, grp = c->num_attention_heads / kvh;
         int64_t Hn = t->shape[1];
         for (int h = 0; h < kvh; h++) {
@@ -310,28 +319,28 @@ static void fill(kvd_tensor *t, const kvd_config *c, const kvd_synth *s) {
         }
     } else if (ENDS("o_proj.weight")) {
         /* undo V's small magnitude so attention matters to the residual */
-        fill_normal(t, key, 0.5f / (vrms * sqrtf((float)t->shape[1])));
+        fill_normal(t, s, key, 0.5f / (vrms * sqrtf((float)t->shape[1])));
     } else if (ENDS("conv1d.weight")) {
         int K = c->linear_conv_kernel_dim;
-        fill_normal(t, key, 0.3f);
+        fill_normal(t, s, key, 0.3f);
         for (int64_t ch = 0; ch < t->shape[0]; ch++) x[ch * K + K - 1] += 1.0f;
     } else if (ENDS("A_log")) {
         /* decay exp(g) per token mostly in 0.9 .. 0.999: memory of 10 to 1000 tokens */
         for (int64_t i = 0; i < t->numel; i++)
             x[i] = logf(0.002f + 0.15f * kvd_rng_uniform(key, (uint64_t)i));
     } else if (ENDS("dt_bias")) {
-        fill_normal(t, key, 0.5f);
+        fill_normal(t, s, key, 0.5f);
     } else if (ENDS("linear_attn.norm.weight")) {
-        fill_normal(t, key, 0.1f);
+        fill_normal(t, s, key, 0.1f);
         for (int64_t i = 0; i < t->numel; i++) x[i] += 1.0f; /* plain weight, ones-centred */
     } else if (ENDS("out_proj.weight") || ENDS("down_proj.weight")) {
-        fill_normal(t, key, 0.7f / sqrtf((float)t->shape[1]));
+        fill_normal(t, s, key, 0.7f / sqrtf((float)t->shape[1]));
     } else if (ENDS("mlp.gate.weight")) {
-        fill_normal(t, key, 2.0f / sqrtf(H));
+        fill_normal(t, s, key, 2.0f / sqrtf(H));
     } else if (strcmp(nm, "lm_head.weight") == 0) {
-        fill_normal(t, key, 3.0f / sqrtf(H));
+        fill_normal(t, s, key, 3.0f / sqrtf(H));
     } else {
-        fill_normal(t, key, 1.0f / sqrtf((float)t->shape[t->ndim - 1]));
+        fill_normal(t, s, key, 1.0f / sqrtf((float)t->shape[t->ndim - 1]));
     }
 #undef ENDS
     kvd_round_bf16(x, (size_t)t->numel);

@@ -29,6 +29,11 @@ typedef struct {
     /* optional per-layer overrides (index: layer), 0 = use the knobs above */
     float layer_k_scale[KVD_MAX_LAYERS];
     float layer_v_rms[KVD_MAX_LAYERS];
+    /* throughput benchmarks only: the bulk draws (every tensor drawn whole
+     * from one law) are uniform with the same mean and deviation, about 10x
+     * quicker to make than the normals; the values are then not the
+     * standard synthetic model's (0: normal, the default) */
+    int uniform_draws;
 } kvd_synth;
 
 void kvd_synth_defaults(kvd_synth *s);

@@ -67,6 +67,51 @@ static void weights_pure(void **st) {
     kvd_weights_free(&b);
 }
 
+/* uniform_draws (the throughput benchmarks' quick weights): a bulk tensor
+ * drawn uniform within +-sqrt(3) std, of the normal draws' deviation, the
+ * same for the same seed on 1 thread and 2; the tensors made by rule (the
+ * embedding's sink channels) keep their rule */
+static void weights_uniform_draws(void **st) {
+    (void)st;
+    char err[KVD_ERR_LEN];
+    kvd_synth s;
+    kvd_synth_defaults(&s);
+    s.uniform_draws = 1;
+    kvd_weights u[2];
+    for (int i = 0; i < 2; i++) {
+        omp_set_num_threads(1 + i);
+        assert_int_equal(kvd_weights_synth(&u[i], &C, &s, err), 0);
+    }
+    const char *name = "model.layers.7.mlp.experts.7.down_proj.weight";
+    const kvd_tensor *tn = kvd_weights_find(&W, name), *tu = kvd_weights_find(&u[0], name);
+    assert_non_null(tn);
+    assert_non_null(tu);
+    /* fill's deviation for the down projections */
+    const double std = 0.7 / sqrt((double)tn->shape[1]);
+    double sn = 0, su = 0, mu = 0, top = 0;
+    for (int64_t j = 0; j < tu->numel; j++) {
+        sn += (double)tn->data[j] * tn->data[j], su += (double)tu->data[j] * tu->data[j];
+        mu += tu->data[j], top = fmax(top, fabs(tu->data[j]));
+    }
+    sn = sqrt(sn / tn->numel), su = sqrt(su / tu->numel), mu /= tu->numel;
+    fprintf(stderr, "uniform draws: std %.5f (normal %.5f, asked %.5f), mean %.2e, max %.5f\n", su,
+            sn, std, mu, top);
+    assert_true(fabs(su / std - 1) < 0.03 && fabs(sn / std - 1) < 0.03);
+    assert_true(fabs(mu) < 0.03 * std);
+    /* within the uniform's bound (BF16 rounding may pass it by 2^-8), and
+     * near it, where normal draws pass it in 8% of the values */
+    assert_true(top <= sqrt(3.0) * std * (1 + 1.0 / 256) && top > 0.99 * sqrt(3.0) * std);
+    assert_memory_not_equal(tu->data, tn->data, sizeof(float) * (size_t)tu->numel);
+    const kvd_tensor *eu = kvd_weights_find(&u[0], "model.embed_tokens.weight"),
+                     *en = kvd_weights_find(&W, "model.embed_tokens.weight");
+    assert_true(eu->data[0] == en->data[0] && eu->data[1] == en->data[1]);
+    for (int i = 0; i < u[0].n_tensors; i++)
+        assert_memory_equal(u[0].tensors[i].data, u[1].tensors[i].data,
+                            sizeof(float) * (size_t)u[0].tensors[i].numel);
+    kvd_weights_free(&u[0]);
+    kvd_weights_free(&u[1]);
+}
+
 static double rel_l2(const float *a, const float *b, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
@@ -387,9 +432,13 @@ static void gdn_chunked_matches_recurrence(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(weights_pure),         cmocka_unit_test(gdn_chunked_matches_recurrence),
-        cmocka_unit_test(prefill_decode_batch), cmocka_unit_test(thread_count_invariance),
-        cmocka_unit_test(nan_is_caught),        cmocka_unit_test(sink_and_retrieval),
+        cmocka_unit_test(weights_pure),
+        cmocka_unit_test(weights_uniform_draws),
+        cmocka_unit_test(gdn_chunked_matches_recurrence),
+        cmocka_unit_test(prefill_decode_batch),
+        cmocka_unit_test(thread_count_invariance),
+        cmocka_unit_test(nan_is_caught),
+        cmocka_unit_test(sink_and_retrieval),
         cmocka_unit_test(calibration),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
