@@ -1392,18 +1392,16 @@ static void deltanet(kvd_cuda_model *m, int l, const kvd_batch *b, int rows) {
     kvd_cudaop_linear(m->gdn_o, d->out_proj, m->mix, rows, H, vd);
 }
 
-/* the MoE experts' products, SwiGLU (with the up products) and weighted
- * scatter in four launches over the groups G (at most max_groups of them,
- * each of at most max_rows items) */
+/* the MoE experts' products (gate and up with SwiGLU in one launch, then
+ * down) and weighted scatter in three launches over the groups G (at most
+ * max_groups of them, each of at most max_rows items) */
 static void experts_grouped(kvd_cuda_model *m, const dev_layer *d, int rows, const int *G,
                             int max_groups, int max_rows) {
     const int H = m->c.hidden_size, E = m->c.num_experts, K = m->c.num_experts_per_tok;
     const int I = m->c.moe_intermediate_size;
     const void *const *tab = (const void *const *)d->exp_tab;
-    kvd_cudaop_linear_grouped(m->xn, m->slots_moe, K, tab, G, max_groups, max_rows, m->g1, I, H);
-    /* up, and SwiGLU into the gate's products */
-    kvd_cudaop_linear_grouped_glu(m->xn, m->slots_moe, K, tab + E, G, max_groups, max_rows, m->g1,
-                                  I, H);
+    kvd_cudaop_linear_grouped_swiglu(m->xn, m->slots_moe, K, tab, tab + E, G, max_groups, max_rows,
+                                     m->g1, I, H);
     kvd_cudaop_linear_grouped(m->g1, NULL, 1, tab + 2 * E, G, max_groups, max_rows, m->gy, H, I);
     kvd_cudaop_scatter_grouped(m->mix, m->gy, m->slots_moe, m->topw, K, G, rows, H);
 }

@@ -353,12 +353,14 @@ void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots, const flo
 void kvd_cudaop_linear_grouped(const float *x, const int *slots, int slot_div,
                                const void *const *w_tab, const int *G, int max_groups, int max_rows,
                                float *y, int N, int K);
-/* the experts' up products and SwiGLU in one launch: g (the gate products of
- * the same items, from kvd_cudaop_linear_grouped) becomes silu(g) * up, bit
- * for bit the up product then kvd_cudaop_swiglu, for the groups' items only */
-void kvd_cudaop_linear_grouped_glu(const float *x, const int *slots, int slot_div,
-                                   const void *const *w_tab, const int *G, int max_groups,
-                                   int max_rows, float *g, int N, int K);
+/* the experts' gate and up products and SwiGLU in one launch: g becomes
+ * silu(x Wg^T) * (x Wu^T) for the groups' items (each item's expert's
+ * weights from gate_tab and up_tab), bit for bit the gate and up products
+ * (kvd_cudaop_linear_grouped) then kvd_cudaop_swiglu */
+void kvd_cudaop_linear_grouped_swiglu(const float *x, const int *slots, int slot_div,
+                                      const void *const *gate_tab, const void *const *up_tab,
+                                      const int *G, int max_groups, int max_rows, float *g, int N,
+                                      int K);
 void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots, const float *topw,
                                 int K, const int *G, int rows, int H);
 void kvd_cudaop_expert_lists(const int *topi, int rows, int K, int E, int e0, int e1, int *slots,

@@ -154,8 +154,9 @@ template <class F> inline void with_tile(int rows, F launch) {
 // What the column's sum a does to y (OUT): STORE y = a; GATED y +=
 // sigmoid(gate[i]) * a (gated_add_rn, as add_gated_k; row i's gate at
 // gate[i]); GLU, where y holds the gate projection's column, y = silu(y) *
-// a (swiglu_rn, as swiglu_k).
-enum class col_out { STORE, GATED, GLU };
+// a (swiglu_rn, as swiglu_k). SWIGLU is no column's: linear_grouped_k's
+// gate column (STORE) then its up column (GLU) into the same y.
+enum class col_out { STORE, GATED, GLU, SWIGLU };
 template <int TR, col_out OUT = col_out::STORE, class XRow>
 __device__ inline void w16_column(XRow xrow, const __nv_bfloat16 *wr, float *y, size_t y_stride,
                                   int rows, int K, int lane, const float *gate = nullptr) {
@@ -261,6 +262,9 @@ template <int TR> __global__ void linear_multi_k(multi_args a) {
 // the items G[1 + ng + g] .. G[2 + ng + g] - 1; item i's activations are
 // x's row slots[i] / slot_div (slots null: row i), its output y's row i;
 // the expert's weights w_tab[G[1 + g]]. Rows past TR take further tiles.
+// SWIGLU: each warp's gate column (w_tab) then its up column (w_tab2) of
+// the tile, bit for bit the two launches (STORE, then GLU) one after the
+// other: the up column's lane 0 reads the gate product its own store left.
 struct grouped_args {
     const float *x;
     const int *slots;
@@ -269,6 +273,7 @@ struct grouped_args {
     const int *G;
     float *y;
     int N, K;
+    const void *const *w_tab2;
 };
 template <int TR, col_out OUT> __global__ void linear_grouped_k(grouped_args a) {
     const int n = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
@@ -286,8 +291,16 @@ template <int TR, col_out OUT> __global__ void linear_grouped_k(grouped_args a) 
             const int item = t0 + (i < rows ? i : 0);
             xr[i] = a.x + (a.slots ? (size_t)(a.slots[item] / a.slot_div) : (size_t)item) * a.K;
         }
-        w16_column<TR, OUT>([&](int i) { return xr[i]; }, wr, a.y + (size_t)t0 * a.N + n,
-                            (size_t)a.N, rows, a.K, lane);
+        float *y = a.y + (size_t)t0 * a.N + n;
+        if constexpr (OUT == col_out::SWIGLU) {
+            const __nv_bfloat16 *wu = (const __nv_bfloat16 *)a.w_tab2[a.G[1 + g]] + (size_t)n * a.K;
+            w16_column<TR, col_out::STORE>([&](int i) { return xr[i]; }, wr, y, (size_t)a.N, rows,
+                                           a.K, lane);
+            w16_column<TR, col_out::GLU>([&](int i) { return xr[i]; }, wu, y, (size_t)a.N, rows,
+                                         a.K, lane);
+        } else {
+            w16_column<TR, OUT>([&](int i) { return xr[i]; }, wr, y, (size_t)a.N, rows, a.K, lane);
+        }
     }
 }
 
@@ -707,13 +720,16 @@ extern "C" void kvd_cudaop_scatter(float *mix, const float *gy, const int *slots
 extern "C" void kvd_cudaop_linear_grouped(const float *x, const int *slots, int slot_div,
                                           const void *const *w_tab, const int *G, int max_groups,
                                           int max_rows, float *y, int N, int K) {
-    grouped_launch<col_out::STORE>({x, slots, slot_div, w_tab, G, y, N, K}, max_groups, max_rows);
+    grouped_launch<col_out::STORE>({x, slots, slot_div, w_tab, G, y, N, K, nullptr}, max_groups,
+                                   max_rows);
 }
-extern "C" void kvd_cudaop_linear_grouped_glu(const float *x, const int *slots, int slot_div,
-                                              const void *const *w_tab, const int *G,
-                                              int max_groups, int max_rows, float *g, int N,
-                                              int K) {
-    grouped_launch<col_out::GLU>({x, slots, slot_div, w_tab, G, g, N, K}, max_groups, max_rows);
+extern "C" void kvd_cudaop_linear_grouped_swiglu(const float *x, const int *slots, int slot_div,
+                                                 const void *const *gate_tab,
+                                                 const void *const *up_tab, const int *G,
+                                                 int max_groups, int max_rows, float *g, int N,
+                                                 int K) {
+    grouped_launch<col_out::SWIGLU>({x, slots, slot_div, gate_tab, G, g, N, K, up_tab}, max_groups,
+                                    max_rows);
 }
 extern "C" void kvd_cudaop_scatter_grouped(float *mix, const float *gy, const int *slots,
                                            const float *topw, int K, const int *G, int rows,

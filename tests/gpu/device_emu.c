@@ -284,14 +284,16 @@ void kvd_cudaop_linear_grouped(const float *x, const int *slots, int slot_div,
         free(xg);
     }
 }
-void kvd_cudaop_linear_grouped_glu(const float *x, const int *slots, int slot_div,
-                                   const void *const *w_tab, const int *G, int max_groups,
-                                   int max_rows, float *g, int N, int K) {
+void kvd_cudaop_linear_grouped_swiglu(const float *x, const int *slots, int slot_div,
+                                      const void *const *gate_tab, const void *const *up_tab,
+                                      const int *G, int max_groups, int max_rows, float *g, int N,
+                                      int K) {
     const int ng = G[0] < max_groups ? G[0] : max_groups;
     if (ng <= 0) return;
     const int lo = G[1 + G[0]], hi = G[1 + G[0] + ng];
     float *u = malloc(sizeof(float) * (size_t)hi * N + 1);
-    kvd_cudaop_linear_grouped(x, slots, slot_div, w_tab, G, max_groups, max_rows, u, N, K);
+    kvd_cudaop_linear_grouped(x, slots, slot_div, gate_tab, G, max_groups, max_rows, g, N, K);
+    kvd_cudaop_linear_grouped(x, slots, slot_div, up_tab, G, max_groups, max_rows, u, N, K);
     kvd_swiglu(g + (size_t)lo * N, u + (size_t)lo * N, (size_t)(hi - lo) * N);
     free(u);
 }

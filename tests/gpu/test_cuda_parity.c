@@ -1113,30 +1113,33 @@ static void moe_grouped(void) {
                 const double e = rel_l2(yg, yc, (size_t)n * N);
                 CHECK(e < 1e-5, "moe grouped (K %d): rel L2 %g to the CPU's\n", K, e);
             }
-            /* the up products with SwiGLU in the same launch, against the
-             * up products then kvd_cudaop_swiglu (the up weights: each
-             * item's expert's, two experts on) */
+            /* the gate and up products with SwiGLU in one launch, against
+             * the gate products (dy, above), the up products then
+             * kvd_cudaop_swiglu (the up weights: each item's expert's, two
+             * experts on); its output starts as NaNs, which it must
+             * overwrite */
             const void *tab2[E];
             for (int e = 0; e < E; e++) tab2[e] = tab[(e + 2) % E];
             float *dg = kvd_cuda_alloc(sizeof(float) * n * N),
                   *du = kvd_cuda_alloc(sizeof(float) * n * N);
             const void **dtab2 = kvd_cuda_alloc(sizeof tab2);
             float *s1 = malloc(sizeof(float) * n * N), *s2 = malloc(sizeof(float) * n * N);
+            for (int i = 0; i < n * N; i++) s2[i] = NAN;
             int ok3 = ok && dg && du && dtab2 && !kvd_cuda_upload(dtab2, tab2, sizeof tab2) &&
-                      !kvd_cuda_copy(dg, dy, sizeof(float) * n * N);
+                      !kvd_cuda_upload(dg, s2, sizeof(float) * n * N);
             if (ok3) {
                 kvd_cudaop_linear_grouped(dx, dslots, TOPK, dtab2, dG, ng + ki, tiles[ti], du, N,
                                           K);
                 kvd_cudaop_swiglu(dy, du, (size_t)n * N);
-                kvd_cudaop_linear_grouped_glu(dx, dslots, TOPK, dtab2, dG, ng + ki, tiles[ti], dg,
-                                              N, K);
+                kvd_cudaop_linear_grouped_swiglu(dx, dslots, TOPK, dtab, dtab2, dG, ng + ki,
+                                                 tiles[ti], dg, N, K);
             }
             ok3 = ok3 && !kvd_cuda_sync(err, sizeof err) &&
                   !kvd_cuda_download(s1, dy, sizeof(float) * n * N) &&
                   !kvd_cuda_download(s2, dg, sizeof(float) * n * N);
             CHECK(ok3 && !memcmp(s1, s2, sizeof(float) * n * N),
-                  "moe grouped (K %d, tiles for %d rows): up with SwiGLU differs from up then "
-                  "SwiGLU (%s)\n",
+                  "moe grouped (K %d, tiles for %d rows): gate and up with SwiGLU in one launch "
+                  "differ from gate, up, then SwiGLU (%s)\n",
                   K, tiles[ti], err);
             kvd_cuda_free(dg), kvd_cuda_free(du), kvd_cuda_free((void *)dtab2), free(s1), free(s2);
         }
