@@ -1315,11 +1315,9 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
                                 {d->k_proj, m->kb, kvh * hd},
                                 {d->v_proj, m->vb, kvh * hd}};
     kvd_cudaop_linear_multi(m->xn, rows, H, qkv, 3);
-    kvd_cudaop_rmsnorm(m->qg, 2 * (size_t)hd, m->qg, 2 * (size_t)hd, d->q_norm, rows * nh, hd, eps,
-                       1);
-    kvd_cudaop_rope(m->qg, rows, nh, 2 * hd, m->pos, rot, m->wt->inv_freq);
-    kvd_cudaop_rmsnorm(m->kb, (size_t)hd, m->kb, (size_t)hd, d->k_norm, rows * kvh, hd, eps, 1);
-    kvd_cudaop_rope(m->kb, rows, kvh, hd, m->pos, rot, m->wt->inv_freq);
+    /* q and k heads normed and rotated (the query's gate half untouched) */
+    kvd_cudaop_qk_norm_rope(m->qg, 2 * hd, m->kb, d->q_norm, d->k_norm, rows, nh, kvh, hd, eps,
+                            m->pos, rot, m->wt->inv_freq);
     /* the cache stores K after norm and RoPE, V as projected */
     dev_kv_write(m, &m->kc, al, rows);
     if (m->shadow) dev_kv_write(m, &m->sc, al, rows);

@@ -287,6 +287,13 @@ void kvd_cudaop_rmsnorm(float *out, size_t out_stride, const float *x, size_t x_
                         const float *w, int rows, int n, float eps, int one_plus);
 void kvd_cudaop_rope(float *v, int rows, int heads, int stride, const int *pos, int rot_dim,
                      const float *inv_freq);
+/* the attention layer's query heads (row r's head h at q + (r nh + h)
+ * q_stride) and key heads (k, [rows][kvh][hd]) normed (1 + q_norm, 1 +
+ * k_norm) and rotated (rot_dim of hd, at pos[r]) in place, one launch: bit
+ * for bit kvd_cudaop_rmsnorm (one_plus) then kvd_cudaop_rope on each */
+void kvd_cudaop_qk_norm_rope(float *q, int q_stride, float *k, const float *q_norm,
+                             const float *k_norm, int rows, int nh, int kvh, int hd, float eps,
+                             const int *pos, int rot_dim, const float *inv_freq);
 void kvd_cudaop_split_query(const float *qg, float *qh, int rows, int nh, int hd);
 void kvd_cudaop_output_gate(float *att, const float *qg, int rows, int nh, int hd);
 /* the residual stream's add, check and next norm in one launch: x[rows][n]

@@ -62,17 +62,42 @@ __global__ void add_norm_k(float *x, const float *y, int n, unsigned long long *
 
 // ---- rotate-half RoPE on the first rot_dim of each head: one block per
 // (row, head), the angle in double as on the CPU ----
-__global__ void rope_k(float *v, int heads, int stride, const int *pos, int rot_dim,
-                       const float *inv_freq) {
-    int r = blockIdx.x / heads, h = blockIdx.x % heads, half = rot_dim / 2;
-    float *x = v + ((size_t)r * heads + h) * stride;
+// one head's rotation at position p, its pairs shared out over the block
+__device__ inline void rope_head(float *x, int p, int rot_dim, const float *inv_freq) {
+    const int half = rot_dim / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double a = (double)pos[r] * inv_freq[i];
+        double a = (double)p * inv_freq[i];
         float c = (float)cos(a), s = (float)sin(a);
         float x1 = x[i], x2 = x[i + half];
         x[i] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
         x[i + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
     }
+}
+__global__ void rope_k(float *v, int heads, int stride, const int *pos, int rot_dim,
+                       const float *inv_freq) {
+    int r = blockIdx.x / heads, h = blockIdx.x % heads;
+    rope_head(v + ((size_t)r * heads + h) * stride, pos[r], rot_dim, inv_freq);
+}
+
+// ---- the attention layer's query and key heads normed (q_norm, k_norm:
+// rmsnorm_k's arithmetic over one head) and rotated (rope_k's), in place,
+// one block per head: blocks [0, rows nh) the query heads (row r's head h
+// at q + (r nh + h) q_stride), then the key heads (at k + (r kvh + h) hd).
+// Four launches in one, bit for bit. ----
+struct qk_args {
+    float *q, *k;
+    const float *q_norm, *k_norm, *inv_freq;
+    const int *pos;
+    int rows, nh, kvh, hd, q_stride, rot_dim;
+    float eps;
+};
+__global__ void qk_norm_rope_k(qk_args a) {
+    const int nq = a.rows * a.nh, is_q = (int)blockIdx.x < nq;
+    const int b = is_q ? (int)blockIdx.x : (int)blockIdx.x - nq, r = b / (is_q ? a.nh : a.kvh);
+    float *x = is_q ? a.q + (size_t)b * a.q_stride : a.k + (size_t)b * a.hd;
+    norm_row(x, x, is_q ? a.q_norm : a.k_norm, a.hd, block_sum_sq(x, a.hd), a.eps, 1);
+    __syncthreads(); // the rotation's pairs were normed by other threads
+    rope_head(x, a.pos[r], a.rot_dim, a.inv_freq);
 }
 
 // ---- SwiGLU in place: g = silu(g) * u ----
@@ -520,6 +545,15 @@ extern "C" void kvd_cudaop_rope(float *v, int rows, int heads, int stride, const
                                 int rot_dim, const float *inv_freq) {
     if (rows > 0 && rot_dim > 0)
         rope_k<<<rows * heads, 64>>>(v, heads, stride, pos, rot_dim, inv_freq);
+}
+
+extern "C" void kvd_cudaop_qk_norm_rope(float *q, int q_stride, float *k, const float *q_norm,
+                                        const float *k_norm, int rows, int nh, int kvh, int hd,
+                                        float eps, const int *pos, int rot_dim,
+                                        const float *inv_freq) {
+    if (rows <= 0) return;
+    const qk_args a{q, k, q_norm, k_norm, inv_freq, pos, rows, nh, kvh, hd, q_stride, rot_dim, eps};
+    qk_norm_rope_k<<<rows *(nh + kvh), 256>>>(a);
 }
 
 extern "C" void kvd_cudaop_swiglu(float *g, const float *u, size_t n) {

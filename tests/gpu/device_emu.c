@@ -122,6 +122,14 @@ void kvd_cudaop_rope(float *v, int rows, int heads, int stride, const int *pos, 
         for (int h = 0; h < heads; h++)
             kvd_rope(v + ((size_t)r * heads + h) * stride, pos[r], rot_dim, inv_freq);
 }
+void kvd_cudaop_qk_norm_rope(float *q, int q_stride, float *k, const float *q_norm,
+                             const float *k_norm, int rows, int nh, int kvh, int hd, float eps,
+                             const int *pos, int rot_dim, const float *inv_freq) {
+    kvd_cudaop_rmsnorm(q, (size_t)q_stride, q, (size_t)q_stride, q_norm, rows * nh, hd, eps, 1);
+    kvd_cudaop_rope(q, rows, nh, q_stride, pos, rot_dim, inv_freq);
+    kvd_cudaop_rmsnorm(k, (size_t)hd, k, (size_t)hd, k_norm, rows * kvh, hd, eps, 1);
+    kvd_cudaop_rope(k, rows, kvh, hd, pos, rot_dim, inv_freq);
+}
 void kvd_cudaop_split_query(const float *qg, float *qh, int rows, int nh, int hd) {
     for (size_t rh = 0; rh < (size_t)rows * nh; rh++)
         memcpy(qh + rh * hd, qg + rh * 2 * hd, sizeof(float) * (size_t)hd);

@@ -1253,6 +1253,85 @@ static void add_norm(void) {
 /* RMSNorm, RoPE and SwiGLU at the model's widths. Each product and sum is
  * rounded as on the CPU; what may differ is the double sum of squares (in a
  * tree) and libm's cos, sin and expf in their last place. */
+/* The attention layer's q and k heads normed and rotated in one launch
+ * (kvd_cudaop_qk_norm_rope) against the four launches it replaces
+ * (kvd_cudaop_rmsnorm, then kvd_cudaop_rope, on each), bit for bit, in
+ * place: query heads strided as the model's query + gate rows (whose gate
+ * halves must stay as they were), at head_dim 64, 128 and 256, rotating a
+ * quarter, all or none of each head, 1 and 37 rows, GQA 8 and 3. */
+static void qk_norm_rope(void) {
+    enum { R = 37, HDMAX = 256 };
+    static const struct {
+        int rows, nh, kvh, hd, rot;
+    } cases[] = {{R, 16, 2, 256, 64},
+                 {1, 16, 2, 256, 64},
+                 {R, 3, 1, 128, 128},
+                 {R, 3, 1, 64, 16},
+                 {R, 8, 1, 128, 0}};
+    int pos[R];
+    for (int r = 0; r < R; r++) pos[r] = r * 7001 + 3;
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int rows = cases[ci].rows, nh = cases[ci].nh, kvh = cases[ci].kvh;
+        const int hd = cases[ci].hd, rot = cases[ci].rot;
+        const size_t nq = (size_t)rows * nh * 2 * hd, nk = (size_t)rows * kvh * hd;
+        float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk);
+        float *out[2][2] = {{malloc(sizeof(float) * nq), malloc(sizeof(float) * nk)},
+                            {malloc(sizeof(float) * nq), malloc(sizeof(float) * nk)}};
+        float wq[HDMAX], wk[HDMAX], inv[HDMAX / 2];
+        fill(q, nq, "gpu.qk.q", 2.0f);
+        fill(k, nk, "gpu.qk.k", 30.0f);
+        fill(wq, HDMAX, "gpu.qk.wq", 0.1f);
+        fill(wk, HDMAX, "gpu.qk.wk", 0.3f);
+        for (int i = 0; i < HDMAX / 2; i++) inv[i] = powf(1e7f, -(float)(2 * i) / (rot ? rot : 2));
+        float *dq = kvd_cuda_alloc(sizeof(float) * nq), *dk = kvd_cuda_alloc(sizeof(float) * nk);
+        float *dwq = kvd_cuda_alloc(sizeof wq), *dwk = kvd_cuda_alloc(sizeof wk);
+        float *dinv = kvd_cuda_alloc(sizeof inv);
+        int *dpos = kvd_cuda_alloc(sizeof pos);
+        char err[256] = "";
+        int ok = dq && dk && dwq && dwk && dinv && dpos && !kvd_cuda_upload(dwq, wq, sizeof wq) &&
+                 !kvd_cuda_upload(dwk, wk, sizeof wk) && !kvd_cuda_upload(dinv, inv, sizeof inv) &&
+                 !kvd_cuda_upload(dpos, pos, sizeof pos);
+        for (int fused = 0; ok && fused < 2; fused++) {
+            ok = !kvd_cuda_upload(dq, q, sizeof(float) * nq) &&
+                 !kvd_cuda_upload(dk, k, sizeof(float) * nk);
+            if (ok && fused) {
+                kvd_cudaop_qk_norm_rope(dq, 2 * hd, dk, dwq, dwk, rows, nh, kvh, hd, 1e-6f, dpos,
+                                        rot, dinv);
+            } else if (ok) {
+                kvd_cudaop_rmsnorm(dq, 2 * (size_t)hd, dq, 2 * (size_t)hd, dwq, rows * nh, hd,
+                                   1e-6f, 1);
+                kvd_cudaop_rope(dq, rows, nh, 2 * hd, dpos, rot, dinv);
+                kvd_cudaop_rmsnorm(dk, (size_t)hd, dk, (size_t)hd, dwk, rows * kvh, hd, 1e-6f, 1);
+                kvd_cudaop_rope(dk, rows, kvh, hd, dpos, rot, dinv);
+            }
+            ok = ok && !kvd_cuda_sync(err, sizeof err) &&
+                 !kvd_cuda_download(out[fused][0], dq, sizeof(float) * nq) &&
+                 !kvd_cuda_download(out[fused][1], dk, sizeof(float) * nk);
+        }
+        CHECK(ok, "qk norm + rope (case %zu) failed: %s\n", ci, err);
+        if (ok) {
+            CHECK(!memcmp(out[0][0], out[1][0], sizeof(float) * nq) &&
+                      !memcmp(out[0][1], out[1][1], sizeof(float) * nk),
+                  "qk norm + rope (%d rows, %d/%d heads x %d, rotating %d): one launch differs "
+                  "from the four\n",
+                  rows, nh, kvh, hd, rot);
+            int gates_kept = 1, normed = 0;
+            for (size_t h = 0; h < (size_t)rows * nh; h++)
+                for (int d = 0; d < hd; d++) {
+                    gates_kept &= out[1][0][(2 * h + 1) * hd + d] == q[(2 * h + 1) * hd + d];
+                    normed += out[1][0][2 * h * hd + d] != q[2 * h * hd + d];
+                }
+            CHECK(gates_kept && normed > rows * nh * hd / 2,
+                  "qk norm + rope (case %zu): the gate halves %s, %d query values changed\n", ci,
+                  gates_kept ? "kept" : "changed", normed);
+        }
+        kvd_cuda_free(dq), kvd_cuda_free(dk), kvd_cuda_free(dwq), kvd_cuda_free(dwk);
+        kvd_cuda_free(dinv), kvd_cuda_free(dpos);
+        free(q), free(k);
+        for (int i = 0; i < 4; i++) free(out[i / 2][i % 2]);
+    }
+}
+
 static void dense(void) {
     enum { R = 37, N = 4096, HD = 256, NH = 16 };
     float *x = malloc(sizeof(float) * R * N), *w = malloc(sizeof(float) * N),
@@ -1292,6 +1371,7 @@ static void dense(void) {
     CHECK(rel_l2(b, a, (size_t)R * N) < 1e-6, "swiglu: rel L2 %g\n", rel_l2(b, a, (size_t)R * N));
     free(x), free(w), free(a), free(b), free(v), free(vc);
     add_norm();
+    qk_norm_rope();
 }
 
 /* The paged cache write in every mode: the device's pool bytes equal the
