@@ -23,6 +23,21 @@
  * about 55 s of 16 threads as normals, 8 s as uniforms, and a step's time
  * depends on the values only through the routing, which both laws spread
  * over the experts alike. */
+/* n greedy decode steps of the C sequences seqs (one token each, from nxt,
+ * which takes the next), the first `warm` untimed: the seconds of the
+ * rest, or -1 when a step failed (err says why) */
+static double greedy_steps(kvd_cuda_model *m, kvd_kvcache *kv, int C, int *seqs, int *ones,
+                           int32_t *nxt, int n, int warm, char *err) {
+    double t = 0;
+    for (int st = 0; st < n; st++) {
+        kvd_batch b = {C, seqs, ones, nxt};
+        const double a = kvd_now();
+        if (kvd_cuda_forward_greedy(m, kv, &b, nxt, err)) return -1;
+        if (st >= warm) t += kvd_now() - a;
+    }
+    return t;
+}
+
 int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gpus) {
     char err[KVD_ERR_LEN];
     kvd_config cfg;
@@ -77,13 +92,8 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gp
                 }
                 nxt[s] = tok[(s * 7) % ctx];
             }
-            double t = 0;
-            for (int st = 0; st < steps + 2 && rc == 0; st++) {
-                kvd_batch b = {C, seqs, ones, nxt};
-                double a = kvd_now();
-                rc = kvd_cuda_forward_greedy(m, &kv, &b, nxt, err);
-                if (st >= 2) t += kvd_now() - a; /* two warm-up steps */
-            }
+            const double t = rc ? -1 : greedy_steps(m, &kv, C, seqs, ones, nxt, steps + 2, 2, err);
+            rc = t < 0 ? -1 : 0;
             if (rc) {
                 fprintf(stderr, "bench model: %s\n", err);
                 break;
@@ -106,10 +116,7 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gp
             /* where the time goes: three more steps, each phase drained */
             double ph[KVD_PHASES], pt = 0;
             kvd_cuda_model_profile(m, 1);
-            for (int st = 0; st < 3 && rc == 0; st++) {
-                kvd_batch b = {C, seqs, ones, nxt};
-                rc = kvd_cuda_forward_greedy(m, &kv, &b, nxt, err);
-            }
+            rc = greedy_steps(m, &kv, C, seqs, ones, nxt, 3, 3, err) < 0 ? -1 : 0;
             kvd_cuda_model_phases(m, ph);
             kvd_cuda_model_profile(m, 0);
             if (rc) fprintf(stderr, "bench model: %s\n", err);
@@ -126,14 +133,9 @@ int kvd_bench_model(const char *preset, int ctx, int steps, int with_fp8, int gp
              * tuned in the two warm-up steps */
             if (rc == 0 && mi == 0 && C == 32) {
                 kvd_cuda_gemm_set_tune(1);
-                double tt = 0;
-                for (int st = 0; st < steps + 2 && rc == 0; st++) {
-                    kvd_batch b = {C, seqs, ones, nxt};
-                    double a = kvd_now();
-                    rc = kvd_cuda_forward_greedy(m, &kv, &b, nxt, err);
-                    if (st >= 2) tt += kvd_now() - a;
-                }
+                const double tt = greedy_steps(m, &kv, C, seqs, ones, nxt, steps + 2, 2, err);
                 kvd_cuda_gemm_set_tune(-1);
+                rc = tt < 0 ? -1 : 0;
                 if (rc)
                     fprintf(stderr, "bench model: %s\n", err);
                 else

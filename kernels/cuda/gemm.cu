@@ -61,6 +61,11 @@ int tune_setting = -1; // kvd_cuda_gemm_set_tune's; -1: the environment's
 
 } // namespace
 
+// a shape's hash, for the plans' and the tuned algorithms' tables
+static unsigned shape_hash(int M, int N, int K) {
+    return (unsigned)M * 2654435761u ^ (unsigned)N * 40503u ^ (unsigned)K;
+}
+
 static bool tuning() {
     static const bool env = [] {
         const char *e = getenv("KVD_CUDA_GEMM");
@@ -122,7 +127,7 @@ static tuned_algo *tuned_find(lt_state *st, int M, int N, int K, bool *known) {
     *known = false;
     if (!st->tuned) st->tuned = static_cast<tuned_algo *>(calloc(TUNED, sizeof(tuned_algo)));
     if (!st->tuned) return nullptr;
-    unsigned i = ((unsigned)M * 2654435761u ^ (unsigned)N * 40503u ^ (unsigned)K) % TUNED;
+    unsigned i = shape_hash(M, N, K) % TUNED;
     for (;; i = (i + 1) % TUNED) {
         tuned_algo *t = &st->tuned[i];
         if (t->M == M && t->N == N && t->K == K) {
@@ -153,7 +158,7 @@ static int candidates(lt_state *st, const plan *p, cublasLtMatmulHeuristicResult
 // choice, a tuned algorithm the device's table holds) in a free slot or
 // over the first of its probe; null where cuBLASLt has nothing for it
 static plan *plan_for(lt_state *st, int M, int N, int K) {
-    const unsigned h = ((unsigned)M * 2654435761u ^ (unsigned)N * 40503u ^ (unsigned)K) % PLANS;
+    const unsigned h = shape_hash(M, N, K) % PLANS;
     plan *slot = nullptr;
     for (int i = 0; i < PROBE; i++) {
         plan *p = &st->plans[(h + i) % PLANS];

@@ -695,6 +695,14 @@ static void lt_calls(unsigned long long n[4]) {
  * events see, the tuned products are the untuned ones bit for bit, every
  * candidate is timed as often as the others (a warm-up and two batches of
  * four) and every product after goes to the fastest. */
+/* the product of shape i of the tuned table's filler, up to SM x SM x SK:
+ * M = 1 + i % SM, N = 1 + i / SM % SM, K = 8 + i / SM^2 (x [SM][SK] and y
+ * [SM][SM] hold every one) */
+enum { SM = 16, SK = 32 };
+static int small_product(const void *x, const void *w, void *y, int i) {
+    return kvd_cuda_linear_bf16_dev(x, w, y, 1 + i % SM, 1 + i / SM % SM, 8 + i / (SM * SM));
+}
+
 static void gemm_tuning(void) {
     static const struct {
         int n;
@@ -773,25 +781,20 @@ static void gemm_tuning(void) {
               "%llu/%llu/%llu times, expected 0/%d/0\n",
               how, again[1] - tuned[1], again[2] - tuned[2], again[3] - tuned[3], products);
     }
-    /* fill the table to its 3/4 with small shapes (up to 16 x 16 x 32:
-     * shape i is M = 1 + i % 16, N = 1 + i / 16 % 16, K = 8 + i / 256),
-     * then a new shape keeps the heuristic's first choice untimed */
-    enum { SM = 16, SK = 32 };
+    /* fill the table to its 3/4 with small shapes (small_product), then a
+     * new shape keeps the heuristic's first choice untimed */
     uint16_t *xs = calloc((size_t)SM * SK, 2);
     void *dxs = kvd_cuda_alloc((size_t)SM * SK * 2), *dys = kvd_cuda_alloc(sizeof(float) * SM * SM);
     kvd_cuda_gemm_set_tune(1);
     ok = xs && dxs && dys && !kvd_cuda_upload(dxs, xs, (size_t)SM * SK * 2);
     int shape = 0;
-#define SMALL_SHAPE(i) 1 + (i) % SM, 1 + (i) / SM % SM, 8 + (i) / (SM * SM)
     for (; ok && kvd_cuda_gemm_tuned() < FILL && shape < FILL; shape++)
-        ok = !kvd_cuda_linear_bf16_dev(dxs, dw, (float *)dys, SMALL_SHAPE(shape));
+        ok = !small_product(dxs, dw, dys, shape);
     CHECK(ok && kvd_cuda_gemm_tuned() == FILL, "gemm tuning: %d shapes tuned filling the table\n",
           kvd_cuda_gemm_tuned());
     unsigned long long c0[4], c1[4];
     lt_calls(c0);
-    ok = ok && !kvd_cuda_linear_bf16_dev(dxs, dw, (float *)dys, SMALL_SHAPE(shape)) &&
-         !kvd_cuda_sync(err, sizeof err);
-#undef SMALL_SHAPE
+    ok = ok && !small_product(dxs, dw, dys, shape) && !kvd_cuda_sync(err, sizeof err);
     lt_calls(c1);
     CHECK(ok && kvd_cuda_gemm_tuned() == FILL, "gemm tuning: a full table took a shape (%d) %s\n",
           kvd_cuda_gemm_tuned(), err);
