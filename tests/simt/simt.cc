@@ -888,7 +888,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev) {
     if (dev < 0 || dev >= n_devices) return cudaErrorInvalidDevice;
     std::memset(p, 0, sizeof *p);
     const simt_device &d = device();
-    std::snprintf(p->name, sizeof p->name, "kvdrift SIMT simulator (%s)", d.arch);
+    std::snprintf(p->name, sizeof p->name, "kvdrift SIMT simulator"); // the caller adds sm_XY
     p->major = d.major, p->minor = d.minor, p->multiProcessorCount = d.sms, p->warpSize = 32;
     p->maxThreadsPerBlock = 1024, p->sharedMemPerBlock = 48 * 1024;
     p->sharedMemPerBlockOptin = d.smem_optin, p->sharedMemPerMultiprocessor = d.smem_sm;
