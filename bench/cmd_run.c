@@ -16,6 +16,9 @@
 #include <unistd.h>
 
 #include "gitrev.h" /* KVD_GIT_REV: a resumed file must be this build's */
+#ifdef KVD_HAVE_CUDA
+#include "../kernels/cuda/cuda_kernels.h"
+#endif
 #include "../datasets/calibset.h"
 #include "../datasets/trace.h"
 #include "../reports/report.h"
@@ -319,6 +322,12 @@ static char *run_settings(const run_opts *o, const kvd_config *c, const char *de
     /* a GPU's throughput (and its last bits) are that GPU's; the CPU's
      * description is its thread count, which a rerun may change */
     if (strcmp(o->backend, "cpu")) json_object_set_new(j, "device", json_string(device));
+#ifdef KVD_HAVE_CUDA
+    /* tuned GEMMs (KVD_CUDA_GEMM=tune) sum in another order than the
+     * heuristic's first choice: cells of the two must not share a file */
+    if (!strcmp(o->backend, "cuda"))
+        json_object_set_new(j, "cuda-gemm", json_string(kvd_cuda_gemm_tuning() ? "tune" : "first"));
+#endif
     json_object_set_new(j, "weights", wj);
     json_object_set_new(j, "traces", json_integer(o->traces));
     json_object_set_new(j, "seed", json_integer((json_int_t)o->seed));
@@ -383,8 +392,17 @@ static void check_resume(const char *cmd, const char *path, const char *was_rev,
             if (why[0]) break;
         }
         kvd_json_text(w, x, sizeof x), kvd_json_text(v, y, sizeof y);
-        snprintf(why, sizeof why, "%s holds cells run with --%s %s, this run has --%s %s", path,
-                 key, x, key, y);
+        /* two settings are no flag's: the device and the GEMMs' choice */
+        if (!strcmp(key, "device"))
+            snprintf(why, sizeof why, "%s holds cells run on %s, this run is on %s", path, x, y);
+        else if (!strcmp(key, "cuda-gemm"))
+            snprintf(why, sizeof why,
+                     "%s holds cells run with KVD_CUDA_GEMM=%s, this run has KVD_CUDA_GEMM=%s "
+                     "(the two sum the products in another order)",
+                     path, x, y);
+        else
+            snprintf(why, sizeof why, "%s holds cells run with --%s %s, this run has --%s %s", path,
+                     key, x, key, y);
         break;
     }
     /* freed before exiting: nothing the run parsed is left behind */

@@ -222,6 +222,10 @@ void *kvd_settings_parse(const char *text) {
     json_t *j = text ? json_loads(text, 0, NULL) : NULL;
     if (json_is_object(j) && !json_object_get(j, "attn-fp8"))
         json_object_set_new(j, "attn-fp8", json_false());
+    /* a cuda run from before the key had the heuristic's first choice */
+    const char *be = json_string_value(json_object_get(j, "backend"));
+    if (be && !strcmp(be, "cuda") && !json_object_get(j, "cuda-gemm"))
+        json_object_set_new(j, "cuda-gemm", json_string("first"));
     return j;
 }
 

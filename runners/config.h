@@ -76,8 +76,9 @@ void *kvd_json_load(const char *path, char *err);
 void kvd_json_text(const void *value, char *out, size_t n);
 
 /* A results file's run_settings (JSON text) as a json_t *, NULL for bad
- * JSON: switches a run writes only when set ("attn-fp8") false where
- * absent, so that two files compare key by key. */
+ * JSON: keys older files lack take the value those files ran with
+ * ("attn-fp8" false; a cuda run's "cuda-gemm" "first"), so that two files
+ * compare key by key. */
 void *kvd_settings_parse(const char *text);
 
 /* Put "prefix: " in front of the message in err (KVD_ERR_LEN bytes). */

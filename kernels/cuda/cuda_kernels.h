@@ -95,6 +95,9 @@ int kvd_cuda_linear_bf16_dev(const void *x, const void *w, float *y, int M, int 
 void kvd_cuda_gemm_set_tune(int on);
 /* The shapes tuned so far on the current device. */
 int kvd_cuda_gemm_tuned(void);
+/* 1 where tuning is on (the environment's setting or set_tune's), else 0:
+ * what a results file records, since it changes the last bits. */
+int kvd_cuda_gemm_tuning(void);
 /* Tuning's choice among n candidates timed ms[i] each (<= 0: it failed):
  * the first that ran, displaced by a later one only when at least 5%
  * faster than the one kept, so that near-ties keep the heuristic's order.

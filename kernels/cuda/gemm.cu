@@ -274,6 +274,10 @@ extern "C" void kvd_cuda_gemm_set_tune(int on) {
     tune_setting = on < 0 ? -1 : on != 0;
 }
 
+extern "C" int kvd_cuda_gemm_tuning(void) {
+    return tuning() ? 1 : 0;
+}
+
 extern "C" int kvd_cuda_gemm_tuned(void) {
     int dev = 0;
     cudaGetDevice(&dev);

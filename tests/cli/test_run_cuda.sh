@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# kvdrift run --backend cuda end to end, on the SIMT simulator (kvdrift_simt:
+# the command line linked against the CUDA kernels run thread by thread):
+# calibration, drift and throughput cells, the results file, resuming and
+# what refuses it, a split over two GPUs and tuned GEMMs. The figures are
+# held to the CPU back end's run of the same sweep with the model test's
+# tolerances, and `kvdrift compare` finds no regression between the two.
+set -u
+sim="$1" # kvdrift_simt
+cpu="$2" # kvdrift
+thresholds="$3" # reports/thresholds.csv
+py=/usr/bin/python3
+if ! "$py" -c "import h5py, numpy" 2>/dev/null; then
+  echo "SKIP: $py has no h5py/numpy (scripts/setup.sh installs python3-h5py)"
+  exit 77
+fi
+. "$(dirname "$0")/lib.sh"
+
+sweep=(run --model tiny --context 128 --concurrency 1,4 --gen-tokens 4 --decode-tokens 2
+       --calib-tokens 128 --attn-per-head --kv-budget 64MiB --threads 1)
+first=(--kv bf16,fp8-cal,fp8-unscaled)
+all=(--kv bf16,fp8-cal,fp8-unscaled,fp8-e5m2)
+
+"$cpu" "${sweep[@]}" "${all[@]}" -o "$work/cpu.h5" >/dev/null 2>"$work/cpu.err" && ok || bad "the CPU's sweep failed: $(cat "$work/cpu.err")"
+
+# three modes, then the fourth added by resuming: the first cells untouched
+"$sim" "${sweep[@]}" "${first[@]}" --backend cuda -o "$work/gpu.h5" >/dev/null 2>"$work/g1.err" && ok || bad "the device's sweep failed: $(cat "$work/g1.err")"
+cp "$work/gpu.h5" "$work/gpu3.h5"
+"$sim" "${sweep[@]}" "${all[@]}" --backend cuda -o "$work/gpu.h5" >"$work/g2.out" 2>"$work/g2.err" && ok || bad "resuming the device's sweep failed: $(cat "$work/g2.err")"
+
+"$py" - "$work/cpu.h5" "$work/gpu.h5" "$work/gpu3.h5" <<'PY' && ok || bad "the device's results differ from the CPU's (above)"
+import sys, json, h5py, numpy as np
+c, g, g3 = (h5py.File(p, "r") for p in sys.argv[1:4])
+bad = []
+def check(cond, what):
+    if not cond: bad.append(what)
+
+a = dict(g.attrs)
+s = json.loads(a["run_settings"])
+check(a["backend"] == b"cuda", f"backend {a['backend']}")
+check(a["device"] == b"kvdrift SIMT simulator (sm_90)", f"device {a['device']}")
+check(s["device"] == "kvdrift SIMT simulator (sm_90)" and s["gpus"] == 1, f"settings {s}")
+check(s["cuda-gemm"] == "first", f"cuda-gemm {s.get('cuda-gemm')}")
+check("cuda-gemm" not in json.loads(c.attrs["run_settings"]), "a CPU run records cuda-gemm")
+
+key = ("cell", "kind", "mode", "concurrency", "context", "trace")
+cells = lambda f: sorted(tuple(r[k] for k in key) for r in f["cells"][:])
+check(cells(c) == cells(g) and len(cells(g)) == 12, f"cells {cells(g)} against {cells(c)}")
+
+for k in ("k_scale", "v_scale"):
+    x, y = g["calibration"][k][:], c["calibration"][k][:]
+    check(np.allclose(x, y, rtol=1e-5, atol=0), f"calibration {k}: {x} against {y}")
+
+# the model test's tolerances: divergences within 5% relative plus 1e-6,
+# row for row (the same rows, counts and NaNs in the same places)
+def same_rows(t, floats):
+    x, y = g[t][:], c[t][:]
+    if len(x) != len(y):
+        return check(False, f"{t}: {len(x)} rows, the CPU's {len(y)}")
+    for n in x.dtype.names:
+        if n in floats:
+            u, v = x[n].astype(float), y[n].astype(float)
+            nan = np.isnan(u) | np.isnan(v)
+            check((np.isnan(u) == np.isnan(v)).all(), f"{t}.{n}: NaN in other rows")
+            lim = floats[n][0] * np.maximum(abs(u), abs(v)) + floats[n][1]
+            e = np.where(nan, 0, abs(u - v) - lim)
+            i = int(np.argmax(e))
+            check(e[i] <= 0, f"{t}.{n}[{i}]: {u[i]:.9g} on the device, {v[i]:.9g} on the CPU")
+        else:
+            check((x[n] == y[n]).all(), f"{t}.{n}: differs")
+div = (0.05, 1e-6)
+for t in ("drift/output", "drift/layers", "drift/attention"):
+    same_rows(t, {"mean": div, "ci95": div})
+same_rows("drift/summary", {"value": div})
+# the counters: a code written one step apart moves a share by 1/n
+same_rows("drift/kv", {f: (1e-3, 2 / 17536) for f in ("k_scale", "v_scale",
+          "k_saturated_frac", "k_flushed_frac", "k_subnormal_frac",
+          "v_saturated_frac", "v_flushed_frac", "v_subnormal_frac")})
+# greedy generations may part one agreeing token earlier or later
+same_rows("drift/generation", {"agree_rate": (0, 0.25 + 1e-9)})
+
+# throughput: the same requests and cache, at speeds of the device's own
+x, y = g["throughput"][:], c["throughput"][:]
+for n in ("mode", "concurrency", "context", "output_tokens", "kv_bytes_per_token",
+          "budget_bytes", "budget_tokens", "peak_kv_bytes"):
+    check((x[n] == y[n]).all(), f"throughput.{n}: {x[n]} against {y[n]}")
+check((x["decode_tok_s"] > 0).all() and (x["prefill_tok_s"] > 0).all(), "throughput: a speed not above 0")
+
+# resuming added fp8-e5m2's cells and left the others' rows as they were
+for t in ("drift/output", "drift/layers", "drift/kv", "throughput"):
+    old, new = g3[t][:], g[t][:]
+    keep = new[new["mode"] != b"fp8-e5m2"]
+    check(len(old) > 0 and np.array_equal(np.sort(old), np.sort(keep)), f"{t}: resuming changed the first cells")
+    check((new["mode"] == b"fp8-e5m2").sum() > 0, f"{t}: no fp8-e5m2 rows after resuming")
+for p in bad:
+    print("  " + p)
+sys.exit(1 if bad else 0)
+PY
+grep -q "wrote .*gpu.h5: 12 cells" "$work/g2.out" && ok || bad "resume: $(tail -1 "$work/g2.out")"
+
+# the project's own regression check finds none between the two back ends
+# in the drift figures (the simulator's speeds are no GPU's)
+grep -v '^decode_' "$thresholds" >"$work/drift-thresholds.csv"
+"$cpu" compare "$work/cpu.h5" "$work/gpu.h5" --thresholds "$work/drift-thresholds.csv" >"$work/cmp.out" 2>&1; rc=$?
+grep -q "^compare: [0-9]* checks, 0 regressions" "$work/cmp.out" || rc=1
+[ $rc -eq 0 ] && ok || bad "compare cpu gpu: exit $rc: $(tail -5 "$work/cmp.out")"
+"$cpu" report "$work/gpu.h5" -o "$work/gpu.html" 2>"$work/rep.err" && grep -q "kvdrift SIMT simulator (sm_90)" "$work/gpu.html" && ok ||
+  bad "the device's report: $(cat "$work/rep.err")"
+
+# what refuses a resume: another back end, tuned GEMMs; a misspelt choice
+# is refused before anything is written
+refused() { # message, then the command
+  local msg="$1"
+  shift
+  cp "$work/gpu.h5" "$work/r.h5"
+  "$@" -o "$work/r.h5" >/dev/null 2>"$work/r.err"
+  local rc=$?
+  if [ $rc -eq 2 ] && grep -q -- "$msg" "$work/r.err" && cmp -s "$work/gpu.h5" "$work/r.h5"; then ok; else bad "resume not refused ($msg): exit $rc, $(cat "$work/r.err")"; fi
+}
+refused "r.h5 holds cells run with --backend cuda, this run has --backend cpu" "$sim" "${sweep[@]}" "${all[@]}" --backend cpu
+refused "r.h5 holds cells run with KVD_CUDA_GEMM=first, this run has KVD_CUDA_GEMM=tune" env KVD_CUDA_GEMM=tune "$sim" "${sweep[@]}" "${all[@]}" --backend cuda
+# a file from before cuda-gemm was recorded ran the first choice
+cp "$work/gpu.h5" "$work/old.h5"
+"$py" - "$work/old.h5" <<'PY'
+import sys, json, h5py
+with h5py.File(sys.argv[1], "r+") as f:
+    s = json.loads(f.attrs["run_settings"])
+    del s["cuda-gemm"]
+    f.attrs["run_settings"] = json.dumps(s, separators=(",", ":"))
+PY
+cp "$work/old.h5" "$work/gpu.h5" # (the rows are the same)
+refused "r.h5 holds cells run with KVD_CUDA_GEMM=first, this run has KVD_CUDA_GEMM=tune" env KVD_CUDA_GEMM=tune "$sim" "${sweep[@]}" "${all[@]}" --backend cuda
+"$sim" "${sweep[@]}" "${all[@]}" --backend cuda -o "$work/old.h5" >"$work/old.out" 2>&1 && grep -q "12 cells already finished" "$work/old.out" && ok ||
+  bad "a file without cuda-gemm did not resume as the first choice: $(cat "$work/old.out")"
+KVD_CUDA_GEMM=fastest "$sim" "${sweep[@]}" --kv fp8-cal --cells drift --backend cuda -o "$work/f.h5" >/dev/null 2>"$work/f.err"; rc=$?
+[ $rc -ne 0 ] && grep -q "KVD_CUDA_GEMM=fastest: expected 'tune' or 'first'" "$work/f.err" && [ ! -e "$work/f.h5" ] && ok ||
+  bad "KVD_CUDA_GEMM=fastest: exit $rc, $(cat "$work/f.err")"
+
+# tuned GEMMs (the simulator's algorithms compute alike: the same bits) and
+# a split over two GPUs (the model test's tolerances), fp8-cal's drift cell
+KVD_CUDA_GEMM=tune "$sim" "${sweep[@]}" --kv fp8-cal --cells drift --backend cuda -o "$work/tune.h5" >/dev/null 2>"$work/t.err" && ok || bad "tuned: $(cat "$work/t.err")"
+"$sim" "${sweep[@]}" --kv fp8-cal --cells drift --backend cuda --gpus 2 -o "$work/two.h5" >/dev/null 2>"$work/two.err" && ok || bad "--gpus 2: $(cat "$work/two.err")"
+"$py" - "$work/gpu.h5" "$work/tune.h5" "$work/two.h5" <<'PY' && ok || bad "tuned or two-GPU figures differ (above)"
+import sys, json, h5py, numpy as np
+g, t, two = (h5py.File(p, "r") for p in sys.argv[1:4])
+bad = []
+st, s2 = json.loads(t.attrs["run_settings"]), json.loads(two.attrs["run_settings"])
+if st["cuda-gemm"] != "tune": bad.append(f"tuned run's cuda-gemm {st['cuda-gemm']}")
+if s2["gpus"] != 2 or two.attrs["device"] != b"kvdrift SIMT simulator (sm_90) x2":
+    bad.append(f"two GPUs: gpus {s2['gpus']}, device {two.attrs['device']}")
+for tab in ("drift/output", "drift/layers", "drift/attention", "drift/kv"):
+    ref = g[tab][:]
+    ref = ref[ref["mode"] == b"fp8-cal"]
+    if ref.tobytes() != t[tab][:].tobytes(): # NaNs included
+        bad.append(f"{tab}: the tuned run's rows are not the first choice's")
+    x = two[tab][:]
+    f = "mean" if "mean" in ref.dtype.names else "k_flushed_frac"
+    u, v = x[f].astype(float), ref[f].astype(float)
+    lim = 0.05 * np.maximum(abs(u), abs(v)) + 1e-6
+    if len(x) != len(ref) or (np.nan_to_num(abs(u - v) - lim) > 0).any():
+        bad.append(f"{tab}: two GPUs' {f} beyond 5% + 1e-6 of one GPU's")
+for p in bad:
+    print("  " + p)
+sys.exit(1 if bad else 0)
+PY
+
+echo "run --backend cuda on the simulator: $pass passed, $fail failed"
+[ "$fail" = 0 ]
