@@ -2,9 +2,10 @@
 # kvdrift run --backend cuda end to end, on the SIMT simulator (kvdrift_simt:
 # the command line linked against the CUDA kernels run thread by thread):
 # calibration, drift and throughput cells, the results file, resuming and
-# what refuses it, a split over two GPUs and tuned GEMMs. The figures are
-# held to the CPU back end's run of the same sweep with the model test's
-# tolerances, and `kvdrift compare` finds no regression between the two.
+# what refuses it, a split over two GPUs and tuned GEMMs; calibrate and
+# forward too. The figures are held to the CPU back end's run of the same
+# commands with the model test's tolerances, and `kvdrift compare` finds no
+# regression between the two sweeps.
 set -u
 sim="$1" # kvdrift_simt
 cpu="$2" # kvdrift
@@ -159,6 +160,44 @@ for tab in ("drift/output", "drift/layers", "drift/attention", "drift/kv"):
     lim = 0.05 * np.maximum(abs(u), abs(v)) + 1e-6
     if len(x) != len(ref) or (np.nan_to_num(abs(u - v) - lim) > 0).any():
         bad.append(f"{tab}: two GPUs' {f} beyond 5% + 1e-6 of one GPU's")
+for p in bad:
+    print("  " + p)
+sys.exit(1 if bad else 0)
+PY
+
+# calibrate and forward on the device against the CPU: the scales file
+# within 1e-5 relative, forward's table within the same tolerances
+cal=(calibrate --model tiny --calib-tokens 128 --per-head)
+"$sim" "${cal[@]}" --backend cuda -o "$work/s-gpu.json" >/dev/null 2>"$work/s.err" && ok || bad "calibrate --backend cuda: $(cat "$work/s.err")"
+"$cpu" "${cal[@]}" -o "$work/s-cpu.json" >/dev/null 2>&1
+fwd=(forward --model tiny --tokens 32 --calib-tokens 128)
+"$sim" "${fwd[@]}" --backend cuda >"$work/f-gpu.out" 2>"$work/f.err" && ok || bad "forward --backend cuda: $(cat "$work/f.err")"
+"$cpu" "${fwd[@]}" >"$work/f-cpu.out" 2>&1
+"$py" - "$work"/s-gpu.json "$work"/s-cpu.json "$work"/f-gpu.out "$work"/f-cpu.out <<'PY' && ok || bad "calibrate or forward on the device differ from the CPU's (above)"
+import sys, json, math
+bad = []
+g, c = (json.load(open(p)) for p in sys.argv[1:3])
+if len(g["layers"]) != 2 or len(g["layers"]) != len(c["layers"]): bad.append("calibrate: layers")
+for lg, lc in zip(g["layers"], c["layers"]):
+    for k in ("k_scale", "v_scale", "k_absmax", "v_absmax", "q_scale"):
+        if len(lg[k]) != (4 if k == "q_scale" else 2) or any(abs(a - b) > 1e-5 * abs(b) for a, b in zip(lg[k], lc[k])):
+            bad.append(f"calibrate: layer {lg['attention_layer']} {k} {lg[k]} against {lc[k]}")
+def table(p):
+    rows, head = {}, None
+    for l in open(p):
+        f = l.split()
+        if f[:1] == ["kv_mode"]: head = f
+        elif head and len(f) == len(head) and f[0] in ("bf16", "fp8-cal", "fp8-unscaled", "fp8-e5m2"):
+            rows[f[0]] = dict(zip(head, f))
+    return rows
+tg, tc = table(sys.argv[3]), table(sys.argv[4])
+if len(tg) != 4 or tg.keys() != tc.keys(): bad.append(f"forward: modes {list(tg)} against {list(tc)}")
+for m in tc:
+    for k, v in tc[m].items():
+        if k in ("kv_mode", "prefill_tok_s"): continue
+        a, b = float(tg.get(m, {}).get(k, "nan")), float(v)
+        tol = 1 / 32 + 1e-9 if k == "top1_agree" else 0.05 * max(abs(a), abs(b)) + 1e-6 if k == "kl_mean" else 0.0011
+        if not abs(a - b) <= tol: bad.append(f"forward {m} {k}: {a} on the device, {b} on the CPU")
 for p in bad:
     print("  " + p)
 sys.exit(1 if bad else 0)
