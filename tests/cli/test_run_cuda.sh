@@ -171,8 +171,44 @@ cal=(calibrate --model tiny --calib-tokens 128 --per-head)
 "$sim" "${cal[@]}" --backend cuda -o "$work/s-gpu.json" >/dev/null 2>"$work/s.err" && ok || bad "calibrate --backend cuda: $(cat "$work/s.err")"
 "$cpu" "${cal[@]}" -o "$work/s-cpu.json" >/dev/null 2>&1
 fwd=(forward --model tiny --tokens 32 --calib-tokens 128)
-"$sim" "${fwd[@]}" --backend cuda >"$work/f-gpu.out" 2>"$work/f.err" && ok || bad "forward --backend cuda: $(cat "$work/f.err")"
-"$cpu" "${fwd[@]}" >"$work/f-cpu.out" 2>&1
+"$sim" "${fwd[@]}" --backend cuda --dump "$work/d-gpu" >"$work/f-gpu.out" 2>"$work/f.err" && ok || bad "forward --backend cuda: $(cat "$work/f.err")"
+"$cpu" "${fwd[@]}" --dump "$work/d-cpu" >"$work/f-cpu.out" 2>&1
+# forward's dump: the FP8 caches byte for byte, a BF16 cache element one
+# code apart or less than a BF16 step of its row's largest value (its FP32
+# input differs by roundings: the model test's rule), the
+# activations and logits within 1e-5 of their largest value
+"$py" - "$work/d-gpu" "$work/d-cpu" <<'PY' && ok || bad "forward --dump on the device differs from the CPU's (above)"
+import sys, os, numpy as np
+g, c = sys.argv[1:3]
+bad, n = [], 0
+for m in ("bf16", "fp8-cal", "fp8-unscaled", "fp8-e5m2"):
+    names = sorted(os.listdir(os.path.join(c, m)))
+    if sorted(os.listdir(os.path.join(g, m))) != names or len(names) != 9:
+        bad.append(f"{m}: files {sorted(os.listdir(os.path.join(g, m)))} against {names}")
+        continue
+    for f in names:
+        x, y = (np.fromfile(os.path.join(d, m, f), np.uint8) for d in (g, c))
+        n += 1
+        if len(x) != len(y):
+            bad.append(f"{m}/{f}: {len(x)} bytes, the CPU's {len(y)}")
+        elif f.endswith(".bin") and m != "bf16":
+            if x.tobytes() != y.tobytes(): bad.append(f"{m}/{f}: {(x != y).sum()} bytes differ")
+        elif f.endswith(".bin"): # BF16, rows of head_dim 64
+            u, v = ((z.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(-1, 64)
+                    for z in (x, y))
+            codes = abs(x.view(np.int16).astype(int) - y.view(np.int16).astype(int)).reshape(-1, 64)
+            step = 2.0 ** (np.floor(np.log2(abs(v).max(axis=1, keepdims=True))) - 7)
+            off = (codes > 1) & (abs(u - v) > step)
+            if off.any(): bad.append(f"{m}/{f}: {off.sum()} BF16 values beyond a code and their row's step")
+        else:
+            u, v = x.view(np.float32), y.view(np.float32)
+            e = abs(u - v).max() / abs(v).max()
+            if not e <= 1e-5: bad.append(f"{m}/{f}: {e:.3g} of its largest value apart")
+if n != 36: bad.append(f"{n} files compared, expected 36")
+for p in bad:
+    print("  " + p)
+sys.exit(1 if bad else 0)
+PY
 "$py" - "$work"/s-gpu.json "$work"/s-cpu.json "$work"/f-gpu.out "$work"/f-cpu.out <<'PY' && ok || bad "calibrate or forward on the device differ from the CPU's (above)"
 import sys, json, math
 bad = []
