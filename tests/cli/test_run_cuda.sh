@@ -2,8 +2,8 @@
 # kvdrift run --backend cuda end to end, on the SIMT simulator (kvdrift_simt:
 # the command line linked against the CUDA kernels run thread by thread):
 # calibration, drift and throughput cells, the results file, resuming and
-# what refuses it, a split over two GPUs and tuned GEMMs; calibrate and
-# forward too. The figures are held to the CPU back end's run of the same
+# what refuses it, a split over two GPUs and tuned GEMMs; calibrate,
+# forward and a checkpoint's weights and scales too. The figures are held to the CPU back end's run of the same
 # commands with the model test's tolerances, and `kvdrift compare` finds no
 # regression between the two sweeps.
 set -u
@@ -238,6 +238,23 @@ for p in bad:
     print("  " + p)
 sys.exit(1 if bad else 0)
 PY
+
+# a checkpoint on the device: tiny exported and loaded gives the synthetic
+# model's logits bit for bit; with scales written into it (kvdrift
+# calibrate --into-checkpoint), fp8-ckpt's caches are the CPU's byte for byte
+"$cpu" export --model tiny -o "$work/ck" >/dev/null
+"$sim" forward --model-dir "$work/ck" --tokens 32 --kv bf16,fp8-unscaled --backend cuda --dump "$work/d-ck" >/dev/null 2>"$work/ck.err" &&
+  cmp -s "$work/d-ck/bf16/logits.f32" "$work/d-gpu/bf16/logits.f32" &&
+  cmp -s "$work/d-ck/fp8-unscaled/logits.f32" "$work/d-gpu/fp8-unscaled/logits.f32" && ok ||
+  bad "a checkpoint on the device: logits differ from the synthetic model's ($(cat "$work/ck.err"))"
+"$cpu" calibrate --model-dir "$work/ck" --calib-tokens 64 --into-checkpoint >/dev/null 2>&1
+"$sim" forward --model-dir "$work/ck" --tokens 32 --kv fp8-ckpt --backend cuda --dump "$work/d-ckg" >/dev/null 2>"$work/ck.err" || bad "fp8-ckpt on the device: $(cat "$work/ck.err")"
+"$cpu" forward --model-dir "$work/ck" --tokens 32 --kv fp8-ckpt --dump "$work/d-ckc" >/dev/null 2>&1
+n=0
+for f in k_cache.0 k_cache.1 v_cache.0 v_cache.1; do
+  cmp -s "$work/d-ckg/fp8-ckpt/$f.bin" "$work/d-ckc/fp8-ckpt/$f.bin" && n=$((n + 1))
+done
+[ $n = 4 ] && ok || bad "fp8-ckpt on the device: $((4 - n)) of 4 caches differ from the CPU's"
 
 echo "run --backend cuda on the simulator: $pass passed, $fail failed"
 [ "$fail" = 0 ]
