@@ -137,6 +137,11 @@ KVD_CUDA_GEMM=fastest "$sim" "${sweep[@]}" --kv fp8-cal --cells drift --backend 
 [ $rc -ne 0 ] && grep -q "KVD_CUDA_GEMM=fastest: expected 'tune' or 'first'" "$work/f.err" && [ ! -e "$work/f.h5" ] && ok ||
   bad "KVD_CUDA_GEMM=fastest: exit $rc, $(cat "$work/f.err")"
 
+# a GPU count the model does not split over: which size, and the counts that do
+"$sim" "${sweep[@]}" --kv fp8-cal --cells drift --backend cuda --gpus 4 -o "$work/g4.h5" >/dev/null 2>"$work/g4.err"; rc=$?
+[ $rc = 1 ] && grep -q -- "--gpus 4: linear_num_key_heads 2 does not split into 4 equal parts (this model splits over 1, 2)" "$work/g4.err" &&
+  [ ! -e "$work/g4.h5" ] && ok || bad "--gpus 4 on tiny: exit $rc, $(cat "$work/g4.err")"
+
 # tuned GEMMs (the simulator's algorithms compute alike: the same bits) and
 # a split over two GPUs (the model test's tolerances), fp8-cal's drift cell
 KVD_CUDA_GEMM=tune "$sim" "${sweep[@]}" --kv fp8-cal --cells drift --backend cuda -o "$work/tune.h5" >/dev/null 2>"$work/t.err" && ok || bad "tuned: $(cat "$work/t.err")"
