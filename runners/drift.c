@@ -315,7 +315,11 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
     const kvd_config *c = &w->cfg;
     const int R = 256, V = c->vocab_size;
     const int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads;
-    int64_t cap = n + (o->n_gen > 0 ? (int64_t)o->gen_tokens * 2 + n : 0) + 16;
+    /* in whole blocks: the trace's, and a branch's (a copy of up to n
+     * tokens, growing by gen_tokens); counted in tokens, two sequences'
+     * partial blocks could leave the branch a block short */
+    const int64_t B = KVD_KV_BLOCK;
+    int64_t cap = B * ((n + B - 1) / B + (o->n_gen > 0 ? (n + o->gen_tokens + B - 1) / B : 0));
     kvd_kvcache kr, kc, ks;
     int rc = -1;
     memset(&kr, 0, sizeof kr), memset(&kc, 0, sizeof kc), memset(&ks, 0, sizeof ks);

@@ -282,6 +282,15 @@ for n in x.dtype.names:
     assert np.array_equal(x[n], y[n], equal_nan=x.dtype[n].kind == "f"), n
 PY
 
+# generation's branches fit the drift cell's cache at every context: at 300
+# tokens and 4 generated, the trace's 3 blocks of 128 and a branch's 3 once
+# took 6 blocks of a cache sized at 634 tokens (5 blocks)
+for ctx in 272 300; do
+  "$bin" run --model tiny --kv fp8-cal --context $ctx --concurrency 1 --gen-tokens 4 --calib-tokens 128 --cells drift -o "$work/g$ctx.h5" >/dev/null 2>"$work/g.err"
+  "$py" -c "import sys, h5py; g = h5py.File(sys.argv[1], 'r')['/drift/generation'][:]; assert sorted(g['prefix']) == [$ctx // 4, $ctx // 2, $ctx] and (g['tokens'] == 4).all(), g" "$work/g$ctx.h5" 2>/dev/null && ok ||
+    bad "--context $ctx --gen-tokens 4: $(cat "$work/g.err")"
+done
+
 # no temporary is left behind: the rerun swept what SIGKILL left, and Ctrl-C
 # (SIGINT) removes the one being written
 if ls "$work"/k.h5.tmp.* >/dev/null 2>&1; then bad "a killed run's temporary file was not swept"; else ok; fi
