@@ -1102,17 +1102,42 @@ const char *const kvd_attn_fp8_text =
     "checkpoint's where it carries them, else 1.0) and the softmax weights rounded to E4M3; "
     "bf16 and fp8-e5m2 compute as without.";
 
-/* Speeds a CPU run measures, for what they are: whether any of the runs
- * has them. */
-static int cpu_speeds(const kvd_run *runs, int n) {
-    for (int i = 0; i < n; i++)
-        if (!strcmp(runs[i].r.backend, "cpu") && runs[i].r.t[KVD_T_TPUT].n > 0) return 1;
-    return 0;
+/* Speeds a CPU run measures, for what they are, between lead and tail:
+ * nothing when no CPU run has them; when a GPU run measured some too, which
+ * runs the note is about. */
+static void cpu_speed_note(kvd_buf *b, const kvd_run *runs, int n, int html, const char *lead,
+                           const char *tail) {
+    int cpu = 0, other = 0;
+    for (int i = 0; i < n; i++) {
+        if (!runs[i].r.t[KVD_T_TPUT].n) continue;
+        if (!strcmp(runs[i].r.backend, "cpu"))
+            cpu++;
+        else
+            other++;
+    }
+    if (!cpu) return;
+    kvd_buf_puts(b, lead);
+    if (!other) {
+        kvd_buf_puts(b, "Speeds are the CPU back end's");
+    } else {
+        kvd_buf_puts(b, "The speeds of ");
+        for (int i = 0, k = 0; i < n; i++) {
+            if (!runs[i].r.t[KVD_T_TPUT].n || strcmp(runs[i].r.backend, "cpu")) continue;
+            kvd_buf_puts(b, k == 0 ? "" : k + 1 == cpu ? " and " : ", ");
+            if (html)
+                kvd_buf_xml(b, runs[i].label);
+            else
+                kvd_buf_puts(b, runs[i].label);
+            k++;
+        }
+        kvd_buf_puts(b, " are the CPU back end's");
+    }
+    kvd_buf_puts(b, ": an FP8 cache is half the bytes of a BF16 one, but the CPU back end "
+                    "converts it in software, so FP8 need not decode faster than BF16 there; the "
+                    "decode speed-up FP8 brings is a GPU's (--backend cuda). The capacity gain "
+                    "holds on either.");
+    kvd_buf_puts(b, tail);
 }
-static const char *const cpu_speed_text =
-    "Speeds are the CPU back end's: an FP8 cache is half the bytes of a BF16 one, but the CPU "
-    "back end converts it in software, so FP8 need not decode faster than BF16 here; the decode "
-    "speed-up FP8 brings is a GPU's (--backend cuda). The capacity gain holds on either.";
 
 /* A JSON attribute, one key a line, under its label (nothing when absent). */
 static void json_pre(kvd_buf *b, const char *label, const char *js) {
@@ -1174,7 +1199,7 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
                     "P<sub>mode</sub>) of the next token, &#177; its standard error. Verdict by "
                     "mean KL: negligible &lt; 0.001 nats &lt; noticeable &lt; 0.01 &lt; degraded. "
                     "Speed and capacity at the highest concurrency measured.");
-    if (cpu_speeds(runs, n)) kvd_buf_printf(b, " %s", cpu_speed_text);
+    cpu_speed_note(b, runs, n, 1, " ", "");
     kvd_buf_puts(b, "</p>\n");
     for (int i = 0; i < n; i++)
         if (kvd_run_attn_fp8(&runs[i])) {
@@ -1297,7 +1322,7 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
     }
     kvd_buf_puts(b, "; verdict by mean output KL: negligible < 0.001 nats < noticeable < 0.01 < "
                     "degraded.\n");
-    if (cpu_speeds(runs, n)) kvd_buf_printf(b, "%s\n", cpu_speed_text);
+    cpu_speed_note(b, runs, n, 0, "", "\n");
     for (int i = 0; i < n; i++)
         if (kvd_run_attn_fp8(&runs[i]))
             kvd_buf_printf(b, "\n%s: %s\n", runs[i].label, kvd_attn_fp8_text);

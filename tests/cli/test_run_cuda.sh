@@ -17,7 +17,7 @@ if ! "$py" -c "import h5py, numpy" 2>/dev/null; then
 fi
 . "$(dirname "$0")/lib.sh"
 
-sweep=(run --model tiny --context 128 --concurrency 1,4 --gen-tokens 4 --decode-tokens 2
+sweep=(run --model tiny --context 128 --concurrency 1,2 --gen-tokens 4 --decode-tokens 2
        --calib-tokens 128 --attn-per-head --kv-budget 64MiB --threads 1)
 first=(--kv bf16,fp8-cal,fp8-unscaled)
 all=(--kv bf16,fp8-cal,fp8-unscaled,fp8-e5m2)
@@ -107,6 +107,13 @@ grep -q "^compare: [0-9]* checks, 0 regressions" "$work/cmp.out" || rc=1
 [ $rc -eq 0 ] && ok || bad "compare cpu gpu: exit $rc: $(tail -5 "$work/cmp.out")"
 "$cpu" report "$work/gpu.h5" -o "$work/gpu.html" 2>"$work/rep.err" && grep -q "kvdrift SIMT simulator (sm_90)" "$work/gpu.html" && ok ||
   bad "the device's report: $(cat "$work/rep.err")"
+
+# the note on CPU speeds: for the CPU's run alone beside the device's, and
+# nowhere in the device's report
+"$cpu" report "$work/cpu.h5" "$work/gpu.h5" --format md -o "$work/both.md" 2>/dev/null
+"$cpu" report "$work/gpu.h5" --format md -o "$work/gpu.md" 2>/dev/null
+grep -q "^The speeds of cpu are the CPU back end's: " "$work/both.md" && ! grep -q "CPU back end" "$work/gpu.md" && ok ||
+  bad "the CPU speeds note: $(grep -i "speeds" "$work/both.md" "$work/gpu.md")"
 
 # what refuses a resume: another back end, tuned GEMMs; a misspelt choice
 # is refused before anything is written
