@@ -2,9 +2,10 @@
 # kvdrift run --backend cuda end to end, on the SIMT simulator (kvdrift_simt:
 # the command line linked against the CUDA kernels run thread by thread):
 # calibration, drift and throughput cells, the results file, resuming and
-# what refuses it, a split over two GPUs and tuned GEMMs; calibrate,
-# forward and a checkpoint's weights and scales too. The figures are held to the CPU back end's run of the same
-# commands with the model test's tolerances, and `kvdrift compare` finds no
+# what refuses it, a split over two GPUs, tuned GEMMs and a dense model;
+# calibrate, forward and a checkpoint's weights and scales too. The figures
+# are held to the CPU back end's run of the same commands with the model
+# test's tolerances (drift_close.py), and `kvdrift compare` finds no
 # regression between the two sweeps.
 set -u
 sim="$1" # kvdrift_simt
@@ -100,6 +101,7 @@ refused() { # message, then the command
   if [ $rc -eq 2 ] && grep -q -- "$msg" "$work/r.err" && cmp -s "$work/gpu.h5" "$work/r.h5"; then ok; else bad "resume not refused ($msg): exit $rc, $(cat "$work/r.err")"; fi
 }
 refused "r.h5 holds cells run with --backend cuda, this run has --backend cpu" "$sim" "${sweep[@]}" "${all[@]}" --backend cpu
+# this file's cells, and (below) those of a file from before the key
 refused "r.h5 holds cells run with KVD_CUDA_GEMM=first, this run has KVD_CUDA_GEMM=tune" env KVD_CUDA_GEMM=tune "$sim" "${sweep[@]}" "${all[@]}" --backend cuda
 # a file from before cuda-gemm was recorded ran the first choice
 cp "$work/gpu.h5" "$work/old.h5"
