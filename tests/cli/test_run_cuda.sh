@@ -66,7 +66,7 @@ check((x["decode_tok_s"] > 0).all() and (x["prefill_tok_s"] > 0).all(), "through
 for t in ("drift/output", "drift/layers", "drift/kv", "throughput"):
     old, new = g3[t][:], g[t][:]
     keep = new[new["mode"] != b"fp8-e5m2"]
-    check(len(old) > 0 and np.array_equal(np.sort(old), np.sort(keep)), f"{t}: resuming changed the first cells")
+    check(len(old) > 0 and drift_close.same_bits(np.sort(old), np.sort(keep)), f"{t}: resuming changed the first cells")
     check((new["mode"] == b"fp8-e5m2").sum() > 0, f"{t}: no fp8-e5m2 rows after resuming")
 for p in bad:
     print("  " + p)
@@ -126,11 +126,13 @@ KVD_CUDA_GEMM=fastest "$sim" "${sweep[@]}" --kv fp8-cal --cells drift --backend 
   [ ! -e "$work/g4.h5" ] && ok || bad "--gpus 4 on tiny: exit $rc, $(cat "$work/g4.err")"
 
 # tuned GEMMs (the simulator's algorithms compute alike: the same bits) and
-# a split over two GPUs (the model test's tolerances), fp8-cal's drift cell
+# a split over two GPUs (drift_close.py's tolerances), fp8-cal's drift cell
 KVD_CUDA_GEMM=tune "$sim" "${sweep[@]}" --kv fp8-cal --cells drift --backend cuda -o "$work/tune.h5" >/dev/null 2>"$work/t.err" && ok || bad "tuned: $(cat "$work/t.err")"
 "$sim" "${sweep[@]}" --kv fp8-cal --cells drift --backend cuda --gpus 2 -o "$work/two.h5" >/dev/null 2>"$work/two.err" && ok || bad "--gpus 2: $(cat "$work/two.err")"
-"$py" - "$work/gpu.h5" "$work/tune.h5" "$work/two.h5" <<'PY' && ok || bad "tuned or two-GPU figures differ (above)"
+"$py" - "$work/gpu.h5" "$work/tune.h5" "$work/two.h5" "$here" <<'PY' && ok || bad "tuned or two-GPU figures differ (above)"
 import sys, json, h5py, numpy as np
+sys.path.insert(0, sys.argv[4])
+import drift_close
 g, t, two = (h5py.File(p, "r") for p in sys.argv[1:4])
 bad = []
 st, s2 = json.loads(t.attrs["run_settings"]), json.loads(two.attrs["run_settings"])
@@ -140,14 +142,10 @@ if s2["gpus"] != 2 or two.attrs["device"] != b"kvdrift SIMT simulator (sm_90) x2
 for tab in ("drift/output", "drift/layers", "drift/attention", "drift/kv"):
     ref = g[tab][:]
     ref = ref[ref["mode"] == b"fp8-cal"]
-    if ref.tobytes() != t[tab][:].tobytes(): # NaNs included
+    if not drift_close.same_bits(ref, t[tab][:]):
         bad.append(f"{tab}: the tuned run's rows are not the first choice's")
-    x = two[tab][:]
-    f = "mean" if "mean" in ref.dtype.names else "k_flushed_frac"
-    u, v = x[f].astype(float), ref[f].astype(float)
-    lim = 0.05 * np.maximum(abs(u), abs(v)) + 1e-6
-    if len(x) != len(ref) or (np.nan_to_num(abs(u - v) - lim) > 0).any():
-        bad.append(f"{tab}: two GPUs' {f} beyond 5% + 1e-6 of one GPU's")
+# two GPUs against one (the tuned run's cell: the first choice's bits)
+bad += drift_close.close(two, t)
 for p in bad:
     print("  " + p)
 sys.exit(1 if bad else 0)
