@@ -1105,15 +1105,15 @@ const char *const kvd_attn_fp8_text =
 /* Speeds a CPU run measures, for what they are, between lead and tail:
  * nothing when no CPU run has them; when a GPU run measured some too, which
  * runs the note is about. */
+static int cpu_speeds(const kvd_run *r) {
+    return r->r.t[KVD_T_TPUT].n > 0 && !strcmp(r->r.backend, "cpu");
+}
 static void cpu_speed_note(kvd_buf *b, const kvd_run *runs, int n, int html, const char *lead,
                            const char *tail) {
     int cpu = 0, other = 0;
     for (int i = 0; i < n; i++) {
-        if (!runs[i].r.t[KVD_T_TPUT].n) continue;
-        if (!strcmp(runs[i].r.backend, "cpu"))
-            cpu++;
-        else
-            other++;
+        cpu += cpu_speeds(&runs[i]);
+        other += runs[i].r.t[KVD_T_TPUT].n > 0 && !cpu_speeds(&runs[i]);
     }
     if (!cpu) return;
     kvd_buf_puts(b, lead);
@@ -1122,7 +1122,7 @@ static void cpu_speed_note(kvd_buf *b, const kvd_run *runs, int n, int html, con
     } else {
         kvd_buf_puts(b, "The speeds of ");
         for (int i = 0, k = 0; i < n; i++) {
-            if (!runs[i].r.t[KVD_T_TPUT].n || strcmp(runs[i].r.backend, "cpu")) continue;
+            if (!cpu_speeds(&runs[i])) continue;
             kvd_buf_puts(b, k == 0 ? "" : k + 1 == cpu ? " and " : ", ");
             if (html)
                 kvd_buf_xml(b, runs[i].label);
