@@ -389,16 +389,39 @@ static void derived_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, co
     if (isfinite(c->z) && strcmp(of, "hidden_last")) c->z_bound = 1;
 }
 
+/* "64, 128 and 256" */
+static void context_list(char *s, size_t n, const long long *c, int nc) {
+    size_t len = 0;
+    s[0] = 0;
+    for (int i = 0; i < nc && len < n; i++)
+        len += (size_t)snprintf(s + len, n - len, "%s%lld",
+                                i == 0        ? ""
+                                : i + 1 == nc ? " and "
+                                              : ", ",
+                                c[i]);
+}
+
 int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *th, int n_th,
                 double min_sigma, kvd_check **out, char *err) {
     *out = NULL;
     int n = 0, cap = 0;
     const char *bm[KVD_KV_N_MODES];
     int nb = kvd_run_modes(base, bm);
-    long long ctx = kvd_run_max_context(base);
-    if (ctx != kvd_run_max_context(cand)) {
-        snprintf(err, KVD_ERR_LEN, "%s and %s: expected the same context (%lld vs %lld tokens)",
-                 base->path, cand->path, ctx, kvd_run_max_context(cand));
+    /* every context of the baseline's: one the candidate lacks is missing,
+     * as a mode is; runs with no context in common measured other things */
+    long long bc[64], cc[64];
+    const int nbc = kvd_run_contexts(base, bc, 64), ncc = kvd_run_contexts(cand, cc, 64);
+    int shared = 0;
+    for (int i = 0; i < nbc; i++)
+        for (int j = 0; j < ncc; j++) shared += bc[i] == cc[j];
+    if (nbc && ncc && !shared) {
+        char lb[160], lc[160];
+        context_list(lb, sizeof lb, bc, nbc);
+        context_list(lc, sizeof lc, cc, ncc);
+        snprintf(err, KVD_ERR_LEN,
+                 "%s and %s: expected a context in common (the baseline's %s tokens, the "
+                 "candidate's %s)",
+                 base->path, cand->path, lb, lc);
         return -1;
     }
     for (int k = 0; k < n_th; k++) {
@@ -438,37 +461,39 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
                 goto refuse;
             }
         }
-        for (int i = 0; i < nb; i++) {
+        for (int i = 0; i < nb * nbc; i++) {
             /* every mode of the baseline's: one the candidate lacks is missing */
-            if (strcmp(t->mode, "*") && strcmp(t->mode, bm[i])) continue;
-            if (!strcmp(bm[i], "bf16") && (!is_tp || is_ratio)) continue;
+            const long long ctx = bc[i % nbc];
+            const char *mode = bm[i / nbc];
+            if (strcmp(t->mode, "*") && strcmp(t->mode, mode)) continue;
+            if (!strcmp(mode, "bf16") && (!is_tp || is_ratio)) continue;
             if (is_sum) {
-                add_z(add_check(out, &n, &cap, t, bm[i], ctx, -1,
-                                kvd_run_summary(base, bm[i], ctx, "all", t->metric),
-                                kvd_run_summary(cand, bm[i], ctx, "all", t->metric), t->metric),
+                add_z(add_check(out, &n, &cap, t, mode, ctx, -1,
+                                kvd_run_summary(base, mode, ctx, "all", t->metric),
+                                kvd_run_summary(cand, mode, ctx, "all", t->metric), t->metric),
                       base, cand, t->metric);
             } else if (is_der) {
                 double sb, sc;
-                const double vb = derived(base, bm[i], ctx, t->metric, &sb),
-                             vc = derived(cand, bm[i], ctx, t->metric, &sc);
-                derived_z(add_check(out, &n, &cap, t, bm[i], ctx, -1, vb, vc, t->metric), base,
-                          cand, t->metric, sb, sc);
+                const double vb = derived(base, mode, ctx, t->metric, &sb),
+                             vc = derived(cand, mode, ctx, t->metric, &sc);
+                derived_z(add_check(out, &n, &cap, t, mode, ctx, -1, vb, vc, t->metric), base, cand,
+                          t->metric, sb, sc);
             } else if (is_out) {
                 for (int bk = 0; bk < 64; bk++) {
                     if (bucket >= 0 && bk != bucket) continue;
                     double sb, sc;
-                    const double vb = output_bucket(base, bm[i], ctx, t->metric, bk, &sb),
-                                 vc = output_bucket(cand, bm[i], ctx, t->metric, bk, &sc);
-                    kvd_check *c = add_check(out, &n, &cap, t, bm[i], ctx, bk, vb, vc, t->metric);
+                    const double vb = output_bucket(base, mode, ctx, t->metric, bk, &sb),
+                                 vc = output_bucket(cand, mode, ctx, t->metric, bk, &sc);
+                    kvd_check *c = add_check(out, &n, &cap, t, mode, ctx, bk, vb, vc, t->metric);
                     if (!set_paired_z(c, base, cand, t->metric, bk, 1)) set_z(c, sb, sc);
                 }
             } else {
                 for (int cc = 1; cc <= 1024; cc *= 2) {
                     char name[48];
                     snprintf(name, sizeof name, "%s@c%d", t->metric, cc);
-                    add_check(out, &n, &cap, t, bm[i], ctx, -1,
-                              tput_metric(base, bm[i], ctx, cc, t->metric),
-                              tput_metric(cand, bm[i], ctx, cc, t->metric), name);
+                    add_check(out, &n, &cap, t, mode, ctx, -1,
+                              tput_metric(base, mode, ctx, cc, t->metric),
+                              tput_metric(cand, mode, ctx, cc, t->metric), name);
                 }
             }
         }
@@ -562,12 +587,22 @@ void kvd_run_differences(const kvd_run *a, const kvd_run *b, char *out, size_t n
     if (strcmp(ta, tb)) add_diff(out, n, "the trace spec");
 }
 
+long long kvd_runs_shared_context(const kvd_run *a, const kvd_run *b) {
+    long long ca[64], cb[64];
+    const int na = kvd_run_contexts(a, ca, 64), nb = kvd_run_contexts(b, cb, 64);
+    for (int i = na - 1; i >= 0; i--)
+        for (int j = 0; j < nb; j++)
+            if (ca[i] == cb[j]) return ca[i];
+    return 0;
+}
+
 int kvd_runs_pair(const kvd_run *a, const kvd_run *b) {
     if (!a->r.t[KVD_T_TOKSET].n || !b->r.t[KVD_T_TOKSET].n) return 0;
     const char *modes[KVD_KV_N_MODES];
     const int nm = kvd_run_modes(a, modes);
+    const long long ctx = kvd_runs_shared_context(a, b);
     for (int m = 0; m < nm; m++)
-        if (kvd_results_pair(&a->r, modes[m], &b->r, modes[m], kvd_run_max_context(a))) return 1;
+        if (kvd_results_pair(&a->r, modes[m], &b->r, modes[m], ctx)) return 1;
     return -1;
 }
 
@@ -602,7 +637,7 @@ static void paired_kl_chart(kvd_buf *b, const kvd_run *base, const kvd_run *cand
                          {{0}}};
     const char *modes[KVD_KV_N_MODES];
     const int nm = kvd_run_modes(base, modes);
-    const long long ctx = kvd_run_max_context(base);
+    const long long ctx = kvd_runs_shared_context(base, cand);
     int moved = 0; /* any difference at all */
     for (int m = 0; m < nm; m++) {
         if (!strcmp(modes[m], "bf16") ||
@@ -670,13 +705,16 @@ void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, cons
     kvd_buf_printf(b, "<p class=\"note\">Standard errors: %s.</p>\n",
                    kvd_runs_pairing_note(base, cand));
     kvd_run pair[2] = {*base, *cand};
-    /* KL against position for both, modes as series */
-    kvd_buf_puts(b, "<h2>Output drift, baseline and candidate</h2>\n");
-    kvd_report_html_kl(b, pair, 2);
+    /* KL against position for both, modes as series, at the largest
+     * context both have */
+    const long long ctx = kvd_runs_shared_context(base, cand);
+    kvd_buf_printf(b, "<h2>Output drift, baseline and candidate, at %lld tokens</h2>\n", ctx);
+    kvd_report_html_kl(b, pair, 2, ctx);
     paired_kl_chart(b, base, cand);
     kvd_buf_puts(b,
                  "<h2>Every check</h2>\n<table><tr><th class=\"l\">metric</th><th class=\"l\">mode"
-                 "</th><th>bucket</th><th>baseline</th><th>candidate</th><th>worse by</th><th>"
+                 "</th><th>context</th><th>bucket</th><th>baseline</th><th>candidate</th><th>worse "
+                 "by</th><th>"
                  "relative</th><th>in standard errors</th><th>allowed</th><th class=\"l\">verdict"
                  "</th></tr>\n");
     for (int i = 0; i < n; i++) {
@@ -691,10 +729,11 @@ void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, cons
             snprintf(z, sizeof z, "%s%.1f%s", c[i].z_bound ? "&#8804;" : "", c[i].z,
                      c[i].paired ? " paired" : "");
         kvd_buf_printf(b,
-                       "<tr><td class=\"l\">%s</td><td class=\"l\">%s</td><td>%s</td><td>%.4g</td>"
+                       "<tr><td class=\"l\">%s</td><td class=\"l\">%s</td><td>%lld</td>"
+                       "<td>%s</td><td>%.4g</td>"
                        "<td>%.4g</td><td>%.3g</td><td>%.1f%%</td><td>%s</td><td>%.3g, %.0f%%</td>"
                        "<td class=\"l %s\">%s</td></tr>\n",
-                       c[i].metric, c[i].mode, bk, c[i].base, c[i].cand, c[i].abs_inc,
+                       c[i].metric, c[i].mode, c[i].context, bk, c[i].base, c[i].cand, c[i].abs_inc,
                        100 * c[i].rel_inc, z, c[i].max_abs, 100 * c[i].max_rel,
                        c[i].breach ? "bad" : (c[i].noise ? "noise" : "ok"),
                        c[i].missing  ? "missing in the candidate"

@@ -89,6 +89,21 @@ long long kvd_run_max_context(const kvd_run *r) {
     return m;
 }
 
+int kvd_run_contexts(const kvd_run *r, long long *out, int cap) {
+    const kvd_table *t = &r->r.t[KVD_T_CELLS];
+    int n = 0;
+    for (int64_t i = 0; i < t->n; i++) {
+        const long long c = KVD_ROW(t, kvd_row_cell, i)->context;
+        int k = 0;
+        while (k < n && out[k] < c) k++;
+        if ((k < n && out[k] == c) || k == cap) continue;
+        if (n == cap) n--; /* the largest makes room */
+        memmove(out + k + 1, out + k, (size_t)(n - k) * sizeof *out);
+        out[k] = c, n++;
+    }
+    return n;
+}
+
 int kvd_run_modes(const kvd_run *r, const char **modes) {
     int n = 0;
     for (int m = 0; m < KVD_KV_N_MODES; m++) {
@@ -186,9 +201,8 @@ double kvd_run_attn_kl(const kvd_run *r, const char *mode, long long ctx, const 
     return n > 0 ? s / n : NAN;
 }
 
-static verdict make_verdict(const kvd_run *r, const char *mode) {
+static verdict make_verdict(const kvd_run *r, const char *mode, long long ctx) {
     verdict v;
-    long long ctx = kvd_run_max_context(r);
     v.kl = kvd_run_summary(r, mode, ctx, "all", "kl_mean");
     v.kl_err = kvd_run_summary(r, mode, ctx, "all", "kl_mean_err");
     v.top1 = kvd_run_summary(r, mode, ctx, "all", "same_top_p");
@@ -265,7 +279,7 @@ static void verdict_table(kvd_buf *b, const kvd_run *runs, int n) {
         const char *modes[KVD_KV_N_MODES];
         int nm = kvd_run_modes(&runs[i], modes);
         for (int m = 0; m < nm; m++) {
-            verdict v = make_verdict(&runs[i], modes[m]);
+            verdict v = make_verdict(&runs[i], modes[m], kvd_run_max_context(&runs[i]));
             verdict_text t = verdict_fmt(&v);
             const char *w = verdict_word(v.kl);
             kvd_buf_puts(b, "<tr><td class=\"l\">");
@@ -309,8 +323,9 @@ typedef struct {
     char label[KVD_SVG_MAX_SERIES][160];
 } series_store;
 
+/* at each run's largest context, or at ctx when ctx > 0 */
 static void kl_by_position(kvd_buf *b, const kvd_run *runs, int n, const char *subset,
-                           const char *title) {
+                           const char *title, long long at) {
     static series_store st;
     kvd_line_chart ch = {title,
                          "token position (log scale; bucket midpoint)",
@@ -323,7 +338,7 @@ static void kl_by_position(kvd_buf *b, const kvd_run *runs, int n, const char *s
     for (int i = 0; i < n; i++) {
         const char *modes[KVD_KV_N_MODES];
         int nm = kvd_run_modes(&runs[i], modes);
-        long long ctx = kvd_run_max_context(&runs[i]);
+        const long long ctx = at > 0 ? at : kvd_run_max_context(&runs[i]);
         for (int m = 0; m < nm; m++) {
             if (wanted++ >= KVD_SVG_MAX_SERIES) continue;
             int s = ch.n_series, k = 0;
@@ -1019,12 +1034,12 @@ int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_
     const long long ctx = kvd_run_max_context(r);
     const int nl = kvd_run_moe_layers(r, ctx, moe);
     /* a mode the run lacks has no mean KL (NaN) */
-    const verdict c = make_verdict(r, "fp8-cal");
+    const verdict c = make_verdict(r, "fp8-cal", ctx);
     if (!(c.kl > 0)) return 0;
     const double c99 = kvd_run_summary(r, "fp8-cal", ctx, "all", "kl_p99"),
                  crt = kvd_run_summary(r, "fp8-cal", ctx, "all", "router_flip_rate");
     for (int o = 0; o < HEADLINE_MAX; o++) {
-        const verdict v = make_verdict(r, others[o]);
+        const verdict v = make_verdict(r, others[o], ctx);
         if (!isfinite(v.kl)) continue;
         /* paired over the same positions when the file keeps them: what
          * the two modes share (the same tokens, the same hard predictions)
@@ -1102,6 +1117,224 @@ const char *const kvd_attn_fp8_text =
     "checkpoint's where it carries them, else 1.0) and the softmax weights rounded to E4M3; "
     "bf16 and fp8-e5m2 compute as without.";
 
+/* ---- drift against context length ----
+ * The rest of the report is at each run's largest context; a sweep over
+ * several (--context 4096,32768,131072) asks how the drift grows with it.
+ * Traces of other lengths are other tokens, so the means at two contexts
+ * have independent errors. */
+
+enum { MAX_CONTEXTS = 64 };
+
+/* The contexts at which a run has a mode's mean output KL, ascending. */
+static int drift_contexts(const kvd_run *r, const char *mode, long long *ctx) {
+    long long all[MAX_CONTEXTS];
+    const int na = kvd_run_contexts(r, all, MAX_CONTEXTS);
+    int n = 0;
+    for (int k = 0; k < na; k++)
+        if (isfinite(kvd_run_summary(r, mode, all[k], "all", "kl_mean"))) ctx[n++] = all[k];
+    return n;
+}
+
+/* Whether a run measured some mode's drift at more than one context. */
+static int several_contexts(const kvd_run *r) {
+    const char *modes[KVD_KV_N_MODES];
+    long long ctx[MAX_CONTEXTS];
+    const int nm = kvd_run_modes(r, modes);
+    for (int m = 0; m < nm; m++)
+        if (drift_contexts(r, modes[m], ctx) > 1) return 1;
+    return 0;
+}
+
+/* A mode's mean output KL at one context against its shortest context's:
+ * the ratio and how many standard errors apart ("-" at the shortest). */
+static void vs_shortest(char *s, size_t n, const verdict *v, const verdict *v0, long long ctx,
+                        long long ctx0) {
+    if (ctx == ctx0 || !(v0->kl > 0) || !isfinite(v->kl)) {
+        snprintf(s, n, "-");
+        return;
+    }
+    const double e = sqrt(v->kl_err * v->kl_err + v0->kl_err * v0->kl_err),
+                 z = e > 0 ? fabs(v->kl - v0->kl) / e : NAN;
+    if (isfinite(z))
+        snprintf(s, n, "%.2fx (%.1f se)", v->kl / v0->kl, floor(10 * z) / 10);
+    else
+        snprintf(s, n, "%.2fx", v->kl / v0->kl);
+}
+
+/* One sentence per run: each FP8 mode's mean output KL from the shortest
+ * context to the longest, the ratio, and whether the change is outside
+ * the error. 0 when the run has one context. */
+static int context_sentence(const kvd_run *r, char *s, size_t n) {
+    const char *modes[KVD_KV_N_MODES];
+    const int nm = kvd_run_modes(r, modes);
+    int len = 0, k = 0;
+    s[0] = 0;
+    for (int m = 0; m < nm; m++) {
+        long long ctx[MAX_CONTEXTS];
+        const int nc = drift_contexts(r, modes[m], ctx);
+        if (!strcmp(modes[m], "bf16") || nc < 2) continue;
+        const verdict a = make_verdict(r, modes[m], ctx[0]),
+                      z = make_verdict(r, modes[m], ctx[nc - 1]);
+        if (k++ == 0)
+            sentence_add(s, n, &len, "From %lld to %lld tokens the mean output KL goes from",
+                         ctx[0], ctx[nc - 1]);
+        else
+            sentence_add(s, n, &len, "; from");
+        sentence_add(s, n, &len, " %.3e to %.3e for %s", a.kl, z.kl, modes[m]);
+        const double e = sqrt(a.kl_err * a.kl_err + z.kl_err * z.kl_err),
+                     d = e > 0 ? fabs(z.kl - a.kl) / e : NAN;
+        if (a.kl > 0) {
+            sentence_add(s, n, &len, " (%.2fx", z.kl / a.kl);
+            if (isfinite(d) && d < 2) /* as apart() words it */
+                sentence_add(s, n, &len, ", %.1f standard errors apart: within the error",
+                             floor(10 * d) / 10);
+            else if (isfinite(d))
+                sentence_add(s, n, &len, ", %.0f standard errors apart", d);
+            sentence_add(s, n, &len, ")");
+        }
+    }
+    if (k) sentence_add(s, n, &len, ".");
+    return k > 0 && len > 0;
+}
+
+static void context_chart(kvd_buf *b, const kvd_run *runs, int n) {
+    static series_store st;
+    kvd_line_chart ch = {"mean next-token KL against context length, with its 95% band",
+                         "context (tokens, log scale)",
+                         "mean next-token KL vs bf16 (nats, log)",
+                         1,
+                         1,
+                         0,
+                         {{0}}};
+    int wanted = 0, color = 0; /* colour: the mode's in the charts by position */
+    for (int i = 0; i < n; i++) {
+        const char *modes[KVD_KV_N_MODES];
+        const int nm = kvd_run_modes(&runs[i], modes);
+        for (int m = 0; m < nm; m++, color++) {
+            long long ctx[MAX_CONTEXTS];
+            const int nc = drift_contexts(&runs[i], modes[m], ctx);
+            if (!strcmp(modes[m], "bf16") || nc == 0 || wanted++ >= KVD_SVG_MAX_SERIES) continue;
+            const int s = ch.n_series;
+            int k = 0;
+            for (int c = 0; c < nc && k < 64; c++) {
+                const verdict v = make_verdict(&runs[i], modes[m], ctx[c]);
+                const double ci = isfinite(v.kl_err) ? 1.959963984540054 * v.kl_err : 0;
+                st.x[s][k] = (double)ctx[c], st.y[s][k] = v.kl;
+                st.lo[s][k] = v.kl - ci, st.hi[s][k] = v.kl + ci;
+                k++;
+            }
+            series_label(st.label[s], sizeof st.label[s], runs, n, i, modes[m]);
+            ch.series[s] = (kvd_series){st.label[s], k,        st.x[s], st.y[s],
+                                        st.lo[s],    st.hi[s], nc == 1, 1 + color};
+            ch.n_series++;
+        }
+    }
+    kvd_svg_lines(b, &ch);
+    capped_note(b, KVD_SVG_MAX_SERIES, wanted);
+}
+
+/* Every FP8 mode's verdict figures at every context it has, HTML or
+ * Markdown (md). */
+static void context_table(kvd_buf *b, const kvd_run *runs, int n, int md) {
+    if (md)
+        kvd_buf_puts(b, "| run | KV mode | context | output KL (nats) | against the shortest "
+                        "context | 99th-percentile KL | top-1 agreement | ln(PPL ratio) | "
+                        "attention KL | K saturated / V flushed to 0 | decode vs bf16 | verdict "
+                        "|\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                        "| ---: | --- |\n");
+    else
+        kvd_buf_puts(b, "<table class=\"contexts\"><tr><th class=\"l\">run</th><th "
+                        "class=\"l\">KV mode</th><th>context</th><th>output KL (nats)</th>"
+                        "<th>against the shortest context</th><th>99th-percentile KL</th>"
+                        "<th>top-1 agreement</th><th>ln(PPL ratio)</th><th>attention KL</th>"
+                        "<th>K saturated / V flushed to 0</th><th>decode speed vs bf16</th>"
+                        "<th class=\"l\">verdict</th></tr>\n");
+    for (int i = 0; i < n; i++) {
+        const char *modes[KVD_KV_N_MODES];
+        const int nm = kvd_run_modes(&runs[i], modes);
+        for (int m = 0; m < nm; m++) {
+            long long ctx[MAX_CONTEXTS];
+            const int nc = drift_contexts(&runs[i], modes[m], ctx);
+            if (!strcmp(modes[m], "bf16") || nc == 0) continue;
+            const verdict v0 = make_verdict(&runs[i], modes[m], ctx[0]);
+            for (int c = 0; c < nc; c++) {
+                const verdict v = make_verdict(&runs[i], modes[m], ctx[c]);
+                const verdict_text t = verdict_fmt(&v);
+                char rel[48], p99[32], dec[48];
+                vs_shortest(rel, sizeof rel, &v, &v0, ctx[c], ctx[0]);
+                fmt(p99, sizeof p99, kvd_run_summary(&runs[i], modes[m], ctx[c], "all", "kl_p99"),
+                    "%.3e");
+                if (v.conc)
+                    snprintf(dec, sizeof dec, "%s (C=%d)", t.dec, v.conc);
+                else
+                    snprintf(dec, sizeof dec, "-");
+                const char *w = verdict_word(v.kl);
+                if (md) {
+                    kvd_buf_printf(b,
+                                   "| %s | %s | %lld | %s ± %s | %s | %s | %s | %s | %s | %s | %s "
+                                   "| %s |\n",
+                                   runs[i].label, modes[m], ctx[c], t.kl, t.kl_err, rel, p99,
+                                   t.top1, t.ln_ppl, t.attn_kl, t.lost, dec, w);
+                    continue;
+                }
+                kvd_buf_puts(b, "<tr><td class=\"l\">");
+                kvd_buf_xml(b, runs[i].label);
+                kvd_buf_printf(b,
+                               "</td><td class=\"l\">%s</td><td>%lld</td><td>%s &#177; %s</td>"
+                               "<td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td>"
+                               "<td>%s</td><td class=\"l %s\">%s</td></tr>\n",
+                               modes[m], ctx[c], t.kl, t.kl_err, rel, p99, t.top1, t.ln_ppl,
+                               t.attn_kl, t.lost, dec, w, w);
+            }
+        }
+    }
+    if (!md) kvd_buf_puts(b, "</table>\n");
+}
+
+static const char *const context_note =
+    "Each context's figures are over its own traces (a trace's tokens depend on its length), "
+    "so the standard errors of two contexts' means combine as independent ones. bf16 is the "
+    "reference: zero at every context.";
+
+/* The section, when some run measured drift at more than one context. */
+static void context_section_html(kvd_buf *b, const kvd_run *runs, int n) {
+    int any = 0;
+    for (int i = 0; i < n; i++) any |= several_contexts(&runs[i]);
+    if (!any) return;
+    kvd_buf_puts(b, "<h2>Drift against context length</h2>\n");
+    context_chart(b, runs, n);
+    context_table(b, runs, n, 0);
+    kvd_buf_printf(b,
+                   "<p class=\"note\">%s The sections below are at each run's largest "
+                   "context.</p>\n",
+                   context_note);
+    for (int i = 0; i < n; i++) {
+        char s[1600];
+        if (!context_sentence(&runs[i], s, sizeof s)) continue;
+        kvd_buf_puts(b, "<p>");
+        if (n > 1) {
+            kvd_buf_xml(b, runs[i].label);
+            kvd_buf_puts(b, ": ");
+        }
+        kvd_buf_xml(b, s);
+        kvd_buf_puts(b, "</p>\n");
+    }
+}
+
+static void context_section_md(kvd_buf *b, const kvd_run *runs, int n) {
+    int any = 0;
+    for (int i = 0; i < n; i++) any |= several_contexts(&runs[i]);
+    if (!any) return;
+    kvd_buf_puts(b, "\n### Drift against context length\n\n");
+    context_table(b, runs, n, 1);
+    kvd_buf_printf(b, "\n%s\n", context_note);
+    for (int i = 0; i < n; i++) {
+        char s[1600];
+        if (context_sentence(&runs[i], s, sizeof s))
+            kvd_buf_printf(b, "\n%s%s%s\n", n > 1 ? runs[i].label : "", n > 1 ? ": " : "", s);
+    }
+}
+
 /* Speeds a CPU run measures, for what they are, between lead and tail:
  * nothing when no CPU run has them; when a GPU run measured some too, which
  * runs the note is about. */
@@ -1176,8 +1409,8 @@ static void provenance(kvd_buf *b, const kvd_run *r) {
     json_pre(b, "checkpoint audit", r->r.ckpt_audit);
 }
 
-void kvd_report_html_kl(kvd_buf *b, const kvd_run *runs, int n) {
-    kl_by_position(b, runs, n, "all", "next-token KL against position, with its 95% band");
+void kvd_report_html_kl(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
+    kl_by_position(b, runs, n, "all", "next-token KL against position, with its 95% band", ctx);
 }
 
 void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
@@ -1188,8 +1421,18 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
     kvd_buf_puts(b, "<h1>kvdrift: KV cache precision drift</h1>\n<p class=\"note\">");
     for (int i = 0; i < n; i++) {
         kvd_buf_xml(b, runs[i].label);
-        kvd_buf_printf(b, ": context %lld tokens, written %s. ", kvd_run_max_context(&runs[i]),
-                       runs[i].r.written_utc);
+        long long ctx[MAX_CONTEXTS];
+        const int nc = kvd_run_contexts(&runs[i], ctx, MAX_CONTEXTS);
+        if (nc > 1) {
+            kvd_buf_puts(b, ": contexts");
+            for (int c = 0; c < nc; c++)
+                kvd_buf_printf(b, "%s %lld", c == 0 ? "" : c + 1 == nc ? " and" : ",", ctx[c]);
+            kvd_buf_printf(b, " tokens (figures at %lld unless a table names the context)",
+                           ctx[nc - 1]);
+        } else {
+            kvd_buf_printf(b, ": context %lld tokens", nc ? ctx[0] : 0);
+        }
+        kvd_buf_printf(b, ", written %s. ", runs[i].r.written_utc);
     }
     kvd_buf_puts(b, "Every figure compares a KV cache mode with the BF16 cache over the same "
                     "weights and trace; bf16 itself is the reference and shows zero.</p>\n");
@@ -1234,8 +1477,9 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
             kvd_buf_puts(b, "</ul>\n");
         }
     }
+    context_section_html(b, runs, n);
     kvd_buf_puts(b, "<h2>Output drift against context position</h2>\n");
-    kl_by_position(b, runs, n, "all", "next-token KL against position, with its 95% band");
+    kl_by_position(b, runs, n, "all", "next-token KL against position, with its 95% band", 0);
     kl_tail(b, runs, n);
     kvd_buf_puts(b, "<h2>Hidden-state drift by layer and position</h2>\n");
     double hlo, hhi;
@@ -1301,7 +1545,7 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
         const char *modes[KVD_KV_N_MODES];
         int nm = kvd_run_modes(&runs[i], modes);
         for (int m = 0; m < nm; m++) {
-            verdict v = make_verdict(&runs[i], modes[m]);
+            verdict v = make_verdict(&runs[i], modes[m], kvd_run_max_context(&runs[i]));
             verdict_text t = verdict_fmt(&v);
             kvd_buf_printf(b, "| %s | %s | %s ± %s | %s | %s | %s | %s | %s | %s | %s |\n",
                            runs[i].label, modes[m], t.kl, t.kl_err, t.top1, t.ln_ppl, t.attn_kl,
@@ -1320,6 +1564,9 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
             kvd_buf_printf(b, "%s %s %lld tokens", i ? "," : "", runs[i].label,
                            kvd_run_max_context(&runs[i]));
     }
+    int several = 0;
+    for (int i = 0; i < n; i++) several |= several_contexts(&runs[i]);
+    if (several) kvd_buf_puts(b, " (a run's largest; every context in the table below)");
     kvd_buf_puts(b, "; verdict by mean output KL: negligible < 0.001 nats < noticeable < 0.01 < "
                     "degraded.\n");
     cpu_speed_note(b, runs, n, 0, "", "\n");
@@ -1345,6 +1592,7 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
         if (routed_sentence(&runs[i], &rt, s, sizeof s))
             kvd_buf_printf(b, "\n%s%s%s\n", pre, sep, s);
     }
+    context_section_md(b, runs, n);
 }
 
 static void csv_row(FILE *f, int n, const char *const *v) {

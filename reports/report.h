@@ -24,8 +24,9 @@ int kvd_runs_load(kvd_run *runs, int n, char *const *paths, char *err);
 void kvd_runs_free(kvd_run *runs, int n);
 
 void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n);
-/* The KL-against-position chart alone (for the comparison page). */
-void kvd_report_html_kl(kvd_buf *b, const kvd_run *runs, int n);
+/* The KL-against-position chart alone (for the comparison page), at
+ * context ctx (0: each run's largest). */
+void kvd_report_html_kl(kvd_buf *b, const kvd_run *runs, int n, long long ctx);
 void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n);
 void kvd_report_csv(FILE *f, const kvd_run *runs, int n);
 
@@ -59,6 +60,9 @@ double kvd_run_attn_kl(const kvd_run *r, const char *mode, long long ctx, const 
 /* Modes present in a run, in the order kvdrift knows them. */
 int kvd_run_modes(const kvd_run *r, const char **modes);
 long long kvd_run_max_context(const kvd_run *r);
+/* The contexts of a run's finished cells (drift or throughput), ascending,
+ * into out[cap] (the smallest cap of them); their count. */
+int kvd_run_contexts(const kvd_run *r, long long *out, int cap);
 
 /* The comparison the tool exists for, one sentence per other FP8 mode
  * (fp8-unscaled, fp8-ckpt, fp8-e5m2) against the calibrated cache (fp8-cal)
@@ -122,8 +126,10 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
  * traces, what audit found in their checkpoints; "" when nothing. Figures of runs that differ in
  * more than the change under test measure more than that change. */
 void kvd_run_differences(const kvd_run *a, const kvd_run *b, char *out, size_t n);
+/* The largest context both runs have cells at; 0 when none. */
+long long kvd_runs_shared_context(const kvd_run *a, const kvd_run *b);
 /* Whether two runs' figures compare position by position: 1 when a mode of
- * a's pairs with b's at a's largest context (the same traces, tokens
+ * a's pairs with b's at their largest shared context (the same traces, tokens
  * hashed alike), 0 when one of them keeps no positions (a schema version 1
  * file, or one without drift cells), -1 when both do but over other traces. kvd_runs_pairing_note:
  * the same as one sentence for the reader. */

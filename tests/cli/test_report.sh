@@ -408,6 +408,114 @@ for p in sorted(set(g["prefix"])):  # the greedy continuation: the median over t
     assert f"<td>{first}, {100 * x['agree_rate'].mean():.0f}% agree</td>" in html, (p, first)
 assert "(the median over traces)" in html
 PY
+# several contexts: the report's "Drift against context length" holds each
+# mode's figures at each context (every trace pooled), against the shortest
+# with the two means' independent errors; its chart plots them; the rest of
+# the report stays at the largest context; a run of one context has no such
+# section
+"$bin" run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 128,256 --traces 2 --concurrency 1 \
+  --gen-tokens 4 --decode-tokens 3 --calib-tokens 256 -o "$work/ctx.h5" >"$work/ctx.out" 2>&1 ||
+  bad "a sweep over 2 contexts failed: $(cat "$work/ctx.out")"
+"$bin" report "$work/ctx.h5" -o "$work/ctx.html" 2>/dev/null && xmllint --noout "$work/ctx.html" &&
+  "$bin" report "$work/ctx.h5" --format md -o "$work/ctx.md" 2>/dev/null &&
+  "$py" - "$work/ctx.h5" "$work/ctx.html" "$work/ctx.md" "$work/r.html" "$work/r.md" 2>"$work/ctx.err" <<'PY' && ok || bad "the report's figures against context length differ from the file: $(tail -3 "$work/ctx.err")"
+import re, sys
+import xml.etree.ElementTree as ET
+import h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+html, md = open(sys.argv[2]).read(), open(sys.argv[3]).read()
+s = f["/drift/summary"][:]
+s = s[s["subset"] == b"all"]
+def pooled(mode, ctx, metric):
+    r = s[(s["mode"] == mode.encode()) & (s["context"] == ctx) & (s["metric"] == metric.encode())]
+    assert len(r) == 2, (mode, ctx, metric, len(r))
+    n, v = r["n"], r["value"]
+    if metric.endswith("_err"): return np.sqrt(((n * v) ** 2).sum()) / n.sum()
+    return (n * v).sum() / n.sum()
+ts, tk = f["/drift/token_sets"][:], f["/drift/tokens"][:]
+def p99(mode, ctx):  # every trace's positions together
+    rows = ts[(ts["mode"] == mode.encode()) & (ts["context"] == ctx)]
+    assert len(rows) == 2
+    return np.percentile(np.concatenate([tk["kl"][r["first"]:r["first"] + r["n"]] for r in rows]).astype(np.float64), 99)
+a = f["/drift/attention"][:]
+def attn(mode, ctx):
+    r = a[(a["mode"] == mode.encode()) & (a["context"] == ctx) & (a["view"] == b"propagated") & (a["subset"] == b"all") & (a["metric"] == b"kl") & (a["kv_head"] == -1)]
+    return (r["n"] * r["mean"]).sum() / r["n"].sum()
+t = f["/throughput"][:]
+def dec(mode, ctx):
+    x, b = (t[(t["mode"] == m.encode()) & (t["context"] == ctx) & (t["concurrency"] == 1)] for m in (mode, "bf16"))
+    return x["decode_tok_s"][0] / b["decode_tok_s"][0]
+assert "ctx: contexts 128 and 256 tokens (figures at 256 unless a table names the context)" in html
+sec = html[html.index("<h2>Drift against context length</h2>"):html.index("<h2>Output drift against context position</h2>")]
+mds = md[md.index("### Drift against context length"):]
+svg = ET.fromstring(re.search(r"<svg .*?</svg>", sec, re.S).group(0))
+pts = [c for c in svg.iter("{http://www.w3.org/2000/svg}circle") if c.get("class") == "pt"]
+assert sorted({c.get("data-series") for c in pts}) == ["fp8-cal", "fp8-unscaled"], pts
+words = []
+for mode in ("fp8-cal", "fp8-unscaled"):
+    kl = {c: pooled(mode, c, "kl_mean") for c in (128, 256)}
+    err = {c: pooled(mode, c, "kl_mean_err") for c in (128, 256)}
+    assert kl[128] != kl[256]
+    z = abs(kl[256] - kl[128]) / np.hypot(err[128], err[256])
+    for c in (128, 256):
+        rel = "-" if c == 128 else f"{kl[256] / kl[128]:.2f}x ({np.floor(10 * z) / 10:.1f} se)"
+        verdict = "negligible" if kl[c] < 1e-3 else "noticeable" if kl[c] < 1e-2 else "degraded"
+        cells = [f"{kl[c]:.3e} ± {err[c]:.1e}", rel, f"{p99(mode, c):.3e}", f"{pooled(mode, c, 'same_top_p'):.4f}",
+                 f"{pooled(mode, c, 'ln_ppl_ratio'):.2e}", f"{attn(mode, c):.2e}"]
+        row = f"| ctx | {mode} | {c} | " + " | ".join(cells) + " | "
+        assert row in mds, (row, mds)
+        assert f"| {dec(mode, c):.2f}x (C=1) | {verdict} |" in mds.split(row)[1].splitlines()[0], mds
+        want = f'<tr><td class="l">ctx</td><td class="l">{mode}</td><td>{c}</td><td>' + "</td><td>".join(cells).replace("±", "&#177;") + "</td>"
+        assert want in sec, (want, sec)
+        pt = [p for p in pts if p.get("data-series") == mode and float(p.get("data-x")) == c]
+        assert len(pt) == 1 and abs(float(pt[0].get("data-y")) - kl[c]) <= 1e-12 * kl[c], pt
+        assert abs(float(pt[0].get("data-hi")) - kl[c] - 1.959963984540054 * err[c]) <= 1e-12 * kl[c]
+    apart = f"{np.floor(10 * z) / 10:.1f} standard errors apart: within the error" if z < 2 else f"{z:.0f} standard errors apart"
+    words.append(f"{kl[128]:.3e} to {kl[256]:.3e} for {mode} ({kl[256] / kl[128]:.2f}x, {apart})")
+sentence = "From 128 to 256 tokens the mean output KL goes from " + "; from ".join(words) + "."
+assert sentence in sec and sentence in mds, (sentence, mds)
+assert "| ctx | bf16 | 128 |" not in mds  # the reference, zero at every context
+# the verdict table stays at the largest context
+row = next(l for l in md.splitlines() if l.startswith("| ctx | fp8-cal |"))
+assert row.startswith(f"| ctx | fp8-cal | {pooled('fp8-cal', 256, 'kl_mean'):.3e} ±"), row
+assert "Context 256 tokens (a run's largest; every context in the table below)" in md
+for one in sys.argv[4:]:
+    assert "Drift against context length" not in open(one).read(), one
+PY
+# compare checks every context the baseline has: a regression at the
+# shorter one shows; a candidate without a context misses its figures; a
+# baseline of one of the candidate's contexts compares that one; runs with
+# no context in common are refused
+cp "$work/ctx.h5" "$work/ctx-worse.h5"
+"$py" - "$work/ctx-worse.h5" <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1], "r+")
+s = f["/drift/summary"][:]
+k = (s["mode"] == b"fp8-cal") & (s["context"] == 128) & (s["metric"] == b"kl_mean")
+s["value"][k] *= 3
+f["/drift/summary"][...] = s
+PY
+printf 'metric,mode,bucket,max_abs_increase,max_rel_increase\nkl_mean,*,*,0,0.1\n' >"$work/tctx.csv"
+"$bin" compare "$work/ctx.h5" "$work/ctx-worse.h5" --thresholds "$work/tctx.csv" -o "$work/ctx-c.html" >"$work/ctx-c.out"; rc=$?
+[ $rc -eq 1 ] && grep -q "^REGRESSION kl_mean fp8-cal context 128: " "$work/ctx-c.out" &&
+  [ "$(grep -c "^REGRESSION" "$work/ctx-c.out")" = 1 ] && grep -q "^compare: 4 checks, 1 regressions: REGRESSION$" "$work/ctx-c.out" &&
+  grep -q '<td class="l">kl_mean</td><td class="l">fp8-unscaled</td><td>256</td>' "$work/ctx-c.html" &&
+  grep -q "<h2>Output drift, baseline and candidate, at 256 tokens</h2>" "$work/ctx-c.html" && ok ||
+  bad "compare of two contexts: exit $rc: $(cat "$work/ctx-c.out")"
+"$bin" run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 128 --traces 2 --concurrency 1 \
+  --gen-tokens 4 --decode-tokens 3 --calib-tokens 256 -o "$work/ctx128.h5" >/dev/null 2>&1 || bad "the 128-token sweep failed"
+"$bin" compare "$work/ctx.h5" "$work/ctx128.h5" --thresholds "$work/tctx.csv" >"$work/ctx-m.out"; rc=$?
+[ $rc -eq 1 ] && grep -q "^REGRESSION kl_mean fp8-cal context 256: baseline .*, candidate none (absent, or NaN)$" "$work/ctx-m.out" &&
+  grep -q "^compare: 4 checks, 2 regressions (2 missing in the candidate): REGRESSION$" "$work/ctx-m.out" && ok ||
+  bad "a candidate without the baseline's longer context: exit $rc: $(cat "$work/ctx-m.out")"
+"$bin" compare "$work/ctx128.h5" "$work/ctx.h5" --thresholds "$work/tctx.csv" -o "$work/ctx-p.html" >"$work/ctx-p.out"; rc=$?
+[ $rc -eq 0 ] && grep -q "^note: the runs ran the same traces" "$work/ctx-p.out" &&
+  grep -q "^compare: 2 checks, 0 regressions: pass$" "$work/ctx-p.out" &&
+  grep -q "<h2>Output drift, baseline and candidate, at 128 tokens</h2>" "$work/ctx-p.html" && ok ||
+  bad "a baseline of one of the candidate's contexts: exit $rc: $(cat "$work/ctx-p.out")"
+"$bin" compare "$work/r.h5" "$work/ctx.h5" >/dev/null 2>"$work/ctx-e.err"; rc=$?
+[ $rc -eq 2 ] && grep -q "r.h5 and .*ctx.h5: expected a context in common (the baseline's 512 tokens, the candidate's 128 and 256)" "$work/ctx-e.err" && ok ||
+  bad "compare of runs with no context in common: exit $rc: $(cat "$work/ctx-e.err")"
 # expert routing: each bar a layer's router-flip share from /drift/layers
 # (every trace pooled), each mode in its colour of the KL chart; the
 # sentence from the summary's router_flip_rate, on the page and in the
@@ -613,7 +721,7 @@ def tokens(path):
 (ha, a), (hb, b) = tokens(sys.argv[1]), tokens(sys.argv[2])
 assert ha == hb and len(a) == len(b) == 511
 def z_of(page, metric, bucket):
-    m = re.search(rf'<tr><td class="l">{metric}</td><td class="l">fp8-cal</td><td>{re.escape(bucket)}</td>'
+    m = re.search(rf'<tr><td class="l">{metric}</td><td class="l">fp8-cal</td><td>512</td><td>{re.escape(bucket)}</td>'
                   r"<td>([^<]*)</td><td>([^<]*)</td><td>[^<]*</td><td>[^<]*</td><td>([^<]*)</td>", page)
     assert m, (metric, bucket)
     return m.group(3)
@@ -777,7 +885,7 @@ for m, v in views.items():
     without[m] = (z(attn(B, v)[0], attn(A, v)[0], attn(A, v)[1], attn(B, v)[1]), "\u2264")
 for page, want in ((open(sys.argv[3]).read(), with_pos), (open(sys.argv[4]).read(), without)):
     for metric, w in want.items():
-        m = re.search(rf'<tr><td class="l">{metric}</td><td class="l">fp8-cal</td><td>\*</td>(?:<td>[^<]*</td>){{4}}<td>([^<]*)</td>', page)
+        m = re.search(rf'<tr><td class="l">{metric}</td><td class="l">fp8-cal</td><td>512</td><td>\*</td>(?:<td>[^<]*</td>){{4}}<td>([^<]*)</td>', page)
         got = H.unescape(m.group(1))
         if w is None:
             assert got == "-", (metric, got)
