@@ -3,6 +3,7 @@
  * its safetensors headers, and say what an engine that honours them will do
  * to the KV cache, before anyone deploys it. */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,8 @@ int kvd_cmd_audit(int argc, char **argv) {
     if (!dir) kvd_die(KVD_EXIT_USAGE, cmd, "expected a checkpoint directory");
     double budget = kvd_parse_bytes(budget_s);
     if (budget <= 0)
-        kvd_die(KVD_EXIT_USAGE, cmd, "--kv-budget: expected a size like 40GiB, got '%s'", budget_s);
+        kvd_die(KVD_EXIT_USAGE, cmd, "--kv-budget: expected " KVD_SIZE_EXPECTED ", got '%s'",
+                budget_s);
     char err[KVD_ERR_LEN];
     kvd_config cfg;
     kvd_audit au;
@@ -147,8 +149,9 @@ int kvd_cmd_audit(int argc, char **argv) {
             o, "kv_bytes_per_token",
             json_pack("{s:I, s:I}", "bf16", (json_int_t)bpt16, "fp8", (json_int_t)bpt8));
         json_object_set_new(o, "tokens_in_budget",
-                            json_pack("{s:f, s:f, s:f}", "budget_bytes", budget, "bf16",
-                                      budget / (double)bpt16, "fp8", budget / (double)bpt8));
+                            json_pack("{s:f, s:I, s:I}", "budget_bytes", budget, "bf16",
+                                      (json_int_t)floor(budget / (double)bpt16), "fp8",
+                                      (json_int_t)floor(budget / (double)bpt8)));
         char *txt = json_dumps(o, JSON_INDENT(2));
         printf("%s\n", txt);
         free(txt);
@@ -192,8 +195,8 @@ int kvd_cmd_audit(int argc, char **argv) {
         printf("an engine that honours this checkpoint %s\n", engine);
         printf("KV cache: bf16 %lld bytes/token, %.0f tokens in %s; fp8 %lld bytes/token, %.0f "
                "tokens\n",
-               (long long)bpt16, budget / (double)bpt16, budget_s, (long long)bpt8,
-               budget / (double)bpt8);
+               (long long)bpt16, floor(budget / (double)bpt16), budget_s, (long long)bpt8,
+               floor(budget / (double)bpt8));
         printf("recommendation: %s\n", advice);
         if (fp8_attn) printf("FP8 attention: %s\n", fp8_attn);
         if (silent) printf("VERDICT: FP8 KV cache without scales (silent scale 1.0)\n");

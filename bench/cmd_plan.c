@@ -2,6 +2,7 @@
  * model: KV bytes per token, tokens of cache, and how many sequences of a
  * given context fit once each sequence's Gated DeltaNet state (fp32,
  * constant in the context) is paid for too. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -36,7 +37,8 @@ int kvd_cmd_plan(int argc, char **argv) {
     }
     double budget = kvd_parse_bytes(budget_s);
     if (budget <= 0)
-        kvd_die(KVD_EXIT_USAGE, cmd, "--kv-budget: expected a size like 40GiB, got '%s'", budget_s);
+        kvd_die(KVD_EXIT_USAGE, cmd, "--kv-budget: expected " KVD_SIZE_EXPECTED ", got '%s'",
+                budget_s);
     /* the shapes only: no weights are built */
     kvd_config c;
     char err[KVD_ERR_LEN], path[4200];
@@ -71,7 +73,8 @@ int kvd_cmd_plan(int argc, char **argv) {
         double seqs = budget / ((double)bpt * ctx + state);
         if (m == KVD_KV_BF16) bf16_seqs = seqs;
         printf("%-13s %14lld %16.0f %18.1f %15.2fx\n", kvd_kv_mode_name((kvd_kv_mode)m),
-               (long long)bpt, budget / (double)bpt, seqs, bf16_seqs > 0 ? seqs / bf16_seqs : 1.0);
+               (long long)bpt, floor(budget / (double)bpt), seqs,
+               bf16_seqs > 0 ? seqs / bf16_seqs : 1.0);
     }
     printf("\nseqs_at_context: sequences of %ld tokens that fit, KV cache and recurrent state "
            "together\n",

@@ -190,8 +190,8 @@ static int run_flag(run_opts *o, kvd_args *a, const char *f) {
         const char *val = kvd_args_value(a, f);
         o->kv_budget = kvd_parse_bytes(val);
         if (o->kv_budget <= 0)
-            kvd_die(KVD_EXIT_USAGE, cmd,
-                    "--kv-budget: expected a size like 40GiB or 512MiB, got '%s'", val);
+            kvd_die(KVD_EXIT_USAGE, cmd, "--kv-budget: expected " KVD_SIZE_EXPECTED ", got '%s'",
+                    val);
     } else if (!strcmp(f, "--calibration")) {
         const char *val = kvd_args_value(a, f);
         if (kvd_cal_recipe_parse(val, &o->recipe))
@@ -899,7 +899,7 @@ static const char *const run_help =
     "  --gen-tokens N       greedy tokens from prefixes of 1/4, 1/2 and all of the context "
     "(default 32)\n"
     "  --decode-tokens N    output tokens per request in throughput cells (default 16)\n"
-    "  --kv-budget SIZE     memory for the KV cache, e.g. 40GiB (default 40GiB)\n"
+    "  --kv-budget SIZE     memory for the KV cache, e.g. 40GiB, 1.5TiB, 80GB (default 40GiB)\n"
     "  --threads N          worker threads (default: every core)\n"
     "  --cells LIST         drift, throughput or both (default drift,throughput)\n"
     "  --backend cpu|cuda   where the model runs: every cell and the calibration (default cpu)\n"

@@ -9,6 +9,7 @@
 #include <jansson.h>
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -310,17 +311,25 @@ void kvd_set_threads(int n) {
 }
 
 double kvd_parse_bytes(const char *s) {
+    static const struct {
+        const char *unit;
+        double mul;
+    } units[] = {{"B", 1},
+                 {"KiB", 1024.0},
+                 {"MiB", 1048576.0},
+                 {"GiB", 1073741824.0},
+                 {"TiB", 1099511627776.0},
+                 {"kB", 1e3},
+                 {"KB", 1e3},
+                 {"MB", 1e6},
+                 {"GB", 1e9},
+                 {"TB", 1e12}};
     char *end;
-    double v = strtod(s, &end), mul = 0;
-    if (!strcmp(end, "GiB"))
-        mul = 1073741824.0;
-    else if (!strcmp(end, "MiB"))
-        mul = 1048576.0;
-    else if (!strcmp(end, "GB"))
-        mul = 1e9;
-    else if (!strcmp(end, "MB"))
-        mul = 1e6;
-    return end != s && mul > 0 && v > 0 ? v * mul : 0;
+    const double v = strtod(s, &end);
+    if (end == s || !isfinite(v) || !(v > 0)) return 0;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (!strcmp(end, units[i].unit)) return isfinite(v * units[i].mul) ? v * units[i].mul : 0;
+    return 0;
 }
 
 int kvd_threads(void) {

@@ -71,8 +71,12 @@ struct json_t;
 struct json_t *kvd_model_opts_weights_json(const kvd_model_opts *o, const kvd_config *cfg);
 extern const char *const kvd_model_opts_help;
 
-/* "40GiB", "512MiB", "2GB": bytes; 0 when not a size. */
+/* "40GiB", "512MiB", "1.5TiB", "80GB", "4096B": bytes (binary units KiB to
+ * TiB, decimal kB/KB to TB, B); 0 when not a positive finite size.
+ * KVD_SIZE_EXPECTED says so in a refusal. */
 double kvd_parse_bytes(const char *s);
+#define KVD_SIZE_EXPECTED                                                                          \
+    "a size like 40GiB, 512MiB or 1.5TiB (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)"
 
 void kvd_set_threads(int n);
 int kvd_threads(void);

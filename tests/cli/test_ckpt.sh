@@ -70,7 +70,8 @@ expect 1 "0 of 2 full-attention layers have k_scale and v_scale; missing in laye
 import json,sys; a=json.load(open('$work/a.json'))
 assert a['fp8_kv_without_scales'] is True and a['layers_missing_kv_scales'] == [3, 7]
 assert a['kv_cache_quantization'] == 'FP8' and a['kv_bytes_per_token']['fp8'] * 2 == a['kv_bytes_per_token']['bf16']
-assert abs(a['tokens_in_budget']['fp8'] - 2 * a['tokens_in_budget']['bf16']) < 1
+t, b = a['tokens_in_budget'], a['kv_bytes_per_token']  # whole tokens that fit
+assert t['bf16'] == int(t['budget_bytes']) // b['bf16'] and t['fp8'] == int(t['budget_bytes']) // b['fp8'], (t, b)
 assert 'with q_scale 1.0 (the checkpoint carries none)' in a['fp8_attention'] and '--attn-fp8' in a['fp8_attention']
 assert a['layers_with_q_scales'] == 0
 " && ok || bad "audit --format json"

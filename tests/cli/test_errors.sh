@@ -106,7 +106,20 @@ if grep -qE '^bf16 +30720 +1269531 ' "$work/plan.txt" && grep -qE '^fp8-cal +153
 else
   fail=$((fail + 1)); echo "FAIL: kvdrift plan figures"; cat "$work/plan.txt"
 fi
-expect 2 "--kv-budget: expected a size like 40GiB, got '40 apples'" -- plan --kv-budget "40 apples"
+# the budget's units: binary up to TiB, decimal, bytes
+"$bin" plan --model qwen3.5-397b-a17b --kv-budget 1.5TiB >"$work/plan.txt" &&
+  "$bin" plan --model qwen3.5-397b-a17b --kv-budget 61440B >"$work/plan2.txt" &&
+  "$bin" plan --model qwen3.5-397b-a17b --kv-budget 2TB >"$work/plan3.txt"
+if grep -qE '^bf16 +30720 +53687091 ' "$work/plan.txt" && grep -qE '^fp8-cal +15360 +107374182 ' "$work/plan.txt" &&
+   grep -qE '^bf16 +30720 +2 ' "$work/plan2.txt" && grep -qE '^fp8-cal +15360 +4 ' "$work/plan2.txt" &&
+   grep -qE "^bf16 +30720 +65104166 " "$work/plan3.txt"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL: kvdrift plan --kv-budget 1.5TiB, 61440B, 2TB"; cat "$work/plan.txt" "$work/plan2.txt" "$work/plan3.txt"
+fi
+expect 2 "--kv-budget: expected a size like 40GiB, 512MiB or 1.5TiB \\(B, KiB, MiB, GiB, TiB, kB, MB, GB, TB\\), got '40 apples'" -- plan --kv-budget "40 apples"
+expect 2 "--kv-budget: expected a size like 40GiB, 512MiB or 1.5TiB \\(B, KiB, MiB, GiB, TiB, kB, MB, GB, TB\\), got 'infGiB'" -- run --kv-budget infGiB -o "$work/never.h5"
+expect 2 "--kv-budget: expected a size like 40GiB, 512MiB or 1.5TiB \\(B, KiB, MiB, GiB, TiB, kB, MB, GB, TB\\), got '0GiB'" -- audit "$work" --kv-budget 0GiB
 
 # activation profile: per-layer magnitudes reach the cache (and bad rows are named)
 printf 'layer,k_outlier_scale,v_rms\n3,,0.05\n7,900,\n' >"$work/prof.csv"
