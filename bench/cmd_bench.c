@@ -378,8 +378,28 @@ static int bench_kernels(int reps) {
     return fail;
 }
 
+static const char *const bench_usage =
+    "usage: kvdrift bench kernels [--reps N] [--threads N]\n"
+    "       kvdrift bench lockstep [--model PRESET | --config FILE | --model-dir DIR] "
+    "[--context N] [--reps N]\n"
+    "                              [--threads N] [--backend cpu|cuda] [--gpus N]\n"
+    "       kvdrift bench cuda\n"
+    "kernels: copy and read bandwidth, decode attention per cache format, GEMM (CPU).\n"
+    "lockstep: what the lock-step measurement costs against the model's own decode.\n"
+    "cuda: device copy bandwidth, decode attention, cuBLASLt GEMMs (every algorithm).\n";
+
+static int help_asked(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+    return 0;
+}
+
 int kvd_cmd_bench(int argc, char **argv) {
     const char *cmd = "bench";
+    if (help_asked(argc, argv)) {
+        fputs(bench_usage, stdout);
+        return 0;
+    }
     if (argc >= 1 && !strcmp(argv[0], "cuda")) {
         if (argc > 1)
             kvd_die(KVD_EXIT_USAGE, cmd,

@@ -83,6 +83,11 @@ static int trace_stats(int argc, char **argv) {
             if (strcmp(v, "csv") && strcmp(v, "text"))
                 kvd_die(KVD_EXIT_USAGE, cmd, "--format: expected text or csv, got '%s'", v);
             csv = !strcmp(v, "csv");
+        } else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            printf("usage: kvdrift trace stats FILE [--format text|csv]\n"
+                   "Per trace: length, segment mix (share of tokens per kind), copied tokens and "
+                   "the\nreuse-distance histogram of copies.\n");
+            return 0;
         } else if (f[0] == '-') {
             kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
         } else {
@@ -162,6 +167,13 @@ static int trace_import(int argc, char **argv) {
             vocab = kvd_args_long(&a, f, 2, 4294967295L);
         } else if (!strcmp(f, "-o") || !strcmp(f, "--output")) {
             out = kvd_args_value(&a, f);
+        } else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            printf("usage: kvdrift trace import --text FILE | --csv FILE [--vocab V] -o FILE\n"
+                   "Token ids as a trace file: --text, ids separated by whitespace; --csv, rows "
+                   "id[,segment]\n(an optional header id,segment; segment one of the trace "
+                   "kinds). Ids below V (default\n248320). docs/trace-format.md has the "
+                   "details.\n");
+            return 0;
         } else {
             kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
         }
@@ -183,5 +195,12 @@ int kvd_cmd_trace(int argc, char **argv) {
     if (argc >= 1 && !strcmp(argv[0], "gen")) return trace_gen(argc - 1, argv + 1);
     if (argc >= 1 && !strcmp(argv[0], "stats")) return trace_stats(argc - 1, argv + 1);
     if (argc >= 1 && !strcmp(argv[0], "import")) return trace_import(argc - 1, argv + 1);
+    if (argc >= 1 && (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h"))) {
+        printf("usage: kvdrift trace gen|stats|import ... (kvdrift trace SUBCOMMAND --help)\n"
+               "  gen     synthetic agentic-coding traces\n"
+               "  stats   length, segment mix, reuse-distance histogram of a trace file\n"
+               "  import  token ids from a text or CSV file as a trace\n");
+        return 0;
+    }
     kvd_die(KVD_EXIT_USAGE, "trace", "expected gen, stats or import");
 }

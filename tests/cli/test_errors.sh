@@ -24,6 +24,19 @@ expect() {
   fi
 }
 
+# every command and subcommand says how it is used when asked: exit 0, the
+# usage on stdout, nothing on stderr, and nothing run
+for c in "" run report compare audit calibrate export forward plan schema trace "trace gen" \
+  "trace stats" "trace import" bench "bench kernels" "bench lockstep" "bench cuda"; do
+  # shellcheck disable=SC2086
+  "$bin" $c --help >"$work/help.out" 2>"$work/help.err"; rc=$?
+  if [ $rc -eq 0 ] && [ ! -s "$work/help.err" ] && grep -qiE "^(usage|kvdrift [0-9]|## Tables)" "$work/help.out"; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1)); echo "FAIL: kvdrift $c --help: exit $rc: $(head -2 "$work/help.out" "$work/help.err")"
+  fi
+done
+
 cat >"$work/heads.json" <<'J'
 {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 6, "num_key_value_heads": 4,
  "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 300}
