@@ -820,6 +820,64 @@ static void throughput_charts(kvd_buf *b, const kvd_run *runs, int n) {
     capped_note(b, KVD_SVG_MAX_SERIES, wanted);
 }
 
+static int cmp_int(const void *a, const void *b);
+
+/* Decode tokens/s per context and concurrency, for a run whose throughput
+ * cells span several contexts (the charts above are at its largest): each
+ * with its ratio to bf16's at the same context and concurrency. */
+static void throughput_contexts(kvd_buf *b, const kvd_run *r, const char *label, int named) {
+    long long ctx[64];
+    int nctx = 0;
+    long long all[64];
+    const int na = kvd_run_contexts(r, all, 64);
+    for (int k = 0; k < na; k++) {
+        int cs[64];
+        if (concurrencies(r, all[k], cs) > 0) ctx[nctx++] = all[k];
+    }
+    if (nctx < 2) return;
+    int cs[64], nc = 0; /* every concurrency at any of the contexts */
+    for (int k = 0; k < nctx; k++) {
+        int c1[64];
+        const int n1 = concurrencies(r, ctx[k], c1);
+        for (int j = 0; j < n1; j++) {
+            int seen = 0;
+            for (int q = 0; q < nc; q++) seen |= cs[q] == c1[j];
+            if (!seen && nc < 64) cs[nc++] = c1[j];
+        }
+    }
+    qsort(cs, (size_t)nc, sizeof cs[0], cmp_int);
+    kvd_buf_puts(b, "<p class=\"note\">Decode tokens/s per context");
+    if (named) {
+        kvd_buf_puts(b, " (");
+        kvd_buf_xml(b, label);
+        kvd_buf_puts(b, ")");
+    }
+    kvd_buf_puts(b, ", in parentheses against bf16 at the same context and concurrency:</p>\n"
+                    "<table class=\"tput-contexts\"><tr><th class=\"l\">KV mode</th>"
+                    "<th>context</th>");
+    for (int j = 0; j < nc; j++) kvd_buf_printf(b, "<th>C=%d</th>", cs[j]);
+    kvd_buf_puts(b, "</tr>\n");
+    const char *modes[KVD_KV_N_MODES];
+    const int nm = kvd_run_modes(r, modes);
+    for (int m = 0; m < nm; m++)
+        for (int k = 0; k < nctx; k++) {
+            kvd_buf_printf(b, "<tr><td class=\"l\">%s</td><td>%lld</td>", modes[m], ctx[k]);
+            for (int j = 0; j < nc; j++) {
+                const kvd_row_tput *x = tput(r, modes[m], cs[j], ctx[k]),
+                                   *y = tput(r, "bf16", cs[j], ctx[k]);
+                if (!x)
+                    kvd_buf_puts(b, "<td>-</td>");
+                else if (y && y->decode_tok_s > 0 && strcmp(modes[m], "bf16"))
+                    kvd_buf_printf(b, "<td>%.1f (%.2fx)</td>", x->decode_tok_s,
+                                   x->decode_tok_s / y->decode_tok_s);
+                else
+                    kvd_buf_printf(b, "<td>%.1f</td>", x->decode_tok_s);
+            }
+            kvd_buf_puts(b, "</tr>\n");
+        }
+    kvd_buf_puts(b, "</table>\n");
+}
+
 static void tradeoff_chart(kvd_buf *b, const kvd_run *runs, int n) {
     static series_store st;
     kvd_line_chart ch = {"accuracy against capacity",
@@ -1518,6 +1576,7 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
     for (int i = 0; i < n; i++) generation_table(b, &runs[i]);
     kvd_buf_puts(b, "<h2>Throughput and latency against concurrency</h2>\n");
     throughput_charts(b, runs, n);
+    for (int i = 0; i < n; i++) throughput_contexts(b, &runs[i], runs[i].label, n > 1);
     kvd_buf_puts(b, "<h2>Accuracy against capacity</h2>\n");
     tradeoff_chart(b, runs, n);
     for (int i = 0; i < n; i++) {

@@ -481,6 +481,14 @@ assert row.startswith(f"| ctx | fp8-cal | {pooled('fp8-cal', 256, 'kl_mean'):.3e
 assert "Context 256 tokens (a run's largest; every context in the table below)" in md
 for one in sys.argv[4:]:
     assert "Drift against context length" not in open(one).read(), one
+# decode tokens/s per context, against bf16's at the same context
+tab = re.search(r'<table class="tput-contexts">(.*?)</table>', html, re.S).group(1)
+for mode in ("bf16", "fp8-cal", "fp8-unscaled"):
+    for c in (128, 256):
+        x = t[(t["mode"] == mode.encode()) & (t["context"] == c) & (t["concurrency"] == 1)]["decode_tok_s"][0]
+        cell = f"{x:.1f}" + ("" if mode == "bf16" else f" ({dec(mode, c):.2f}x)")
+        assert f'<tr><td class="l">{mode}</td><td>{c}</td><td>{cell}</td></tr>' in tab, (mode, c, cell, tab)
+assert "tput-contexts" not in open(sys.argv[4]).read()
 PY
 # compare checks every context the baseline has: a regression at the
 # shorter one shows; a candidate without a context misses its figures; a
