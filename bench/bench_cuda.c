@@ -505,7 +505,9 @@ static double cache_bytes(int ctx, int f) {
  * the small size's longer context is 2048. */
 typedef struct {
     const char *preset;   /* the projections, GEMMs, DeltaNet and comparisons */
-    int ctx[2];           /* decode and prefill attention's contexts */
+    int ctx[2];           /* decode attention's contexts */
+    int pf_ctx[2];        /* prefill attention's: the small size's longer one splits the
+                             context (at least 512 positions a split), its shorter one not */
     int chunk[2];         /* prefill's rows: a chunk, and a short one */
     int gemm_M[4];        /* the GEMMs' rows */
     size_t copy_bytes;    /* the copy bandwidth's buffer */
@@ -514,6 +516,7 @@ typedef struct {
 static const bench_size gpu_size = {
     .preset = "qwen3.5-397b-a17b",
     .ctx = {32768, 131072},
+    .pf_ctx = {32768, 131072},
     .chunk = {512, 64},
     .gemm_M = {8, 32, 96, 1536},
     .copy_bytes = (size_t)1 << 30,
@@ -522,6 +525,7 @@ static const bench_size gpu_size = {
 static const bench_size smoke_size = {
     .preset = "tiny",
     .ctx = {1024, 2048},
+    .pf_ctx = {512, 1024},
     .chunk = {32, 16},
     .gemm_M = {8, 32, 96, 192},
     .copy_bytes = (size_t)16 << 20,
@@ -542,8 +546,8 @@ int kvd_bench_cuda(int reps, int smoke) {
     const bench_size *sz = smoke ? &smoke_size : &gpu_size;
     if (smoke)
         printf("smoke size (the program run end to end, not a measurement): %s's projections, "
-               "%d and %d tokens\n\n",
-               sz->preset, sz->ctx[0], sz->ctx[1]);
+               "%d and %d tokens (prefill %d and %d)\n\n",
+               sz->preset, sz->ctx[0], sz->ctx[1], sz->pf_ctx[0], sz->pf_ctx[1]);
     int fail = 0;
     double bw = kvd_cuda_copy_bandwidth(sz->copy_bytes, reps);
     fail |= bw <= 0;
@@ -619,6 +623,7 @@ int kvd_bench_cuda(int reps, int smoke) {
      * prompt; its multiply-adds (2 n_q heads hd per position attended,
      * scores and values) against the fastest BF16 GEMM the table below
      * finds, which is the tensor cores' rate as cuBLASLt reaches it */
+    const int *pfc = sz->pf_ctx;
     printf("\nprefill attention, 32/2 heads x 256, a chunk ending the context (v1: FP32 cores, "
            "a block per row;\nv2: tensor cores, rows sharing each K/V stage, what the model "
            "runs; v4: v2 splitting its query\nagain every stage, as it does where shared memory "
@@ -628,7 +633,7 @@ int kvd_bench_cuda(int reps, int smoke) {
     double pf_best = 0, v2_e4m3[4] = {0, 0, 0, 0}; /* by chunk, for FP8 attention's table */
     for (int ci = 0; ci < 4; ci++)
         for (int f = 0; f < 2; f++) {
-            const int nq = sz->chunk[ci / 2], p0 = ctxs[ci % 2] - nq;
+            const int nq = sz->chunk[ci / 2], p0 = pfc[ci % 2] - nq;
             const double flop = 2.0 * 2 * nq * 32 * 256 * (p0 + (nq + 1) / 2.0);
             double t1 = 0;
             static const int vers[3] = {1, 2, 4};
@@ -640,7 +645,7 @@ int kvd_bench_cuda(int reps, int smoke) {
                 if (ver == 1) t1 = t;
                 if (ver == 2 && flop / t > pf_best) pf_best = flop / t;
                 if (ver == 2 && f == KVD_FMT_E4M3) v2_e4m3[ci] = t;
-                printf("%8d %5d %-6s %4d %10.2f %9.1f %7.2fx\n", ctxs[ci % 2], nq, fn[f], ver,
+                printf("%8d %5d %-6s %4d %10.2f %9.1f %7.2fx\n", pfc[ci % 2], nq, fn[f], ver,
                        t * 1e3, flop / t / 1e12, t1 / t);
             }
         }
@@ -651,13 +656,13 @@ int kvd_bench_cuda(int reps, int smoke) {
            "%8s %5s %-13s %10s %9s %8s\n",
            "context", "rows", "kernels", "time_ms", "TFLOP_s", "vs_v2");
     for (int ci = 0; ci < 3; ci++) {
-        const int nq = sz->chunk[ci / 2], p0 = ctxs[ci % 2] - nq, r3 = reps > 3 ? 3 : reps;
+        const int nq = sz->chunk[ci / 2], p0 = pfc[ci % 2] - nq, r3 = reps > 3 ? 3 : reps;
         const double flop = 2.0 * 2 * nq * 32 * 256 * (p0 + (nq + 1) / 2.0);
         const double t2 = v2_e4m3[ci]; /* the same chunk in the table above */
         for (int k = 0; k < (ci == 2 ? 2 : 1); k++) {
             double t = kvd_cuda_bench_prefill(KVD_FMT_E4M3, p0, nq, 32, 2, 256, r3, k ? 1 : 2, 1);
             fail |= t <= 0 || t2 <= 0;
-            printf("%8d %5d %-13s %10.2f %9.1f %7.2fx\n", ctxs[ci % 2], nq,
+            printf("%8d %5d %-13s %10.2f %9.1f %7.2fx\n", pfc[ci % 2], nq,
                    k ? "plain, rows" : "v2, 2 passes", t * 1e3, flop / t / 1e12, t2 / t);
         }
     }
