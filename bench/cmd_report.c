@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../reports/report.h"
+#include "../reports/trend.h"
 #include "../runners/config.h"
 #include "../runners/fileio.h"
 #include "commands.h"
@@ -21,63 +22,119 @@ static void emit(const char *cmd, const char *out, const kvd_buf *b) {
     if (kvd_write_file_atomic(out, b->s, b->n, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
 }
 
-int kvd_cmd_report(int argc, char **argv) {
-    const char *cmd = "report", *out = NULL, *format = NULL, *f;
-    char *files[64];
-    int nf = 0;
+/* What report and trend take: result files (min to max of them), -o FILE
+ * and --format html|md|csv (by default the output's extension, else html,
+ * which needs -o); --help prints help and exits 0. The runs come back
+ * loaded. */
+typedef struct {
+    const char *out, *format;
+    kvd_run *runs;
+    int n;
+} runs_args;
+
+static runs_args runs_args_parse(const char *cmd, int argc, char **argv, int min, int max,
+                                 const char *help) {
+    runs_args ra = {NULL, NULL, NULL, 0};
+    char **files = calloc((size_t)max, sizeof *files);
+    const char *f;
     kvd_args a = {argc, argv, 0, cmd};
     while ((f = kvd_args_next(&a))) {
         if (!strcmp(f, "-o") || !strcmp(f, "--output")) {
-            out = kvd_args_value(&a, f);
+            ra.out = kvd_args_value(&a, f);
         } else if (!strcmp(f, "--format")) {
-            format = kvd_args_value(&a, f);
-            if (strcmp(format, "html") && strcmp(format, "md") && strcmp(format, "csv"))
+            ra.format = kvd_args_value(&a, f);
+            if (strcmp(ra.format, "html") && strcmp(ra.format, "md") && strcmp(ra.format, "csv"))
                 kvd_die(KVD_EXIT_USAGE, cmd, "--format: expected html, md or csv, got '%s'",
-                        format);
+                        ra.format);
         } else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            printf("usage: kvdrift report RUN.h5 [MORE.h5 ...] [--format html|md|csv] [-o FILE]\n"
-                   "One self-contained HTML file (inline SVG charts, no scripts), a Markdown\n"
-                   "summary for a CI log or pull request, or the figures as CSV. Several files\n"
-                   "render side by side. Without -o the output goes to stdout (html needs -o).\n");
-            return 0;
+            fputs(help, stdout);
+            exit(0);
         } else if (f[0] == '-') {
             kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
-        } else if (nf < KVD_REPORT_MAX_RUNS) {
-            files[nf++] = (char *)f;
+        } else if (ra.n < max) {
+            files[ra.n++] = (char *)f;
         } else {
-            kvd_die(KVD_EXIT_USAGE, cmd, "expected at most %d result files", KVD_REPORT_MAX_RUNS);
+            kvd_die(KVD_EXIT_USAGE, cmd, "expected at most %d result files", max);
         }
     }
-    if (nf == 0) kvd_die(KVD_EXIT_USAGE, cmd, "expected one or more result files");
-    if (!format) {
-        const char *dot = out ? strrchr(out, '.') : NULL;
-        format = dot && !strcmp(dot, ".md") ? "md" : dot && !strcmp(dot, ".csv") ? "csv" : "html";
+    if (ra.n < min)
+        kvd_die(KVD_EXIT_USAGE, cmd, "expected %s result files, got %d",
+                min == 1 ? "one or more" : "two or more", ra.n);
+    if (!ra.format) {
+        const char *dot = ra.out ? strrchr(ra.out, '.') : NULL;
+        ra.format = dot && !strcmp(dot, ".md")    ? "md"
+                    : dot && !strcmp(dot, ".csv") ? "csv"
+                                                  : "html";
     }
-    if (!strcmp(format, "html") && !out)
+    if (!strcmp(ra.format, "html") && !ra.out)
         kvd_die(KVD_EXIT_USAGE, cmd, "--format html: expected -o FILE");
     char err[KVD_ERR_LEN];
-    if (out && kvd_output_check(out, err)) kvd_die(KVD_EXIT_USAGE, cmd, "-o: %s", err);
-    kvd_run *runs = calloc((size_t)nf, sizeof *runs);
-    if (kvd_runs_load(runs, nf, files, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    if (ra.out && kvd_output_check(ra.out, err)) kvd_die(KVD_EXIT_USAGE, cmd, "-o: %s", err);
+    ra.runs = calloc((size_t)ra.n, sizeof *ra.runs);
+    if (kvd_runs_load(ra.runs, ra.n, files, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    free(files);
+    return ra;
+}
+
+/* The rendered output to -o (or stdout), and the runs freed. */
+static void runs_args_finish(const char *cmd, runs_args *ra, kvd_buf *b) {
+    emit(cmd, ra->out, b);
+    if (ra->out) fprintf(stderr, "kvdrift %s: wrote %s (%zu bytes)\n", cmd, ra->out, b->n);
+    kvd_buf_free(b);
+    kvd_runs_free(ra->runs, ra->n);
+    free(ra->runs);
+}
+
+int kvd_cmd_report(int argc, char **argv) {
+    const char *cmd = "report";
+    runs_args ra = runs_args_parse(
+        cmd, argc, argv, 1, KVD_REPORT_MAX_RUNS,
+        "usage: kvdrift report RUN.h5 [MORE.h5 ...] [--format html|md|csv] [-o FILE]\n"
+        "One self-contained HTML file (inline SVG charts, no scripts), a Markdown\n"
+        "summary for a CI log or pull request, or the figures as CSV. Several files\n"
+        "render side by side. Without -o the output goes to stdout (html needs -o).\n");
     kvd_buf b = {0};
-    if (!strcmp(format, "html")) {
-        kvd_report_html(&b, runs, nf);
-    } else if (!strcmp(format, "md")) {
-        kvd_report_md(&b, runs, nf);
+    if (!strcmp(ra.format, "html")) {
+        kvd_report_html(&b, ra.runs, ra.n);
+    } else if (!strcmp(ra.format, "md")) {
+        kvd_report_md(&b, ra.runs, ra.n);
     } else {
         char *mem = NULL;
         size_t len = 0;
         FILE *m = open_memstream(&mem, &len);
-        kvd_report_csv(m, runs, nf);
+        kvd_report_csv(m, ra.runs, ra.n);
         fclose(m);
         kvd_buf_puts(&b, mem ? mem : "");
         free(mem);
     }
-    emit(cmd, out, &b);
-    if (out) fprintf(stderr, "kvdrift report: wrote %s (%zu bytes)\n", out, b.n);
-    kvd_buf_free(&b);
-    kvd_runs_free(runs, nf);
-    free(runs);
+    runs_args_finish(cmd, &ra, &b);
+    return 0;
+}
+
+int kvd_cmd_trend(int argc, char **argv) {
+    const char *cmd = "trend";
+    char help[1024];
+    snprintf(help, sizeof help,
+             "usage: kvdrift trend RUN.h5 RUN.h5 [MORE.h5 ...] [--format html|md|csv] [-o FILE]\n"
+             "A series of runs of one sweep (nightly results), oldest first by the time each "
+             "file was\nwritten: each FP8 mode's mean output KL, 99th percentile, top-1 "
+             "agreement and decode\nspeed against bf16 run by run, how many standard errors "
+             "each run moved from the one\nbefore (paired where they ran the same traces), and "
+             "where the runs' settings change.\nAt the largest context every run has; up to %d "
+             "files.\n",
+             KVD_TREND_MAX_RUNS);
+    runs_args ra = runs_args_parse(cmd, argc, argv, 2, KVD_TREND_MAX_RUNS, help);
+    char err[KVD_ERR_LEN];
+    long long ctx;
+    if (kvd_trend_prepare(ra.runs, ra.n, &ctx, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    kvd_buf b = {0};
+    if (!strcmp(ra.format, "html"))
+        kvd_trend_html(&b, ra.runs, ra.n, ctx);
+    else if (!strcmp(ra.format, "md"))
+        kvd_trend_md(&b, ra.runs, ra.n, ctx);
+    else
+        kvd_trend_csv(&b, ra.runs, ra.n, ctx);
+    runs_args_finish(cmd, &ra, &b);
     return 0;
 }
 

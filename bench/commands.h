@@ -10,6 +10,7 @@ int kvd_cmd_bench(int argc, char **argv);
 int kvd_cmd_trace(int argc, char **argv);
 int kvd_cmd_run(int argc, char **argv);
 int kvd_cmd_report(int argc, char **argv);
+int kvd_cmd_trend(int argc, char **argv);
 int kvd_cmd_compare(int argc, char **argv);
 int kvd_cmd_audit(int argc, char **argv);
 int kvd_cmd_plan(int argc, char **argv);

@@ -18,6 +18,8 @@ static void usage(FILE *f) {
             "              concurrency and context, to an HDF5 results file\n"
             "  report      HTML / Markdown / CSV report from result files\n"
             "  compare     baseline against candidate with a thresholds CSV (exit 1: regression)\n"
+            "  trend       a series of runs of one sweep (nightly results), oldest first: how\n"
+            "              each mode's drift moved run by run, and where settings changed\n"
             "  audit       what a checkpoint's quantization config makes an engine do to the\n"
             "              KV cache (--strict: exit 1 for FP8 KV without scales)\n"
             "  plan        KV capacity per mode for a memory budget\n"
@@ -48,6 +50,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return kvd_cmd_run(argc - 2, argv + 2);
     if (!strcmp(cmd, "report")) return kvd_cmd_report(argc - 2, argv + 2);
     if (!strcmp(cmd, "compare")) return kvd_cmd_compare(argc - 2, argv + 2);
+    if (!strcmp(cmd, "trend")) return kvd_cmd_trend(argc - 2, argv + 2);
     if (!strcmp(cmd, "audit")) return kvd_cmd_audit(argc - 2, argv + 2);
     if (!strcmp(cmd, "plan")) return kvd_cmd_plan(argc - 2, argv + 2);
     if (!strcmp(cmd, "schema")) {

@@ -29,7 +29,8 @@ static void set_label(kvd_run *r, int parts) {
  * runs whose file names clash (a/run.h5, b/run.h5) take more of their path
  * (a/run, b/run), and one file given twice is numbered. */
 static void unique_labels(kvd_run *runs, int n) {
-    int parts[KVD_REPORT_MAX_RUNS], clash[KVD_REPORT_MAX_RUNS];
+    int *parts = calloc((size_t)n + 1, sizeof *parts),
+        *clash = calloc((size_t)n + 1, sizeof *clash);
     for (int i = 0; i < n; i++) parts[i] = 1, set_label(&runs[i], 1);
     for (int round = 0; round < 64; round++) {
         int any = 0;
@@ -53,14 +54,11 @@ static void unique_labels(kvd_run *runs, int n) {
             snprintf(runs[i].label + len, sizeof runs[i].label - len, " #%d", k);
         }
     }
+    free(parts);
+    free(clash);
 }
 
 int kvd_runs_load(kvd_run *runs, int n, char *const *paths, char *err) {
-    if (n > KVD_REPORT_MAX_RUNS) {
-        snprintf(err, KVD_ERR_LEN, "expected at most %d result files, got %d", KVD_REPORT_MAX_RUNS,
-                 n);
-        return -1;
-    }
     for (int i = 0; i < n; i++) {
         memset(&runs[i], 0, sizeof runs[i]);
         kvd_results_init(&runs[i].r);
@@ -180,11 +178,7 @@ int kvd_run_layers(const kvd_run *r) {
     return m + 1;
 }
 
-typedef struct {
-    double kl, kl_err, top1, hid_last, dec_gain, cap_gain, ln_ppl, attn_kl;
-    double k_sat, v_flush; /* shares of the values written (NaN: no FP8 rows) */
-    int conc;
-} verdict;
+typedef kvd_verdict verdict;
 
 double kvd_run_attn_kl(const kvd_run *r, const char *mode, long long ctx, const char *view,
                        const char *subset, int al, double *se) {
@@ -201,7 +195,7 @@ double kvd_run_attn_kl(const kvd_run *r, const char *mode, long long ctx, const 
     return n > 0 ? s / n : NAN;
 }
 
-static verdict make_verdict(const kvd_run *r, const char *mode, long long ctx) {
+kvd_verdict kvd_run_verdict(const kvd_run *r, const char *mode, long long ctx) {
     verdict v;
     v.kl = kvd_run_summary(r, mode, ctx, "all", "kl_mean");
     v.kl_err = kvd_run_summary(r, mode, ctx, "all", "kl_mean_err");
@@ -279,7 +273,7 @@ static void verdict_table(kvd_buf *b, const kvd_run *runs, int n) {
         const char *modes[KVD_KV_N_MODES];
         int nm = kvd_run_modes(&runs[i], modes);
         for (int m = 0; m < nm; m++) {
-            verdict v = make_verdict(&runs[i], modes[m], kvd_run_max_context(&runs[i]));
+            verdict v = kvd_run_verdict(&runs[i], modes[m], kvd_run_max_context(&runs[i]));
             verdict_text t = verdict_fmt(&v);
             const char *w = verdict_word(v.kl);
             kvd_buf_puts(b, "<tr><td class=\"l\">");
@@ -1092,12 +1086,12 @@ int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_
     const long long ctx = kvd_run_max_context(r);
     const int nl = kvd_run_moe_layers(r, ctx, moe);
     /* a mode the run lacks has no mean KL (NaN) */
-    const verdict c = make_verdict(r, "fp8-cal", ctx);
+    const verdict c = kvd_run_verdict(r, "fp8-cal", ctx);
     if (!(c.kl > 0)) return 0;
     const double c99 = kvd_run_summary(r, "fp8-cal", ctx, "all", "kl_p99"),
                  crt = kvd_run_summary(r, "fp8-cal", ctx, "all", "router_flip_rate");
     for (int o = 0; o < HEADLINE_MAX; o++) {
-        const verdict v = make_verdict(r, others[o], ctx);
+        const verdict v = kvd_run_verdict(r, others[o], ctx);
         if (!isfinite(v.kl)) continue;
         /* paired over the same positions when the file keeps them: what
          * the two modes share (the same tokens, the same hard predictions)
@@ -1231,8 +1225,8 @@ static int context_sentence(const kvd_run *r, char *s, size_t n) {
         long long ctx[MAX_CONTEXTS];
         const int nc = drift_contexts(r, modes[m], ctx);
         if (!strcmp(modes[m], "bf16") || nc < 2) continue;
-        const verdict a = make_verdict(r, modes[m], ctx[0]),
-                      z = make_verdict(r, modes[m], ctx[nc - 1]);
+        const verdict a = kvd_run_verdict(r, modes[m], ctx[0]),
+                      z = kvd_run_verdict(r, modes[m], ctx[nc - 1]);
         if (k++ == 0)
             sentence_add(s, n, &len, "From %lld to %lld tokens the mean output KL goes from",
                          ctx[0], ctx[nc - 1]);
@@ -1275,7 +1269,7 @@ static void context_chart(kvd_buf *b, const kvd_run *runs, int n) {
             const int s = ch.n_series;
             int k = 0;
             for (int c = 0; c < nc && k < 64; c++) {
-                const verdict v = make_verdict(&runs[i], modes[m], ctx[c]);
+                const verdict v = kvd_run_verdict(&runs[i], modes[m], ctx[c]);
                 const double ci = isfinite(v.kl_err) ? 1.959963984540054 * v.kl_err : 0;
                 st.x[s][k] = (double)ctx[c], st.y[s][k] = v.kl;
                 st.lo[s][k] = v.kl - ci, st.hi[s][k] = v.kl + ci;
@@ -1314,9 +1308,9 @@ static void context_table(kvd_buf *b, const kvd_run *runs, int n, int md) {
             long long ctx[MAX_CONTEXTS];
             const int nc = drift_contexts(&runs[i], modes[m], ctx);
             if (!strcmp(modes[m], "bf16") || nc == 0) continue;
-            const verdict v0 = make_verdict(&runs[i], modes[m], ctx[0]);
+            const verdict v0 = kvd_run_verdict(&runs[i], modes[m], ctx[0]);
             for (int c = 0; c < nc; c++) {
-                const verdict v = make_verdict(&runs[i], modes[m], ctx[c]);
+                const verdict v = kvd_run_verdict(&runs[i], modes[m], ctx[c]);
                 const verdict_text t = verdict_fmt(&v);
                 char rel[48], p99[32], dec[48];
                 vs_shortest(rel, sizeof rel, &v, &v0, ctx[c], ctx[0]);
@@ -1604,7 +1598,7 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
         const char *modes[KVD_KV_N_MODES];
         int nm = kvd_run_modes(&runs[i], modes);
         for (int m = 0; m < nm; m++) {
-            verdict v = make_verdict(&runs[i], modes[m], kvd_run_max_context(&runs[i]));
+            verdict v = kvd_run_verdict(&runs[i], modes[m], kvd_run_max_context(&runs[i]));
             verdict_text t = verdict_fmt(&v);
             kvd_buf_printf(b, "| %s | %s | %s ± %s | %s | %s | %s | %s | %s | %s | %s |\n",
                            runs[i].label, modes[m], t.kl, t.kl_err, t.top1, t.ln_ppl, t.attn_kl,

@@ -17,9 +17,9 @@ typedef struct {
 /* the most result files one report takes */
 #define KVD_REPORT_MAX_RUNS 64
 
-/* Load result files (at most KVD_REPORT_MAX_RUNS); -1 with err naming the
- * file on failure. Each gets a label of its own: its file name, or as much
- * of its path as tells it from the others. */
+/* Load result files; -1 with err naming the file on failure. Each gets a
+ * label of its own: its file name, or as much of its path as tells it from
+ * the others. */
 int kvd_runs_load(kvd_run *runs, int n, char *const *paths, char *err);
 void kvd_runs_free(kvd_run *runs, int n);
 
@@ -56,6 +56,19 @@ extern const char *const kvd_attn_fp8_text;
  * errors at a position move together, a lower bound of the error. */
 double kvd_run_attn_kl(const kvd_run *r, const char *mode, long long ctx, const char *view,
                        const char *subset, int al, double *se);
+
+/* A mode's verdict figures at context ctx, over every trace: mean output KL
+ * and its standard error, top-1 agreement, ln(PPL ratio), the last layer's
+ * hidden drift, attention KL (propagated, every layer), the shares of K
+ * saturated and V flushed (NaN: no FP8 rows), and at the highest
+ * concurrency measured there (conc, 0: none) decode speed and KV capacity
+ * against bf16's; NaN where the run has no figure. */
+typedef struct {
+    double kl, kl_err, top1, hid_last, dec_gain, cap_gain, ln_ppl, attn_kl;
+    double k_sat, v_flush;
+    int conc;
+} kvd_verdict;
+kvd_verdict kvd_run_verdict(const kvd_run *r, const char *mode, long long ctx);
 
 /* Modes present in a run, in the order kvdrift knows them. */
 int kvd_run_modes(const kvd_run *r, const char **modes);

@@ -26,7 +26,7 @@ expect() {
 
 # every command and subcommand says how it is used when asked: exit 0, the
 # usage on stdout, nothing on stderr, and nothing run
-for c in "" run report compare audit calibrate export forward plan schema trace "trace gen" \
+for c in "" run report compare trend audit calibrate export forward plan schema trace "trace gen" \
   "trace stats" "trace import" bench "bench kernels" "bench lockstep" "bench cuda"; do
   # shellcheck disable=SC2086
   "$bin" $c --help >"$work/help.out" 2>"$work/help.err"; rc=$?

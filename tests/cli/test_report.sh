@@ -608,6 +608,106 @@ PY
 "$bin" report "$work/rv2.h5" -o "$work/rv2.html" 2>/dev/null && "$bin" report "$work/rv2.h5" --format md -o "$work/rv2.md" 2>/dev/null &&
   grep -q '<p class="routing">' "$work/rv2.html" && grep -q "^Share of (position, MoE layer)" "$work/rv2.md" &&
   ! grep -q "routed to another expert set at some" "$work/rv2.html" "$work/rv2.md" && ok || bad "a version 2 file: the routed positions' share of the KL from zeros"
+# trend: runs of one sweep oldest first (by when each was written, not the
+# order given), each mode's mean KL and its step from the run before in
+# standard errors (paired over the positions of the same traces, else the
+# two means' errors), a step of 2 or more marked, where settings change;
+# the HTML's chart holds the file's figures; CSV; the refusals
+for s in 1 2; do
+  "$bin" run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 128 --cells drift --gen-tokens 4 \
+    --calib-tokens 256 --seed $s -o "$work/tr$s.h5" >/dev/null 2>&1 || bad "trend: the seed $s sweep failed"
+done
+cp "$work/tr1.h5" "$work/tr1b.h5"
+"$py" - "$work/tr1.h5" "$work/tr1b.h5" "$work/tr2.h5" <<'PY'
+import sys, h5py, numpy as np
+for path, when in zip(sys.argv[1:], ("2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z", "2026-01-03T00:00:00Z")):
+    with h5py.File(path, "r+") as f:
+        f.attrs["written_utc"] = np.bytes_(when)
+# the second night: fp8-cal drifts 1.5x as far at every position
+with h5py.File(sys.argv[2], "r+") as f:
+    ts = f["/drift/token_sets"][:]
+    r = ts[ts["mode"] == b"fp8-cal"][0]
+    tk = f["/drift/tokens"][:]
+    tk["kl"][r["first"]:r["first"] + r["n"]] *= 1.5
+    f["/drift/tokens"][...] = tk
+    s = f["/drift/summary"][:]
+    k = (s["mode"] == b"fp8-cal") & np.isin(s["metric"], [b"kl_mean", b"kl_mean_err"])
+    s["value"][k] *= 1.5
+    f["/drift/summary"][...] = s
+PY
+"$bin" trend "$work/tr2.h5" "$work/tr1.h5" "$work/tr1b.h5" --format md -o "$work/tr.md" 2>/dev/null &&
+  "$bin" trend "$work/tr2.h5" "$work/tr1b.h5" "$work/tr1.h5" -o "$work/tr.html" 2>/dev/null && xmllint --noout "$work/tr.html" &&
+  "$bin" trend "$work/tr1.h5" "$work/tr1b.h5" "$work/tr2.h5" --format csv -o "$work/tr.csv" 2>/dev/null &&
+  "$py" - "$work/tr1.h5" "$work/tr1b.h5" "$work/tr2.h5" "$work/tr.md" "$work/tr.html" "$work/tr.csv" 2>"$work/tr.err" <<'PY' && ok || bad "trend: the figures differ from the files: $(tail -3 "$work/tr.err")"
+import csv, math, re, sys
+import xml.etree.ElementTree as ET
+import h5py, numpy as np
+files = [h5py.File(p, "r") for p in sys.argv[1:4]]
+md, html = open(sys.argv[4]).read(), open(sys.argv[5]).read()
+def fig(f, mode, metric):
+    s = f["/drift/summary"][:]
+    r = s[(s["mode"] == mode.encode()) & (s["subset"] == b"all") & (s["metric"] == metric.encode())]
+    assert len(r) == 1
+    return float(r["value"][0])
+def kl(f, mode):
+    ts, tk = f["/drift/token_sets"][:], f["/drift/tokens"][:]
+    r = ts[ts["mode"] == mode.encode()][0]
+    return tk["kl"][r["first"]:r["first"] + r["n"]].astype(np.float64)
+cut = lambda z: math.trunc(10 * z) / 10
+def step(i, mode):
+    if i == 0: return None, "-"
+    a, b = files[i - 1], files[i]
+    if i == 1:  # the same traces: paired
+        d = kl(b, mode) - kl(a, mode)
+        se = d.std(ddof=1) / math.sqrt(len(d))
+        z = 0.0 if se == 0 and d.mean() == 0 else d.mean() / se
+        return z, f"{cut(z):+.1f} se paired"
+    z = (fig(b, mode, "kl_mean") - fig(a, mode, "kl_mean")) / math.hypot(fig(a, mode, "kl_mean_err"), fig(b, mode, "kl_mean_err"))
+    return z, f"{cut(z):+.1f} se"
+names = ["tr1", "tr1b", "tr2"]
+for i, f in enumerate(files):
+    row = f"| {i + 1} | {names[i]} | 2026-01-0{i + 1}T00:00:00Z | "
+    line = next(l for l in md.splitlines() if l.startswith(row))
+    cells = [c.strip() for c in line.split("|")[5:-1]]
+    for m, mode in enumerate(("fp8-cal", "fp8-unscaled")):
+        z, text = step(i, mode)
+        assert cells[2 * m] == f"{fig(f, mode, 'kl_mean'):.3e} ± {fig(f, mode, 'kl_mean_err'):.1e}", (line, mode)
+        assert cells[2 * m + 1] == (f"**{text}**" if z is not None and abs(z) >= 2 else text), (line, mode, z, text)
+z_cal, _ = step(1, "fp8-cal")
+assert z_cal >= 2, z_cal  # the crafted night moved
+assert step(1, "fp8-unscaled")[1] == "+0.0 se paired"
+assert "- run 3 (tr2) differs from the run before in: seed (1 against 2), the trace spec" in md, md
+k0, k2 = fig(files[0], "fp8-cal", "kl_mean"), fig(files[2], "fp8-cal", "kl_mean")
+zl = (k2 - k0) / math.hypot(fig(files[0], "fp8-cal", "kl_mean_err"), fig(files[2], "fp8-cal", "kl_mean_err"))
+want = (f"- fp8-cal: mean output KL {k0:.3e} in the first run and {k2:.3e} in the last ({k2 / k0:.2f}x, "
+        f"{abs(cut(zl)):.1f} standard errors apart{': within the error' if abs(zl) < 2 else ''})")
+assert want in md, (want, md)
+big = max((step(i, "fp8-cal")[0] for i in (1, 2)), key=abs)
+at = 2 if big == step(1, "fp8-cal")[0] else 3
+assert f"the largest step between consecutive runs is {cut(big):+.1f} standard errors{' (paired)' if at == 2 else ''}, into run {at} ({names[at - 1]})." in md, md
+# the page: the same order whatever the arguments' order, the step marked,
+# the first chart's points the mean KL run by run with its band
+assert '<td class="moved">' + step(1, "fp8-cal")[1] + "</td>" in html, html
+svg = ET.fromstring(re.findall(r"<svg .*?</svg>", html, re.S)[0])
+pts = [c for c in svg.iter("{http://www.w3.org/2000/svg}circle") if c.get("data-series") == "fp8-cal"]
+assert [float(p.get("data-x")) for p in pts] == [1, 2, 3], pts
+for p, f in zip(pts, files):
+    v, e = fig(f, "fp8-cal", "kl_mean"), fig(f, "fp8-cal", "kl_mean_err")
+    assert abs(float(p.get("data-y")) - v) <= 1e-12 * v and abs(float(p.get("data-hi")) - v - 1.959963984540054 * e) <= 1e-12 * v
+assert "<li class=\"change\">run 3 (tr2) against the run before: seed (1 against 2), the trace spec</li>" in html
+rows = list(csv.DictReader(open(sys.argv[6])))
+got = {(r["run"], r["mode"], r["metric"]): float(r["value"]) for r in rows}
+assert got[("2", "fp8-cal", "kl_step_z_paired")] == float(f"{z_cal:.9g}"), got[("2", "fp8-cal", "kl_step_z_paired")]
+assert ("3", "fp8-cal", "kl_step_z") in got and ("1", "fp8-cal", "kl_step_z") not in got
+for i, f in enumerate(files):
+    for metric in ("kl_mean", "kl_p99", "same_top_p"):
+        assert abs(got[(str(i + 1), "fp8-unscaled", metric)] - fig(f, "fp8-unscaled", metric)) <= 1e-8 * abs(fig(f, "fp8-unscaled", metric)), metric
+PY
+"$bin" trend "$work/tr1.h5" --format md >/dev/null 2>"$work/tr.e1"; rc1=$?
+"$bin" trend "$work/tr1.h5" "$work/r.h5" --format md >/dev/null 2>"$work/tr.e2"; rc2=$?
+[ $rc1 -eq 2 ] && grep -q "trend: expected two or more result files, got 1" "$work/tr.e1" &&
+  [ $rc2 -eq 2 ] && grep -q "trend: expected a context every run has (a trend follows one sweep): .*tr1.h5 has 128; .*r.h5 has 512$" "$work/tr.e2" && ok ||
+  bad "trend's refusals: $(cat "$work/tr.e1" "$work/tr.e2")"
 # compare: 0 against itself, 1 for a crafted regression, 2 for bad thresholds
 "$bin" compare "$work/r.h5" "$work/r.h5" --thresholds "$thresholds" >"$work/c0.out"; rc=$?
 [ $rc -eq 0 ] && grep -q "0 regressions" "$work/c0.out" && ok || bad "compare against itself: exit $rc"
