@@ -180,19 +180,26 @@ int kvd_run_layers(const kvd_run *r) {
 
 typedef kvd_verdict verdict;
 
-double kvd_run_attn_kl(const kvd_run *r, const char *mode, long long ctx, const char *view,
-                       const char *subset, int al, double *se) {
+/* kvd_run_attn_kl over one KV head's rows (head >= 0, --attn-per-head),
+ * or every head's together (-1) */
+static double attn_kl_head(const kvd_run *r, const char *mode, long long ctx, const char *view,
+                           const char *subset, int al, int head, double *se) {
     const kvd_table *t = &r->r.t[KVD_T_ATTN];
     double s = 0, n = 0, v = 0;
     for (int64_t i = 0; i < t->n; i++) {
         const kvd_row_attn *x = KVD_ROW(t, kvd_row_attn, i);
         if (!strcmp(x->mode, mode) && x->context == ctx && !strcmp(x->view, view) &&
-            !strcmp(x->subset, subset) && !strcmp(x->metric, "kl") && x->kv_head == -1 &&
+            !strcmp(x->subset, subset) && !strcmp(x->metric, "kl") && x->kv_head == head &&
             (al < 0 || x->attn_layer == al))
             s += x->mean * x->n, n += x->n, v += se_part(x->n, x->ci95);
     }
     if (se) *se = n > 0 ? sqrt(v) / n : NAN;
     return n > 0 ? s / n : NAN;
+}
+
+double kvd_run_attn_kl(const kvd_run *r, const char *mode, long long ctx, const char *view,
+                       const char *subset, int al, double *se) {
+    return attn_kl_head(r, mode, ctx, view, subset, al, -1, se);
 }
 
 kvd_verdict kvd_run_verdict(const kvd_run *r, const char *mode, long long ctx) {
@@ -619,6 +626,142 @@ static void attention_bars(kvd_buf *b, const kvd_run *r, const char *label, int 
     kvd_bar_chart c = {title, "attention KL vs bf16 (nats, log)", 1, nal, ns, gp, lp, vals, NULL};
     kvd_svg_bars(b, &c);
     free(vals);
+}
+
+/* Per KV head, for a run that recorded heads (--attn-per-head): the
+ * isolated attention KL (each head's own codec error, what per-head scales
+ * exist to fix) of every full-attention layer and head at the run's
+ * largest context, into grid[mode][layer][head]; the layers' model indices
+ * into layer_of. Returns the heads (0: none recorded). */
+typedef struct {
+    int nal, nh, nm;
+    int layer_of[KVD_MAX_LAYERS];
+    const char *modes[KVD_KV_N_MODES];
+    double *grid; /* [nm][nal][nh] */
+} head_grid;
+
+static int head_grid_of(const kvd_run *r, head_grid *g) {
+    const long long ctx = kvd_run_max_context(r);
+    const kvd_table *t = &r->r.t[KVD_T_ATTN];
+    g->nal = g->nh = g->nm = 0;
+    g->grid = NULL;
+    for (int64_t j = 0; j < t->n; j++) {
+        const kvd_row_attn *x = KVD_ROW(t, kvd_row_attn, j);
+        if (x->context != ctx || x->kv_head < 0 || x->attn_layer < 0 ||
+            x->attn_layer >= KVD_MAX_LAYERS || x->kv_head >= 1024)
+            continue;
+        if (x->attn_layer + 1 > g->nal) g->nal = x->attn_layer + 1;
+        if (x->kv_head + 1 > g->nh) g->nh = x->kv_head + 1;
+        g->layer_of[x->attn_layer] = x->layer;
+    }
+    if (!g->nh) return 0;
+    const char *all[KVD_KV_N_MODES];
+    const int na = kvd_run_modes(r, all);
+    for (int m = 0; m < na; m++)
+        if (strcmp(all[m], "bf16")) g->modes[g->nm++] = all[m];
+    g->grid = malloc(sizeof(double) * (size_t)(g->nm ? g->nm : 1) * g->nal * g->nh);
+    for (int m = 0; m < g->nm; m++)
+        for (int a = 0; a < g->nal; a++)
+            for (int h = 0; h < g->nh; h++)
+                g->grid[((size_t)m * g->nal + a) * g->nh + h] =
+                    attn_kl_head(r, g->modes[m], ctx, "isolated", "all", a, h, NULL);
+    return g->nh;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* One sentence: per FP8 mode, the (layer, KV head) whose isolated attention
+ * KL is largest, and how many times the median head's it is. 0 without
+ * heads. */
+static int head_sentence(const head_grid *g, char *s, size_t n) {
+    int len = 0, k = 0;
+    s[0] = 0;
+    double *v = malloc(sizeof(double) * (size_t)g->nal * g->nh + 1);
+    for (int m = 0; m < g->nm; m++) {
+        const double *x = g->grid + (size_t)m * g->nal * g->nh;
+        int nv = 0, at = -1;
+        for (int c = 0; c < g->nal * g->nh; c++)
+            if (isfinite(x[c])) {
+                v[nv++] = x[c];
+                if (at < 0 || x[c] > x[at]) at = c;
+            }
+        if (at < 0) continue;
+        qsort(v, (size_t)nv, sizeof *v, cmp_double);
+        const double med = nv % 2 ? v[nv / 2] : 0.5 * (v[nv / 2 - 1] + v[nv / 2]);
+        if (k++ == 0)
+            sentence_add(s, n, &len,
+                         "The KV head whose own cache error moves attention most "
+                         "(isolated attention KL), per mode: ");
+        else
+            sentence_add(s, n, &len, "; ");
+        sentence_add(s, n, &len, "%s, layer %d KV head %d (%.3e nats", g->modes[m],
+                     g->layer_of[at / g->nh], at % g->nh, x[at]);
+        if (med > 0) sentence_add(s, n, &len, ", %.1fx the median head's", x[at] / med);
+        sentence_add(s, n, &len, ")");
+    }
+    free(v);
+    if (k) sentence_add(s, n, &len, ".");
+    return k > 0 && len > 0;
+}
+
+/* The maps: rows the full-attention layers (deepest on top), columns the KV
+ * heads, one colour scale for every mode. */
+static void head_heatmaps(kvd_buf *b, const kvd_run *r, const char *label, int many) {
+    head_grid g;
+    if (!head_grid_of(r, &g)) return;
+    double lo = INFINITY, hi = -INFINITY;
+    for (size_t c = 0; c < (size_t)g.nm * g.nal * g.nh; c++)
+        if (isfinite(g.grid[c]) && g.grid[c] > 0)
+            lo = fmin(lo, g.grid[c]), hi = fmax(hi, g.grid[c]);
+    char(*rl)[32] = malloc(sizeof(*rl) * (size_t)g.nal), (*cl)[16] = malloc(sizeof(*cl) * g.nh);
+    const char **rlp = malloc(sizeof(char *) * (size_t)g.nal),
+               **clp = malloc(sizeof(char *) * (size_t)g.nh);
+    double *dense = malloc(sizeof(double) * (size_t)g.nal * g.nh);
+    for (int a = 0; a < g.nal; a++) {
+        snprintf(rl[a], sizeof rl[a], "layer %d", g.layer_of[g.nal - 1 - a]);
+        rlp[a] = rl[a];
+    }
+    for (int h = 0; h < g.nh; h++) {
+        snprintf(cl[h], sizeof cl[h], "%d", h);
+        clp[h] = cl[h];
+    }
+    for (int m = 0; m < g.nm; m++) {
+        for (int a = 0; a < g.nal; a++)
+            for (int h = 0; h < g.nh; h++)
+                dense[(size_t)a * g.nh + h] =
+                    g.grid[((size_t)m * g.nal + (g.nal - 1 - a)) * g.nh + h];
+        char title[256];
+        snprintf(title, sizeof title, "%s%s%s: isolated attention KL per layer and KV head",
+                 many ? label : "", many ? " " : "", g.modes[m]);
+        kvd_heatmap h = {title,
+                         "KV head",
+                         "full-attention layer",
+                         "attention KL (nats)",
+                         g.nal,
+                         g.nh,
+                         dense,
+                         rlp,
+                         clp,
+                         NULL,
+                         NULL,
+                         lo < hi ? lo : 0,
+                         lo < hi ? hi : 0};
+        kvd_svg_heatmap(b, &h);
+    }
+    char s[1600];
+    if (head_sentence(&g, s, sizeof s)) {
+        kvd_buf_puts(b, "<p class=\"heads\">");
+        if (many) {
+            kvd_buf_xml(b, label);
+            kvd_buf_puts(b, ": ");
+        }
+        kvd_buf_xml(b, s);
+        kvd_buf_puts(b, "</p>\n");
+    }
+    free(rl), free(cl), free(rlp), free(clp), free(dense), free(g.grid);
 }
 
 int kvd_run_moe_layers(const kvd_run *r, long long ctx, int *layer) {
@@ -1547,6 +1690,7 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
                  "layer's own error). Propagated: the mode's own run (error carried in from "
                  "below).</p>\n");
     for (int i = 0; i < n; i++) attention_bars(b, &runs[i], runs[i].label, n > 1);
+    for (int i = 0; i < n; i++) head_heatmaps(b, &runs[i], runs[i].label, n > 1);
     int moe = 0;
     for (int i = 0; i < n; i++) {
         char s[1200];
@@ -1644,6 +1788,10 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
             kvd_buf_printf(b, "\n%s%s%s\n", pre, sep, s);
         if (routed_sentence(&runs[i], &rt, s, sizeof s))
             kvd_buf_printf(b, "\n%s%s%s\n", pre, sep, s);
+        head_grid g;
+        if (head_grid_of(&runs[i], &g) && head_sentence(&g, s, sizeof s))
+            kvd_buf_printf(b, "\n%s%s%s\n", pre, sep, s);
+        free(g.grid);
     }
     context_section_md(b, runs, n);
 }

@@ -414,7 +414,7 @@ PY
 # the report stays at the largest context; a run of one context has no such
 # section
 "$bin" run --model tiny --kv bf16,fp8-cal,fp8-unscaled --context 128,256 --traces 2 --concurrency 1 \
-  --gen-tokens 4 --decode-tokens 3 --calib-tokens 256 -o "$work/ctx.h5" >"$work/ctx.out" 2>&1 ||
+  --gen-tokens 4 --decode-tokens 3 --calib-tokens 256 --attn-per-head -o "$work/ctx.h5" >"$work/ctx.out" 2>&1 ||
   bad "a sweep over 2 contexts failed: $(cat "$work/ctx.out")"
 "$bin" report "$work/ctx.h5" -o "$work/ctx.html" 2>/dev/null && xmllint --noout "$work/ctx.html" &&
   "$bin" report "$work/ctx.h5" --format md -o "$work/ctx.md" 2>/dev/null &&
@@ -489,6 +489,35 @@ for mode in ("bf16", "fp8-cal", "fp8-unscaled"):
         cell = f"{x:.1f}" + ("" if mode == "bf16" else f" ({dec(mode, c):.2f}x)")
         assert f'<tr><td class="l">{mode}</td><td>{c}</td><td>{cell}</td></tr>' in tab, (mode, c, cell, tab)
 assert "tput-contexts" not in open(sys.argv[4]).read()
+# --attn-per-head: a map per FP8 mode of the isolated attention KL per layer
+# (deepest on top) and KV head at the largest context, every trace and
+# bucket pooled by n; the sentence names each mode's largest against its
+# median head; a run without heads has neither
+heat = [ET.fromstring(x) for x in re.findall(r"<svg .*?</svg>", html, re.S) if "per layer and KV head" in x]
+assert len(heat) == 2, len(heat)
+att = a[(a["context"] == 256) & (a["view"] == b"isolated") & (a["subset"] == b"all") & (a["metric"] == b"kl") & (a["kv_head"] >= 0)]
+layers = sorted(set(att["attn_layer"]))
+words = []
+for mode, svg in zip(("fp8-cal", "fp8-unscaled"), heat):
+    assert mode + ": isolated attention KL per layer and KV head" in ET.tostring(svg, encoding="unicode")
+    cells = [r for r in svg.iter("{http://www.w3.org/2000/svg}rect") if r.get("class") == "cell"]
+    grid = {}
+    for al in layers:
+        for h in (0, 1):
+            x = att[(att["mode"] == mode.encode()) & (att["attn_layer"] == al) & (att["kv_head"] == h)]
+            assert len(set(x["trace"])) == 2
+            grid[(al, h)] = (x["n"] * x["mean"]).sum() / x["n"].sum()
+    assert len(cells) == len(grid), (len(cells), len(grid))
+    for r in cells:
+        al, h = layers[-1 - int(r.get("data-row"))], int(r.get("data-col"))
+        assert abs(float(r.get("data-v")) - grid[(al, h)]) <= 1e-12 * grid[(al, h)], (mode, al, h)
+    (al, h), top = max(grid.items(), key=lambda kv: kv[1])
+    lay = int(att[att["attn_layer"] == al]["layer"][0])
+    words.append(f"{mode}, layer {lay} KV head {h} ({top:.3e} nats, {top / np.median(list(grid.values())):.1f}x the median head's)")
+want = "The KV head whose own cache error moves attention most (isolated attention KL), per mode: " + "; ".join(words) + "."
+assert f'<p class="heads">{want}</p>' in html, (want, re.findall(r'<p class="heads">.*?</p>', html))
+assert f"\n{want}\n" in md, md
+assert "per layer and KV head" not in open(sys.argv[4]).read()
 PY
 # compare checks every context the baseline has: a regression at the
 # shorter one shows; a candidate without a context misses its figures; a
