@@ -411,10 +411,7 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
      * as a mode is; runs with no context in common measured other things */
     long long bc[64], cc[64];
     const int nbc = kvd_run_contexts(base, bc, 64), ncc = kvd_run_contexts(cand, cc, 64);
-    int shared = 0;
-    for (int i = 0; i < nbc; i++)
-        for (int j = 0; j < ncc; j++) shared += bc[i] == cc[j];
-    if (nbc && ncc && !shared) {
+    if (nbc && ncc && !kvd_runs_shared_context(base, cand)) {
         char lb[160], lc[160];
         context_list(lb, sizeof lb, bc, nbc);
         context_list(lc, sizeof lc, cc, ncc);
