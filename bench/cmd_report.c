@@ -139,7 +139,8 @@ int kvd_cmd_trend(int argc, char **argv) {
 }
 
 int kvd_cmd_compare(int argc, char **argv) {
-    const char *cmd = "compare", *out = NULL, *thr = KVD_SOURCE_DIR "/reports/thresholds.csv", *f;
+    const char *cmd = "compare", *out = NULL, *format = NULL,
+               *thr = KVD_SOURCE_DIR "/reports/thresholds.csv", *f;
     char *files[2];
     int nf = 0;
     double min_sigma = 0;
@@ -151,10 +152,16 @@ int kvd_cmd_compare(int argc, char **argv) {
             thr = kvd_args_value(&a, f);
         } else if (!strcmp(f, "--min-sigma")) {
             min_sigma = kvd_args_double(&a, f, 0, 1e6);
+        } else if (!strcmp(f, "--format")) {
+            format = kvd_args_value(&a, f);
+            if (strcmp(format, "html") && strcmp(format, "md"))
+                kvd_die(KVD_EXIT_USAGE, cmd, "--format: expected html or md, got '%s'", format);
         } else if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
             printf(
                 "usage: kvdrift compare BASE.h5 CAND.h5 [--thresholds FILE.csv] [--min-sigma Z]\n"
-                "                       [-o diff.html]\n"
+                "                       [-o diff.html | -o diff.md] [--format html|md]\n"
+                "The page: -o FILE, HTML, or Markdown for a pull request or CI log (by the\n"
+                "file's extension .md, or --format md).\n"
                 "Thresholds CSV columns: metric,mode,bucket,max_abs_increase,max_rel_increase\n"
                 "(mode and bucket may be *). A figure regressed when it got worse by more than\n"
                 "both allowances. Exit 0: no regression; 1: regression; 2: bad input.\n"
@@ -176,6 +183,11 @@ int kvd_cmd_compare(int argc, char **argv) {
         }
     }
     if (nf != 2) kvd_die(KVD_EXIT_USAGE, cmd, "expected two result files: BASE.h5 CAND.h5");
+    if (format && !out) kvd_die(KVD_EXIT_USAGE, cmd, "--format %s: expected -o FILE", format);
+    if (!format) {
+        const char *dot = out ? strrchr(out, '.') : NULL;
+        format = dot && !strcmp(dot, ".md") ? "md" : "html";
+    }
     char err[KVD_ERR_LEN];
     /* before the verdict is printed: a gate that says "pass" and then exits 2
      * because its page cannot be written reads as two answers */
@@ -226,7 +238,10 @@ int kvd_cmd_compare(int argc, char **argv) {
            breaches ? "REGRESSION" : "pass");
     if (out) {
         kvd_buf b = {0};
-        kvd_compare_html(&b, &runs[0], &runs[1], checks, n, min_sigma);
+        if (!strcmp(format, "md"))
+            kvd_compare_md(&b, &runs[0], &runs[1], checks, n, min_sigma);
+        else
+            kvd_compare_html(&b, &runs[0], &runs[1], checks, n, min_sigma);
         emit(cmd, out, &b);
         kvd_buf_free(&b);
     }

@@ -672,6 +672,33 @@ static void paired_kl_chart(kvd_buf *b, const kvd_run *base, const kvd_run *cand
     kvd_svg_lines(b, &ch);
 }
 
+/* A check's cells as the HTML and Markdown tables print them (html: the
+ * bound's sign as an entity). */
+typedef struct {
+    char bucket[16], base[24], cand[24], worse[24], rel[24], z[32], allowed[40];
+    const char *verdict;
+} check_text;
+
+static void check_fmt(const kvd_check *c, int html, check_text *t) {
+    if (c->bucket < 0)
+        snprintf(t->bucket, sizeof t->bucket, "*");
+    else
+        snprintf(t->bucket, sizeof t->bucket, "%d", c->bucket);
+    snprintf(t->base, sizeof t->base, "%.4g", c->base);
+    snprintf(t->cand, sizeof t->cand, "%.4g", c->cand);
+    snprintf(t->worse, sizeof t->worse, "%.3g", c->abs_inc);
+    snprintf(t->rel, sizeof t->rel, "%.1f%%", 100 * c->rel_inc);
+    snprintf(t->z, sizeof t->z, "-");
+    if (isfinite(c->z))
+        snprintf(t->z, sizeof t->z, "%s%.1f%s", c->z_bound ? (html ? "&#8804;" : "<= ") : "", c->z,
+                 c->paired ? " paired" : "");
+    snprintf(t->allowed, sizeof t->allowed, "%.3g, %.0f%%", c->max_abs, 100 * c->max_rel);
+    t->verdict = c->missing  ? "missing in the candidate"
+                 : c->breach ? "regressed"
+                 : c->noise  ? "within noise"
+                             : "ok";
+}
+
 void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, const kvd_check *c,
                       int n, double min_sigma) {
     int breaches = 0, noise = 0;
@@ -715,28 +742,71 @@ void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, cons
                  "relative</th><th>in standard errors</th><th>allowed</th><th class=\"l\">verdict"
                  "</th></tr>\n");
     for (int i = 0; i < n; i++) {
-        char bk[16];
-        if (c[i].bucket < 0) {
-            snprintf(bk, sizeof bk, "*");
-        } else {
-            snprintf(bk, sizeof bk, "%d", c[i].bucket);
-        }
-        char z[24] = "-";
-        if (isfinite(c[i].z))
-            snprintf(z, sizeof z, "%s%.1f%s", c[i].z_bound ? "&#8804;" : "", c[i].z,
-                     c[i].paired ? " paired" : "");
+        check_text t;
+        check_fmt(&c[i], 1, &t);
         kvd_buf_printf(b,
                        "<tr><td class=\"l\">%s</td><td class=\"l\">%s</td><td>%lld</td>"
-                       "<td>%s</td><td>%.4g</td>"
-                       "<td>%.4g</td><td>%.3g</td><td>%.1f%%</td><td>%s</td><td>%.3g, %.0f%%</td>"
-                       "<td class=\"l %s\">%s</td></tr>\n",
-                       c[i].metric, c[i].mode, c[i].context, bk, c[i].base, c[i].cand, c[i].abs_inc,
-                       100 * c[i].rel_inc, z, c[i].max_abs, 100 * c[i].max_rel,
-                       c[i].breach ? "bad" : (c[i].noise ? "noise" : "ok"),
-                       c[i].missing  ? "missing in the candidate"
-                       : c[i].breach ? "regressed"
-                       : c[i].noise  ? "within noise"
-                                     : "ok");
+                       "<td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td>"
+                       "<td>%s</td><td class=\"l %s\">%s</td></tr>\n",
+                       c[i].metric, c[i].mode, c[i].context, t.bucket, t.base, t.cand, t.worse,
+                       t.rel, t.z, t.allowed, c[i].breach ? "bad" : (c[i].noise ? "noise" : "ok"),
+                       t.verdict);
     }
     kvd_buf_puts(b, "</table>\n</body></html>\n");
+}
+
+void kvd_compare_md(kvd_buf *b, const kvd_run *base, const kvd_run *cand, const kvd_check *c, int n,
+                    double min_sigma) {
+    int breaches = 0, noise = 0, missing = 0;
+    for (int i = 0; i < n; i++)
+        breaches += c[i].breach, noise += c[i].noise, missing += c[i].missing;
+    kvd_buf_printf(b, "## kvdrift compare: %s (baseline) against %s (candidate): %s\n\n",
+                   base->label, cand->label, breaches ? "REGRESSION" : "pass");
+    kvd_buf_printf(b, "%d checks, %d regressions", n, breaches);
+    if (missing) kvd_buf_printf(b, " (%d missing in the candidate)", missing);
+    if (noise)
+        kvd_buf_printf(b, ", %d within noise (under %.3g standard errors)", noise, min_sigma);
+    kvd_buf_puts(b, ".\n");
+    char diff[1024];
+    kvd_run_differences(base, cand, diff, sizeof diff);
+    if (diff[0]) kvd_buf_printf(b, "\nThe runs differ in: %s.\n", diff);
+    kvd_buf_printf(b, "\nStandard errors: %s.\n", kvd_runs_pairing_note(base, cand));
+    /* the figures a reader looks for first, passing or not: each FP8 mode's
+     * mean KL, its 99th percentile and top-1 agreement, baseline against
+     * candidate, at every context the baseline has */
+    static const kvd_threshold main_figs[] = {{"kl_mean", "*", "*", INFINITY, INFINITY, 0},
+                                              {"kl_p99", "*", "*", INFINITY, INFINITY, 0},
+                                              {"same_top_p", "*", "*", INFINITY, INFINITY, 0}};
+    kvd_check *m = NULL;
+    char err[KVD_ERR_LEN];
+    const int nm = kvd_compare(base, cand, main_figs, 3, 0, &m, err);
+    if (nm > 0) {
+        kvd_buf_puts(b, "\n| figure | mode | context | baseline | candidate | worse by | in "
+                        "standard errors |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
+        for (int i = 0; i < nm; i++) {
+            check_text t;
+            check_fmt(&m[i], 0, &t);
+            kvd_buf_printf(b, "| %s | %s | %lld | %s | %s | %s | %s |\n", m[i].metric, m[i].mode,
+                           m[i].context, t.base, m[i].missing ? "none" : t.cand,
+                           m[i].missing ? "-" : t.worse, t.z);
+        }
+    }
+    free(m);
+    if (!breaches && !noise) {
+        kvd_buf_puts(b, "\nEvery check is within its thresholds.\n");
+        return;
+    }
+    kvd_buf_puts(b, "\n| metric | mode | context | bucket | baseline | candidate | worse by | "
+                    "relative | in standard errors | allowed | verdict |\n| --- | --- | ---: | "
+                    "---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
+    for (int i = 0; i < n; i++) {
+        if (!c[i].breach && !c[i].noise) continue;
+        check_text t;
+        check_fmt(&c[i], 0, &t);
+        kvd_buf_printf(b, "| %s | %s | %lld | %s | %s | %s | %s | %s | %s | %s | %s%s%s |\n",
+                       c[i].metric, c[i].mode, c[i].context, t.bucket, t.base,
+                       c[i].missing ? "none" : t.cand, c[i].missing ? "-" : t.worse,
+                       c[i].missing ? "-" : t.rel, t.z, t.allowed, c[i].breach ? "**" : "",
+                       t.verdict, c[i].breach ? "**" : "");
+    }
 }

@@ -150,5 +150,11 @@ int kvd_runs_pair(const kvd_run *a, const kvd_run *b);
 const char *kvd_runs_pairing_note(const kvd_run *a, const kvd_run *b);
 void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, const kvd_check *c,
                       int n, double min_sigma);
+/* The comparison for a pull request or a CI log: the verdict, what the runs
+ * differ in, each FP8 mode's mean KL, 99th percentile and top-1 agreement
+ * baseline against candidate (passing or not), then the regressions and
+ * the noise. */
+void kvd_compare_md(kvd_buf *b, const kvd_run *base, const kvd_run *cand, const kvd_check *c, int n,
+                    double min_sigma);
 
 #endif

@@ -767,6 +767,37 @@ z = float(re.search(r", ([0-9.]+) standard errors;", line).group(1))
 want = 2 * v[b"kl_mean"] / math.sqrt(2 * v[b"kl_mean_err"] ** 2)
 assert abs(z - want) <= 0.05 + 1e-9, (z, want, line)
 PY
+# the Markdown page (-o FILE.md, or --format md): the verdict, the main
+# figures passing or not, the regression with the text line's figures; a
+# run against itself has every check within its thresholds
+"$bin" compare "$work/r.h5" "$work/worse.h5" --thresholds "$thresholds" -o "$work/diff.md" >/dev/null; rc1=$?
+"$bin" compare "$work/r.h5" "$work/worse.h5" --thresholds "$thresholds" --format md -o "$work/diff-md.txt" >/dev/null; rc2=$?
+"$bin" compare "$work/r.h5" "$work/r.h5" --thresholds "$thresholds" -o "$work/same.md" >/dev/null; rc3=$?
+"$bin" compare "$work/r.h5" "$work/r.h5" --format md >/dev/null 2>"$work/cmd.err"; rc4=$?
+[ $rc1 -eq 1 ] && [ $rc2 -eq 1 ] && [ $rc3 -eq 0 ] && [ $rc4 -eq 2 ] && cmp -s "$work/diff.md" "$work/diff-md.txt" &&
+  grep -q "compare: --format md: expected -o FILE" "$work/cmd.err" &&
+  grep -q "^Every check is within its thresholds.$" "$work/same.md" &&
+  "$py" - "$work/r.h5" "$work/worse.h5" "$work/diff.md" "$work/c1.out" <<'PY' && ok || bad "compare's Markdown page: exit $rc1 $rc2 $rc3 $rc4: $(head -5 "$work/diff.md")"
+import re, sys, h5py
+md, out = open(sys.argv[3]).read(), open(sys.argv[4]).read()
+assert md.startswith("## kvdrift compare: r (baseline) against worse (candidate): REGRESSION\n"), md[:200]
+n = re.search(r"^compare: (\d+) checks, 1 regressions: REGRESSION$", out, re.M).group(1)
+assert f"\n{n} checks, 1 regressions.\n" in md
+line = next(l for l in out.splitlines() if l.startswith("REGRESSION kl_mean fp8-cal"))
+base, cand, z = re.search(r"baseline ([^,]+), candidate ([^ ]+) .*, ([0-9.]+) standard errors;", line).groups()
+row = next(l for l in md.splitlines() if l.startswith("| kl_mean | fp8-cal | 512 | * |"))
+cells = [c.strip() for c in row.split("|")[1:-1]]
+assert float(cells[4]) == float(f"{float(base):.4g}") and float(cells[5]) == float(f"{float(cand):.4g}"), (cells, line)
+assert cells[8] == z and cells[10] == "**regressed**", (cells, z)
+s = {}
+for p in sys.argv[1:3]:
+    t = h5py.File(p)["drift/summary"][:]
+    s[p] = {m: float(t[(t["mode"] == b"fp8-unscaled") & (t["subset"] == b"all") & (t["metric"] == m.encode())]["value"][0]) for m in ("kl_mean", "kl_p99", "same_top_p")}
+for m in ("kl_mean", "kl_p99", "same_top_p"):  # passing, and shown
+    row = next(l for l in md.splitlines() if l.startswith(f"| {m} | fp8-unscaled | 512 |"))
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[3] == f"{s[sys.argv[1]][m]:.4g}" and cells[4] == f"{s[sys.argv[2]][m]:.4g}", (m, cells)
+PY
 # --min-sigma: a breach by fewer combined standard errors is noise (listed,
 # passed); by more, still a regression
 z=$(sed -n 's/^REGRESSION kl_mean .*, \([0-9.]*\) standard errors;.*/\1/p' "$work/c1.out")
