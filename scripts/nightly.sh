@@ -30,6 +30,9 @@ if [ ! -f "$baseline" ]; then
   echo "  mkdir -p $(dirname "$baseline") && cp $out/nightly.h5 $baseline"
   exit 2
 fi
+# the comparison as Markdown for the log or a ticket, then the gate itself
+build/kvdrift compare "$baseline" "$out/nightly.h5" --thresholds reports/thresholds.csv \
+  -o "$out/diff.md" >/dev/null
 build/kvdrift compare "$baseline" "$out/nightly.h5" --thresholds reports/thresholds.csv \
   -o "$out/diff.html" | tee "$out/verdict.txt"
 exit "${PIPESTATUS[0]}"
