@@ -1608,6 +1608,32 @@ void kvd_report_html_kl(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
     kl_by_position(b, runs, n, "all", "next-token KL against position, with its 95% band", ctx);
 }
 
+/* A long page's contents: every <h2> from byte `from` of b on gets an id
+ * (s1, s2, ...), and a line of links to them goes in at `from`. The titles
+ * are the page's own text, escaped where it was written. */
+static void add_contents(kvd_buf *b, size_t from) {
+    char *tail = strdup(b->s + from);
+    b->n = from, b->s[from] = 0;
+    kvd_buf_puts(b, "<p class=\"toc\">Contents:");
+    int k = 0;
+    for (const char *p = tail; (p = strstr(p, "<h2>"));) {
+        const char *t = p + 4, *e = strstr(t, "</h2>");
+        if (!e) break;
+        kvd_buf_printf(b, "%s <a href=\"#s%d\">%.*s</a>", k ? " &#183;" : "", k + 1, (int)(e - t),
+                       t);
+        k++, p = e;
+    }
+    kvd_buf_puts(b, "</p>\n");
+    k = 0;
+    const char *p = tail;
+    for (const char *h; (h = strstr(p, "<h2>"));) {
+        kvd_buf_printf(b, "%.*s<h2 id=\"s%d\">", (int)(h - p), p, ++k);
+        p = h + 4;
+    }
+    kvd_buf_puts(b, p);
+    free(tail);
+}
+
 void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
     kvd_buf_printf(b,
                    "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>"
@@ -1631,6 +1657,7 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
     }
     kvd_buf_puts(b, "Every figure compares a KV cache mode with the BF16 cache over the same "
                     "weights and trace; bf16 itself is the reference and shows zero.</p>\n");
+    const size_t sections = b->n;
     kvd_buf_puts(b, "<h2>Verdict per KV mode</h2>\n");
     verdict_table(b, runs, n);
     kvd_buf_puts(b, "<p class=\"note\">Output KL: mean over positions of KL(P<sub>bf16</sub> || "
@@ -1729,6 +1756,7 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
         kvd_buf_puts(b, "</h2>\n");
         provenance(b, &runs[i]);
     }
+    add_contents(b, sections);
     kvd_buf_puts(b, "</body></html>\n");
 }
 

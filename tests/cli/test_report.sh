@@ -446,7 +446,13 @@ def dec(mode, ctx):
     x, b = (t[(t["mode"] == m.encode()) & (t["context"] == ctx) & (t["concurrency"] == 1)] for m in (mode, "bf16"))
     return x["decode_tok_s"][0] / b["decode_tok_s"][0]
 assert "ctx: contexts 128 and 256 tokens (figures at 256 unless a table names the context)" in html
-sec = html[html.index("<h2>Drift against context length</h2>"):html.index("<h2>Output drift against context position</h2>")]
+sec = html[html.index(">Drift against context length</h2>"):html.index(">Output drift against context position</h2>")]
+# the contents: a link to every section, each to its own heading
+toc = re.search(r'<p class="toc">Contents:(.*?)</p>', html).group(1)
+links = re.findall(r'<a href="#(s\d+)">([^<]*)</a>', toc)
+heads = re.findall(r'<h2 id="(s\d+)">([^<]*)</h2>', html)
+assert links == heads and len(heads) == html.count("<h2") >= 12, (links, heads)
+assert ("s2", "Drift against context length") in heads
 mds = md[md.index("### Drift against context length"):]
 svg = ET.fromstring(re.search(r"<svg .*?</svg>", sec, re.S).group(0))
 pts = [c for c in svg.iter("{http://www.w3.org/2000/svg}circle") if c.get("class") == "pt"]
