@@ -322,6 +322,9 @@ static char *run_settings(const run_opts *o, const kvd_config *c, const char *de
     /* a GPU's throughput (and its last bits) are that GPU's; the CPU's
      * description is its thread count, which a rerun may change */
     if (strcmp(o->backend, "cpu")) json_object_set_new(j, "device", json_string(device));
+    /* the CPU's last bits are its BLAS kernels' (OpenBLAS picks them by
+     * core type): cells of two kinds of CPU must not share a file */
+    if (!strcmp(o->backend, "cpu")) json_object_set_new(j, "blas", json_string(kvd_cpu_blas()));
 #ifdef KVD_HAVE_CUDA
     /* tuned GEMMs (KVD_CUDA_GEMM=tune) sum in another order than the
      * heuristic's first choice: cells of the two must not share a file */
@@ -392,9 +395,15 @@ static void check_resume(const char *cmd, const char *path, const char *was_rev,
             if (why[0]) break;
         }
         kvd_json_text(w, x, sizeof x), kvd_json_text(v, y, sizeof y);
-        /* two settings are no flag's: the device and the GEMMs' choice */
+        /* three settings are no flag's: the device, the GEMMs' choice and
+         * the CPU's BLAS */
         if (!strcmp(key, "device"))
             snprintf(why, sizeof why, "%s holds cells run on %s, this run is on %s", path, x, y);
+        else if (!strcmp(key, "blas"))
+            snprintf(why, sizeof why,
+                     "%s holds cells run with %s, this run has %s (another CPU's BLAS kernels "
+                     "round the sums otherwise)",
+                     path, x, y);
         else if (!strcmp(key, "cuda-gemm"))
             snprintf(why, sizeof why,
                      "%s holds cells run with KVD_CUDA_GEMM=%s, this run has KVD_CUDA_GEMM=%s "

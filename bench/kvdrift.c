@@ -4,6 +4,7 @@
 
 #include "gitrev.h" /* KVD_GIT_REV, written at build time */
 #include "../kernels/backend.h"
+#include "../kernels/kernels.h"
 #include "../runners/fileio.h"
 #include "commands.h"
 #include "results.h"
@@ -60,8 +61,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "version")) {
         kvd_cuda_info ci;
         kvd_cuda_probe(&ci);
-        printf("kvdrift %s (%s)\nback ends: cpu%s\ncuda: %s%s\n", KVD_VERSION, KVD_GIT_REV,
-               ci.compiled ? ", cuda" : "", ci.devices ? "" : "", ci.name);
+        printf("kvdrift %s (%s)\nback ends: cpu%s\nblas: %s\ncuda: %s%s\n", KVD_VERSION,
+               KVD_GIT_REV, ci.compiled ? ", cuda" : "", kvd_cpu_blas(), ci.devices ? "" : "",
+               ci.name);
         return 0;
     }
     fprintf(stderr, "kvdrift: unknown command '%s' (kvdrift --help lists them)\n", cmd);

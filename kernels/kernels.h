@@ -14,6 +14,11 @@ extern "C" {
 
 /* y[M,N] = x[M,K] * W[N,K]^T: a Hugging Face Linear with W stored [out, in]. */
 void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K);
+/* The BLAS behind kvd_linear as it names itself (OpenBLAS: version, build
+ * and the core type whose kernels it picked for this CPU). Another core
+ * type's kernels sum in another order: the CPU back end's figures are the
+ * same bytes on any thread count, and move in the last bits with this. */
+const char *kvd_cpu_blas(void);
 
 /* RMSNorm over n values in fp32: x * rsqrt(mean(x^2) + eps) * g, where
  * g = 1 + w (Qwen3-Next's zero-centred norms) when one_plus is set, else w. */

@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -21,6 +22,22 @@ static void blas_single(void) {
 }
 
 #define KVD_LINEAR_CHUNK 256
+
+static char blas_name[96];
+static pthread_once_t blas_name_once = PTHREAD_ONCE_INIT;
+static void blas_describe(void) {
+    const char *cfg = openblas_get_config();
+    int words = 0, n = 0;
+    while (cfg[n] && !(cfg[n] == ' ' && ++words == 2)) n++;
+    snprintf(blas_name, sizeof blas_name, "%.*s %s", n, cfg, openblas_get_corename());
+}
+
+/* "OpenBLAS 0.3.21 SkylakeX": the library and its version (its
+ * configuration's first two words), then the core type it dispatched to */
+const char *kvd_cpu_blas(void) {
+    pthread_once(&blas_name_once, blas_describe);
+    return blas_name;
+}
 
 static void linear_cols(const float *x, const float *w, float *y, int M, int N, int K, int n0,
                         int n1) {

@@ -375,6 +375,15 @@ cp "$work/c1.h5" "$work/c1.before"
 resume_refused "$work/c1.h5" "$work/c1.before" "c1.h5 holds cells run with --seed 3, this run has --seed 4" "$bin" "${c1[@]}" --seed 4
 resume_refused "$work/c1.h5" "$work/c1.before" "c1.h5 holds cells of other weights \(their seed 1234, this run's 9\)" "$bin" "${c1[@]}" --weight-seed 9
 resume_refused "$work/c1.h5" "$work/c1.before" "c1.h5 holds cells run with --calibration absmax, this run has --calibration modelopt" "$bin" "${c1[@]}" --calibration modelopt
+# the CPU's BLAS: the settings name it as kvdrift version does, and a resume
+# whose OpenBLAS dispatches to another core type (other kernels, other last
+# bits) is refused
+blas=$("$bin" version | sed -n 's/^blas: //p')
+other=Sandybridge
+case "$blas" in *Sandybridge) other=Haswell ;; esac
+"$py" -c "import sys, json, h5py; s = json.loads(h5py.File(sys.argv[1])['/'].attrs['run_settings']); assert s['blas'] == sys.argv[2] and sys.argv[2].startswith('OpenBLAS '), (s.get('blas'), sys.argv[2])" "$work/c1.h5" "$blas" &&
+  ok || bad "run_settings do not name the BLAS ($blas)"
+resume_refused "$work/c1.h5" "$work/c1.before" "c1.h5 holds cells run with $blas, this run has OpenBLAS [0-9.]+ $other \(another CPU's BLAS kernels round the sums otherwise\)" env OPENBLAS_CORETYPE=$other "$bin" "${c1[@]}"
 resume_refused "$work/c1.h5" "$work/c1.before" "c1.h5 holds cells of another model" "$bin" run --model small --kv fp8-cal --context 256 --concurrency 1 --seed 3 --calib-tokens 700 --gen-tokens 0 --decode-tokens 2
 if "$bin" "${c1[@]}" --kv fp8-cal,bf16 --context 128,256,384 -o "$work/c1.h5" >/dev/null 2>"$work/e5" &&
   grep -q "resuming .*c1.h5: 2 cells already finished" "$work/e5"; then ok; else bad "adding modes and contexts did not resume: $(cat "$work/e5")"; fi
