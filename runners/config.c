@@ -609,3 +609,43 @@ char *kvd_config_to_json(const kvd_config *c) {
     json_decref(o);
     return s;
 }
+
+/* The first size that n ranks cannot share (its name, its value in *val),
+ * or NULL: attention heads, DeltaNet key heads, experts and the MLP's
+ * columns must split evenly; KV heads split, or each is replicated on
+ * n / kv_heads ranks. */
+static const char *unsplit(const kvd_config *c, int n, int *val) {
+    const int nh = c->num_attention_heads, kvh = c->num_key_value_heads;
+    const int nk = c->linear_num_key_heads, E = c->num_experts;
+    const int Is = c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size : 0;
+    if (nh % n) return *val = nh, "num_attention_heads";
+    if (kvh % n && n % kvh) return *val = kvh, "num_key_value_heads";
+    if (nk % n) return *val = nk, "linear_num_key_heads";
+    if (E % n) return *val = E, "num_experts";
+    if (Is % n) return *val = Is, "shared_expert_intermediate_size";
+    if (E == 0 && c->intermediate_size % n) return *val = c->intermediate_size, "intermediate_size";
+    return NULL;
+}
+
+int kvd_config_tp_check(const kvd_config *c, int n, int max_n, char *err) {
+    int val = 0;
+    const char *what = unsplit(c, n, &val);
+    if (!what) return 0;
+    char fits[64] = "";
+    size_t len = 0;
+    for (int k = 1; k <= max_n && len < sizeof fits - 4; k++) {
+        int v;
+        if (!unsplit(c, k, &v))
+            len += (size_t)snprintf(fits + len, sizeof fits - len, "%s%d", len ? ", " : "", k);
+    }
+    snprintf(err, KVD_ERR_LEN,
+             "--gpus %d: %s %d does not split into %d equal parts%s (this model splits over %s)", n,
+             what, val, n,
+             strcmp(what, "num_key_value_heads") ? "" : ", nor is it a divisor of the GPUs", fits);
+    return -1;
+}
+
+int kvd_config_tp_kv_heads(const kvd_config *c, int n) {
+    const int kvh = c->num_key_value_heads;
+    return kvh % n == 0 ? kvh / n : 1;
+}

@@ -86,6 +86,15 @@ void kvd_err_prefix(char *err, const char *prefix);
 
 /* Derived sizes. */
 int kvd_config_n_full(const kvd_config *cfg);
+
+/* Tensor parallelism over n GPUs (run --gpus, plan --gpus): 0 when the
+ * model splits over n (attention heads, DeltaNet key heads, experts and
+ * the MLP evenly; KV heads evenly or each replicated on n / kv_heads
+ * ranks), else -1 with err naming the first size that does not and the
+ * counts up to max_n that work. kvd_config_tp_kv_heads: the KV heads each
+ * rank holds (and caches) then. */
+int kvd_config_tp_check(const kvd_config *c, int n, int max_n, char *err);
+int kvd_config_tp_kv_heads(const kvd_config *c, int n);
 /* What one decode step of C sequences at ctx tokens of context must move,
  * at the least, in bytes: every BF16 matrix it reads whole (projections,
  * routers, shared experts, lm_head; and C embedding rows), the routed

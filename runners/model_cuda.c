@@ -470,40 +470,11 @@ static int dev_kv_settle(kvd_cuda_model *m, dev_kv *d, kvd_kvcache *kv) {
 /* The first of the model's sizes that n ranks cannot split evenly (its
  * value in *val), NULL when they can. KV heads split when n is a multiple
  * of their count as well as a divisor (ranks then share a head). */
-static const char *unsplit(const kvd_config *c, int n, int *val) {
-    const int nh = c->num_attention_heads, kvh = c->num_key_value_heads;
-    const int nk = c->linear_num_key_heads, E = c->num_experts;
-    const int Is = c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size : 0;
-    if (nh % n) return *val = nh, "num_attention_heads";
-    if (kvh % n && n % kvh) return *val = kvh, "num_key_value_heads";
-    if (nk % n) return *val = nk, "linear_num_key_heads";
-    if (E % n) return *val = E, "num_experts";
-    if (Is % n) return *val = Is, "shared_expert_intermediate_size";
-    if (E == 0 && c->intermediate_size % n) return *val = c->intermediate_size, "intermediate_size";
-    return NULL;
-}
-
 static int partition(const kvd_config *c, int n, dev_part *p, char *err) {
     const int nh = c->num_attention_heads, kvh = c->num_key_value_heads;
     const int nk = c->linear_num_key_heads, E = c->num_experts;
     const int Is = c->shared_expert_intermediate_size > 0 ? c->shared_expert_intermediate_size : 0;
-    int val = 0;
-    const char *what = unsplit(c, n, &val);
-    if (what) {
-        char fits[64] = "";
-        size_t len = 0;
-        for (int k = 1; k <= KVD_MAX_RANKS && len < sizeof fits - 4; k++) {
-            int v;
-            if (!unsplit(c, k, &v))
-                len += (size_t)snprintf(fits + len, sizeof fits - len, "%s%d", len ? ", " : "", k);
-        }
-        snprintf(
-            err, KVD_ERR_LEN,
-            "--gpus %d: %s %d does not split into %d equal parts%s (this model splits over %s)", n,
-            what, val, n,
-            strcmp(what, "num_key_value_heads") ? "" : ", nor is it a divisor of the GPUs", fits);
-        return -1;
-    }
+    if (kvd_config_tp_check(c, n, KVD_MAX_RANKS, err)) return -1;
     const int G = nh / kvh, nhl = nh / n, nv = c->linear_num_value_heads;
     for (int r = 0; r < n; r++) {
         dev_part *q = &p[r];

@@ -119,6 +119,20 @@ if grep -qE '^bf16 +30720 +1269531 ' "$work/plan.txt" && grep -qE '^fp8-cal +153
 else
   fail=$((fail + 1)); echo "FAIL: kvdrift plan figures"; cat "$work/plan.txt"
 fi
+# tensor parallelism: the budget is each GPU's; a GPU caches its share of
+# the KV heads (one each, replicated, past 2 GPUs here) and of the DeltaNet
+# state; a count the model does not split over is refused as run refuses it
+"$bin" plan --model qwen3.5-397b-a17b --kv-budget 39GB --gpus 2 >"$work/plan.txt" &&
+  "$bin" plan --model qwen3.5-397b-a17b --kv-budget 39GB --gpus 8 >"$work/plan2.txt"
+if grep -qE '^bf16 +15360 +2539062 +18\.5 ' "$work/plan.txt" && grep -qE '^fp8-cal +7680 +5078125 +35\.3 ' "$work/plan.txt" &&
+   grep -q "on each of 2 GPUs; each caches 1 of 2 KV heads and 93.2 MiB of Gated DeltaNet state" "$work/plan.txt" &&
+   grep -qE '^bf16 +15360 +2539062 +19\.1 ' "$work/plan2.txt" &&
+   grep -q "on each of 8 GPUs; each caches 1 of 2 KV heads (each head on 4 GPUs) and 23.3 MiB" "$work/plan2.txt"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL: kvdrift plan --gpus 2, 8"; cat "$work/plan.txt" "$work/plan2.txt"
+fi
+expect 2 "--gpus 3: num_attention_heads 32 does not split into 3 equal parts \(this model splits over 1, 2, 4, 8, 16\)" -- plan --model qwen3.5-397b-a17b --gpus 3
 # the budget's units: binary up to TiB, decimal, bytes
 "$bin" plan --model qwen3.5-397b-a17b --kv-budget 1.5TiB >"$work/plan.txt" &&
   "$bin" plan --model qwen3.5-397b-a17b --kv-budget 61440B >"$work/plan2.txt" &&
