@@ -367,7 +367,7 @@ void kvd_trend_csv(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
     for (int i = 0; i < n; i++)
         for (int m = 0; m < nm; m++) {
             const kvd_verdict v = kvd_run_verdict(&runs[i], modes[m], ctx);
-            if (!isfinite(v.kl)) continue;
+            /* every figure the run has (a run of throughput cells alone: its speeds) */
             int paired;
             const double z = step_of(runs, i, modes[m], ctx, &paired);
             const struct {

@@ -738,6 +738,21 @@ for i, f in enumerate(files):
     for metric in ("kl_mean", "kl_p99", "same_top_p"):
         assert abs(got[(str(i + 1), "fp8-unscaled", metric)] - fig(f, "fp8-unscaled", metric)) <= 1e-8 * abs(fig(f, "fp8-unscaled", metric)), metric
 PY
+# runs of throughput cells alone: the CSV still carries their speeds
+for s in 1 2; do
+  "$bin" run --model tiny --kv bf16,fp8-cal --context 128 --cells throughput --concurrency 1 \
+    --decode-tokens 3 --calib-tokens 256 -o "$work/tp$s.h5" >/dev/null 2>&1 || bad "trend: throughput sweep $s failed"
+done
+"$bin" trend "$work/tp1.h5" "$work/tp2.h5" --format csv -o "$work/tp.csv" 2>/dev/null &&
+  "$py" - "$work/tp1.h5" "$work/tp2.h5" "$work/tp.csv" <<'PY' && ok || bad "trend of throughput runs: $(cat "$work/tp.csv")"
+import csv, sys, h5py
+rows = list(csv.DictReader(open(sys.argv[3])))
+assert [r["metric"] for r in rows] == ["decode_vs_bf16"] * 2, rows
+for r, path in zip(rows, sys.argv[1:3]):
+    t = h5py.File(path)["/throughput"][:]
+    d = {m: t[t["mode"] == m.encode()]["decode_tok_s"][0] for m in ("bf16", "fp8-cal")}
+    assert abs(float(r["value"]) - d["fp8-cal"] / d["bf16"]) <= 1e-8, (r, d)
+PY
 "$bin" trend "$work/tr1.h5" --format md >/dev/null 2>"$work/tr.e1"; rc1=$?
 "$bin" trend "$work/tr1.h5" "$work/r.h5" --format md >/dev/null 2>"$work/tr.e2"; rc2=$?
 [ $rc1 -eq 2 ] && grep -q "trend: expected two or more result files, got 1" "$work/tr.e1" &&
