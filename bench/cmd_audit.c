@@ -42,10 +42,7 @@ int kvd_cmd_audit(int argc, char **argv) {
         }
     }
     if (!dir) kvd_die(KVD_EXIT_USAGE, cmd, "expected a checkpoint directory");
-    double budget = kvd_parse_bytes(budget_s);
-    if (budget <= 0)
-        kvd_die(KVD_EXIT_USAGE, cmd, "--kv-budget: expected " KVD_SIZE_EXPECTED ", got '%s'",
-                budget_s);
+    const double budget = kvd_kv_budget(cmd, budget_s);
     char err[KVD_ERR_LEN];
     kvd_config cfg;
     kvd_audit au;

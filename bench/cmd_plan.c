@@ -44,10 +44,7 @@ int kvd_cmd_plan(int argc, char **argv) {
             kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
         }
     }
-    double budget = kvd_parse_bytes(budget_s);
-    if (budget <= 0)
-        kvd_die(KVD_EXIT_USAGE, cmd, "--kv-budget: expected " KVD_SIZE_EXPECTED ", got '%s'",
-                budget_s);
+    const double budget = kvd_kv_budget(cmd, budget_s);
     /* the shapes only: no weights are built */
     kvd_config c;
     char err[KVD_ERR_LEN], path[4200];

@@ -22,6 +22,34 @@ static void emit(const char *cmd, const char *out, const kvd_buf *b) {
     if (kvd_write_file_atomic(out, b->s, b->n, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
 }
 
+/* The output's format: --format, else the output file's extension (.md,
+ * .csv; accepted: a NULL-terminated list), else html. */
+static const char *format_of(const char *format, const char *out, const char *const *accepted) {
+    if (format) return format;
+    const char *dot = out ? strrchr(out, '.') : NULL;
+    for (int i = 0; dot && accepted[i]; i++)
+        if (!strcmp(dot + 1, accepted[i])) return accepted[i];
+    return "html";
+}
+
+/* A CSV writer's output (it writes to a FILE) appended to b. */
+typedef struct {
+    char *mem;
+    size_t len;
+    FILE *f;
+} memout;
+
+static FILE *memout_open(memout *m) {
+    m->mem = NULL, m->len = 0;
+    return m->f = open_memstream(&m->mem, &m->len);
+}
+
+static void memout_close(memout *m, kvd_buf *b) {
+    fclose(m->f);
+    kvd_buf_puts(b, m->mem ? m->mem : "");
+    free(m->mem);
+}
+
 /* What report and trend take: result files (min to max of them), -o FILE
  * and --format html|md|csv (by default the output's extension, else html,
  * which needs -o); --help prints help and exits 0. The runs come back
@@ -60,12 +88,8 @@ static runs_args runs_args_parse(const char *cmd, int argc, char **argv, int min
     if (ra.n < min)
         kvd_die(KVD_EXIT_USAGE, cmd, "expected %s result files, got %d",
                 min == 1 ? "one or more" : "two or more", ra.n);
-    if (!ra.format) {
-        const char *dot = ra.out ? strrchr(ra.out, '.') : NULL;
-        ra.format = dot && !strcmp(dot, ".md")    ? "md"
-                    : dot && !strcmp(dot, ".csv") ? "csv"
-                                                  : "html";
-    }
+    static const char *const kinds[] = {"md", "csv", NULL};
+    ra.format = format_of(ra.format, ra.out, kinds);
     if (!strcmp(ra.format, "html") && !ra.out)
         kvd_die(KVD_EXIT_USAGE, cmd, "--format html: expected -o FILE");
     char err[KVD_ERR_LEN];
@@ -99,13 +123,9 @@ int kvd_cmd_report(int argc, char **argv) {
     } else if (!strcmp(ra.format, "md")) {
         kvd_report_md(&b, ra.runs, ra.n);
     } else {
-        char *mem = NULL;
-        size_t len = 0;
-        FILE *m = open_memstream(&mem, &len);
-        kvd_report_csv(m, ra.runs, ra.n);
-        fclose(m);
-        kvd_buf_puts(&b, mem ? mem : "");
-        free(mem);
+        memout m;
+        kvd_report_csv(memout_open(&m), ra.runs, ra.n);
+        memout_close(&m, &b);
     }
     runs_args_finish(cmd, &ra, &b);
     return 0;
@@ -132,8 +152,11 @@ int kvd_cmd_trend(int argc, char **argv) {
         kvd_trend_html(&b, ra.runs, ra.n, ctx);
     else if (!strcmp(ra.format, "md"))
         kvd_trend_md(&b, ra.runs, ra.n, ctx);
-    else
-        kvd_trend_csv(&b, ra.runs, ra.n, ctx);
+    else {
+        memout m;
+        kvd_trend_csv(memout_open(&m), ra.runs, ra.n, ctx);
+        memout_close(&m, &b);
+    }
     runs_args_finish(cmd, &ra, &b);
     return 0;
 }
@@ -184,10 +207,8 @@ int kvd_cmd_compare(int argc, char **argv) {
     }
     if (nf != 2) kvd_die(KVD_EXIT_USAGE, cmd, "expected two result files: BASE.h5 CAND.h5");
     if (format && !out) kvd_die(KVD_EXIT_USAGE, cmd, "--format %s: expected -o FILE", format);
-    if (!format) {
-        const char *dot = out ? strrchr(out, '.') : NULL;
-        format = dot && !strcmp(dot, ".md") ? "md" : "html";
-    }
+    static const char *const kinds[] = {"md", NULL};
+    format = format_of(format, out, kinds);
     char err[KVD_ERR_LEN];
     /* before the verdict is printed: a gate that says "pass" and then exits 2
      * because its page cannot be written reads as two answers */

@@ -187,11 +187,7 @@ static int run_flag(run_opts *o, kvd_args *a, const char *f) {
         o->n_ctx = n;
         for (int i = 0; i < n; i++) o->ctx[i] = tmp[i];
     } else if (!strcmp(f, "--kv-budget")) {
-        const char *val = kvd_args_value(a, f);
-        o->kv_budget = kvd_parse_bytes(val);
-        if (o->kv_budget <= 0)
-            kvd_die(KVD_EXIT_USAGE, cmd, "--kv-budget: expected " KVD_SIZE_EXPECTED ", got '%s'",
-                    val);
+        o->kv_budget = kvd_kv_budget(cmd, kvd_args_value(a, f));
     } else if (!strcmp(f, "--calibration")) {
         const char *val = kvd_args_value(a, f);
         if (kvd_cal_recipe_parse(val, &o->recipe))

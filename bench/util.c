@@ -332,6 +332,16 @@ double kvd_parse_bytes(const char *s) {
     return 0;
 }
 
+double kvd_kv_budget(const char *cmd, const char *s) {
+    const double v = kvd_parse_bytes(s);
+    if (v <= 0)
+        kvd_die(KVD_EXIT_USAGE, cmd,
+                "--kv-budget: expected a size like 40GiB, 512MiB or 1.5TiB (B, KiB, MiB, GiB, "
+                "TiB, kB, MB, GB, TB), got '%s'",
+                s);
+    return v;
+}
+
 int kvd_threads(void) {
 #ifdef _OPENMP
     return omp_get_max_threads();

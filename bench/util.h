@@ -72,11 +72,10 @@ struct json_t *kvd_model_opts_weights_json(const kvd_model_opts *o, const kvd_co
 extern const char *const kvd_model_opts_help;
 
 /* "40GiB", "512MiB", "1.5TiB", "80GB", "4096B": bytes (binary units KiB to
- * TiB, decimal kB/KB to TB, B); 0 when not a positive finite size.
- * KVD_SIZE_EXPECTED says so in a refusal. */
+ * TiB, decimal kB/KB to TB, B); 0 when not a positive finite size. */
 double kvd_parse_bytes(const char *s);
-#define KVD_SIZE_EXPECTED                                                                          \
-    "a size like 40GiB, 512MiB or 1.5TiB (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)"
+/* --kv-budget's value in bytes, or cmd exits 2 saying what a size is. */
+double kvd_kv_budget(const char *cmd, const char *s);
 
 void kvd_set_threads(int n);
 int kvd_threads(void);

@@ -389,18 +389,6 @@ static void derived_z(kvd_check *c, const kvd_run *base, const kvd_run *cand, co
     if (isfinite(c->z) && strcmp(of, "hidden_last")) c->z_bound = 1;
 }
 
-/* "64, 128 and 256" */
-static void context_list(char *s, size_t n, const long long *c, int nc) {
-    size_t len = 0;
-    s[0] = 0;
-    for (int i = 0; i < nc && len < n; i++)
-        len += (size_t)snprintf(s + len, n - len, "%s%lld",
-                                i == 0        ? ""
-                                : i + 1 == nc ? " and "
-                                              : ", ",
-                                c[i]);
-}
-
 int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *th, int n_th,
                 double min_sigma, kvd_check **out, char *err) {
     *out = NULL;
@@ -413,8 +401,8 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
     const int nbc = kvd_run_contexts(base, bc, 64), ncc = kvd_run_contexts(cand, cc, 64);
     if (nbc && ncc && !kvd_runs_shared_context(base, cand)) {
         char lb[160], lc[160];
-        context_list(lb, sizeof lb, bc, nbc);
-        context_list(lc, sizeof lc, cc, ncc);
+        kvd_context_list(lb, sizeof lb, bc, nbc);
+        kvd_context_list(lc, sizeof lc, cc, ncc);
         snprintf(err, KVD_ERR_LEN,
                  "%s and %s: expected a context in common (the baseline's %s tokens, the "
                  "candidate's %s)",

@@ -102,6 +102,17 @@ int kvd_run_contexts(const kvd_run *r, long long *out, int cap) {
     return n;
 }
 
+void kvd_context_list(char *s, size_t n, const long long *c, int nc) {
+    size_t len = 0;
+    s[0] = 0;
+    for (int i = 0; i < nc && len < n; i++)
+        len += (size_t)snprintf(s + len, n - len, "%s%lld",
+                                i == 0        ? ""
+                                : i + 1 == nc ? " and "
+                                              : ", ",
+                                c[i]);
+}
+
 int kvd_run_modes(const kvd_run *r, const char **modes) {
     int n = 0;
     for (int m = 0; m < KVD_KV_N_MODES; m++) {
@@ -132,12 +143,14 @@ static const kvd_row_tput *tput(const kvd_run *r, const char *mode, int c, long 
     return NULL;
 }
 
+/* The concurrency levels of a run's throughput rows at context ctx (every
+ * context: ctx <= 0), ascending, into out[64]. */
 static int concurrencies(const kvd_run *r, long long ctx, int *out) {
     const kvd_table *t = &r->r.t[KVD_T_TPUT];
     int n = 0;
     for (int64_t i = 0; i < t->n; i++) {
         const kvd_row_tput *x = KVD_ROW(t, kvd_row_tput, i);
-        if (x->context != ctx) continue;
+        if (ctx > 0 && x->context != ctx) continue;
         int seen = 0;
         for (int k = 0; k < n; k++) seen |= out[k] == x->concurrency;
         if (!seen && n < 64) out[n++] = x->concurrency;
@@ -957,8 +970,6 @@ static void throughput_charts(kvd_buf *b, const kvd_run *runs, int n) {
     capped_note(b, KVD_SVG_MAX_SERIES, wanted);
 }
 
-static int cmp_int(const void *a, const void *b);
-
 /* Decode tokens/s per context and concurrency, for a run whose throughput
  * cells span several contexts (the charts above are at its largest): each
  * with its ratio to bf16's at the same context and concurrency. */
@@ -972,17 +983,8 @@ static void throughput_contexts(kvd_buf *b, const kvd_run *r, const char *label,
         if (concurrencies(r, all[k], cs) > 0) ctx[nctx++] = all[k];
     }
     if (nctx < 2) return;
-    int cs[64], nc = 0; /* every concurrency at any of the contexts */
-    for (int k = 0; k < nctx; k++) {
-        int c1[64];
-        const int n1 = concurrencies(r, ctx[k], c1);
-        for (int j = 0; j < n1; j++) {
-            int seen = 0;
-            for (int q = 0; q < nc; q++) seen |= cs[q] == c1[j];
-            if (!seen && nc < 64) cs[nc++] = c1[j];
-        }
-    }
-    qsort(cs, (size_t)nc, sizeof cs[0], cmp_int);
+    int cs[64];
+    const int nc = concurrencies(r, 0, cs); /* every level at any of the contexts */
     kvd_buf_puts(b, "<p class=\"note\">Decode tokens/s per context");
     if (named) {
         kvd_buf_puts(b, " (");
@@ -1212,15 +1214,22 @@ static int ckpt_sentence(const kvd_run *r, char *out, size_t n) {
 
 enum { HEADLINE_MAX = KVD_HEADLINE_MAX, HEADLINE_LEN = KVD_HEADLINE_LEN };
 
-/* How far apart two figures are, in standard errors of their difference,
- * as a parenthesis after them; nothing without an error to weigh by. */
+/* How far apart two figures are, in standard errors of their difference
+ * (z >= 0, finite): "0.6 standard errors apart: within the error". */
+static void apart_words(char *s, size_t n, int *len, double z) {
+    if (z < 2) /* 1.97 is not "2.0": under 2 */
+        sentence_add(s, n, len, "%.1f standard errors apart: within the error", floor(10 * z) / 10);
+    else
+        sentence_add(s, n, len, "%.0f standard errors apart", z);
+}
+
+/* The same as a parenthesis after the figures; nothing without an error to
+ * weigh by. */
 static void apart(char *s, size_t n, int *len, double z) {
     if (!isfinite(z)) return;
-    if (z < 2) /* 1.97 is not "2.0": under 2 */
-        sentence_add(s, n, len, " (%.1f standard errors apart: within the error)",
-                     floor(10 * z) / 10);
-    else
-        sentence_add(s, n, len, " (%.0f standard errors apart)", z);
+    sentence_add(s, n, len, " (");
+    apart_words(s, n, len, z);
+    sentence_add(s, n, len, ")");
 }
 
 int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_LEN]) {
@@ -1330,13 +1339,15 @@ static int drift_contexts(const kvd_run *r, const char *mode, long long *ctx) {
     return n;
 }
 
-/* Whether a run measured some mode's drift at more than one context. */
-static int several_contexts(const kvd_run *r) {
-    const char *modes[KVD_KV_N_MODES];
-    long long ctx[MAX_CONTEXTS];
-    const int nm = kvd_run_modes(r, modes);
-    for (int m = 0; m < nm; m++)
-        if (drift_contexts(r, modes[m], ctx) > 1) return 1;
+/* Whether some run measured some mode's drift at more than one context. */
+static int several_contexts(const kvd_run *runs, int n) {
+    for (int i = 0; i < n; i++) {
+        const char *modes[KVD_KV_N_MODES];
+        long long ctx[MAX_CONTEXTS];
+        const int nm = kvd_run_modes(&runs[i], modes);
+        for (int m = 0; m < nm; m++)
+            if (drift_contexts(&runs[i], modes[m], ctx) > 1) return 1;
+    }
     return 0;
 }
 
@@ -1380,11 +1391,10 @@ static int context_sentence(const kvd_run *r, char *s, size_t n) {
                      d = e > 0 ? fabs(z.kl - a.kl) / e : NAN;
         if (a.kl > 0) {
             sentence_add(s, n, &len, " (%.2fx", z.kl / a.kl);
-            if (isfinite(d) && d < 2) /* as apart() words it */
-                sentence_add(s, n, &len, ", %.1f standard errors apart: within the error",
-                             floor(10 * d) / 10);
-            else if (isfinite(d))
-                sentence_add(s, n, &len, ", %.0f standard errors apart", d);
+            if (isfinite(d)) {
+                sentence_add(s, n, &len, ", ");
+                apart_words(s, n, &len, d);
+            }
             sentence_add(s, n, &len, ")");
         }
     }
@@ -1493,9 +1503,7 @@ static const char *const context_note =
 
 /* The section, when some run measured drift at more than one context. */
 static void context_section_html(kvd_buf *b, const kvd_run *runs, int n) {
-    int any = 0;
-    for (int i = 0; i < n; i++) any |= several_contexts(&runs[i]);
-    if (!any) return;
+    if (!several_contexts(runs, n)) return;
     kvd_buf_puts(b, "<h2>Drift against context length</h2>\n");
     context_chart(b, runs, n);
     context_table(b, runs, n, 0);
@@ -1517,9 +1525,7 @@ static void context_section_html(kvd_buf *b, const kvd_run *runs, int n) {
 }
 
 static void context_section_md(kvd_buf *b, const kvd_run *runs, int n) {
-    int any = 0;
-    for (int i = 0; i < n; i++) any |= several_contexts(&runs[i]);
-    if (!any) return;
+    if (!several_contexts(runs, n)) return;
     kvd_buf_puts(b, "\n### Drift against context length\n\n");
     context_table(b, runs, n, 1);
     kvd_buf_printf(b, "\n%s\n", context_note);
@@ -1645,11 +1651,12 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
         long long ctx[MAX_CONTEXTS];
         const int nc = kvd_run_contexts(&runs[i], ctx, MAX_CONTEXTS);
         if (nc > 1) {
-            kvd_buf_puts(b, ": contexts");
-            for (int c = 0; c < nc; c++)
-                kvd_buf_printf(b, "%s %lld", c == 0 ? "" : c + 1 == nc ? " and" : ",", ctx[c]);
-            kvd_buf_printf(b, " tokens (figures at %lld unless a table names the context)",
-                           ctx[nc - 1]);
+            char list[MAX_CONTEXTS * 24];
+            kvd_context_list(list, sizeof list, ctx, nc);
+            kvd_buf_printf(b,
+                           ": contexts %s tokens (figures at %lld unless a table names the "
+                           "context)",
+                           list, ctx[nc - 1]);
         } else {
             kvd_buf_printf(b, ": context %lld tokens", nc ? ctx[0] : 0);
         }
@@ -1789,9 +1796,8 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
             kvd_buf_printf(b, "%s %s %lld tokens", i ? "," : "", runs[i].label,
                            kvd_run_max_context(&runs[i]));
     }
-    int several = 0;
-    for (int i = 0; i < n; i++) several |= several_contexts(&runs[i]);
-    if (several) kvd_buf_puts(b, " (a run's largest; every context in the table below)");
+    if (several_contexts(runs, n))
+        kvd_buf_puts(b, " (a run's largest; every context in the table below)");
     kvd_buf_puts(b, "; verdict by mean output KL: negligible < 0.001 nats < noticeable < 0.01 < "
                     "degraded.\n");
     cpu_speed_note(b, runs, n, 0, "", "\n");
@@ -1824,7 +1830,7 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
     context_section_md(b, runs, n);
 }
 
-static void csv_row(FILE *f, int n, const char *const *v) {
+void kvd_csv_row(FILE *f, int n, const char *const *v) {
     for (int i = 0; i < n; i++) {
         if (i) fputc(',', f);
         csv_fwrite(f, v[i], strlen(v[i]));
@@ -1834,7 +1840,7 @@ static void csv_row(FILE *f, int n, const char *const *v) {
 
 void kvd_report_csv(FILE *f, const kvd_run *runs, int n) {
     const char *h[] = {"run", "mode", "context", "subset", "metric", "value"};
-    csv_row(f, 6, h);
+    kvd_csv_row(f, 6, h);
     for (int i = 0; i < n; i++) {
         const kvd_table *t = &runs[i].r.t[KVD_T_SUMMARY];
         for (int64_t j = 0; j < t->n; j++) {
@@ -1852,7 +1858,7 @@ void kvd_report_csv(FILE *f, const kvd_run *runs, int n) {
             snprintf(val, sizeof val, "%.9g",
                      kvd_results_summary(&runs[i].r, x->mode, x->context, x->subset, x->metric));
             const char *v[] = {runs[i].label, x->mode, ctx, x->subset, x->metric, val};
-            csv_row(f, 6, v);
+            kvd_csv_row(f, 6, v);
         }
         const kvd_table *tp = &runs[i].r.t[KVD_T_TPUT];
         for (int64_t j = 0; j < tp->n; j++) {
@@ -1871,7 +1877,7 @@ void kvd_report_csv(FILE *f, const kvd_run *runs, int n) {
                 snprintf(met, sizeof met, "%s_c%d", m[k].name, x->concurrency);
                 snprintf(val, sizeof val, "%.9g", m[k].v);
                 const char *v[] = {runs[i].label, x->mode, ctx, "all", met, val};
-                csv_row(f, 6, v);
+                kvd_csv_row(f, 6, v);
             }
         }
     }

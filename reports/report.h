@@ -29,6 +29,8 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n);
 void kvd_report_html_kl(kvd_buf *b, const kvd_run *runs, int n, long long ctx);
 void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n);
 void kvd_report_csv(FILE *f, const kvd_run *runs, int n);
+/* One CSV row of n fields, each quoted by libcsv. */
+void kvd_csv_row(FILE *f, int n, const char *const *v);
 
 /* A summary figure of a run over its traces (kvd_results_summary), at the
  * largest context unless ctx > 0; NAN when absent. */
@@ -76,6 +78,8 @@ long long kvd_run_max_context(const kvd_run *r);
 /* The contexts of a run's finished cells (drift or throughput), ascending,
  * into out[cap] (the smallest cap of them); their count. */
 int kvd_run_contexts(const kvd_run *r, long long *out, int cap);
+/* Contexts as a reader's list: "64", "64 and 128", "64, 128 and 256". */
+void kvd_context_list(char *s, size_t n, const long long *c, int nc);
 
 /* The comparison the tool exists for, one sentence per other FP8 mode
  * (fp8-unscaled, fp8-ckpt, fp8-e5m2) against the calibrated cache (fp8-cal)

@@ -88,11 +88,11 @@ static int trend_modes(const kvd_run *runs, int n, const char **modes) {
 }
 
 /* How many standard errors mode's mean output KL moved from run a to run b
- * (positive: b drifts further): of the per-position difference when the
- * two ran the same traces (*paired set), else of the two means' errors
- * combined. NaN without the figures. */
-static double kl_step(const kvd_run *a, const kvd_run *b, const char *mode, long long ctx,
-                      int *paired) {
+ * (their verdicts va, vb; positive: b drifts further): of the per-position
+ * difference when the two ran the same traces (*paired set), else of the
+ * two means' errors combined. NaN without the figures. */
+static double kl_step(const kvd_run *a, const kvd_run *b, const kvd_verdict *va,
+                      const kvd_verdict *vb, const char *mode, long long ctx, int *paired) {
     *paired = 0;
     kvd_paired pd;
     if (kvd_results_paired(&a->r, mode, &b->r, mode, ctx, "all", "kl", -1, &pd) && pd.n > 1) {
@@ -100,11 +100,45 @@ static double kl_step(const kvd_run *a, const kvd_run *b, const char *mode, long
         if (pd.se > 0) return pd.mean / pd.se;
         return pd.mean == 0 ? 0 : (pd.mean > 0 ? INFINITY : -INFINITY);
     }
-    const kvd_verdict x = kvd_run_verdict(a, mode, ctx), y = kvd_run_verdict(b, mode, ctx);
-    const double e = sqrt(x.kl_err * x.kl_err + y.kl_err * y.kl_err);
-    if (!isfinite(x.kl) || !isfinite(y.kl)) return NAN;
-    if (e > 0) return (y.kl - x.kl) / e;
-    return y.kl == x.kl ? 0 : (y.kl > x.kl ? INFINITY : -INFINITY);
+    const double e = sqrt(va->kl_err * va->kl_err + vb->kl_err * vb->kl_err);
+    if (!isfinite(va->kl) || !isfinite(vb->kl)) return NAN;
+    if (e > 0) return (vb->kl - va->kl) / e;
+    return vb->kl == va->kl ? 0 : (vb->kl > va->kl ? INFINITY : -INFINITY);
+}
+
+/* A run's figures for one mode, read once for every view of the trend. */
+typedef struct {
+    kvd_verdict v;
+    double p99;
+    double step; /* from the latest earlier run with the mode's mean KL (NaN: none) */
+    int paired;
+} trend_cell;
+
+typedef struct {
+    const char *modes[KVD_KV_N_MODES];
+    int nm;
+    trend_cell *cell; /* [run][mode] */
+} trend_table;
+
+static const trend_cell *cell_at(const trend_table *t, int i, int m) {
+    return &t->cell[(size_t)i * t->nm + m];
+}
+
+static void trend_table_build(const kvd_run *runs, int n, long long ctx, trend_table *t) {
+    t->nm = trend_modes(runs, n, t->modes);
+    t->cell = calloc((size_t)n * (t->nm ? t->nm : 1), sizeof *t->cell);
+    for (int m = 0; m < t->nm; m++)
+        for (int i = 0, prev = -1; i < n; i++) {
+            trend_cell *c = &t->cell[(size_t)i * t->nm + m];
+            c->v = kvd_run_verdict(&runs[i], t->modes[m], ctx);
+            c->p99 = kvd_run_summary(&runs[i], t->modes[m], ctx, "all", "kl_p99");
+            c->step = NAN;
+            if (!isfinite(c->v.kl)) continue;
+            if (prev >= 0)
+                c->step = kl_step(&runs[prev], &runs[i], &cell_at(t, prev, m)->v, &c->v,
+                                  t->modes[m], ctx, &c->paired);
+            prev = i;
+        }
 }
 
 /* z cut to tenths toward zero, as the report words distances: 1.97 is
@@ -123,69 +157,54 @@ static void z_text(char *s, size_t n, double z, int paired) {
         snprintf(s, n, "-");
 }
 
-/* Run i's step for a mode: from the latest earlier run with the mode's
- * figures; NaN for the first. */
-static double step_of(const kvd_run *runs, int i, const char *mode, long long ctx, int *paired) {
-    int prev = i - 1;
-    while (prev >= 0 && !isfinite(kvd_run_verdict(&runs[prev], mode, ctx).kl)) prev--;
-    *paired = 0;
-    return prev >= 0 ? kl_step(&runs[prev], &runs[i], mode, ctx, paired) : NAN;
-}
-
-/* The step as a table shows it, in s; whether it is marked. */
-static int step_cell(const kvd_run *runs, int i, const char *mode, long long ctx, char *s,
-                     size_t n) {
-    int paired;
-    const double z = step_of(runs, i, mode, ctx, &paired);
-    z_text(s, n, z, paired);
-    return !isnan(z) && fabs(z) >= TREND_MOVED_Z;
+/* A cell's step as a table shows it, in s; whether it is marked. */
+static int step_cell(const trend_cell *c, char *s, size_t n) {
+    z_text(s, n, c->step, c->paired);
+    return !isnan(c->step) && fabs(c->step) >= TREND_MOVED_Z;
 }
 
 /* The sentence per mode: first and last run, their ratio and distance, and
  * the largest step between consecutive runs. 0 when the mode has fewer
  * than two runs with figures. */
-static int mode_sentence(const kvd_run *runs, int n, const char *mode, long long ctx, char *s,
-                         size_t len) {
+static int mode_sentence(const kvd_run *runs, int n, const trend_table *t, int m, long long ctx,
+                         char *s, size_t len) {
+    const char *mode = t->modes[m];
     int first = -1, last = -1;
     for (int i = 0; i < n; i++)
-        if (isfinite(kvd_run_verdict(&runs[i], mode, ctx).kl)) {
+        if (isfinite(cell_at(t, i, m)->v.kl)) {
             if (first < 0) first = i;
             last = i;
         }
     if (first < 0 || last == first) return 0;
-    const kvd_verdict a = kvd_run_verdict(&runs[first], mode, ctx),
-                      b = kvd_run_verdict(&runs[last], mode, ctx);
+    const kvd_verdict *a = &cell_at(t, first, m)->v, *b = &cell_at(t, last, m)->v;
     int paired;
-    const double z = kl_step(&runs[first], &runs[last], mode, ctx, &paired);
+    const double z = kl_step(&runs[first], &runs[last], a, b, mode, ctx, &paired);
     int k = snprintf(s, len, "%s: mean output KL %.3e in the first run and %.3e in the last", mode,
-                     a.kl, b.kl);
-    if (a.kl > 0 && k > 0 && (size_t)k < len)
-        k += snprintf(s + k, len - (size_t)k, " (%.2fx", b.kl / a.kl);
+                     a->kl, b->kl);
+    if (a->kl > 0 && k > 0 && (size_t)k < len)
+        k += snprintf(s + k, len - (size_t)k, " (%.2fx", b->kl / a->kl);
     else if (k > 0 && (size_t)k < len)
         k += snprintf(s + k, len - (size_t)k, " (");
     if (k > 0 && (size_t)k < len) {
         if (isfinite(z))
             k += snprintf(s + k, len - (size_t)k, "%s%.1f standard errors apart%s%s)",
-                          a.kl > 0 ? ", " : "", fabs(tenths(z)), paired ? ", paired" : "",
+                          a->kl > 0 ? ", " : "", fabs(tenths(z)), paired ? ", paired" : "",
                           fabs(z) < TREND_MOVED_Z ? ": within the error" : "");
         else
-            k += snprintf(s + k, len - (size_t)k, "%s)", a.kl > 0 ? "" : "no error");
+            k += snprintf(s + k, len - (size_t)k, "%s)", a->kl > 0 ? "" : "no error");
     }
     /* the largest step between neighbours with figures */
-    double big = NAN;
-    int at = -1, big_paired = 0;
+    int at = -1;
     for (int i = first + 1; i <= last; i++) {
-        if (!isfinite(kvd_run_verdict(&runs[i], mode, ctx).kl)) continue;
-        int p;
-        const double zi = step_of(runs, i, mode, ctx, &p);
-        if (isfinite(zi) && (!isfinite(big) || fabs(zi) > fabs(big)))
-            big = zi, at = i, big_paired = p;
+        const double zi = cell_at(t, i, m)->step;
+        if (isfinite(zi) && (at < 0 || fabs(zi) > fabs(cell_at(t, at, m)->step))) at = i;
     }
     if (at > 0 && k > 0 && (size_t)k < len)
         k += snprintf(s + k, len - (size_t)k,
                       "; the largest step between consecutive runs is %+.1f standard errors%s, "
                       "into run %d (%s)",
-                      tenths(big), big_paired ? " (paired)" : "", at + 1, runs[at].label);
+                      tenths(cell_at(t, at, m)->step), cell_at(t, at, m)->paired ? " (paired)" : "",
+                      at + 1, runs[at].label);
     if (k > 0 && (size_t)k < len) snprintf(s + k, len - (size_t)k, ".");
     return 1;
 }
@@ -201,41 +220,39 @@ static const char *const trend_css =
 enum { TREND_CHARTS = 4 };
 
 /* One chart per figure, x the run's number (oldest 1), a series per mode. */
-static void trend_charts(kvd_buf *b, const kvd_run *runs, int n, long long ctx, const char **modes,
-                         int nm) {
+static void trend_charts(kvd_buf *b, const trend_table *t, int n) {
     static const char *const title[TREND_CHARTS] = {
         "mean next-token KL against bf16 per run, with its 95% band",
         "99th-percentile next-token KL per run", "top-1 agreement with bf16 per run",
         "decode speed against bf16 per run (highest concurrency measured)"};
     static const char *const ylabel[TREND_CHARTS] = {"mean KL (nats, log)", "KL p99 (nats, log)",
                                                      "share of positions", "tokens/s over bf16's"};
-    const int nmax = n;
-    double *x = calloc((size_t)nmax * KVD_KV_N_MODES, sizeof *x),
-           *y = calloc((size_t)nmax * KVD_KV_N_MODES, sizeof *y),
-           *lo = calloc((size_t)nmax * KVD_KV_N_MODES, sizeof *lo),
-           *hi = calloc((size_t)nmax * KVD_KV_N_MODES, sizeof *hi);
+    double *x = calloc((size_t)n * KVD_KV_N_MODES, sizeof *x),
+           *y = calloc((size_t)n * KVD_KV_N_MODES, sizeof *y),
+           *lo = calloc((size_t)n * KVD_KV_N_MODES, sizeof *lo),
+           *hi = calloc((size_t)n * KVD_KV_N_MODES, sizeof *hi);
     for (int c = 0; c < TREND_CHARTS; c++) {
         kvd_line_chart ch = {title[c], "run (oldest first)", ylabel[c], 0, c < 2, 0, {{0}}};
         int drawn = 0;
-        for (int m = 0; m < nm && m < KVD_SVG_MAX_SERIES; m++) {
-            double *sx = x + (size_t)m * nmax, *sy = y + (size_t)m * nmax,
-                   *sl = lo + (size_t)m * nmax, *sh = hi + (size_t)m * nmax;
+        for (int m = 0; m < t->nm && m < KVD_SVG_MAX_SERIES; m++) {
+            double *sx = x + (size_t)m * n, *sy = y + (size_t)m * n, *sl = lo + (size_t)m * n,
+                   *sh = hi + (size_t)m * n;
             int k = 0;
             for (int i = 0; i < n; i++) {
-                const kvd_verdict v = kvd_run_verdict(&runs[i], modes[m], ctx);
-                const double val = c == 0 ? v.kl
-                                   : c == 1
-                                       ? kvd_run_summary(&runs[i], modes[m], ctx, "all", "kl_p99")
-                                   : c == 2 ? v.top1
-                                            : v.dec_gain;
+                const trend_cell *e = cell_at(t, i, m);
+                const double val = c == 0   ? e->v.kl
+                                   : c == 1 ? e->p99
+                                   : c == 2 ? e->v.top1
+                                            : e->v.dec_gain;
                 if (!isfinite(val)) continue;
-                const double ci = c == 0 && isfinite(v.kl_err) ? 1.959963984540054 * v.kl_err : 0;
+                const double ci =
+                    c == 0 && isfinite(e->v.kl_err) ? 1.959963984540054 * e->v.kl_err : 0;
                 sx[k] = i + 1, sy[k] = val, sl[k] = val - ci, sh[k] = val + ci;
                 k++;
             }
             if (!k) continue;
             ch.series[ch.n_series++] = (kvd_series){
-                modes[m], k, sx, sy, c == 0 ? sl : NULL, c == 0 ? sh : NULL, k == 1, 0};
+                t->modes[m], k, sx, sy, c == 0 ? sl : NULL, c == 0 ? sh : NULL, k == 1, 0};
             drawn += k;
         }
         if (drawn) kvd_svg_lines(b, &ch); /* drawn: the next chart reuses the storage */
@@ -244,8 +261,10 @@ static void trend_charts(kvd_buf *b, const kvd_run *runs, int n, long long ctx, 
 }
 
 void kvd_trend_html(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
-    const char *modes[KVD_KV_N_MODES];
-    const int nm = trend_modes(runs, n, modes);
+    trend_table t;
+    trend_table_build(runs, n, ctx, &t);
+    const char *const *modes = t.modes;
+    const int nm = t.nm;
     kvd_buf_printf(b,
                    "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>"
                    "<title>kvdrift trend</title><style>%s</style></head><body>\n"
@@ -264,7 +283,7 @@ void kvd_trend_html(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
         TREND_MOVED_Z);
     for (int m = 0; m < nm; m++) {
         char s[1024];
-        if (!mode_sentence(runs, n, modes[m], ctx, s, sizeof s)) continue;
+        if (!mode_sentence(runs, n, &t, m, ctx, s, sizeof s)) continue;
         kvd_buf_puts(b, "<p class=\"trend\">");
         kvd_buf_xml(b, s);
         kvd_buf_puts(b, "</p>\n");
@@ -285,7 +304,7 @@ void kvd_trend_html(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
     }
     if (changes) kvd_buf_puts(b, "</ul>\n");
     kvd_buf_puts(b, "<h2>Figures per run</h2>\n");
-    trend_charts(b, runs, n, ctx, modes, nm);
+    trend_charts(b, &t, n);
     kvd_buf_puts(b, "<table class=\"trend\"><tr><th>run</th><th class=\"l\">file</th><th "
                     "class=\"l\">written (UTC)</th><th class=\"l\">revision</th>");
     for (int m = 0; m < nm; m++)
@@ -301,29 +320,32 @@ void kvd_trend_html(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
         kvd_buf_xml(b, runs[i].r.git_rev);
         kvd_buf_puts(b, "</td>");
         for (int m = 0; m < nm; m++) {
-            const kvd_verdict v = kvd_run_verdict(&runs[i], modes[m], ctx);
-            if (!isfinite(v.kl)) {
+            const trend_cell *c = cell_at(&t, i, m);
+            if (!isfinite(c->v.kl)) {
                 kvd_buf_puts(b, "<td>-</td><td>-</td><td>-</td>");
                 continue;
             }
             char step[48];
-            const int moved = step_cell(runs, i, modes[m], ctx, step, sizeof step);
-            kvd_buf_printf(b, "<td>%.3e &#177; %.1e</td><td%s>%s</td><td>%.4f</td>", v.kl, v.kl_err,
-                           moved ? " class=\"moved\"" : "", step, v.top1);
+            const int moved = step_cell(c, step, sizeof step);
+            kvd_buf_printf(b, "<td>%.3e &#177; %.1e</td><td%s>%s</td><td>%.4f</td>", c->v.kl,
+                           c->v.kl_err, moved ? " class=\"moved\"" : "", step, c->v.top1);
         }
         kvd_buf_puts(b, "</tr>\n");
     }
     kvd_buf_puts(b, "</table>\n</body></html>\n");
+    free(t.cell);
 }
 
 void kvd_trend_md(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
-    const char *modes[KVD_KV_N_MODES];
-    const int nm = trend_modes(runs, n, modes);
+    trend_table t;
+    trend_table_build(runs, n, ctx, &t);
+    const char *const *modes = t.modes;
+    const int nm = t.nm;
     kvd_buf_printf(b, "## kvdrift trend: %d runs at %lld tokens, %s to %s\n\n", n, ctx,
                    runs[0].r.written_utc, runs[n - 1].r.written_utc);
     for (int m = 0; m < nm; m++) {
         char s[1024];
-        if (mode_sentence(runs, n, modes[m], ctx, s, sizeof s)) kvd_buf_printf(b, "- %s\n", s);
+        if (mode_sentence(runs, n, &t, m, ctx, s, sizeof s)) kvd_buf_printf(b, "- %s\n", s);
     }
     for (int i = 1; i < n; i++) {
         char diff[1024];
@@ -341,15 +363,15 @@ void kvd_trend_md(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
         kvd_buf_printf(b, "| %d | %s | %s | %s |", i + 1, runs[i].label, runs[i].r.written_utc,
                        runs[i].r.git_rev);
         for (int m = 0; m < nm; m++) {
-            const kvd_verdict v = kvd_run_verdict(&runs[i], modes[m], ctx);
-            if (!isfinite(v.kl)) {
+            const trend_cell *c = cell_at(&t, i, m);
+            if (!isfinite(c->v.kl)) {
                 kvd_buf_puts(b, " - | - |");
                 continue;
             }
             char step[48];
-            const int moved = step_cell(runs, i, modes[m], ctx, step, sizeof step);
-            kvd_buf_printf(b, " %.3e ± %.1e | %s%s%s |", v.kl, v.kl_err, moved ? "**" : "", step,
-                           moved ? "**" : "");
+            const int moved = step_cell(c, step, sizeof step);
+            kvd_buf_printf(b, " %.3e ± %.1e | %s%s%s |", c->v.kl, c->v.kl_err, moved ? "**" : "",
+                           step, moved ? "**" : "");
         }
         kvd_buf_puts(b, "\n");
     }
@@ -358,48 +380,43 @@ void kvd_trend_md(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
                    "errors (paired over the positions where the runs ran the same traces); "
                    "bold at %.0f or more.\n",
                    TREND_MOVED_Z);
+    free(t.cell);
 }
 
-void kvd_trend_csv(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
-    const char *modes[KVD_KV_N_MODES];
-    const int nm = trend_modes(runs, n, modes);
-    kvd_buf_puts(b, "run,file,written_utc,revision,mode,context,metric,value\n");
+void kvd_trend_csv(FILE *f, const kvd_run *runs, int n, long long ctx) {
+    trend_table t;
+    trend_table_build(runs, n, ctx, &t);
+    const char *h[] = {"run",  "file",    "written_utc", "revision",
+                       "mode", "context", "metric",      "value"};
+    kvd_csv_row(f, 8, h);
     for (int i = 0; i < n; i++)
-        for (int m = 0; m < nm; m++) {
-            const kvd_verdict v = kvd_run_verdict(&runs[i], modes[m], ctx);
+        for (int m = 0; m < t.nm; m++) {
             /* every figure the run has (a run of throughput cells alone: its speeds) */
-            int paired;
-            const double z = step_of(runs, i, modes[m], ctx, &paired);
+            const trend_cell *c = cell_at(&t, i, m);
             const struct {
                 const char *name;
                 double v;
-            } f[] = {{"kl_mean", v.kl},
-                     {"kl_mean_err", v.kl_err},
-                     {"kl_p99", kvd_run_summary(&runs[i], modes[m], ctx, "all", "kl_p99")},
-                     {"same_top_p", v.top1},
-                     {"ln_ppl_ratio", v.ln_ppl},
-                     {"attn_kl", v.attn_kl},
-                     {"k_saturated", v.k_sat},
-                     {"v_flushed", v.v_flush},
-                     {"decode_vs_bf16", v.dec_gain},
-                     {paired ? "kl_step_z_paired" : "kl_step_z", z}};
-            for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
-                if (!isfinite(f[k].v)) continue;
-                /* a file name with a comma or quote is quoted, CSV's way */
-                kvd_buf_printf(b, "%d,", i + 1);
-                const char *l = runs[i].label;
-                if (strpbrk(l, ",\"\n")) {
-                    kvd_buf_puts(b, "\"");
-                    for (const char *p = l; *p; p++) {
-                        const char c[3] = {*p, *p == '"' ? '"' : 0, 0};
-                        kvd_buf_puts(b, c);
-                    }
-                    kvd_buf_puts(b, "\"");
-                } else {
-                    kvd_buf_puts(b, l);
-                }
-                kvd_buf_printf(b, ",%s,%s,%s,%lld,%s,%.9g\n", runs[i].r.written_utc,
-                               runs[i].r.git_rev, modes[m], ctx, f[k].name, f[k].v);
+            } fig[] = {{"kl_mean", c->v.kl},
+                       {"kl_mean_err", c->v.kl_err},
+                       {"kl_p99", c->p99},
+                       {"same_top_p", c->v.top1},
+                       {"ln_ppl_ratio", c->v.ln_ppl},
+                       {"attn_kl", c->v.attn_kl},
+                       {"k_saturated", c->v.k_sat},
+                       {"v_flushed", c->v.v_flush},
+                       {"decode_vs_bf16", c->v.dec_gain},
+                       {c->paired ? "kl_step_z_paired" : "kl_step_z", c->step}};
+            char run[16], ctxs[32], val[40];
+            snprintf(run, sizeof run, "%d", i + 1);
+            snprintf(ctxs, sizeof ctxs, "%lld", ctx);
+            for (size_t k = 0; k < sizeof fig / sizeof fig[0]; k++) {
+                if (!isfinite(fig[k].v)) continue;
+                snprintf(val, sizeof val, "%.9g", fig[k].v);
+                const char *v[] = {
+                    run,        runs[i].label, runs[i].r.written_utc, runs[i].r.git_rev,
+                    t.modes[m], ctxs,          fig[k].name,           val};
+                kvd_csv_row(f, 8, v);
             }
         }
+    free(t.cell);
 }

@@ -14,6 +14,6 @@
 int kvd_trend_prepare(kvd_run *runs, int n, long long *ctx, char *err);
 void kvd_trend_html(kvd_buf *b, const kvd_run *runs, int n, long long ctx);
 void kvd_trend_md(kvd_buf *b, const kvd_run *runs, int n, long long ctx);
-void kvd_trend_csv(kvd_buf *b, const kvd_run *runs, int n, long long ctx);
+void kvd_trend_csv(FILE *f, const kvd_run *runs, int n, long long ctx);
 
 #endif
