@@ -99,14 +99,14 @@ static void cache_fill(bench_cache *c, kvd_fmt fmt, int n_ctx) {
     c->fmt = fmt;
     c->n_ctx = n_ctx;
     int nb = (n_ctx + c->bs - 1) / c->bs;
-    size_t n = (size_t)nb * c->kvh * c->bs * c->hd, esz = kvd_fmt_bytes(fmt);
-    c->pool_bytes = n * esz;
+    c->pool_bytes = (size_t)nb * c->kvh * c->bs * kvd_fmt_row_bytes(fmt, c->hd);
     c->k = kvd_alloc_pool(c->pool_bytes);
     c->v = kvd_alloc_pool(c->pool_bytes);
     c->blocks = malloc(sizeof(int32_t) * (size_t)nb);
     /* blocks scattered through the pool, as after a serving engine's churn */
     for (int i = 0; i < nb; i++) c->blocks[i] = (int32_t)(((int64_t)i * 7919) % nb);
     uint64_t key = kvd_rng_key(7, "bench.kv");
+    size_t n = (size_t)nb * c->kvh * c->bs * c->hd;
     float *tmp = malloc(sizeof(float) * n);
     for (size_t i = 0; i < n; i++) tmp[i] = kvd_rng_normal(key, i);
     for (int h = 0; h < c->kvh; h++)
@@ -117,6 +117,12 @@ static void cache_fill(bench_cache *c, kvd_fmt fmt, int n_ctx) {
     } else if (fmt == KVD_FMT_E4M3) {
         kvd_quant_e4m3(tmp, c->k, n, 0.01f, 1, NULL);
         kvd_quant_e4m3(tmp, c->v, n, 0.01f, 1, NULL);
+    } else if (fmt == KVD_FMT_NVFP4) { /* row by row: each row carries its block scales */
+        size_t rb = kvd_fmt_row_bytes(fmt, c->hd);
+        for (size_t r = 0; r < n / (size_t)c->hd; r++) {
+            kvd_quant_nvfp4(tmp + r * c->hd, c->k + r * rb, (size_t)c->hd, 0.01f, NULL);
+            kvd_quant_nvfp4(tmp + r * c->hd, c->v + r * rb, (size_t)c->hd, 0.01f, NULL);
+        }
     } else {
         kvd_quant_e5m2(tmp, c->k, n, 0.01f, 1, NULL);
         kvd_quant_e5m2(tmp, c->v, n, 0.01f, 1, NULL);
@@ -277,7 +283,7 @@ static int bench_kernels(int reps) {
             for (int fi = 0; fi < NF; fi++) {
                 double t = median(ts + fi * n, n);
                 double bytes =
-                    2.0 * c[fi].n_ctx * c[fi].kvh * c[fi].hd * (double)kvd_fmt_bytes(c[fi].fmt);
+                    2.0 * c[fi].n_ctx * c[fi].kvh * (double)kvd_fmt_row_bytes(c[fi].fmt, c[fi].hd);
                 if (fi == 0) t_bf16 = t;
                 printf("%6d %8d %-6s %10.2e %10.1f %10.2f %10.2f %7.1f%% %7.1f%% %7.2fx\n",
                        c[fi].bs, c[fi].n_ctx, fn[fi], rel[fi], t * 1e6, bytes / 1e6,

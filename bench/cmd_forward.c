@@ -116,8 +116,8 @@ static void dump_mode(const char *dir, kvd_kv_mode mode, const kvd_kvcache *kv, 
     snprintf(path, sizeof path, "%s/%s/logits.f32", dir, kvd_kv_mode_name(mode));
     if (kvd_write_file_atomic(path, logits, sizeof(float) * (size_t)T * V, err))
         kvd_die(1, cmd, "%s", err);
-    size_t row = (size_t)cap->kvh * cap->hd, esz = kvd_fmt_bytes(kv->fmt);
-    uint8_t *codes = malloc((size_t)T * row * esz);
+    size_t row = (size_t)cap->kvh * cap->hd, rb = kvd_fmt_row_bytes(kv->fmt, cap->hd);
+    uint8_t *codes = malloc((size_t)T * cap->kvh * rb);
     for (int l = 0; l < cap->nf; l++) {
         for (int w = 0; w < 2; w++) {
             const char *nm = w ? "v" : "k";
@@ -132,13 +132,12 @@ static void dump_mode(const char *dir, kvd_kv_mode mode, const kvd_kvcache *kv, 
                     size_t blk = (size_t)kv->seqs[seq].blocks[t / kv->block_size];
                     size_t idx = ((blk * (size_t)kv->kv_heads + (size_t)h) * kv->block_size +
                                   (size_t)(t % kv->block_size)) *
-                                 (size_t)cap->hd * esz;
-                    memcpy(codes + ((size_t)t * row + (size_t)h * cap->hd) * esz, pool + idx,
-                           (size_t)cap->hd * esz);
+                                 rb;
+                    memcpy(codes + ((size_t)t * cap->kvh + (size_t)h) * rb, pool + idx, rb);
                 }
             snprintf(path, sizeof path, "%s/%s/%s_cache.%d.bin", dir, kvd_kv_mode_name(mode), nm,
                      l);
-            if (kvd_write_file_atomic(path, codes, (size_t)T * row * esz, err))
+            if (kvd_write_file_atomic(path, codes, (size_t)T * cap->kvh * rb, err))
                 kvd_die(1, cmd, "%s", err);
         }
     }
@@ -241,7 +240,8 @@ int kvd_cmd_forward(int argc, char **argv) {
     int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads, V = c->vocab_size;
     kvd_kv_scales sc = {0}, am = {0}, ck = {0};
     if (want[KVD_KV_FP8_CKPT]) kvd_model_opts_ckpt_scales(&mo, cmd, c, &ck);
-    if (want[KVD_KV_FP8_CAL]) {
+    const int need_cal = want[KVD_KV_FP8_CAL] || want[KVD_KV_NVFP4_CAL];
+    if (need_cal) {
         get_scales(&co, &w, seed, cmd, &sc, &am, 1);
         if (attn_fp8) kvd_check_query_scales(cmd, &sc, co.scales_path);
         for (int l = 0; l < nf; l++)
@@ -256,7 +256,7 @@ int kvd_cmd_forward(int argc, char **argv) {
         snprintf(path, sizeof path, "%s/tokens.i32", dump);
         if (kvd_write_file_atomic(path, tok, sizeof(int32_t) * (size_t)T, err))
             kvd_die(1, cmd, "%s", err);
-        if (want[KVD_KV_FP8_CAL]) {
+        if (need_cal) {
             snprintf(path, sizeof path, "%s/scales.json", dump);
             if (kvd_scales_save(path, &sc, am.k ? &am : NULL, co.recipe, c->name, co.calib_tokens,
                                 seed + KVD_CALIB_SEED_OFFSET, err))
@@ -280,16 +280,12 @@ int kvd_cmd_forward(int argc, char **argv) {
         if (!want[mi]) continue;
         kvd_kv_mode mode = (kvd_kv_mode)mi;
         kvd_kvcache kv;
-        if (kvd_kvcache_init(&kv, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, T,
-                             mode == KVD_KV_FP8_CAL    ? &sc
-                             : mode == KVD_KV_FP8_CKPT ? &ck
-                                                       : NULL,
-                             saturate, err) ||
-            (attn_fp8 && kvd_kvcache_fp8_attention(&kv,
-                                                   mode == KVD_KV_FP8_CAL    ? &sc
-                                                   : mode == KVD_KV_FP8_CKPT ? &ck
-                                                                             : NULL,
-                                                   c->num_attention_heads, err)))
+        const kvd_kv_scales *msc = mode == KVD_KV_FP8_CKPT    ? &ck
+                                   : kvd_kv_mode_scaled(mode) ? &sc
+                                                              : NULL;
+        if (kvd_kvcache_init(&kv, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, T, msc, saturate,
+                             err) ||
+            (attn_fp8 && kvd_kvcache_fp8_attention(&kv, msc, c->num_attention_heads, err)))
             kvd_die(1, cmd, "%s", err);
         int seq = kvd_kvcache_add_seq(&kv), failed;
         float *out = mode == KVD_KV_BF16 ? ref : lg;

@@ -1054,7 +1054,8 @@ int kvd_cmd_run(int argc, char **argv) {
             break;
         }
     int need_cal = 0;
-    for (int i = 0; i < o.n_modes; i++) need_cal |= o.modes[i] == KVD_KV_FP8_CAL;
+    for (int i = 0; i < o.n_modes; i++)
+        need_cal |= o.modes[i] == KVD_KV_FP8_CAL || o.modes[i] == KVD_KV_NVFP4_CAL;
     /* a --scales file is read (and checked) whether or not fp8-cal runs */
     if (o.scales_path) {
         int nf = kvd_config_n_full(c);
@@ -1111,9 +1112,9 @@ int kvd_cmd_run(int argc, char **argv) {
         kvd_trace *ctr = tr + (size_t)ci * o.traces; /* this context's traces */
         for (int mi = 0; mi < o.n_modes; mi++) {
             kvd_kv_mode mode = (kvd_kv_mode)o.modes[mi];
-            const kvd_kv_scales *msc = mode == KVD_KV_FP8_CAL    ? &sc
-                                       : mode == KVD_KV_FP8_CKPT ? &ck
-                                                                 : NULL;
+            const kvd_kv_scales *msc = mode == KVD_KV_FP8_CKPT    ? &ck
+                                       : kvd_kv_mode_scaled(mode) ? &sc
+                                                                  : NULL;
             for (int t = 0; t < o.traces && (o.cells & 1); t++) {
                 char cell[64];
                 snprintf(cell, sizeof cell, "drift_%s_c1_ctx%lld_t%d", kvd_kv_mode_name(mode),

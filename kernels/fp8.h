@@ -27,6 +27,11 @@ float kvd_bf16_to_f32(uint16_t v);
  * bits of v, as __nv_cvt_fp4_to_halfraw. */
 float kvd_e8m0_to_f32(uint8_t v);
 float kvd_e2m1_to_f32(uint8_t v);
+/* E2M1 encode, as __nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest)
+ * (cvt.rn.satfinite.e2m1x2.f32): round to nearest even on the grid 0, 0.5,
+ * 1, 1.5, 2, 3, 4, 6, beyond 6 clamped to 6, NaN to +6; the code in the low
+ * four bits. */
+uint8_t kvd_f32_to_e2m1(float x);
 
 /* Decode tables, one entry per code (256 floats each). */
 const float *kvd_e4m3_table(void);
@@ -42,7 +47,25 @@ typedef struct {
     uint64_t subnormal; /* encoded as a subnormal code */
 } kvd_qstats;
 
-typedef enum { KVD_FMT_BF16 = 0, KVD_FMT_E4M3 = 1, KVD_FMT_E5M2 = 2 } kvd_fmt;
+typedef enum { KVD_FMT_BF16 = 0, KVD_FMT_E4M3 = 1, KVD_FMT_E5M2 = 2, KVD_FMT_NVFP4 = 3 } kvd_fmt;
+
+/* NVFP4, as the engines' NVFP4 KV caches store it: each group of 16 values
+ * gets an E4M3 block scale and each value an E2M1 code, under a global
+ * scale s (the layer's K or V scale; 1.0 where a checkpoint gives none).
+ * With a the group's largest |x|:
+ *     sf = cvt_e4m3_satfinite((a / 6) / s),  d = sf * s,
+ *     code = cvt_e2m1(x / d)   (x * 0 where sf is 0),
+ * read back as e2m1(code) * sf * s. Divisions and products are IEEE, rounded
+ * to nearest: engines multiply by approximate reciprocals, which moves a
+ * code only where x / d lands within an ulp of a rounding boundary. A row
+ * of n values (n a multiple of 16) is n / 2 bytes of codes, value 2i in the
+ * low nibble of byte i as cvt.rn.satfinite.e2m1x2 packs them, then the
+ * n / 16 block scales. */
+#define KVD_NVFP4_GROUP 16
+#define KVD_E2M1_MAX 6.0f
+static inline size_t kvd_nvfp4_row_bytes(size_t n) {
+    return n / 2 + n / KVD_NVFP4_GROUP;
+}
 
 /* Vector codecs. Quantize writes cvt(x[i] / scale), exactly the engines'
  * expression (a reciprocal multiply rounds differently); stats may be NULL. */
@@ -51,6 +74,13 @@ void kvd_quant_e4m3(const float *x, uint8_t *out, size_t n, float scale, int sat
 void kvd_quant_e5m2(const float *x, uint8_t *out, size_t n, float scale, int saturate,
                     kvd_qstats *stats);
 void kvd_quant_bf16(const float *x, uint16_t *out, size_t n);
+/* One NVFP4 row (see above). In the stats, saturated counts values clamped
+ * to 6 beyond rounding (|x / d| >= 7, where a grid that went on would reach
+ * 8), flushed non-zero values read back as zero (the whole group where sf
+ * is 0), subnormal values under a subnormal block scale (sf < 2^-6, whose
+ * own rounding is coarse). */
+void kvd_quant_nvfp4(const float *x, uint8_t *out, size_t n, float scale, kvd_qstats *stats);
+void kvd_dequant_nvfp4(const uint8_t *row, float *out, size_t n, float scale);
 void kvd_dequant_e4m3(const uint8_t *v, float *out, size_t n, float scale);
 void kvd_dequant_e5m2(const uint8_t *v, float *out, size_t n, float scale);
 void kvd_dequant_bf16(const uint16_t *v, float *out, size_t n);

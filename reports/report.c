@@ -1233,7 +1233,8 @@ static void apart(char *s, size_t n, int *len, double z) {
 }
 
 int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_LEN]) {
-    static const char *const others[HEADLINE_MAX] = {"fp8-unscaled", "fp8-ckpt", "fp8-e5m2"};
+    static const char *const others[HEADLINE_MAX] = {"fp8-unscaled", "fp8-ckpt", "fp8-e5m2",
+                                                     "nvfp4-cal", "nvfp4-unscaled"};
     int k = 0, moe[KVD_MAX_LAYERS];
     const long long ctx = kvd_run_max_context(r);
     const int nl = kvd_run_moe_layers(r, ctx, moe);
@@ -1285,6 +1286,21 @@ int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_
             apart(h, HEADLINE_LEN, &len, se99 > 0 ? fabs(v99 - c99) / se99 : NAN);
         }
         sentence_add(h, HEADLINE_LEN, &len, "; top-1 agreement %.4f against %.4f", v.top1, c.top1);
+        /* an NVFP4 cache without scales against NVFP4's calibrated one */
+        const verdict nc = kvd_run_verdict(r, "nvfp4-cal", ctx);
+        if (!strcmp(others[o], "nvfp4-unscaled") && nc.kl > 0) {
+            kvd_paired np;
+            const int pn =
+                kvd_results_paired(&r->r, "nvfp4-cal", &r->r, others[o], ctx, "all", "kl", -1, &np);
+            const double nse = pn ? np.se : sqrt(v.kl_err * v.kl_err + nc.kl_err * nc.kl_err);
+            sentence_add(h, HEADLINE_LEN, &len, "; against nvfp4-cal %.2gx (mean output KL %.3e",
+                         v.kl / nc.kl, nc.kl);
+            if (nse > 0) {
+                sentence_add(h, HEADLINE_LEN, &len, ", ");
+                apart_words(h, HEADLINE_LEN, &len, fabs(v.kl - nc.kl) / nse);
+            }
+            sentence_add(h, HEADLINE_LEN, &len, ")");
+        }
         /* routing: a different expert set is a different computation from
          * there on */
         const double vrt = kvd_run_summary(r, others[o], ctx, "all", "router_flip_rate");

@@ -8,8 +8,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const mode_names[KVD_KV_N_MODES] = {"bf16", "fp8-cal", "fp8-unscaled",
-                                                       "fp8-e5m2", "fp8-ckpt"};
+static const char *const mode_names[KVD_KV_N_MODES] = {
+    "bf16", "fp8-cal", "fp8-unscaled", "fp8-e5m2", "fp8-ckpt", "nvfp4-cal", "nvfp4-unscaled"};
+
+kvd_fmt kvd_kv_mode_fmt(kvd_kv_mode m) {
+    switch (m) {
+    case KVD_KV_BF16:
+        return KVD_FMT_BF16;
+    case KVD_KV_FP8_E5M2:
+        return KVD_FMT_E5M2;
+    case KVD_KV_NVFP4_CAL:
+    case KVD_KV_NVFP4_UNSCALED:
+        return KVD_FMT_NVFP4;
+    default:
+        return KVD_FMT_E4M3;
+    }
+}
+
+int kvd_kv_mode_scaled(kvd_kv_mode m) {
+    return m == KVD_KV_FP8_CAL || m == KVD_KV_FP8_CKPT || m == KVD_KV_NVFP4_CAL;
+}
 
 const char *kvd_kv_mode_name(kvd_kv_mode m) {
     return (unsigned)m < KVD_KV_N_MODES ? mode_names[m] : "?";
@@ -56,8 +74,8 @@ void kvd_kv_scales_free(kvd_kv_scales *s) {
 }
 
 int64_t kvd_kvcache_bytes_per_token(kvd_kv_mode mode, int n_layers, int kv_heads, int head_dim) {
-    int64_t e = mode == KVD_KV_BF16 ? 2 : 1;
-    return 2 * e * n_layers * kv_heads * head_dim;
+    return 2 * (int64_t)n_layers * kv_heads *
+           (int64_t)kvd_fmt_row_bytes(kvd_kv_mode_fmt(mode), head_dim);
 }
 
 int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_heads, int head_dim,
@@ -70,10 +88,16 @@ int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_head
                  "KV cache: expected positive layers, heads, head_dim, block size and capacity");
         return -1;
     }
-    if ((mode == KVD_KV_FP8_CAL || mode == KVD_KV_FP8_CKPT) && !scales) {
+    if (kvd_kv_mode_scaled(mode) && !scales) {
         snprintf(err, KVD_ERR_LEN, "KV cache mode %s: expected scales (%s)", kvd_kv_mode_name(mode),
-                 mode == KVD_KV_FP8_CAL ? "run `kvdrift calibrate` or pass --scales FILE"
-                                        : "from the checkpoint given by --model-dir");
+                 mode == KVD_KV_FP8_CKPT ? "from the checkpoint given by --model-dir"
+                                         : "run `kvdrift calibrate` or pass --scales FILE");
+        return -1;
+    }
+    if (kvd_kv_mode_fmt(mode) == KVD_FMT_NVFP4 && head_dim % KVD_NVFP4_GROUP) {
+        snprintf(err, KVD_ERR_LEN,
+                 "KV cache mode %s: head_dim %d is not a multiple of NVFP4's %d-value groups",
+                 kvd_kv_mode_name(mode), head_dim, KVD_NVFP4_GROUP);
         return -1;
     }
     if (scales && (scales->n_layers != n_layers || scales->kv_heads != kv_heads)) {
@@ -83,9 +107,7 @@ int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_head
         return -1;
     }
     c->mode = mode;
-    c->fmt = mode == KVD_KV_BF16       ? KVD_FMT_BF16
-             : mode == KVD_KV_FP8_E5M2 ? KVD_FMT_E5M2
-                                       : KVD_FMT_E4M3;
+    c->fmt = kvd_kv_mode_fmt(mode);
     c->saturate = saturate;
     c->n_layers = n_layers;
     c->kv_heads = kv_heads;
@@ -95,8 +117,8 @@ int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_head
     if (nb > INT32_MAX) nb = INT32_MAX;
     c->n_blocks = (int)nb;
     size_t lk = (size_t)n_layers * (size_t)kv_heads;
-    size_t pool = (size_t)nb * (size_t)kv_heads * (size_t)block_size * (size_t)head_dim *
-                  kvd_fmt_bytes(c->fmt);
+    size_t pool =
+        (size_t)nb * (size_t)kv_heads * (size_t)block_size * kvd_fmt_row_bytes(c->fmt, head_dim);
     c->k = calloc((size_t)n_layers, sizeof *c->k);
     c->v = calloc((size_t)n_layers, sizeof *c->v);
     c->k_scale = malloc(lk * sizeof(float));
@@ -120,11 +142,15 @@ int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_head
         return -1;
     }
     for (size_t i = 0; i < lk; i++) {
-        /* bf16 and the unscaled FP8 modes ignore any scales they are given:
+        /* bf16 and the unscaled modes ignore any scales they are given:
          * that is what those modes mean */
-        int use = scales && (mode == KVD_KV_FP8_CAL || mode == KVD_KV_FP8_CKPT);
-        c->k_scale[i] = use ? scales->k[i] : 1.0f;
-        c->v_scale[i] = use ? scales->v[i] : 1.0f;
+        int use = scales && kvd_kv_mode_scaled(mode);
+        /* the scales are FP8's (absmax / 448 by the plain rule); NVFP4's
+         * global scale is that over E2M1's largest value, so the largest
+         * group's block scale lands on E4M3's 448 */
+        const float per = c->fmt == KVD_FMT_NVFP4 ? KVD_E2M1_MAX : 1.0f;
+        c->k_scale[i] = use ? scales->k[i] / per : 1.0f;
+        c->v_scale[i] = use ? scales->v[i] / per : 1.0f;
         if (!(c->k_scale[i] > 0.0f) || !(c->v_scale[i] > 0.0f) || !isfinite(c->k_scale[i]) ||
             !isfinite(c->v_scale[i])) {
             snprintf(err, KVD_ERR_LEN,
@@ -216,6 +242,9 @@ static void put(const kvd_kvcache *c, uint8_t *dst, const float *x, float scale,
     case KVD_FMT_E5M2:
         kvd_quant_e5m2(x, dst, n, scale, c->saturate, st);
         break;
+    case KVD_FMT_NVFP4:
+        kvd_quant_nvfp4(x, dst, n, scale, st);
+        break;
     }
 }
 
@@ -223,11 +252,11 @@ void kvd_kvcache_write(kvd_kvcache *c, int layer, int seq, int pos, const float 
                        const float *v) {
     kvd_kv_seq *q = &c->seqs[seq];
     int bs = c->block_size;
-    size_t esz = kvd_fmt_bytes(c->fmt), hd = (size_t)c->head_dim;
+    size_t rb = kvd_fmt_row_bytes(c->fmt, c->head_dim), hd = (size_t)c->head_dim;
     size_t blk = (size_t)q->blocks[pos / bs];
     for (int h = 0; h < c->kv_heads; h++) {
         size_t idx =
-            ((blk * (size_t)c->kv_heads + (size_t)h) * (size_t)bs + (size_t)(pos % bs)) * hd * esz;
+            ((blk * (size_t)c->kv_heads + (size_t)h) * (size_t)bs + (size_t)(pos % bs)) * rb;
         size_t li = (size_t)layer * (size_t)c->kv_heads + (size_t)h;
         const float *kh = k + (size_t)h * hd, *vh = v + (size_t)h * hd;
         for (size_t i = 0; i < hd; i++) {
@@ -295,7 +324,7 @@ int kvd_kvcache_attn_fp8(kvd_kvcache *c, int n_heads, const float *q_scale, char
 
 int kvd_kvcache_fp8_attention(kvd_kvcache *c, const kvd_kv_scales *scales, int n_heads, char *err) {
     if (c->fmt != KVD_FMT_E4M3) return 0;
-    const int scaled = c->mode == KVD_KV_FP8_CAL || c->mode == KVD_KV_FP8_CKPT;
+    const int scaled = kvd_kv_mode_scaled(c->mode);
     if (scaled && scales && scales->q && scales->n_heads != n_heads) {
         snprintf(err, KVD_ERR_LEN, "FP8 attention: %d query scales a layer, expected %d",
                  scales->n_heads, n_heads);
@@ -329,7 +358,7 @@ int kvd_kvcache_fork(kvd_kvcache *c, int seq) {
         return -1;
     }
     size_t bb =
-        (size_t)c->kv_heads * (size_t)c->block_size * (size_t)c->head_dim * kvd_fmt_bytes(c->fmt);
+        (size_t)c->kv_heads * (size_t)c->block_size * kvd_fmt_row_bytes(c->fmt, c->head_dim);
     const kvd_kv_seq *s = &c->seqs[seq];
     kvd_kv_seq *d = &c->seqs[to];
     for (int l = 0; l < c->n_layers; l++)

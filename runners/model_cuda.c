@@ -347,8 +347,8 @@ static int dev_kv_init(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv) {
     d->saturate = kv->saturate;
     d->block_size = kv->block_size;
     d->n_blocks = kv->n_blocks;
-    d->pool_bytes = (size_t)kv->n_blocks * kvh * (size_t)kv->block_size * (size_t)kv->head_dim *
-                    kvd_fmt_bytes(kv->fmt);
+    d->pool_bytes = (size_t)kv->n_blocks * kvh * (size_t)kv->block_size *
+                    kvd_fmt_row_bytes(kv->fmt, kv->head_dim);
     d->kpool = calloc(nf + 1, sizeof(void *));
     d->vpool = calloc(nf + 1, sizeof(void *));
     d->h_slot = malloc(sizeof(int32_t) * (size_t)m->max_rows);
@@ -1843,8 +1843,8 @@ static int eng_fork(void *m, kvd_kvcache *kv, int seq) {
 
 static int eng_pull_cache(void *m_, kvd_kvcache *kv) {
     kvd_cuda_model *m = m_;
-    size_t bytes = (size_t)kv->n_blocks * kv->kv_heads * (size_t)kv->block_size * kv->head_dim *
-                   kvd_fmt_bytes(kv->fmt);
+    size_t bytes = (size_t)kv->n_blocks * kv->kv_heads * (size_t)kv->block_size *
+                   kvd_fmt_row_bytes(kv->fmt, kv->head_dim);
     for (int a = 0; a < m->n_full; a++)
         if (kvd_cuda_model_pool(m, a, 0, kv->k[a], bytes) ||
             kvd_cuda_model_pool(m, a, 1, kv->v[a], bytes))

@@ -23,14 +23,13 @@
 #endif
 
 static inline size_t block_bytes(const kvd_kv_view *kv) {
-    return (size_t)kv->kv_heads * (size_t)kv->block_size * (size_t)kv->head_dim *
-           kvd_fmt_bytes(kv->fmt);
+    return (size_t)kv->kv_heads * (size_t)kv->block_size * kvd_fmt_row_bytes(kv->fmt, kv->head_dim);
 }
 
 /* Start of head `head`'s rows in cache block number `blk` of a pool. */
 static inline const uint8_t *head_base(const kvd_kv_view *kv, const void *pool, int32_t blk,
                                        int head) {
-    size_t per_head = (size_t)kv->block_size * (size_t)kv->head_dim * kvd_fmt_bytes(kv->fmt);
+    size_t per_head = (size_t)kv->block_size * kvd_fmt_row_bytes(kv->fmt, kv->head_dim);
     return (const uint8_t *)pool + (size_t)blk * block_bytes(kv) + (size_t)head * per_head;
 }
 
@@ -40,6 +39,8 @@ static void decode_row(kvd_fmt fmt, const uint8_t *p, int n, float *out) {
         kvd_dequant_bf16((const uint16_t *)p, out, (size_t)n);
     } else if (fmt == KVD_FMT_E4M3) {
         kvd_dequant_e4m3(p, out, (size_t)n, 1.0f);
+    } else if (fmt == KVD_FMT_NVFP4) {
+        kvd_dequant_nvfp4(p, out, (size_t)n, 1.0f);
     } else {
         kvd_dequant_e5m2(p, out, (size_t)n, 1.0f);
     }
@@ -49,7 +50,7 @@ void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int p
                 float *out) {
     int bs = kv->block_size;
     const uint8_t *p = head_base(kv, which_v ? kv->v : kv->k, blocks[pos / bs], head) +
-                       (size_t)(pos % bs) * (size_t)kv->head_dim * kvd_fmt_bytes(kv->fmt);
+                       (size_t)(pos % bs) * kvd_fmt_row_bytes(kv->fmt, kv->head_dim);
     decode_row(kv->fmt, p, kv->head_dim, out);
     float s = which_v ? kv->v_scale[head] : kv->k_scale[head];
     for (int i = 0; i < kv->head_dim; i++) out[i] *= s;
@@ -63,10 +64,10 @@ void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int p
 
 static void scores_portable(const uint8_t *kp, int nt, const float *q, int G, int hd, kvd_fmt fmt,
                             float kmul, float *s, size_t stride) {
-    size_t esz = kvd_fmt_bytes(fmt);
+    size_t rb = kvd_fmt_row_bytes(fmt, hd);
     float row[hd];
     for (int t = 0; t < nt; t++) {
-        decode_row(fmt, kp + (size_t)t * hd * esz, hd, row);
+        decode_row(fmt, kp + (size_t)t * rb, hd, row);
         for (int j = 0; j < G; j++) {
             float dot = 0.0f;
             for (int d = 0; d < hd; d++) dot += q[(size_t)j * hd + d] * row[d];
@@ -77,10 +78,10 @@ static void scores_portable(const uint8_t *kp, int nt, const float *q, int G, in
 
 static void pv_portable(const uint8_t *vp, int nt, const float *p, size_t stride, int G, int hd,
                         kvd_fmt fmt, float *acc) {
-    size_t esz = kvd_fmt_bytes(fmt);
+    size_t rb = kvd_fmt_row_bytes(fmt, hd);
     float row[hd];
     for (int t = 0; t < nt; t++) {
-        decode_row(fmt, vp + (size_t)t * hd * esz, hd, row);
+        decode_row(fmt, vp + (size_t)t * rb, hd, row);
         for (int j = 0; j < G; j++) {
             float pj = p[(size_t)j * stride + t];
             for (int d = 0; d < hd; d++) acc[(size_t)j * hd + d] += pj * row[d];
@@ -252,7 +253,7 @@ KVD_DEFINE_BLOCK_KERNELS(16)
  * and a group size they were built for. */
 static int use_vector(const kvd_kv_view *kv, int G) {
 #ifdef KVD_VEC
-    return !kv->portable && kv->head_dim % 64 == 0 &&
+    return !kv->portable && kv->fmt != KVD_FMT_NVFP4 && kv->head_dim % 64 == 0 &&
            (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
 #else
     (void)kv, (void)G;

@@ -132,6 +132,58 @@ float kvd_e2m1_to_f32(uint8_t v) {
     return v & 8 ? -mag[v & 7] : mag[v & 7];
 }
 
+uint8_t kvd_f32_to_e2m1(float x) {
+    const uint8_t sign = (uint8_t)((f2u(x) >> 28) & 8u);
+    const float a = fabsf(x);
+    if (isnan(x)) return 7;
+    /* the midpoints between neighbours; ties go to the even code */
+    const uint8_t m = a <= 0.25f   ? 0
+                      : a < 0.75f  ? 1
+                      : a <= 1.25f ? 2
+                      : a < 1.75f  ? 3
+                      : a <= 2.5f  ? 4
+                      : a < 3.5f   ? 5
+                      : a <= 5.0f  ? 6
+                                   : 7;
+    return sign | m;
+}
+
+void kvd_quant_nvfp4(const float *x, uint8_t *out, size_t n, float scale, kvd_qstats *st) {
+    uint8_t *sfo = out + n / 2;
+    uint64_t sat = 0, ftz = 0, sub = 0;
+    for (size_t g = 0; g < n / KVD_NVFP4_GROUP; g++) {
+        const float *xg = x + g * KVD_NVFP4_GROUP;
+        float a = 0.0f;
+        for (int i = 0; i < KVD_NVFP4_GROUP; i++) a = fmaxf(a, fabsf(xg[i]));
+        const uint8_t sfc = enc_e4m3((a / KVD_E2M1_MAX) / scale, 1);
+        const float d = kvd_e4m3_to_f32(sfc) * scale;
+        sfo[g] = sfc;
+        for (int i = 0; i < KVD_NVFP4_GROUP; i += 2) {
+            const float y0 = d > 0.0f ? xg[i] / d : xg[i] * 0.0f;
+            const float y1 = d > 0.0f ? xg[i + 1] / d : xg[i + 1] * 0.0f;
+            const uint8_t c0 = kvd_f32_to_e2m1(y0), c1 = kvd_f32_to_e2m1(y1);
+            out[(g * KVD_NVFP4_GROUP + (size_t)i) / 2] = (uint8_t)(c0 | c1 << 4);
+            sat += (fabsf(y0) >= 7.0f) + (fabsf(y1) >= 7.0f);
+            ftz += ((c0 & 7) == 0 && xg[i] != 0.0f) + ((c1 & 7) == 0 && xg[i + 1] != 0.0f);
+        }
+        sub += (sfc & 0x78u) == 0 && sfc != 0 ? KVD_NVFP4_GROUP : 0;
+    }
+    if (st) {
+        st->n += n;
+        st->saturated += sat;
+        st->flushed += ftz;
+        st->subnormal += sub;
+    }
+}
+
+void kvd_dequant_nvfp4(const uint8_t *row, float *out, size_t n, float scale) {
+    const uint8_t *sf = row + n / 2;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t c = i & 1 ? row[i / 2] >> 4 : row[i / 2] & 15u;
+        out[i] = kvd_e2m1_to_f32(c) * kvd_e4m3_to_f32(sf[i / KVD_NVFP4_GROUP]) * scale;
+    }
+}
+
 /* Block size for the vector loops: encode a block with no branches, then
  * count what happened to it in a second pass over the same cache lines. */
 #define QBLK 256

@@ -31,9 +31,28 @@ struct view {
     const float *k_scale, *v_scale;
 };
 
+// an E2M1 code (the low four bits) as a float
+__device__ inline float e2m1_val(unsigned c) {
+    const unsigned e = (c & 7u) >> 1;
+    const float half_m = 0.5f * (float)(c & 1u);
+    const float m = e ? (float)(1u << e) * 0.5f * (1.0f + half_m) : half_m;
+    return c & 8u ? -m : m;
+}
+
+// value d of an NVFP4 row (fp8.h): its code times its group's block scale,
+// exactly the CPU's e2m1 * sf
+__device__ inline float nvfp4_val(const unsigned char *row, int hd, int d) {
+    const unsigned byte = row[d / 2], c = d & 1 ? byte >> 4 : byte & 15u;
+    const float sf = __half2float(__half(__nv_cvt_fp8_to_halfraw(row[hd / 2 + d / 16], __NV_E4M3)));
+    return e2m1_val(c) * sf;
+}
+
 __device__ inline float load_val(const view &kv, const unsigned char *pool, int blk, int head,
                                  int slot, int d) {
-    size_t idx = (((size_t)blk * kv.kv_heads + head) * kv.block_size + slot) * kv.head_dim + d;
+    const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
+    if (kv.fmt == KVD_FMT_NVFP4)
+        return nvfp4_val(pool + r * (kv.head_dim / 2 + kv.head_dim / 16), kv.head_dim, d);
+    size_t idx = r * kv.head_dim + d;
     if (kv.fmt == KVD_FMT_BF16) {
         unsigned short u = reinterpret_cast<const unsigned short *>(pool)[idx];
         return __uint_as_float((unsigned)u << 16);
@@ -124,9 +143,13 @@ __global__ void pv_kernel(view kv, const int *blocks, int n_ctx, const float *s,
 template <int PER>
 __device__ inline void load_row(const view &kv, const unsigned char *pool, int blk, int head,
                                 int slot, int lane, float *x) {
-    size_t idx =
-        (((size_t)blk * kv.kv_heads + head) * kv.block_size + slot) * kv.head_dim + lane * PER;
-    if (kv.fmt == KVD_FMT_BF16) {
+    const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
+    size_t idx = r * kv.head_dim + lane * PER;
+    if (kv.fmt == KVD_FMT_NVFP4) {
+        const unsigned char *row = pool + r * (kv.head_dim / 2 + kv.head_dim / 16);
+#pragma unroll
+        for (int i = 0; i < PER; i++) x[i] = nvfp4_val(row, kv.head_dim, lane * PER + i);
+    } else if (kv.fmt == KVD_FMT_BF16) {
         const unsigned short *p = reinterpret_cast<const unsigned short *>(pool) + idx;
 #pragma unroll
         for (int i = 0; i < PER; i++) x[i] = __uint_as_float((unsigned)p[i] << 16);
@@ -932,7 +955,9 @@ template <int HD> static int launch_hd(const view &kv, const rows &R, const spli
 }
 
 static bool ok(const view &kv, int G) {
-    return (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256) && G >= 1 && G <= 16 &&
+    // NVFP4 takes v2 and the plain kernels: v3 stages FP8 and BF16 rows
+    return kv.fmt != KVD_FMT_NVFP4 &&
+           (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256) && G >= 1 && G <= 16 &&
            stages_for(kv.head_dim, kv.fmt) >= 2;
 }
 
@@ -995,8 +1020,8 @@ struct dev_cache {
     int32_t *blocks = nullptr;
     ~dev_cache() { cudaFree(k), cudaFree(vv), cudaFree(ks), cudaFree(vs), cudaFree(blocks); }
     bool upload(const kvd_kv_view *hv, int n_blocks, const int32_t *hb, int nb) {
-        size_t pool = (size_t)n_blocks * hv->kv_heads * hv->block_size * hv->head_dim *
-                      kvd_fmt_bytes(hv->fmt),
+        size_t pool = (size_t)n_blocks * hv->kv_heads * hv->block_size *
+                      kvd_fmt_row_bytes(hv->fmt, hv->head_dim),
                sc = sizeof(float) * hv->kv_heads;
         if (cudaMalloc(&k, pool) || cudaMalloc(&vv, pool) || cudaMalloc(&ks, sc) ||
             cudaMalloc(&vs, sc) || cudaMalloc(&blocks, sizeof(int32_t) * nb) ||
@@ -1843,7 +1868,8 @@ static layout layout_for(int hd, int fmt, bool force_split_query) {
 }
 
 static bool ok(int hd, int fmt) {
-    return (hd == 64 || hd == 128 || hd == 256) && layout_for(hd, fmt, false).nstage >= 2;
+    return fmt != KVD_FMT_NVFP4 && (hd == 64 || hd == 128 || hd == 256) &&
+           layout_for(hd, fmt, false).nstage >= 2;
 }
 
 // one launch's arguments

@@ -121,16 +121,56 @@ struct write_args {
     unsigned int *absmax;      // [kv_heads] float bits
 };
 
+// E2M1 encode, the CPU's kvd_f32_to_e2m1 (round to nearest even, beyond 6
+// clamped, NaN to +6) in comparisons every architecture has
+__device__ inline unsigned e2m1_code(float x) {
+    const float a = fabsf(x);
+    if (a != a) return 7u;
+    const unsigned m = a <= 0.25f   ? 0u
+                       : a < 0.75f  ? 1u
+                       : a <= 1.25f ? 2u
+                       : a < 1.75f  ? 3u
+                       : a <= 2.5f  ? 4u
+                       : a < 3.5f   ? 5u
+                       : a <= 5.0f  ? 6u
+                                    : 7u;
+    return (__float_as_uint(x) >> 28 & 8u) | m;
+}
+
+// one value of an NVFP4 row (fp8.h's rule): the 16 lanes of a group (half a
+// warp; head_dim is a multiple of 16) find its largest magnitude, lane 0 of
+// the group writes the block scale, even lanes a byte of two codes
+__device__ inline void nvfp4_put(unsigned char *row, int hd, int d, float x, float scale,
+                                 unsigned *sat, unsigned *ftz, unsigned *sub) {
+    const unsigned mask = __activemask();
+    float a = fmaxf(0.0f, fabsf(x));
+    for (int o = 8; o > 0; o /= 2) a = fmaxf(a, __shfl_xor_sync(mask, a, o));
+    const unsigned char sf = __nv_cvt_float_to_fp8(__fdiv_rn(__fdiv_rn(a, KVD_E2M1_MAX), scale),
+                                                   __NV_SATFINITE, __NV_E4M3);
+    const float dq = __fmul_rn(__half2float(__half(__nv_cvt_fp8_to_halfraw(sf, __NV_E4M3))), scale);
+    const float y = dq > 0.0f ? __fdiv_rn(x, dq) : __fmul_rn(x, 0.0f);
+    const unsigned c = e2m1_code(y), hi = __shfl_down_sync(mask, c, 1);
+    if ((d & 1) == 0) row[d / 2] = (unsigned char)(c | hi << 4);
+    if (d % 16 == 0) row[hd / 2 + d / 16] = sf;
+    *sat = fabsf(y) >= 7.0f;
+    *ftz = (c & 7u) == 0 && x != 0.0f;
+    *sub = (sf & 0x78u) == 0 && sf != 0;
+}
+
 __global__ void kv_write_k(write_args a) {
     int t = blockIdx.x / a.kv_heads, h = blockIdx.x % a.kv_heads, d = threadIdx.x;
     if (d >= a.head_dim) return;
     int64_t slot = a.slot[t];
     int64_t blk = slot / a.block_size, off = slot % a.block_size;
-    size_t idx = ((size_t)(blk * a.kv_heads + h) * a.block_size + off) * a.head_dim + d;
+    const size_t r = (size_t)(blk * a.kv_heads + h) * a.block_size + off;
+    size_t idx = r * a.head_dim + d;
     float x = a.x[((size_t)t * a.kv_heads + h) * a.head_dim + d];
     atomicMax(&a.absmax[h], __float_as_uint(fabsf(x)));
     unsigned sat = 0, ftz = 0, sub = 0;
-    if (a.fmt == KVD_FMT_BF16) {
+    if (a.fmt == KVD_FMT_NVFP4) {
+        nvfp4_put(a.pool + r * (a.head_dim / 2 + a.head_dim / 16), a.head_dim, d, x, a.scale[h],
+                  &sat, &ftz, &sub);
+    } else if (a.fmt == KVD_FMT_BF16) {
         __nv_bfloat16 b = __float2bfloat16_rn(x);
         reinterpret_cast<unsigned short *>(a.pool)[idx] = *reinterpret_cast<unsigned short *>(&b);
     } else {

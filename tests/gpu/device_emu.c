@@ -157,12 +157,11 @@ void kvd_cudaop_swiglu(float *g, const float *u, size_t n) {
 void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads, int head_dim,
                          void *pool, int n_tok, const int32_t *slot, const float *x,
                          const float *scale, unsigned long long *stats, unsigned int *absmax) {
-    size_t esz = kvd_fmt_bytes(fmt);
+    size_t rb = kvd_fmt_row_bytes(fmt, head_dim);
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < kv_heads; h++) {
             int64_t blk = slot[t] / block_size, off = slot[t] % block_size;
-            uint8_t *dst = (uint8_t *)pool +
-                           ((size_t)(blk * kv_heads + h) * block_size + off) * head_dim * esz;
+            uint8_t *dst = (uint8_t *)pool + ((size_t)(blk * kv_heads + h) * block_size + off) * rb;
             const float *xr = x + ((size_t)t * kv_heads + h) * head_dim;
             for (int d = 0; d < head_dim; d++) {
                 float a = fabsf(xr[d]);
@@ -176,6 +175,8 @@ void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads
                 st.n = (uint64_t)head_dim;
             } else if (fmt == KVD_FMT_E4M3) {
                 kvd_quant_e4m3(xr, dst, (size_t)head_dim, scale[h], saturate, &st);
+            } else if (fmt == KVD_FMT_NVFP4) {
+                kvd_quant_nvfp4(xr, dst, (size_t)head_dim, scale[h], &st);
             } else {
                 kvd_quant_e5m2(xr, dst, (size_t)head_dim, scale[h], saturate, &st);
             }

@@ -111,7 +111,7 @@ static long code_distance(kvd_fmt fmt, const unsigned char *a, const unsigned ch
 static size_t row_at(const kvd_kvcache *c, int s, int t, int h) {
     return (((size_t)c->seqs[s].blocks[t / c->block_size] * c->kv_heads + h) * c->block_size +
             t % c->block_size) *
-           c->head_dim * kvd_fmt_bytes(c->fmt);
+           kvd_fmt_row_bytes(c->fmt, c->head_dim);
 }
 
 typedef struct {
@@ -299,7 +299,7 @@ static void run(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scale
      * (the kv hook): the same floats and scales give the same codes, counters
      * and absmax, bit for bit */
     const size_t pool =
-        (size_t)kc.n_blocks * kc.kv_heads * kc.block_size * kc.head_dim * kvd_fmt_bytes(kc.fmt);
+        (size_t)kc.n_blocks * kc.kv_heads * kc.block_size * kvd_fmt_row_bytes(kc.fmt, kc.head_dim);
     size_t same_all = 0, total_all = 0;
     unsigned char *buf = malloc(pool);
     CHECK(!rec.requant_full, "%s: the requantized cache ran out of blocks\n", preset);
@@ -1105,6 +1105,9 @@ int main(void) {
         }
         run(presets[p], KVD_KV_FP8_CAL, &cal, NULL, 1);
         run(presets[p], KVD_KV_FP8_UNSCALED, NULL, NULL, 1);
+        /* NVFP4: the same cache bytes through the whole model, then split */
+        run(presets[p], KVD_KV_NVFP4_CAL, &cal, NULL, 1);
+        run(presets[p], KVD_KV_NVFP4_UNSCALED, NULL, NULL, 2);
         /* tensor parallel: every head count splits in 2; small's 2 KV heads
          * over 4 GPUs are each held twice */
         run(presets[p], KVD_KV_BF16, NULL, NULL, 2);
@@ -1114,6 +1117,7 @@ int main(void) {
         drift_figures(presets[p], KVD_KV_FP8_CAL, &cal, 1, 0);
         drift_figures(presets[p], KVD_KV_FP8_UNSCALED, NULL, 1, 0);
         drift_figures(presets[p], KVD_KV_FP8_UNSCALED, NULL, 2, 0);
+        drift_figures(presets[p], KVD_KV_NVFP4_CAL, &cal, 1, 0);
         /* FP8 attention (FlashAttention 3's rule): calibrated query scales,
          * then 1.0 split over two GPUs */
         drift_figures(presets[p], KVD_KV_FP8_CAL, &cal, 1, 1);

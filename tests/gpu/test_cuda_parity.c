@@ -48,11 +48,17 @@ static void codecs(void) {
     free(x), free(a), free(b);
 }
 
-/* K and V pools from the same n values, in fmt: E4M3 with the scales ks
- * and vs, E5M2 unscaled */
-static void write_pools(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v, size_t n, float ks,
-                        float vs) {
-    if (fmt == KVD_FMT_BF16) {
+/* K and V pools from the same n values, in fmt: E4M3 and NVFP4 (rows of
+ * hd) with the scales ks and vs, E5M2 unscaled */
+static void write_pools_hd(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v, size_t n,
+                           float ks, float vs, int hd) {
+    if (fmt == KVD_FMT_NVFP4) {
+        const size_t rb = kvd_fmt_row_bytes(fmt, hd);
+        for (size_t r = 0; r < n / (size_t)hd; r++) {
+            kvd_quant_nvfp4(src + r * hd, k + r * rb, (size_t)hd, ks, NULL);
+            kvd_quant_nvfp4(src + r * hd, v + r * rb, (size_t)hd, vs, NULL);
+        }
+    } else if (fmt == KVD_FMT_BF16) {
         kvd_quant_bf16(src, (uint16_t *)k, n);
         kvd_quant_bf16(src, (uint16_t *)v, n);
     } else if (fmt == KVD_FMT_E4M3) {
@@ -62,6 +68,10 @@ static void write_pools(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v, s
         kvd_quant_e5m2(src, k, n, 1.0f, 1, NULL);
         kvd_quant_e5m2(src, v, n, 1.0f, 1, NULL);
     }
+}
+static void write_pools(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v, size_t n, float ks,
+                        float vs) {
+    write_pools_hd(fmt, src, k, v, n, ks, vs, 0);
 }
 
 /* Several rows at once, as the drift figures' sampled rows of a step run:
@@ -132,29 +142,36 @@ static void probs_rows_case(const kvd_kv_view *view, int nb, const int32_t *bloc
  * contexts that end inside a 64-position stage and inside a split. */
 static void attention_case(int nh, int kvh, int hd, int n_ctx) {
     const int bs = 16, G = nh / kvh, nb = (n_ctx + bs - 1) / bs + 5;
-    const kvd_fmt fmts[3] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E5M2};
+    const kvd_fmt fmts[4] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E5M2, KVD_FMT_NVFP4};
     const int pow2 = (G & (G - 1)) == 0 && G <= 16;
-    for (int fi = 0; fi < 3; fi++) {
-        size_t esz = kvd_fmt_bytes(fmts[fi]), n = (size_t)nb * kvh * bs * hd;
+    for (int fi = 0; fi < 4; fi++) {
+        const int nv = fmts[fi] == KVD_FMT_NVFP4;
+        size_t n = (size_t)nb * kvh * bs * hd, pb = n / hd * kvd_fmt_row_bytes(fmts[fi], hd);
         float *src = malloc(sizeof(float) * n), *q = malloc(sizeof(float) * nh * hd);
         float *ocpu = malloc(sizeof(float) * nh * hd), *ogpu = malloc(sizeof(float) * nh * hd);
-        uint8_t *k = malloc(n * esz), *v = malloc(n * esz);
+        uint8_t *k = malloc(pb), *v = malloc(pb);
         uint64_t key = kvd_rng_key((uint64_t)(fi + 10 * hd + 1000 * nh), "gpu.attn");
         for (size_t i = 0; i < n; i++) src[i] = 2.0f * kvd_rng_normal(key, i);
         float ks[16], vs[16], one[16];
         for (int h = 0; h < kvh; h++)
             ks[h] = 0.02f + 0.01f * h, vs[h] = 0.01f + 0.005f * h, one[h] = 1.0f;
-        write_pools(fmts[fi], src, k, v, n, 0.02f, 0.01f);
+        write_pools_hd(fmts[fi], src, k, v, n, 0.02f, 0.01f, hd);
         int32_t *blocks = malloc(sizeof(int32_t) * (size_t)nb);
         for (int i = 0; i < nb; i++) blocks[i] = (int32_t)(((int64_t)i * 37) % nb);
         for (int i = 0; i < nh * hd; i++) q[i] = kvd_rng_normal(key, (uint64_t)i + n);
-        int fp8s = fmts[fi] == KVD_FMT_E4M3;
+        int fp8s = fmts[fi] == KVD_FMT_E4M3 || nv;
         kvd_kv_view view = {fmts[fi],        bs, kvh,  hd, k, v, fp8s ? ks : one,
                             fp8s ? vs : one, 0,  NULL, 0};
         void *work = malloc(kvd_attn_work_bytes(nh, hd, n_ctx, 3));
         float *probs = malloc(sizeof(float) * (size_t)nh * n_ctx);
         kvd_attn_paged(&view, blocks, n_ctx, q, nh, 1.0f / 16.0f, ocpu, probs, work, 3);
         for (int ver = 0; ver <= 3; ver++) {
+            if (ver == 3 && nv) { /* v3 stages FP8 and BF16 rows: NVFP4 takes v2, and v3 says so */
+                CHECK(kvd_cuda_attn_decode_v(&view, nb, blocks, n_ctx, q, nh, 1.0f / 16.0f, ogpu,
+                                             ver) != 0,
+                      "attention v3 accepted an NVFP4 cache\n");
+                continue;
+            }
             if (ver == 2 && !pow2) { /* v2 takes power-of-two groups only, and says so */
                 CHECK(kvd_cuda_attn_decode_v(&view, nb, blocks, n_ctx, q, nh, 1.0f / 16.0f, ogpu,
                                              ver) != 0,
@@ -256,7 +273,7 @@ static void attention_batch(void) {
     const kvd_fmt fmts[2] = {KVD_FMT_BF16, KVD_FMT_E4M3};
     const int nb = NSEQ * NBS;
     for (int fi = 0; fi < 2; fi++) {
-        size_t esz = kvd_fmt_bytes(fmts[fi]), n = (size_t)nb * KVH * BS * HD;
+        size_t esz = fmts[fi] == KVD_FMT_BF16 ? 2 : 1, n = (size_t)nb * KVH * BS * HD;
         float *src = malloc(sizeof(float) * n);
         uint8_t *k = malloc(n * esz), *v = malloc(n * esz);
         uint64_t key = kvd_rng_key((uint64_t)fi, "gpu.attn.batch");
@@ -344,7 +361,7 @@ static void attention_rows(void) {
     for (int c = 0; c < 4; c++) {
         const int fi = c & 1, NH = heads[c >> 1];
         const kvd_fmt fmt = fi ? KVD_FMT_E4M3 : KVD_FMT_BF16;
-        const size_t esz = kvd_fmt_bytes(fmt), n = (size_t)NB * KVH * BS * HD;
+        const size_t esz = fmt == KVD_FMT_BF16 ? 2 : 1, n = (size_t)NB * KVH * BS * HD;
         const size_t no = (size_t)NH * HD, qn = N * no, on = 3 * N * no;
         float *src = malloc(sizeof(float) * n), *q = malloc(sizeof(float) * qn);
         float *out = malloc(sizeof(float) * on), *ref = malloc(sizeof(float) * no);
@@ -1408,7 +1425,7 @@ static void kv_write(void) {
                 kvd_kvcache_write(&c, 0, s, t, k + (size_t)t * KH * HD, v + (size_t)t * KH * HD);
                 slot[t] = c.seqs[s].blocks[t / BS] * BS + t % BS;
             }
-            size_t pool = (size_t)c.n_blocks * KH * BS * HD * kvd_fmt_bytes(c.fmt);
+            size_t pool = (size_t)c.n_blocks * KH * BS * kvd_fmt_row_bytes(c.fmt, HD);
             uint8_t *dk = calloc(1, pool), *dv = calloc(1, pool);
             /* the CPU pools hold only this sequence's writes: start both from zero */
             kvd_qstats ks = {0}, vs = {0};
@@ -1681,6 +1698,10 @@ static void prefill(void) {
                                                      NH, sm, og, ver);
                     if (ver == 1 && !v1_ok) {
                         CHECK(rc == -1, "prefill v1 took a group of %d\n", G);
+                        continue;
+                    }
+                    if (ver >= 2 && c.fmt == KVD_FMT_NVFP4) { /* tensor cores: FP8 and BF16 only */
+                        CHECK(rc == -1, "prefill v%d took an NVFP4 cache\n", ver);
                         continue;
                     }
                     CHECK(rc == 0, "cuda prefill v%d failed (heads %d dim %d)\n", ver, NH, D);

@@ -50,7 +50,37 @@ static void check_encode(float x) {
     want &= 0xffffu;
     unsigned got = kvd_f32_to_bf16(x);
     if (got != want) fail("bf16", x, got, want);
-    checked++;
+    unsigned e2 = __nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest);
+    got = kvd_f32_to_e2m1(x);
+    if (got != e2) fail("e2m1", x, got, e2);
+    checked += 2;
+}
+
+// NVFP4 rows (fp8.h's rule) built from CUDA's own conversions: the group's
+// E4M3 block scale, then each value's E2M1 code, two to a byte, low first.
+static void check_nvfp4(const std::vector<float> &xs, float scale) {
+    const size_t n = xs.size() / 16 * 16;
+    std::vector<uint8_t> got(kvd_nvfp4_row_bytes(n)), want(got.size());
+    kvd_quant_nvfp4(xs.data(), got.data(), n, scale, nullptr);
+    for (size_t g = 0; g < n / 16; g++) {
+        float a = 0.0f;
+        for (int i = 0; i < 16; i++) a = std::fmax(a, std::fabs(xs[g * 16 + i]));
+        unsigned sf = cuda_enc((a / 6.0f) / scale, 1, __NV_E4M3);
+        __half_raw hr = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)sf, __NV_E4M3);
+        float d = __half2float(__half(hr)) * scale;
+        want[n / 2 + g] = (uint8_t)sf;
+        for (int i = 0; i < 16; i += 2) {
+            float2 y;
+            y.x = d > 0.0f ? xs[g * 16 + i] / d : xs[g * 16 + i] * 0.0f;
+            y.y = d > 0.0f ? xs[g * 16 + i + 1] / d : xs[g * 16 + i + 1] * 0.0f;
+            want[(g * 16 + i) / 2] =
+                (uint8_t)__nv_cvt_float2_to_fp4x2(y, __NV_E2M1, cudaRoundNearest);
+        }
+    }
+    for (size_t i = 0; i < got.size(); i++)
+        if (got[i] != want[i])
+            fail(i < n / 2 ? "nvfp4 codes" : "nvfp4 block scale", scale, got[i], want[i]);
+    checked += (long)got.size();
 }
 
 static void check_vector(const std::vector<float> &xs) {
@@ -166,6 +196,12 @@ int main() {
             }
         }
     }
+    for (unsigned c = 0; c < 7; c++) { // E2M1's grid, its midpoints and their neighbours
+        float lo = kvd_e2m1_to_f32((uint8_t)c), hi = kvd_e2m1_to_f32((uint8_t)(c + 1));
+        for (float p : {lo, 0.5f * (lo + hi), 7.0f, 0.25f})
+            for (int d = -2; d <= 2; d++)
+                if (!(p == 0.0f && d < 0)) edge.push_back(u2f(f2u(p) + (uint32_t)d));
+    }
     for (uint32_t c = 0; c < 65536; c++) { // bf16 ties: the half-way float above each code
         uint32_t base = c << 16;
         edge.push_back(u2f(base | 0x8000u));
@@ -194,6 +230,20 @@ int main() {
         }
         for (float x : rnd) check_encode(x);
         check_vector(rnd);
+        if (round & 1) { // finite values only: NVFP4 rows of the same draws
+            std::vector<float> fin;
+            for (float x : rnd)
+                if (std::isfinite(x) && std::fabs(x) < 1e6f) fin.push_back(x);
+            for (float scale : {1.0f, 0.0123f, 7.5f}) check_nvfp4(fin, scale);
+        }
+    }
+    // groups whose largest value lands the block scale in E4M3's subnormals,
+    // at zero, and past 448 (saturated)
+    for (float a : {0.0f, 1e-3f, 5e-3f, 0.006f, 0.0585f, 0.1f, 3000.0f, 1e5f}) {
+        std::vector<float> g;
+        for (int i = 0; i < 64; i++) g.push_back(a * (float)((i * 37) % 17 - 8) / 8.0f);
+        check_nvfp4(g, 1.0f);
+        check_nvfp4(g, 0.01f);
     }
 
     std::printf("fp8 oracle: %ld conversions checked against cuda_fp8.h/cuda_fp4.h/cuda_bf16.h, "

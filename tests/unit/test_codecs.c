@@ -147,11 +147,55 @@ static void vectors_and_stats(void **st) {
     for (int i = 0; i < N; i++) assert_true(back[i] == kvd_bf16_to_f32(kvd_f32_to_bf16(x[i])));
 }
 
+/* NVFP4 rows worked by hand (fp8.h's rule, global scale 1): codes, block
+ * scales and what the counters say. */
+static void nvfp4_by_hand(void **st) {
+    (void)st;
+    float x[64] = {6, 3,     1.25f, 0.75f, 0.3f,  0.25f, -2.5f, -5,
+                   0, 0.01f, 7,     -7,    1.75f, 3.5f,  0.5f,  1};
+    x[16] = 30000.0f; /* past 448 * 6: the block scale saturates, this value clamps */
+    for (int i = 17; i < 32; i++) x[i] = 3000.0f;
+    for (int i = 32; i < 48; i++) x[i] = 0.03f;  /* block scale 3 * 2^-9, an E4M3 subnormal */
+    for (int i = 48; i < 64; i++) x[i] = 0.001f; /* block scale 0: the group flushes */
+    uint8_t row[36];
+    assert_int_equal(kvd_nvfp4_row_bytes(64), 36);
+    kvd_qstats s = {0};
+    kvd_quant_nvfp4(x, row, 64, 1.0f, &s);
+    /* group 0: a = 7, sf = e4m3(7 / 6) = 1.125 (0x39); x / 1.125 rounds to
+     * 6 3 1 0.5 0.5 0 -2 -4 0 0 6 -6 1.5 3 0.5 1 */
+    const uint8_t want[36] = {0x57, 0x12, 0x01, 0xec, 0x00, 0xf7, 0x53, 0x21, 0x77,
+                              0x77, 0x77, 0x77, 0x77, 0x77, 0x77, 0x77, 0x77, 0x77,
+                              0x77, 0x77, 0x77, 0x77, 0x77, 0x77, 0,    0,    0,
+                              0,    0,    0,    0,    0,    0x39, 0x7e, 0x03, 0x00};
+    assert_memory_equal(row, want, 36);
+    assert_int_equal(s.n, 64);
+    assert_int_equal(s.saturated, 1);    /* 30000 / 448 = 67 */
+    assert_int_equal(s.flushed, 2 + 16); /* 0.25 / 1.125 and 0.01; all of group 3 */
+    assert_int_equal(s.subnormal, 16);   /* group 2 */
+    float back[64];
+    kvd_dequant_nvfp4(row, back, 64, 1.0f);
+    assert_true(back[0] == 6.75f && back[6] == -2.25f && back[10] == 6.75f);
+    assert_true(back[16] == 2688.0f && back[17] == 2688.0f);
+    assert_true(back[32] == 6.0f * 3.0f * 0x1p-9f && back[48] == 0.0f);
+    /* a global scale divides the block scale: the same codes at s = 2 for x * 2 */
+    float x2[64];
+    for (int i = 0; i < 16; i++) x2[i] = 2.0f * x[i];
+    uint8_t row2[36];
+    kvd_quant_nvfp4(x2, row2, 16, 2.0f, NULL);
+    assert_memory_equal(row2, want, 8);
+    assert_int_equal(row2[8], 0x39);
+    kvd_dequant_nvfp4(row2, back, 16, 2.0f);
+    assert_true(back[0] == 13.5f);
+    /* E2M1 ties go to the even code; beyond 6 clamps; NaN is +6 */
+    const float t[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 1e9f, -0.1f, NAN};
+    const uint8_t tc[] = {0, 2, 2, 4, 4, 6, 6, 7, 8, 7};
+    for (int i = 0; i < 10; i++) assert_int_equal(kvd_f32_to_e2m1(t[i]), tc[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(decode_tables),
-        cmocka_unit_test(round_trips),
-        cmocka_unit_test(edges),
+        cmocka_unit_test(nvfp4_by_hand),     cmocka_unit_test(decode_tables),
+        cmocka_unit_test(round_trips),       cmocka_unit_test(edges),
         cmocka_unit_test(vectors_and_stats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -63,6 +63,28 @@ static void paging(void **st) {
     kvd_kvcache_free(&c);
 }
 
+/* NVFP4 by its definition, written out apart from kvd_quant_nvfp4: each
+ * group's block scale, then the nearest E2M1 value by search (ties to the
+ * even code); row must read back as that exactly. */
+static void nvfp4_reference(const float *x, float s, const float *row) {
+    for (int g = 0; g < HD / 16; g++) {
+        double a = 0;
+        for (int i = 0; i < 16; i++) a = fmax(a, fabs(x[g * 16 + i]));
+        const float sf = kvd_e4m3_to_f32(kvd_f32_to_e4m3(((float)a / 6.0f) / s, 1)), d = sf * s;
+        for (int i = 0; i < 16; i++) {
+            const float y = d > 0 ? x[g * 16 + i] / d : 0.0f;
+            int best = 0;
+            for (int c = 1; c < 8; c++) {
+                const double e = fabs(fabs(y) - kvd_e2m1_to_f32((uint8_t)c)),
+                             eb = fabs(fabs(y) - kvd_e2m1_to_f32((uint8_t)best));
+                if (e < eb || (e == eb && c % 2 == 0)) best = c;
+            }
+            const float want = (y < 0 ? -1.0f : 1.0f) * kvd_e2m1_to_f32((uint8_t)best) * sf * s;
+            assert_true(row[g * 16 + i] == want || (want == 0 && row[g * 16 + i] == 0));
+        }
+    }
+}
+
 static void modes(void **st) {
     (void)st;
     char err[KVD_ERR_LEN];
@@ -83,9 +105,17 @@ static void modes(void **st) {
         kvd_kv_view view = kvd_kvcache_view(&c, 0);
         uint64_t sat = 0, sub = 0;
         for (int h = 0; h < KVH; h++) {
-            float ks = (mode == KVD_KV_FP8_CAL || mode == KVD_KV_FP8_CKPT) ? sc.k[h] : 1.0f;
-            float vs = (mode == KVD_KV_FP8_CAL || mode == KVD_KV_FP8_CKPT) ? sc.v[h] : 1.0f;
+            const int nv = kvd_kv_mode_fmt(mode) == KVD_FMT_NVFP4;
+            float ks = kvd_kv_mode_scaled(mode) ? sc.k[h] : 1.0f;
+            float vs = kvd_kv_mode_scaled(mode) ? sc.v[h] : 1.0f;
+            if (mode == KVD_KV_NVFP4_CAL) ks /= 6.0f, vs /= 6.0f; /* FP8's scale over E2M1's 6 */
             kvd_kv_row(&view, 0, c.seqs[s].blocks, 0, h, row);
+            if (nv) {
+                nvfp4_reference(k + h * HD, ks, row);
+                kvd_kv_row(&view, 1, c.seqs[s].blocks, 0, h, row);
+                nvfp4_reference(v + h * HD, vs, row);
+                continue;
+            }
             for (int i = 0; i < HD; i++) {
                 float x = k[h * HD + i], want;
                 if (mode == KVD_KV_BF16) {
@@ -140,6 +170,12 @@ static void attention_shape(int NH, int D) {
     fill(q, NH * D, 77, 1.0f);
     for (int mi = 0; mi < KVD_KV_N_MODES; mi++) {
         kvd_kvcache c;
+        if (kvd_kv_mode_fmt((kvd_kv_mode)mi) == KVD_FMT_NVFP4 && D % 16) { /* refused */
+            assert_int_equal(
+                kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, D, BS, 2 * T, &sc, 1, err), -1);
+            assert_non_null(strstr(err, "not a multiple of NVFP4's 16-value groups"));
+            continue;
+        }
         assert_int_equal(kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, D, BS, 2 * T, &sc, 1, err),
                          0);
         int pad = kvd_kvcache_add_seq(&c), s = kvd_kvcache_add_seq(&c);
