@@ -224,14 +224,15 @@ static int bench_kernels(int reps) {
     printf("decode attention, one query over the cache of one layer, shape of 'small' (%d query "
            "heads, %d KV heads, head_dim %d), blocks of %d tokens (the cache's) and of 16 (GPU "
            "engines'); the cache evicted from every CPU cache before each run; fp8att: the e4m3 "
-           "cache with FP8 attention's weights (--attn-fp8):\n",
+           "cache with FP8 attention's weights (--attn-fp8); nvfp4: E2M1 codes with E4M3 block "
+           "scales:\n",
            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, KVD_KV_BLOCK);
     printf("%6s %8s %-6s %10s %10s %10s %10s %8s %8s %8s\n", "block", "context", "cache",
            "max_rel_err", "time_us", "cache_MB", "read_GB_s", "of_copy", "of_read", "vs_bf16");
     int ctxs[2] = {4096, 32768}, blocks[2] = {KVD_KV_BLOCK, 16};
-    enum { NF = 4 };
-    kvd_fmt fmts[NF] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E5M2, KVD_FMT_E4M3};
-    const char *fn[NF] = {"bf16", "e4m3", "e5m2", "fp8att"};
+    enum { NF = 5 };
+    kvd_fmt fmts[NF] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E5M2, KVD_FMT_E4M3, KVD_FMT_NVFP4};
+    const char *fn[NF] = {"bf16", "e4m3", "e5m2", "fp8att", "nvfp4"};
     int fail = 0;
     /* the three formats are timed in turn, rep by rep, so that a slow spell
      * of this (shared) machine falls on all of them alike */

@@ -310,10 +310,74 @@ static void path_init(read_path *rp, const kvd_kv_view *kv, int G) {
 #endif
 }
 
+#ifdef KVD_VEC
+/* NVFP4 rows (fp8.h) in natural order: the 16 E2M1 values as floats fill
+ * one register; a group's 8 code bytes become 16 lane indices (low nibble
+ * first) permuted through it, times the group's block scale: each value
+ * e2m1 * sf exactly, as the portable decode gives it. The row is decoded
+ * once for the G query heads of its KV head. */
+static inline __m512 nvfp4_table(void) {
+    float t[16];
+    for (int c = 0; c < 16; c++) t[c] = kvd_e2m1_to_f32((uint8_t)c);
+    return _mm512_loadu_ps(t);
+}
+
+static inline void nvfp4_row(const uint8_t *row, int hd, __m512 tab, const float *e4, float *out) {
+    const uint8_t *sf = row + hd / 2;
+    for (int g = 0; g < hd / KVD_NVFP4_GROUP; g++) {
+        const __m128i b = _mm_loadl_epi64((const __m128i *)(row + 8 * g)), m = _mm_set1_epi8(15);
+        const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+        const __m512i idx = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+        _mm512_storeu_ps(out + 16 * g,
+                         _mm512_mul_ps(_mm512_permutexvar_ps(idx, tab), _mm512_set1_ps(e4[sf[g]])));
+    }
+}
+
+static void scores_nvfp4(const uint8_t *kp, int nt, const float *q, int G, int hd, float kmul,
+                         float *s, size_t stride) {
+    const __m512 tab = nvfp4_table();
+    const float *e4 = kvd_e4m3_table();
+    const size_t rb = kvd_nvfp4_row_bytes((size_t)hd);
+    float row[hd];
+    for (int t = 0; t < nt; t++) {
+        nvfp4_row(kp + (size_t)t * rb, hd, tab, e4, row);
+        for (int j = 0; j < G; j++) {
+            __m512 a = _mm512_setzero_ps();
+            for (int d = 0; d < hd; d += 16)
+                a = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)j * hd + d),
+                                    _mm512_loadu_ps(row + d), a);
+            s[(size_t)j * stride + t] = _mm512_reduce_add_ps(a) * kmul;
+        }
+    }
+}
+
+static void pv_nvfp4(const uint8_t *vp, int nt, const float *p, size_t stride, int G, int hd,
+                     float *acc) {
+    const __m512 tab = nvfp4_table();
+    const float *e4 = kvd_e4m3_table();
+    const size_t rb = kvd_nvfp4_row_bytes((size_t)hd);
+    float row[hd];
+    for (int t = 0; t < nt; t++) {
+        nvfp4_row(vp + (size_t)t * rb, hd, tab, e4, row);
+        for (int j = 0; j < G; j++) {
+            const __m512 pj = _mm512_set1_ps(p[(size_t)j * stride + t]);
+            float *o = acc + (size_t)j * hd;
+            for (int d = 0; d < hd; d += 16)
+                _mm512_storeu_ps(
+                    o + d, _mm512_fmadd_ps(pj, _mm512_loadu_ps(row + d), _mm512_loadu_ps(o + d)));
+        }
+    }
+}
+#endif
+
 static void scores_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *kp, int nt,
                          const float *q, int G, float kmul, float *s, size_t stride,
                          const uint8_t *pf) {
 #ifdef KVD_VEC
+    if (kv->fmt == KVD_FMT_NVFP4 && !kv->portable) {
+        scores_nvfp4(kp, nt, q, G, kv->head_dim, kmul, s, stride);
+        return;
+    }
     if (rp->vec) {
         int hd = kv->head_dim, fp8 = rp->fp8;
 #define KVD_SCORES(g) scores_g##g(kp, nt, q, hd, fp8, &rp->T, kmul, s, stride, pf)
@@ -328,6 +392,10 @@ static void scores_block(const kvd_kv_view *kv, const read_path *rp, const uint8
 static void pv_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *vp, int nt,
                      const float *p, size_t stride, int G, float *out, const uint8_t *pf) {
 #ifdef KVD_VEC
+    if (kv->fmt == KVD_FMT_NVFP4 && !kv->portable) {
+        pv_nvfp4(vp, nt, p, stride, G, kv->head_dim, out);
+        return;
+    }
     if (rp->vec) {
         int hd = kv->head_dim, fp8 = rp->fp8;
 #define KVD_PV(g) pv_g##g(vp, nt, p, stride, hd, fp8, &rp->T, out, pf)
