@@ -150,7 +150,7 @@ static const char *const forward_help =
     "and prints, per mode, prefill speed, cache size, what quantization did to K and V,\n"
     "and how far the next-token distribution moved from BF16.\n"
     "  --kv LIST               modes, comma separated (default "
-    "bf16,fp8-cal,fp8-unscaled,fp8-e5m2)\n"
+    "bf16,fp8-cal,fp8-unscaled,fp8-e5m2; also fp8-ckpt, nvfp4-cal, nvfp4-unscaled)\n"
     "  --tokens N              trace length (default 1024)\n"
     "  --seed N                trace seed (default 1)\n"
     "  --threads N             worker threads (default: every core)\n"
@@ -212,8 +212,8 @@ int kvd_cmd_forward(int argc, char **argv) {
         kvd_kv_mode m;
         if (kvd_kv_mode_parse(tok, &m))
             kvd_die(KVD_EXIT_USAGE, cmd,
-                    "--kv: unknown mode '%s', expected bf16, fp8-cal, fp8-unscaled, fp8-e5m2 or "
-                    "fp8-ckpt",
+                    "--kv: unknown mode '%s', expected bf16, fp8-cal, fp8-unscaled, fp8-e5m2, "
+                    "fp8-ckpt, nvfp4-cal or nvfp4-unscaled",
                     tok);
         want[m] = 1;
     }

@@ -160,8 +160,8 @@ static int run_flag(run_opts *o, kvd_args *a, const char *f) {
         const char *val = kvd_args_value(a, f);
         if (parse_modes(val, o))
             kvd_die(KVD_EXIT_USAGE, cmd,
-                    "--kv: expected a list of bf16, fp8-cal, fp8-unscaled, fp8-e5m2, fp8-ckpt, got "
-                    "'%s'",
+                    "--kv: expected a list of bf16, fp8-cal, fp8-unscaled, fp8-e5m2, fp8-ckpt, "
+                    "nvfp4-cal, nvfp4-unscaled, got '%s'",
                     val);
         for (int i = 0; i < o->n_modes; i++) tmp[i] = o->modes[i];
         const int r = repeated(tmp, o->n_modes);
@@ -887,7 +887,8 @@ static const char *const run_help =
     "traces and records drift per layer and position bucket, and throughput per concurrency,\n"
     "to an HDF5 results file (docs/results-schema.md). Rerunning the same command resumes\n"
     "(other modes, contexts and concurrency levels may be added; other settings are refused).\n"
-    "  --kv LIST            modes (default bf16,fp8-cal,fp8-unscaled,fp8-e5m2)\n"
+    "  --kv LIST            modes (default bf16,fp8-cal,fp8-unscaled,fp8-e5m2; also fp8-ckpt,\n"
+    "                       nvfp4-cal, nvfp4-unscaled)\n"
     "  --concurrency LIST   throughput concurrency levels (default 1,2,4,8,16,32)\n"
     "  --context LIST       context lengths in tokens (default 4096)\n"
     "  --traces N           evaluation traces per context (default 1)\n"
