@@ -144,7 +144,8 @@ void kvd_results_init(kvd_results *r) {
               kvd_row_summary, c_summary),
         TABLE("/drift/kv",
               "the candidate cache per layer and KV head: scales, saturation, "
-              "flush-to-zero, subnormals",
+              "flush-to-zero, subnormals (NVFP4 modes: the global scales; values clamped "
+              "beyond rounding; values under a subnormal block scale)",
               kvd_row_kv, c_kv),
         TABLE("/drift/generation",
               "greedy continuation from a prefix: first divergent token "
