@@ -32,8 +32,9 @@ int kvd_cmd_audit(int argc, char **argv) {
                    "Says what an engine that honours the checkpoint's quantization config does to\n"
                    "the KV cache. --strict: exit 1 when FP8 KV would be enabled without scales,\n"
                    "with every K or every V scale 1.0 (the same cache), or with a scale that is\n"
-                   "not a positive finite number; and when the checkpoint asks for a KV cache\n"
-                   "format kvdrift does not model (NVFP4, INT8, ...), which it cannot check.\n");
+                   "not a positive finite number (the same for an NVFP4 KV cache's global\n"
+                   "scales); and when the checkpoint asks for a KV cache format kvdrift does not\n"
+                   "model (INT8, ...), which it cannot check.\n");
             return 0;
         } else if (f[0] == '-') {
             kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
@@ -50,8 +51,8 @@ int kvd_cmd_audit(int argc, char **argv) {
     /* scales missing, unusable, or all 1.0 for K or for V: that side's
      * cache is the cache of no scales */
     const kvd_audit_finding fd = kvd_audit_find(&au);
-    const int fp8_kv = fd.fp8_kv, silent = fd.silent, bad = fd.bad, ones = fd.ones,
-              unit = ones != 0, other = fd.unmodelled;
+    const int fp8_kv = fd.fp8_kv, nv = fd.nvfp4_kv, silent = fd.silent, bad = fd.bad,
+              ones = fd.ones, unit = ones != 0, other = fd.unmodelled;
     char which[32];
     snprintf(which, sizeof which, "every %s scale", kvd_audit_sides(ones));
     char engine_unit[600];
@@ -64,6 +65,9 @@ int kvd_cmd_audit(int argc, char **argv) {
     int nf = au.n_attn, kvh = cfg.num_key_value_heads, hd = cfg.head_dim;
     int64_t bpt16 = kvd_kvcache_bytes_per_token(KVD_KV_BF16, nf, kvh, hd);
     int64_t bpt8 = kvd_kvcache_bytes_per_token(KVD_KV_FP8_CAL, nf, kvh, hd);
+    /* NVFP4 needs head_dim in whole groups of 16 */
+    int64_t bpt4 =
+        hd % KVD_NVFP4_GROUP ? 0 : kvd_kvcache_bytes_per_token(KVD_KV_NVFP4_CAL, nf, kvh, hd);
     char missing[1024] = "";
     for (int i = 0; i < au.n_missing; i++) {
         char one[16];
@@ -74,10 +78,40 @@ int kvd_cmd_audit(int argc, char **argv) {
     char engine_other[400];
     snprintf(engine_other, sizeof engine_other,
              "quantizes the KV cache as %s, a format kvdrift does not "
-             "model: its fp8-* modes measure an FP8 cache, and fp8-ckpt is not the cache this "
-             "engine would run",
+             "model: its fp8-* and nvfp4-* modes measure FP8 and NVFP4 caches, and neither "
+             "fp8-ckpt nor nvfp4-ckpt is the cache this engine would run",
              au.kv_algo);
-    if (other) {
+    char nv_unit[600];
+    snprintf(nv_unit, sizeof nv_unit,
+             "switches the KV cache to NVFP4 and takes the checkpoint's k_scale/v_scale as its "
+             "global scales, but %s is 1.0: it writes that part of the cache as with no scales "
+             "at all",
+             which);
+    if (nv) { /* the NVFP4 cache: the same findings, its own words */
+        engine = silent ? "switches the KV cache to NVFP4 because kv_cache_quant_algo is NVFP4, "
+                          "finds no k_scale/v_scale for the layers listed, and uses a global "
+                          "scale of 1.0 for K and V there (vLLM's and SGLang's NVFP4 caches "
+                          "default them to 1.0): each group's E4M3 block scale is then its largest "
+                          "value over 6, and groups whose largest value is under 0.006 are "
+                          "stored as zeros"
+                 : bad  ? "switches the KV cache to NVFP4 with a global scale that is not a "
+                          "positive finite number: what it writes into the cache is undefined "
+                          "(kvdrift's nvfp4-ckpt refuses such scales)"
+                 : unit ? nv_unit
+                        : "switches the KV cache to NVFP4 and takes the checkpoint's "
+                          "k_scale/v_scale as each full-attention layer's global scales";
+        advice = silent ? "do not deploy as is: add k_scale/v_scale to every full-attention "
+                          "layer, or serve with an FP8 or BF16 KV cache; measure the cost first "
+                          "with kvdrift run --model-dir DIR --kv bf16,fp8-cal,nvfp4-ckpt,nvfp4-cal"
+                 : bad  ? "do not deploy as is: replace the scales, or serve with an FP8 or BF16 "
+                          "KV cache"
+                 : unit ? "the scales are placeholders: measure what they cost with kvdrift run "
+                          "--model-dir DIR --kv bf16,nvfp4-ckpt,nvfp4-cal (nvfp4-cal: absmax / "
+                          "2688), then replace them or serve with an FP8 or BF16 KV cache"
+                        : "the checkpoint carries its scales; check what they cost against "
+                          "calibrated ones and against FP8 with kvdrift run --model-dir DIR --kv "
+                          "bf16,fp8-cal,nvfp4-ckpt,nvfp4-cal";
+    } else if (other) {
         engine = engine_other;
         advice = "kvdrift cannot vouch for this KV cache: measure it in the engine that serves it, "
                  "or serve with an FP8 KV cache (measure it with kvdrift run --model-dir DIR --kv "
@@ -142,9 +176,9 @@ int kvd_cmd_audit(int argc, char **argv) {
         json_object_set_new(o, "engine_behaviour", json_string(engine));
         json_object_set_new(o, "recommendation", json_string(advice));
         json_object_set_new(o, "fp8_attention", fp8_attn ? json_string(fp8_attn) : json_null());
-        json_object_set_new(
-            o, "kv_bytes_per_token",
-            json_pack("{s:I, s:I}", "bf16", (json_int_t)bpt16, "fp8", (json_int_t)bpt8));
+        json_object_set_new(o, "kv_bytes_per_token",
+                            json_pack("{s:I, s:I, s:I}", "bf16", (json_int_t)bpt16, "fp8",
+                                      (json_int_t)bpt8, "nvfp4", (json_int_t)bpt4));
         json_object_set_new(o, "tokens_in_budget",
                             json_pack("{s:f, s:I, s:I}", "budget_bytes", budget, "bf16",
                                       (json_int_t)floor(budget / (double)bpt16), "fp8",
@@ -191,14 +225,20 @@ int kvd_cmd_audit(int argc, char **argv) {
                    au.n_unit_v, au.n_with_scales);
         printf("an engine that honours this checkpoint %s\n", engine);
         printf("KV cache: bf16 %lld bytes/token, %.0f tokens in %s; fp8 %lld bytes/token, %.0f "
-               "tokens\n",
+               "tokens",
                (long long)bpt16, floor(budget / (double)bpt16), budget_s, (long long)bpt8,
                floor(budget / (double)bpt8));
+        if (bpt4)
+            printf("; nvfp4 %lld bytes/token, %.0f tokens", (long long)bpt4,
+                   floor(budget / (double)bpt4));
+        printf("\n");
         printf("recommendation: %s\n", advice);
         if (fp8_attn) printf("FP8 attention: %s\n", fp8_attn);
-        if (silent) printf("VERDICT: FP8 KV cache without scales (silent scale 1.0)\n");
-        if (bad) printf("VERDICT: FP8 KV cache with an unusable scale (%s)\n", au.bad_scale);
-        if (unit) printf("VERDICT: FP8 KV cache with %s 1.0 (the same as without scales)\n", which);
+        const char *kvf = nv ? "NVFP4" : "FP8";
+        if (silent) printf("VERDICT: %s KV cache without scales (silent scale 1.0)\n", kvf);
+        if (bad) printf("VERDICT: %s KV cache with an unusable scale (%s)\n", kvf, au.bad_scale);
+        if (unit)
+            printf("VERDICT: %s KV cache with %s 1.0 (the same as without scales)\n", kvf, which);
         if (other)
             printf("VERDICT: %s KV cache, which kvdrift does not model (not checked)\n",
                    au.kv_algo);

@@ -150,7 +150,7 @@ static const char *const forward_help =
     "and prints, per mode, prefill speed, cache size, what quantization did to K and V,\n"
     "and how far the next-token distribution moved from BF16.\n"
     "  --kv LIST               modes, comma separated (default "
-    "bf16,fp8-cal,fp8-unscaled,fp8-e5m2; also fp8-ckpt, nvfp4-cal, nvfp4-unscaled)\n"
+    "bf16,fp8-cal,fp8-unscaled,fp8-e5m2; also fp8-ckpt, nvfp4-cal, nvfp4-unscaled, nvfp4-ckpt)\n"
     "  --tokens N              trace length (default 1024)\n"
     "  --seed N                trace seed (default 1)\n"
     "  --threads N             worker threads (default: every core)\n"
@@ -213,7 +213,7 @@ int kvd_cmd_forward(int argc, char **argv) {
         if (kvd_kv_mode_parse(tok, &m))
             kvd_die(KVD_EXIT_USAGE, cmd,
                     "--kv: unknown mode '%s', expected bf16, fp8-cal, fp8-unscaled, fp8-e5m2, "
-                    "fp8-ckpt, nvfp4-cal or nvfp4-unscaled",
+                    "fp8-ckpt, nvfp4-cal, nvfp4-unscaled or nvfp4-ckpt",
                     tok);
         want[m] = 1;
     }
@@ -239,7 +239,11 @@ int kvd_cmd_forward(int argc, char **argv) {
 
     int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads, V = c->vocab_size;
     kvd_kv_scales sc = {0}, am = {0}, ck = {0};
-    if (want[KVD_KV_FP8_CKPT]) kvd_model_opts_ckpt_scales(&mo, cmd, c, &ck);
+    for (int mi = 0; mi < KVD_KV_N_MODES; mi++)
+        if (want[mi] && kvd_kv_mode_ckpt((kvd_kv_mode)mi)) { /* read again: the same */
+            kvd_kv_scales_free(&ck);
+            kvd_model_opts_ckpt_scales(&mo, cmd, c, &ck, (kvd_kv_mode)mi);
+        }
     const int need_cal = want[KVD_KV_FP8_CAL] || want[KVD_KV_NVFP4_CAL];
     if (need_cal) {
         get_scales(&co, &w, seed, cmd, &sc, &am, 1);
@@ -280,7 +284,7 @@ int kvd_cmd_forward(int argc, char **argv) {
         if (!want[mi]) continue;
         kvd_kv_mode mode = (kvd_kv_mode)mi;
         kvd_kvcache kv;
-        const kvd_kv_scales *msc = mode == KVD_KV_FP8_CKPT    ? &ck
+        const kvd_kv_scales *msc = kvd_kv_mode_ckpt(mode)     ? &ck
                                    : kvd_kv_mode_scaled(mode) ? &sc
                                                               : NULL;
         if (kvd_kvcache_init(&kv, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, T, msc, saturate,

@@ -84,7 +84,7 @@ int kvd_cmd_plan(int argc, char **argv) {
            "seqs_at_context", "vs_bf16");
     double bf16_seqs = 0;
     for (int m = 0; m < KVD_KV_N_MODES; m++) {
-        if (m == KVD_KV_FP8_CKPT) continue; /* the same bytes as fp8-cal */
+        if (kvd_kv_mode_ckpt((kvd_kv_mode)m)) continue; /* the same bytes as the -cal modes */
         int64_t bpt =
             kvd_kvcache_bytes_per_token((kvd_kv_mode)m, nf, kvh, c.head_dim); /* a GPU's */
         double seqs = budget / ((double)bpt * ctx + state);

@@ -161,7 +161,7 @@ static int run_flag(run_opts *o, kvd_args *a, const char *f) {
         if (parse_modes(val, o))
             kvd_die(KVD_EXIT_USAGE, cmd,
                     "--kv: expected a list of bf16, fp8-cal, fp8-unscaled, fp8-e5m2, fp8-ckpt, "
-                    "nvfp4-cal, nvfp4-unscaled, got '%s'",
+                    "nvfp4-cal, nvfp4-unscaled, nvfp4-ckpt, got '%s'",
                     val);
         for (int i = 0; i < o->n_modes; i++) tmp[i] = o->modes[i];
         const int r = repeated(tmp, o->n_modes);
@@ -888,7 +888,7 @@ static const char *const run_help =
     "to an HDF5 results file (docs/results-schema.md). Rerunning the same command resumes\n"
     "(other modes, contexts and concurrency levels may be added; other settings are refused).\n"
     "  --kv LIST            modes (default bf16,fp8-cal,fp8-unscaled,fp8-e5m2; also fp8-ckpt,\n"
-    "                       nvfp4-cal, nvfp4-unscaled)\n"
+    "                       nvfp4-cal, nvfp4-unscaled, nvfp4-ckpt)\n"
     "  --concurrency LIST   throughput concurrency levels (default 1,2,4,8,16,32)\n"
     "  --context LIST       context lengths in tokens (default 4096)\n"
     "  --traces N           evaluation traces per context (default 1)\n"
@@ -1050,9 +1050,9 @@ int kvd_cmd_run(int argc, char **argv) {
     kvd_kv_scales sc = {0}, am = {0};
     kvd_kv_scales ck = {0};
     for (int i = 0; i < o.n_modes; i++)
-        if (o.modes[i] == KVD_KV_FP8_CKPT) {
-            kvd_model_opts_ckpt_scales(&o.mo, cmd, c, &ck);
-            break;
+        if (kvd_kv_mode_ckpt((kvd_kv_mode)o.modes[i])) { /* each warns in its own name */
+            kvd_kv_scales_free(&ck);
+            kvd_model_opts_ckpt_scales(&o.mo, cmd, c, &ck, (kvd_kv_mode)o.modes[i]);
         }
     int need_cal = 0;
     for (int i = 0; i < o.n_modes; i++)
@@ -1113,7 +1113,7 @@ int kvd_cmd_run(int argc, char **argv) {
         kvd_trace *ctr = tr + (size_t)ci * o.traces; /* this context's traces */
         for (int mi = 0; mi < o.n_modes; mi++) {
             kvd_kv_mode mode = (kvd_kv_mode)o.modes[mi];
-            const kvd_kv_scales *msc = mode == KVD_KV_FP8_CKPT    ? &ck
+            const kvd_kv_scales *msc = kvd_kv_mode_ckpt(mode)     ? &ck
                                        : kvd_kv_mode_scaled(mode) ? &sc
                                                                   : NULL;
             for (int t = 0; t < o.traces && (o.cells & 1); t++) {

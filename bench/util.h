@@ -41,10 +41,12 @@ typedef struct {
     kvd_synth synth;
 } kvd_model_opts;
 
-/* The scales of fp8-ckpt: read from --model-dir's checkpoint; layers without
- * them get 1.0 with the warning an engine prints. Exits on bad input. */
+/* The scales of a checkpoint mode (fp8-ckpt, nvfp4-ckpt): read from
+ * --model-dir's checkpoint into s (zeroed or freed before); layers without
+ * them get 1.0 with the warning an engine prints, and a mode that is not
+ * the cache the checkpoint asks for is named. Exits on bad input. */
 void kvd_model_opts_ckpt_scales(const kvd_model_opts *o, const char *cmd, const kvd_config *cfg,
-                                kvd_kv_scales *s);
+                                kvd_kv_scales *s, kvd_kv_mode mode);
 
 void kvd_model_opts_init(kvd_model_opts *o);
 /* Consume a model flag if `flag` is one; returns 1 when consumed. */

@@ -1169,19 +1169,21 @@ static int ckpt_sentence(const kvd_run *r, char *out, size_t n) {
            *rg = json_object_get(a, "kv_scale_range");
     char ask[200], fmt_kv[48];
     const int kind = kvd_kv_algo_kind(kv ? kv : "none");
+    const char *ckm = kvd_kv_algo_ckpt_mode(kind); /* the mode that runs its cache */
     snprintf(fmt_kv, sizeof fmt_kv, "a%s %s", kv && strchr("AEFHILMNORSX", kv[0]) ? "n" : "",
              kv ? kv : "");
     snprintf(ask, sizeof ask, "%s: the checkpoint asks for %s KV cache (%s)", r->label,
-             kind == 1   ? "an FP8"
-             : kind == 2 ? fmt_kv
-                         : "no quantized",
+             kind == KVD_KV_ALGO_FP8     ? "an FP8"
+             : kind == KVD_KV_ALGO_NVFP4 ? "an NVFP4"
+             : kind == KVD_KV_ALGO_OTHER ? fmt_kv
+                                         : "no quantized",
              !src || !strcmp(src, "none") ? "no quantization config" : src);
-    if (kind == 2) {
+    if (kind == KVD_KV_ALGO_OTHER) {
         snprintf(out, n,
                  "%s, a format kvdrift does not model: fp8-ckpt is an FP8 cache with the "
                  "checkpoint's k_scale/v_scale, not the cache an engine would run.",
                  ask);
-    } else if (kind == 0) {
+    } else if (kind == KVD_KV_ALGO_NONE) {
         snprintf(out, n, "%s; fp8-ckpt uses its k_scale/v_scale where it has them, 1.0 elsewhere.",
                  ask);
     } else if (json_array_size(miss)) {
@@ -1190,8 +1192,8 @@ static int ckpt_sentence(const kvd_run *r, char *out, size_t n) {
             k += (size_t)snprintf(out + k, n - k, "%s %lld", i ? "," : "",
                                   (long long)json_integer_value(json_array_get(miss, i)));
         if (k < n)
-            snprintf(out + k, n - k,
-                     ": an engine uses 1.0 there, as fp8-ckpt does (the silent failure).");
+            snprintf(out + k, n - k, ": an engine uses 1.0 there, as %s does (the silent failure).",
+                     ckm);
     } else if (bad && bad[0]) {
         snprintf(out, n, "%s with an unusable scale (%s).", ask, bad);
     } else if (ones && ones[0]) { /* "k", "v" or "kv" */
@@ -1199,14 +1201,13 @@ static int ckpt_sentence(const kvd_run *r, char *out, size_t n) {
             kvd_audit_sides((strchr(ones, 'k') != NULL) | (strchr(ones, 'v') != NULL) << 1);
         snprintf(out, n,
                  "%s; every %s scale it carries is 1.0 (ModelOpt clamps KV scales to at least "
-                 "1.0): fp8-ckpt, what an engine runs, writes %s as without scales.",
-                 ask, side, side);
+                 "1.0): %s, what an engine runs, writes %s as without scales.",
+                 ask, side, ckm, side);
     } else {
         json_t *k = json_object_get(rg, "k"), *v = json_object_get(rg, "v");
-        snprintf(out, n,
-                 "%s with its own scales (K %.4g to %.4g, V %.4g to %.4g): fp8-ckpt uses them.",
+        snprintf(out, n, "%s with its own scales (K %.4g to %.4g, V %.4g to %.4g): %s uses them.",
                  ask, json_real_value(json_array_get(k, 0)), json_real_value(json_array_get(k, 1)),
-                 json_real_value(json_array_get(v, 0)), json_real_value(json_array_get(v, 1)));
+                 json_real_value(json_array_get(v, 0)), json_real_value(json_array_get(v, 1)), ckm);
     }
     json_decref(a);
     return 1;

@@ -868,17 +868,26 @@ int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err) {
 }
 
 int kvd_kv_algo_kind(const char *algo) {
-    if (!algo[0] || !strcasecmp(algo, "none")) return 0;
-    return !strcasecmp(algo, "FP8") ? 1 : 2;
+    if (!algo[0] || !strcasecmp(algo, "none")) return KVD_KV_ALGO_NONE;
+    return !strcasecmp(algo, "FP8")     ? KVD_KV_ALGO_FP8
+           : !strcasecmp(algo, "NVFP4") ? KVD_KV_ALGO_NVFP4
+                                        : KVD_KV_ALGO_OTHER;
+}
+
+const char *kvd_kv_algo_ckpt_mode(int kind) {
+    return kind == KVD_KV_ALGO_NVFP4 ? "nvfp4-ckpt" : "fp8-ckpt";
 }
 
 kvd_audit_finding kvd_audit_find(const kvd_audit *a) {
-    kvd_audit_finding f = {0, 0, 0, 0, 0};
-    f.fp8_kv = kvd_kv_algo_kind(a->kv_algo) == 1;
-    f.unmodelled = kvd_kv_algo_kind(a->kv_algo) == 2;
-    f.silent = f.fp8_kv && a->n_missing > 0;
-    f.bad = f.fp8_kv && !f.silent && a->bad_scale[0];
-    if (f.fp8_kv && !f.silent && !f.bad && a->n_with_scales > 0)
+    kvd_audit_finding f = {0, 0, 0, 0, 0, 0};
+    const int kind = kvd_kv_algo_kind(a->kv_algo);
+    f.fp8_kv = kind == KVD_KV_ALGO_FP8;
+    f.nvfp4_kv = kind == KVD_KV_ALGO_NVFP4;
+    f.unmodelled = kind == KVD_KV_ALGO_OTHER;
+    const int q = f.fp8_kv || f.nvfp4_kv;
+    f.silent = q && a->n_missing > 0;
+    f.bad = q && !f.silent && a->bad_scale[0];
+    if (q && !f.silent && !f.bad && a->n_with_scales > 0)
         f.ones = (a->n_unit_k == a->n_with_scales) | (a->n_unit_v == a->n_with_scales) << 1;
     return f;
 }
@@ -897,7 +906,8 @@ json_t *kvd_audit_json(const kvd_audit *a) {
         "unloadable_tensor", a->unloadable, "load_problem", a->load_problem, "fp8_weight_tensors",
         a->fp8_weights, "fp4_weight_tensors", a->fp4_weights, "full_attention_layers", a->n_attn,
         "layers_with_kv_scales", a->n_with_scales, "kv_scales_per_head", a->scales_per_head,
-        "fp8_kv_without_scales", f.silent);
+        "fp8_kv_without_scales", f.silent && f.fp8_kv);
+    json_object_set_new(o, "nvfp4_kv_without_scales", json_boolean(f.silent && f.nvfp4_kv));
     json_object_set_new(o, "layers_with_q_scales", json_integer(a->n_with_q_scales));
     json_object_set_new(o, "kv_cache_not_modelled", json_boolean(f.unmodelled));
     json_t *ml = json_array();
@@ -911,6 +921,7 @@ json_t *kvd_audit_json(const kvd_audit *a) {
                             : json_null());
     json_object_set_new(o, "kv_scales_exactly_one",
                         json_pack("{s:i, s:i}", "k", a->n_unit_k, "v", a->n_unit_v));
+    /* named for FP8, which came first; NVFP4's placeholder scales too */
     json_object_set_new(o, "fp8_kv_scales_all_one",
                         json_string(f.ones == 3   ? "kv"
                                     : f.ones == 2 ? "v"

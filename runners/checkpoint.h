@@ -81,18 +81,23 @@ int kvd_audit_dir(const char *dir, kvd_config *cfg, kvd_audit *a, char *err);
 /* Only the KV cache quantization the checkpoint's quantization config asks
  * for (kvd_audit.kv_algo), without opening its weights. */
 int kvd_checkpoint_kv_algo(const char *dir, char *algo, size_t n, char *err);
-/* 0: no KV quantization asked for; 1: FP8 (what kvdrift models); 2: another
- * format (NVFP4, INT8, ...) that kvdrift's modes do not model. */
+/* 0: no KV quantization asked for; 1: FP8; 3: NVFP4 (ModelOpt's
+ * kv_cache_quant_algo "NVFP4"); 2: another format (INT8, compressed-tensors'
+ * 4-bit float scheme, ...) that kvdrift's modes do not model. */
+enum { KVD_KV_ALGO_NONE = 0, KVD_KV_ALGO_FP8 = 1, KVD_KV_ALGO_OTHER = 2, KVD_KV_ALGO_NVFP4 = 3 };
 int kvd_kv_algo_kind(const char *algo);
+/* The checkpoint-scale mode that runs a kind's cache (fp8-ckpt for FP8 and
+ * formats not modelled, nvfp4-ckpt for NVFP4). */
+const char *kvd_kv_algo_ckpt_mode(int kind);
 
-/* What an audit finds about an FP8 KV cache the checkpoint asks for (all 0
- * when it asks for none): silent, layers without scales (the engine uses
- * 1.0 there); bad, a scale that is no positive finite number; ones, the
- * sides whose every scale is 1.0 (1 K, 2 V, 3 both: the cache of no
- * scales). At most one of the three is set. unmodelled: the checkpoint asks
- * for a KV cache format other than FP8, which kvdrift cannot check. */
+/* What an audit finds about an FP8 or NVFP4 KV cache the checkpoint asks
+ * for (all 0 when it asks for none): silent, layers without scales (the
+ * engine uses 1.0 there); bad, a scale that is no positive finite number;
+ * ones, the sides whose every scale is 1.0 (1 K, 2 V, 3 both: the cache of
+ * no scales). At most one of the three is set. unmodelled: the checkpoint
+ * asks for a KV cache format kvdrift does not model, which it cannot check. */
 typedef struct {
-    int fp8_kv, silent, bad, ones, unmodelled;
+    int fp8_kv, nvfp4_kv, silent, bad, ones, unmodelled;
 } kvd_audit_finding;
 kvd_audit_finding kvd_audit_find(const kvd_audit *a);
 /* The sides a finding's ones names: "K and V" (3), "V" (2), "K" (1), "". */

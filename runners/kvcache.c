@@ -9,7 +9,8 @@
 #include <string.h>
 
 static const char *const mode_names[KVD_KV_N_MODES] = {
-    "bf16", "fp8-cal", "fp8-unscaled", "fp8-e5m2", "fp8-ckpt", "nvfp4-cal", "nvfp4-unscaled"};
+    "bf16",     "fp8-cal",   "fp8-unscaled",   "fp8-e5m2",
+    "fp8-ckpt", "nvfp4-cal", "nvfp4-unscaled", "nvfp4-ckpt"};
 
 kvd_fmt kvd_kv_mode_fmt(kvd_kv_mode m) {
     switch (m) {
@@ -19,6 +20,7 @@ kvd_fmt kvd_kv_mode_fmt(kvd_kv_mode m) {
         return KVD_FMT_E5M2;
     case KVD_KV_NVFP4_CAL:
     case KVD_KV_NVFP4_UNSCALED:
+    case KVD_KV_NVFP4_CKPT:
         return KVD_FMT_NVFP4;
     default:
         return KVD_FMT_E4M3;
@@ -26,7 +28,11 @@ kvd_fmt kvd_kv_mode_fmt(kvd_kv_mode m) {
 }
 
 int kvd_kv_mode_scaled(kvd_kv_mode m) {
-    return m == KVD_KV_FP8_CAL || m == KVD_KV_FP8_CKPT || m == KVD_KV_NVFP4_CAL;
+    return m == KVD_KV_FP8_CAL || m == KVD_KV_NVFP4_CAL || kvd_kv_mode_ckpt(m);
+}
+
+int kvd_kv_mode_ckpt(kvd_kv_mode m) {
+    return m == KVD_KV_FP8_CKPT || m == KVD_KV_NVFP4_CKPT;
 }
 
 const char *kvd_kv_mode_name(kvd_kv_mode m) {
@@ -90,8 +96,8 @@ int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_head
     }
     if (kvd_kv_mode_scaled(mode) && !scales) {
         snprintf(err, KVD_ERR_LEN, "KV cache mode %s: expected scales (%s)", kvd_kv_mode_name(mode),
-                 mode == KVD_KV_FP8_CKPT ? "from the checkpoint given by --model-dir"
-                                         : "run `kvdrift calibrate` or pass --scales FILE");
+                 kvd_kv_mode_ckpt(mode) ? "from the checkpoint given by --model-dir"
+                                        : "run `kvdrift calibrate` or pass --scales FILE");
         return -1;
     }
     if (kvd_kv_mode_fmt(mode) == KVD_FMT_NVFP4 && head_dim % KVD_NVFP4_GROUP) {
@@ -145,10 +151,11 @@ int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_head
         /* bf16 and the unscaled modes ignore any scales they are given:
          * that is what those modes mean */
         int use = scales && kvd_kv_mode_scaled(mode);
-        /* the scales are FP8's (absmax / 448 by the plain rule); NVFP4's
-         * global scale is that over E2M1's largest value, so the largest
-         * group's block scale lands on E4M3's 448 */
-        const float per = c->fmt == KVD_FMT_NVFP4 ? KVD_E2M1_MAX : 1.0f;
+        /* calibrated scales are FP8's (absmax / 448 by the plain rule);
+         * nvfp4-cal's global scale is that over E2M1's largest value, so
+         * the largest group's block scale lands on E4M3's 448. A
+         * checkpoint's scales are used as they are, as engines do */
+        const float per = mode == KVD_KV_NVFP4_CAL ? KVD_E2M1_MAX : 1.0f;
         c->k_scale[i] = use ? scales->k[i] / per : 1.0f;
         c->v_scale[i] = use ? scales->v[i] / per : 1.0f;
         if (!(c->k_scale[i] > 0.0f) || !(c->v_scale[i] > 0.0f) || !isfinite(c->k_scale[i]) ||

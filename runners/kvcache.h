@@ -17,6 +17,8 @@ typedef enum {
     KVD_KV_FP8_CKPT,       /* E4M3, the scales the checkpoint carries (1.0 where it has none) */
     KVD_KV_NVFP4_CAL,      /* NVFP4 (E2M1 values, E4M3 scales per 16), calibrated global scales */
     KVD_KV_NVFP4_UNSCALED, /* NVFP4, global scale 1.0: an NVFP4 cache with no scales given */
+    KVD_KV_NVFP4_CKPT, /* NVFP4, the checkpoint's k_scale/v_scale as global scales (1.0 where none)
+                        */
     KVD_KV_N_MODES
 } kvd_kv_mode;
 
@@ -28,10 +30,12 @@ typedef enum {
 #define KVD_KV_BLOCK 128
 
 const char *kvd_kv_mode_name(kvd_kv_mode m);
-/* The cache format a mode stores, and whether it takes calibrated or
- * checkpoint scales (fp8-cal, fp8-ckpt, nvfp4-cal). */
+/* The cache format a mode stores; whether it takes calibrated or checkpoint
+ * scales (fp8-cal, fp8-ckpt, nvfp4-cal, nvfp4-ckpt); whether the checkpoint's
+ * (fp8-ckpt, nvfp4-ckpt). */
 kvd_fmt kvd_kv_mode_fmt(kvd_kv_mode m);
 int kvd_kv_mode_scaled(kvd_kv_mode m);
+int kvd_kv_mode_ckpt(kvd_kv_mode m);
 int kvd_kv_mode_parse(const char *s, kvd_kv_mode *m); /* 0 ok, -1 unknown */
 
 typedef struct {

@@ -130,23 +130,55 @@ json.dump(c, open(sys.argv[1], "w"))
 PY
 expect 1 "config.json:quantization_config \(compressed-tensors\).*KV cache FP8" -- audit "$work/ct" --strict
 
-# a KV cache format kvdrift does not model (NVFP4, compressed-tensors' int8
-# or 4-bit float schemes): said so, never "no KV quantization"; --strict
+# a KV cache format kvdrift does not model (ModelOpt's INT8, compressed-tensors'
+# int8 or 4-bit float schemes): said so, never "no KV quantization"; --strict
 # fails it (not checked), fp8-ckpt warns that it is not the engine's cache,
 # and a sweep's report says it under the verdict
-cp -r "$work/ck" "$work/nv4"
-printf '{"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "NVFP4"}}\n' >"$work/nv4/hf_quant_config.json"
-expect 0 "an engine that honours this checkpoint quantizes the KV cache as NVFP4, a format kvdrift does not model" -- audit "$work/nv4"
-expect 1 "VERDICT: NVFP4 KV cache, which kvdrift does not model \(not checked\)" -- audit "$work/nv4" --strict
-"$bin" audit "$work/nv4" >"$work/out" && ! grep -q "asks for no KV" "$work/out" && ok || bad "an NVFP4 KV cache read as none: $(cat "$work/out")"
-"$bin" audit "$work/nv4" --format json >"$work/a.json" && "$py" -c "
+cp -r "$work/ck" "$work/i8"
+printf '{"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "INT8"}}\n' >"$work/i8/hf_quant_config.json"
+expect 0 "an engine that honours this checkpoint quantizes the KV cache as INT8, a format kvdrift does not model" -- audit "$work/i8"
+expect 1 "VERDICT: INT8 KV cache, which kvdrift does not model \(not checked\)" -- audit "$work/i8" --strict
+"$bin" audit "$work/i8" >"$work/out" && ! grep -q "asks for no KV" "$work/out" && ok || bad "an INT8 KV cache read as none: $(cat "$work/out")"
+"$bin" audit "$work/i8" --format json >"$work/a.json" && "$py" -c "
 import json; a = json.load(open('$work/a.json'))
-assert a['kv_cache_not_modelled'] is True and a['kv_cache_quantization'] == 'NVFP4' and a['fp8_kv_without_scales'] is False
-assert a['fp8_attention'] is None
-" && ok || bad "audit --format json on an NVFP4 KV cache: $(cat "$work/a.json")"
+assert a['kv_cache_not_modelled'] is True and a['kv_cache_quantization'] == 'INT8' and a['fp8_kv_without_scales'] is False
+assert a['fp8_attention'] is None and a['nvfp4_kv_without_scales'] is False
+" && ok || bad "audit --format json on an INT8 KV cache: $(cat "$work/a.json")"
 "$bin" audit "$work/fixed" --format json >"$work/a.json" && "$py" -c "
 import json; a = json.load(open('$work/a.json')); assert a['kv_cache_not_modelled'] is False" && ok || bad "kv_cache_not_modelled on an FP8 checkpoint"
-expect 0 "nv4: the checkpoint asks for the KV cache format NVFP4, which kvdrift does not model" -- forward --model-dir "$work/nv4" --tokens 8 --kv fp8-ckpt
+expect 0 "i8: the checkpoint asks for the KV cache format INT8, which kvdrift does not model: fp8-ckpt is an FP8 cache" -- forward --model-dir "$work/i8" --tokens 8 --kv fp8-ckpt
+
+# an NVFP4 KV cache (ModelOpt's kv_cache_quant_algo "NVFP4") without scales:
+# the engines' global scale 1.0, the same silent failure; nvfp4-ckpt runs
+# that cache, which is nvfp4-unscaled's at every position, and fp8-ckpt
+# says it is another format. With scales, nvfp4-ckpt takes them as they are.
+cp -r "$work/ck" "$work/nv4"
+printf '{"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "NVFP4"}}\n' >"$work/nv4/hf_quant_config.json"
+expect 0 "an engine that honours this checkpoint switches the KV cache to NVFP4 because kv_cache_quant_algo is NVFP4, finds no k_scale/v_scale" -- audit "$work/nv4"
+expect 1 "VERDICT: NVFP4 KV cache without scales \(silent scale 1.0\)" -- audit "$work/nv4" --strict
+"$bin" audit "$work/nv4" --format json >"$work/a.json" && "$py" -c "
+import json; a = json.load(open('$work/a.json'))
+assert a['kv_cache_not_modelled'] is False and a['kv_cache_quantization'] == 'NVFP4'
+assert a['nvfp4_kv_without_scales'] is True and a['fp8_kv_without_scales'] is False
+assert a['fp8_attention'] is None and a['layers_missing_kv_scales'] == [3, 7]
+b = a['kv_bytes_per_token']  # tiny: 2 layers x 2 KV heads x (64 / 2 + 64 / 16) bytes, K and V
+assert b['nvfp4'] == 2 * 2 * 2 * (64 // 2 + 64 // 16) and b['fp8'] == 2 * 2 * 2 * 64, b
+" && ok || bad "audit --format json on an NVFP4 KV cache without scales: $(cat "$work/a.json")"
+expect 0 "nv4: the checkpoint asks for an NVFP4 KV cache: nvfp4-ckpt is the cache an engine would run, fp8-ckpt another format" -- forward --model-dir "$work/nv4" --tokens 8 --kv fp8-ckpt
+"$bin" run --model-dir "$work/nv4" --kv bf16,nvfp4-ckpt,nvfp4-unscaled --context 64 --cells drift --gen-tokens 0 -o "$work/nv4.h5" >/dev/null 2>"$work/err" &&
+  "$py" - "$work/nv4.h5" <<'PY' && ok || bad "nvfp4-ckpt without scales is not nvfp4-unscaled: $(cat "$work/err")"
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+ts, t = f["drift/token_sets"][:], f["drift/tokens"][:]
+def kl(m):
+    r = ts[ts["mode"] == m][0]
+    return t["kl"][r["first"]:r["first"] + r["n"]]
+a, b = kl(b"nvfp4-ckpt"), kl(b"nvfp4-unscaled")
+assert len(a) > 0 and np.array_equal(a, b) and a.max() > 0
+PY
+"$bin" report "$work/nv4.h5" --format md 2>/dev/null | grep -q "nv4: the checkpoint asks for an NVFP4 KV cache (hf_quant_config.json) without k_scale/v_scale in layers 3, 7: an engine uses 1.0 there, as nvfp4-ckpt does" && ok ||
+  bad "the report over an NVFP4-KV checkpoint without scales: $("$bin" report "$work/nv4.h5" --format md 2>&1 | head -20)"
+
 for scheme in 'int:8:INT8' 'float:4:FP4'; do
   IFS=: read -r ty bits name <<<"$scheme"
   cp -r "$work/ct" "$work/ct-$name"
@@ -158,13 +190,26 @@ json.dump(c, open(sys.argv[1], "w"))
 PY
   expect 1 "VERDICT: $name KV cache, which kvdrift does not model" -- audit "$work/ct-$name" --strict
 done
-"$bin" run --model-dir "$work/nv4" --kv bf16,fp8-ckpt --context 64 --cells drift --gen-tokens 0 -o "$work/nv4.h5" >/dev/null 2>&1 &&
-  "$bin" report "$work/nv4.h5" --format md 2>/dev/null | grep -q "nv4: the checkpoint asks for an NVFP4 KV cache (hf_quant_config.json), a format kvdrift does not model: fp8-ckpt is an FP8 cache" && ok ||
-  bad "the report over an NVFP4-KV checkpoint does not say it is not modelled"
+"$bin" run --model-dir "$work/i8" --kv bf16,fp8-ckpt --context 64 --cells drift --gen-tokens 0 -o "$work/i8.h5" >/dev/null 2>&1 &&
+  "$bin" report "$work/i8.h5" --format md 2>/dev/null | grep -q "i8: the checkpoint asks for an INT8 KV cache (hf_quant_config.json), a format kvdrift does not model: fp8-ckpt is an FP8 cache" && ok ||
+  bad "the report over an INT8-KV checkpoint does not say it is not modelled"
 
 # with scales: a second shard and an index; fp8-ckpt uses exactly them
 cp -r "$work/noscale" "$work/scaled"
 st add-scales "$work/scaled" 3:0.75:0.0002 7:1.5:0.0001
+# the same scales under an NVFP4 KV config: nvfp4-ckpt's global scales, as they are
+cp -r "$work/scaled" "$work/nv4s"
+cp "$work/nv4/hf_quant_config.json" "$work/nv4s/"
+expect 0 "switches the KV cache to NVFP4 and takes the checkpoint's k_scale/v_scale as each full-attention layer's global scales" -- audit "$work/nv4s" --strict
+"$bin" run --model-dir "$work/nv4s" --kv bf16,nvfp4-ckpt --context 64 --cells drift --gen-tokens 0 -o "$work/nv4s.h5" >/dev/null 2>"$work/err" &&
+  "$py" - "$work/nv4s.h5" <<'PY' && ok || bad "nvfp4-ckpt with the checkpoint's scales: $(cat "$work/err")"
+import sys, h5py, numpy as np
+k = h5py.File(sys.argv[1], "r")["drift/kv"][:]
+k = k[k["mode"] == b"nvfp4-ckpt"]
+for layer, ks, vs in ((3, 0.75, 0.0002), (7, 1.5, 0.0001)):
+    r = k[k["layer"] == layer]
+    assert len(r) and np.all(r["k_scale"] == np.float32(ks)) and np.all(r["v_scale"] == np.float32(vs)), r
+PY
 expect 0 "2 of 2 full-attention layers have k_scale and v_scale" -- audit "$work/scaled" --strict
 expect 2 "--into-checkpoint: .*scaled: layer 3 already carries k_scale/v_scale" -- calibrate --model-dir "$work/scaled" --into-checkpoint
 printf '{"format": "kvdrift-kv-scales", "version": 1, "granularity": "per-layer", "layers": [{"k_scale": [0.75, 0.75], "v_scale": [0.0002, 0.0002]}, {"k_scale": [1.5, 1.5], "v_scale": [0.0001, 0.0001]}]}' >"$work/same.json"

@@ -1657,7 +1657,8 @@ static void prefill(void) {
         fill(q, (size_t)NQ * NH * D, "gpu.prefill.q", 1.0f);
         for (int mi = 0; mi < KVD_KV_N_MODES; mi++) {
             kvd_kvcache c;
-            if (mi == KVD_KV_FP8_CKPT || (quick && mi != KVD_KV_BF16 && mi != KVD_KV_FP8_CAL))
+            if (kvd_kv_mode_ckpt((kvd_kv_mode)mi) ||
+                (quick && mi != KVD_KV_BF16 && mi != KVD_KV_FP8_CAL))
                 continue;
             if (kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, D, BS, 4 * T, &sc, 1, err)) {
                 CHECK(0, "cache init: %s\n", err);
