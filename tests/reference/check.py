@@ -3,12 +3,12 @@
 usage: check.py CKPT_DIR DUMP_DIR
 
 CKPT_DIR is `kvdrift export` output, DUMP_DIR `kvdrift forward --dump` output
-for modes bf16, fp8-cal and fp8-unscaled. Checks, per mode:
+for modes bf16, fp8-cal, fp8-unscaled, nvfp4-cal and nvfp4-unscaled. Checks, per mode:
   - logits: relative L2 error against the reference below 1e-3 (for FP8
     modes the reference's attention reads the C's stored codes, so a code
     flipped at a rounding midpoint does not propagate);
-  - the cache bytes: the reference's own E4M3 codec applied to the K/V the C
-    computed gives exactly the bytes the C cache stored (every byte);
+  - the cache bytes: the reference's own E4M3 (NVFP4) codec applied to the
+    K/V the C computed gives exactly the bytes the C cache stored (every byte);
   - K and V themselves agree with the reference's to 1e-4 relative L2, and the
     reference's own codes equal the C's except (at most 1 in 1000) where the
     two computations' values straddle a rounding midpoint, closer together
@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import Checks  # noqa: E402
-from qwen3next_ref import Qwen3NextRef, e4m3_encode, e4m3_decode, round_bf16  # noqa: E402
+from qwen3next_ref import Qwen3NextRef, e4m3_encode, e4m3_decode, nvfp4_encode, round_bf16  # noqa: E402
 
 
 def rel_l2(a, b):
@@ -43,16 +43,18 @@ def main():
               "v": [np.array(l["v_scale"], dtype=np.float32) for l in sj["layers"]]}
     check = Checks()
 
-    for mode in ("bf16", "fp8-cal", "fp8-unscaled"):
+    for mode in ("bf16", "fp8-cal", "fp8-unscaled", "nvfp4-cal", "nvfp4-unscaled"):
         d = os.path.join(dump, mode)
+        nv = mode.startswith("nvfp4")
+        rb = hd // 2 + hd // 16 if nv else hd  # bytes a row
         logits_c = np.fromfile(os.path.join(d, "logits.f32"), dtype="<f4").reshape(T, V)
         forced = None
         if mode != "bf16":
             # attention reads the C's stored codes (see Qwen3NextRef.forward)
             forced = {}
             for al in range(len(sj["layers"])):
-                kc = np.fromfile(os.path.join(d, f"k_cache.{al}.bin"), dtype=np.uint8).reshape(T, kvh, hd)
-                vc = np.fromfile(os.path.join(d, f"v_cache.{al}.bin"), dtype=np.uint8).reshape(T, kvh, hd)
+                kc = np.fromfile(os.path.join(d, f"k_cache.{al}.bin"), dtype=np.uint8).reshape(T, kvh, rb)
+                vc = np.fromfile(os.path.join(d, f"v_cache.{al}.bin"), dtype=np.uint8).reshape(T, kvh, rb)
                 forced[al] = (kc, vc)
         logits_r, caches = model.forward(tokens, mode, scales, forced)
         e = rel_l2(logits_c, logits_r)
@@ -68,6 +70,23 @@ def main():
                     mine = round_bf16(pre).view(np.uint32) >> 16
                     check(np.array_equal(stored, mine.astype(np.uint16)),
                           f"{mode}: layer {al} {which.upper()} cache bytes = BF16 of the C values ({stored.size} values)")
+                    continue
+                if nv:
+                    # the reference's own NVFP4 codec on the C's values, every
+                    # byte; then its own values' rows: a group's largest value
+                    # a float32 ulp from a block-scale boundary moves the
+                    # whole group, so rows, not codes, are counted
+                    stored = raw.reshape(T, kvh, rb)
+                    sc = np.ones(kvh, dtype=np.float32)
+                    if mode == "nvfp4-cal":
+                        sc = np.divide(scales[which][al], np.float32(6.0), dtype=np.float32)
+                    mine = nvfp4_encode(pre, sc[None, :])[0]
+                    check(np.array_equal(stored, mine),
+                          f"{mode}: layer {al} {which.upper()} cache bytes = NVFP4(C values, global scale), "
+                          f"every one of {stored.size}")
+                    same = np.all(codes_r == stored, -1)
+                    check(same.mean() >= 0.99,
+                          f"{mode}: layer {al} {which.upper()} reference's own rows: {int(same.sum())} of {same.size} identical")
                     continue
                 stored = raw.reshape(T, kvh, hd)
                 sc = scales[which][al] if mode == "fp8-cal" else np.ones(kvh, dtype=np.float32)

@@ -76,6 +76,52 @@ def e4m3_decode(c):
     return np.where(c & 0x80, -v, v)
 
 
+E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def e2m1_encode(y):
+    """float32 -> E2M1 codes (low four bits): the nearest grid value, a tie
+    to the even code, beyond 6 clamped to 6."""
+    y = np.asarray(y, dtype=np.float32).astype(np.float64)
+    a = np.minimum(np.abs(y), 6.0)
+    i = np.clip(np.searchsorted(E2M1_GRID, a, side="right") - 1, 0, 6)
+    lo, hi = E2M1_GRID[i], E2M1_GRID[i + 1]
+    up = (a - lo > hi - a) | ((a - lo == hi - a) & ((i + 1) % 2 == 0))
+    code = np.where(up, i + 1, i).astype(np.uint8)
+    return code | (np.signbit(y).astype(np.uint8) << 3)
+
+
+def nvfp4_encode(x32, s):
+    """NVFP4 rows of x32 ([..., head_dim] float32) under global scales s
+    (broadcast over the rows): the stored bytes ([..., head_dim / 2 + head_dim
+    / 16]: the codes two to a byte, low first, then the groups' E4M3 block
+    scales) and the values they read back as (float64)."""
+    x32 = np.asarray(x32, dtype=np.float32)
+    s = np.asarray(s, dtype=np.float32)[..., None]
+    hd = x32.shape[-1]
+    g = x32.reshape(x32.shape[:-1] + (hd // 16, 16))
+    a = np.abs(g).max(-1)
+    sf = e4m3_encode(np.divide(np.divide(a, np.float32(6.0), dtype=np.float32), s, dtype=np.float32))
+    d = (e4m3_decode(sf).astype(np.float32) * s).astype(np.float32)
+    dd = np.broadcast_to(d[..., None], g.shape)
+    y = np.where(dd > 0, np.divide(g, np.where(dd > 0, dd, 1), dtype=np.float32), g * np.float32(0))
+    codes = e2m1_encode(y).reshape(x32.shape)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    mag = E2M1_GRID[codes & 7] * np.where(codes & 8, -1.0, 1.0)
+    vals = (mag.reshape(g.shape) * e4m3_decode(sf)[..., None]).reshape(x32.shape) * s.astype(np.float64)
+    return np.concatenate([packed, sf], -1), vals
+
+
+def nvfp4_decode(row, s):
+    """Stored NVFP4 rows back to values (float64)."""
+    row = np.asarray(row, dtype=np.uint8)
+    hd = row.shape[-1] * 16 // 9
+    codes = np.stack([row[..., :hd // 2] & 15, row[..., :hd // 2] >> 4], -1).reshape(row.shape[:-1] + (hd,))
+    mag = E2M1_GRID[codes & 7] * np.where(codes & 8, -1.0, 1.0)
+    sf = np.repeat(e4m3_decode(row[..., hd // 2:]), 16, -1)
+    return mag * sf * np.asarray(s, dtype=np.float32)[..., None].astype(np.float64)
+
+
 def fp8_attention(q, kq, vq, qs=None, p_fp8=False):
     """Causal attention of every position, [T, heads, hd] in: the
     distribution P [heads, T, T] and the output [T, heads, hd]. With FP8
@@ -101,6 +147,9 @@ def store(x, mode, scale):
     x32 = x.astype(np.float32)
     if mode == "bf16":
         return round_bf16(x32).astype(np.float64), None
+    if mode == "nvfp4":
+        codes, vals = nvfp4_encode(x32, scale)
+        return vals, codes
     s = np.asarray(scale, dtype=np.float32)[:, None]
     codes = e4m3_encode(np.divide(x32, s, dtype=np.float32))
     return e4m3_decode(codes) * s.astype(np.float64), codes
@@ -202,15 +251,19 @@ class Qwen3NextRef:
         v = (xn @ W[p + "self_attn.v_proj.weight"].T).reshape(T, kvh, hd)
         q = rope(rms_norm(q, W[p + "self_attn.q_norm.weight"], eps, True), pos, rot, c["rope_theta"])
         k = rope(rms_norm(k, W[p + "self_attn.k_norm.weight"], eps, True), pos, rot, c["rope_theta"])
-        if kv_mode == "fp8-unscaled":
-            ks = vs = np.ones(kvh)
+        if kv_mode in ("fp8-unscaled", "nvfp4-unscaled"):
+            ks = vs = np.ones(kvh, dtype=np.float32)
         elif kv_mode == "fp8-cal":
             ks, vs = sc
+        elif kv_mode == "nvfp4-cal":  # the FP8 scales over E2M1's 6
+            ks, vs = (np.divide(np.asarray(t, dtype=np.float32), np.float32(6.0), dtype=np.float32) for t in sc)
         else:
             ks = vs = None
-        mode = "bf16" if kv_mode == "bf16" else "fp8"
+        mode = "bf16" if kv_mode == "bf16" else "nvfp4" if kv_mode.startswith("nvfp4") else "fp8"
         kq, kc = store(k, mode, ks)
         vq, vc = store(v, mode, vs)
+        if forced is not None and mode == "nvfp4":
+            kq, vq = nvfp4_decode(forced[0], ks), nvfp4_decode(forced[1], vs)
         if forced is not None and mode == "fp8":
             kq = e4m3_decode(forced[0]) * np.asarray(ks, dtype=np.float32)[:, None].astype(np.float64)
             vq = e4m3_decode(forced[1]) * np.asarray(vs, dtype=np.float32)[:, None].astype(np.float64)
