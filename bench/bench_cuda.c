@@ -495,7 +495,7 @@ static int bench_linear(const char *preset, size_t copy_bytes, int reps, double 
 /* the bytes a decode step's attention reads from the cache (K and V) at
  * the benchmark's 2 KV heads x 256, ctx positions, in format f */
 static double cache_bytes(int ctx, int f) {
-    return 2.0 * ctx * 2 * 256 * (f == KVD_FMT_BF16 ? 2 : 1);
+    return 2.0 * ctx * 2 * (double)kvd_fmt_row_bytes((kvd_fmt)f, 256);
 }
 
 /* The benchmark's sizes: the GPU's, and a small one that runs every part
@@ -554,17 +554,18 @@ int kvd_bench_cuda(int reps, int smoke) {
     printf("device copy bandwidth (read + write, %zu MiB): %.1f GB/s\n\n", sz->copy_bytes >> 20,
            bw / 1e9);
     printf("decode attention, 32/2 heads x 256, L2 flushed before each rep (v1: plain kernels; "
-           "v2: split over the context,\nFP32 cores; v3: tensor cores, what the model runs):\n"
+           "v2: split over the context,\nFP32 cores; v3: tensor cores, what the model runs for "
+           "BF16 and FP8; NVFP4 runs v2):\n"
            "%8s %-6s %4s %10s %10s %8s %8s\n",
            "context", "cache", "ver", "time_us", "read_GB_s", "of_copy", "vs_bf16");
     const int *ctxs = sz->ctx;
-    const char *fn[3] = {"bf16", "e4m3", "e5m2"};
+    const char *fn[4] = {"bf16", "e4m3", "e5m2", "nvfp4"};
     /* v3's time by context, BF16 and E4M3: FP8 attention's table and the targets */
     double v3[2][2] = {{0, 0}, {0, 0}};
     for (int ver = 1; ver <= 3; ver++)
         for (int ci = 0; ci < 2; ci++) {
             double tb = 0;
-            for (int f = 0; f < 3; f++) {
+            for (int f = 0; f < (ver < 3 ? 4 : 3); f++) { /* NVFP4 has no v3 (tensor cores) */
                 double t = kvd_cuda_bench_attn(f, ctxs[ci], 32, 2, 256, reps, ver, 0);
                 fail |= t <= 0;
                 const double bytes = cache_bytes(ctxs[ci], f);

@@ -2094,7 +2094,7 @@ struct bench_cache {
     ~bench_cache() { cudaFree(k), cudaFree(v), cudaFree(blocks), cudaFree(scale); }
     bool make(int fmt, int n_ctx, int kv_heads, int head_dim) {
         const int bs = 16, nb = (n_ctx + bs - 1) / bs;
-        const size_t pool = (size_t)nb * kv_heads * bs * head_dim * (fmt == KVD_FMT_BF16 ? 2 : 1);
+        const size_t pool = (size_t)nb * kv_heads * bs * kvd_fmt_row_bytes((kvd_fmt)fmt, head_dim);
         if (kv_heads > 64 || cudaMalloc(&k, pool) || cudaMalloc(&v, pool) ||
             cudaMalloc(&blocks, sizeof(int) * nb) || cudaMalloc(&scale, sizeof(float) * kv_heads))
             return false;
