@@ -178,7 +178,9 @@ def apart(z):
 nl = len(set(lay[lay["metric"] == b"router_flip"]["layer"]))
 c, c99, kc_ = fig("fp8-cal", "kl_mean"), pct(pos("fp8-cal", "kl"), .99), pos("fp8-cal", "kl")
 want, zs = [], {}
-for o in ("fp8-unscaled", "fp8-ckpt", "fp8-e5m2"):
+def words(z):  # how many standard errors apart, in the report's words
+    return f"{math.floor(10 * z) / 10:.1f} standard errors apart: within the error" if z < 2 else f"{z:.0f} standard errors apart"
+for o in ("fp8-unscaled", "fp8-ckpt", "fp8-e5m2", "nvfp4-cal", "nvfp4-unscaled"):
     if not (ts["mode"] == o.encode()).any():
         continue
     u, ku = fig(o, "kl_mean"), pos(o, "kl")
@@ -195,8 +197,15 @@ for o in ("fp8-unscaled", "fp8-ckpt", "fp8-e5m2"):
     dr = (pos(o, "router_flips") - pos("fp8-cal", "router_flips")) / nl
     zr = abs(ru - rc) / (dr.std(ddof=1) / math.sqrt(len(dr)))
     (ku_, vu), (kc2, vc) = shares(o), shares("fp8-cal")
+    # an NVFP4 cache without scales against NVFP4's calibrated one, paired
+    nvc = ""
+    if o == "nvfp4-unscaled" and (ts["mode"] == b"nvfp4-cal").any():
+        n, dn = fig("nvfp4-cal", "kl_mean"), ku - pos("nvfp4-cal", "kl")
+        zn = abs(u - n) / (dn.std(ddof=1) / math.sqrt(len(dn)))
+        nvc = f"; against nvfp4-cal {u / n:.2g}x (mean output KL {n:.3e}, {words(zn)})"
+        print(f"nvfp4-unscaled against nvfp4-cal: z {zn:.2f}", file=sys.stderr)
     want.append(f"{o} {how}; 99th-percentile KL {u99:.3e} against {c99:.3e}{apart(z99)}; "
-                f"top-1 agreement {fig(o, 'same_top_p'):.4f} against {fig('fp8-cal', 'same_top_p'):.4f}; "
+                f"top-1 agreement {fig(o, 'same_top_p'):.4f} against {fig('fp8-cal', 'same_top_p'):.4f}{nvc}; "
                 f"experts rerouted at {100 * ru:.2f}% of (position, MoE layer) pairs against {100 * rc:.2f}%{apart(zr)}; "
                 f"K saturated {ku_:.3f}% against {kc2:.3f}%, V flushed to zero {vu:.3f}% against {vc:.3f}%.")
     zs[o] = (z, z99, zr)
