@@ -1083,7 +1083,8 @@ int kvd_cmd_run(int argc, char **argv) {
              (sc.q &&
               (res.cal_q_heads != sc.n_heads || memcmp(res.q_scale, sc.q, sizeof(float) * nq)))))
             kvd_die(KVD_EXIT_USAGE, cmd,
-                    "%s holds fp8-cal cells run with other scales (its /calibration) than this "
+                    "%s holds calibrated cells (fp8-cal, nvfp4-cal) run with other scales (its "
+                    "/calibration) than this "
                     "run's%s%s: write to another file (-o), or remove it to start over",
                     o.out, o.scales_path ? " from " : "", o.scales_path ? o.scales_path : "");
         free(res.k_scale), free(res.v_scale);

@@ -403,7 +403,7 @@ cp "$work/c2.h5" "$work/c2.before"
 "$bin" calibrate --model tiny --seed 3 --calib-tokens 300 -o "$work/cal300.json" >/dev/null
 cp "$work/cal300.json" "$work/cal.json"
 "$bin" run --model tiny --kv fp8-cal --context 256 --concurrency 1 --seed 3 --scales "$work/cal.json" --gen-tokens 0 --decode-tokens 2 -o "$work/c2.h5" >/dev/null 2>"$work/e5"; rc=$?
-if [ $rc -eq 2 ] && grep -q "c2.h5 holds fp8-cal cells run with other scales (its /calibration) than this run's from .*cal.json" "$work/e5" &&
+if [ $rc -eq 2 ] && grep -q "c2.h5 holds calibrated cells (fp8-cal, nvfp4-cal) run with other scales (its /calibration) than this run's from .*cal.json" "$work/e5" &&
   ! grep -q "resuming" "$work/e5" && cmp -s "$work/c2.h5" "$work/c2.before"; then ok; else bad "a changed scales file resumed: exit $rc, $(cat "$work/e5")"; fi
 # a file another build wrote (its figures may differ in the last bits)
 cp "$work/c1.h5" "$work/other.h5"
