@@ -238,6 +238,12 @@ int kvd_cmd_forward(int argc, char **argv) {
     printf("trace: %d synthetic tokens, seed %llu\n", T, (unsigned long long)seed);
 
     int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads, V = c->vocab_size;
+    for (int mi = 0; mi < KVD_KV_N_MODES; mi++) /* NVFP4 needs whole groups of 16 */
+        if (want[mi] && kvd_kv_mode_fmt((kvd_kv_mode)mi) == KVD_FMT_NVFP4 &&
+            c->head_dim % KVD_NVFP4_GROUP)
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--kv %s: the model's head_dim %d is not a multiple of NVFP4's %d-value groups",
+                    kvd_kv_mode_name((kvd_kv_mode)mi), c->head_dim, KVD_NVFP4_GROUP);
     kvd_kv_scales sc = {0}, am = {0}, ck = {0};
     for (int mi = 0; mi < KVD_KV_N_MODES; mi++)
         if (want[mi] && kvd_kv_mode_ckpt((kvd_kv_mode)mi)) { /* read again: the same */

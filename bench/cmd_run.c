@@ -1047,6 +1047,13 @@ int kvd_cmd_run(int argc, char **argv) {
                      res.model_json, res.trace_json);
     free(was_model), free(was_trace), free(was_settings);
 
+    /* an NVFP4 cache needs whole groups of 16: refused before any cell runs */
+    for (int i = 0; i < o.n_modes; i++)
+        if (kvd_kv_mode_fmt((kvd_kv_mode)o.modes[i]) == KVD_FMT_NVFP4 &&
+            c->head_dim % KVD_NVFP4_GROUP)
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--kv %s: the model's head_dim %d is not a multiple of NVFP4's %d-value groups",
+                    kvd_kv_mode_name((kvd_kv_mode)o.modes[i]), c->head_dim, KVD_NVFP4_GROUP);
     kvd_kv_scales sc = {0}, am = {0};
     kvd_kv_scales ck = {0};
     for (int i = 0; i < o.n_modes; i++)

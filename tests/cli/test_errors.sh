@@ -56,6 +56,17 @@ expect 2 "heads.json: field 'num_key_value_heads': expected a divisor of num_att
 expect 2 "layer.json: field 'layer_types\[1\]': expected \"linear_attention\" or \"full_attention\", got \"mamba\"" -- forward --config "$work/layer.json"
 expect 2 "zero.json: field 'hidden_size': expected a positive integer, got 0" -- forward --config "$work/zero.json"
 expect 2 "broken.json: line 2, column" -- forward --config "$work/broken.json"
+# NVFP4 needs head_dim in whole groups of 16: refused before any cell runs
+cat >"$work/hd40.json" <<'J'
+{"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+ "head_dim": 40, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 300}
+J
+expect 2 "--kv nvfp4-cal: the model's head_dim 40 is not a multiple of NVFP4's 16-value groups" -- run --config "$work/hd40.json" --kv bf16,nvfp4-cal --context 64 -o "$work/hd40.h5"
+if [ ! -e "$work/hd40.h5" ]; then pass=$((pass + 1)); else
+  fail=$((fail + 1))
+  echo "FAIL: a refused NVFP4 sweep left $work/hd40.h5"
+fi
+expect 2 "--kv nvfp4-unscaled: the model's head_dim 40 is not a multiple of NVFP4's 16-value groups" -- forward --config "$work/hd40.json" --kv bf16,nvfp4-unscaled --tokens 16
 expect 2 "--tokens: expected an integer in 1\.\." -- forward --model tiny --tokens 0
 expect 2 "--tokens: expected an integer in 1\.\..*got '-5'" -- forward --model tiny --tokens -5
 expect 2 "--kv: unknown mode 'fp4'" -- forward --model tiny --kv bf16,fp4
