@@ -85,6 +85,11 @@ int kvd_cmd_plan(int argc, char **argv) {
     double bf16_seqs = 0;
     for (int m = 0; m < KVD_KV_N_MODES; m++) {
         if (kvd_kv_mode_ckpt((kvd_kv_mode)m)) continue; /* the same bytes as the -cal modes */
+        if (kvd_kv_mode_fmt((kvd_kv_mode)m) == KVD_FMT_NVFP4 && c.head_dim % KVD_NVFP4_GROUP) {
+            printf("%-13s %14s  (head_dim %d is not whole groups of %d values)\n",
+                   kvd_kv_mode_name((kvd_kv_mode)m), "-", c.head_dim, KVD_NVFP4_GROUP);
+            continue;
+        }
         int64_t bpt =
             kvd_kvcache_bytes_per_token((kvd_kv_mode)m, nf, kvh, c.head_dim); /* a GPU's */
         double seqs = budget / ((double)bpt * ctx + state);

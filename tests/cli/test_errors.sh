@@ -123,9 +123,14 @@ else
   fail=$((fail + 1)); echo "FAIL: trace stats --format csv"
 fi
 
-# plan: Qwen3.5-397B-A17B's KV bytes per token (MODEL_FACTS: 30,720 BF16, 15,360 FP8)
+# plan: Qwen3.5-397B-A17B's KV bytes per token (MODEL_FACTS: 30,720 BF16, 15,360 FP8;
+# NVFP4: 15 layers x 2 KV heads x (256 / 2 + 256 / 16) bytes, K and V: 8,640);
+# a head_dim NVFP4 cannot group says so in NVFP4's rows
 "$bin" plan --model qwen3.5-397b-a17b --kv-budget 39GB >"$work/plan.txt"
-if grep -qE '^bf16 +30720 +1269531 ' "$work/plan.txt" && grep -qE '^fp8-cal +15360 +2539062 ' "$work/plan.txt"; then
+"$bin" plan --config "$work/hd40.json" >>"$work/plan.txt"
+if grep -qE '^bf16 +30720 +1269531 ' "$work/plan.txt" && grep -qE '^fp8-cal +15360 +2539062 ' "$work/plan.txt" &&
+   grep -qE '^nvfp4-unscaled +8640 +4513888 ' "$work/plan.txt" &&
+   grep -qE '^nvfp4-cal +- +\(head_dim 40 is not whole groups of 16 values\)' "$work/plan.txt"; then
   pass=$((pass + 1))
 else
   fail=$((fail + 1)); echo "FAIL: kvdrift plan figures"; cat "$work/plan.txt"
