@@ -101,8 +101,10 @@ int kvd_cmd_audit(int argc, char **argv) {
                         : "switches the KV cache to NVFP4 and takes the checkpoint's "
                           "k_scale/v_scale as each full-attention layer's global scales";
         advice = silent ? "do not deploy as is: add k_scale/v_scale to every full-attention "
-                          "layer, or serve with an FP8 or BF16 KV cache; measure the cost first "
-                          "with kvdrift run --model-dir DIR --kv bf16,fp8-cal,nvfp4-ckpt,nvfp4-cal"
+                          "layer (kvdrift calibrate --model-dir DIR --into-checkpoint writes "
+                          "NVFP4 global scales), or serve with an FP8 or BF16 KV cache; measure "
+                          "the cost first with kvdrift run --model-dir DIR --kv "
+                          "bf16,fp8-cal,nvfp4-ckpt,nvfp4-cal"
                  : bad  ? "do not deploy as is: replace the scales, or serve with an FP8 or BF16 "
                           "KV cache"
                  : unit ? "the scales are placeholders: measure what they cost with kvdrift run "

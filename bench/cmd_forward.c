@@ -417,9 +417,27 @@ int kvd_cmd_calibrate(int argc, char **argv) {
     if (out && kvd_scales_save(out, &sc, &am, co.recipe, w.cfg.name, co.calib_tokens,
                                seed + KVD_CALIB_SEED_OFFSET, err))
         kvd_die(1, cmd, "%s", err);
+    /* an NVFP4 KV cache takes the scales as its global scales: written as
+     * nvfp4-cal computes them (the FP8 scales over E2M1's 6), so that
+     * nvfp4-ckpt then is nvfp4-cal */
+    int nv4 = 0;
+    if (into) {
+        char algo[32];
+        if (kvd_checkpoint_kv_algo(mo.model_dir, algo, sizeof algo, err))
+            kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+        nv4 = kvd_kv_algo_kind(algo) == KVD_KV_ALGO_NVFP4;
+    }
+    kvd_kv_scales ws = {0};
+    if (nv4) {
+        if (kvd_kv_scales_init(&ws, sc.n_layers, sc.kv_heads))
+            kvd_die(1, cmd, "out of memory for the scales");
+        ws.per_head = sc.per_head;
+        for (int i = 0; i < sc.n_layers * sc.kv_heads; i++)
+            ws.k[i] = sc.k[i] / KVD_E2M1_MAX, ws.v[i] = sc.v[i] / KVD_E2M1_MAX;
+    }
     int replaced = 0;
-    if (into && kvd_checkpoint_add_kv_scales(mo.model_dir, &w.cfg, &sc, co.per_head, replace,
-                                             &replaced, err))
+    if (into && kvd_checkpoint_add_kv_scales(mo.model_dir, &w.cfg, nv4 ? &ws : &sc, co.per_head,
+                                             replace, &replaced, err))
         kvd_die(1, cmd, "%s", err);
     int kvh = w.cfg.num_key_value_heads;
     for (int l = 0; l < sc.n_layers; l++)
@@ -432,6 +450,12 @@ int kvd_cmd_calibrate(int argc, char **argv) {
                replaced, mo.model_dir);
     else if (into)
         printf("wrote the scales into %s (kv_scales.safetensors)\n", mo.model_dir);
+    if (nv4)
+        printf("the checkpoint asks for an NVFP4 KV cache: it got them as NVFP4 global scales, "
+               "over 6 (absmax / 2688 by the absmax recipe; layer 0: k_scale %.6g, v_scale %.6g), "
+               "as nvfp4-cal computes them\n",
+               ws.k[0], ws.v[0]);
+    kvd_kv_scales_free(&ws);
     kvd_kv_scales_free(&sc);
     kvd_kv_scales_free(&am);
     kvd_weights_free(&w);

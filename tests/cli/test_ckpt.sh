@@ -178,6 +178,30 @@ assert len(a) > 0 and np.array_equal(a, b) and a.max() > 0
 PY
 "$bin" report "$work/nv4.h5" --format md 2>/dev/null | grep -q "nv4: the checkpoint asks for an NVFP4 KV cache (hf_quant_config.json) without k_scale/v_scale in layers 3, 7: an engine uses 1.0 there, as nvfp4-ckpt does" && ok ||
   bad "the report over an NVFP4-KV checkpoint without scales: $("$bin" report "$work/nv4.h5" --format md 2>&1 | head -20)"
+# ... and fixed: calibrate writes NVFP4 global scales (the FP8 ones over 6),
+# audit --strict passes, and nvfp4-ckpt is nvfp4-cal bit for bit
+cp -r "$work/nv4" "$work/nv4fix"
+"$bin" calibrate --model-dir "$work/nv4fix" --into-checkpoint >"$work/out" 2>"$work/err" &&
+  grep -q "the checkpoint asks for an NVFP4 KV cache: it got them as NVFP4 global scales, over 6" "$work/out" && ok ||
+  bad "calibrate --into-checkpoint on an NVFP4 checkpoint: $(cat "$work/err" "$work/out")"
+expect 0 "2 of 2 full-attention layers have k_scale and v_scale" -- audit "$work/nv4fix" --strict
+"$bin" run --model-dir "$work/nv4fix" --kv nvfp4-cal,nvfp4-ckpt --context 128 --concurrency 1 --cells drift \
+  --gen-tokens 0 -o "$work/nv4fix.h5" >/dev/null 2>"$work/err" &&
+  "$py" - "$work/nv4fix.h5" <<'PY' && ok || bad "after --into-checkpoint, nvfp4-ckpt differs from nvfp4-cal: $(cat "$work/err")"
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+k = f["/drift/kv"][:]
+a, b = k[k["mode"] == b"nvfp4-cal"], k[k["mode"] == b"nvfp4-ckpt"]
+assert len(a) == len(b) > 0
+for n in ("k_scale", "v_scale", "k_flushed_frac", "v_flushed_frac", "v_subnormal_frac"):
+    assert np.array_equal(a[n], b[n]), n
+ts, tk = f["/drift/token_sets"][:], f["/drift/tokens"][:]
+a, b = ts[ts["mode"] == b"nvfp4-cal"][0], ts[ts["mode"] == b"nvfp4-ckpt"][0]
+x, y = tk[a["first"]:a["first"] + a["n"]], tk[b["first"]:b["first"] + b["n"]]
+assert a["n"] == b["n"] == 127 and x["kl"].max() > 0
+for n in x.dtype.names:  # attention is NaN where not sampled
+    assert np.array_equal(x[n], y[n], equal_nan=x.dtype[n].kind == "f"), n
+PY
 
 for scheme in 'int:8:INT8' 'float:4:FP4'; do
   IFS=: read -r ty bits name <<<"$scheme"
