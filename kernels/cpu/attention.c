@@ -324,40 +324,62 @@ static inline __m512 nvfp4_table(void) {
 
 static inline void nvfp4_row(const uint8_t *row, int hd, __m512 tab, const float *e4, float *out) {
     const uint8_t *sf = row + hd / 2;
+    /* lane i takes the group's dword i / 8 shifted right by 4 (i % 8): its
+     * low nibble is code i, and vpermps reads only an index's low 4 bits */
+    const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i shift =
+        _mm512_set_epi32(28, 24, 20, 16, 12, 8, 4, 0, 28, 24, 20, 16, 12, 8, 4, 0);
     for (int g = 0; g < hd / KVD_NVFP4_GROUP; g++) {
-        const __m128i b = _mm_loadl_epi64((const __m128i *)(row + 8 * g)), m = _mm_set1_epi8(15);
-        const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
-        const __m512i idx = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi));
+        const __m512i w = _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)(row + 8 * g)));
+        const __m512i idx = _mm512_srlv_epi32(_mm512_permutexvar_epi32(pick, w), shift);
         _mm512_storeu_ps(out + 16 * g,
                          _mm512_mul_ps(_mm512_permutexvar_ps(idx, tab), _mm512_set1_ps(e4[sf[g]])));
     }
 }
 
+/* pf, when not NULL, is the next block's rows: each row's fetch into L2 is
+ * started as the same row of this block is read */
 static void scores_nvfp4(const uint8_t *kp, int nt, const float *q, int G, int hd, float kmul,
-                         float *s, size_t stride) {
+                         float *s, size_t stride, const uint8_t *pf) {
     const __m512 tab = nvfp4_table();
     const float *e4 = kvd_e4m3_table();
     const size_t rb = kvd_nvfp4_row_bytes((size_t)hd);
-    float row[hd];
-    for (int t = 0; t < nt; t++) {
-        nvfp4_row(kp + (size_t)t * rb, hd, tab, e4, row);
+    /* sixteen rows decoded at a time; then a query head's sixteen dot
+     * products side by side (sixteen independent chains of fused
+     * multiply-adds, the query read once) and summed in one sum16 */
+    float rows[16][hd];
+    for (int t0 = 0; t0 < nt; t0 += 16) {
+        const int n = nt - t0 < 16 ? nt - t0 : 16;
+        for (int tt = 0; tt < 16; tt++) {
+            if (tt >= n) { /* past the block's rows: zeros, their sums not stored */
+                memset(rows[tt], 0, sizeof(float) * (size_t)hd);
+                continue;
+            }
+            if (pf) prefetch_l2(pf + (size_t)(t0 + tt) * rb, rb);
+            nvfp4_row(kp + (size_t)(t0 + tt) * rb, hd, tab, e4, rows[tt]);
+        }
         for (int j = 0; j < G; j++) {
-            __m512 a = _mm512_setzero_ps();
-            for (int d = 0; d < hd; d += 16)
-                a = _mm512_fmadd_ps(_mm512_loadu_ps(q + (size_t)j * hd + d),
-                                    _mm512_loadu_ps(row + d), a);
-            s[(size_t)j * stride + t] = _mm512_reduce_add_ps(a) * kmul;
+            __m512 a[16];
+            for (int tt = 0; tt < 16; tt++) a[tt] = _mm512_setzero_ps();
+            for (int d = 0; d < hd; d += 16) {
+                const __m512 qv = _mm512_loadu_ps(q + (size_t)j * hd + d);
+                for (int tt = 0; tt < 16; tt++)
+                    a[tt] = _mm512_fmadd_ps(_mm512_loadu_ps(rows[tt] + d), qv, a[tt]);
+            }
+            _mm512_mask_storeu_ps(s + (size_t)j * stride + t0, (__mmask16)((1u << n) - 1u),
+                                  _mm512_mul_ps(sum16(a), _mm512_set1_ps(kmul)));
         }
     }
 }
 
 static void pv_nvfp4(const uint8_t *vp, int nt, const float *p, size_t stride, int G, int hd,
-                     float *acc) {
+                     float *acc, const uint8_t *pf) {
     const __m512 tab = nvfp4_table();
     const float *e4 = kvd_e4m3_table();
     const size_t rb = kvd_nvfp4_row_bytes((size_t)hd);
     float row[hd];
     for (int t = 0; t < nt; t++) {
+        if (pf) prefetch_l2(pf + (size_t)t * rb, rb);
         nvfp4_row(vp + (size_t)t * rb, hd, tab, e4, row);
         for (int j = 0; j < G; j++) {
             const __m512 pj = _mm512_set1_ps(p[(size_t)j * stride + t]);
@@ -375,7 +397,7 @@ static void scores_block(const kvd_kv_view *kv, const read_path *rp, const uint8
                          const uint8_t *pf) {
 #ifdef KVD_VEC
     if (kv->fmt == KVD_FMT_NVFP4 && !kv->portable) {
-        scores_nvfp4(kp, nt, q, G, kv->head_dim, kmul, s, stride);
+        scores_nvfp4(kp, nt, q, G, kv->head_dim, kmul, s, stride, pf);
         return;
     }
     if (rp->vec) {
@@ -393,7 +415,7 @@ static void pv_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *
                      const float *p, size_t stride, int G, float *out, const uint8_t *pf) {
 #ifdef KVD_VEC
     if (kv->fmt == KVD_FMT_NVFP4 && !kv->portable) {
-        pv_nvfp4(vp, nt, p, stride, G, kv->head_dim, out);
+        pv_nvfp4(vp, nt, p, stride, G, kv->head_dim, out, pf);
         return;
     }
     if (rp->vec) {
