@@ -230,6 +230,10 @@ PY
   ok || bad "the headline against fp8-cal: $(tail -3 "$work/hl.err") $(cat "$work/r.md")"
 "$py" "$work/headline.py" "$nightly" "$work/nightly.md" - p99-error 2>"$work/hl.err" &&
   ok || bad "the nightly baseline's headline against fp8-cal: $(tail -3 "$work/hl.err") $(cat "$work/nightly.md")"
+# what NVFP4's flushed share means, under the verdict where a run has an
+# nvfp4 mode (the nightly baseline) and nowhere else
+grep -q "^The nvfp4 modes are NVFP4 caches: .* the share is the format's, not the sign of a missing scale.$" "$work/nightly.md" &&
+  ! grep -q "nvfp4 modes are NVFP4" "$work/r.md" && ok || bad "the NVFP4 note under the verdict"
 # the KL tail: each point the share of the file's positions above its x;
 # no series for bf16 (no drift)
 "$py" - "$work/r.h5" "$work/r.html" "$work/r.md" <<'PY' && ok || bad "the KL tail chart differs from /drift/tokens"
