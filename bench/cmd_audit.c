@@ -66,8 +66,9 @@ int kvd_cmd_audit(int argc, char **argv) {
     int64_t bpt16 = kvd_kvcache_bytes_per_token(KVD_KV_BF16, nf, kvh, hd);
     int64_t bpt8 = kvd_kvcache_bytes_per_token(KVD_KV_FP8_CAL, nf, kvh, hd);
     /* NVFP4 needs head_dim in whole groups of 16 */
-    int64_t bpt4 =
-        hd % KVD_NVFP4_GROUP ? 0 : kvd_kvcache_bytes_per_token(KVD_KV_NVFP4_CAL, nf, kvh, hd);
+    int64_t bpt4 = kvd_kv_mode_fits(KVD_KV_NVFP4_CAL, hd)
+                       ? kvd_kvcache_bytes_per_token(KVD_KV_NVFP4_CAL, nf, kvh, hd)
+                       : 0;
     char missing[1024] = "";
     for (int i = 0; i < au.n_missing; i++) {
         char one[16];

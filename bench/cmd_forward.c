@@ -210,11 +210,11 @@ int kvd_cmd_forward(int argc, char **argv) {
     snprintf(list, sizeof list, "%s", kv_list);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
         kvd_kv_mode m;
-        if (kvd_kv_mode_parse(tok, &m))
-            kvd_die(KVD_EXIT_USAGE, cmd,
-                    "--kv: unknown mode '%s', expected bf16, fp8-cal, fp8-unscaled, fp8-e5m2, "
-                    "fp8-ckpt, nvfp4-cal, nvfp4-unscaled or nvfp4-ckpt",
-                    tok);
+        if (kvd_kv_mode_parse(tok, &m)) {
+            char names[256];
+            kvd_kv_mode_names(names, sizeof names, " or ");
+            kvd_die(KVD_EXIT_USAGE, cmd, "--kv: unknown mode '%s', expected %s", tok, names);
+        }
         want[m] = 1;
     }
     want[KVD_KV_BF16] = 1;
@@ -238,19 +238,12 @@ int kvd_cmd_forward(int argc, char **argv) {
     printf("trace: %d synthetic tokens, seed %llu\n", T, (unsigned long long)seed);
 
     int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads, V = c->vocab_size;
-    for (int mi = 0; mi < KVD_KV_N_MODES; mi++) /* NVFP4 needs whole groups of 16 */
-        if (want[mi] && kvd_kv_mode_fmt((kvd_kv_mode)mi) == KVD_FMT_NVFP4 &&
-            c->head_dim % KVD_NVFP4_GROUP)
-            kvd_die(KVD_EXIT_USAGE, cmd,
-                    "--kv %s: the model's head_dim %d is not a multiple of NVFP4's %d-value groups",
-                    kvd_kv_mode_name((kvd_kv_mode)mi), c->head_dim, KVD_NVFP4_GROUP);
+    kvd_kv_mode_require_fit(cmd, want, c->head_dim);
     kvd_kv_scales sc = {0}, am = {0}, ck = {0};
+    kvd_model_opts_ckpt_scales(&mo, cmd, c, &ck, want);
+    int need_cal = 0;
     for (int mi = 0; mi < KVD_KV_N_MODES; mi++)
-        if (want[mi] && kvd_kv_mode_ckpt((kvd_kv_mode)mi)) { /* read again: the same */
-            kvd_kv_scales_free(&ck);
-            kvd_model_opts_ckpt_scales(&mo, cmd, c, &ck, (kvd_kv_mode)mi);
-        }
-    const int need_cal = want[KVD_KV_FP8_CAL] || want[KVD_KV_NVFP4_CAL];
+        need_cal |= want[mi] && kvd_kv_mode_cal((kvd_kv_mode)mi);
     if (need_cal) {
         get_scales(&co, &w, seed, cmd, &sc, &am, 1);
         if (attn_fp8) kvd_check_query_scales(cmd, &sc, co.scales_path);
@@ -433,7 +426,7 @@ int kvd_cmd_calibrate(int argc, char **argv) {
             kvd_die(1, cmd, "out of memory for the scales");
         ws.per_head = sc.per_head;
         for (int i = 0; i < sc.n_layers * sc.kv_heads; i++)
-            ws.k[i] = sc.k[i] / KVD_E2M1_MAX, ws.v[i] = sc.v[i] / KVD_E2M1_MAX;
+            ws.k[i] = kvd_nvfp4_global_scale(sc.k[i]), ws.v[i] = kvd_nvfp4_global_scale(sc.v[i]);
     }
     int replaced = 0;
     if (into && kvd_checkpoint_add_kv_scales(mo.model_dir, &w.cfg, nv4 ? &ws : &sc, co.per_head,

@@ -85,7 +85,7 @@ int kvd_cmd_plan(int argc, char **argv) {
     double bf16_seqs = 0;
     for (int m = 0; m < KVD_KV_N_MODES; m++) {
         if (kvd_kv_mode_ckpt((kvd_kv_mode)m)) continue; /* the same bytes as the -cal modes */
-        if (kvd_kv_mode_fmt((kvd_kv_mode)m) == KVD_FMT_NVFP4 && c.head_dim % KVD_NVFP4_GROUP) {
+        if (!kvd_kv_mode_fits((kvd_kv_mode)m, c.head_dim)) {
             printf("%-13s %14s  (head_dim %d is not whole groups of %d values)\n",
                    kvd_kv_mode_name((kvd_kv_mode)m), "-", c.head_dim, KVD_NVFP4_GROUP);
             continue;

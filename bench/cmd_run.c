@@ -158,11 +158,11 @@ static int run_flag(run_opts *o, kvd_args *a, const char *f) {
         kvd_set_threads((int)kvd_args_long(a, f, 1, 4096));
     } else if (!strcmp(f, "--kv")) {
         const char *val = kvd_args_value(a, f);
-        if (parse_modes(val, o))
-            kvd_die(KVD_EXIT_USAGE, cmd,
-                    "--kv: expected a list of bf16, fp8-cal, fp8-unscaled, fp8-e5m2, fp8-ckpt, "
-                    "nvfp4-cal, nvfp4-unscaled, nvfp4-ckpt, got '%s'",
-                    val);
+        if (parse_modes(val, o)) {
+            char names[256];
+            kvd_kv_mode_names(names, sizeof names, ", ");
+            kvd_die(KVD_EXIT_USAGE, cmd, "--kv: expected a list of %s, got '%s'", names, val);
+        }
         for (int i = 0; i < o->n_modes; i++) tmp[i] = o->modes[i];
         const int r = repeated(tmp, o->n_modes);
         if (r >= 0)
@@ -1047,23 +1047,15 @@ int kvd_cmd_run(int argc, char **argv) {
                      res.model_json, res.trace_json);
     free(was_model), free(was_trace), free(was_settings);
 
-    /* an NVFP4 cache needs whole groups of 16: refused before any cell runs */
-    for (int i = 0; i < o.n_modes; i++)
-        if (kvd_kv_mode_fmt((kvd_kv_mode)o.modes[i]) == KVD_FMT_NVFP4 &&
-            c->head_dim % KVD_NVFP4_GROUP)
-            kvd_die(KVD_EXIT_USAGE, cmd,
-                    "--kv %s: the model's head_dim %d is not a multiple of NVFP4's %d-value groups",
-                    kvd_kv_mode_name((kvd_kv_mode)o.modes[i]), c->head_dim, KVD_NVFP4_GROUP);
+    int run_mode[KVD_KV_N_MODES] = {0}, need_cal = 0;
+    for (int i = 0; i < o.n_modes; i++) {
+        run_mode[o.modes[i]] = 1;
+        need_cal |= kvd_kv_mode_cal((kvd_kv_mode)o.modes[i]);
+    }
+    kvd_kv_mode_require_fit(cmd, run_mode, c->head_dim); /* before any cell runs */
     kvd_kv_scales sc = {0}, am = {0};
     kvd_kv_scales ck = {0};
-    for (int i = 0; i < o.n_modes; i++)
-        if (kvd_kv_mode_ckpt((kvd_kv_mode)o.modes[i])) { /* each warns in its own name */
-            kvd_kv_scales_free(&ck);
-            kvd_model_opts_ckpt_scales(&o.mo, cmd, c, &ck, (kvd_kv_mode)o.modes[i]);
-        }
-    int need_cal = 0;
-    for (int i = 0; i < o.n_modes; i++)
-        need_cal |= o.modes[i] == KVD_KV_FP8_CAL || o.modes[i] == KVD_KV_NVFP4_CAL;
+    kvd_model_opts_ckpt_scales(&o.mo, cmd, c, &ck, run_mode);
     /* a --scales file is read (and checked) whether or not fp8-cal runs */
     if (o.scales_path) {
         int nf = kvd_config_n_full(c);

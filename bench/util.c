@@ -268,12 +268,15 @@ json_t *kvd_model_opts_weights_json(const kvd_model_opts *o, const kvd_config *c
 }
 
 void kvd_model_opts_ckpt_scales(const kvd_model_opts *o, const char *cmd, const kvd_config *cfg,
-                                kvd_kv_scales *s, kvd_kv_mode mode) {
-    const char *mn = kvd_kv_mode_name(mode);
+                                kvd_kv_scales *s, const int *run) {
+    int first = -1;
+    for (int m = 0; m < KVD_KV_N_MODES && first < 0; m++)
+        if (run[m] && kvd_kv_mode_ckpt((kvd_kv_mode)m)) first = m;
+    if (first < 0) return;
     char err[KVD_ERR_LEN];
     if (!o->model_dir)
         kvd_die(KVD_EXIT_USAGE, cmd, "--kv %s: expected --model-dir DIR (the checkpoint's scales)",
-                mn);
+                kvd_kv_mode_name((kvd_kv_mode)first));
     int nf = kvd_config_n_full(cfg);
     int have = kvd_checkpoint_kv_scales(o->model_dir, cfg, s, NULL, err);
     if (have < 0) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
@@ -281,34 +284,47 @@ void kvd_model_opts_ckpt_scales(const kvd_model_opts *o, const char *cmd, const 
     if (kvd_checkpoint_kv_algo(o->model_dir, algo, sizeof algo, err))
         kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
     const int kind = kvd_kv_algo_kind(algo);
-    if (kind == KVD_KV_ALGO_OTHER)
-        fprintf(stderr,
-                "kvdrift %s: %s: the checkpoint asks for the KV cache format %s, which kvdrift "
-                "does not model: %s is %s cache with its k_scale/v_scale, not the cache an engine "
-                "would run\n",
-                cmd, o->model_dir, algo, mn,
-                kvd_kv_mode_fmt(mode) == KVD_FMT_NVFP4 ? "an NVFP4" : "an FP8");
-    else if (kind != KVD_KV_ALGO_NONE && strcmp(kvd_kv_algo_ckpt_mode(kind), mn))
-        fprintf(stderr,
-                "kvdrift %s: %s: the checkpoint asks for an %s KV cache: %s is the cache an engine "
-                "would run, %s another format with the same scales\n",
-                cmd, o->model_dir, algo, kvd_kv_algo_ckpt_mode(kind), mn);
-    if (have < nf)
-        fprintf(stderr,
-                "kvdrift %s: %s: %d of %d full-attention layers have no k_scale/v_scale; %s "
-                "uses 1.0 there, as an engine does (\"Using FP8 KV cache but no scaling factors "
-                "provided. Defaulting to scaling factors of 1.0.\")\n",
-                cmd, o->model_dir, nf - have, nf, mn);
     /* scales that are there but 1.0 on a side are the same cache */
     int one[2] = {have == nf && nf > 0, have == nf && nf > 0};
     for (int i = 0; i < nf * s->kv_heads; i++) one[0] &= s->k[i] == 1.0f, one[1] &= s->v[i] == 1.0f;
     const char *side = kvd_audit_sides(one[0] | one[1] << 1);
-    if (side[0])
-        fprintf(stderr,
-                "kvdrift %s: %s: every %s scale the checkpoint carries is 1.0 (ModelOpt clamps KV "
-                "scales to at least 1.0): %s writes %s as without scales, as an engine "
-                "does\n",
-                cmd, o->model_dir, side, mn, side);
+    /* read once; each checkpoint mode run warns in its own name */
+    for (int m = first; m < KVD_KV_N_MODES; m++) {
+        if (!run[m] || !kvd_kv_mode_ckpt((kvd_kv_mode)m)) continue;
+        const char *mn = kvd_kv_mode_name((kvd_kv_mode)m);
+        if (kind == KVD_KV_ALGO_OTHER)
+            fprintf(stderr,
+                    "kvdrift %s: %s: the checkpoint asks for the KV cache format %s, which kvdrift "
+                    "does not model: %s is %s cache with its k_scale/v_scale, not the cache an "
+                    "engine would run\n",
+                    cmd, o->model_dir, algo, mn,
+                    kvd_kv_mode_fmt((kvd_kv_mode)m) == KVD_FMT_NVFP4 ? "an NVFP4" : "an FP8");
+        else if (kind != KVD_KV_ALGO_NONE && strcmp(kvd_kv_algo_ckpt_mode(kind), mn))
+            fprintf(stderr,
+                    "kvdrift %s: %s: the checkpoint asks for an %s KV cache: %s is the cache an "
+                    "engine would run, %s another format with the same scales\n",
+                    cmd, o->model_dir, algo, kvd_kv_algo_ckpt_mode(kind), mn);
+        if (have < nf)
+            fprintf(stderr,
+                    "kvdrift %s: %s: %d of %d full-attention layers have no k_scale/v_scale; %s "
+                    "uses 1.0 there, as an engine does (\"Using FP8 KV cache but no scaling "
+                    "factors provided. Defaulting to scaling factors of 1.0.\")\n",
+                    cmd, o->model_dir, nf - have, nf, mn);
+        if (side[0])
+            fprintf(stderr,
+                    "kvdrift %s: %s: every %s scale the checkpoint carries is 1.0 (ModelOpt clamps "
+                    "KV scales to at least 1.0): %s writes %s as without scales, as an engine "
+                    "does\n",
+                    cmd, o->model_dir, side, mn, side);
+    }
+}
+
+void kvd_kv_mode_require_fit(const char *cmd, const int *run, int head_dim) {
+    for (int m = 0; m < KVD_KV_N_MODES; m++)
+        if (run[m] && !kvd_kv_mode_fits((kvd_kv_mode)m, head_dim))
+            kvd_die(KVD_EXIT_USAGE, cmd,
+                    "--kv %s: the model's head_dim %d is not a multiple of NVFP4's %d-value groups",
+                    kvd_kv_mode_name((kvd_kv_mode)m), head_dim, KVD_NVFP4_GROUP);
 }
 
 void kvd_set_threads(int n) {

@@ -41,12 +41,17 @@ typedef struct {
     kvd_synth synth;
 } kvd_model_opts;
 
-/* The scales of a checkpoint mode (fp8-ckpt, nvfp4-ckpt): read from
- * --model-dir's checkpoint into s (zeroed or freed before); layers without
- * them get 1.0 with the warning an engine prints, and a mode that is not
- * the cache the checkpoint asks for is named. Exits on bad input. */
+/* The checkpoint modes' scales (fp8-ckpt, nvfp4-ckpt), where run (one flag
+ * a mode, KVD_KV_N_MODES of them) asks for one: read once from
+ * --model-dir's checkpoint into s (zeroed before; untouched without a
+ * checkpoint mode). Layers without them get 1.0 with the warning an engine
+ * prints, and a mode that is not the cache the checkpoint asks for is
+ * named, each mode run in its own words. Exits on bad input. */
 void kvd_model_opts_ckpt_scales(const kvd_model_opts *o, const char *cmd, const kvd_config *cfg,
-                                kvd_kv_scales *s, kvd_kv_mode mode);
+                                kvd_kv_scales *s, const int *run);
+/* Exit 2 naming the first mode run (flags as above) that cannot cache rows
+ * of head_dim values (NVFP4 without whole groups of 16). */
+void kvd_kv_mode_require_fit(const char *cmd, const int *run, int head_dim);
 
 void kvd_model_opts_init(kvd_model_opts *o);
 /* Consume a model flag if `flag` is one; returns 1 when consumed. */

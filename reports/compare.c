@@ -428,10 +428,11 @@ int kvd_compare(const kvd_run *base, const kvd_run *cand, const kvd_threshold *t
         }
         kvd_kv_mode km;
         if (strcmp(t->mode, "*") && kvd_kv_mode_parse(t->mode, &km)) {
+            char names[256];
+            kvd_kv_mode_names(names, sizeof names, ", ");
             snprintf(err, KVD_ERR_LEN,
-                     "thresholds line %d: unknown mode '%s' (expected * or one of bf16, fp8-cal, "
-                     "fp8-unscaled, fp8-e5m2, fp8-ckpt)",
-                     t->line, t->mode);
+                     "thresholds line %d: unknown mode '%s' (expected * or one of %s)", t->line,
+                     t->mode, names);
             goto refuse;
         }
         int bucket = -1;

@@ -1244,6 +1244,7 @@ int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_
     if (!(c.kl > 0)) return 0;
     const double c99 = kvd_run_summary(r, "fp8-cal", ctx, "all", "kl_p99"),
                  crt = kvd_run_summary(r, "fp8-cal", ctx, "all", "router_flip_rate");
+    const verdict nc = kvd_run_verdict(r, "nvfp4-cal", ctx); /* nvfp4-unscaled's second base */
     for (int o = 0; o < HEADLINE_MAX; o++) {
         const verdict v = kvd_run_verdict(r, others[o], ctx);
         if (!isfinite(v.kl)) continue;
@@ -1288,7 +1289,6 @@ int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_
         }
         sentence_add(h, HEADLINE_LEN, &len, "; top-1 agreement %.4f against %.4f", v.top1, c.top1);
         /* an NVFP4 cache without scales against NVFP4's calibrated one */
-        const verdict nc = kvd_run_verdict(r, "nvfp4-cal", ctx);
         if (!strcmp(others[o], "nvfp4-unscaled") && nc.kl > 0) {
             kvd_paired np;
             const int pn =

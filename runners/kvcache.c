@@ -28,11 +28,30 @@ kvd_fmt kvd_kv_mode_fmt(kvd_kv_mode m) {
 }
 
 int kvd_kv_mode_scaled(kvd_kv_mode m) {
-    return m == KVD_KV_FP8_CAL || m == KVD_KV_NVFP4_CAL || kvd_kv_mode_ckpt(m);
+    return kvd_kv_mode_cal(m) || kvd_kv_mode_ckpt(m);
 }
 
 int kvd_kv_mode_ckpt(kvd_kv_mode m) {
     return m == KVD_KV_FP8_CKPT || m == KVD_KV_NVFP4_CKPT;
+}
+
+int kvd_kv_mode_cal(kvd_kv_mode m) {
+    return m == KVD_KV_FP8_CAL || m == KVD_KV_NVFP4_CAL;
+}
+
+int kvd_kv_mode_fits(kvd_kv_mode m, int head_dim) {
+    return kvd_kv_mode_fmt(m) != KVD_FMT_NVFP4 || head_dim % KVD_NVFP4_GROUP == 0;
+}
+
+void kvd_kv_mode_names(char *s, size_t n, const char *last_sep) {
+    size_t len = 0;
+    s[0] = 0;
+    for (int i = 0; i < KVD_KV_N_MODES && len < n; i++)
+        len += (size_t)snprintf(s + len, n - len, "%s%s",
+                                i == 0                    ? ""
+                                : i + 1 == KVD_KV_N_MODES ? last_sep
+                                                          : ", ",
+                                mode_names[i]);
 }
 
 const char *kvd_kv_mode_name(kvd_kv_mode m) {
@@ -100,7 +119,7 @@ int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_head
                                         : "run `kvdrift calibrate` or pass --scales FILE");
         return -1;
     }
-    if (kvd_kv_mode_fmt(mode) == KVD_FMT_NVFP4 && head_dim % KVD_NVFP4_GROUP) {
+    if (!kvd_kv_mode_fits(mode, head_dim)) {
         snprintf(err, KVD_ERR_LEN,
                  "KV cache mode %s: head_dim %d is not a multiple of NVFP4's %d-value groups",
                  kvd_kv_mode_name(mode), head_dim, KVD_NVFP4_GROUP);
@@ -151,13 +170,11 @@ int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_head
         /* bf16 and the unscaled modes ignore any scales they are given:
          * that is what those modes mean */
         int use = scales && kvd_kv_mode_scaled(mode);
-        /* calibrated scales are FP8's (absmax / 448 by the plain rule);
-         * nvfp4-cal's global scale is that over E2M1's largest value, so
-         * the largest group's block scale lands on E4M3's 448. A
-         * checkpoint's scales are used as they are, as engines do */
-        const float per = mode == KVD_KV_NVFP4_CAL ? KVD_E2M1_MAX : 1.0f;
-        c->k_scale[i] = use ? scales->k[i] / per : 1.0f;
-        c->v_scale[i] = use ? scales->v[i] / per : 1.0f;
+        /* calibrated scales are FP8's; a checkpoint's are used as they
+         * are, as engines do */
+        const int nv = mode == KVD_KV_NVFP4_CAL;
+        c->k_scale[i] = !use ? 1.0f : nv ? kvd_nvfp4_global_scale(scales->k[i]) : scales->k[i];
+        c->v_scale[i] = !use ? 1.0f : nv ? kvd_nvfp4_global_scale(scales->v[i]) : scales->v[i];
         if (!(c->k_scale[i] > 0.0f) || !(c->v_scale[i] > 0.0f) || !isfinite(c->k_scale[i]) ||
             !isfinite(c->v_scale[i])) {
             snprintf(err, KVD_ERR_LEN,

@@ -36,6 +36,19 @@ const char *kvd_kv_mode_name(kvd_kv_mode m);
 kvd_fmt kvd_kv_mode_fmt(kvd_kv_mode m);
 int kvd_kv_mode_scaled(kvd_kv_mode m);
 int kvd_kv_mode_ckpt(kvd_kv_mode m);
+/* The modes whose scales are calibrated (fp8-cal, nvfp4-cal). */
+int kvd_kv_mode_cal(kvd_kv_mode m);
+/* Whether a mode can cache rows of head_dim values (NVFP4: whole groups). */
+int kvd_kv_mode_fits(kvd_kv_mode m, int head_dim);
+/* Every mode's name, ", " between them and last_sep before the last. */
+void kvd_kv_mode_names(char *s, size_t n, const char *last_sep);
+/* NVFP4's global scale from a calibrated FP8 scale (absmax / 448 by the
+ * plain rule): over E2M1's largest value, so that the largest group's
+ * block scale lands on E4M3's 448. nvfp4-cal's scales, and the ones
+ * calibrate writes into an NVFP4 checkpoint. */
+static inline float kvd_nvfp4_global_scale(float fp8_scale) {
+    return fp8_scale / KVD_E2M1_MAX;
+}
 int kvd_kv_mode_parse(const char *s, kvd_kv_mode *m); /* 0 ok, -1 unknown */
 
 typedef struct {

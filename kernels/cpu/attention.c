@@ -317,9 +317,10 @@ static void path_init(read_path *rp, const kvd_kv_view *kv, int G) {
  * e2m1 * sf exactly, as the portable decode gives it. The row is decoded
  * once for the G query heads of its KV head. */
 static inline __m512 nvfp4_table(void) {
-    float t[16];
-    for (int c = 0; c < 16; c++) t[c] = kvd_e2m1_to_f32((uint8_t)c);
-    return _mm512_loadu_ps(t);
+    /* kvd_e2m1_to_f32 of codes 0-15 (unit_kvcache holds the decode to it) */
+    static const float e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    return _mm512_loadu_ps(e2m1);
 }
 
 static inline void nvfp4_row(const uint8_t *row, int hd, __m512 tab, const float *e4, float *out) {

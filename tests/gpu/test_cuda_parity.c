@@ -50,8 +50,8 @@ static void codecs(void) {
 
 /* K and V pools from the same n values, in fmt: E4M3 and NVFP4 (rows of
  * hd) with the scales ks and vs, E5M2 unscaled */
-static void write_pools_hd(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v, size_t n,
-                           float ks, float vs, int hd) {
+static void write_pools(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v, size_t n, float ks,
+                        float vs, int hd) {
     if (fmt == KVD_FMT_NVFP4) {
         const size_t rb = kvd_fmt_row_bytes(fmt, hd);
         for (size_t r = 0; r < n / (size_t)hd; r++) {
@@ -68,10 +68,6 @@ static void write_pools_hd(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v
         kvd_quant_e5m2(src, k, n, 1.0f, 1, NULL);
         kvd_quant_e5m2(src, v, n, 1.0f, 1, NULL);
     }
-}
-static void write_pools(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v, size_t n, float ks,
-                        float vs) {
-    write_pools_hd(fmt, src, k, v, n, ks, vs, 0);
 }
 
 /* Several rows at once, as the drift figures' sampled rows of a step run:
@@ -155,7 +151,7 @@ static void attention_case(int nh, int kvh, int hd, int n_ctx) {
         float ks[16], vs[16], one[16];
         for (int h = 0; h < kvh; h++)
             ks[h] = 0.02f + 0.01f * h, vs[h] = 0.01f + 0.005f * h, one[h] = 1.0f;
-        write_pools_hd(fmts[fi], src, k, v, n, 0.02f, 0.01f, hd);
+        write_pools(fmts[fi], src, k, v, n, 0.02f, 0.01f, hd);
         int32_t *blocks = malloc(sizeof(int32_t) * (size_t)nb);
         for (int i = 0; i < nb; i++) blocks[i] = (int32_t)(((int64_t)i * 37) % nb);
         for (int i = 0; i < nh * hd; i++) q[i] = kvd_rng_normal(key, (uint64_t)i + n);
@@ -279,7 +275,7 @@ static void attention_batch(void) {
         uint64_t key = kvd_rng_key((uint64_t)fi, "gpu.attn.batch");
         for (size_t i = 0; i < n; i++) src[i] = 1.5f * kvd_rng_normal(key, i);
         float ks[KVH] = {0.015f, 0.02f}, vs[KVH] = {0.01f, 0.012f}, one[KVH] = {1, 1};
-        write_pools(fmts[fi], src, k, v, n, 0.015f, 0.01f);
+        write_pools(fmts[fi], src, k, v, n, 0.015f, 0.01f, HD);
         /* sequence s owns blocks s, s + NSEQ, s + 2 NSEQ, ... */
         int32_t btab[NSEQ * NBS];
         for (int sq = 0; sq < NSEQ; sq++)
@@ -371,7 +367,7 @@ static void attention_rows(void) {
         for (size_t i = 0; i < qn; i++) q[i] = kvd_rng_normal(key, i + n);
         for (size_t i = 0; i < on; i++) out[i] = 7.0f;
         float ks[KVH] = {0.015f, 0.02f}, vs[KVH] = {0.01f, 0.012f}, one[KVH] = {1, 1};
-        write_pools(fmt, src, k, v, n, 0.015f, 0.01f);
+        write_pools(fmt, src, k, v, n, 0.015f, 0.01f, HD);
         int32_t blocks[NB];
         for (int i = 0; i < NB; i++) blocks[i] = (int32_t)((i * 37) % NB);
         kvd_kv_view view = {fmt, BS, KVH, HD, k, v, fi ? ks : one, fi ? vs : one, 0, NULL, 0};
@@ -516,7 +512,7 @@ static void fp8_attention_case(int nh, int kvh, int hd, int n_ctx) {
     uint8_t *k = malloc(n), *v = malloc(n);
     uint64_t key = kvd_rng_key((uint64_t)(nh * 1000 + hd), "gpu.fp8attn");
     for (size_t i = 0; i < n; i++) src[i] = 2.0f * kvd_rng_normal(key, i);
-    write_pools(KVD_FMT_E4M3, src, k, v, n, 0.02f, 0.01f);
+    write_pools(KVD_FMT_E4M3, src, k, v, n, 0.02f, 0.01f, hd);
     for (int h = 0; h < kvh; h++) ks[h] = 0.02f, vs[h] = 0.01f;
     for (int h = 0; h < nh; h++) qs[h] = h % 3 == 0 ? 1.0f : 0.004f * (float)(h + 1);
     for (size_t i = 0; i < rows * stride; i++)
