@@ -47,7 +47,13 @@ typedef struct {
     uint64_t subnormal; /* encoded as a subnormal code */
 } kvd_qstats;
 
-typedef enum { KVD_FMT_BF16 = 0, KVD_FMT_E4M3 = 1, KVD_FMT_E5M2 = 2, KVD_FMT_NVFP4 = 3 } kvd_fmt;
+typedef enum {
+    KVD_FMT_BF16 = 0,
+    KVD_FMT_E4M3 = 1,
+    KVD_FMT_E5M2 = 2,
+    KVD_FMT_NVFP4 = 3,
+    KVD_FMT_E4M3T = 4 /* E4M3 with a scale per row (per token and KV head) */
+} kvd_fmt;
 
 /* NVFP4, as the engines' NVFP4 KV caches store it: each group of 16 values
  * gets an E4M3 block scale and each value an E2M1 code, under a global
@@ -67,6 +73,19 @@ static inline size_t kvd_nvfp4_row_bytes(size_t n) {
     return n / 2 + n / KVD_NVFP4_GROUP;
 }
 
+/* E4M3 with a scale per row, as vLLM's fp8_per_token_head cache writes it:
+ * each row (one token's K or V of one KV head) carries its own scale,
+ *     s = max(a / 448, 1e-6),  code = cvt_e4m3_satfinite(x * (1 / s)),
+ * read back as e4m3(code) * s, with a the row's largest |x|. The scale is a
+ * float32, stored after the row's n codes (little-endian, as the device
+ * writes it): n + 4 bytes a row. The reciprocal and the products are IEEE,
+ * rounded to nearest, which is the engine's expression (a reciprocal
+ * multiply, where the per-tensor modes divide). */
+#define KVD_E4M3T_MIN_SCALE 1e-6f
+static inline size_t kvd_e4m3t_row_bytes(size_t n) {
+    return n + 4;
+}
+
 /* Vector codecs. Quantize writes cvt(x[i] / scale), exactly the engines'
  * expression (a reciprocal multiply rounds differently); stats may be NULL. */
 void kvd_quant_e4m3(const float *x, uint8_t *out, size_t n, float scale, int saturate,
@@ -81,6 +100,14 @@ void kvd_quant_bf16(const float *x, uint16_t *out, size_t n);
  * own rounding is coarse). */
 void kvd_quant_nvfp4(const float *x, uint8_t *out, size_t n, float scale, kvd_qstats *stats);
 void kvd_dequant_nvfp4(const uint8_t *row, float *out, size_t n, float scale);
+/* One E4M3 row with its own scale (see above), under a further scale
+ * (1.0 in the cache's mode): the stats count as kvd_quant_e4m3's, except
+ * that saturated counts only values beyond rounding (|x / s| > 464, where a
+ * grid that went on would reach 480), as the row's largest value may land
+ * an ulp above 448. The row's scale alone: kvd_e4m3t_scale. */
+void kvd_quant_e4m3t(const float *x, uint8_t *out, size_t n, kvd_qstats *stats);
+void kvd_dequant_e4m3t(const uint8_t *row, float *out, size_t n, float scale);
+float kvd_e4m3t_scale(const uint8_t *row, size_t n);
 void kvd_dequant_e4m3(const uint8_t *v, float *out, size_t n, float scale);
 void kvd_dequant_e5m2(const uint8_t *v, float *out, size_t n, float scale);
 void kvd_dequant_bf16(const uint16_t *v, float *out, size_t n);

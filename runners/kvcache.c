@@ -9,8 +9,8 @@
 #include <string.h>
 
 static const char *const mode_names[KVD_KV_N_MODES] = {
-    "bf16",     "fp8-cal",   "fp8-unscaled",   "fp8-e5m2",
-    "fp8-ckpt", "nvfp4-cal", "nvfp4-unscaled", "nvfp4-ckpt"};
+    "bf16",      "fp8-cal",        "fp8-unscaled", "fp8-e5m2", "fp8-ckpt",
+    "nvfp4-cal", "nvfp4-unscaled", "nvfp4-ckpt",   "fp8-token"};
 
 kvd_fmt kvd_kv_mode_fmt(kvd_kv_mode m) {
     switch (m) {
@@ -22,6 +22,8 @@ kvd_fmt kvd_kv_mode_fmt(kvd_kv_mode m) {
     case KVD_KV_NVFP4_UNSCALED:
     case KVD_KV_NVFP4_CKPT:
         return KVD_FMT_NVFP4;
+    case KVD_KV_FP8_TOKEN:
+        return KVD_FMT_E4M3T;
     default:
         return KVD_FMT_E4M3;
     }
@@ -269,6 +271,9 @@ static void put(const kvd_kvcache *c, uint8_t *dst, const float *x, float scale,
     case KVD_FMT_NVFP4:
         kvd_quant_nvfp4(x, dst, n, scale, st);
         break;
+    case KVD_FMT_E4M3T: /* the row makes its own scale (the mode's is 1.0) */
+        kvd_quant_e4m3t(x, dst, n, st);
+        break;
     }
 }
 
@@ -313,8 +318,12 @@ kvd_kv_view kvd_kvcache_view(const kvd_kvcache *c, int layer) {
 int kvd_kvcache_attn_fp8(kvd_kvcache *c, int n_heads, const float *q_scale, char *err) {
     if (c->fmt != KVD_FMT_E4M3) {
         snprintf(err, KVD_ERR_LEN,
-                 "FP8 attention: expected an E4M3 cache, not %s (FlashAttention 3 computes in "
-                 "E4M3 only)",
+                 c->fmt == KVD_FMT_E4M3T
+                     ? "FP8 attention: expected an E4M3 cache with per-tensor scales, not %s "
+                       "(FlashAttention 3 takes one scale a head; per-token scales are "
+                       "dequantized first)"
+                     : "FP8 attention: expected an E4M3 cache, not %s (FlashAttention 3 computes "
+                       "in E4M3 only)",
                  kvd_kv_mode_name(c->mode));
         return -1;
     }

@@ -19,6 +19,8 @@ typedef enum {
     KVD_KV_NVFP4_UNSCALED, /* NVFP4, global scale 1.0: an NVFP4 cache with no scales given */
     KVD_KV_NVFP4_CKPT, /* NVFP4, the checkpoint's k_scale/v_scale as global scales (1.0 where none)
                         */
+    KVD_KV_FP8_TOKEN,  /* E4M3, a scale per token and KV head made as the row is written
+                          (vLLM's fp8_per_token_head): no calibration, no checkpoint scales */
     KVD_KV_N_MODES
 } kvd_kv_mode;
 

@@ -342,12 +342,12 @@ static size_t fp8_scratch(const kvd_cuda_model *m, size_t have) {
     return need > have ? need : have;
 }
 
-/* An NVFP4 cache with a group of query heads decode v2 has no build for
- * (not 1, 2, 4, 8 or 16; v3 takes no NVFP4) decodes on the plain kernels,
- * which need fp8_scratch's room too */
-static int nvfp4_plain(const kvd_cuda_model *m, kvd_fmt fmt) {
+/* An NVFP4 or E4M3T cache (which v3 does not take) with a group of query
+ * heads decode v2 has no build for (not 1, 2, 4, 8 or 16) decodes on the
+ * plain kernels, which need fp8_scratch's room too */
+static int plain_only(const kvd_cuda_model *m, kvd_fmt fmt) {
     const int G = m->c.num_attention_heads / m->c.num_key_value_heads;
-    return fmt == KVD_FMT_NVFP4 && (G > 16 || (G & (G - 1)) != 0);
+    return fmt > KVD_FMT_E5M2 && (G > 16 || (G & (G - 1)) != 0);
 }
 
 static int dev_kv_init(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv) {
@@ -725,7 +725,7 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_cuda_model *peer
     DBUF(m->nonfinite, 2 * (size_t)c->num_hidden_layers + 2);
     m->attn_scratch_floats = kvd_cuda_attn_scratch_floats(kv->n_blocks * kv->block_size,
                                                           c->num_attention_heads, c->head_dim);
-    if (kv->q_scale || nvfp4_plain(m, kv->fmt)) /* the plain kernels: a row's scores */
+    if (kv->q_scale || plain_only(m, kv->fmt)) /* the plain kernels: a row's scores */
         m->attn_scratch_floats = fp8_scratch(m, m->attn_scratch_floats);
     DBUF(m->attn_scratch, m->attn_scratch_floats);
     m->conv_len = (size_t)m->n_lin * cd * (Kc - 1);
@@ -882,7 +882,7 @@ static int rank_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err) {
     /* FP8 attention over the shadow: this model's queries in E4M3 (its own
      * are not, over its own cache), and scratch for the plain kernels over
      * this model's longest context */
-    const size_t need = m->sc.qscale || nvfp4_plain(m, shadow->fmt) ? fp8_scratch(m, 0) : 0;
+    const size_t need = m->sc.qscale || plain_only(m, shadow->fmt) ? fp8_scratch(m, 0) : 0;
     if (m->sc.qscale && !m->d_qfp8 &&
         !(m->d_qfp8 = dalloc(&m->mem, sizeof(float) * (size_t)m->max_rows *
                                           m->c.num_attention_heads * m->head_dim))) {
@@ -1132,12 +1132,12 @@ static int views_room(kvd_cuda_model *m0) {
 /* One query row's attention: the decode kernels, or the plain kernels
  * (whose scratch fp8_scratch sized) with FP8 weights where the decode
  * kernels cannot round them (a shape or a device the tensor-core kernels do
- * not take, KVD_CUDA_DECODE=2) and over an NVFP4 cache whose group v2 has no
- * build for (nvfp4_plain). */
+ * not take, KVD_CUDA_DECODE=2) and over an NVFP4 or E4M3T cache whose group
+ * v2 has no build for (plain_only). */
 static int decode_row(const kvd_kv_view *view, const int32_t *tab, int n_ctx, const float *q,
                       int nh, float sm_scale, float *out, float *scratch) {
     const int rc = kvd_cuda_attn_decode_dev(view, tab, n_ctx, q, nh, sm_scale, out, scratch);
-    if (!rc || (!view->p_fp8 && view->fmt != KVD_FMT_NVFP4)) return rc;
+    if (!rc || (!view->p_fp8 && view->fmt <= KVD_FMT_E5M2)) return rc;
     return kvd_cuda_attn_fp8_dev(view, tab, n_ctx, q, nh, sm_scale, out, scratch);
 }
 
@@ -1344,8 +1344,9 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
                                                        m->att + (size_t)r0 * nh * hd,
                                                        m->attn_scratch, m->attn_scratch_floats)) {
             /* what no prefill kernel takes, row by row: FP8 weights the
-             * tensor-core kernels could not round, or an NVFP4 cache with a
-             * group of query heads the FP32 tiles have no build for */
+             * tensor-core kernels could not round, or an NVFP4 or E4M3T
+             * cache with a group of query heads the FP32 tiles have no build
+             * for */
             for (int r = r0; r < r0 + nt; r++) {
                 const float *q = m->qh + (size_t)r * nh * hd;
                 float *o = m->att + (size_t)r * nh * hd;

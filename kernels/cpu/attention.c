@@ -41,6 +41,8 @@ static void decode_row(kvd_fmt fmt, const uint8_t *p, int n, float *out) {
         kvd_dequant_e4m3(p, out, (size_t)n, 1.0f);
     } else if (fmt == KVD_FMT_NVFP4) {
         kvd_dequant_nvfp4(p, out, (size_t)n, 1.0f);
+    } else if (fmt == KVD_FMT_E4M3T) { /* the codes; the row's scale is applied by the caller */
+        kvd_dequant_e4m3(p, out, (size_t)n, 1.0f);
     } else {
         kvd_dequant_e5m2(p, out, (size_t)n, 1.0f);
     }
@@ -52,6 +54,10 @@ void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int p
     const uint8_t *p = head_base(kv, which_v ? kv->v : kv->k, blocks[pos / bs], head) +
                        (size_t)(pos % bs) * kvd_fmt_row_bytes(kv->fmt, kv->head_dim);
     decode_row(kv->fmt, p, kv->head_dim, out);
+    if (kv->fmt == KVD_FMT_E4M3T) {
+        const float rs = kvd_e4m3t_scale(p, (size_t)kv->head_dim);
+        for (int i = 0; i < kv->head_dim; i++) out[i] *= rs;
+    }
     float s = which_v ? kv->v_scale[head] : kv->k_scale[head];
     for (int i = 0; i < kv->head_dim; i++) out[i] *= s;
 }
@@ -179,11 +185,11 @@ static inline __m512 sum16(const __m512 *v) {
  * take 16 / G rows at a time (sixteen dot products, summed together), P.V
  * 16 / G vectors of 16 dimensions (at most four, one chunk) per pass. */
 #define KVD_DEFINE_BLOCK_KERNELS(G)                                                                \
-    static void scores_g##G(const uint8_t *kp, int nt, const float *qk, int hd, int fp8,           \
-                            const fp8_tables *T, float kmul, float *s, size_t stride,              \
+    static void scores_g##G(const uint8_t *kp, int nt, const float *qk, int hd, size_t rb,         \
+                            int fp8, const fp8_tables *T, float kmul, float *s, size_t stride,     \
                             const uint8_t *pf) {                                                   \
         enum { TG = 16 / (G) };                                                                    \
-        const size_t rb = (size_t)hd * (fp8 ? 1 : 2), pshare = TG * rb / (size_t)(hd / 64);        \
+        const size_t pshare = TG * rb / (size_t)(hd / 64);                                         \
         for (int t = 0; t < nt; t += TG) {                                                         \
             const uint8_t *row[TG]; /* past the end: row t again, its sums unused */               \
             for (int tt = 0; tt < TG; tt++)                                                        \
@@ -213,10 +219,10 @@ static inline __m512 sum16(const __m512 *v) {
                 for (int j = 0; j < (G); j++) s[(size_t)j * stride + t + tt] = r[tt * (G) + j];    \
         }                                                                                          \
     }                                                                                              \
-    static void pv_g##G(const uint8_t *vp, int nt, const float *p, size_t stride, int hd, int fp8, \
-                        const fp8_tables *T, float *out, const uint8_t *pf) {                      \
+    static void pv_g##G(const uint8_t *vp, int nt, const float *p, size_t stride, int hd,          \
+                        size_t rb, int fp8, const fp8_tables *T, float *out, const uint8_t *pf) {  \
         enum { U = (G) >= 4 ? 16 / (G) : 4 };                                                      \
-        const size_t rb = (size_t)hd * (fp8 ? 1 : 2), pshare = rb / (size_t)(hd / 64);             \
+        const size_t pshare = rb / (size_t)(hd / 64);                                              \
         for (int c = 0; c < hd; c += 64)                                                           \
             for (int u0 = 0; u0 < 4; u0 += U) {                                                    \
                 __m512 acc[U * (G)];                                                               \
@@ -403,7 +409,8 @@ static void scores_block(const kvd_kv_view *kv, const read_path *rp, const uint8
     }
     if (rp->vec) {
         int hd = kv->head_dim, fp8 = rp->fp8;
-#define KVD_SCORES(g) scores_g##g(kp, nt, q, hd, fp8, &rp->T, kmul, s, stride, pf)
+        const size_t rb = kvd_fmt_row_bytes(kv->fmt, hd);
+#define KVD_SCORES(g) scores_g##g(kp, nt, q, hd, rb, fp8, &rp->T, kmul, s, stride, pf)
         KVD_DISPATCH(KVD_SCORES)
 #undef KVD_SCORES
     }
@@ -421,7 +428,8 @@ static void pv_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *
     }
     if (rp->vec) {
         int hd = kv->head_dim, fp8 = rp->fp8;
-#define KVD_PV(g) pv_g##g(vp, nt, p, stride, hd, fp8, &rp->T, out, pf)
+        const size_t rb = kvd_fmt_row_bytes(kv->fmt, hd);
+#define KVD_PV(g) pv_g##g(vp, nt, p, stride, hd, rb, fp8, &rp->T, out, pf)
         KVD_DISPATCH(KVD_PV)
 #undef KVD_PV
     }
@@ -484,6 +492,17 @@ static double exp_sum(float *x, int n, float m) {
     return sum;
 }
 
+/* out[j * ostride + t] = p[j * stride + t] times the scale row t of the nt
+ * E4M3T rows at base carries, for G query heads (out may be p). */
+static void row_scales(const uint8_t *base, int nt, int hd, const float *p, size_t stride, int G,
+                       float *out, size_t ostride) {
+    const size_t rb = kvd_e4m3t_row_bytes((size_t)hd);
+    for (int t = 0; t < nt; t++) {
+        const float rs = kvd_e4m3t_scale(base + (size_t)t * rb, (size_t)hd);
+        for (int j = 0; j < G; j++) out[(size_t)j * ostride + t] = p[(size_t)j * stride + t] * rs;
+    }
+}
+
 /* A part's scores: blocks [b0, b1) of the context, all heads, into s
  * [n_heads][n_ctx] (this part's columns), and m the part's maximum per
  * query head. Each block's pass asks for the same head's rows of the block
@@ -496,11 +515,16 @@ static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_
     const int t_begin = b0 * bs, t_end = b1 * bs < n_ctx ? b1 * bs : n_ctx;
     for (int b = b0; b < b1; b++) {
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
-        for (int h = 0; h < kvh; h++)
-            scores_block(kv, rp, head_base(kv, kv->k, blocks[b], h), nt, q + (size_t)h * G * hd, G,
-                         sm_scale * kv->k_scale[h], s + (size_t)h * G * n_ctx + t0, (size_t)n_ctx,
+        for (int h = 0; h < kvh; h++) {
+            const uint8_t *kp = head_base(kv, kv->k, blocks[b], h);
+            float *sh = s + (size_t)h * G * n_ctx + t0;
+            scores_block(kv, rp, kp, nt, q + (size_t)h * G * hd, G, sm_scale * kv->k_scale[h], sh,
+                         (size_t)n_ctx,
                          b + 1 < b1 ? head_base(kv, kv->k, blocks[b + 1], h)
                                     : head_base(kv, kv->v, blocks[b0], h));
+            if (kv->fmt == KVD_FMT_E4M3T) /* each key row's own scale */
+                row_scales(kp, nt, hd, sh, (size_t)n_ctx, G, sh, (size_t)n_ctx);
+        }
     }
     for (int j = 0; j < n_heads; j++)
         m[j] = max_of(s + (size_t)j * n_ctx + t_begin, t_end - t_begin);
@@ -563,19 +587,24 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
     for (int j = 0; j < n_heads; j++)
         l[j] = exp_sum(s + (size_t)j * n_ctx + t_begin, t_end - t_begin, m[j]);
     memset(out, 0, sizeof(float) * (size_t)n_heads * hd);
-    float rounded_w[kv->p_fp8 ? G * bs : 1]; /* a block's FP8 weights, [G][nt] */
-    float *rounded = kv->p_fp8 ? rounded_w : NULL;
+    /* a block's FP8 weights, or its weights times each value row's own
+     * scale (E4M3T), [G][nt] */
+    const int own = kv->p_fp8 || kv->fmt == KVD_FMT_E4M3T;
+    float block_w[own ? G * bs : 1];
     for (int b = b0; b < b1; b++) {
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
         for (int h = 0; h < kvh; h++) {
+            const uint8_t *vp = head_base(kv, kv->v, blocks[b], h);
             const float *p = s + (size_t)h * G * n_ctx + t0;
             size_t stride = (size_t)n_ctx;
-            if (rounded) {
-                round_weights(p, stride, G, nt, rounded);
-                p = rounded, stride = (size_t)nt;
+            if (kv->p_fp8) {
+                round_weights(p, stride, G, nt, block_w);
+                p = block_w, stride = (size_t)nt;
+            } else if (kv->fmt == KVD_FMT_E4M3T) {
+                row_scales(vp, nt, hd, p, stride, G, block_w, (size_t)nt);
+                p = block_w, stride = (size_t)nt;
             }
-            pv_block(kv, rp, head_base(kv, kv->v, blocks[b], h), nt, p, stride, G,
-                     out + (size_t)h * G * hd,
+            pv_block(kv, rp, vp, nt, p, stride, G, out + (size_t)h * G * hd,
                      b + 1 < b1    ? head_base(kv, kv->v, blocks[b + 1], h)
                      : b1 < nb_all ? head_base(kv, kv->k, blocks[b1], h)
                                    : NULL);

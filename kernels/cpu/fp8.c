@@ -184,6 +184,39 @@ void kvd_dequant_nvfp4(const uint8_t *row, float *out, size_t n, float scale) {
     }
 }
 
+void kvd_quant_e4m3t(const float *x, uint8_t *out, size_t n, kvd_qstats *st) {
+    float a = 0.0f;
+    for (size_t i = 0; i < n; i++) a = fmaxf(a, fabsf(x[i]));
+    const float s = fmaxf(a / KVD_E4M3_MAX, KVD_E4M3T_MIN_SCALE), inv = 1.0f / s;
+    uint64_t sat = 0, ftz = 0, sub = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float y = x[i] * inv;
+        const uint8_t c = enc_e4m3(y, 1);
+        out[i] = c;
+        sat += fabsf(y) > 464.0f;
+        ftz += (c & 0x7fu) == 0 && x[i] != 0.0f;
+        sub += (c & 0x78u) == 0 && (c & 0x7fu) != 0;
+    }
+    memcpy(out + n, &s, sizeof s);
+    if (st) {
+        st->n += n;
+        st->saturated += sat;
+        st->flushed += ftz;
+        st->subnormal += sub;
+    }
+}
+
+float kvd_e4m3t_scale(const uint8_t *row, size_t n) {
+    float s;
+    memcpy(&s, row + n, sizeof s);
+    return s;
+}
+
+void kvd_dequant_e4m3t(const uint8_t *row, float *out, size_t n, float scale) {
+    const float s = kvd_e4m3t_scale(row, n);
+    for (size_t i = 0; i < n; i++) out[i] = kvd_e4m3_to_f32(row[i]) * s * scale;
+}
+
 /* Block size for the vector loops: encode a block with no branches, then
  * count what happened to it in a second pass over the same cache lines. */
 #define QBLK 256

@@ -47,11 +47,32 @@ __device__ inline float nvfp4_val(const unsigned char *row, int hd, int d) {
     return e2m1_val(c) * sf;
 }
 
+// an E4M3T row's own scale: the float after its head_dim codes, read a byte
+// at a time (a row of head_dim + 4 bytes need not start 4-aligned)
+__device__ inline float e4m3t_scale(const unsigned char *row, int hd) {
+    return __uint_as_float((unsigned)row[hd] | (unsigned)row[hd + 1] << 8 |
+                           (unsigned)row[hd + 2] << 16 | (unsigned)row[hd + 3] << 24);
+}
+
+// the scale of the row at (blk, head, slot) of a pool: its own in an E4M3T
+// cache, 1 in every other (whose scales are per head)
+__device__ inline float row_scale(const view &kv, const unsigned char *pool, int blk, int head,
+                                  int slot) {
+    if (kv.fmt != KVD_FMT_E4M3T) return 1.0f;
+    const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
+    return e4m3t_scale(pool + r * (kv.head_dim + 4), kv.head_dim);
+}
+
+// value d of the row at (blk, head, slot), times its group's block scale
+// (NVFP4) but not its row's scale (E4M3T: row_scale)
 __device__ inline float load_val(const view &kv, const unsigned char *pool, int blk, int head,
                                  int slot, int d) {
     const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
     if (kv.fmt == KVD_FMT_NVFP4)
         return nvfp4_val(pool + r * (kv.head_dim / 2 + kv.head_dim / 16), kv.head_dim, d);
+    if (kv.fmt == KVD_FMT_E4M3T)
+        return __half2float(
+            __half(__nv_cvt_fp8_to_halfraw(pool[r * (kv.head_dim + 4) + d], __NV_E4M3)));
     size_t idx = r * kv.head_dim + d;
     if (kv.fmt == KVD_FMT_BF16) {
         unsigned short u = reinterpret_cast<const unsigned short *>(pool)[idx];
@@ -73,7 +94,9 @@ __global__ void scores_kernel(view kv, const int *blocks, int n_ctx, const float
         const float *qj = q + (size_t)(h * g + j) * kv.head_dim;
         float dot = 0.0f;
         for (int d = 0; d < kv.head_dim; d++) dot += qj[d] * load_val(kv, kv.k, blk, h, slot, d);
-        s[(size_t)(h * g + j) * n_ctx + p] = dot * kmul;
+        float x = dot * kmul;
+        if (kv.fmt == KVD_FMT_E4M3T) x *= row_scale(kv, kv.k, blk, h, slot);
+        s[(size_t)(h * g + j) * n_ctx + p] = x;
     }
 }
 
@@ -126,8 +149,11 @@ __global__ void pv_kernel(view kv, const int *blocks, int n_ctx, const float *s,
     if (d >= kv.head_dim) return;
     const float *p = s + (size_t)hq * n_ctx;
     float acc = 0.0f;
-    for (int t = 0; t < n_ctx; t++)
-        acc += p[t] * load_val(kv, kv.v, blocks[t / kv.block_size], h, t % kv.block_size, d);
+    for (int t = 0; t < n_ctx; t++) {
+        const int blk = blocks[t / kv.block_size], slot = t % kv.block_size;
+        const float w = kv.fmt == KVD_FMT_E4M3T ? p[t] * row_scale(kv, kv.v, blk, h, slot) : p[t];
+        acc += w * load_val(kv, kv.v, blk, h, slot, d);
+    }
     out[(size_t)hq * kv.head_dim + d] = acc * kv.v_scale[h];
 }
 
@@ -140,11 +166,20 @@ __global__ void pv_kernel(view kv, const int *blocks, int n_ctx, const float *s,
 #define V2_WARPS 4
 #define V2_MAXG 16
 
+// a lane's PER values of a row, as load_val gives them; returns the row's
+// own scale (row_scale)
 template <int PER>
-__device__ inline void load_row(const view &kv, const unsigned char *pool, int blk, int head,
-                                int slot, int lane, float *x) {
+__device__ inline float load_row(const view &kv, const unsigned char *pool, int blk, int head,
+                                 int slot, int lane, float *x) {
     const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
     size_t idx = r * kv.head_dim + lane * PER;
+    if (kv.fmt == KVD_FMT_E4M3T) {
+        const unsigned char *row = pool + r * (kv.head_dim + 4), *p = row + lane * PER;
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            x[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(p[i], __NV_E4M3)));
+        return e4m3t_scale(row, kv.head_dim);
+    }
     if (kv.fmt == KVD_FMT_NVFP4) {
         const unsigned char *row = pool + r * (kv.head_dim / 2 + kv.head_dim / 16);
 #pragma unroll
@@ -159,6 +194,7 @@ __device__ inline void load_row(const view &kv, const unsigned char *pool, int b
 #pragma unroll
         for (int i = 0; i < PER; i++) x[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(p[i], f)));
     }
+    return 1.0f;
 }
 
 // PER (values per lane) and G (query heads per KV head) are template
@@ -183,8 +219,8 @@ __global__ void decode_v2(view kv, const int *blocks, int n_ctx, int per_split, 
     float kx[PER], vx[PER];
     for (int t = t0 + warp; t < t1; t += V2_WARPS) {
         int blk = blocks[t / kv.block_size], slot = t % kv.block_size;
-        load_row<PER>(kv, kv.k, blk, h, slot, lane, kx);
-        load_row<PER>(kv, kv.v, blk, h, slot, lane, vx);
+        const float krs = load_row<PER>(kv, kv.k, blk, h, slot, lane, kx);
+        const float vrs = load_row<PER>(kv, kv.v, blk, h, slot, lane, vx);
 #pragma unroll
         for (int j = 0; j < G; j++) {
             float d = 0.f;
@@ -192,11 +228,14 @@ __global__ void decode_v2(view kv, const int *blocks, int n_ctx, int per_split, 
             for (int i = 0; i < PER; i++) d += sq[j * hd + lane * PER + i] * kx[i];
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-            float s = d * kmul, mn = fmaxf(m[j], s);
+            float s = d * kmul;
+            if (kv.fmt == KVD_FMT_E4M3T) s *= krs;
+            const float mn = fmaxf(m[j], s);
             float sc = __expf(m[j] - mn), p = __expf(s - mn);
             l[j] = l[j] * sc + p;
+            const float w = kv.fmt == KVD_FMT_E4M3T ? p * vrs : p;
 #pragma unroll
-            for (int i = 0; i < PER; i++) acc[j][i] = acc[j][i] * sc + p * vx[i];
+            for (int i = 0; i < PER; i++) acc[j][i] = acc[j][i] * sc + w * vx[i];
             m[j] = mn;
         }
     }
@@ -955,8 +994,9 @@ template <int HD> static int launch_hd(const view &kv, const rows &R, const spli
 }
 
 static bool ok(const view &kv, int G) {
-    // NVFP4 takes v2 and the plain kernels: v3 stages FP8 and BF16 rows
-    return kv.fmt != KVD_FMT_NVFP4 &&
+    // NVFP4 and E4M3T take v2 and the plain kernels: v3 stages FP8 and BF16
+    // rows under per-head scales
+    return kv.fmt <= KVD_FMT_E5M2 &&
            (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256) && G >= 1 && G <= 16 &&
            stages_for(kv.head_dim, kv.fmt) >= 2;
 }
@@ -1372,7 +1412,11 @@ __global__ void __launch_bounds__(rows_threads<VEC>())
             float *srow = s + ((size_t)k * n_heads + h * g + v % g) * stride;
             for (int b = 0; b < 4; b++) {
                 const int pos = p0 + pg * 4 + b;
-                if (pos < ctx) srow[pos] = acc[a][b] * kmul;
+                if (pos >= ctx) continue;
+                float x = acc[a][b] * kmul; // as scores_kernel: then the row's own scale
+                if (kv.fmt == KVD_FMT_E4M3T)
+                    x *= row_scale(kv, kv.k, blocks[pos / kv.block_size], h, pos % kv.block_size);
+                srow[pos] = x;
             }
         }
     }
@@ -1481,6 +1525,7 @@ __global__ void prefill_kernel(view kv, const int *blocks, int pos0, const float
     extern __shared__ float sm[];
     float *tile = sm;                    // [PF_TILE][HD + 1]
     float *qs = sm + PF_TILE * (HD + 1); // [G][HD]
+    __shared__ float rs[PF_TILE];        // the tile's rows' own scales (E4M3T)
     const int r = blockIdx.x, h = blockIdx.y, G = n_heads / kv.kv_heads;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, j = h * G + warp;
     const int n_ctx = pos0 + r + 1, bs = kv.block_size;
@@ -1501,11 +1546,15 @@ __global__ void prefill_kernel(view kv, const int *blocks, int pos0, const float
             tile[t * (HD + 1) + d] =
                 t < nt ? load_val(kv, kv.k, blocks[p / bs], h, p % bs, d) : 0.0f;
         }
+        if ((int)threadIdx.x < nt)
+            rs[threadIdx.x] =
+                row_scale(kv, kv.k, blocks[(t0 + threadIdx.x) / bs], h, (t0 + threadIdx.x) % bs);
         __syncthreads();
         float part = 0.0f;
         for (int d = half * HD / 2; d < (half + 1) * HD / 2; d++)
             part += qs[warp * HD + d] * tile[t_lane * (HD + 1) + d];
         float s = (part + __shfl_xor_sync(0xffffffffu, part, 16)) * kmul;
+        if (kv.fmt == KVD_FMT_E4M3T && t_lane < nt) s *= rs[t_lane];
         if (t_lane >= nt) s = -INFINITY;
         float mt = s;
         for (int off = 16; off > 0; off >>= 1)
@@ -1523,9 +1572,13 @@ __global__ void prefill_kernel(view kv, const int *blocks, int pos0, const float
             tile[t * (HD + 1) + d] =
                 t < nt ? load_val(kv, kv.v, blocks[pp / bs], h, pp % bs, d) : 0.0f;
         }
+        if ((int)threadIdx.x < nt)
+            rs[threadIdx.x] =
+                row_scale(kv, kv.v, blocks[(t0 + threadIdx.x) / bs], h, (t0 + threadIdx.x) % bs);
         __syncthreads();
         for (int t = 0; t < nt; t++) {
             float pt = __shfl_sync(0xffffffffu, p, t);
+            if (kv.fmt == KVD_FMT_E4M3T) pt *= rs[t];
             for (int i = 0; i < PER; i++) acc[i] += pt * tile[t * (HD + 1) + lane + 32 * i];
         }
     }
@@ -1868,7 +1921,7 @@ static layout layout_for(int hd, int fmt, bool force_split_query) {
 }
 
 static bool ok(int hd, int fmt) {
-    return fmt != KVD_FMT_NVFP4 && (hd == 64 || hd == 128 || hd == 256) &&
+    return fmt <= KVD_FMT_E5M2 && (hd == 64 || hd == 128 || hd == 256) &&
            layout_for(hd, fmt, false).nstage >= 2;
 }
 

@@ -157,17 +157,47 @@ __device__ inline void nvfp4_put(unsigned char *row, int hd, int d, float x, flo
     *sub = (sf & 0x78u) == 0 && sf != 0;
 }
 
+// the largest |x| of the block's threads (a NaN passed over, as fmaxf does
+// on the CPU), in every thread; blockDim.x a multiple of 32, every thread
+// taking part
+__device__ inline float block_absmax(float x) {
+    __shared__ float wmax[32];
+    float a = fmaxf(0.0f, fabsf(x));
+    for (int o = 16; o > 0; o /= 2) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if (threadIdx.x % 32 == 0) wmax[threadIdx.x / 32] = a;
+    __syncthreads();
+    a = 0.0f;
+    for (int w = 0; w < (int)blockDim.x / 32; w++) a = fmaxf(a, wmax[w]);
+    return a;
+}
+
 __global__ void kv_write_k(write_args a) {
     int t = blockIdx.x / a.kv_heads, h = blockIdx.x % a.kv_heads, d = threadIdx.x;
+    const float *xr = a.x + ((size_t)t * a.kv_heads + h) * a.head_dim;
+    // E4M3T: the row's own scale, s = max(absmax / 448, 1e-6), from every
+    // thread of the block (the format is the whole launch's)
+    const float rmax = a.fmt == KVD_FMT_E4M3T ? block_absmax(d < a.head_dim ? xr[d] : 0.0f) : 0.0f;
     if (d >= a.head_dim) return;
     int64_t slot = a.slot[t];
     int64_t blk = slot / a.block_size, off = slot % a.block_size;
     const size_t r = (size_t)(blk * a.kv_heads + h) * a.block_size + off;
     size_t idx = r * a.head_dim + d;
-    float x = a.x[((size_t)t * a.kv_heads + h) * a.head_dim + d];
+    float x = xr[d];
     atomicMax(&a.absmax[h], __float_as_uint(fabsf(x)));
     unsigned sat = 0, ftz = 0, sub = 0;
-    if (a.fmt == KVD_FMT_NVFP4) {
+    if (a.fmt == KVD_FMT_E4M3T) { // fp8.h's rule: x times the reciprocal, saturating
+        unsigned char *row = a.pool + r * (a.head_dim + 4);
+        const float rs = fmaxf(__fdiv_rn(rmax, KVD_E4M3_MAX), KVD_E4M3T_MIN_SCALE);
+        const float y = __fmul_rn(x, __frcp_rn(rs));
+        const unsigned char q = __nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3);
+        row[d] = q;
+        if (d == 0) // the scale's bytes, little-endian, as the CPU's memcpy leaves them
+            for (int i = 0; i < 4; i++)
+                row[a.head_dim + i] = (unsigned char)(__float_as_uint(rs) >> (8 * i));
+        sat = fabsf(y) > 464.0f;
+        ftz = (q & 0x7fu) == 0 && x != 0.0f;
+        sub = (q & 0x78u) == 0 && (q & 0x7fu) != 0;
+    } else if (a.fmt == KVD_FMT_NVFP4) {
         nvfp4_put(a.pool + r * (a.head_dim / 2 + a.head_dim / 16), a.head_dim, d, x, a.scale[h],
                   &sat, &ftz, &sub);
     } else if (a.fmt == KVD_FMT_BF16) {

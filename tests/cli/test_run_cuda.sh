@@ -250,19 +250,20 @@ for g in 1 2; do
     bad "a dense model on $g GPU(s) differs from the CPU's (above) $(cat "$work/dense.err")"
 done
 
-# NVFP4 caches, and with three query heads a KV head, a group decode v2
-# has no build for: the plain kernels decode and prefill (they gave NaN)
+# NVFP4 and per-token FP8 caches, and with three query heads a KV head, a
+# group decode v2 has no build for: the plain kernels decode and prefill
+# (NVFP4 gave NaN)
 "$py" -c "
 import json, sys
 c = json.load(open(sys.argv[1])); c['num_attention_heads'] = 6
 json.dump(c, open(sys.argv[2], 'w'))" "$work/ck/config.json" "$work/g3.json"
 for cfg in "$work/ck/config.json" "$work/g3.json"; do
-  nv=(run --config "$cfg" --kv bf16,nvfp4-cal,nvfp4-unscaled --context 96 --gen-tokens 4 --calib-tokens 128 --cells drift --threads 1)
+  nv=(run --config "$cfg" --kv bf16,nvfp4-cal,nvfp4-unscaled,fp8-token --context 96 --gen-tokens 4 --calib-tokens 128 --cells drift --threads 1)
   rm -f "$work/nv-cpu.h5" "$work/nv-gpu.h5"
   "$cpu" "${nv[@]}" -o "$work/nv-cpu.h5" >/dev/null 2>&1
   "$sim" "${nv[@]}" --backend cuda -o "$work/nv-gpu.h5" >/dev/null 2>"$work/nv.err" &&
     "$py" "$here/drift_close.py" "$work/nv-gpu.h5" "$work/nv-cpu.h5" && ok ||
-    bad "NVFP4 caches on the device ($(basename "$cfg")) differ from the CPU's (above) $(cat "$work/nv.err")"
+    bad "NVFP4 and fp8-token caches on the device ($(basename "$cfg")) differ from the CPU's (above) $(cat "$work/nv.err")"
 done
 
 echo "run --backend cuda on the simulator: $pass passed, $fail failed"

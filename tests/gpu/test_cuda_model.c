@@ -1108,6 +1108,9 @@ int main(void) {
         /* NVFP4: the same cache bytes through the whole model, then split */
         run(presets[p], KVD_KV_NVFP4_CAL, &cal, NULL, 1);
         run(presets[p], KVD_KV_NVFP4_UNSCALED, NULL, NULL, 2);
+        /* fp8-token: each row's own scale, made on the device as on the CPU */
+        run(presets[p], KVD_KV_FP8_TOKEN, NULL, NULL, 1);
+        run(presets[p], KVD_KV_FP8_TOKEN, NULL, NULL, 2);
         /* tensor parallel: every head count splits in 2; small's 2 KV heads
          * over 4 GPUs are each held twice */
         run(presets[p], KVD_KV_BF16, NULL, NULL, 2);
@@ -1118,6 +1121,7 @@ int main(void) {
         drift_figures(presets[p], KVD_KV_FP8_UNSCALED, NULL, 1, 0);
         drift_figures(presets[p], KVD_KV_FP8_UNSCALED, NULL, 2, 0);
         drift_figures(presets[p], KVD_KV_NVFP4_CAL, &cal, 1, 0);
+        drift_figures(presets[p], KVD_KV_FP8_TOKEN, NULL, 1, 0);
         /* FP8 attention (FlashAttention 3's rule): calibrated query scales,
          * then 1.0 split over two GPUs */
         drift_figures(presets[p], KVD_KV_FP8_CAL, &cal, 1, 1);

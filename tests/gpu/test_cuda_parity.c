@@ -49,10 +49,16 @@ static void codecs(void) {
 }
 
 /* K and V pools from the same n values, in fmt: E4M3 and NVFP4 (rows of
- * hd) with the scales ks and vs, E5M2 unscaled */
+ * hd) with the scales ks and vs, E5M2 unscaled, E4M3T with each row's own */
 static void write_pools(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v, size_t n, float ks,
                         float vs, int hd) {
-    if (fmt == KVD_FMT_NVFP4) {
+    if (fmt == KVD_FMT_E4M3T) {
+        const size_t rb = kvd_fmt_row_bytes(fmt, hd);
+        for (size_t r = 0; r < n / (size_t)hd; r++) {
+            kvd_quant_e4m3t(src + r * hd, k + r * rb, (size_t)hd, NULL);
+            kvd_quant_e4m3t(src + r * hd, v + r * rb, (size_t)hd, NULL);
+        }
+    } else if (fmt == KVD_FMT_NVFP4) {
         const size_t rb = kvd_fmt_row_bytes(fmt, hd);
         for (size_t r = 0; r < n / (size_t)hd; r++) {
             kvd_quant_nvfp4(src + r * hd, k + r * rb, (size_t)hd, ks, NULL);
@@ -138,16 +144,19 @@ static void probs_rows_case(const kvd_kv_view *view, int nb, const int32_t *bloc
  * contexts that end inside a 64-position stage and inside a split. */
 static void attention_case(int nh, int kvh, int hd, int n_ctx) {
     const int bs = 16, G = nh / kvh, nb = (n_ctx + bs - 1) / bs + 5;
-    const kvd_fmt fmts[4] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E5M2, KVD_FMT_NVFP4};
+    const kvd_fmt fmts[5] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E5M2, KVD_FMT_NVFP4,
+                             KVD_FMT_E4M3T};
     const int pow2 = (G & (G - 1)) == 0 && G <= 16;
-    for (int fi = 0; fi < 4; fi++) {
-        const int nv = fmts[fi] == KVD_FMT_NVFP4;
+    for (int fi = 0; fi < 5; fi++) {
+        const int nv = fmts[fi] == KVD_FMT_NVFP4, rowsc = fmts[fi] == KVD_FMT_E4M3T;
         size_t n = (size_t)nb * kvh * bs * hd, pb = n / hd * kvd_fmt_row_bytes(fmts[fi], hd);
         float *src = malloc(sizeof(float) * n), *q = malloc(sizeof(float) * nh * hd);
         float *ocpu = malloc(sizeof(float) * nh * hd), *ogpu = malloc(sizeof(float) * nh * hd);
         uint8_t *k = malloc(pb), *v = malloc(pb);
         uint64_t key = kvd_rng_key((uint64_t)(fi + 10 * hd + 1000 * nh), "gpu.attn");
-        for (size_t i = 0; i < n; i++) src[i] = 2.0f * kvd_rng_normal(key, i);
+        for (size_t i = 0; i < n; i++) /* E4M3T: rows 2^-3 to 2^3 apart in size */
+            src[i] =
+                2.0f * kvd_rng_normal(key, i) * (rowsc ? ldexpf(1.0f, (int)(i / hd % 7) - 3) : 1);
         float ks[16], vs[16], one[16];
         for (int h = 0; h < kvh; h++)
             ks[h] = 0.02f + 0.01f * h, vs[h] = 0.01f + 0.005f * h, one[h] = 1.0f;
@@ -162,10 +171,11 @@ static void attention_case(int nh, int kvh, int hd, int n_ctx) {
         float *probs = malloc(sizeof(float) * (size_t)nh * n_ctx);
         kvd_attn_paged(&view, blocks, n_ctx, q, nh, 1.0f / 16.0f, ocpu, probs, work, 3);
         for (int ver = 0; ver <= 3; ver++) {
-            if (ver == 3 && nv) { /* v3 stages FP8 and BF16 rows: NVFP4 takes v2, and v3 says so */
+            if (ver == 3 && (nv || rowsc)) { /* v3 stages FP8 and BF16 rows under per-head
+                                                 scales: NVFP4 and E4M3T take v2, and v3 says so */
                 CHECK(kvd_cuda_attn_decode_v(&view, nb, blocks, n_ctx, q, nh, 1.0f / 16.0f, ogpu,
                                              ver) != 0,
-                      "attention v3 accepted an NVFP4 cache\n");
+                      "attention v3 accepted an %s cache\n", nv ? "NVFP4" : "E4M3T");
                 continue;
             }
             if (ver == 2 && !pow2) { /* v2 takes power-of-two groups only, and says so */
@@ -1697,8 +1707,10 @@ static void prefill(void) {
                         CHECK(rc == -1, "prefill v1 took a group of %d\n", G);
                         continue;
                     }
-                    if (ver >= 2 && c.fmt == KVD_FMT_NVFP4) { /* tensor cores: FP8 and BF16 only */
-                        CHECK(rc == -1, "prefill v%d took an NVFP4 cache\n", ver);
+                    if (ver >= 2 && c.fmt > KVD_FMT_E5M2) { /* tensor cores: FP8 and BF16
+                                                               under per-head scales only */
+                        CHECK(rc == -1, "prefill v%d took an %s cache\n", ver,
+                              c.fmt == KVD_FMT_NVFP4 ? "NVFP4" : "E4M3T");
                         continue;
                     }
                     CHECK(rc == 0, "cuda prefill v%d failed (heads %d dim %d)\n", ver, NH, D);

@@ -3,7 +3,8 @@
 usage: check.py CKPT_DIR DUMP_DIR
 
 CKPT_DIR is `kvdrift export` output, DUMP_DIR `kvdrift forward --dump` output
-for modes bf16, fp8-cal, fp8-unscaled, nvfp4-cal and nvfp4-unscaled. Checks, per mode:
+for modes bf16, fp8-cal, fp8-unscaled, nvfp4-cal, nvfp4-unscaled and fp8-token.
+Checks, per mode:
   - logits: relative L2 error against the reference below 1e-3 (for FP8
     modes the reference's attention reads the C's stored codes, so a code
     flipped at a rounding midpoint does not propagate);
@@ -23,7 +24,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import Checks  # noqa: E402
-from qwen3next_ref import Qwen3NextRef, e4m3_encode, e4m3_decode, nvfp4_encode, round_bf16  # noqa: E402
+from qwen3next_ref import (Qwen3NextRef, e4m3_decode, e4m3_encode, e4m3t_encode,  # noqa: E402
+                           nvfp4_encode, round_bf16)
 
 
 def rel_l2(a, b):
@@ -43,10 +45,10 @@ def main():
               "v": [np.array(l["v_scale"], dtype=np.float32) for l in sj["layers"]]}
     check = Checks()
 
-    for mode in ("bf16", "fp8-cal", "fp8-unscaled", "nvfp4-cal", "nvfp4-unscaled"):
+    for mode in ("bf16", "fp8-cal", "fp8-unscaled", "nvfp4-cal", "nvfp4-unscaled", "fp8-token"):
         d = os.path.join(dump, mode)
-        nv = mode.startswith("nvfp4")
-        rb = hd // 2 + hd // 16 if nv else hd  # bytes a row
+        nv, tok = mode.startswith("nvfp4"), mode == "fp8-token"
+        rb = hd // 2 + hd // 16 if nv else hd + 4 if tok else hd  # bytes a row
         logits_c = np.fromfile(os.path.join(d, "logits.f32"), dtype="<f4").reshape(T, V)
         forced = None
         if mode != "bf16":
@@ -87,6 +89,26 @@ def main():
                     same = np.all(codes_r == stored, -1)
                     check(same.mean() >= 0.99,
                           f"{mode}: layer {al} {which.upper()} reference's own rows: {int(same.sum())} of {same.size} identical")
+                    continue
+                if tok:
+                    # the reference's own per-row codec on the C's values,
+                    # every byte, the scales included; then its own values'
+                    # rows: their largest value, computed apart, moves the
+                    # row's scale in its last bits, so the codes are compared
+                    # (they move only at a rounding midpoint) and the scales
+                    # to 1e-5
+                    stored = raw.reshape(T, kvh, rb)
+                    mine = e4m3t_encode(pre)[0]
+                    check(np.array_equal(stored, mine),
+                          f"{mode}: layer {al} {which.upper()} cache bytes = E4M3(C values, each row's "
+                          f"own scale), every one of {stored.size}")
+                    same = np.all(codes_r[..., :hd] == stored[..., :hd], -1)
+                    sr = np.ascontiguousarray(codes_r[..., hd:]).view("<f4")
+                    sc_ = np.ascontiguousarray(stored[..., hd:]).view("<f4")
+                    e = float(np.max(np.abs(sr - sc_) / sc_))
+                    check(same.mean() >= 0.99 and e < 1e-5,
+                          f"{mode}: layer {al} {which.upper()} reference's own rows: {int(same.sum())} of "
+                          f"{same.size} codes identical, scales within {e:.1e}")
                     continue
                 stored = raw.reshape(T, kvh, hd)
                 sc = scales[which][al] if mode == "fp8-cal" else np.ones(kvh, dtype=np.float32)

@@ -122,6 +122,29 @@ def nvfp4_decode(row, s):
     return mag * sf * np.asarray(s, dtype=np.float32)[..., None].astype(np.float64)
 
 
+def e4m3t_encode(x32):
+    """E4M3 rows of x32 ([..., head_dim] float32), each with its own scale
+    (fp8-token, vLLM's fp8_per_token_head): s = max(absmax / 448, 1e-6) in
+    float32 and the codes of x times 1 / s. The stored bytes ([..., head_dim
+    + 4]: the codes, then s as a little-endian float32) and the values they
+    read back as (float64)."""
+    x32 = np.asarray(x32, dtype=np.float32)
+    a = np.abs(x32).max(-1, keepdims=True)
+    s = np.maximum(np.divide(a, np.float32(448.0), dtype=np.float32), np.float32(1e-6))
+    inv = np.divide(np.float32(1.0), s, dtype=np.float32)
+    codes = e4m3_encode(np.multiply(x32, inv, dtype=np.float32))
+    sb = np.ascontiguousarray(s.astype("<f4")).view(np.uint8)
+    return np.concatenate([codes, sb], -1), e4m3_decode(codes) * s.astype(np.float64)
+
+
+def e4m3t_decode(row):
+    """Stored fp8-token rows back to values (float64)."""
+    row = np.asarray(row, dtype=np.uint8)
+    hd = row.shape[-1] - 4
+    s = np.ascontiguousarray(row[..., hd:]).view("<f4")
+    return e4m3_decode(row[..., :hd]) * s.astype(np.float64)
+
+
 def fp8_attention(q, kq, vq, qs=None, p_fp8=False):
     """Causal attention of every position, [T, heads, hd] in: the
     distribution P [heads, T, T] and the output [T, heads, hd]. With FP8
@@ -149,6 +172,9 @@ def store(x, mode, scale):
         return round_bf16(x32).astype(np.float64), None
     if mode == "nvfp4":
         codes, vals = nvfp4_encode(x32, scale)
+        return vals, codes
+    if mode == "e4m3t":  # each row its own scale; scale is not used
+        codes, vals = e4m3t_encode(x32)
         return vals, codes
     s = np.asarray(scale, dtype=np.float32)[:, None]
     codes = e4m3_encode(np.divide(x32, s, dtype=np.float32))
@@ -259,11 +285,14 @@ class Qwen3NextRef:
             ks, vs = (np.divide(np.asarray(t, dtype=np.float32), np.float32(6.0), dtype=np.float32) for t in sc)
         else:
             ks = vs = None
-        mode = "bf16" if kv_mode == "bf16" else "nvfp4" if kv_mode.startswith("nvfp4") else "fp8"
+        mode = ("bf16" if kv_mode == "bf16" else "nvfp4" if kv_mode.startswith("nvfp4")
+                else "e4m3t" if kv_mode == "fp8-token" else "fp8")
         kq, kc = store(k, mode, ks)
         vq, vc = store(v, mode, vs)
         if forced is not None and mode == "nvfp4":
             kq, vq = nvfp4_decode(forced[0], ks), nvfp4_decode(forced[1], vs)
+        if forced is not None and mode == "e4m3t":
+            kq, vq = e4m3t_decode(forced[0]), e4m3t_decode(forced[1])
         if forced is not None and mode == "fp8":
             kq = e4m3_decode(forced[0]) * np.asarray(ks, dtype=np.float32)[:, None].astype(np.float64)
             vq = e4m3_decode(forced[1]) * np.asarray(vs, dtype=np.float32)[:, None].astype(np.float64)

@@ -380,6 +380,9 @@ inline float __fmul_rn(float a, float b) {
 inline float __fdiv_rn(float a, float b) {
     return a / b;
 }
+inline float __frcp_rn(float a) {
+    return 1.0f / a;
+}
 inline float __expf(float x) {
     return expf(x);
 }

@@ -192,11 +192,49 @@ static void nvfp4_by_hand(void **st) {
     for (int i = 0; i < 10; i++) assert_int_equal(kvd_f32_to_e2m1(t[i]), tc[i]);
 }
 
+/* fp8-token rows (vLLM's fp8_per_token_head), worked by hand */
+static void e4m3t_by_hand(void **st) {
+    (void)st;
+    /* absmax 3: s = 3 / 448, and x / s lands on 448 x / 3 */
+    const float x[8] = {-3, 1.5f, 0.75f, 0.01f, 0, 1e-5f, 3, 2.9f};
+    uint8_t row[12];
+    assert_int_equal(kvd_e4m3t_row_bytes(8), 12);
+    kvd_qstats q = {0};
+    kvd_quant_e4m3t(x, row, 8, &q);
+    /* -448, 224, 112, 1.493 -> 1.5, 0, 0.00149 -> 2^-9 (a subnormal), 448, 433 -> 448 */
+    const uint8_t want[8] = {0xfe, 0x76, 0x6e, 0x3c, 0x00, 0x01, 0x7e, 0x7e};
+    assert_memory_equal(row, want, 8);
+    const float s = 3.0f / 448.0f;
+    assert_memory_equal(row + 8, &s, 4); /* the scale, as a float after the codes */
+    assert_true(kvd_e4m3t_scale(row, 8) == s);
+    assert_int_equal(q.n, 8);
+    assert_int_equal(q.saturated, 0);
+    assert_int_equal(q.flushed, 0);
+    assert_int_equal(q.subnormal, 1);
+    float back[8];
+    kvd_dequant_e4m3t(row, back, 8, 1.0f);
+    assert_true(back[0] == -448.0f * s && back[3] == 1.5f * s && back[5] == 0x1p-9f * s);
+    kvd_dequant_e4m3t(row, back, 8, 2.0f); /* a further scale multiplies */
+    assert_true(back[1] == 224.0f * s * 2.0f);
+    /* a row under 448e-6 takes the floor, 1e-6: 100 and 50 tie to 96 and 48 */
+    const float tiny[8] = {1e-4f, -5e-5f, 0, 0, 0, 0, 0, 0};
+    kvd_quant_e4m3t(tiny, row, 8, NULL);
+    const uint8_t want_tiny[8] = {0x6c, 0xe4, 0, 0, 0, 0, 0, 0};
+    assert_memory_equal(row, want_tiny, 8);
+    assert_true(kvd_e4m3t_scale(row, 8) == 1e-6f);
+    /* a zero row: the floor too, every code 0, nothing flushed */
+    const float zero[8] = {0};
+    kvd_qstats z = {0};
+    kvd_quant_e4m3t(zero, row, 8, &z);
+    assert_true(kvd_e4m3t_scale(row, 8) == 1e-6f && row[0] == 0 && row[7] == 0);
+    assert_int_equal(z.flushed, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(nvfp4_by_hand),     cmocka_unit_test(decode_tables),
-        cmocka_unit_test(round_trips),       cmocka_unit_test(edges),
-        cmocka_unit_test(vectors_and_stats),
+        cmocka_unit_test(nvfp4_by_hand), cmocka_unit_test(e4m3t_by_hand),
+        cmocka_unit_test(decode_tables), cmocka_unit_test(round_trips),
+        cmocka_unit_test(edges),         cmocka_unit_test(vectors_and_stats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

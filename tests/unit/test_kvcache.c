@@ -85,6 +85,22 @@ static void nvfp4_reference(const float *x, float s, const float *row) {
     }
 }
 
+/* fp8-token by its definition (vLLM's fp8_per_token_head): the row's own
+ * scale max(absmax / 448, 1e-6), the codes of x times its reciprocal; row
+ * must read back as that exactly. Returns the row's subnormal codes. */
+static int fp8_token_reference(const float *x, const float *row) {
+    float a = 0.0f;
+    for (int i = 0; i < HD; i++) a = fabsf(x[i]) > a ? fabsf(x[i]) : a;
+    const float s = a / 448.0f > 1e-6f ? a / 448.0f : 1e-6f, inv = 1.0f / s;
+    int sub = 0;
+    for (int i = 0; i < HD; i++) {
+        const uint8_t q = kvd_f32_to_e4m3(x[i] * inv, 1);
+        assert_true(row[i] == kvd_e4m3_to_f32(q) * s);
+        sub += (q & 0x78) == 0 && (q & 7) != 0;
+    }
+    return sub;
+}
+
 static void modes(void **st) {
     (void)st;
     char err[KVD_ERR_LEN];
@@ -103,13 +119,19 @@ static void modes(void **st) {
         kvd_kvcache_reserve(&c, s, 1);
         kvd_kvcache_write(&c, 0, s, 0, k, v);
         kvd_kv_view view = kvd_kvcache_view(&c, 0);
-        uint64_t sat = 0, sub = 0;
+        uint64_t sat = 0, sub = 0, ksub = 0;
         for (int h = 0; h < KVH; h++) {
             const int nv = kvd_kv_mode_fmt(mode) == KVD_FMT_NVFP4;
             float ks = kvd_kv_mode_scaled(mode) ? sc.k[h] : 1.0f;
             float vs = kvd_kv_mode_scaled(mode) ? sc.v[h] : 1.0f;
             if (mode == KVD_KV_NVFP4_CAL) ks /= 6.0f, vs /= 6.0f; /* FP8's scale over E2M1's 6 */
             kvd_kv_row(&view, 0, c.seqs[s].blocks, 0, h, row);
+            if (mode == KVD_KV_FP8_TOKEN) {
+                ksub += (uint64_t)fp8_token_reference(k + h * HD, row);
+                kvd_kv_row(&view, 1, c.seqs[s].blocks, 0, h, row);
+                sub += (uint64_t)fp8_token_reference(v + h * HD, row);
+                continue;
+            }
             if (nv) {
                 nvfp4_reference(k + h * HD, ks, row);
                 kvd_kv_row(&view, 1, c.seqs[s].blocks, 0, h, row);
@@ -146,6 +168,13 @@ static void modes(void **st) {
             assert_true(sub > HD / 2); /* the failure the project exists to show */
         }
         if (mode == KVD_KV_FP8_CAL) assert_int_equal(c.k_stats[0].saturated, sat);
+        if (mode == KVD_KV_FP8_TOKEN) { /* the outliers fit, and V keeps its precision */
+            assert_int_equal(c.k_stats[0].saturated, 0);
+            assert_int_equal(c.k_stats[0].subnormal, ksub);
+            assert_int_equal(c.v_stats[0].subnormal, sub);
+            assert_true(sub < HD / 8);
+            assert_true(view.k_scale[0] == 1.0f && view.v_scale[1] == 1.0f);
+        }
         assert_int_equal(c.k_stats[0].n, KVH * HD);
         kvd_kvcache_free(&c);
     }
