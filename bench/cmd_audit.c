@@ -127,8 +127,10 @@ int kvd_cmd_audit(int argc, char **argv) {
             "factors of 1.0.\"; vLLM does the same)";
         advice = "do not deploy as is: add k_scale/v_scale to every full-attention layer "
                  "(kvdrift calibrate --model-dir DIR --into-checkpoint writes them, or your "
-                 "quantizer's KV calibration), or serve with an explicit BF16 KV cache; measure "
-                 "the cost first with kvdrift run --model-dir DIR --kv bf16,fp8-ckpt,fp8-cal";
+                 "quantizer's KV calibration), serve with per-token scales, which need none "
+                 "(vLLM's --kv-cache-dtype fp8_per_token_head), or with an explicit BF16 KV "
+                 "cache; measure the cost first with kvdrift run --model-dir DIR --kv "
+                 "bf16,fp8-ckpt,fp8-cal,fp8-token";
     } else if (bad) {
         engine = "switches the KV cache to FP8 E4M3 with a scale that is not a positive finite "
                  "number: what it writes into the cache is undefined (kvdrift's fp8-ckpt refuses "

@@ -888,7 +888,7 @@ static const char *const run_help =
     "to an HDF5 results file (docs/results-schema.md). Rerunning the same command resumes\n"
     "(other modes, contexts and concurrency levels may be added; other settings are refused).\n"
     "  --kv LIST            modes (default bf16,fp8-cal,fp8-unscaled,fp8-e5m2; also fp8-ckpt,\n"
-    "                       nvfp4-cal, nvfp4-unscaled, nvfp4-ckpt)\n"
+    "                       nvfp4-cal, nvfp4-unscaled, nvfp4-ckpt, fp8-token)\n"
     "  --concurrency LIST   throughput concurrency levels (default 1,2,4,8,16,32)\n"
     "  --context LIST       context lengths in tokens (default 4096)\n"
     "  --traces N           evaluation traces per context (default 1)\n"

@@ -1234,8 +1234,8 @@ static void apart(char *s, size_t n, int *len, double z) {
 }
 
 int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_LEN]) {
-    static const char *const others[HEADLINE_MAX] = {"fp8-unscaled", "fp8-ckpt", "fp8-e5m2",
-                                                     "nvfp4-cal", "nvfp4-unscaled"};
+    static const char *const others[HEADLINE_MAX] = {"fp8-unscaled", "fp8-ckpt",       "fp8-e5m2",
+                                                     "nvfp4-cal",    "nvfp4-unscaled", "fp8-token"};
     int k = 0, moe[KVD_MAX_LAYERS];
     const long long ctx = kvd_run_max_context(r);
     const int nl = kvd_run_moe_layers(r, ctx, moe);
@@ -1336,7 +1336,8 @@ const char *const kvd_attn_fp8_text =
     "the E4M3 modes computed attention in FP8, as FlashAttention 3 does over an FP8 cache "
     "(--attn-fp8): the query in E4M3 with q scales (fp8-cal's calibrated, fp8-ckpt's the "
     "checkpoint's where it carries them, else 1.0) and the softmax weights rounded to E4M3; "
-    "bf16 and fp8-e5m2 compute as without.";
+    "bf16, fp8-e5m2, fp8-token (scales per token, which FlashAttention 3 does not take) and "
+    "the nvfp4 modes compute as without.";
 
 /* ---- drift against context length ----
  * The rest of the report is at each run's largest context; a sweep over
