@@ -145,7 +145,8 @@ void kvd_results_init(kvd_results *r) {
         TABLE("/drift/kv",
               "the candidate cache per layer and KV head: scales, saturation, "
               "flush-to-zero, subnormals (NVFP4 modes: the global scales; values clamped "
-              "beyond rounding; values under a subnormal block scale)",
+              "beyond rounding; values under a subnormal block scale; fp8-token: scales 1.0, "
+              "each row's own is in the cache; values clamped beyond rounding)",
               kvd_row_kv, c_kv),
         TABLE("/drift/generation",
               "greedy continuation from a prefix: first divergent token "

@@ -180,7 +180,7 @@ c, c99, kc_ = fig("fp8-cal", "kl_mean"), pct(pos("fp8-cal", "kl"), .99), pos("fp
 want, zs = [], {}
 def words(z):  # how many standard errors apart, in the report's words
     return f"{math.floor(10 * z) / 10:.1f} standard errors apart: within the error" if z < 2 else f"{z:.0f} standard errors apart"
-for o in ("fp8-unscaled", "fp8-ckpt", "fp8-e5m2", "nvfp4-cal", "nvfp4-unscaled"):
+for o in ("fp8-unscaled", "fp8-ckpt", "fp8-e5m2", "nvfp4-cal", "nvfp4-unscaled", "fp8-token"):
     if not (ts["mode"] == o.encode()).any():
         continue
     u, ku = fig(o, "kl_mean"), pos(o, "kl")
