@@ -555,17 +555,18 @@ int kvd_bench_cuda(int reps, int smoke) {
            bw / 1e9);
     printf("decode attention, 32/2 heads x 256, L2 flushed before each rep (v1: plain kernels; "
            "v2: split over the context,\nFP32 cores; v3: tensor cores, what the model runs for "
-           "BF16 and FP8; NVFP4 and e4m3t, fp8-token's E4M3 with a scale a row, run v2):\n"
+           "BF16 and FP8; NVFP4 and e4m3t and i8t, fp8-token's and int8-token's rows with a\n"
+           "scale each, run v2):\n"
            "%8s %-6s %4s %10s %10s %8s %8s\n",
            "context", "cache", "ver", "time_us", "read_GB_s", "of_copy", "vs_bf16");
     const int *ctxs = sz->ctx;
-    const char *fn[5] = {"bf16", "e4m3", "e5m2", "nvfp4", "e4m3t"};
+    const char *fn[6] = {"bf16", "e4m3", "e5m2", "nvfp4", "e4m3t", "i8t"};
     /* v3's time by context, BF16 and E4M3: FP8 attention's table and the targets */
     double v3[2][2] = {{0, 0}, {0, 0}};
     for (int ver = 1; ver <= 3; ver++)
         for (int ci = 0; ci < 2; ci++) {
             double tb = 0;
-            for (int f = 0; f < (ver < 3 ? 5 : 3); f++) { /* NVFP4, E4M3T: no v3 */
+            for (int f = 0; f < (ver < 3 ? 6 : 3); f++) { /* NVFP4, E4M3T, I8T: no v3 */
                 double t = kvd_cuda_bench_attn(f, ctxs[ci], 32, 2, 256, reps, ver, 0);
                 fail |= t <= 0;
                 const double bytes = cache_bytes(ctxs[ci], f);

@@ -110,18 +110,22 @@ static void cache_fill(bench_cache *c, kvd_fmt fmt, int n_ctx) {
     float *tmp = malloc(sizeof(float) * n);
     for (size_t i = 0; i < n; i++) tmp[i] = kvd_rng_normal(key, i);
     for (int h = 0; h < c->kvh; h++)
-        c->kscale[h] = c->vscale[h] = fmt == KVD_FMT_BF16 || fmt == KVD_FMT_E4M3T ? 1.0f : 0.01f;
+        c->kscale[h] = c->vscale[h] = fmt == KVD_FMT_BF16 || kvd_fmt_row_scaled(fmt) ? 1.0f : 0.01f;
     if (fmt == KVD_FMT_BF16) {
         kvd_quant_bf16(tmp, (uint16_t *)c->k, n);
         kvd_quant_bf16(tmp, (uint16_t *)c->v, n);
     } else if (fmt == KVD_FMT_E4M3) {
         kvd_quant_e4m3(tmp, c->k, n, 0.01f, 1, NULL);
         kvd_quant_e4m3(tmp, c->v, n, 0.01f, 1, NULL);
-    } else if (fmt == KVD_FMT_E4M3T) { /* row by row: each row carries its own scale */
+    } else if (kvd_fmt_row_scaled(fmt)) { /* row by row: each row carries its own scale */
         size_t rb = kvd_fmt_row_bytes(fmt, c->hd);
+        void (*quant)(const float *, uint8_t *, size_t, kvd_qstats *) =
+            fmt == KVD_FMT_I8T      ? kvd_quant_i8t
+            : fmt == KVD_FMT_I8T_RN ? kvd_quant_i8t_rn
+                                    : kvd_quant_e4m3t;
         for (size_t r = 0; r < n / (size_t)c->hd; r++) {
-            kvd_quant_e4m3t(tmp + r * c->hd, c->k + r * rb, (size_t)c->hd, NULL);
-            kvd_quant_e4m3t(tmp + r * c->hd, c->v + r * rb, (size_t)c->hd, NULL);
+            quant(tmp + r * c->hd, c->k + r * rb, (size_t)c->hd, NULL);
+            quant(tmp + r * c->hd, c->v + r * rb, (size_t)c->hd, NULL);
         }
     } else if (fmt == KVD_FMT_NVFP4) { /* row by row: each row carries its block scales */
         size_t rb = kvd_fmt_row_bytes(fmt, c->hd);
@@ -231,15 +235,15 @@ static int bench_kernels(int reps) {
            "heads, %d KV heads, head_dim %d), blocks of %d tokens (the cache's) and of 16 (GPU "
            "engines'); the cache evicted from every CPU cache before each run; fp8att: the e4m3 "
            "cache with FP8 attention's weights (--attn-fp8); nvfp4: E2M1 codes with E4M3 block "
-           "scales; e4m3t: E4M3 with a scale per row (fp8-token):\n",
+           "scales; e4m3t, i8t: E4M3 and INT8 with a scale per row (fp8-token, int8-token):\n",
            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, KVD_KV_BLOCK);
     printf("%6s %8s %-6s %10s %10s %10s %10s %8s %8s %8s\n", "block", "context", "cache",
            "max_rel_err", "time_us", "cache_MB", "read_GB_s", "of_copy", "of_read", "vs_bf16");
     int ctxs[2] = {4096, 32768}, blocks[2] = {KVD_KV_BLOCK, 16};
-    enum { NF = 6 };
-    kvd_fmt fmts[NF] = {KVD_FMT_BF16, KVD_FMT_E4M3,  KVD_FMT_E5M2,
-                        KVD_FMT_E4M3, KVD_FMT_NVFP4, KVD_FMT_E4M3T};
-    const char *fn[NF] = {"bf16", "e4m3", "e5m2", "fp8att", "nvfp4", "e4m3t"};
+    enum { NF = 7 };
+    kvd_fmt fmts[NF] = {KVD_FMT_BF16,  KVD_FMT_E4M3,  KVD_FMT_E5M2, KVD_FMT_E4M3,
+                        KVD_FMT_NVFP4, KVD_FMT_E4M3T, KVD_FMT_I8T};
+    const char *fn[NF] = {"bf16", "e4m3", "e5m2", "fp8att", "nvfp4", "e4m3t", "i8t"};
     int fail = 0;
     /* the three formats are timed in turn, rep by rep, so that a slow spell
      * of this (shared) machine falls on all of them alike */

@@ -151,7 +151,7 @@ static const char *const forward_help =
     "and how far the next-token distribution moved from BF16.\n"
     "  --kv LIST               modes, comma separated (default "
     "bf16,fp8-cal,fp8-unscaled,fp8-e5m2; also fp8-ckpt, nvfp4-cal, nvfp4-unscaled, nvfp4-ckpt,\n"
-    "                          fp8-token)\n"
+    "                          fp8-token, int8-token, int8-token-rn)\n"
     "  --tokens N              trace length (default 1024)\n"
     "  --seed N                trace seed (default 1)\n"
     "  --threads N             worker threads (default: every core)\n"

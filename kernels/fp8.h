@@ -52,8 +52,19 @@ typedef enum {
     KVD_FMT_E4M3 = 1,
     KVD_FMT_E5M2 = 2,
     KVD_FMT_NVFP4 = 3,
-    KVD_FMT_E4M3T = 4 /* E4M3 with a scale per row (per token and KV head) */
+    KVD_FMT_E4M3T = 4, /* E4M3 with a scale per row (per token and KV head) */
+    KVD_FMT_I8T = 5,   /* INT8 with a scale per row, written truncating */
+    KVD_FMT_I8T_RN = 6 /* the same rows, written rounding to nearest */
 } kvd_fmt;
+
+/* The INT8 formats (I8T's rows, however written). */
+static inline int kvd_fmt_int8(kvd_fmt f) {
+    return f == KVD_FMT_I8T || f == KVD_FMT_I8T_RN;
+}
+/* The formats whose rows carry their own scale (a float after the codes). */
+static inline int kvd_fmt_row_scaled(kvd_fmt f) {
+    return f == KVD_FMT_E4M3T || kvd_fmt_int8(f);
+}
 
 /* NVFP4, as the engines' NVFP4 KV caches store it: each group of 16 values
  * gets an E4M3 block scale and each value an E2M1 code, under a global
@@ -82,9 +93,20 @@ static inline size_t kvd_nvfp4_row_bytes(size_t n) {
  * rounded to nearest, which is the engine's expression (a reciprocal
  * multiply, where the per-tensor modes divide). */
 #define KVD_E4M3T_MIN_SCALE 1e-6f
-static inline size_t kvd_e4m3t_row_bytes(size_t n) {
+static inline size_t kvd_scaled_row_bytes(size_t n) {
     return n + 4;
 }
+
+/* INT8 with a scale per row, as vLLM's int8_per_token_head cache writes it
+ * (its Triton write, triton_reshape_and_cache_flash_per_token_head_quant):
+ *     s = max(a / 127, 1e-6),  code = trunc(clamp(x * (1 / s), -128, 127)),
+ * read back as code * s. The float-to-int8 store truncates toward zero, as
+ * a float stored to an int8 pointer does in Triton: every value loses up to
+ * a whole step, not half of one, and values under s flush to zero. The
+ * layout is E4M3T's: the n codes (two's complement), then s. I8T_RN rows
+ * are the same but rounded to nearest even (where the clamp leaves them),
+ * as the reference in vLLM's own tests of that write computes them. */
+#define KVD_I8T_MAX 127.0f
 
 /* Vector codecs. Quantize writes cvt(x[i] / scale), exactly the engines'
  * expression (a reciprocal multiply rounds differently); stats may be NULL. */
@@ -104,10 +126,19 @@ void kvd_dequant_nvfp4(const uint8_t *row, float *out, size_t n, float scale);
  * (1.0 in the cache's mode): the stats count as kvd_quant_e4m3's, except
  * that saturated counts only values beyond rounding (|x / s| > 464, where a
  * grid that went on would reach 480), as the row's largest value may land
- * an ulp above 448. The row's scale alone: kvd_e4m3t_scale. */
+ * an ulp above 448. The row's scale alone: kvd_row_scale. */
 void kvd_quant_e4m3t(const float *x, uint8_t *out, size_t n, kvd_qstats *stats);
 void kvd_dequant_e4m3t(const uint8_t *row, float *out, size_t n, float scale);
-float kvd_e4m3t_scale(const uint8_t *row, size_t n);
+/* One INT8 row with its own scale (see above). In the stats, saturated
+ * counts values the clamp moved (|x / s| >= 128: never for a row's own
+ * scale, which puts its largest value at 127), flushed non-zero values read
+ * back as zero (|x / s| < 1 truncating, <= 0.5 rounding); INT8 has no
+ * subnormals. */
+void kvd_quant_i8t(const float *x, uint8_t *out, size_t n, kvd_qstats *stats);
+void kvd_quant_i8t_rn(const float *x, uint8_t *out, size_t n, kvd_qstats *stats);
+void kvd_dequant_i8t(const uint8_t *row, float *out, size_t n, float scale);
+/* The scale a row of n codes carries (E4M3T, I8T). */
+float kvd_row_scale(const uint8_t *row, size_t n);
 void kvd_dequant_e4m3(const uint8_t *v, float *out, size_t n, float scale);
 void kvd_dequant_e5m2(const uint8_t *v, float *out, size_t n, float scale);
 void kvd_dequant_bf16(const uint16_t *v, float *out, size_t n);

@@ -67,13 +67,13 @@ void kvd_absmax_heads(const float *x, int rows, size_t row_stride, size_t head_s
                       int head_dim, float *absmax);
 
 /* Bytes of one row (one token's K or V of one KV head, head_dim values) in
- * a cache of this format: NVFP4 rows carry their block scales, E4M3T rows
- * their own scale. */
+ * a cache of this format: NVFP4 rows carry their block scales, E4M3T and
+ * I8T rows their own scale. */
 static inline size_t kvd_fmt_row_bytes(kvd_fmt f, int head_dim) {
-    return f == KVD_FMT_NVFP4   ? kvd_nvfp4_row_bytes((size_t)head_dim)
-           : f == KVD_FMT_E4M3T ? kvd_e4m3t_row_bytes((size_t)head_dim)
-           : f == KVD_FMT_BF16  ? 2 * (size_t)head_dim
-                                : (size_t)head_dim;
+    return f == KVD_FMT_NVFP4      ? kvd_nvfp4_row_bytes((size_t)head_dim)
+           : kvd_fmt_row_scaled(f) ? kvd_scaled_row_bytes((size_t)head_dim)
+           : f == KVD_FMT_BF16     ? 2 * (size_t)head_dim
+                                   : (size_t)head_dim;
 }
 
 /* Decode one K or V row (head_dim values) of the cache into floats. */

@@ -1235,7 +1235,8 @@ static void apart(char *s, size_t n, int *len, double z) {
 
 int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_LEN]) {
     static const char *const others[HEADLINE_MAX] = {"fp8-unscaled", "fp8-ckpt",       "fp8-e5m2",
-                                                     "nvfp4-cal",    "nvfp4-unscaled", "fp8-token"};
+                                                     "nvfp4-cal",    "nvfp4-unscaled", "fp8-token",
+                                                     "int8-token",   "int8-token-rn"};
     int k = 0, moe[KVD_MAX_LAYERS];
     const long long ctx = kvd_run_max_context(r);
     const int nl = kvd_run_moe_layers(r, ctx, moe);

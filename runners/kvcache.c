@@ -9,8 +9,8 @@
 #include <string.h>
 
 static const char *const mode_names[KVD_KV_N_MODES] = {
-    "bf16",      "fp8-cal",        "fp8-unscaled", "fp8-e5m2", "fp8-ckpt",
-    "nvfp4-cal", "nvfp4-unscaled", "nvfp4-ckpt",   "fp8-token"};
+    "bf16",           "fp8-cal",    "fp8-unscaled", "fp8-e5m2",   "fp8-ckpt",     "nvfp4-cal",
+    "nvfp4-unscaled", "nvfp4-ckpt", "fp8-token",    "int8-token", "int8-token-rn"};
 
 kvd_fmt kvd_kv_mode_fmt(kvd_kv_mode m) {
     switch (m) {
@@ -24,6 +24,10 @@ kvd_fmt kvd_kv_mode_fmt(kvd_kv_mode m) {
         return KVD_FMT_NVFP4;
     case KVD_KV_FP8_TOKEN:
         return KVD_FMT_E4M3T;
+    case KVD_KV_INT8_TOKEN:
+        return KVD_FMT_I8T;
+    case KVD_KV_INT8_TOKEN_RN:
+        return KVD_FMT_I8T_RN;
     default:
         return KVD_FMT_E4M3;
     }
@@ -274,6 +278,12 @@ static void put(const kvd_kvcache *c, uint8_t *dst, const float *x, float scale,
     case KVD_FMT_E4M3T: /* the row makes its own scale (the mode's is 1.0) */
         kvd_quant_e4m3t(x, dst, n, st);
         break;
+    case KVD_FMT_I8T:
+        kvd_quant_i8t(x, dst, n, st);
+        break;
+    case KVD_FMT_I8T_RN:
+        kvd_quant_i8t_rn(x, dst, n, st);
+        break;
     }
 }
 
@@ -318,7 +328,7 @@ kvd_kv_view kvd_kvcache_view(const kvd_kvcache *c, int layer) {
 int kvd_kvcache_attn_fp8(kvd_kvcache *c, int n_heads, const float *q_scale, char *err) {
     if (c->fmt != KVD_FMT_E4M3) {
         snprintf(err, KVD_ERR_LEN,
-                 c->fmt == KVD_FMT_E4M3T
+                 kvd_fmt_row_scaled(c->fmt)
                      ? "FP8 attention: expected an E4M3 cache with per-tensor scales, not %s "
                        "(FlashAttention 3 takes one scale a head; per-token scales are "
                        "dequantized first)"

@@ -21,6 +21,9 @@ typedef enum {
                         */
     KVD_KV_FP8_TOKEN,  /* E4M3, a scale per token and KV head made as the row is written
                           (vLLM's fp8_per_token_head): no calibration, no checkpoint scales */
+    KVD_KV_INT8_TOKEN, /* INT8, a scale per token and KV head, truncated as vLLM's
+                          int8_per_token_head writes it */
+    KVD_KV_INT8_TOKEN_RN, /* the same, rounded to nearest: what truncation costs */
     KVD_KV_N_MODES
 } kvd_kv_mode;
 

@@ -43,6 +43,8 @@ static void decode_row(kvd_fmt fmt, const uint8_t *p, int n, float *out) {
         kvd_dequant_nvfp4(p, out, (size_t)n, 1.0f);
     } else if (fmt == KVD_FMT_E4M3T) { /* the codes; the row's scale is applied by the caller */
         kvd_dequant_e4m3(p, out, (size_t)n, 1.0f);
+    } else if (kvd_fmt_int8(fmt)) {
+        for (int i = 0; i < n; i++) out[i] = (float)(int8_t)p[i];
     } else {
         kvd_dequant_e5m2(p, out, (size_t)n, 1.0f);
     }
@@ -54,8 +56,8 @@ void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int p
     const uint8_t *p = head_base(kv, which_v ? kv->v : kv->k, blocks[pos / bs], head) +
                        (size_t)(pos % bs) * kvd_fmt_row_bytes(kv->fmt, kv->head_dim);
     decode_row(kv->fmt, p, kv->head_dim, out);
-    if (kv->fmt == KVD_FMT_E4M3T) {
-        const float rs = kvd_e4m3t_scale(p, (size_t)kv->head_dim);
+    if (kvd_fmt_row_scaled(kv->fmt)) {
+        const float rs = kvd_row_scale(p, (size_t)kv->head_dim);
         for (int i = 0; i < kv->head_dim; i++) out[i] *= rs;
     }
     float s = which_v ? kv->v_scale[head] : kv->k_scale[head];
@@ -143,9 +145,17 @@ static inline __m512 bf16_odd(__m512i x) {
     return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
-/* 64 stored values (one chunk of a row) as four vectors of 16 floats. */
+/* 64 stored values (one chunk of a row) as four vectors of 16 floats:
+ * fp8 (the read path's kind) 0 BF16 and 1 FP8, in slot_dim's orders; 2
+ * INT8, sign-extended and converted 16 at a time, in natural order. */
 static inline void load64(int fp8, const uint8_t *row, int c, const fp8_tables *T, __m512 *f) {
     __m512i a, b;
+    if (fp8 == 2) {
+        for (int u = 0; u < 4; u++)
+            f[u] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(const void *)(row + c + 16 * u))));
+        return;
+    }
     if (fp8) {
         fp8_to_bf16(_mm512_loadu_si512(row + c), T, &a, &b);
     } else {
@@ -272,6 +282,7 @@ static int use_vector(const kvd_kv_view *kv, int G) {
  * vectors (even and odd values of the first 32 BF16 words, then of the
  * second 32), the words in the order the FP8 decode leaves them. */
 static int slot_dim(int fp8, int k) {
+    if (fp8 == 2) return k; /* INT8: natural order */
     int c = k / 64, u = (k % 64) / 16, i = k % 16, w = 32 * (u >> 1) + 2 * i + (u & 1);
     if (!fp8) return 64 * c + w;
     int part = w / 32, L = (w % 32) / 8;
@@ -309,10 +320,11 @@ typedef struct {
 } read_path;
 
 static void path_init(read_path *rp, const kvd_kv_view *kv, int G) {
+    memset(rp, 0, sizeof *rp);
     rp->vec = use_vector(kv, G);
-    rp->fp8 = kv->fmt != KVD_FMT_BF16;
+    rp->fp8 = kv->fmt == KVD_FMT_BF16 ? 0 : kvd_fmt_int8(kv->fmt) ? 2 : 1;
 #ifdef KVD_VEC
-    if (rp->vec && rp->fp8) rp->T = tables_for(kv->fmt);
+    if (rp->vec && rp->fp8 == 1) rp->T = tables_for(kv->fmt);
 #endif
 }
 
@@ -493,12 +505,13 @@ static double exp_sum(float *x, int n, float m) {
 }
 
 /* out[j * ostride + t] = p[j * stride + t] times the scale row t of the nt
- * E4M3T rows at base carries, for G query heads (out may be p). */
+ * row-scaled rows (E4M3T, I8T) at base carry, for G query heads (out may
+ * be p). */
 static void row_scales(const uint8_t *base, int nt, int hd, const float *p, size_t stride, int G,
                        float *out, size_t ostride) {
-    const size_t rb = kvd_e4m3t_row_bytes((size_t)hd);
+    const size_t rb = kvd_scaled_row_bytes((size_t)hd);
     for (int t = 0; t < nt; t++) {
-        const float rs = kvd_e4m3t_scale(base + (size_t)t * rb, (size_t)hd);
+        const float rs = kvd_row_scale(base + (size_t)t * rb, (size_t)hd);
         for (int j = 0; j < G; j++) out[(size_t)j * ostride + t] = p[(size_t)j * stride + t] * rs;
     }
 }
@@ -522,7 +535,7 @@ static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_
                          (size_t)n_ctx,
                          b + 1 < b1 ? head_base(kv, kv->k, blocks[b + 1], h)
                                     : head_base(kv, kv->v, blocks[b0], h));
-            if (kv->fmt == KVD_FMT_E4M3T) /* each key row's own scale */
+            if (kvd_fmt_row_scaled(kv->fmt)) /* each key row's own scale */
                 row_scales(kp, nt, hd, sh, (size_t)n_ctx, G, sh, (size_t)n_ctx);
         }
     }
@@ -588,8 +601,8 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
         l[j] = exp_sum(s + (size_t)j * n_ctx + t_begin, t_end - t_begin, m[j]);
     memset(out, 0, sizeof(float) * (size_t)n_heads * hd);
     /* a block's FP8 weights, or its weights times each value row's own
-     * scale (E4M3T), [G][nt] */
-    const int own = kv->p_fp8 || kv->fmt == KVD_FMT_E4M3T;
+     * scale (E4M3T, I8T), [G][nt] */
+    const int own = kv->p_fp8 || kvd_fmt_row_scaled(kv->fmt);
     float block_w[own ? G * bs : 1];
     for (int b = b0; b < b1; b++) {
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
@@ -600,7 +613,7 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
             if (kv->p_fp8) {
                 round_weights(p, stride, G, nt, block_w);
                 p = block_w, stride = (size_t)nt;
-            } else if (kv->fmt == KVD_FMT_E4M3T) {
+            } else if (kvd_fmt_row_scaled(kv->fmt)) {
                 row_scales(vp, nt, hd, p, stride, G, block_w, (size_t)nt);
                 p = block_w, stride = (size_t)nt;
             }

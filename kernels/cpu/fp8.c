@@ -206,14 +206,50 @@ void kvd_quant_e4m3t(const float *x, uint8_t *out, size_t n, kvd_qstats *st) {
     }
 }
 
-float kvd_e4m3t_scale(const uint8_t *row, size_t n) {
+float kvd_row_scale(const uint8_t *row, size_t n) {
     float s;
     memcpy(&s, row + n, sizeof s);
     return s;
 }
 
+static void quant_i8t(const float *x, uint8_t *out, size_t n, int rn, kvd_qstats *st) {
+    float a = 0.0f;
+    for (size_t i = 0; i < n; i++) a = fmaxf(a, fabsf(x[i]));
+    const float s = fmaxf(a / KVD_I8T_MAX, KVD_E4M3T_MIN_SCALE), inv = 1.0f / s;
+    uint64_t sat = 0, ftz = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float y = x[i] * inv;
+        /* clamp, then truncate toward zero (a NaN, which no comparison
+         * holds, to 0) */
+        const float c = y >= 127.0f ? 127.0f : y <= -128.0f ? -128.0f : y == y ? y : 0.0f;
+        const int8_t q = (int8_t)(rn ? rintf(c) : c);
+        out[i] = (uint8_t)q;
+        sat += fabsf(y) >= 128.0f;
+        ftz += q == 0 && x[i] != 0.0f;
+    }
+    memcpy(out + n, &s, sizeof s);
+    if (st) {
+        st->n += n;
+        st->saturated += sat;
+        st->flushed += ftz;
+    }
+}
+
+void kvd_quant_i8t(const float *x, uint8_t *out, size_t n, kvd_qstats *st) {
+    quant_i8t(x, out, n, 0, st);
+}
+
+void kvd_quant_i8t_rn(const float *x, uint8_t *out, size_t n, kvd_qstats *st) {
+    quant_i8t(x, out, n, 1, st);
+}
+
+void kvd_dequant_i8t(const uint8_t *row, float *out, size_t n, float scale) {
+    const float s = kvd_row_scale(row, n);
+    for (size_t i = 0; i < n; i++) out[i] = (float)(int8_t)row[i] * s * scale;
+}
+
 void kvd_dequant_e4m3t(const uint8_t *row, float *out, size_t n, float scale) {
-    const float s = kvd_e4m3t_scale(row, n);
+    const float s = kvd_row_scale(row, n);
     for (size_t i = 0; i < n; i++) out[i] = kvd_e4m3_to_f32(row[i]) * s * scale;
 }
 

@@ -47,24 +47,29 @@ __device__ inline float nvfp4_val(const unsigned char *row, int hd, int d) {
     return e2m1_val(c) * sf;
 }
 
-// an E4M3T row's own scale: the float after its head_dim codes, read a byte
-// at a time (a row of head_dim + 4 bytes need not start 4-aligned)
-__device__ inline float e4m3t_scale(const unsigned char *row, int hd) {
+// a row-scaled row's own scale: the float after its head_dim codes, read a
+// byte at a time (a row of head_dim + 4 bytes need not start 4-aligned)
+__device__ inline float row_scale_at(const unsigned char *row, int hd) {
     return __uint_as_float((unsigned)row[hd] | (unsigned)row[hd + 1] << 8 |
                            (unsigned)row[hd + 2] << 16 | (unsigned)row[hd + 3] << 24);
 }
 
+// whether the view's rows carry their own scales (kvd_fmt_row_scaled)
+__device__ inline bool row_scaled(const view &kv) {
+    return kv.fmt == KVD_FMT_E4M3T || kv.fmt == KVD_FMT_I8T || kv.fmt == KVD_FMT_I8T_RN;
+}
+
 // the scale of the row at (blk, head, slot) of a pool: its own in an E4M3T
-// cache, 1 in every other (whose scales are per head)
+// or I8T cache, 1 in every other (whose scales are per head)
 __device__ inline float row_scale(const view &kv, const unsigned char *pool, int blk, int head,
                                   int slot) {
-    if (kv.fmt != KVD_FMT_E4M3T) return 1.0f;
+    if (!row_scaled(kv)) return 1.0f;
     const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
-    return e4m3t_scale(pool + r * (kv.head_dim + 4), kv.head_dim);
+    return row_scale_at(pool + r * (kv.head_dim + 4), kv.head_dim);
 }
 
 // value d of the row at (blk, head, slot), times its group's block scale
-// (NVFP4) but not its row's scale (E4M3T: row_scale)
+// (NVFP4) but not its row's scale (E4M3T, I8T: row_scale)
 __device__ inline float load_val(const view &kv, const unsigned char *pool, int blk, int head,
                                  int slot, int d) {
     const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
@@ -73,6 +78,8 @@ __device__ inline float load_val(const view &kv, const unsigned char *pool, int 
     if (kv.fmt == KVD_FMT_E4M3T)
         return __half2float(
             __half(__nv_cvt_fp8_to_halfraw(pool[r * (kv.head_dim + 4) + d], __NV_E4M3)));
+    if (row_scaled(kv)) // I8T, I8T_RN
+        return (float)(signed char)pool[r * (kv.head_dim + 4) + d];
     size_t idx = r * kv.head_dim + d;
     if (kv.fmt == KVD_FMT_BF16) {
         unsigned short u = reinterpret_cast<const unsigned short *>(pool)[idx];
@@ -95,7 +102,7 @@ __global__ void scores_kernel(view kv, const int *blocks, int n_ctx, const float
         float dot = 0.0f;
         for (int d = 0; d < kv.head_dim; d++) dot += qj[d] * load_val(kv, kv.k, blk, h, slot, d);
         float x = dot * kmul;
-        if (kv.fmt == KVD_FMT_E4M3T) x *= row_scale(kv, kv.k, blk, h, slot);
+        if (row_scaled(kv)) x *= row_scale(kv, kv.k, blk, h, slot);
         s[(size_t)(h * g + j) * n_ctx + p] = x;
     }
 }
@@ -151,7 +158,7 @@ __global__ void pv_kernel(view kv, const int *blocks, int n_ctx, const float *s,
     float acc = 0.0f;
     for (int t = 0; t < n_ctx; t++) {
         const int blk = blocks[t / kv.block_size], slot = t % kv.block_size;
-        const float w = kv.fmt == KVD_FMT_E4M3T ? p[t] * row_scale(kv, kv.v, blk, h, slot) : p[t];
+        const float w = row_scaled(kv) ? p[t] * row_scale(kv, kv.v, blk, h, slot) : p[t];
         acc += w * load_val(kv, kv.v, blk, h, slot, d);
     }
     out[(size_t)hq * kv.head_dim + d] = acc * kv.v_scale[h];
@@ -173,12 +180,17 @@ __device__ inline float load_row(const view &kv, const unsigned char *pool, int 
                                  int slot, int lane, float *x) {
     const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
     size_t idx = r * kv.head_dim + lane * PER;
-    if (kv.fmt == KVD_FMT_E4M3T) {
+    if (row_scaled(kv)) {
         const unsigned char *row = pool + r * (kv.head_dim + 4), *p = row + lane * PER;
+        if (kv.fmt != KVD_FMT_E4M3T) { // I8T, I8T_RN
 #pragma unroll
-        for (int i = 0; i < PER; i++)
-            x[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(p[i], __NV_E4M3)));
-        return e4m3t_scale(row, kv.head_dim);
+            for (int i = 0; i < PER; i++) x[i] = (float)(signed char)p[i];
+        } else {
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                x[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(p[i], __NV_E4M3)));
+        }
+        return row_scale_at(row, kv.head_dim);
     }
     if (kv.fmt == KVD_FMT_NVFP4) {
         const unsigned char *row = pool + r * (kv.head_dim / 2 + kv.head_dim / 16);
@@ -229,11 +241,11 @@ __global__ void decode_v2(view kv, const int *blocks, int n_ctx, int per_split, 
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
             float s = d * kmul;
-            if (kv.fmt == KVD_FMT_E4M3T) s *= krs;
+            if (row_scaled(kv)) s *= krs;
             const float mn = fmaxf(m[j], s);
             float sc = __expf(m[j] - mn), p = __expf(s - mn);
             l[j] = l[j] * sc + p;
-            const float w = kv.fmt == KVD_FMT_E4M3T ? p * vrs : p;
+            const float w = row_scaled(kv) ? p * vrs : p;
 #pragma unroll
             for (int i = 0; i < PER; i++) acc[j][i] = acc[j][i] * sc + w * vx[i];
             m[j] = mn;
@@ -994,7 +1006,7 @@ template <int HD> static int launch_hd(const view &kv, const rows &R, const spli
 }
 
 static bool ok(const view &kv, int G) {
-    // NVFP4 and E4M3T take v2 and the plain kernels: v3 stages FP8 and BF16
+    // NVFP4, E4M3T and I8T take v2 and the plain kernels: v3 stages FP8 and BF16
     // rows under per-head scales
     return kv.fmt <= KVD_FMT_E5M2 &&
            (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256) && G >= 1 && G <= 16 &&
@@ -1414,7 +1426,7 @@ __global__ void __launch_bounds__(rows_threads<VEC>())
                 const int pos = p0 + pg * 4 + b;
                 if (pos >= ctx) continue;
                 float x = acc[a][b] * kmul; // as scores_kernel: then the row's own scale
-                if (kv.fmt == KVD_FMT_E4M3T)
+                if (row_scaled(kv))
                     x *= row_scale(kv, kv.k, blocks[pos / kv.block_size], h, pos % kv.block_size);
                 srow[pos] = x;
             }
@@ -1525,7 +1537,7 @@ __global__ void prefill_kernel(view kv, const int *blocks, int pos0, const float
     extern __shared__ float sm[];
     float *tile = sm;                    // [PF_TILE][HD + 1]
     float *qs = sm + PF_TILE * (HD + 1); // [G][HD]
-    __shared__ float rs[PF_TILE];        // the tile's rows' own scales (E4M3T)
+    __shared__ float rs[PF_TILE];        // the tile's rows' own scales (E4M3T, I8T)
     const int r = blockIdx.x, h = blockIdx.y, G = n_heads / kv.kv_heads;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, j = h * G + warp;
     const int n_ctx = pos0 + r + 1, bs = kv.block_size;
@@ -1554,7 +1566,7 @@ __global__ void prefill_kernel(view kv, const int *blocks, int pos0, const float
         for (int d = half * HD / 2; d < (half + 1) * HD / 2; d++)
             part += qs[warp * HD + d] * tile[t_lane * (HD + 1) + d];
         float s = (part + __shfl_xor_sync(0xffffffffu, part, 16)) * kmul;
-        if (kv.fmt == KVD_FMT_E4M3T && t_lane < nt) s *= rs[t_lane];
+        if (row_scaled(kv) && t_lane < nt) s *= rs[t_lane];
         if (t_lane >= nt) s = -INFINITY;
         float mt = s;
         for (int off = 16; off > 0; off >>= 1)
@@ -1578,7 +1590,7 @@ __global__ void prefill_kernel(view kv, const int *blocks, int pos0, const float
         __syncthreads();
         for (int t = 0; t < nt; t++) {
             float pt = __shfl_sync(0xffffffffu, p, t);
-            if (kv.fmt == KVD_FMT_E4M3T) pt *= rs[t];
+            if (row_scaled(kv)) pt *= rs[t];
             for (int i = 0; i < PER; i++) acc[i] += pt * tile[t * (HD + 1) + lane + 32 * i];
         }
     }

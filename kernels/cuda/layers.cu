@@ -174,9 +174,11 @@ __device__ inline float block_absmax(float x) {
 __global__ void kv_write_k(write_args a) {
     int t = blockIdx.x / a.kv_heads, h = blockIdx.x % a.kv_heads, d = threadIdx.x;
     const float *xr = a.x + ((size_t)t * a.kv_heads + h) * a.head_dim;
-    // E4M3T: the row's own scale, s = max(absmax / 448, 1e-6), from every
+    // E4M3T, I8T: the row's largest magnitude, for its own scale, from every
     // thread of the block (the format is the whole launch's)
-    const float rmax = a.fmt == KVD_FMT_E4M3T ? block_absmax(d < a.head_dim ? xr[d] : 0.0f) : 0.0f;
+    const bool i8 = a.fmt == KVD_FMT_I8T || a.fmt == KVD_FMT_I8T_RN,
+               own = i8 || a.fmt == KVD_FMT_E4M3T;
+    const float rmax = own ? block_absmax(d < a.head_dim ? xr[d] : 0.0f) : 0.0f;
     if (d >= a.head_dim) return;
     int64_t slot = a.slot[t];
     int64_t blk = slot / a.block_size, off = slot % a.block_size;
@@ -185,7 +187,19 @@ __global__ void kv_write_k(write_args a) {
     float x = xr[d];
     atomicMax(&a.absmax[h], __float_as_uint(fabsf(x)));
     unsigned sat = 0, ftz = 0, sub = 0;
-    if (a.fmt == KVD_FMT_E4M3T) { // fp8.h's rule: x times the reciprocal, saturating
+    if (i8) { // fp8.h's rule: x times the reciprocal, clamped, truncated (I8T_RN: rounded)
+        unsigned char *row = a.pool + r * (a.head_dim + 4);
+        const float rs = fmaxf(__fdiv_rn(rmax, KVD_I8T_MAX), KVD_E4M3T_MIN_SCALE);
+        const float y = __fmul_rn(x, __frcp_rn(rs));
+        const float c = y >= 127.0f ? 127.0f : y <= -128.0f ? -128.0f : y == y ? y : 0.0f;
+        const int q = a.fmt == KVD_FMT_I8T_RN ? __float2int_rn(c) : __float2int_rz(c);
+        row[d] = (unsigned char)(signed char)q;
+        if (d == 0)
+            for (int i = 0; i < 4; i++)
+                row[a.head_dim + i] = (unsigned char)(__float_as_uint(rs) >> (8 * i));
+        sat = fabsf(y) >= 128.0f;
+        ftz = q == 0 && x != 0.0f;
+    } else if (a.fmt == KVD_FMT_E4M3T) { // fp8.h's rule: x times the reciprocal, saturating
         unsigned char *row = a.pool + r * (a.head_dim + 4);
         const float rs = fmaxf(__fdiv_rn(rmax, KVD_E4M3_MAX), KVD_E4M3T_MIN_SCALE);
         const float y = __fmul_rn(x, __frcp_rn(rs));

@@ -250,7 +250,11 @@ for g in 1 2; do
     bad "a dense model on $g GPU(s) differs from the CPU's (above) $(cat "$work/dense.err")"
 done
 
-# NVFP4 and per-token FP8 caches, and with three query heads a KV head, a
+# NVFP4 and per-token FP8 and INT8 caches (int8-token-rn: int8-token's
+# truncation stores a row's largest value as 126 or 127 by an ulp of x / s,
+# which an FP32 rounding of either back end moves, and its figures stray
+# past this file's fixed tolerances; the model test holds them within a
+# standard error), and with three query heads a KV head, a
 # group decode v2 has no build for: the plain kernels decode and prefill
 # (NVFP4 gave NaN)
 "$py" -c "
@@ -258,12 +262,12 @@ import json, sys
 c = json.load(open(sys.argv[1])); c['num_attention_heads'] = 6
 json.dump(c, open(sys.argv[2], 'w'))" "$work/ck/config.json" "$work/g3.json"
 for cfg in "$work/ck/config.json" "$work/g3.json"; do
-  nv=(run --config "$cfg" --kv bf16,nvfp4-cal,nvfp4-unscaled,fp8-token --context 96 --gen-tokens 4 --calib-tokens 128 --cells drift --threads 1)
+  nv=(run --config "$cfg" --kv bf16,nvfp4-cal,nvfp4-unscaled,fp8-token,int8-token-rn --context 96 --gen-tokens 4 --calib-tokens 128 --cells drift --threads 1)
   rm -f "$work/nv-cpu.h5" "$work/nv-gpu.h5"
   "$cpu" "${nv[@]}" -o "$work/nv-cpu.h5" >/dev/null 2>&1
   "$sim" "${nv[@]}" --backend cuda -o "$work/nv-gpu.h5" >/dev/null 2>"$work/nv.err" &&
     "$py" "$here/drift_close.py" "$work/nv-gpu.h5" "$work/nv-cpu.h5" && ok ||
-    bad "NVFP4 and fp8-token caches on the device ($(basename "$cfg")) differ from the CPU's (above) $(cat "$work/nv.err")"
+    bad "NVFP4 and per-token caches on the device ($(basename "$cfg")) differ from the CPU's (above) $(cat "$work/nv.err")"
 done
 
 echo "run --backend cuda on the simulator: $pass passed, $fail failed"

@@ -20,8 +20,10 @@ grep -qE '^  BF16 GEMMs, KVD_CUDA_GEMM=tune: .*: met$' "$work/smoke.log" && ok |
   bad "the tuned GEMMs missed the GEMM target"
 n=$(grep -cE '^ +[0-9]+ nvfp4 +[12] +[0-9.]+ ' "$work/smoke.log")
 [ "$n" = 4 ] && ok || bad "kvd_gpu_bench smoke: $n NVFP4 decode rows (v1 and v2 at two contexts), expected 4"
-n=$(grep -cE '^ +[0-9]+ e4m3t +[12] +[0-9.]+ ' "$work/smoke.log")
-[ "$n" = 4 ] && ok || bad "kvd_gpu_bench smoke: $n e4m3t decode rows (v1 and v2 at two contexts), expected 4"
+for f in e4m3t i8t; do
+  n=$(grep -cE "^ +[0-9]+ $f +[12] +[0-9.]+ " "$work/smoke.log")
+  [ "$n" = 4 ] && ok || bad "kvd_gpu_bench smoke: $n $f decode rows (v1 and v2 at two contexts), expected 4"
+done
 grep -q ' failed$' "$work/smoke.log" && bad "a part failed: $(grep ' failed$' "$work/smoke.log" | head -3)" || ok
 
 "$bench" model tiny 16 1 >"$work/model.log" 2>"$work/model.err" && ok || bad "kvd_gpu_bench model: exit $? ($(tail -3 "$work/model.err"))"

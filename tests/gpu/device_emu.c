@@ -179,6 +179,10 @@ void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads
                 kvd_quant_nvfp4(xr, dst, (size_t)head_dim, scale[h], &st);
             } else if (fmt == KVD_FMT_E4M3T) {
                 kvd_quant_e4m3t(xr, dst, (size_t)head_dim, &st);
+            } else if (fmt == KVD_FMT_I8T) {
+                kvd_quant_i8t(xr, dst, (size_t)head_dim, &st);
+            } else if (fmt == KVD_FMT_I8T_RN) {
+                kvd_quant_i8t_rn(xr, dst, (size_t)head_dim, &st);
             } else {
                 kvd_quant_e5m2(xr, dst, (size_t)head_dim, scale[h], saturate, &st);
             }

@@ -3,7 +3,8 @@
 usage: check.py CKPT_DIR DUMP_DIR
 
 CKPT_DIR is `kvdrift export` output, DUMP_DIR `kvdrift forward --dump` output
-for modes bf16, fp8-cal, fp8-unscaled, nvfp4-cal, nvfp4-unscaled and fp8-token.
+for modes bf16, fp8-cal, fp8-unscaled, nvfp4-cal, nvfp4-unscaled, fp8-token,
+int8-token and int8-token-rn.
 Checks, per mode:
   - logits: relative L2 error against the reference below 1e-3 (for FP8
     modes the reference's attention reads the C's stored codes, so a code
@@ -25,7 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import Checks  # noqa: E402
 from qwen3next_ref import (Qwen3NextRef, e4m3_decode, e4m3_encode, e4m3t_encode,  # noqa: E402
-                           nvfp4_encode, round_bf16)
+                           i8t_encode, nvfp4_encode, round_bf16)
 
 
 def rel_l2(a, b):
@@ -45,9 +46,10 @@ def main():
               "v": [np.array(l["v_scale"], dtype=np.float32) for l in sj["layers"]]}
     check = Checks()
 
-    for mode in ("bf16", "fp8-cal", "fp8-unscaled", "nvfp4-cal", "nvfp4-unscaled", "fp8-token"):
+    for mode in ("bf16", "fp8-cal", "fp8-unscaled", "nvfp4-cal", "nvfp4-unscaled", "fp8-token",
+                 "int8-token", "int8-token-rn"):
         d = os.path.join(dump, mode)
-        nv, tok = mode.startswith("nvfp4"), mode == "fp8-token"
+        nv, tok = mode.startswith("nvfp4"), mode in ("fp8-token", "int8-token", "int8-token-rn")
         rb = hd // 2 + hd // 16 if nv else hd + 4 if tok else hd  # bytes a row
         logits_c = np.fromfile(os.path.join(d, "logits.f32"), dtype="<f4").reshape(T, V)
         forced = None
@@ -98,17 +100,29 @@ def main():
                     # (they move only at a rounding midpoint) and the scales
                     # to 1e-5
                     stored = raw.reshape(T, kvh, rb)
-                    mine = e4m3t_encode(pre)[0]
+                    mine = (e4m3t_encode(pre) if mode == "fp8-token"
+                            else i8t_encode(pre, mode == "int8-token-rn"))[0]
                     check(np.array_equal(stored, mine),
-                          f"{mode}: layer {al} {which.upper()} cache bytes = E4M3(C values, each row's "
+                          f"{mode}: layer {al} {which.upper()} cache bytes = {mode}(C values, each row's "
                           f"own scale), every one of {stored.size}")
-                    same = np.all(codes_r[..., :hd] == stored[..., :hd], -1)
                     sr = np.ascontiguousarray(codes_r[..., hd:]).view("<f4")
                     sc_ = np.ascontiguousarray(stored[..., hd:]).view("<f4")
                     e = float(np.max(np.abs(sr - sc_) / sc_))
-                    check(same.mean() >= 0.99 and e < 1e-5,
-                          f"{mode}: layer {al} {which.upper()} reference's own rows: {int(same.sum())} of "
-                          f"{same.size} codes identical, scales within {e:.1e}")
+                    if mode == "fp8-token":
+                        same = np.all(codes_r[..., :hd] == stored[..., :hd], -1)
+                        check(same.mean() >= 0.99 and e < 1e-5,
+                              f"{mode}: layer {al} {which.upper()} reference's own rows: {int(same.sum())} "
+                              f"of {same.size} codes identical, scales within {e:.1e}")
+                    else:
+                        # the codes step at every integer (truncating) or
+                        # half (rounding), and the row's scale moves x / s
+                        # there: codes one step apart, few
+                        step = np.abs(codes_r[..., :hd].view(np.int8).astype(int)
+                                      - stored[..., :hd].view(np.int8).astype(int))
+                        n = int((step > 0).sum())
+                        check(step.max() <= 1 and n <= step.size // 100 and e < 1e-5,
+                              f"{mode}: layer {al} {which.upper()} reference's own codes: {step.size - n} of "
+                              f"{step.size} identical, the rest one step apart; scales within {e:.1e}")
                     continue
                 stored = raw.reshape(T, kvh, hd)
                 sc = scales[which][al] if mode == "fp8-cal" else np.ones(kvh, dtype=np.float32)

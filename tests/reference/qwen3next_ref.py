@@ -137,6 +137,31 @@ def e4m3t_encode(x32):
     return np.concatenate([codes, sb], -1), e4m3_decode(codes) * s.astype(np.float64)
 
 
+def i8t_encode(x32, rn=False):
+    """INT8 rows of x32 ([..., head_dim] float32), each with its own scale
+    (int8-token, vLLM's int8_per_token_head): s = max(absmax / 127, 1e-6) in
+    float32 and x times 1 / s clamped to [-128, 127], truncated toward zero
+    (a float stored to an int8 pointer in Triton); rn: rounded to nearest
+    even instead (int8-token-rn). The stored bytes (the codes, then s as a
+    little-endian float32) and the values (float64)."""
+    x32 = np.asarray(x32, dtype=np.float32)
+    a = np.abs(x32).max(-1, keepdims=True)
+    s = np.maximum(np.divide(a, np.float32(127.0), dtype=np.float32), np.float32(1e-6))
+    inv = np.divide(np.float32(1.0), s, dtype=np.float32)
+    y = np.clip(np.multiply(x32, inv, dtype=np.float32), -128, 127)
+    q = (np.rint(y) if rn else np.trunc(y)).astype(np.int8)
+    sb = np.ascontiguousarray(s.astype("<f4")).view(np.uint8)
+    return np.concatenate([q.view(np.uint8), sb], -1), q.astype(np.float64) * s.astype(np.float64)
+
+
+def i8t_decode(row):
+    """Stored int8-token rows back to values (float64)."""
+    row = np.asarray(row, dtype=np.uint8)
+    hd = row.shape[-1] - 4
+    s = np.ascontiguousarray(row[..., hd:]).view("<f4")
+    return row[..., :hd].view(np.int8).astype(np.float64) * s.astype(np.float64)
+
+
 def e4m3t_decode(row):
     """Stored fp8-token rows back to values (float64)."""
     row = np.asarray(row, dtype=np.uint8)
@@ -173,8 +198,8 @@ def store(x, mode, scale):
     if mode == "nvfp4":
         codes, vals = nvfp4_encode(x32, scale)
         return vals, codes
-    if mode == "e4m3t":  # each row its own scale; scale is not used
-        codes, vals = e4m3t_encode(x32)
+    if mode in ("e4m3t", "i8t", "i8t-rn"):  # each row its own scale; scale is not used
+        codes, vals = e4m3t_encode(x32) if mode == "e4m3t" else i8t_encode(x32, mode == "i8t-rn")
         return vals, codes
     s = np.asarray(scale, dtype=np.float32)[:, None]
     codes = e4m3_encode(np.divide(x32, s, dtype=np.float32))
@@ -286,13 +311,15 @@ class Qwen3NextRef:
         else:
             ks = vs = None
         mode = ("bf16" if kv_mode == "bf16" else "nvfp4" if kv_mode.startswith("nvfp4")
-                else "e4m3t" if kv_mode == "fp8-token" else "fp8")
+                else "e4m3t" if kv_mode == "fp8-token" else "i8t" if kv_mode == "int8-token"
+                else "i8t-rn" if kv_mode == "int8-token-rn" else "fp8")
         kq, kc = store(k, mode, ks)
         vq, vc = store(v, mode, vs)
         if forced is not None and mode == "nvfp4":
             kq, vq = nvfp4_decode(forced[0], ks), nvfp4_decode(forced[1], vs)
-        if forced is not None and mode == "e4m3t":
-            kq, vq = e4m3t_decode(forced[0]), e4m3t_decode(forced[1])
+        if forced is not None and mode in ("e4m3t", "i8t", "i8t-rn"):
+            dec = e4m3t_decode if mode == "e4m3t" else i8t_decode
+            kq, vq = dec(forced[0]), dec(forced[1])
         if forced is not None and mode == "fp8":
             kq = e4m3_decode(forced[0]) * np.asarray(ks, dtype=np.float32)[:, None].astype(np.float64)
             vq = e4m3_decode(forced[1]) * np.asarray(vs, dtype=np.float32)[:, None].astype(np.float64)

@@ -383,6 +383,18 @@ inline float __fdiv_rn(float a, float b) {
 inline float __frcp_rn(float a) {
     return 1.0f / a;
 }
+inline int __float2int_rn(float a) { // to nearest even; NaN to 0, beyond the range clamped
+    return a != a                ? 0
+           : a >= 2147483648.0f  ? 2147483647
+           : a <= -2147483648.0f ? (-2147483647 - 1)
+                                 : (int)rintf(a);
+}
+inline int __float2int_rz(float a) { // NaN to 0, beyond the range clamped, as cvt.rzi.s32.f32
+    return a != a                ? 0
+           : a >= 2147483648.0f  ? 2147483647
+           : a <= -2147483648.0f ? (-2147483647 - 1)
+                                 : (int)a;
+}
 inline float __expf(float x) {
     return expf(x);
 }

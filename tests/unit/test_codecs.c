@@ -198,7 +198,7 @@ static void e4m3t_by_hand(void **st) {
     /* absmax 3: s = 3 / 448, and x / s lands on 448 x / 3 */
     const float x[8] = {-3, 1.5f, 0.75f, 0.01f, 0, 1e-5f, 3, 2.9f};
     uint8_t row[12];
-    assert_int_equal(kvd_e4m3t_row_bytes(8), 12);
+    assert_int_equal(kvd_scaled_row_bytes(8), 12);
     kvd_qstats q = {0};
     kvd_quant_e4m3t(x, row, 8, &q);
     /* -448, 224, 112, 1.493 -> 1.5, 0, 0.00149 -> 2^-9 (a subnormal), 448, 433 -> 448 */
@@ -206,7 +206,7 @@ static void e4m3t_by_hand(void **st) {
     assert_memory_equal(row, want, 8);
     const float s = 3.0f / 448.0f;
     assert_memory_equal(row + 8, &s, 4); /* the scale, as a float after the codes */
-    assert_true(kvd_e4m3t_scale(row, 8) == s);
+    assert_true(kvd_row_scale(row, 8) == s);
     assert_int_equal(q.n, 8);
     assert_int_equal(q.saturated, 0);
     assert_int_equal(q.flushed, 0);
@@ -221,20 +221,63 @@ static void e4m3t_by_hand(void **st) {
     kvd_quant_e4m3t(tiny, row, 8, NULL);
     const uint8_t want_tiny[8] = {0x6c, 0xe4, 0, 0, 0, 0, 0, 0};
     assert_memory_equal(row, want_tiny, 8);
-    assert_true(kvd_e4m3t_scale(row, 8) == 1e-6f);
+    assert_true(kvd_row_scale(row, 8) == 1e-6f);
     /* a zero row: the floor too, every code 0, nothing flushed */
     const float zero[8] = {0};
     kvd_qstats z = {0};
     kvd_quant_e4m3t(zero, row, 8, &z);
-    assert_true(kvd_e4m3t_scale(row, 8) == 1e-6f && row[0] == 0 && row[7] == 0);
+    assert_true(kvd_row_scale(row, 8) == 1e-6f && row[0] == 0 && row[7] == 0);
     assert_int_equal(z.flushed, 0);
+}
+
+/* int8-token rows (vLLM's int8_per_token_head), worked by hand: the
+ * float-to-int8 store truncates toward zero */
+static void i8t_by_hand(void **st) {
+    (void)st;
+    /* absmax 2.54: s = 0.02, and x / s lands on 50 x */
+    const float x[8] = {-2.54f, 1.0f, 0.999f, -0.019f, 0.021f, 0, 2.54f, -1.27f};
+    uint8_t row[12];
+    kvd_qstats q = {0};
+    kvd_quant_i8t(x, row, 8, &q);
+    const float s = 2.54f / 127.0f, inv = 1.0f / s;
+    /* -127; 1 / s = 50 (49.99..., truncated to 49 if below); 49.95 -> 49; -0.95 -> 0;
+     * 1.05 -> 1; 0; 127; -63.5 -> -63 */
+    const int8_t want[8] = {-127, (int8_t)(1.0f * inv), 49, 0, 1, 0, 127, -63};
+    for (int i = 0; i < 8; i++) assert_int_equal((int8_t)row[i], want[i]);
+    assert_true(want[1] == 49 || want[1] == 50);
+    assert_memory_equal(row + 8, &s, 4);
+    assert_int_equal(q.n, 8);
+    assert_int_equal(q.saturated, 0);
+    assert_int_equal(q.flushed, 1); /* -0.019: under one step */
+    assert_int_equal(q.subnormal, 0);
+    float back[8];
+    kvd_dequant_i8t(row, back, 8, 1.0f);
+    assert_true(back[0] == -127.0f * s && back[2] == 49.0f * s && back[7] == -63.0f * s);
+    /* rounding would give 50 and -64 where truncation gives 49 and -63 */
+    assert_true(back[2] < x[2] && back[7] > x[7]);
+    /* rounding to nearest (int8-token-rn): 49.95 -> 50, -0.95 -> -1 (not
+     * flushed), 1.05 -> 1, -63.5 -> -64 (the even one) */
+    kvd_qstats r = {0};
+    kvd_quant_i8t_rn(x, row, 8, &r);
+    const int8_t want_rn[8] = {-127, 50, 50, -1, 1, 0, 127, -64};
+    for (int i = 0; i < 8; i++) assert_int_equal((int8_t)row[i], want_rn[i]);
+    assert_memory_equal(row + 8, &s, 4);
+    assert_int_equal(r.flushed, 0);
+    /* a tiny row takes the floor 1e-6: 1e-4 -> 100, -5.5e-5 -> -55 */
+    const float tiny[8] = {1e-4f, -5.5e-5f, 0, 0, 0, 0, 0, 0};
+    kvd_quant_i8t(tiny, row, 8, NULL);
+    assert_true(kvd_row_scale(row, 8) == 1e-6f);
+    assert_int_equal((int8_t)row[0], (int8_t)(1e-4f * 1e6f));
+    assert_int_equal((int8_t)row[1], (int8_t)(-5.5e-5f * 1e6f));
+    assert_true((int8_t)row[0] >= 99 && (int8_t)row[1] <= -54);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(nvfp4_by_hand), cmocka_unit_test(e4m3t_by_hand),
-        cmocka_unit_test(decode_tables), cmocka_unit_test(round_trips),
-        cmocka_unit_test(edges),         cmocka_unit_test(vectors_and_stats),
+        cmocka_unit_test(nvfp4_by_hand),     cmocka_unit_test(e4m3t_by_hand),
+        cmocka_unit_test(i8t_by_hand),       cmocka_unit_test(decode_tables),
+        cmocka_unit_test(round_trips),       cmocka_unit_test(edges),
+        cmocka_unit_test(vectors_and_stats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

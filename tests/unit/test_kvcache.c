@@ -101,6 +101,25 @@ static int fp8_token_reference(const float *x, const float *row) {
     return sub;
 }
 
+/* int8-token by its definition (vLLM's int8_per_token_head): the row's own
+ * scale max(absmax / 127, 1e-6), x times its reciprocal clamped to [-128,
+ * 127] and truncated toward zero (rn: rounded to nearest even); row must
+ * read back as that exactly.
+ * Returns the row's values flushed to zero. */
+static int int8_token_reference(const float *x, const float *row, int rn) {
+    float a = 0.0f;
+    for (int i = 0; i < HD; i++) a = fabsf(x[i]) > a ? fabsf(x[i]) : a;
+    const float s = a / 127.0f > 1e-6f ? a / 127.0f : 1e-6f, inv = 1.0f / s;
+    int ftz = 0;
+    for (int i = 0; i < HD; i++) {
+        const double y = fmin(fmax((double)(x[i] * inv), -128.0), 127.0);
+        const double q = rn ? nearbyint(y) : y < 0 ? ceil(y) : floor(y);
+        assert_true(row[i] == (float)q * s);
+        ftz += q == 0 && x[i] != 0;
+    }
+    return ftz;
+}
+
 static void modes(void **st) {
     (void)st;
     char err[KVD_ERR_LEN];
@@ -126,6 +145,13 @@ static void modes(void **st) {
             float vs = kvd_kv_mode_scaled(mode) ? sc.v[h] : 1.0f;
             if (mode == KVD_KV_NVFP4_CAL) ks /= 6.0f, vs /= 6.0f; /* FP8's scale over E2M1's 6 */
             kvd_kv_row(&view, 0, c.seqs[s].blocks, 0, h, row);
+            if (mode == KVD_KV_INT8_TOKEN || mode == KVD_KV_INT8_TOKEN_RN) {
+                const int rn = mode == KVD_KV_INT8_TOKEN_RN;
+                ksub += (uint64_t)int8_token_reference(k + h * HD, row, rn);
+                kvd_kv_row(&view, 1, c.seqs[s].blocks, 0, h, row);
+                sub += (uint64_t)int8_token_reference(v + h * HD, row, rn);
+                continue;
+            }
             if (mode == KVD_KV_FP8_TOKEN) {
                 ksub += (uint64_t)fp8_token_reference(k + h * HD, row);
                 kvd_kv_row(&view, 1, c.seqs[s].blocks, 0, h, row);
@@ -168,6 +194,14 @@ static void modes(void **st) {
             assert_true(sub > HD / 2); /* the failure the project exists to show */
         }
         if (mode == KVD_KV_FP8_CAL) assert_int_equal(c.k_stats[0].saturated, sat);
+        if (mode == KVD_KV_INT8_TOKEN || mode == KVD_KV_INT8_TOKEN_RN) { /* here sub and ksub
+                                                                             count flushed values */
+            assert_int_equal(c.k_stats[0].saturated, 0);
+            assert_int_equal(c.k_stats[0].flushed, ksub);
+            assert_int_equal(c.v_stats[0].flushed, sub);
+            assert_int_equal(c.k_stats[0].subnormal + c.v_stats[0].subnormal, 0);
+            assert_true(ksub > 0); /* the key outliers leave the rest a few steps */
+        }
         if (mode == KVD_KV_FP8_TOKEN) { /* the outliers fit, and V keeps its precision */
             assert_int_equal(c.k_stats[0].saturated, 0);
             assert_int_equal(c.k_stats[0].subnormal, ksub);
