@@ -37,7 +37,8 @@ typedef struct {
     int head_dim;
     const void *k;
     const void *v;
-    const float *k_scale; /* [kv_heads] dequantization scales (1.0 for BF16) */
+    const float *k_scale; /* [kv_heads] dequantization scales (1.0 for BF16 and for the
+                             row-scaled formats, whose rows carry their own on top) */
     const float *v_scale;
     int portable; /* take the portable kernels even where vector ones exist (tests) */
     /* FP8 attention, as FlashAttention 3 computes over an FP8 cache (NULL /

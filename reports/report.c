@@ -1561,23 +1561,42 @@ static void context_section_md(kvd_buf *b, const kvd_run *runs, int n) {
 static int cpu_speeds(const kvd_run *r) {
     return r->r.t[KVD_T_TPUT].n > 0 && !strcmp(r->r.backend, "cpu");
 }
-/* What an NVFP4 mode's V flushed to zero means, where a run has one: for
- * FP8 a large share is the sign of a missing scale, for NVFP4 it is the
- * format. Between lead and tail; nothing without an NVFP4 mode. */
-static void nvfp4_note(kvd_buf *b, const kvd_run *runs, int n, const char *lead, const char *tail) {
-    int any = 0;
-    for (int i = 0; i < n && !any; i++) {
+/* Whether any of the runs has a mode whose name contains part. */
+static int runs_have(const kvd_run *runs, int n, const char *part) {
+    for (int i = 0; i < n; i++) {
         const char *modes[KVD_KV_N_MODES];
         const int nm = kvd_run_modes(&runs[i], modes);
-        for (int m = 0; m < nm; m++) any |= !strncmp(modes[m], "nvfp4-", 6);
+        for (int m = 0; m < nm; m++)
+            if (strstr(modes[m], part)) return 1;
     }
-    if (!any) return;
-    kvd_buf_puts(b, lead);
-    kvd_buf_puts(b, "The nvfp4 modes are NVFP4 caches: E2M1 values under an E4M3 scale per 16. "
-                    "E2M1 holds nothing under a 24th of its group's largest value, so several "
-                    "percent of their values flush to zero at any scale: there, unlike FP8's, "
-                    "the share is the format's, not the sign of a missing scale.");
-    kvd_buf_puts(b, tail);
+    return 0;
+}
+
+/* What the verdict's shares and the KV table's scales mean in the modes
+ * that are not per-tensor FP8, where a run has them: an NVFP4 mode's V
+ * flushed to zero (for FP8 a large share is the sign of a missing scale,
+ * for NVFP4 it is the format), and the per-token modes' scales. Between
+ * lead and tail; nothing without such a mode. */
+static void mode_notes(kvd_buf *b, const kvd_run *runs, int n, const char *lead, const char *tail) {
+    if (runs_have(runs, n, "nvfp4-")) {
+        kvd_buf_puts(b, lead);
+        kvd_buf_puts(b, "The nvfp4 modes are NVFP4 caches: E2M1 values under an E4M3 scale per "
+                        "16. E2M1 holds nothing under a 24th of its group's largest value, so "
+                        "several percent of their values flush to zero at any scale: there, "
+                        "unlike FP8's, the share is the format's, not the sign of a missing "
+                        "scale.");
+        kvd_buf_puts(b, tail);
+    }
+    if (runs_have(runs, n, "-token")) {
+        kvd_buf_puts(b, lead);
+        kvd_buf_puts(b, "The -token modes give each row (a token's K or V of one KV head) its own "
+                        "scale as it is written, as vLLM's fp8_per_token_head and "
+                        "int8_per_token_head caches do: they need neither calibration nor a "
+                        "checkpoint's scales, and their scales in the KV table are 1.0 (each "
+                        "row's own is in the cache). int8-token truncates toward zero as vLLM's "
+                        "write does; int8-token-rn rounds.");
+        kvd_buf_puts(b, tail);
+    }
 }
 
 static void cpu_speed_note(kvd_buf *b, const kvd_run *runs, int n, int html, const char *lead,
@@ -1710,7 +1729,7 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
                     "mean KL: negligible &lt; 0.001 nats &lt; noticeable &lt; 0.01 &lt; degraded. "
                     "Speed and capacity at the highest concurrency measured.");
     cpu_speed_note(b, runs, n, 1, " ", "");
-    nvfp4_note(b, runs, n, " ", "");
+    mode_notes(b, runs, n, " ", "");
     kvd_buf_puts(b, "</p>\n");
     for (int i = 0; i < n; i++)
         if (kvd_run_attn_fp8(&runs[i])) {
@@ -1840,7 +1859,7 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
     kvd_buf_puts(b, "; verdict by mean output KL: negligible < 0.001 nats < noticeable < 0.01 < "
                     "degraded.\n");
     cpu_speed_note(b, runs, n, 0, "", "\n");
-    nvfp4_note(b, runs, n, "\n", "\n");
+    mode_notes(b, runs, n, "\n", "\n");
     for (int i = 0; i < n; i++)
         if (kvd_run_attn_fp8(&runs[i]))
             kvd_buf_printf(b, "\n%s: %s\n", runs[i].label, kvd_attn_fp8_text);

@@ -184,10 +184,19 @@ void kvd_dequant_nvfp4(const uint8_t *row, float *out, size_t n, float scale) {
     }
 }
 
-void kvd_quant_e4m3t(const float *x, uint8_t *out, size_t n, kvd_qstats *st) {
+/* A row's own scale (E4M3T, I8T): its largest magnitude (a NaN passed
+ * over) over the format's largest code, at least 1e-6, stored after the n
+ * codes at out. */
+static float own_scale(const float *x, uint8_t *out, size_t n, float max_code) {
     float a = 0.0f;
     for (size_t i = 0; i < n; i++) a = fmaxf(a, fabsf(x[i]));
-    const float s = fmaxf(a / KVD_E4M3_MAX, KVD_E4M3T_MIN_SCALE), inv = 1.0f / s;
+    const float s = fmaxf(a / max_code, KVD_E4M3T_MIN_SCALE);
+    memcpy(out + n, &s, sizeof s);
+    return s;
+}
+
+void kvd_quant_e4m3t(const float *x, uint8_t *out, size_t n, kvd_qstats *st) {
+    const float inv = 1.0f / own_scale(x, out, n, KVD_E4M3_MAX);
     uint64_t sat = 0, ftz = 0, sub = 0;
     for (size_t i = 0; i < n; i++) {
         const float y = x[i] * inv;
@@ -197,7 +206,6 @@ void kvd_quant_e4m3t(const float *x, uint8_t *out, size_t n, kvd_qstats *st) {
         ftz += (c & 0x7fu) == 0 && x[i] != 0.0f;
         sub += (c & 0x78u) == 0 && (c & 0x7fu) != 0;
     }
-    memcpy(out + n, &s, sizeof s);
     if (st) {
         st->n += n;
         st->saturated += sat;
@@ -213,9 +221,7 @@ float kvd_row_scale(const uint8_t *row, size_t n) {
 }
 
 static void quant_i8t(const float *x, uint8_t *out, size_t n, int rn, kvd_qstats *st) {
-    float a = 0.0f;
-    for (size_t i = 0; i < n; i++) a = fmaxf(a, fabsf(x[i]));
-    const float s = fmaxf(a / KVD_I8T_MAX, KVD_E4M3T_MIN_SCALE), inv = 1.0f / s;
+    const float inv = 1.0f / own_scale(x, out, n, KVD_I8T_MAX);
     uint64_t sat = 0, ftz = 0;
     for (size_t i = 0; i < n; i++) {
         const float y = x[i] * inv;
@@ -227,7 +233,6 @@ static void quant_i8t(const float *x, uint8_t *out, size_t n, int rn, kvd_qstats
         sat += fabsf(y) >= 128.0f;
         ftz += q == 0 && x[i] != 0.0f;
     }
-    memcpy(out + n, &s, sizeof s);
     if (st) {
         st->n += n;
         st->saturated += sat;

@@ -187,30 +187,27 @@ __global__ void kv_write_k(write_args a) {
     float x = xr[d];
     atomicMax(&a.absmax[h], __float_as_uint(fabsf(x)));
     unsigned sat = 0, ftz = 0, sub = 0;
-    if (i8) { // fp8.h's rule: x times the reciprocal, clamped, truncated (I8T_RN: rounded)
+    if (own) { // fp8.h's rules: x times the reciprocal of the row's own scale
         unsigned char *row = a.pool + r * (a.head_dim + 4);
-        const float rs = fmaxf(__fdiv_rn(rmax, KVD_I8T_MAX), KVD_E4M3T_MIN_SCALE);
+        const float rs =
+            fmaxf(__fdiv_rn(rmax, i8 ? KVD_I8T_MAX : KVD_E4M3_MAX), KVD_E4M3T_MIN_SCALE);
         const float y = __fmul_rn(x, __frcp_rn(rs));
-        const float c = y >= 127.0f ? 127.0f : y <= -128.0f ? -128.0f : y == y ? y : 0.0f;
-        const int q = a.fmt == KVD_FMT_I8T_RN ? __float2int_rn(c) : __float2int_rz(c);
-        row[d] = (unsigned char)(signed char)q;
-        if (d == 0)
-            for (int i = 0; i < 4; i++)
-                row[a.head_dim + i] = (unsigned char)(__float_as_uint(rs) >> (8 * i));
-        sat = fabsf(y) >= 128.0f;
-        ftz = q == 0 && x != 0.0f;
-    } else if (a.fmt == KVD_FMT_E4M3T) { // fp8.h's rule: x times the reciprocal, saturating
-        unsigned char *row = a.pool + r * (a.head_dim + 4);
-        const float rs = fmaxf(__fdiv_rn(rmax, KVD_E4M3_MAX), KVD_E4M3T_MIN_SCALE);
-        const float y = __fmul_rn(x, __frcp_rn(rs));
-        const unsigned char q = __nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3);
-        row[d] = q;
         if (d == 0) // the scale's bytes, little-endian, as the CPU's memcpy leaves them
             for (int i = 0; i < 4; i++)
                 row[a.head_dim + i] = (unsigned char)(__float_as_uint(rs) >> (8 * i));
-        sat = fabsf(y) > 464.0f;
-        ftz = (q & 0x7fu) == 0 && x != 0.0f;
-        sub = (q & 0x78u) == 0 && (q & 0x7fu) != 0;
+        if (i8) { // clamped, then truncated (I8T_RN: rounded to nearest even)
+            const float c = y >= 127.0f ? 127.0f : y <= -128.0f ? -128.0f : y == y ? y : 0.0f;
+            const int q = a.fmt == KVD_FMT_I8T_RN ? __float2int_rn(c) : __float2int_rz(c);
+            row[d] = (unsigned char)(signed char)q;
+            sat = fabsf(y) >= 128.0f;
+            ftz = q == 0 && x != 0.0f;
+        } else { // saturating
+            const unsigned char q = __nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3);
+            row[d] = q;
+            sat = fabsf(y) > 464.0f;
+            ftz = (q & 0x7fu) == 0 && x != 0.0f;
+            sub = (q & 0x78u) == 0 && (q & 0x7fu) != 0;
+        }
     } else if (a.fmt == KVD_FMT_NVFP4) {
         nvfp4_put(a.pool + r * (a.head_dim / 2 + a.head_dim / 16), a.head_dim, d, x, a.scale[h],
                   &sat, &ftz, &sub);

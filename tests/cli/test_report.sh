@@ -234,6 +234,10 @@ PY
 # nvfp4 mode (the nightly baseline) and nowhere else
 grep -q "^The nvfp4 modes are NVFP4 caches: .* the share is the format's, not the sign of a missing scale.$" "$work/nightly.md" &&
   ! grep -q "nvfp4 modes are NVFP4" "$work/r.md" && ok || bad "the NVFP4 note under the verdict"
+# and what the per-token modes' scales are, where a run has one (the
+# nightly baseline's fp8-token)
+grep -q "^The -token modes give each row (a token's K or V of one KV head) its own scale .* int8-token-rn rounds.$" "$work/nightly.md" &&
+  ! grep -q "token modes give" "$work/r.md" && ok || bad "the per-token note under the verdict"
 # the KL tail: each point the share of the file's positions above its x;
 # no series for bf16 (no drift)
 "$py" - "$work/r.h5" "$work/r.html" "$work/r.md" <<'PY' && ok || bad "the KL tail chart differs from /drift/tokens"
