@@ -1561,9 +1561,11 @@ static void context_section_md(kvd_buf *b, const kvd_run *runs, int n) {
 static int cpu_speeds(const kvd_run *r) {
     return r->r.t[KVD_T_TPUT].n > 0 && !strcmp(r->r.backend, "cpu");
 }
-/* Whether any of the runs has a mode whose name contains part. */
-static int runs_have(const kvd_run *runs, int n, const char *part) {
+/* Whether any of the runs (those timed on the device only, with cuda) has
+ * a mode whose name contains part. */
+static int runs_have_on(const kvd_run *runs, int n, const char *part, int cuda) {
     for (int i = 0; i < n; i++) {
+        if (cuda && (runs[i].r.t[KVD_T_TPUT].n == 0 || strcmp(runs[i].r.backend, "cuda"))) continue;
         const char *modes[KVD_KV_N_MODES];
         const int nm = kvd_run_modes(&runs[i], modes);
         for (int m = 0; m < nm; m++)
@@ -1571,12 +1573,16 @@ static int runs_have(const kvd_run *runs, int n, const char *part) {
     }
     return 0;
 }
+static int runs_have(const kvd_run *runs, int n, const char *part) {
+    return runs_have_on(runs, n, part, 0);
+}
 
 /* What the verdict's shares and the KV table's scales mean in the modes
  * that are not per-tensor FP8, where a run has them: an NVFP4 mode's V
  * flushed to zero (for FP8 a large share is the sign of a missing scale,
- * for NVFP4 it is the format), and the per-token modes' scales. Between
- * lead and tail; nothing without such a mode. */
+ * for NVFP4 it is the format), the per-token modes' scales, and, for runs
+ * timed on the device, that no tensor-core kernel reads these modes.
+ * Between lead and tail; nothing without such a mode. */
 static void mode_notes(kvd_buf *b, const kvd_run *runs, int n, const char *lead, const char *tail) {
     if (runs_have(runs, n, "nvfp4-")) {
         kvd_buf_puts(b, lead);
@@ -1595,6 +1601,13 @@ static void mode_notes(kvd_buf *b, const kvd_run *runs, int n, const char *lead,
                         "checkpoint's scales, and their scales in the KV table are 1.0 (each "
                         "row's own is in the cache). int8-token truncates toward zero as vLLM's "
                         "write does; int8-token-rn rounds.");
+        kvd_buf_puts(b, tail);
+    }
+    if (runs_have_on(runs, n, "nvfp4-", 1) || runs_have_on(runs, n, "-token", 1)) {
+        kvd_buf_puts(b, lead);
+        kvd_buf_puts(b, "On the device the nvfp4 and -token modes decode on kvdrift's FP32-core "
+                        "kernels (its tensor-core kernels take FP8 and BF16 rows under per-head "
+                        "scales only): their speeds there are kvdrift's, not an engine's.");
         kvd_buf_puts(b, tail);
     }
 }
