@@ -342,9 +342,9 @@ static size_t fp8_scratch(const kvd_cuda_model *m, size_t have) {
     return need > have ? need : have;
 }
 
-/* An NVFP4 or E4M3T cache (which v3 does not take) with a group of query
- * heads decode v2 has no build for (not 1, 2, 4, 8 or 16) decodes on the
- * plain kernels, which need fp8_scratch's room too */
+/* An NVFP4 or per-token cache (formats past E5M2, which v3 does not take)
+ * with a group of query heads decode v2 has no build for (not 1, 2, 4, 8
+ * or 16) decodes on the plain kernels, which need fp8_scratch's room too */
 static int plain_only(const kvd_cuda_model *m, kvd_fmt fmt) {
     const int G = m->c.num_attention_heads / m->c.num_key_value_heads;
     return fmt > KVD_FMT_E5M2 && (G > 16 || (G & (G - 1)) != 0);
@@ -1132,8 +1132,8 @@ static int views_room(kvd_cuda_model *m0) {
 /* One query row's attention: the decode kernels, or the plain kernels
  * (whose scratch fp8_scratch sized) with FP8 weights where the decode
  * kernels cannot round them (a shape or a device the tensor-core kernels do
- * not take, KVD_CUDA_DECODE=2) and over an NVFP4 or E4M3T cache whose group
- * v2 has no build for (plain_only). */
+ * not take, KVD_CUDA_DECODE=2) and over an NVFP4 or per-token cache whose
+ * group v2 has no build for (plain_only). */
 static int decode_row(const kvd_kv_view *view, const int32_t *tab, int n_ctx, const float *q,
                       int nh, float sm_scale, float *out, float *scratch) {
     const int rc = kvd_cuda_attn_decode_dev(view, tab, n_ctx, q, nh, sm_scale, out, scratch);
@@ -1344,7 +1344,7 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
                                                        m->att + (size_t)r0 * nh * hd,
                                                        m->attn_scratch, m->attn_scratch_floats)) {
             /* what no prefill kernel takes, row by row: FP8 weights the
-             * tensor-core kernels could not round, or an NVFP4 or E4M3T
+             * tensor-core kernels could not round, or an NVFP4 or per-token
              * cache with a group of query heads the FP32 tiles have no build
              * for */
             for (int r = r0; r < r0 + nt; r++) {
