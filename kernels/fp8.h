@@ -57,6 +57,12 @@ typedef enum {
     KVD_FMT_I8T_RN = 6 /* the same rows, written rounding to nearest */
 } kvd_fmt;
 
+/* The formats of whole rows of codes under one scale a head (BF16, E4M3,
+ * E5M2): the ones the device's tensor-core kernels stage. An int, so that
+ * a format read as a number (the device code's) needs no cast to test. */
+static inline int kvd_fmt_per_head(int f) {
+    return f == KVD_FMT_BF16 || f == KVD_FMT_E4M3 || f == KVD_FMT_E5M2;
+}
 /* The INT8 formats (I8T's rows, however written). */
 static inline int kvd_fmt_int8(kvd_fmt f) {
     return f == KVD_FMT_I8T || f == KVD_FMT_I8T_RN;

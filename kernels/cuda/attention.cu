@@ -1008,7 +1008,7 @@ template <int HD> static int launch_hd(const view &kv, const rows &R, const spli
 static bool ok(const view &kv, int G) {
     // NVFP4, E4M3T and I8T take v2 and the plain kernels: v3 stages FP8 and BF16
     // rows under per-head scales
-    return kv.fmt <= KVD_FMT_E5M2 &&
+    return kvd_fmt_per_head(kv.fmt) &&
            (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256) && G >= 1 && G <= 16 &&
            stages_for(kv.head_dim, kv.fmt) >= 2;
 }
@@ -1097,7 +1097,7 @@ extern "C" size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int hea
 }
 
 extern "C" int kvd_cuda_attn_wave(int fmt, int head_dim) {
-    if ((head_dim != 64 && head_dim != 128 && head_dim != 256) || fmt < 0 || fmt > KVD_FMT_E5M2 ||
+    if ((head_dim != 64 && head_dim != 128 && head_dim != 256) || !kvd_fmt_per_head(fmt) ||
         v3::stages_for(head_dim, fmt) < 2)
         return 0;
     return v3::ctas_per_sm(head_dim, fmt) * v3::limits_of_current().sms;
@@ -1933,7 +1933,7 @@ static layout layout_for(int hd, int fmt, bool force_split_query) {
 }
 
 static bool ok(int hd, int fmt) {
-    return fmt <= KVD_FMT_E5M2 && (hd == 64 || hd == 128 || hd == 256) &&
+    return kvd_fmt_per_head(fmt) && (hd == 64 || hd == 128 || hd == 256) &&
            layout_for(hd, fmt, false).nstage >= 2;
 }
 

@@ -1716,7 +1716,7 @@ static void prefill(void) {
                         CHECK(rc == -1, "prefill v1 took a group of %d\n", G);
                         continue;
                     }
-                    if (ver >= 2 && c.fmt > KVD_FMT_E5M2) { /* tensor cores: FP8 and BF16
+                    if (ver >= 2 && !kvd_fmt_per_head(c.fmt)) { /* tensor cores: FP8 and BF16
                                                                under per-head scales only */
                         CHECK(rc == -1, "prefill v%d took a cache of format %d\n", ver, (int)c.fmt);
                         continue;
