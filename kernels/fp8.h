@@ -57,18 +57,26 @@ typedef enum {
     KVD_FMT_I8T_RN = 6 /* the same rows, written rounding to nearest */
 } kvd_fmt;
 
-/* The formats of whole rows of codes under one scale a head (BF16, E4M3,
- * E5M2): the ones the device's tensor-core kernels stage. An int, so that
- * a format read as a number (the device code's) needs no cast to test. */
-static inline int kvd_fmt_per_head(int f) {
+/* The format predicates and row sizes below are the device kernels' too. */
+#if defined(__CUDACC__)
+#define KVD_HOSTDEV __host__ __device__
+#else
+#define KVD_HOSTDEV
+#endif
+
+/* Formats taken as ints, so that a format read as a number (the device
+ * code's) needs no cast to test. The formats of whole rows of codes under
+ * one scale a head (BF16, E4M3, E5M2): the ones the device's tensor-core
+ * kernels stage. */
+static inline KVD_HOSTDEV int kvd_fmt_per_head(int f) {
     return f == KVD_FMT_BF16 || f == KVD_FMT_E4M3 || f == KVD_FMT_E5M2;
 }
 /* The INT8 formats (I8T's rows, however written). */
-static inline int kvd_fmt_int8(kvd_fmt f) {
+static inline KVD_HOSTDEV int kvd_fmt_int8(int f) {
     return f == KVD_FMT_I8T || f == KVD_FMT_I8T_RN;
 }
 /* The formats whose rows carry their own scale (a float after the codes). */
-static inline int kvd_fmt_row_scaled(kvd_fmt f) {
+static inline KVD_HOSTDEV int kvd_fmt_row_scaled(int f) {
     return f == KVD_FMT_E4M3T || kvd_fmt_int8(f);
 }
 
@@ -99,7 +107,7 @@ static inline size_t kvd_nvfp4_row_bytes(size_t n) {
  * rounded to nearest, which is the engine's expression (a reciprocal
  * multiply, where the per-tensor modes divide). */
 #define KVD_E4M3T_MIN_SCALE 1e-6f
-static inline size_t kvd_scaled_row_bytes(size_t n) {
+static inline KVD_HOSTDEV size_t kvd_scaled_row_bytes(size_t n) {
     return n + 4;
 }
 

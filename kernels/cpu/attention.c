@@ -97,6 +97,10 @@ static void pv_portable(const uint8_t *vp, int nt, const float *p, size_t stride
     }
 }
 
+/* What a read path's rows hold: BF16 words, or byte codes (FP8, through the
+ * byte-permute tables; INT8, sign-extended). */
+enum { CODES_BF16 = 0, CODES_FP8 = 1, CODES_INT8 = 2 };
+
 #ifdef KVD_VEC
 /* FP8 to BF16 by table: the low and high bytes of the BF16 of each 7-bit
  * magnitude (vpermi2b reads seven bits of each index), the sign copied in. */
@@ -145,18 +149,18 @@ static inline __m512 bf16_odd(__m512i x) {
     return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
-/* 64 stored values (one chunk of a row) as four vectors of 16 floats:
- * fp8 (the read path's kind) 0 BF16 and 1 FP8, in slot_dim's orders; 2
- * INT8, sign-extended and converted 16 at a time, in natural order. */
-static inline void load64(int fp8, const uint8_t *row, int c, const fp8_tables *T, __m512 *f) {
+/* 64 stored values (one chunk of a row) as four vectors of 16 floats: BF16
+ * and FP8 in slot_dim's orders, INT8 converted 16 at a time, in natural
+ * order. */
+static inline void load64(int codes, const uint8_t *row, int c, const fp8_tables *T, __m512 *f) {
     __m512i a, b;
-    if (fp8 == 2) {
+    if (codes == CODES_INT8) {
         for (int u = 0; u < 4; u++)
             f[u] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                 _mm_loadu_si128((const __m128i *)(const void *)(row + c + 16 * u))));
         return;
     }
-    if (fp8) {
+    if (codes) {
         fp8_to_bf16(_mm512_loadu_si512(row + c), T, &a, &b);
     } else {
         a = _mm512_loadu_si512(row + 2 * c);
@@ -196,7 +200,7 @@ static inline __m512 sum16(const __m512 *v) {
  * 16 / G vectors of 16 dimensions (at most four, one chunk) per pass. */
 #define KVD_DEFINE_BLOCK_KERNELS(G)                                                                \
     static void scores_g##G(const uint8_t *kp, int nt, const float *qk, int hd, size_t rb,         \
-                            int fp8, const fp8_tables *T, float kmul, float *s, size_t stride,     \
+                            int codes, const fp8_tables *T, float kmul, float *s, size_t stride,   \
                             const uint8_t *pf) {                                                   \
         enum { TG = 16 / (G) };                                                                    \
         const size_t pshare = TG * rb / (size_t)(hd / 64);                                         \
@@ -207,12 +211,12 @@ static inline __m512 sum16(const __m512 *v) {
             __m512 acc[16];                                                                        \
             for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();                             \
             for (int c = 0; c < hd; c += 64) {                                                     \
-                if (pf && (!fp8 || c == 0)) /* BF16: a share per chunk, a steady stream */         \
-                    prefetch_l2(pf + (size_t)t * rb + (fp8 ? 0 : (size_t)c / 64 * pshare),         \
-                                fp8 ? TG * rb : pshare);                                           \
+                if (pf && (!codes || c == 0)) /* BF16: a share per chunk, a steady stream */       \
+                    prefetch_l2(pf + (size_t)t * rb + (codes ? 0 : (size_t)c / 64 * pshare),       \
+                                codes ? TG * rb : pshare);                                         \
                 _Pragma("GCC unroll 16") for (int tt = 0; tt < TG; tt++) {                         \
                     __m512 f[4];                                                                   \
-                    load64(fp8, row[tt], c, T, f);                                                 \
+                    load64(codes, row[tt], c, T, f);                                               \
                     _Pragma("GCC unroll 16") for (int j = 0; j < (G); j++) {                       \
                         const float *qj = qk + (size_t)j * hd + c;                                 \
                         __m512 x = acc[tt * (G) + j];                                              \
@@ -230,7 +234,8 @@ static inline __m512 sum16(const __m512 *v) {
         }                                                                                          \
     }                                                                                              \
     static void pv_g##G(const uint8_t *vp, int nt, const float *p, size_t stride, int hd,          \
-                        size_t rb, int fp8, const fp8_tables *T, float *out, const uint8_t *pf) {  \
+                        size_t rb, int codes, const fp8_tables *T, float *out,                     \
+                        const uint8_t *pf) {                                                       \
         enum { U = (G) >= 4 ? 16 / (G) : 4 };                                                      \
         const size_t pshare = rb / (size_t)(hd / 64);                                              \
         for (int c = 0; c < hd; c += 64)                                                           \
@@ -241,11 +246,11 @@ static inline __m512 sum16(const __m512 *v) {
                         acc[u * (G) + j] =                                                         \
                             _mm512_loadu_ps(out + (size_t)j * hd + c + 16 * (u0 + u));             \
                 for (int t = 0; t < nt; t++) {                                                     \
-                    if (pf && u0 == 0 && (!fp8 || c == 0)) /* BF16: a share per chunk's pass */    \
-                        prefetch_l2(pf + (size_t)t * rb + (fp8 ? 0 : (size_t)c / 64 * pshare),     \
-                                    fp8 ? rb : pshare);                                            \
+                    if (pf && u0 == 0 && (!codes || c == 0)) /* BF16: a share per chunk's pass */  \
+                        prefetch_l2(pf + (size_t)t * rb + (codes ? 0 : (size_t)c / 64 * pshare),   \
+                                    codes ? rb : pshare);                                          \
                     __m512 f[4];                                                                   \
-                    load64(fp8, vp + (size_t)t * rb, c, T, f);                                     \
+                    load64(codes, vp + (size_t)t * rb, c, T, f);                                   \
                     for (int j = 0; j < (G); j++) {                                                \
                         __m512 pj = _mm512_set1_ps(p[(size_t)j * stride + t]);                     \
                         for (int u = 0; u < U; u++)                                                \
@@ -281,10 +286,10 @@ static int use_vector(const kvd_kv_view *kv, int G) {
  * query they read and the output they write: in each chunk of 64, four
  * vectors (even and odd values of the first 32 BF16 words, then of the
  * second 32), the words in the order the FP8 decode leaves them. */
-static int slot_dim(int fp8, int k) {
-    if (fp8 == 2) return k; /* INT8: natural order */
+static int slot_dim(int codes, int k) {
+    if (codes == CODES_INT8) return k; /* natural order */
     int c = k / 64, u = (k % 64) / 16, i = k % 16, w = 32 * (u >> 1) + 2 * i + (u & 1);
-    if (!fp8) return 64 * c + w;
+    if (!codes) return 64 * c + w;
     int part = w / 32, L = (w % 32) / 8;
     return 64 * c + 16 * L + 8 * part + w % 8;
 }
@@ -313,7 +318,7 @@ static int slot_dim(int fp8, int k) {
 /* How one call reads its cache, settled once per call: the vector kernels
  * (with the format's FP8 tables in registers) or the portable ones. */
 typedef struct {
-    int vec, fp8;
+    int vec, codes;
 #ifdef KVD_VEC
     fp8_tables T;
 #endif
@@ -322,9 +327,11 @@ typedef struct {
 static void path_init(read_path *rp, const kvd_kv_view *kv, int G) {
     memset(rp, 0, sizeof *rp);
     rp->vec = use_vector(kv, G);
-    rp->fp8 = kv->fmt == KVD_FMT_BF16 ? 0 : kvd_fmt_int8(kv->fmt) ? 2 : 1;
+    rp->codes = kv->fmt == KVD_FMT_BF16 ? CODES_BF16
+                : kvd_fmt_int8(kv->fmt) ? CODES_INT8
+                                        : CODES_FP8;
 #ifdef KVD_VEC
-    if (rp->vec && rp->fp8 == 1) rp->T = tables_for(kv->fmt);
+    if (rp->vec && rp->codes == CODES_FP8) rp->T = tables_for(kv->fmt);
 #endif
 }
 
@@ -420,9 +427,9 @@ static void scores_block(const kvd_kv_view *kv, const read_path *rp, const uint8
         return;
     }
     if (rp->vec) {
-        int hd = kv->head_dim, fp8 = rp->fp8;
+        int hd = kv->head_dim, codes = rp->codes;
         const size_t rb = kvd_fmt_row_bytes(kv->fmt, hd);
-#define KVD_SCORES(g) scores_g##g(kp, nt, q, hd, rb, fp8, &rp->T, kmul, s, stride, pf)
+#define KVD_SCORES(g) scores_g##g(kp, nt, q, hd, rb, codes, &rp->T, kmul, s, stride, pf)
         KVD_DISPATCH(KVD_SCORES)
 #undef KVD_SCORES
     }
@@ -439,9 +446,9 @@ static void pv_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *
         return;
     }
     if (rp->vec) {
-        int hd = kv->head_dim, fp8 = rp->fp8;
+        int hd = kv->head_dim, codes = rp->codes;
         const size_t rb = kvd_fmt_row_bytes(kv->fmt, hd);
-#define KVD_PV(g) pv_g##g(vp, nt, p, stride, hd, rb, fp8, &rp->T, out, pf)
+#define KVD_PV(g) pv_g##g(vp, nt, p, stride, hd, rb, codes, &rp->T, out, pf)
         KVD_DISPATCH(KVD_PV)
 #undef KVD_PV
     }
@@ -673,7 +680,7 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
     float *s = probs ? probs : qk + (size_t)n_heads * hd;
     /* the query in the kernels' order of the dimensions, and back for the output */
     int dim[hd];
-    for (int k = 0; k < hd; k++) dim[k] = rp.vec ? slot_dim(rp.fp8, k) : k;
+    for (int k = 0; k < hd; k++) dim[k] = rp.vec ? slot_dim(rp.codes, k) : k;
     for (int j = 0; j < n_heads; j++)
         for (int k = 0; k < hd; k++) qk[(size_t)j * hd + k] = q[(size_t)j * hd + dim[k]];
     if (kv->q_scale) /* the FP8 query, read back */

@@ -54,18 +54,13 @@ __device__ inline float row_scale_at(const unsigned char *row, int hd) {
                            (unsigned)row[hd + 2] << 16 | (unsigned)row[hd + 3] << 24);
 }
 
-// whether the view's rows carry their own scales (kvd_fmt_row_scaled)
-__device__ inline bool row_scaled(const view &kv) {
-    return kv.fmt == KVD_FMT_E4M3T || kv.fmt == KVD_FMT_I8T || kv.fmt == KVD_FMT_I8T_RN;
-}
-
 // the scale of the row at (blk, head, slot) of a pool: its own in an E4M3T
 // or I8T cache, 1 in every other (whose scales are per head)
 __device__ inline float row_scale(const view &kv, const unsigned char *pool, int blk, int head,
                                   int slot) {
-    if (!row_scaled(kv)) return 1.0f;
+    if (!kvd_fmt_row_scaled(kv.fmt)) return 1.0f;
     const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
-    return row_scale_at(pool + r * (kv.head_dim + 4), kv.head_dim);
+    return row_scale_at(pool + r * kvd_scaled_row_bytes(kv.head_dim), kv.head_dim);
 }
 
 // value d of the row at (blk, head, slot), times its group's block scale
@@ -75,11 +70,11 @@ __device__ inline float load_val(const view &kv, const unsigned char *pool, int 
     const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
     if (kv.fmt == KVD_FMT_NVFP4)
         return nvfp4_val(pool + r * (kv.head_dim / 2 + kv.head_dim / 16), kv.head_dim, d);
-    if (kv.fmt == KVD_FMT_E4M3T)
-        return __half2float(
-            __half(__nv_cvt_fp8_to_halfraw(pool[r * (kv.head_dim + 4) + d], __NV_E4M3)));
-    if (row_scaled(kv)) // I8T, I8T_RN
-        return (float)(signed char)pool[r * (kv.head_dim + 4) + d];
+    if (kvd_fmt_row_scaled(kv.fmt)) {
+        const unsigned char c = pool[r * kvd_scaled_row_bytes(kv.head_dim) + d];
+        return kvd_fmt_int8(kv.fmt) ? (float)(signed char)c
+                                    : __half2float(__half(__nv_cvt_fp8_to_halfraw(c, __NV_E4M3)));
+    }
     size_t idx = r * kv.head_dim + d;
     if (kv.fmt == KVD_FMT_BF16) {
         unsigned short u = reinterpret_cast<const unsigned short *>(pool)[idx];
@@ -102,7 +97,7 @@ __global__ void scores_kernel(view kv, const int *blocks, int n_ctx, const float
         float dot = 0.0f;
         for (int d = 0; d < kv.head_dim; d++) dot += qj[d] * load_val(kv, kv.k, blk, h, slot, d);
         float x = dot * kmul;
-        if (row_scaled(kv)) x *= row_scale(kv, kv.k, blk, h, slot);
+        if (kvd_fmt_row_scaled(kv.fmt)) x *= row_scale(kv, kv.k, blk, h, slot);
         s[(size_t)(h * g + j) * n_ctx + p] = x;
     }
 }
@@ -158,7 +153,8 @@ __global__ void pv_kernel(view kv, const int *blocks, int n_ctx, const float *s,
     float acc = 0.0f;
     for (int t = 0; t < n_ctx; t++) {
         const int blk = blocks[t / kv.block_size], slot = t % kv.block_size;
-        const float w = row_scaled(kv) ? p[t] * row_scale(kv, kv.v, blk, h, slot) : p[t];
+        const float w =
+            kvd_fmt_row_scaled(kv.fmt) ? p[t] * row_scale(kv, kv.v, blk, h, slot) : p[t];
         acc += w * load_val(kv, kv.v, blk, h, slot, d);
     }
     out[(size_t)hq * kv.head_dim + d] = acc * kv.v_scale[h];
@@ -180,9 +176,10 @@ __device__ inline float load_row(const view &kv, const unsigned char *pool, int 
                                  int slot, int lane, float *x) {
     const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
     size_t idx = r * kv.head_dim + lane * PER;
-    if (row_scaled(kv)) {
-        const unsigned char *row = pool + r * (kv.head_dim + 4), *p = row + lane * PER;
-        if (kv.fmt != KVD_FMT_E4M3T) { // I8T, I8T_RN
+    if (kvd_fmt_row_scaled(kv.fmt)) {
+        const unsigned char *row = pool + r * kvd_scaled_row_bytes(kv.head_dim),
+                            *p = row + lane * PER;
+        if (kvd_fmt_int8(kv.fmt)) {
 #pragma unroll
             for (int i = 0; i < PER; i++) x[i] = (float)(signed char)p[i];
         } else {
@@ -241,11 +238,11 @@ __global__ void decode_v2(view kv, const int *blocks, int n_ctx, int per_split, 
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
             float s = d * kmul;
-            if (row_scaled(kv)) s *= krs;
+            if (kvd_fmt_row_scaled(kv.fmt)) s *= krs;
             const float mn = fmaxf(m[j], s);
             float sc = __expf(m[j] - mn), p = __expf(s - mn);
             l[j] = l[j] * sc + p;
-            const float w = row_scaled(kv) ? p * vrs : p;
+            const float w = kvd_fmt_row_scaled(kv.fmt) ? p * vrs : p;
 #pragma unroll
             for (int i = 0; i < PER; i++) acc[j][i] = acc[j][i] * sc + w * vx[i];
             m[j] = mn;
@@ -1426,7 +1423,7 @@ __global__ void __launch_bounds__(rows_threads<VEC>())
                 const int pos = p0 + pg * 4 + b;
                 if (pos >= ctx) continue;
                 float x = acc[a][b] * kmul; // as scores_kernel: then the row's own scale
-                if (row_scaled(kv))
+                if (kvd_fmt_row_scaled(kv.fmt))
                     x *= row_scale(kv, kv.k, blocks[pos / kv.block_size], h, pos % kv.block_size);
                 srow[pos] = x;
             }
@@ -1566,7 +1563,7 @@ __global__ void prefill_kernel(view kv, const int *blocks, int pos0, const float
         for (int d = half * HD / 2; d < (half + 1) * HD / 2; d++)
             part += qs[warp * HD + d] * tile[t_lane * (HD + 1) + d];
         float s = (part + __shfl_xor_sync(0xffffffffu, part, 16)) * kmul;
-        if (row_scaled(kv) && t_lane < nt) s *= rs[t_lane];
+        if (kvd_fmt_row_scaled(kv.fmt) && t_lane < nt) s *= rs[t_lane];
         if (t_lane >= nt) s = -INFINITY;
         float mt = s;
         for (int off = 16; off > 0; off >>= 1)
@@ -1590,7 +1587,7 @@ __global__ void prefill_kernel(view kv, const int *blocks, int pos0, const float
         __syncthreads();
         for (int t = 0; t < nt; t++) {
             float pt = __shfl_sync(0xffffffffu, p, t);
-            if (row_scaled(kv)) pt *= rs[t];
+            if (kvd_fmt_row_scaled(kv.fmt)) pt *= rs[t];
             for (int i = 0; i < PER; i++) acc[i] += pt * tile[t * (HD + 1) + lane + 32 * i];
         }
     }

@@ -176,8 +176,7 @@ __global__ void kv_write_k(write_args a) {
     const float *xr = a.x + ((size_t)t * a.kv_heads + h) * a.head_dim;
     // E4M3T, I8T: the row's largest magnitude, for its own scale, from every
     // thread of the block (the format is the whole launch's)
-    const bool i8 = a.fmt == KVD_FMT_I8T || a.fmt == KVD_FMT_I8T_RN,
-               own = i8 || a.fmt == KVD_FMT_E4M3T;
+    const bool i8 = kvd_fmt_int8(a.fmt), own = kvd_fmt_row_scaled(a.fmt);
     const float rmax = own ? block_absmax(d < a.head_dim ? xr[d] : 0.0f) : 0.0f;
     if (d >= a.head_dim) return;
     int64_t slot = a.slot[t];
@@ -188,7 +187,7 @@ __global__ void kv_write_k(write_args a) {
     atomicMax(&a.absmax[h], __float_as_uint(fabsf(x)));
     unsigned sat = 0, ftz = 0, sub = 0;
     if (own) { // fp8.h's rules: x times the reciprocal of the row's own scale
-        unsigned char *row = a.pool + r * (a.head_dim + 4);
+        unsigned char *row = a.pool + r * kvd_scaled_row_bytes(a.head_dim);
         const float rs =
             fmaxf(__fdiv_rn(rmax, i8 ? KVD_I8T_MAX : KVD_E4M3_MAX), KVD_E4M3T_MIN_SCALE);
         const float y = __fmul_rn(x, __frcp_rn(rs));
