@@ -1337,8 +1337,8 @@ const char *const kvd_attn_fp8_text =
     "the E4M3 modes computed attention in FP8, as FlashAttention 3 does over an FP8 cache "
     "(--attn-fp8): the query in E4M3 with q scales (fp8-cal's calibrated, fp8-ckpt's the "
     "checkpoint's where it carries them, else 1.0) and the softmax weights rounded to E4M3; "
-    "bf16, fp8-e5m2, fp8-token (scales per token, which FlashAttention 3 does not take) and "
-    "the nvfp4 modes compute as without.";
+    "bf16, fp8-e5m2, the per-token modes (scales per token, which FlashAttention 3 does not "
+    "take) and the nvfp4 modes compute as without.";
 
 /* ---- drift against context length ----
  * The rest of the report is at each run's largest context; a sweep over
@@ -1562,19 +1562,24 @@ static int cpu_speeds(const kvd_run *r) {
     return r->r.t[KVD_T_TPUT].n > 0 && !strcmp(r->r.backend, "cpu");
 }
 /* Whether any of the runs (those timed on the device only, with cuda) has
- * a mode whose name contains part. */
-static int runs_have_on(const kvd_run *runs, int n, const char *part, int cuda) {
+ * a mode whose cache format fmt_is holds. */
+static int is_nvfp4(int f) {
+    return f == KVD_FMT_NVFP4;
+}
+static int not_per_head(int f) {
+    return !kvd_fmt_per_head(f);
+}
+static int runs_have(const kvd_run *runs, int n, int (*fmt_is)(int), int cuda) {
     for (int i = 0; i < n; i++) {
         if (cuda && (runs[i].r.t[KVD_T_TPUT].n == 0 || strcmp(runs[i].r.backend, "cuda"))) continue;
         const char *modes[KVD_KV_N_MODES];
         const int nm = kvd_run_modes(&runs[i], modes);
-        for (int m = 0; m < nm; m++)
-            if (strstr(modes[m], part)) return 1;
+        for (int m = 0; m < nm; m++) {
+            kvd_kv_mode mode;
+            if (!kvd_kv_mode_parse(modes[m], &mode) && fmt_is(kvd_kv_mode_fmt(mode))) return 1;
+        }
     }
     return 0;
-}
-static int runs_have(const kvd_run *runs, int n, const char *part) {
-    return runs_have_on(runs, n, part, 0);
 }
 
 /* What the verdict's shares and the KV table's scales mean in the modes
@@ -1584,7 +1589,7 @@ static int runs_have(const kvd_run *runs, int n, const char *part) {
  * timed on the device, that no tensor-core kernel reads these modes.
  * Between lead and tail; nothing without such a mode. */
 static void mode_notes(kvd_buf *b, const kvd_run *runs, int n, const char *lead, const char *tail) {
-    if (runs_have(runs, n, "nvfp4-")) {
+    if (runs_have(runs, n, is_nvfp4, 0)) {
         kvd_buf_puts(b, lead);
         kvd_buf_puts(b, "The nvfp4 modes are NVFP4 caches: E2M1 values under an E4M3 scale per "
                         "16. E2M1 holds nothing under a 24th of its group's largest value, so "
@@ -1593,7 +1598,7 @@ static void mode_notes(kvd_buf *b, const kvd_run *runs, int n, const char *lead,
                         "scale.");
         kvd_buf_puts(b, tail);
     }
-    if (runs_have(runs, n, "-token")) {
+    if (runs_have(runs, n, kvd_fmt_row_scaled, 0)) {
         kvd_buf_puts(b, lead);
         kvd_buf_puts(b, "The -token modes give each row (a token's K or V of one KV head) its own "
                         "scale as it is written, as vLLM's fp8_per_token_head and "
@@ -1603,7 +1608,7 @@ static void mode_notes(kvd_buf *b, const kvd_run *runs, int n, const char *lead,
                         "write does; int8-token-rn rounds.");
         kvd_buf_puts(b, tail);
     }
-    if (runs_have_on(runs, n, "nvfp4-", 1) || runs_have_on(runs, n, "-token", 1)) {
+    if (runs_have(runs, n, not_per_head, 1)) {
         kvd_buf_puts(b, lead);
         kvd_buf_puts(b, "On the device the nvfp4 and -token modes decode on kvdrift's FP32-core "
                         "kernels (its tensor-core kernels take FP8 and BF16 rows under per-head "
