@@ -555,23 +555,25 @@ int kvd_bench_cuda(int reps, int smoke) {
            bw / 1e9);
     printf("decode attention, 32/2 heads x 256, L2 flushed before each rep (v1: plain kernels; "
            "v2: split over the context,\nFP32 cores; v3: tensor cores, what the model runs for "
-           "BF16 and FP8; NVFP4 and e4m3t and i8t, fp8-token's and int8-token's rows with a\n"
-           "scale each, run v2):\n"
+           "every cache but NVFP4, which runs v2;\ne4m3t and i8t: fp8-token's and int8-token's "
+           "rows, a scale each):\n"
            "%8s %-6s %4s %10s %10s %8s %8s\n",
            "context", "cache", "ver", "time_us", "read_GB_s", "of_copy", "vs_bf16");
     const int *ctxs = sz->ctx;
     const char *fn[6] = {"bf16", "e4m3", "e5m2", "nvfp4", "e4m3t", "i8t"};
-    /* v3's time by context, BF16 and E4M3: FP8 attention's table and the targets */
-    double v3[2][2] = {{0, 0}, {0, 0}};
+    /* v3's time by context and format: FP8 attention's table, the targets
+     * and the per-token rows' speed beside E4M3's */
+    double v3[2][6] = {{0}};
     for (int ver = 1; ver <= 3; ver++)
         for (int ci = 0; ci < 2; ci++) {
             double tb = 0;
-            for (int f = 0; f < (ver < 3 ? 6 : 3); f++) { /* NVFP4, E4M3T, I8T: no v3 */
+            for (int f = 0; f < 6; f++) {
+                if (ver == 3 && !kvd_fmt_tensor_cores(f)) continue; /* NVFP4: no v3 */
                 double t = kvd_cuda_bench_attn(f, ctxs[ci], 32, 2, 256, reps, ver, 0);
                 fail |= t <= 0;
                 const double bytes = cache_bytes(ctxs[ci], f);
                 if (f == 0) tb = t;
-                if (ver == 3 && f < 2) v3[ci][f] = t;
+                if (ver == 3) v3[ci][f] = t;
                 printf("%8d %-6s %4d %10.1f %10.1f %7.1f%% %7.2fx\n", ctxs[ci], fn[f], ver, t * 1e6,
                        bytes / t / 1e9, 100 * bytes / t / bw, tb / t);
             }
@@ -629,26 +631,33 @@ int kvd_bench_cuda(int reps, int smoke) {
     printf("\nprefill attention, 32/2 heads x 256, a chunk ending the context (v1: FP32 cores, "
            "a block per row;\nv2: tensor cores, rows sharing each K/V stage, what the model "
            "runs; v4: v2 splitting its query\nagain every stage, as it does where shared memory "
-           "is short (sm_120); the 64-row chunk's\ncontext is split):\n%8s %5s %-6s %4s %10s "
-           "%9s %8s\n",
+           "is short (sm_120); the 64-row chunk's\ncontext is split; e4m3t, fp8-token's rows, "
+           "v2 only):\n%8s %5s %-6s %4s %10s %9s %8s\n",
            "context", "rows", "cache", "ver", "time_ms", "TFLOP_s", "vs_v1");
     double pf_best = 0, v2_e4m3[4] = {0, 0, 0, 0}; /* by chunk, for FP8 attention's table */
     for (int ci = 0; ci < 4; ci++)
-        for (int f = 0; f < 2; f++) {
+        for (int fi = 0; fi < 3; fi++) {
+            static const int pf_fmts[3] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E4M3T};
+            const int f = pf_fmts[fi];
             const int nq = sz->chunk[ci / 2], p0 = pfc[ci % 2] - nq;
             const double flop = 2.0 * 2 * nq * 32 * 256 * (p0 + (nq + 1) / 2.0);
             double t1 = 0;
             static const int vers[3] = {1, 2, 4};
             for (int vi = 0; vi < 3; vi++) {
                 const int ver = vers[vi];
+                if (f == KVD_FMT_E4M3T && ver != 2) continue;
                 double t =
                     kvd_cuda_bench_prefill(f, p0, nq, 32, 2, 256, reps > 3 ? 3 : reps, ver, 0);
                 fail |= t <= 0;
                 if (ver == 1) t1 = t;
-                if (ver == 2 && flop / t > pf_best) pf_best = flop / t;
+                if (ver == 2 && f != KVD_FMT_E4M3T && flop / t > pf_best) pf_best = flop / t;
                 if (ver == 2 && f == KVD_FMT_E4M3) v2_e4m3[ci] = t;
-                printf("%8d %5d %-6s %4d %10.2f %9.1f %7.2fx\n", pfc[ci % 2], nq, fn[f], ver,
-                       t * 1e3, flop / t / 1e12, t1 / t);
+                printf("%8d %5d %-6s %4d %10.2f %9.1f", pfc[ci % 2], nq, fn[f], ver, t * 1e3,
+                       flop / t / 1e12);
+                if (t1 > 0)
+                    printf(" %7.2fx\n", t1 / t);
+                else
+                    printf(" %8s\n", "-");
             }
         }
     /* FP8 attention's prefill: v2's two passes against v2 without rounding
@@ -738,5 +747,12 @@ int kvd_bench_cuda(int reps, int smoke) {
                    t ? "KVD_CUDA_GEMM=tune" : "the heuristic's first choice (the default)",
                    100 * gemm_worst[t], worst_what[t], worst_M[t],
                    gemm_worst[t] >= 0.85 ? "met" : "NOT met");
+    /* no target: what a scale a row costs v3 (4-byte stage copies, the
+     * scales on scores and probabilities) */
+    for (int f = KVD_FMT_E4M3T; f <= KVD_FMT_I8T; f++)
+        if (v3[1][KVD_FMT_E4M3] > 0 && v3[1][f] > 0)
+            printf("  (no target) decode attention v3, %3dK: the %s cache %.2fx the E4M3 cache's "
+                   "speed\n",
+                   ctxs[1] / 1024, fn[f], v3[1][KVD_FMT_E4M3] / v3[1][f]);
     return fail;
 }

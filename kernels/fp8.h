@@ -66,8 +66,7 @@ typedef enum {
 
 /* Formats taken as ints, so that a format read as a number (the device
  * code's) needs no cast to test. The formats of whole rows of codes under
- * one scale a head (BF16, E4M3, E5M2): the ones the device's tensor-core
- * kernels stage. */
+ * one scale a head (BF16, E4M3, E5M2). */
 static inline KVD_HOSTDEV int kvd_fmt_per_head(int f) {
     return f == KVD_FMT_BF16 || f == KVD_FMT_E4M3 || f == KVD_FMT_E5M2;
 }
@@ -78,6 +77,13 @@ static inline KVD_HOSTDEV int kvd_fmt_int8(int f) {
 /* The formats whose rows carry their own scale (a float after the codes). */
 static inline KVD_HOSTDEV int kvd_fmt_row_scaled(int f) {
     return f == KVD_FMT_E4M3T || kvd_fmt_int8(f);
+}
+/* The formats the device's tensor-core attention (decode v3 and the
+ * tensor-core prefill) reads: the per-head ones, and the row-scaled ones,
+ * whose row scales it applies to a stage's scores and probabilities around
+ * its MMAs. NVFP4 is left to the FP32-core kernels. */
+static inline KVD_HOSTDEV int kvd_fmt_tensor_cores(int f) {
+    return kvd_fmt_per_head(f) || kvd_fmt_row_scaled(f);
 }
 
 /* NVFP4, as the engines' NVFP4 KV caches store it: each group of 16 values
@@ -107,8 +113,9 @@ static inline size_t kvd_nvfp4_row_bytes(size_t n) {
  * rounded to nearest, which is the engine's expression (a reciprocal
  * multiply, where the per-tensor modes divide). */
 #define KVD_E4M3T_MIN_SCALE 1e-6f
+#define KVD_ROW_SCALE_BYTES 4
 static inline KVD_HOSTDEV size_t kvd_scaled_row_bytes(size_t n) {
-    return n + 4;
+    return n + KVD_ROW_SCALE_BYTES;
 }
 
 /* INT8 with a scale per row, as vLLM's int8_per_token_head cache writes it

@@ -1566,8 +1566,8 @@ static int cpu_speeds(const kvd_run *r) {
 static int is_nvfp4(int f) {
     return f == KVD_FMT_NVFP4;
 }
-static int not_per_head(int f) {
-    return !kvd_fmt_per_head(f);
+static int not_tensor_cores(int f) {
+    return !kvd_fmt_tensor_cores(f);
 }
 static int runs_have(const kvd_run *runs, int n, int (*fmt_is)(int), int cuda) {
     for (int i = 0; i < n; i++) {
@@ -1586,7 +1586,7 @@ static int runs_have(const kvd_run *runs, int n, int (*fmt_is)(int), int cuda) {
  * that are not per-tensor FP8, where a run has them: an NVFP4 mode's V
  * flushed to zero (for FP8 a large share is the sign of a missing scale,
  * for NVFP4 it is the format), the per-token modes' scales, and, for runs
- * timed on the device, that no tensor-core kernel reads these modes.
+ * timed on the device, that no tensor-core kernel reads the NVFP4 modes.
  * Between lead and tail; nothing without such a mode. */
 static void mode_notes(kvd_buf *b, const kvd_run *runs, int n, const char *lead, const char *tail) {
     if (runs_have(runs, n, is_nvfp4, 0)) {
@@ -1608,11 +1608,11 @@ static void mode_notes(kvd_buf *b, const kvd_run *runs, int n, const char *lead,
                         "write does; int8-token-rn rounds.");
         kvd_buf_puts(b, tail);
     }
-    if (runs_have(runs, n, not_per_head, 1)) {
+    if (runs_have(runs, n, not_tensor_cores, 1)) {
         kvd_buf_puts(b, lead);
-        kvd_buf_puts(b, "On the device the nvfp4 and -token modes decode on kvdrift's FP32-core "
-                        "kernels (its tensor-core kernels take FP8 and BF16 rows under per-head "
-                        "scales only): their speeds there are kvdrift's, not an engine's.");
+        kvd_buf_puts(b, "On the device the nvfp4 modes run on kvdrift's FP32-core attention "
+                        "kernels (its tensor-core kernels take rows of 8- and 16-bit codes): "
+                        "their speeds there are kvdrift's, not an engine's.");
         kvd_buf_puts(b, tail);
     }
 }

@@ -342,12 +342,12 @@ static size_t fp8_scratch(const kvd_cuda_model *m, size_t have) {
     return need > have ? need : have;
 }
 
-/* An NVFP4 or per-token cache (not kvd_fmt_per_head: v3 does not take it)
- * with a group of query heads decode v2 has no build for (not 1, 2, 4, 8
- * or 16) decodes on the plain kernels, which need fp8_scratch's room too */
+/* An NVFP4 cache (not kvd_fmt_tensor_cores: v3 does not take it) with a
+ * group of query heads decode v2 has no build for (not 1, 2, 4, 8 or 16)
+ * decodes on the plain kernels, which need fp8_scratch's room too */
 static int plain_only(const kvd_cuda_model *m, kvd_fmt fmt) {
     const int G = m->c.num_attention_heads / m->c.num_key_value_heads;
-    return !kvd_fmt_per_head(fmt) && (G > 16 || (G & (G - 1)) != 0);
+    return !kvd_fmt_tensor_cores(fmt) && (G > 16 || (G & (G - 1)) != 0);
 }
 
 static int dev_kv_init(kvd_cuda_model *m, dev_kv *d, const kvd_kvcache *kv) {
@@ -1132,12 +1132,12 @@ static int views_room(kvd_cuda_model *m0) {
 /* One query row's attention: the decode kernels, or the plain kernels
  * (whose scratch fp8_scratch sized) with FP8 weights where the decode
  * kernels cannot round them (a shape or a device the tensor-core kernels do
- * not take, KVD_CUDA_DECODE=2) and over an NVFP4 or per-token cache whose
- * group v2 has no build for (plain_only). */
+ * not take, KVD_CUDA_DECODE=2) and over an NVFP4 cache whose group v2 has
+ * no build for (plain_only). */
 static int decode_row(const kvd_kv_view *view, const int32_t *tab, int n_ctx, const float *q,
                       int nh, float sm_scale, float *out, float *scratch) {
     const int rc = kvd_cuda_attn_decode_dev(view, tab, n_ctx, q, nh, sm_scale, out, scratch);
-    if (!rc || (!view->p_fp8 && kvd_fmt_per_head(view->fmt))) return rc;
+    if (!rc || (!view->p_fp8 && kvd_fmt_tensor_cores(view->fmt))) return rc;
     return kvd_cuda_attn_fp8_dev(view, tab, n_ctx, q, nh, sm_scale, out, scratch);
 }
 

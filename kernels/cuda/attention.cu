@@ -483,11 +483,13 @@ __device__ inline void softmax_rescale(float mx[2], float m2[2], float l[2], flo
     }
 }
 // The probabilities of two score tiles (positions 16 kc .. +15), added to l
-// and scaled by pscale, as the hi and lo A fragments of the values' MMAs:
-// a0 a1 from the first tile, a2 a3 from the second.
+// and scaled, as the hi and lo A fragments of the values' MMAs: a0 a1 from
+// the first tile, a2 a3 from the second. The lane's column 2t + c of tile
+// nt is scaled by pmul[nt][c] (pscale, or pscale times the position's V row
+// scale).
 template <bool F16>
-__device__ inline void prob_frags(const float (*sv)[4], const float m2[2], float l[2], float pscale,
-                                  unsigned pa[2][4]) {
+__device__ inline void prob_frags(const float (*sv)[4], const float m2[2], float l[2],
+                                  const float pmul[2][2], unsigned pa[2][4]) {
     float p[2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
@@ -495,7 +497,7 @@ __device__ inline void prob_frags(const float (*sv)[4], const float m2[2], float
         for (int e = 0; e < 4; e++) {
             p[nt][e] = exp2f(sv[nt][e] - (m2[e / 2] == -INFINITY ? 0.0f : m2[e / 2]));
             l[e / 2] += p[nt][e];
-            p[nt][e] *= pscale;
+            p[nt][e] *= pmul[nt][e & 1];
         }
     kvd_mma::split2<F16>(p[0][0], p[0][1], &pa[0][0], &pa[1][0]);
     kvd_mma::split2<F16>(p[0][2], p[0][3], &pa[0][1], &pa[1][1]);
@@ -547,36 +549,100 @@ constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 __host__ __device__ constexpr int row_bytes(int hd, bool fp8) {
     return hd * (fp8 ? 1 : 2);
 }
+// E4M3T and I8T (fp8.h): E4M3 or INT8 codes, each row followed by its own
+// float scale. A stage holds the row's codes as E4M3's (INT8's: the same
+// bytes, read as integers) and its scale in the padding after them
+// (row_scale_in), which both strides leave (static_assert in decode_v3);
+// the scores take the K rows' scales after the first MMAs, the
+// probabilities the V rows' before the second.
+__host__ __device__ constexpr bool row_scaled(int fmt) {
+    return fmt == KVD_FMT_E4M3T || fmt == KVD_FMT_I8T || fmt == KVD_FMT_I8T_RN;
+}
+// two 8-bit codes of a word (the bytes sel puts at bytes 1 and 3) as an
+// FP16 pair, exactly: E4M3's read times 2^-8, E5M2's and INT8's as they are
+template <int FMT> __device__ inline unsigned codes_pair(unsigned w, unsigned sel) {
+    if constexpr (FMT == KVD_FMT_I8T || FMT == KVD_FMT_I8T_RN)
+        return kvd_mma::int8_pair(w, sel);
+    else
+        return kvd_mma::fp8_pair<FMT == KVD_FMT_E5M2>(w, sel);
+}
+// the scale a stage's row (K or V, at `row`, head_dim hd) carries
+__device__ inline float row_scale_in(const unsigned char *row, int hd) {
+    return *reinterpret_cast<const float *>(row + hd);
+}
+// With row scales the values' A operands are probabilities times V row
+// scales, which must stay in FP16's range: a stage's probability scale
+// pscale is its own power of two, which keeps the products of its largest
+// V row scale (vs: the stage's V rows, vstr apart; lane l reads position
+// l's, zero past the end) under 2^14. The NT output tiles o move with it,
+// exactly (a power of two). Every lane of the warp calls it.
+template <int NT>
+__device__ inline void stage_pscale(const unsigned char *vs, int vstr, int hd, int lane,
+                                    float &pscale, float (*o)[4]) {
+    static_assert(STAGE == 32, "a lane a position");
+    float vmax = row_scale_in(vs + lane * vstr, hd);
+    for (int off = 16; off > 0; off >>= 1)
+        vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, off));
+    int ex = 0;
+    frexpf(vmax, &ex); // vmax < 2^ex
+    const float ps = ldexpf(1.0f, 14 - ex);
+    if (ps == pscale) return;
+    const float r = ps / pscale;
+#pragma unroll
+    for (int i = 0; i < NT; i++) o[i][0] *= r, o[i][1] *= r, o[i][2] *= r, o[i][3] *= r;
+    pscale = ps;
+}
+// prob_frags' multipliers for score tiles 2 kc and 2 kc + 1 (the lane's
+// columns 2 t and 2 t + 1 of each): pscale, times the position's V row
+// scale with RS
+template <bool RS>
+__device__ inline void prob_muls(const unsigned char *vs, int vstr, int hd, int kc, int t,
+                                 float pscale, float pmul[2][2]) {
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            pmul[nt][c] = pscale;
+            if constexpr (RS)
+                pmul[nt][c] *= row_scale_in(vs + (8 * (2 * kc + nt) + 2 * t + c) * vstr, hd);
+        }
+}
 // row strides in shared memory, conflict-free for the fragment loads: the K
 // reads (16 or 32 bytes a thread, two rows a quarter-warp) want rows 64
 // (FP8) or 16 (BF16) bytes apart modulo 128; ldmatrix's 8 rows want strides
-// of an odd multiple of 16 bytes
-__host__ __device__ constexpr int kstride(int hd, bool fp8) {
-    return fp8 ? row_bytes(hd, fp8) + (192 - row_bytes(hd, fp8) % 128) % 128
+// of an odd multiple of 16 bytes. Row-scaled rows (rs) keep their scale
+// after the codes: a K row of 64 codes then moves 128 bytes further.
+__host__ __device__ constexpr int kstride(int hd, bool fp8, bool rs = false) {
+    return fp8 ? row_bytes(hd, fp8) + (192 - row_bytes(hd, fp8) % 128) % 128 +
+                     (rs && row_bytes(hd, fp8) % 128 == 64 ? 128 : 0)
                : row_bytes(hd, fp8) + 16;
 }
 __host__ __device__ constexpr int vstride(int hd, bool fp8) {
     return row_bytes(hd, fp8) % 32 == 0 ? row_bytes(hd, fp8) + 16 : row_bytes(hd, fp8);
 }
-__host__ __device__ constexpr int stage_bytes(int hd, bool fp8) {
-    return STAGE * (kstride(hd, fp8) + vstride(hd, fp8));
+__host__ __device__ constexpr int stage_bytes(int hd, bool fp8, bool rs = false) {
+    return STAGE * (kstride(hd, fp8, rs) + vstride(hd, fp8));
 }
 
 // K and V rows of positions p0 .. p0 + STAGE - 1 of KV head h into a
 // stage's buffers ks and vs, by cp.async from the THREADS threads of the
-// CTA; positions from t1 on are zero-filled
+// CTA; positions from t1 on are zero-filled. Rows of ROWB bytes in the
+// pools, 16 bytes a copy where ROWB is a multiple of 16, else 4 (the
+// row-scaled formats' rows of head_dim + 4 bytes: 4-aligned, as head_dim
+// is).
 template <int ROWB, int KSTR, int VSTR, int THREADS, bool WITH_V = true>
 __device__ inline void load_stage(const view &kv, const int *blocks, int h, int p0, int t1,
                                   unsigned char *ks, unsigned char *vs) {
-    constexpr int CPR = ROWB / 16;
+    constexpr int W = ROWB % 16 == 0 ? 16 : 4, CPR = ROWB / W;
+    static_assert(ROWB % 4 == 0, "rows copied 4 bytes at a time at least");
     const int bs = kv.block_size;
     for (int e = threadIdx.x; e < STAGE * CPR; e += THREADS) {
         const int r = e / CPR, c = e % CPR, p = p0 + r;
         const bool in = p < t1;
         size_t off = 0;
-        if (in) off = (((size_t)blocks[p / bs] * kv.kv_heads + h) * bs + p % bs) * ROWB + 16 * c;
-        kvd_mma::cp_async16(ks + r * KSTR + 16 * c, kv.k + off, in ? 16 : 0);
-        if constexpr (WITH_V) kvd_mma::cp_async16(vs + r * VSTR + 16 * c, kv.v + off, in ? 16 : 0);
+        if (in) off = (((size_t)blocks[p / bs] * kv.kv_heads + h) * bs + p % bs) * ROWB + W * c;
+        kvd_mma::cp_async<W>(ks + r * KSTR + W * c, kv.k + off, in ? W : 0);
+        if constexpr (WITH_V) kvd_mma::cp_async<W>(vs + r * VSTR + W * c, kv.v + off, in ? W : 0);
     }
 }
 
@@ -626,9 +692,14 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     decode_v3(view kv, rows R, int per_split, int nstage, int G, const float *q, float sm_scale,
               const float *rowmax, float *part_acc, float *part_m, float *part_l) {
     using namespace kvd_mma;
-    constexpr bool F16 = FMT != KVD_FMT_BF16, E5 = FMT == KVD_FMT_E5M2;
-    constexpr int ROWB = row_bytes(HD, F16), KSTR = kstride(HD, F16), VSTR = vstride(HD, F16);
+    constexpr bool F16 = FMT != KVD_FMT_BF16, RS = row_scaled(FMT);
+    constexpr bool E4 = FMT == KVD_FMT_E4M3 || FMT == KVD_FMT_E4M3T; // codes read times 2^-8
+    constexpr int ROWB = row_bytes(HD, F16), KSTR = kstride(HD, F16, RS), VSTR = vstride(HD, F16);
     constexpr int NCH = HD / 16, SLICE = HD / WARPS, NT = SLICE / 8;
+    // the pools' rows: the codes, then (RS) the row's scale
+    constexpr int GROWB = RS ? HD + KVD_ROW_SCALE_BYTES : ROWB;
+    static_assert(!RS || (KSTR >= GROWB && VSTR >= GROWB), "a stage row holds its scale");
+    static_assert(!RS || MODE == PASS_PLAIN, "FP8 attention takes one scale a head");
     extern __shared__ uint4 smem_u4[];
     unsigned char *smem = reinterpret_cast<unsigned char *>(smem_u4);
     // stage buffer i (K rows, then V rows); the scores' exchange after the last
@@ -650,8 +721,8 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     // stage st's K and V rows into buffer st % nstage
     auto issue = [&](int st) {
         unsigned char *ks = buffer(st % nstage);
-        load_stage<ROWB, KSTR, VSTR, WARPS * 32, MODE != PASS_MAX>(kv, blocks, h, t0 + st * STAGE,
-                                                                   t1, ks, ks + STAGE * KSTR);
+        load_stage<GROWB, KSTR, VSTR, WARPS * 32, MODE != PASS_MAX>(kv, blocks, h, t0 + st * STAGE,
+                                                                    t1, ks, ks + STAGE * KSTR);
     };
     for (int st = 0; st < nstage - 1; st++) {
         if (st < nst) issue(st);
@@ -661,7 +732,8 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     // the query's G rows, read from global memory once a CTA into the last
     // stage buffer (its first cp.async is issued after the loop's first
     // barrier), with their largest magnitude
-    static_assert(stage_bytes(HD, F16) >= 16 * HD * (int)sizeof(float), "a stage holds the query");
+    static_assert(stage_bytes(HD, F16, RS) >= 16 * HD * (int)sizeof(float),
+                  "a stage holds the query");
     float *qs = reinterpret_cast<float *>(buffer(nstage - 1));
     const float *qh = q + (size_t)h * G * HD;
     float mx = 0.0f;
@@ -699,9 +771,12 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         }
     }
     // scores in log2 units; E4M3's 2^-8 and the query's scale undone
-    const float kmul2 =
-        sm_scale * kv.k_scale[h] * LOG2E * (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / qscale;
-    const float pscale = F16 ? 16384.0f : 1.0f; // probabilities into FP16's normal range
+    const float kmul2 = sm_scale * kv.k_scale[h] * LOG2E * (E4 ? 256.0f : 1.0f) / qscale;
+    // probabilities into FP16's normal range. With row scales (RS) the
+    // values' A operands are probabilities times V row scales: pscale is
+    // then a stage's own power of two that keeps its largest row scale's
+    // products under 2^14, and o moves with it (exactly: powers of two)
+    float pscale = F16 ? 16384.0f : 1.0f;
 
     float o[NT][4], m2[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -742,8 +817,8 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
                 for (int nt = 0; nt < TPW; nt++) {
                     unsigned b[2];
                     if constexpr (F16) {
-                        b[0] = fp8_pair<E5>(w[nt][j], 0x1404u);
-                        b[1] = fp8_pair<E5>(w[nt][j], 0x3424u);
+                        b[0] = codes_pair<FMT>(w[nt][j], 0x1404u);
+                        b[1] = codes_pair<FMT>(w[nt][j], 0x3424u);
                     } else {
                         b[0] = w[nt][2 * j], b[1] = w[nt][2 * j + 1];
                     }
@@ -768,7 +843,9 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
                 float *vv = &v.x;
                 for (int e = 0; e < 4; e++) {
                     const int pos = 8 * (TPW * warp + nt) + 2 * t + (e & 1);
-                    vv[e] = pos < nvalid ? (s[nt][0][e] + s[nt][1][e]) * kmul2 : -INFINITY;
+                    float x = (s[nt][0][e] + s[nt][1][e]) * kmul2;
+                    if constexpr (RS) x *= row_scale_in(ks + pos * KSTR, HD);
+                    vv[e] = pos < nvalid ? x : -INFINITY;
                 }
                 *reinterpret_cast<float4 *>(sbuf + ((TPW * warp + nt) * 32 + lane) * 4) = v;
             }
@@ -783,13 +860,16 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
                 mx[1] = fmaxf(mx[1], fmaxf(v.z, v.w));
             }
             if constexpr (MODE == PASS_PLAIN) softmax_rescale<NT>(mx, m2, l, o);
+            if constexpr (RS) stage_pscale<NT>(vs, VSTR, HD, lane, pscale, o);
 #pragma unroll
             for (int kc = 0; kc < STAGE / 16; kc++) { // tiles 2 kc and 2 kc + 1
                 unsigned pa[2][4];
+                float pmul[2][2];
+                prob_muls<RS>(vs, VSTR, HD, kc, t, pscale, pmul);
                 if constexpr (MODE == PASS_FP8)
                     prob_frags_fp8<F16>(sv + 2 * kc, m2, l, pscale, pa[0]);
                 else
-                    prob_frags<F16>(sv + 2 * kc, m2, l, pscale, pa);
+                    prob_frags<F16>(sv + 2 * kc, m2, l, pmul, pa);
                 constexpr bool LO = MODE != PASS_FP8; // rounded weights have no lo half
                 const unsigned char *vrow = vs + (16 * kc + (lane & 15)) * VSTR;
                 if constexpr (!F16) {
@@ -805,8 +885,10 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
                     for (int i = 0; i < NT / 2; i++) { // 16 dims: even and odd ones
                         unsigned r[2];
                         ldsm_x2_trans(r, vrow + (warp * SLICE / 16 + i) * 16);
-                        unsigned be[2] = {fp8_pair<E5>(r[0], 0x2404u), fp8_pair<E5>(r[1], 0x2404u)};
-                        unsigned bo[2] = {fp8_pair<E5>(r[0], 0x3414u), fp8_pair<E5>(r[1], 0x3414u)};
+                        unsigned be[2] = {codes_pair<FMT>(r[0], 0x2404u),
+                                          codes_pair<FMT>(r[1], 0x2404u)};
+                        unsigned bo[2] = {codes_pair<FMT>(r[0], 0x3414u),
+                                          codes_pair<FMT>(r[1], 0x3414u)};
                         mma<true>(o[2 * i], pa[0], be);
                         if constexpr (LO) mma<true>(o[2 * i], pa[1], be);
                         mma<true>(o[2 * i + 1], pa[0], bo);
@@ -837,7 +919,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
             l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
             l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
         }
-        const float unscale = (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / pscale;
+        const float unscale = (E4 ? 256.0f : 1.0f) / pscale;
         const size_t base = (zsplit * kv.kv_heads + h) * G;
 #pragma unroll
         for (int i = 0; i < NT; i++)
@@ -891,7 +973,7 @@ static int stages_fitting(int sb, int fixed) {
 }
 
 static int stages_for(int hd, int fmt) {
-    const int sb = stage_bytes(hd, fmt != KVD_FMT_BF16);
+    const int sb = stage_bytes(hd, fmt != KVD_FMT_BF16, row_scaled(fmt));
     if (bench_nstage) // as asked, or none where that does not fit
         return bench_nstage * sb + SBUF <= limits_of_current().smem_optin ? bench_nstage : 0;
     return stages_fitting(sb, SBUF);
@@ -912,7 +994,8 @@ template <class F> static bool opt_in(F *kernel, size_t shm, size_t opted[16]) {
 // CTAs of v3 an SM holds at once: two where their stages leave room (the
 // launch bounds' two), else one
 static int ctas_per_sm(int hd, int fmt) {
-    const int shm = stages_for(hd, fmt) * stage_bytes(hd, fmt != KVD_FMT_BF16) + SBUF;
+    const int shm =
+        stages_for(hd, fmt) * stage_bytes(hd, fmt != KVD_FMT_BF16, row_scaled(fmt)) + SBUF;
     return limits_of_current().smem_sm >= 2 * (shm + 1024) ? 2 : 1;
 }
 
@@ -945,7 +1028,8 @@ struct split_args {
 
 template <int HD, int FMT, int MODE>
 static int launch_t(const view &kv, const rows &R, const split_args &a) {
-    const size_t shm = (size_t)a.nstage * stage_bytes(HD, FMT != KVD_FMT_BF16) + SBUF;
+    const size_t shm =
+        (size_t)a.nstage * stage_bytes(HD, FMT != KVD_FMT_BF16, row_scaled(FMT)) + SBUF;
     void (*decode_v3_t)(view, rows, int, int, int, const float *, float, const float *, float *,
                         float *, float *) = decode_v3<HD, FMT, MODE>;
     // the shared-memory opt-in, asked for when it changes (per device)
@@ -997,15 +1081,22 @@ template <int HD> static int launch_hd(const view &kv, const rows &R, const spli
         return launch_f<HD, KVD_FMT_E4M3>(kv, R, a);
     case KVD_FMT_E5M2:
         return launch_f<HD, KVD_FMT_E5M2>(kv, R, a);
+    // the row-scaled formats: no FP8 attention, which takes one scale a head
+    case KVD_FMT_E4M3T:
+        return a.rowmax ? -1 : launch_t<HD, KVD_FMT_E4M3T, PASS_PLAIN>(kv, R, a);
+    case KVD_FMT_I8T:
+        return a.rowmax ? -1 : launch_t<HD, KVD_FMT_I8T, PASS_PLAIN>(kv, R, a);
+    case KVD_FMT_I8T_RN:
+        return a.rowmax ? -1 : launch_t<HD, KVD_FMT_I8T_RN, PASS_PLAIN>(kv, R, a);
     default:
         return -1;
     }
 }
 
 static bool ok(const view &kv, int G) {
-    // NVFP4, E4M3T and I8T take v2 and the plain kernels: v3 stages FP8 and BF16
-    // rows under per-head scales
-    return kvd_fmt_per_head(kv.fmt) &&
+    // NVFP4 takes v2 and the plain kernels: v3 stages rows of 8- or 16-bit
+    // codes, under per-head scales or their own
+    return kvd_fmt_tensor_cores(kv.fmt) &&
            (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256) && G >= 1 && G <= 16 &&
            stages_for(kv.head_dim, kv.fmt) >= 2;
 }
@@ -1094,7 +1185,7 @@ extern "C" size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int hea
 }
 
 extern "C" int kvd_cuda_attn_wave(int fmt, int head_dim) {
-    if ((head_dim != 64 && head_dim != 128 && head_dim != 256) || !kvd_fmt_per_head(fmt) ||
+    if ((head_dim != 64 && head_dim != 128 && head_dim != 256) || !kvd_fmt_tensor_cores(fmt) ||
         v3::stages_for(head_dim, fmt) < 2)
         return 0;
     return v3::ctas_per_sm(head_dim, fmt) * v3::limits_of_current().sms;
@@ -1671,10 +1762,14 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     prefill_tc(view kv, const int *blocks, int pos0, int n_q, const float *q, int n_heads,
                float sm_scale, int nstage, float *out, parts_out P) {
     using namespace kvd_mma;
-    constexpr bool F16 = FMT != KVD_FMT_BF16, E5 = FMT == KVD_FMT_E5M2;
-    constexpr int ROWB = v3::row_bytes(HD, F16), KSTR = v3::kstride(HD, F16),
-                  VSTR = v3::vstride(HD, F16);
+    constexpr bool F16 = FMT != KVD_FMT_BF16, RS = v3::row_scaled(FMT);
+    constexpr bool E4 = FMT == KVD_FMT_E4M3 || FMT == KVD_FMT_E4M3T; // codes read times 2^-8
+    constexpr int KSTR = v3::kstride(HD, F16, RS), VSTR = v3::vstride(HD, F16);
     constexpr int NCH = HD / 16, NT = HD / 8;
+    // the pools' rows: the codes, then (RS) the row's scale, as v3's
+    constexpr int GROWB = RS ? HD + KVD_ROW_SCALE_BYTES : v3::row_bytes(HD, F16);
+    static_assert(!RS || (KSTR >= GROWB && VSTR >= GROWB), "a stage row holds its scale");
+    static_assert(!RS || MODE == PASS_PLAIN, "FP8 attention takes one scale a head");
     extern __shared__ uint4 smem_u4[];
     unsigned char *smem = reinterpret_cast<unsigned char *>(smem_u4);
     auto buffer = [&](int i) { return smem + (size_t)i * STAGE * (KSTR + VSTR); };
@@ -1697,7 +1792,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 
     auto issue = [&](int st) {
         unsigned char *ks = buffer(st % nstage);
-        v3::load_stage<ROWB, KSTR, VSTR, WARPS * 32, MODE != PASS_MAX>(
+        v3::load_stage<GROWB, KSTR, VSTR, WARPS * 32, MODE != PASS_MAX>(
             kv, blocks, h, t0 + st * STAGE, t1, ks, ks + STAGE * KSTR);
     };
     for (int st = 0; st < nstage - 1; st++) {
@@ -1753,9 +1848,9 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
             qf[(2 * c) * 32 + lane] = make_uint4(ah[0], ah[1], ah[2], ah[3]);
             qf[(2 * c + 1) * 32 + lane] = make_uint4(al[0], al[1], al[2], al[3]);
         } // (each lane reads back only its own fragments)
-    const float kmul2 =
-        sm_scale * kv.k_scale[h] * v3::LOG2E * (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / qscale;
-    const float pscale = F16 ? 16384.0f : 1.0f;
+    const float kmul2 = sm_scale * kv.k_scale[h] * v3::LOG2E * (E4 ? 256.0f : 1.0f) / qscale;
+    // the probabilities' scale; with row scales (RS) a stage's own, as v3's
+    float pscale = F16 ? 16384.0f : 1.0f;
 
     float o[NT][4], m2[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -1779,11 +1874,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
                 const int r = e / (HD / 4), c = e % (HD / 4);
                 const unsigned wk = *reinterpret_cast<const unsigned *>(ks + r * KSTR + 4 * c);
                 *reinterpret_cast<uint2 *>(wide + r * KS16 + 8 * c) =
-                    make_uint2(fp8_pair<E5>(wk, 0x1404u), fp8_pair<E5>(wk, 0x3424u));
+                    make_uint2(v3::codes_pair<FMT>(wk, 0x1404u), v3::codes_pair<FMT>(wk, 0x3424u));
                 if constexpr (MODE == PASS_MAX) continue; // no values
                 const unsigned wv = *reinterpret_cast<const unsigned *>(vs + r * VSTR + 4 * c);
                 *reinterpret_cast<uint2 *>(wide + STAGE * KS16 + r * VS16 + 8 * c) =
-                    make_uint2(fp8_pair<E5>(wv, 0x1404u), fp8_pair<E5>(wv, 0x3424u));
+                    make_uint2(v3::codes_pair<FMT>(wv, 0x1404u), v3::codes_pair<FMT>(wv, 0x3424u));
             }
             __syncthreads();
             ks = wide, vs = wide + STAGE * KS16;
@@ -1833,20 +1928,29 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int pos = p0 + 8 * nt + 2 * t + (e & 1), rr = e / 2;
-                sv[nt][e] = pos <= lim[rr] ? (s[nt][0][e] + s[nt][1][e]) * kmul2 : -INFINITY;
+                float x = (s[nt][0][e] + s[nt][1][e]) * kmul2;
+                if constexpr (RS) // the stage buffer's rows keep their scales
+                    x *= v3::row_scale_in(buffer(st % nstage) + (pos - p0) * KSTR, HD);
+                sv[nt][e] = pos <= lim[rr] ? x : -INFINITY;
                 smx[rr] = fmaxf(smx[rr], sv[nt][e]);
             }
         if constexpr (MODE == PASS_MAX) { // the lane's maxima; the quad's at the end
             m2[0] = fmaxf(m2[0], smx[0]), m2[1] = fmaxf(m2[1], smx[1]);
         } else {
             if constexpr (MODE == PASS_PLAIN) softmax_rescale<NT>(smx, m2, l, o);
+            // the V rows' scales, in the stage buffer (which the next issue
+            // overwrites only after the loop's next barrier)
+            const unsigned char *vst = buffer(st % nstage) + STAGE * KSTR;
+            if constexpr (RS) v3::stage_pscale<NT>(vst, VSTR, HD, lane, pscale, o);
 #pragma unroll
             for (int kc = 0; kc < STAGE / 16; kc++) { // score tiles 2 kc and 2 kc + 1
                 unsigned pa[2][4];
+                float pmul[2][2];
+                v3::prob_muls<RS>(vst, VSTR, HD, kc, t, pscale, pmul);
                 if constexpr (MODE == PASS_FP8)
                     prob_frags_fp8<F16>(sv + 2 * kc, m2, l, pscale, pa[0]);
                 else
-                    prob_frags<F16>(sv + 2 * kc, m2, l, pscale, pa);
+                    prob_frags<F16>(sv + 2 * kc, m2, l, pmul, pa);
                 const unsigned char *vrow = vs + (16 * kc + (lane & 15)) * VS16;
 #pragma unroll
                 for (int i = 0; i < NT; i++) { // dims 8 i .. 8 i + 7
@@ -1871,7 +1975,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         }
     } else { // the rows' outputs: sums over the quad, the V scale and E4M3's 2^8
         // (a split's: the sums and maxima apart, the V scale left to the merge)
-        const float unscale = (FMT == KVD_FMT_E4M3 ? 256.0f : 1.0f) / pscale;
+        const float unscale = (E4 ? 256.0f : 1.0f) / pscale;
         float f[2];
         float *orow[2];
 #pragma unroll
@@ -1922,7 +2026,7 @@ static size_t qfrag_for(int hd) {
 }
 static layout layout_for(int hd, int fmt, bool force_split_query) {
     const bool fp8 = fmt != KVD_FMT_BF16;
-    const int sb = v3::stage_bytes(hd, fp8), wb = wide_bytes(hd, fp8);
+    const int sb = v3::stage_bytes(hd, fp8, v3::row_scaled(fmt)), wb = wide_bytes(hd, fp8);
     int n = force_split_query ? 0 : v3::stages_fitting(sb, wb + (int)qfrag_for(hd));
     if (n >= 2) return {n, true};
     n = v3::stages_fitting(sb, wb);
@@ -1930,7 +2034,7 @@ static layout layout_for(int hd, int fmt, bool force_split_query) {
 }
 
 static bool ok(int hd, int fmt) {
-    return kvd_fmt_per_head(fmt) && (hd == 64 || hd == 128 || hd == 256) &&
+    return kvd_fmt_tensor_cores(fmt) && (hd == 64 || hd == 128 || hd == 256) &&
            layout_for(hd, fmt, false).nstage >= 2;
 }
 
@@ -1949,8 +2053,8 @@ struct args {
 template <int HD, int FMT, bool QSH, int MODE>
 static int launch_t(const args &a, const parts_out &P, int nstage) {
     constexpr bool F16 = FMT != KVD_FMT_BF16;
-    const size_t shm = (size_t)nstage * v3::stage_bytes(HD, F16) + wide_bytes(HD, F16) +
-                       (QSH ? qfrag_bytes<HD>() : 0);
+    const size_t shm = (size_t)nstage * v3::stage_bytes(HD, F16, v3::row_scaled(FMT)) +
+                       wide_bytes(HD, F16) + (QSH ? qfrag_bytes<HD>() : 0);
     void (*prefill_t)(view, const int *, int, int, const float *, int, float, int, float *,
                       parts_out) = prefill_tc<HD, FMT, QSH, MODE>;
     static size_t opted[16];
@@ -2004,6 +2108,12 @@ template <int HD> static int launch_hd(const args &a, layout L) {
         return launch_f<HD, KVD_FMT_E4M3>(a, L);
     case KVD_FMT_E5M2:
         return launch_f<HD, KVD_FMT_E5M2>(a, L);
+    case KVD_FMT_E4M3T: // the row-scaled formats: no FP8 attention (launch_fp8 refuses)
+        return launch_f<HD, KVD_FMT_E4M3T>(a, L);
+    case KVD_FMT_I8T:
+        return launch_f<HD, KVD_FMT_I8T>(a, L);
+    case KVD_FMT_I8T_RN:
+        return launch_f<HD, KVD_FMT_I8T_RN>(a, L);
     default:
         return -1;
     }

@@ -1,7 +1,7 @@
 // kvdrift: warp-level tensor-core and copy primitives for the kernels, each
 // with a portable body. On the device (sm_80 and later) they are single PTX
 // instructions: mma.sync m16n8k16 (BF16 or FP16 in, FP32 accumulate),
-// ldmatrix .trans, cp.async with zero fill. Everywhere else (the SIMT
+// ldmatrix .trans, cp.async (16 or 4 bytes) with zero fill. Everywhere else (the SIMT
 // simulator in tests/simt compiles the .cu files as C++) the same operation
 // is spelled out with warp shuffles and plain loads, element for element as
 // the PTX ISA defines the fragments, so a kernel's indexing is exercised by
@@ -156,18 +156,25 @@ __device__ inline void ldsm_x2_trans(unsigned r[2], const void *row) {
 #endif
 }
 
-// 16 bytes global -> shared, asynchronously; src_bytes 0 writes zeros
-__device__ inline void cp_async16(void *dst, const void *src, int src_bytes) {
+// W (16 or 4) bytes global -> shared, asynchronously, both addresses
+// W-aligned; src_bytes 0 writes zeros. 4-byte copies serve rows whose size
+// is no multiple of 16 (a warp's 32 still read 128 contiguous bytes).
+template <int W> __device__ inline void cp_async(void *dst, const void *src, int src_bytes) {
+    static_assert(W == 16 || W == 4, "cp.async copies 16 bytes (.cg) or 4 (.ca)");
 #ifdef KVD_PTX_MMA
     unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
-                 "r"(src_bytes));
+    if constexpr (W == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
+                     "r"(src_bytes));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(addr), "l"(src),
+                     "r"(src_bytes));
 #elif defined(KVD_SIMT_H) // landing at the wait that completes it
-    kvd_simt::async_copy16(dst, src, src_bytes);
+    kvd_simt::async_copy(dst, src, W, src_bytes);
 #else
     unsigned char *d = static_cast<unsigned char *>(dst);
     const unsigned char *s = static_cast<const unsigned char *>(src);
-    for (int i = 0; i < 16; i++) d[i] = i < src_bytes ? s[i] : 0;
+    for (int i = 0; i < W; i++) d[i] = i < src_bytes ? s[i] : 0;
 #endif
 }
 __device__ inline void cp_async_commit() {
@@ -214,6 +221,23 @@ template <bool E5M2> __device__ inline unsigned fp8_pair(unsigned w, unsigned se
         unsigned nan = __byte_perm(((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u, 0u, sel);
         return (a & 0x80008000u) | ((a >> 1) & 0x3f803f80u) | (nan >> 1) | (nan >> 2);
     }
+}
+
+// Two INT8 codes of the word w (the bytes the __byte_perm selector sel puts
+// at bytes 1 and 3, as fp8_pair's) as an FP16 pair, exactly: each byte,
+// its sign bit flipped, under the exponent bits 0x64 reads 1024 + 128 + q;
+// one packed FP16 subtraction of 1152 leaves q (every integer to 2048 is
+// exact in FP16).
+__device__ inline unsigned int8_pair(unsigned w, unsigned sel) {
+    const unsigned sel8 = ((sel >> 4) & 0xfu) | 0x40u | ((sel >> 12) & 0xfu) << 8 | 0x4000u;
+    const unsigned a = __byte_perm(w ^ 0x80808080u, 0x64646464u, sel8);
+#ifdef KVD_PTX_MMA
+    unsigned r;
+    asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(0x64806480u));
+    return r;
+#else
+    return f16_bits(f16_val(a) - 1152.0f) | f16_bits(f16_val(a >> 16) - 1152.0f) << 16;
+#endif
 }
 
 } // namespace kvd_mma

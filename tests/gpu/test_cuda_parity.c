@@ -50,7 +50,9 @@ static void codecs(void) {
 
 /* K and V pools from the same n values, in fmt: E4M3 and NVFP4 (rows of
  * hd) with the scales ks and vs, E5M2 unscaled, E4M3T and I8T with each
- * row's own */
+ * row's own. Their V rows run 2^-3, 1 and 2^3 times as large in runs of 37
+ * rows, so that a stage's largest V row scale (which sets decode v3's
+ * probability scale) rises and falls along a context. */
 static void write_pools(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v, size_t n, float ks,
                         float vs, int hd) {
     if (kvd_fmt_row_scaled(fmt)) {
@@ -59,10 +61,14 @@ static void write_pools(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v, s
             fmt == KVD_FMT_I8T      ? kvd_quant_i8t
             : fmt == KVD_FMT_I8T_RN ? kvd_quant_i8t_rn
                                     : kvd_quant_e4m3t;
+        float *vrow = malloc(sizeof(float) * (size_t)hd);
         for (size_t r = 0; r < n / (size_t)hd; r++) {
             quant(src + r * hd, k + r * rb, (size_t)hd, NULL);
-            quant(src + r * hd, v + r * rb, (size_t)hd, NULL);
+            for (int d = 0; d < hd; d++)
+                vrow[d] = ldexpf(src[r * hd + d], 3 * (int)(r / 37 % 3) - 3);
+            quant(vrow, v + r * rb, (size_t)hd, NULL);
         }
+        free(vrow);
     } else if (fmt == KVD_FMT_NVFP4) {
         const size_t rb = kvd_fmt_row_bytes(fmt, hd);
         for (size_t r = 0; r < n / (size_t)hd; r++) {
@@ -176,8 +182,8 @@ static void attention_case(int nh, int kvh, int hd, int n_ctx) {
         float *probs = malloc(sizeof(float) * (size_t)nh * n_ctx);
         kvd_attn_paged(&view, blocks, n_ctx, q, nh, 1.0f / 16.0f, ocpu, probs, work, 3);
         for (int ver = 0; ver <= 3; ver++) {
-            if (ver == 3 && (nv || rowsc)) { /* v3 stages FP8 and BF16 rows under per-head
-                                                 scales: NVFP4 and E4M3T take v2, and v3 says so */
+            if (ver == 3 && !kvd_fmt_tensor_cores(fmts[fi])) { /* v3 stages rows of 8- or
+                                                16-bit codes: NVFP4 takes v2, and v3 says so */
                 CHECK(kvd_cuda_attn_decode_v(&view, nb, blocks, n_ctx, q, nh, 1.0f / 16.0f, ogpu,
                                              ver) != 0,
                       "attention v3 accepted a cache of format %d\n", (int)fmts[fi]);
@@ -242,20 +248,26 @@ static void attention_case(int nh, int kvh, int hd, int n_ctx) {
 }
 
 /* One position: the output is that position's V row, decoded. With a row
- * holding every code (head_dim 256), each version must give the CPU's
+ * holding every code (head_dim 256; FP8 under per-head scales or its own,
+ * INT8 under its own), each version must give the CPU's
  * decoding times the scale bit for bit (v3: the probability 1 is exact in
  * both halves, and so is every FP8 value in FP16), NaN codes as NaN, and
  * E5M2's infinities as non-finite (v3's low half multiplies them by 0). */
 static void attention_codes(void) {
     const int hd = 256, bs = 16, nh = 4, kvh = 1;
-    const kvd_fmt fmts[2] = {KVD_FMT_E4M3, KVD_FMT_E5M2};
-    for (int fi = 0; fi < 2; fi++) {
-        uint8_t k[16 * 256] = {0}, v[16 * 256] = {0};
+    const kvd_fmt fmts[4] = {KVD_FMT_E4M3, KVD_FMT_E5M2, KVD_FMT_E4M3T, KVD_FMT_I8T};
+    for (int fi = 0; fi < 4; fi++) {
+        /* rows of 260 bytes, room for a row-scaled format's */
+        uint8_t k[16 * 260] = {0}, v[16 * 260] = {0};
         for (int d = 0; d < hd; d++) v[d] = (uint8_t)d, k[d] = (uint8_t)(d % 0x38); /* K finite */
-        float q[4 * 256], ref[256], out[4 * 256], ks = 0.5f, vs = 0.25f;
+        float q[4 * 256], ref[256], out[4 * 256], ks = 0.5f, vs = 0.25f, one = 1.0f;
+        const int rowsc = kvd_fmt_row_scaled(fmts[fi]);
+        if (rowsc) /* the scales as the rows' own (little-endian, as the cache stores them) */
+            memcpy(k + hd, &ks, 4), memcpy(v + hd, &vs, 4);
         for (int i = 0; i < nh * hd; i++) q[i] = 0.01f * (float)(i % 13);
         int32_t blocks[1] = {0};
-        kvd_kv_view view = {fmts[fi], bs, kvh, hd, k, v, &ks, &vs, 0, NULL, 0};
+        kvd_kv_view view = {fmts[fi],           bs, kvh,  hd, k, v, rowsc ? &one : &ks,
+                            rowsc ? &one : &vs, 0,  NULL, 0};
         kvd_kv_row(&view, 1, blocks, 0, 0, ref);
         for (int ver = 1; ver <= 3; ver++) {
             CHECK(kvd_cuda_attn_decode_v(&view, 1, blocks, 1, q, nh, 0.0625f, out, ver) == 0,
@@ -285,12 +297,15 @@ static void attention_batch(void) {
     enum { NSEQ = 5, NH = 16, KVH = 2, HD = 128, BS = 16, NBS = 40 /* blocks a seq */ };
     const int lens[NSEQ] = {1, 700, 33, 333, 1000}; /* context of each sequence's row */
     const int order[NSEQ] = {3, 0, 4, 1, 2};        /* entry z holds sequence order[z] */
-    const kvd_fmt fmts[2] = {KVD_FMT_BF16, KVD_FMT_E4M3};
+    const kvd_fmt fmts[4] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E4M3T, KVD_FMT_I8T};
     const int nb = NSEQ * NBS;
-    for (int fi = 0; fi < 2; fi++) {
-        size_t esz = fmts[fi] == KVD_FMT_BF16 ? 2 : 1, n = (size_t)nb * KVH * BS * HD;
+    for (int fi = 0; fi < 4; fi++) {
+        /* esz: a value's bytes, or (row-scaled) a row's over head_dim's */
+        const size_t n = (size_t)nb * KVH * BS * HD;
+        const double esz = (double)kvd_fmt_row_bytes(fmts[fi], HD) / HD;
+        const size_t pool = (size_t)(n * esz);
         float *src = malloc(sizeof(float) * n);
-        uint8_t *k = malloc(n * esz), *v = malloc(n * esz);
+        uint8_t *k = malloc(pool), *v = malloc(pool);
         uint64_t key = kvd_rng_key((uint64_t)fi, "gpu.attn.batch");
         for (size_t i = 0; i < n; i++) src[i] = 1.5f * kvd_rng_normal(key, i);
         float ks[KVH] = {0.015f, 0.02f}, vs[KVH] = {0.01f, 0.012f}, one[KVH] = {1, 1};
@@ -315,7 +330,7 @@ static void attention_batch(void) {
                             fp8s ? vs : one, 0,  NULL, 0};
         /* scratch for one split a row: the splits must grow to 1024 positions */
         const size_t scratch_floats = (size_t)NSEQ * NH * (HD + 2);
-        void *dk = kvd_cuda_alloc(n * esz), *dv = kvd_cuda_alloc(n * esz);
+        void *dk = kvd_cuda_alloc(pool), *dv = kvd_cuda_alloc(pool);
         float *dks = kvd_cuda_alloc(sizeof ks), *dvs = kvd_cuda_alloc(sizeof vs);
         int32_t *dbt = kvd_cuda_alloc(sizeof btab);
         int *dseq = kvd_cuda_alloc(sizeof seqs), *drow0 = kvd_cuda_alloc(sizeof row0);
@@ -323,7 +338,7 @@ static void attention_batch(void) {
         float *dq = kvd_cuda_alloc(sizeof(float) * qn), *dout = kvd_cuda_alloc(sizeof(float) * qn);
         float *dscr = kvd_cuda_alloc(sizeof(float) * scratch_floats);
         int up =
-            kvd_cuda_upload(dk, k, n * esz) | kvd_cuda_upload(dv, v, n * esz) |
+            kvd_cuda_upload(dk, k, pool) | kvd_cuda_upload(dv, v, pool) |
             kvd_cuda_upload(dks, view.k_scale, sizeof ks) |
             kvd_cuda_upload(dvs, view.v_scale, sizeof vs) |
             kvd_cuda_upload(dbt, btab, sizeof btab) | kvd_cuda_upload(dseq, seqs, sizeof seqs) |
@@ -373,14 +388,15 @@ static void attention_rows(void) {
     enum { N = 6, KVH = 2, HD = 128, BS = 16, NB = 70 };
     const int ctx[N] = {1000, 17, 1, 640, 999, 333}, qrow[N] = {4, 0, 5, 2, 1, 3};
     const int heads[2] = {6, 32};
-    for (int c = 0; c < 4; c++) {
-        const int fi = c & 1, NH = heads[c >> 1];
-        const kvd_fmt fmt = fi ? KVD_FMT_E4M3 : KVD_FMT_BF16;
-        const size_t esz = fmt == KVD_FMT_BF16 ? 2 : 1, n = (size_t)NB * KVH * BS * HD;
+    const kvd_fmt fmts[3] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E4M3T};
+    for (int c = 0; c < 6; c++) {
+        const int fi = c % 3, NH = heads[c / 3];
+        const kvd_fmt fmt = fmts[fi];
+        const size_t n = (size_t)NB * KVH * BS * HD, pool = n / HD * kvd_fmt_row_bytes(fmt, HD);
         const size_t no = (size_t)NH * HD, qn = N * no, on = 3 * N * no;
         float *src = malloc(sizeof(float) * n), *q = malloc(sizeof(float) * qn);
         float *out = malloc(sizeof(float) * on), *ref = malloc(sizeof(float) * no);
-        uint8_t *k = malloc(n * esz), *v = malloc(n * esz);
+        uint8_t *k = malloc(pool), *v = malloc(pool);
         uint64_t key = kvd_rng_key((uint64_t)c, "gpu.attn.rows");
         for (size_t i = 0; i < n; i++) src[i] = 1.5f * kvd_rng_normal(key, i);
         for (size_t i = 0; i < qn; i++) q[i] = kvd_rng_normal(key, i + n);
@@ -389,16 +405,17 @@ static void attention_rows(void) {
         write_pools(fmt, src, k, v, n, 0.015f, 0.01f, HD);
         int32_t blocks[NB];
         for (int i = 0; i < NB; i++) blocks[i] = (int32_t)((i * 37) % NB);
-        kvd_kv_view view = {fmt, BS, KVH, HD, k, v, fi ? ks : one, fi ? vs : one, 0, NULL, 0};
+        const int fp8s = fmt == KVD_FMT_E4M3;
+        kvd_kv_view view = {fmt, BS, KVH, HD, k, v, fp8s ? ks : one, fp8s ? vs : one, 0, NULL, 0};
         /* four splits a row fit: 256-position splits (the grid would take 128) */
         const size_t split_floats = (size_t)N * NH * (HD + 2), scratch_floats = 4 * split_floats;
-        void *dk = kvd_cuda_alloc(n * esz), *dv = kvd_cuda_alloc(n * esz);
+        void *dk = kvd_cuda_alloc(pool), *dv = kvd_cuda_alloc(pool);
         float *dks = kvd_cuda_alloc(sizeof ks), *dvs = kvd_cuda_alloc(sizeof vs);
         int32_t *dbt = kvd_cuda_alloc(sizeof blocks);
         int *didx = kvd_cuda_alloc(sizeof(int) * 2 * N);
         float *dq = kvd_cuda_alloc(sizeof(float) * qn), *dout = kvd_cuda_alloc(sizeof(float) * on);
         float *dscr = kvd_cuda_alloc(sizeof(float) * scratch_floats);
-        int up = kvd_cuda_upload(dk, k, n * esz) | kvd_cuda_upload(dv, v, n * esz) |
+        int up = kvd_cuda_upload(dk, k, pool) | kvd_cuda_upload(dv, v, pool) |
                  kvd_cuda_upload(dks, view.k_scale, sizeof ks) |
                  kvd_cuda_upload(dvs, view.v_scale, sizeof vs) |
                  kvd_cuda_upload(dbt, blocks, sizeof blocks) |
@@ -440,7 +457,7 @@ static void attention_rows(void) {
     }
 }
 
-/* v3 decode's split length: for every format and head_dim, at the model's
+/* v3 decode's split length: for every format it reads and head_dim, at the model's
  * shapes and contexts from one block to 256K, the fewest positions (128
  * times a power of two) whose grid fits one wave, and the grid of half
  * that would not; on a device of 132 SMs with room for two CTAs each (an
@@ -449,9 +466,14 @@ static void attention_rows(void) {
 static void split_rule(void) {
     static const int hds[3] = {64, 128, 256}, kvs[3] = {1, 2, 8}, ns[4] = {1, 3, 8, 32};
     static const int ctxs[6] = {16, 128, 1100, 32768, 131072, 262144};
-    for (int fmt = 0; fmt < 3; fmt++)
+    for (int fmt = 0; fmt < KVD_FMT_I8T_RN + 1; fmt++)
         for (int hi = 0; hi < 3; hi++) {
             const int wave = kvd_cuda_attn_wave(fmt, hds[hi]);
+            if (!kvd_fmt_tensor_cores(fmt)) { /* v3 does not read it: no wave, no split */
+                CHECK(wave == 0 && kvd_cuda_attn_split_len(fmt, hds[hi], 2, 1, 4096) == 0,
+                      "split rule: format %d (no v3) has a wave of %d\n", fmt, wave);
+                continue;
+            }
             CHECK(wave > 0, "split rule: no wave for format %d, head_dim %d\n", fmt, hds[hi]);
             if (wave <= 0) continue;
             for (int ki = 0; ki < 3; ki++)
@@ -1690,6 +1712,9 @@ static void prefill(void) {
                 snprintf(name, sizeof name, "gpu.prefill.%d", t);
                 fill(k, (size_t)KH * D, name, 2.0f);
                 fill(v, (size_t)KH * D, name + 1, 0.5f);
+                if (kvd_fmt_row_scaled(c.fmt)) /* V rows 2^-3, 1 and 2^3 as large in runs
+                                                  of 37: the stages' probability scales move */
+                    for (int i = 0; i < KH * D; i++) v[i] = ldexpf(v[i], 3 * (t / 37 % 3) - 3);
                 kvd_kvcache_write(&c, 0, s, t, k, v);
             }
             kvd_kv_view view = kvd_kvcache_view(&c, 0);
@@ -1700,13 +1725,14 @@ static void prefill(void) {
                     kvd_attn_paged(&view, c.seqs[s].blocks, p0 + r + 1, q + (size_t)r * NH * D, NH,
                                    sm, oc + (size_t)r * NH * D, NULL, work, 1);
                 /* v3 on the deep chunk only: the first one's 40 positions are one
-                 * split; v4 there too, on a BF16 and an FP8 cache (their two ways
-                 * of reading stages), and v5; quick cases (the sanitizers, which
-                 * look for bad accesses: the same code at every head_dim) take
-                 * v4 below head_dim 256 only */
+                 * split; v4 there too, on a BF16, an FP8 and a per-token FP8
+                 * cache (their three ways of reading stages), and v5; quick
+                 * cases (the sanitizers, which look for bad accesses: the same
+                 * code at every head_dim) take v4 below head_dim 256 only */
                 for (int ver = 1; ver <= 5; ver++) {
                     if ((!p0 && ver >= 3) ||
-                        (ver >= 4 && mi != KVD_KV_BF16 && mi != KVD_KV_FP8_CAL) ||
+                        (ver >= 4 && mi != KVD_KV_BF16 && mi != KVD_KV_FP8_CAL &&
+                         mi != KVD_KV_FP8_TOKEN) ||
                         (quick && (ver == 5 || (ver == 4 && D == 256))))
                         continue;
                     for (size_t i = 0; i < (size_t)NQ * NH * D; i++) og[i] = 7.0f;
@@ -1716,8 +1742,8 @@ static void prefill(void) {
                         CHECK(rc == -1, "prefill v1 took a group of %d\n", G);
                         continue;
                     }
-                    if (ver >= 2 && !kvd_fmt_per_head(c.fmt)) { /* tensor cores: FP8 and BF16
-                                                               under per-head scales only */
+                    if (ver >= 2 && !kvd_fmt_tensor_cores(c.fmt)) { /* tensor cores: no
+                                                                      NVFP4 */
                         CHECK(rc == -1, "prefill v%d took a cache of format %d\n", ver, (int)c.fmt);
                         continue;
                     }

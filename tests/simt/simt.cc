@@ -182,7 +182,7 @@ struct fiber {
     struct async_op {
         unsigned char *dst;
         unsigned char bytes[16];
-        int group;
+        int size, group;
     };
     std::vector<async_op> async;
     int commits;
@@ -660,14 +660,15 @@ void launch_bound(long long max_threads) {
     thread_fault(msg);
 }
 
-void async_copy16(void *dst, const void *src, int src_bytes) {
-    need_aligned(dst, 16, "cp.async's shared destination");
-    need_aligned(src, 16, "cp.async's global source");
+void async_copy(void *dst, const void *src, int size, int src_bytes) {
+    if (size != 4 && size != 8 && size != 16) thread_fault("cp.async of a size not 4, 8 or 16");
+    need_aligned(dst, (unsigned)size, "cp.async's shared destination");
+    need_aligned(src, (unsigned)size, "cp.async's global source");
     fiber &f = fibers[cur];
     fiber::async_op op;
-    op.dst = static_cast<unsigned char *>(dst), op.group = f.commits;
+    op.dst = static_cast<unsigned char *>(dst), op.size = size, op.group = f.commits;
     const unsigned char *s = static_cast<const unsigned char *>(src);
-    for (int i = 0; i < 16; i++) op.bytes[i] = i < src_bytes ? s[i] : 0;
+    for (int i = 0; i < size; i++) op.bytes[i] = i < src_bytes ? s[i] : 0;
     f.async.push_back(op);
 }
 
@@ -680,7 +681,7 @@ void async_wait(int n) {
     size_t kept = 0;
     for (size_t i = 0; i < f.async.size(); i++) {
         if (f.async[i].group < f.commits - n)
-            std::memcpy(f.async[i].dst, f.async[i].bytes, 16);
+            std::memcpy(f.async[i].dst, f.async[i].bytes, (size_t)f.async[i].size);
         else
             f.async[kept++] = f.async[i];
     }

@@ -28,7 +28,8 @@
 //     read of what was never written shows; so does each block's shared
 //     memory, dynamic and static, so a block reads only what it wrote;
 //   - a block no larger than the kernel's __launch_bounds__;
-//   - cp.async's addresses and ldmatrix's rows must be 16-byte aligned;
+//   - cp.async's addresses must be aligned to its size (4, 8 or 16
+//     bytes), ldmatrix's rows to 16 bytes;
 //   - cp.async copies (kernels/cuda/mma.cuh) land only at the
 //     cp.async.wait_group that completes them, so a read of a stage that
 //     was not waited for sees the old bytes;
@@ -225,13 +226,13 @@ uint64_t warp_op(warp_kind k, unsigned mask, uint64_t value, int arg, int width)
 // switch point instead of 32.
 const unsigned (*warp_gather(const unsigned *words, int n))[8];
 void syncthreads();
-// cp.async as a GPU may run it, late: the running thread's 16-byte copy
-// (zeros past src_bytes) takes its source now and lands in shared memory
-// only when async_wait lets its group complete (or never, if the thread
-// ends first). async_commit closes the thread's open group; async_wait(n)
-// completes all its committed groups but the newest n. A kernel that reads
-// a stage before waiting for it reads what was there before.
-void async_copy16(void *dst, const void *src, int src_bytes);
+// cp.async as a GPU may run it, late: the running thread's copy of size
+// bytes (4, 8 or 16, both addresses aligned to it; zeros past src_bytes) takes its source now and
+// lands in shared memory only when async_wait lets its group complete (or never, if the thread ends
+// first). async_commit closes the thread's open group; async_wait(n) completes all its committed
+// groups but the newest n. A kernel that reads a stage before waiting for it reads what was there
+// before.
+void async_copy(void *dst, const void *src, int size, int src_bytes);
 // p is a multiple of align bytes, as `what` (an instruction) needs, else
 // the launch fails with the thread named (a misaligned address on a GPU)
 void need_aligned(const void *p, unsigned align, const char *what);

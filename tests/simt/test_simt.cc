@@ -204,10 +204,10 @@ __global__ void async_copies(const unsigned char *src, unsigned char *out) {
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 16; j++) s[i][j] = 0xee;
     for (int g = 0; g < 3; g++) {
-        kvd_mma::cp_async16(s[g], src + 16 * g, g == 2 ? 7 : 16);
+        kvd_mma::cp_async<16>(s[g], src + 16 * g, g == 2 ? 7 : 16);
         kvd_mma::cp_async_commit();
     }
-    kvd_mma::cp_async16(s[3], src + 48, 16);
+    kvd_mma::cp_async<16>(s[3], src + 48, 16);
     for (int w = 2; w >= 0; w--) {
         kvd_mma::cp_async_wait(w);
         for (int i = 0; i < 4; i++)
@@ -215,17 +215,27 @@ __global__ void async_copies(const unsigned char *src, unsigned char *out) {
     }
 }
 
-// cp.async and ldmatrix at an offset (0: aligned)
+// cp.async (16 bytes: which 0 and 1; 4 bytes: 3 and 4) and ldmatrix (2)
+// at an offset (0: aligned); a 4-byte copy leaves out the byte after its
+// last (0xee, as the kernel set it) above the last it copied (0, src's)
 __global__ void misaligned(const unsigned char *src, int which, int off, unsigned *out) {
     __shared__ uint4 s4[4]; // 16-byte aligned
     unsigned char *s = reinterpret_cast<unsigned char *>(s4);
     unsigned r[2] = {0, 0};
+    if (which == 3 || which == 4) {
+        for (int i = 0; i < 16; i++) s[i] = 0xee;
+        kvd_mma::cp_async<4>(s + (which == 3 ? off : 0), src + (which == 4 ? off : 0), 4);
+        kvd_mma::cp_async_commit();
+        kvd_mma::cp_async_wait(0);
+        out[threadIdx.x] = s[3] | (unsigned)s[4] << 8;
+        return;
+    }
     if (which == 0) {
-        kvd_mma::cp_async16(s + off, src, 16);
+        kvd_mma::cp_async<16>(s + off, src, 16);
         kvd_mma::cp_async_commit();
         kvd_mma::cp_async_wait(0);
     } else if (which == 1) {
-        kvd_mma::cp_async16(s, src + off, 16);
+        kvd_mma::cp_async<16>(s, src + off, 16);
         kvd_mma::cp_async_commit();
         kvd_mma::cp_async_wait(0);
     } else {
@@ -817,14 +827,21 @@ void alignment() {
     unsigned char *src = dev<unsigned char>(64);
     unsigned *out = dev<unsigned>(32);
     cudaMemset(src, 0, 64);
-    const char *what[3] = {"cp.async destination", "cp.async source", "ldmatrix row"};
-    for (int which = 0; which < 3; which++) {
-        for (int off : {0, 8}) {
+    const char *what[5] = {"cp.async destination", "cp.async source", "ldmatrix row",
+                           "4-byte cp.async destination", "4-byte cp.async source"};
+    for (int which = 0; which < 5; which++) {
+        for (int off : {0, 2, 4, 8}) {
+            const int align = which >= 3 ? 4 : 16;
             misaligned % launch("misaligned", 1, 32)(src, which, off, out);
             const cudaError_t e = cudaGetLastError();
-            CHECK(off ? e == cudaErrorLaunchFailure : e == cudaSuccess,
+            CHECK(off % align ? e == cudaErrorLaunchFailure : e == cudaSuccess,
                   "%s at offset %d: launch %s\n", what[which], off,
                   e == cudaSuccess ? "ran" : "failed");
+            if (which >= 3 && off == 0 && e == cudaSuccess) {
+                unsigned h = 0;
+                cudaMemcpy(&h, out, 4, cudaMemcpyDeviceToHost);
+                CHECK(h == 0xee00u, "%s: bytes 3 and 4 read %04x, expected ee00\n", what[which], h);
+            }
             cudaDeviceReset();
         }
     }
