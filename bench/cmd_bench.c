@@ -111,31 +111,10 @@ static void cache_fill(bench_cache *c, kvd_fmt fmt, int n_ctx) {
     for (size_t i = 0; i < n; i++) tmp[i] = kvd_rng_normal(key, i);
     for (int h = 0; h < c->kvh; h++)
         c->kscale[h] = c->vscale[h] = fmt == KVD_FMT_BF16 || kvd_fmt_row_scaled(fmt) ? 1.0f : 0.01f;
-    if (fmt == KVD_FMT_BF16) {
-        kvd_quant_bf16(tmp, (uint16_t *)c->k, n);
-        kvd_quant_bf16(tmp, (uint16_t *)c->v, n);
-    } else if (fmt == KVD_FMT_E4M3) {
-        kvd_quant_e4m3(tmp, c->k, n, 0.01f, 1, NULL);
-        kvd_quant_e4m3(tmp, c->v, n, 0.01f, 1, NULL);
-    } else if (kvd_fmt_row_scaled(fmt)) { /* row by row: each row carries its own scale */
-        size_t rb = kvd_fmt_row_bytes(fmt, c->hd);
-        void (*quant)(const float *, uint8_t *, size_t, kvd_qstats *) =
-            fmt == KVD_FMT_I8T      ? kvd_quant_i8t
-            : fmt == KVD_FMT_I8T_RN ? kvd_quant_i8t_rn
-                                    : kvd_quant_e4m3t;
-        for (size_t r = 0; r < n / (size_t)c->hd; r++) {
-            quant(tmp + r * c->hd, c->k + r * rb, (size_t)c->hd, NULL);
-            quant(tmp + r * c->hd, c->v + r * rb, (size_t)c->hd, NULL);
-        }
-    } else if (fmt == KVD_FMT_NVFP4) { /* row by row: each row carries its block scales */
-        size_t rb = kvd_fmt_row_bytes(fmt, c->hd);
-        for (size_t r = 0; r < n / (size_t)c->hd; r++) {
-            kvd_quant_nvfp4(tmp + r * c->hd, c->k + r * rb, (size_t)c->hd, 0.01f, NULL);
-            kvd_quant_nvfp4(tmp + r * c->hd, c->v + r * rb, (size_t)c->hd, 0.01f, NULL);
-        }
-    } else {
-        kvd_quant_e5m2(tmp, c->k, n, 0.01f, 1, NULL);
-        kvd_quant_e5m2(tmp, c->v, n, 0.01f, 1, NULL);
+    const size_t rb = kvd_fmt_row_bytes(fmt, c->hd);
+    for (size_t r = 0; r < n / (size_t)c->hd; r++) { /* a row's scales, where it has them */
+        kvd_quant_row(fmt, tmp + r * c->hd, c->k + r * rb, (size_t)c->hd, 0.01f, 1, NULL);
+        kvd_quant_row(fmt, tmp + r * c->hd, c->v + r * rb, (size_t)c->hd, 0.01f, 1, NULL);
     }
     free(tmp);
 }

@@ -158,6 +158,14 @@ void kvd_dequant_e4m3t(const uint8_t *row, float *out, size_t n, float scale);
 void kvd_quant_i8t(const float *x, uint8_t *out, size_t n, kvd_qstats *stats);
 void kvd_quant_i8t_rn(const float *x, uint8_t *out, size_t n, kvd_qstats *stats);
 void kvd_dequant_i8t(const uint8_t *row, float *out, size_t n, float scale);
+/* One cache row of n values in format fmt (a kvd_fmt), as the caches of
+ * both back ends write it: E4M3 and E5M2 as cvt(x / scale), saturating or
+ * not; NVFP4 under the global scale; E4M3T and I8T under their own (scale
+ * and saturate unused); BF16 rounded (both unused). The row takes
+ * kvd_fmt_row_bytes(fmt, n) bytes. stats may be NULL; BF16 counts its
+ * values there and nothing else. */
+void kvd_quant_row(int fmt, const float *x, uint8_t *out, size_t n, float scale, int saturate,
+                   kvd_qstats *stats);
 /* The scale a row of n codes carries (E4M3T, I8T). */
 float kvd_row_scale(const uint8_t *row, size_t n);
 void kvd_dequant_e4m3(const uint8_t *v, float *out, size_t n, float scale);

@@ -260,31 +260,7 @@ void kvd_kvcache_release(kvd_kvcache *c, int seq) {
 }
 
 static void put(const kvd_kvcache *c, uint8_t *dst, const float *x, float scale, kvd_qstats *st) {
-    size_t n = (size_t)c->head_dim;
-    switch (c->fmt) {
-    case KVD_FMT_BF16:
-        kvd_quant_bf16(x, (uint16_t *)dst, n);
-        st->n += n;
-        break;
-    case KVD_FMT_E4M3:
-        kvd_quant_e4m3(x, dst, n, scale, c->saturate, st);
-        break;
-    case KVD_FMT_E5M2:
-        kvd_quant_e5m2(x, dst, n, scale, c->saturate, st);
-        break;
-    case KVD_FMT_NVFP4:
-        kvd_quant_nvfp4(x, dst, n, scale, st);
-        break;
-    case KVD_FMT_E4M3T: /* the row makes its own scale (the mode's is 1.0) */
-        kvd_quant_e4m3t(x, dst, n, st);
-        break;
-    case KVD_FMT_I8T:
-        kvd_quant_i8t(x, dst, n, st);
-        break;
-    case KVD_FMT_I8T_RN:
-        kvd_quant_i8t_rn(x, dst, n, st);
-        break;
-    }
+    kvd_quant_row(c->fmt, x, dst, (size_t)c->head_dim, scale, c->saturate, st);
 }
 
 void kvd_kvcache_write(kvd_kvcache *c, int layer, int seq, int pos, const float *k,

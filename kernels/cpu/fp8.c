@@ -248,6 +248,34 @@ void kvd_quant_i8t_rn(const float *x, uint8_t *out, size_t n, kvd_qstats *st) {
     quant_i8t(x, out, n, 1, st);
 }
 
+void kvd_quant_row(int fmt, const float *x, uint8_t *out, size_t n, float scale, int saturate,
+                   kvd_qstats *st) {
+    switch (fmt) {
+    case KVD_FMT_BF16:
+        kvd_quant_bf16(x, (uint16_t *)out, n);
+        if (st) st->n += n;
+        break;
+    case KVD_FMT_E4M3:
+        kvd_quant_e4m3(x, out, n, scale, saturate, st);
+        break;
+    case KVD_FMT_E5M2:
+        kvd_quant_e5m2(x, out, n, scale, saturate, st);
+        break;
+    case KVD_FMT_NVFP4:
+        kvd_quant_nvfp4(x, out, n, scale, st);
+        break;
+    case KVD_FMT_E4M3T: /* the row makes its own scale */
+        kvd_quant_e4m3t(x, out, n, st);
+        break;
+    case KVD_FMT_I8T:
+        kvd_quant_i8t(x, out, n, st);
+        break;
+    case KVD_FMT_I8T_RN:
+        kvd_quant_i8t_rn(x, out, n, st);
+        break;
+    }
+}
+
 void kvd_dequant_i8t(const uint8_t *row, float *out, size_t n, float scale) {
     const float s = kvd_row_scale(row, n);
     for (size_t i = 0; i < n; i++) out[i] = (float)(int8_t)row[i] * s * scale;

@@ -1084,10 +1084,9 @@ template <int HD> static int launch_hd(const view &kv, const rows &R, const spli
     // the row-scaled formats: no FP8 attention, which takes one scale a head
     case KVD_FMT_E4M3T:
         return a.rowmax ? -1 : launch_t<HD, KVD_FMT_E4M3T, PASS_PLAIN>(kv, R, a);
-    case KVD_FMT_I8T:
-        return a.rowmax ? -1 : launch_t<HD, KVD_FMT_I8T, PASS_PLAIN>(kv, R, a);
+    case KVD_FMT_I8T: // I8T_RN's rows read as I8T's (they differ in the writing only)
     case KVD_FMT_I8T_RN:
-        return a.rowmax ? -1 : launch_t<HD, KVD_FMT_I8T_RN, PASS_PLAIN>(kv, R, a);
+        return a.rowmax ? -1 : launch_t<HD, KVD_FMT_I8T, PASS_PLAIN>(kv, R, a);
     default:
         return -1;
     }
@@ -2110,10 +2109,9 @@ template <int HD> static int launch_hd(const args &a, layout L) {
         return launch_f<HD, KVD_FMT_E5M2>(a, L);
     case KVD_FMT_E4M3T: // the row-scaled formats: no FP8 attention (launch_fp8 refuses)
         return launch_f<HD, KVD_FMT_E4M3T>(a, L);
-    case KVD_FMT_I8T:
-        return launch_f<HD, KVD_FMT_I8T>(a, L);
+    case KVD_FMT_I8T: // I8T_RN's rows read as I8T's
     case KVD_FMT_I8T_RN:
-        return launch_f<HD, KVD_FMT_I8T_RN>(a, L);
+        return launch_f<HD, KVD_FMT_I8T>(a, L);
     default:
         return -1;
     }

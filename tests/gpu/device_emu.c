@@ -170,22 +170,7 @@ void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads
                 if (bits > absmax[h]) absmax[h] = bits;
             }
             kvd_qstats st = {0};
-            if (fmt == KVD_FMT_BF16) {
-                kvd_quant_bf16(xr, (uint16_t *)dst, (size_t)head_dim);
-                st.n = (uint64_t)head_dim;
-            } else if (fmt == KVD_FMT_E4M3) {
-                kvd_quant_e4m3(xr, dst, (size_t)head_dim, scale[h], saturate, &st);
-            } else if (fmt == KVD_FMT_NVFP4) {
-                kvd_quant_nvfp4(xr, dst, (size_t)head_dim, scale[h], &st);
-            } else if (fmt == KVD_FMT_E4M3T) {
-                kvd_quant_e4m3t(xr, dst, (size_t)head_dim, &st);
-            } else if (fmt == KVD_FMT_I8T) {
-                kvd_quant_i8t(xr, dst, (size_t)head_dim, &st);
-            } else if (fmt == KVD_FMT_I8T_RN) {
-                kvd_quant_i8t_rn(xr, dst, (size_t)head_dim, &st);
-            } else {
-                kvd_quant_e5m2(xr, dst, (size_t)head_dim, scale[h], saturate, &st);
-            }
+            kvd_quant_row(fmt, xr, dst, (size_t)head_dim, scale[h], saturate, &st);
             stats[0] += st.n, stats[1] += st.saturated, stats[2] += st.flushed;
             stats[3] += st.subnormal;
         }

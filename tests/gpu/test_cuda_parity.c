@@ -55,36 +55,16 @@ static void codecs(void) {
  * probability scale) rises and falls along a context. */
 static void write_pools(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v, size_t n, float ks,
                         float vs, int hd) {
-    if (kvd_fmt_row_scaled(fmt)) {
-        const size_t rb = kvd_fmt_row_bytes(fmt, hd);
-        void (*quant)(const float *, uint8_t *, size_t, kvd_qstats *) =
-            fmt == KVD_FMT_I8T      ? kvd_quant_i8t
-            : fmt == KVD_FMT_I8T_RN ? kvd_quant_i8t_rn
-                                    : kvd_quant_e4m3t;
-        float *vrow = malloc(sizeof(float) * (size_t)hd);
-        for (size_t r = 0; r < n / (size_t)hd; r++) {
-            quant(src + r * hd, k + r * rb, (size_t)hd, NULL);
-            for (int d = 0; d < hd; d++)
-                vrow[d] = ldexpf(src[r * hd + d], 3 * (int)(r / 37 % 3) - 3);
-            quant(vrow, v + r * rb, (size_t)hd, NULL);
-        }
-        free(vrow);
-    } else if (fmt == KVD_FMT_NVFP4) {
-        const size_t rb = kvd_fmt_row_bytes(fmt, hd);
-        for (size_t r = 0; r < n / (size_t)hd; r++) {
-            kvd_quant_nvfp4(src + r * hd, k + r * rb, (size_t)hd, ks, NULL);
-            kvd_quant_nvfp4(src + r * hd, v + r * rb, (size_t)hd, vs, NULL);
-        }
-    } else if (fmt == KVD_FMT_BF16) {
-        kvd_quant_bf16(src, (uint16_t *)k, n);
-        kvd_quant_bf16(src, (uint16_t *)v, n);
-    } else if (fmt == KVD_FMT_E4M3) {
-        kvd_quant_e4m3(src, k, n, ks, 1, NULL);
-        kvd_quant_e4m3(src, v, n, vs, 1, NULL);
-    } else {
-        kvd_quant_e5m2(src, k, n, 1.0f, 1, NULL);
-        kvd_quant_e5m2(src, v, n, 1.0f, 1, NULL);
+    const size_t rb = kvd_fmt_row_bytes(fmt, hd);
+    const int rowsc = kvd_fmt_row_scaled(fmt), e5 = fmt == KVD_FMT_E5M2;
+    float *vrow = malloc(sizeof(float) * (size_t)hd);
+    for (size_t r = 0; r < n / (size_t)hd; r++) {
+        for (int d = 0; d < hd; d++)
+            vrow[d] = rowsc ? ldexpf(src[r * hd + d], 3 * (int)(r / 37 % 3) - 3) : src[r * hd + d];
+        kvd_quant_row(fmt, src + r * hd, k + r * rb, (size_t)hd, e5 ? 1.0f : ks, 1, NULL);
+        kvd_quant_row(fmt, vrow, v + r * rb, (size_t)hd, e5 ? 1.0f : vs, 1, NULL);
     }
+    free(vrow);
 }
 
 /* Several rows at once, as the drift figures' sampled rows of a step run:
