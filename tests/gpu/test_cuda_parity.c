@@ -135,10 +135,12 @@ static void probs_rows_case(const kvd_kv_view *view, int nb, const int32_t *bloc
  * contexts that end inside a 64-position stage and inside a split. */
 static void attention_case(int nh, int kvh, int hd, int n_ctx) {
     const int bs = 16, G = nh / kvh, nb = (n_ctx + bs - 1) / bs + 5;
-    const kvd_fmt fmts[7] = {KVD_FMT_BF16,  KVD_FMT_E4M3, KVD_FMT_E5M2,  KVD_FMT_NVFP4,
-                             KVD_FMT_E4M3T, KVD_FMT_I8T,  KVD_FMT_I8T_RN};
+    /* every format the device reads apart: I8T_RN's rows differ from
+     * I8T's in the writing only, and every kernel reads them as I8T's */
+    const kvd_fmt fmts[6] = {KVD_FMT_BF16,  KVD_FMT_E4M3,  KVD_FMT_E5M2,
+                             KVD_FMT_NVFP4, KVD_FMT_E4M3T, KVD_FMT_I8T};
     const int pow2 = (G & (G - 1)) == 0 && G <= 16;
-    for (int fi = 0; fi < 7; fi++) {
+    for (int fi = 0; fi < 6; fi++) {
         const int nv = fmts[fi] == KVD_FMT_NVFP4, rowsc = kvd_fmt_row_scaled(fmts[fi]);
         size_t n = (size_t)nb * kvh * bs * hd, pb = n / hd * kvd_fmt_row_bytes(fmts[fi], hd);
         float *src = malloc(sizeof(float) * n), *q = malloc(sizeof(float) * nh * hd);
@@ -1708,9 +1710,11 @@ static void prefill(void) {
                  * split; v4 there too, on a BF16, an FP8 and a per-token FP8
                  * cache (their three ways of reading stages), and v5; quick
                  * cases (the sanitizers, which look for bad accesses: the same
-                 * code at every head_dim) take v4 below head_dim 256 only */
+                 * code at every head_dim) take v4 below head_dim 256 only.
+                 * int8-token-rn's rows take int8-token's tensor-core kernels:
+                 * v1 only */
                 for (int ver = 1; ver <= 5; ver++) {
-                    if ((!p0 && ver >= 3) ||
+                    if ((!p0 && ver >= 3) || (ver >= 2 && mi == KVD_KV_INT8_TOKEN_RN) ||
                         (ver >= 4 && mi != KVD_KV_BF16 && mi != KVD_KV_FP8_CAL &&
                          mi != KVD_KV_FP8_TOKEN) ||
                         (quick && (ver == 5 || (ver == 4 && D == 256))))
