@@ -57,32 +57,38 @@ typedef enum {
     KVD_FMT_I8T_RN = 6 /* the same rows, written rounding to nearest */
 } kvd_fmt;
 
-/* The format predicates and row sizes below are the device kernels' too. */
+/* The format predicates and row sizes below are the device kernels' too,
+ * and constant expressions there (a kernel's template takes its format). */
 #if defined(__CUDACC__)
 #define KVD_HOSTDEV __host__ __device__
 #else
 #define KVD_HOSTDEV
 #endif
+#if defined(__cplusplus)
+#define KVD_FMT_FN static inline constexpr KVD_HOSTDEV
+#else
+#define KVD_FMT_FN static inline KVD_HOSTDEV
+#endif
 
 /* Formats taken as ints, so that a format read as a number (the device
  * code's) needs no cast to test. The formats of whole rows of codes under
  * one scale a head (BF16, E4M3, E5M2). */
-static inline KVD_HOSTDEV int kvd_fmt_per_head(int f) {
+KVD_FMT_FN int kvd_fmt_per_head(int f) {
     return f == KVD_FMT_BF16 || f == KVD_FMT_E4M3 || f == KVD_FMT_E5M2;
 }
 /* The INT8 formats (I8T's rows, however written). */
-static inline KVD_HOSTDEV int kvd_fmt_int8(int f) {
+KVD_FMT_FN int kvd_fmt_int8(int f) {
     return f == KVD_FMT_I8T || f == KVD_FMT_I8T_RN;
 }
 /* The formats whose rows carry their own scale (a float after the codes). */
-static inline KVD_HOSTDEV int kvd_fmt_row_scaled(int f) {
+KVD_FMT_FN int kvd_fmt_row_scaled(int f) {
     return f == KVD_FMT_E4M3T || kvd_fmt_int8(f);
 }
 /* The formats the device's tensor-core attention (decode v3 and the
  * tensor-core prefill) reads: the per-head ones, and the row-scaled ones,
  * whose row scales it applies to a stage's scores and probabilities around
  * its MMAs. NVFP4 is left to the FP32-core kernels. */
-static inline KVD_HOSTDEV int kvd_fmt_tensor_cores(int f) {
+KVD_FMT_FN int kvd_fmt_tensor_cores(int f) {
     return kvd_fmt_per_head(f) || kvd_fmt_row_scaled(f);
 }
 
@@ -113,9 +119,8 @@ static inline size_t kvd_nvfp4_row_bytes(size_t n) {
  * rounded to nearest, which is the engine's expression (a reciprocal
  * multiply, where the per-tensor modes divide). */
 #define KVD_E4M3T_MIN_SCALE 1e-6f
-#define KVD_ROW_SCALE_BYTES 4
-static inline KVD_HOSTDEV size_t kvd_scaled_row_bytes(size_t n) {
-    return n + KVD_ROW_SCALE_BYTES;
+KVD_FMT_FN size_t kvd_scaled_row_bytes(size_t n) {
+    return n + 4;
 }
 
 /* INT8 with a scale per row, as vLLM's int8_per_token_head cache writes it

@@ -1558,8 +1558,11 @@ static void context_section_md(kvd_buf *b, const kvd_run *runs, int n) {
 /* Speeds a CPU run measures, for what they are, between lead and tail:
  * nothing when no CPU run has them; when a GPU run measured some too, which
  * runs the note is about. */
+static int timed_on(const kvd_run *r, const char *backend) {
+    return r->r.t[KVD_T_TPUT].n > 0 && !strcmp(r->r.backend, backend);
+}
 static int cpu_speeds(const kvd_run *r) {
-    return r->r.t[KVD_T_TPUT].n > 0 && !strcmp(r->r.backend, "cpu");
+    return timed_on(r, "cpu");
 }
 /* Whether any of the runs (those timed on the device only, with cuda) has
  * a mode whose cache format fmt_is holds. */
@@ -1571,7 +1574,7 @@ static int not_tensor_cores(int f) {
 }
 static int runs_have(const kvd_run *runs, int n, int (*fmt_is)(int), int cuda) {
     for (int i = 0; i < n; i++) {
-        if (cuda && (runs[i].r.t[KVD_T_TPUT].n == 0 || strcmp(runs[i].r.backend, "cuda"))) continue;
+        if (cuda && !timed_on(&runs[i], "cuda")) continue;
         const char *modes[KVD_KV_N_MODES];
         const int nm = kvd_run_modes(&runs[i], modes);
         for (int m = 0; m < nm; m++) {

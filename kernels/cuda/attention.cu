@@ -549,19 +549,27 @@ constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 __host__ __device__ constexpr int row_bytes(int hd, bool fp8) {
     return hd * (fp8 ? 1 : 2);
 }
-// E4M3T and I8T (fp8.h): E4M3 or INT8 codes, each row followed by its own
-// float scale. A stage holds the row's codes as E4M3's (INT8's: the same
-// bytes, read as integers) and its scale in the padding after them
-// (row_scale_in), which both strides leave (static_assert in decode_v3);
-// the scores take the K rows' scales after the first MMAs, the
+// E4M3T and I8T (fp8.h, kvd_fmt_row_scaled): E4M3 or INT8 codes, each row
+// followed by its own float scale. A stage holds the row's codes as E4M3's
+// (INT8's: the same bytes, read as integers) and its scale in the padding
+// after them (row_scale_in), which both strides leave (static_assert in the
+// kernels); the scores take the K rows' scales after the first MMAs, the
 // probabilities the V rows' before the second.
-__host__ __device__ constexpr bool row_scaled(int fmt) {
-    return fmt == KVD_FMT_E4M3T || fmt == KVD_FMT_I8T || fmt == KVD_FMT_I8T_RN;
+//
+// A row's bytes in the pools: its codes, then the row-scaled formats' scale
+__host__ __device__ constexpr int pool_row_bytes(int hd, int fmt) {
+    return kvd_fmt_row_scaled(fmt) ? (int)kvd_scaled_row_bytes(hd)
+                                   : row_bytes(hd, fmt != KVD_FMT_BF16);
+}
+// whether codes_pair reads a format's codes times 2^-8 (E4M3's, under
+// per-head scales or their own), which the scores and outputs undo
+__host__ __device__ constexpr bool codes_2m8(int fmt) {
+    return fmt == KVD_FMT_E4M3 || fmt == KVD_FMT_E4M3T;
 }
 // two 8-bit codes of a word (the bytes sel puts at bytes 1 and 3) as an
 // FP16 pair, exactly: E4M3's read times 2^-8, E5M2's and INT8's as they are
 template <int FMT> __device__ inline unsigned codes_pair(unsigned w, unsigned sel) {
-    if constexpr (FMT == KVD_FMT_I8T || FMT == KVD_FMT_I8T_RN)
+    if constexpr (kvd_fmt_int8(FMT))
         return kvd_mma::int8_pair(w, sel);
     else
         return kvd_mma::fp8_pair<FMT == KVD_FMT_E5M2>(w, sel);
@@ -622,6 +630,10 @@ __host__ __device__ constexpr int vstride(int hd, bool fp8) {
 }
 __host__ __device__ constexpr int stage_bytes(int hd, bool fp8, bool rs = false) {
     return STAGE * (kstride(hd, fp8, rs) + vstride(hd, fp8));
+}
+// a stage's bytes for a cache of format fmt
+__host__ __device__ constexpr int fmt_stage_bytes(int hd, int fmt) {
+    return stage_bytes(hd, fmt != KVD_FMT_BF16, kvd_fmt_row_scaled(fmt));
 }
 
 // K and V rows of positions p0 .. p0 + STAGE - 1 of KV head h into a
@@ -692,12 +704,10 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     decode_v3(view kv, rows R, int per_split, int nstage, int G, const float *q, float sm_scale,
               const float *rowmax, float *part_acc, float *part_m, float *part_l) {
     using namespace kvd_mma;
-    constexpr bool F16 = FMT != KVD_FMT_BF16, RS = row_scaled(FMT);
-    constexpr bool E4 = FMT == KVD_FMT_E4M3 || FMT == KVD_FMT_E4M3T; // codes read times 2^-8
-    constexpr int ROWB = row_bytes(HD, F16), KSTR = kstride(HD, F16, RS), VSTR = vstride(HD, F16);
+    constexpr bool F16 = FMT != KVD_FMT_BF16, RS = kvd_fmt_row_scaled(FMT), E4 = codes_2m8(FMT);
+    constexpr int KSTR = kstride(HD, F16, RS), VSTR = vstride(HD, F16);
     constexpr int NCH = HD / 16, SLICE = HD / WARPS, NT = SLICE / 8;
-    // the pools' rows: the codes, then (RS) the row's scale
-    constexpr int GROWB = RS ? HD + KVD_ROW_SCALE_BYTES : ROWB;
+    constexpr int GROWB = pool_row_bytes(HD, FMT);
     static_assert(!RS || (KSTR >= GROWB && VSTR >= GROWB), "a stage row holds its scale");
     static_assert(!RS || MODE == PASS_PLAIN, "FP8 attention takes one scale a head");
     extern __shared__ uint4 smem_u4[];
@@ -973,7 +983,7 @@ static int stages_fitting(int sb, int fixed) {
 }
 
 static int stages_for(int hd, int fmt) {
-    const int sb = stage_bytes(hd, fmt != KVD_FMT_BF16, row_scaled(fmt));
+    const int sb = fmt_stage_bytes(hd, fmt);
     if (bench_nstage) // as asked, or none where that does not fit
         return bench_nstage * sb + SBUF <= limits_of_current().smem_optin ? bench_nstage : 0;
     return stages_fitting(sb, SBUF);
@@ -994,8 +1004,7 @@ template <class F> static bool opt_in(F *kernel, size_t shm, size_t opted[16]) {
 // CTAs of v3 an SM holds at once: two where their stages leave room (the
 // launch bounds' two), else one
 static int ctas_per_sm(int hd, int fmt) {
-    const int shm =
-        stages_for(hd, fmt) * stage_bytes(hd, fmt != KVD_FMT_BF16, row_scaled(fmt)) + SBUF;
+    const int shm = stages_for(hd, fmt) * fmt_stage_bytes(hd, fmt) + SBUF;
     return limits_of_current().smem_sm >= 2 * (shm + 1024) ? 2 : 1;
 }
 
@@ -1028,8 +1037,7 @@ struct split_args {
 
 template <int HD, int FMT, int MODE>
 static int launch_t(const view &kv, const rows &R, const split_args &a) {
-    const size_t shm =
-        (size_t)a.nstage * stage_bytes(HD, FMT != KVD_FMT_BF16, row_scaled(FMT)) + SBUF;
+    const size_t shm = (size_t)a.nstage * fmt_stage_bytes(HD, FMT) + SBUF;
     void (*decode_v3_t)(view, rows, int, int, int, const float *, float, const float *, float *,
                         float *, float *) = decode_v3<HD, FMT, MODE>;
     // the shared-memory opt-in, asked for when it changes (per device)
@@ -1761,12 +1769,11 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     prefill_tc(view kv, const int *blocks, int pos0, int n_q, const float *q, int n_heads,
                float sm_scale, int nstage, float *out, parts_out P) {
     using namespace kvd_mma;
-    constexpr bool F16 = FMT != KVD_FMT_BF16, RS = v3::row_scaled(FMT);
-    constexpr bool E4 = FMT == KVD_FMT_E4M3 || FMT == KVD_FMT_E4M3T; // codes read times 2^-8
+    constexpr bool F16 = FMT != KVD_FMT_BF16, RS = kvd_fmt_row_scaled(FMT);
+    constexpr bool E4 = v3::codes_2m8(FMT);
     constexpr int KSTR = v3::kstride(HD, F16, RS), VSTR = v3::vstride(HD, F16);
     constexpr int NCH = HD / 16, NT = HD / 8;
-    // the pools' rows: the codes, then (RS) the row's scale, as v3's
-    constexpr int GROWB = RS ? HD + KVD_ROW_SCALE_BYTES : v3::row_bytes(HD, F16);
+    constexpr int GROWB = v3::pool_row_bytes(HD, FMT);
     static_assert(!RS || (KSTR >= GROWB && VSTR >= GROWB), "a stage row holds its scale");
     static_assert(!RS || MODE == PASS_PLAIN, "FP8 attention takes one scale a head");
     extern __shared__ uint4 smem_u4[];
@@ -2025,7 +2032,7 @@ static size_t qfrag_for(int hd) {
 }
 static layout layout_for(int hd, int fmt, bool force_split_query) {
     const bool fp8 = fmt != KVD_FMT_BF16;
-    const int sb = v3::stage_bytes(hd, fp8, v3::row_scaled(fmt)), wb = wide_bytes(hd, fp8);
+    const int sb = v3::fmt_stage_bytes(hd, fmt), wb = wide_bytes(hd, fp8);
     int n = force_split_query ? 0 : v3::stages_fitting(sb, wb + (int)qfrag_for(hd));
     if (n >= 2) return {n, true};
     n = v3::stages_fitting(sb, wb);
@@ -2052,8 +2059,8 @@ struct args {
 template <int HD, int FMT, bool QSH, int MODE>
 static int launch_t(const args &a, const parts_out &P, int nstage) {
     constexpr bool F16 = FMT != KVD_FMT_BF16;
-    const size_t shm = (size_t)nstage * v3::stage_bytes(HD, F16, v3::row_scaled(FMT)) +
-                       wide_bytes(HD, F16) + (QSH ? qfrag_bytes<HD>() : 0);
+    const size_t shm = (size_t)nstage * v3::fmt_stage_bytes(HD, FMT) + wide_bytes(HD, F16) +
+                       (QSH ? qfrag_bytes<HD>() : 0);
     void (*prefill_t)(view, const int *, int, int, const float *, int, float, int, float *,
                       parts_out) = prefill_tc<HD, FMT, QSH, MODE>;
     static size_t opted[16];
