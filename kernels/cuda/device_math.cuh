@@ -1,7 +1,7 @@
 // kvdrift: device helpers shared by the kernels: a block's sum of squares
-// in double, the logistic functions rounded as the CPU's (ISO C, no fused
-// multiply-adds), and one column of the gated delta rule step (in memory,
-// or held in registers).
+// in double, a warp's sums of several rows at once, the logistic functions rounded as the CPU's
+// (ISO C, no fused multiply-adds), and one column of the gated delta rule step (in memory, or held
+// in registers).
 #ifndef KVD_DEVICE_MATH_CUH
 #define KVD_DEVICE_MATH_CUH
 
@@ -31,6 +31,37 @@ __device__ inline double block_sum_sq(const float *x, int n) {
     double ss = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)x[i] * x[i];
     return block_sum_warps(ss);
+}
+
+// The warp's sums of R rows (R a power of two), lane by lane partials in
+// acc[0 .. R-1]: row lane / (32 / R)'s sum, in each lane of that group of
+// 32 / R. While a lane holds several rows, each step halves them: the
+// lanes with bit o of their index set keep the upper half, the others the
+// lower, and each adds its partner's (lane ^ o) partials of the rows it
+// keeps, for o = 16, 8, .. 32 / R; with one row left the steps go on as a
+// plain butterfly down to o = 1. Each row is so summed by the same tree as
+// `a += __shfl_xor_sync(.., a, o)` for o = 16 .. 1 row by row (each step
+// adds the same two operands, and a + b is b + a bit for bit), so the bits
+// are the same, from R + 4 - log2(R) shuffles in place of 5 R (16 for 80 at
+// sixteen rows).
+template <int R, int HALF, int TR> __device__ inline void fold_rows(float (&acc)[TR], int lane) {
+    constexpr int o = 32 * HALF / R; // 16 at the first step (HALF = R / 2)
+    const bool upper = lane & o;
+#pragma unroll
+    for (int j = 0; j < HALF; j++) {
+        const float keep = upper ? acc[j + HALF] : acc[j];
+        const float give = upper ? acc[j] : acc[j + HALF];
+        acc[j] = keep + __shfl_xor_sync(0xffffffffu, give, o);
+    }
+    if constexpr (HALF > 1) fold_rows<R, HALF / 2>(acc, lane);
+}
+template <int R, int TR> __device__ inline float warp_rows_sum(float (&acc)[TR], int lane) {
+    static_assert(R >= 1 && R <= TR && R <= 32 && (R & (R - 1)) == 0, "R: a power of two");
+    if constexpr (R > 1) fold_rows<R, R / 2>(acc, lane);
+    float a = acc[0];
+#pragma unroll
+    for (int o = 16 / R; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+    return a;
 }
 
 __device__ inline float sigmoid_rn(float x) {

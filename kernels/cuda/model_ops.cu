@@ -115,8 +115,8 @@ inline unsigned blocks_for(size_t n, unsigned th) {
 // so a warp has that many times 512 bytes of weights in flight rather than
 // 512 (a decode step streams every weight once, at whatever bandwidth the
 // loads in flight allow): 4 up to 4 rows, 2 at 8, 1 at 16, where more
-// would cost the SM warps (ptxas for sm_90: 34 registers a thread at one
-// row, 71 at 8, 80 at 16; 107 with 16 rows two slices ahead, and the
+// would cost the SM warps (ptxas for sm_90: 37 registers a thread at one
+// row, 64 at 8, 80 at 16; 107 with 16 rows two slices ahead, and the
 // grouped kernel's 16 row pointers 168). A row's sums take the slices in
 // the same order whatever TR and the look-ahead, so every tile gives the
 // same bits.
@@ -148,6 +148,31 @@ template <class F> inline void with_tile(int rows, F launch) {
     }
 }
 
+enum class col_out { STORE, GATED, GLU, SWIGLU };
+
+// A column's sums of its rows (1 <= rows <= R) into y, row i at y[i *
+// y_stride], by OUT (see w16_column), each row's by the first lane of the
+// group holding it. R is the least power of two that holds the rows (a
+// tile's last rows, an expert's few), so a short tile takes no more
+// shuffles than its rows need; rows is the same for the whole warp.
+template <int R, col_out OUT, int TR>
+__device__ inline void put_rows(float (&acc)[TR], float *y, size_t y_stride, int rows, int lane,
+                                const float *gate) {
+    if constexpr (R > 1) {
+        if (rows <= R / 2) return put_rows<R / 2, OUT>(acc, y, y_stride, rows, lane, gate);
+    }
+    const float a = warp_rows_sum<R>(acc, lane);
+    const int i = lane / (32 / R);
+    if (lane % (32 / R) != 0 || i >= rows) return;
+    float *out = y + (size_t)i * y_stride;
+    if constexpr (OUT == col_out::GLU)
+        *out = swiglu_rn(*out, a);
+    else if constexpr (OUT == col_out::GATED)
+        *out = gated_add_rn(*out, gate[i], a);
+    else
+        *out = a;
+}
+
 // one warp's output column: y[i * y_stride] = xrow(i) . wr for i < rows
 // (<= TR), wr the column's K weights; xrow(i) gives row i's activations.
 // rows is the same for the whole warp, so the shuffles stay converged.
@@ -156,7 +181,6 @@ template <class F> inline void with_tile(int rows, F launch) {
 // gate[i]); GLU, where y holds the gate projection's column, y = silu(y) *
 // a (swiglu_rn, as swiglu_k). SWIGLU is no column's: linear_grouped_k's
 // gate column (STORE) then its up column (GLU) into the same y.
-enum class col_out { STORE, GATED, GLU, SWIGLU };
 template <int TR, col_out OUT = col_out::STORE, class XRow>
 __device__ inline void w16_column(XRow xrow, const __nv_bfloat16 *wr, float *y, size_t y_stride,
                                   int rows, int K, int lane, const float *gate = nullptr) {
@@ -195,20 +219,7 @@ __device__ inline void w16_column(XRow xrow, const __nv_bfloat16 *wr, float *y, 
                 if (i < rows) acc[i] += wv * xrow(i)[k];
         }
     }
-#pragma unroll
-    for (int i = 0; i < TR; i++) {
-        if (i >= rows) break;
-        float a = acc[i];
-        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-        if (lane != 0) continue;
-        float *out = y + (size_t)i * y_stride;
-        if constexpr (OUT == col_out::GLU)
-            *out = swiglu_rn(*out, a);
-        else if constexpr (OUT == col_out::GATED)
-            *out = gated_add_rn(*out, gate[i], a);
-        else
-            *out = a;
-    }
+    put_rows<TR, OUT>(acc, y, y_stride, rows, lane, gate);
 }
 
 // y[M,N] = x W^T, or with GATED y += sigmoid(gate[m]) * (x W^T)[m, n] (the

@@ -7,11 +7,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "fp8.h"
@@ -582,6 +584,38 @@ int run_block(const config &c, uint3 bid) {
 
 static unsigned long long launches = 0; // kernel launches asked for, kvd_simt_launches
 
+// KVD_SIMT_PROFILE=1: the host time each kernel took to simulate, printed
+// at exit, most first (where a test's minutes go on the simulator)
+namespace {
+struct kernel_time {
+    double seconds = 0;
+    unsigned long long launches = 0, threads = 0;
+};
+std::map<std::string, kernel_time> *profile_of() {
+    static std::map<std::string, kernel_time> *m = [] {
+        if (!std::getenv("KVD_SIMT_PROFILE")) return (std::map<std::string, kernel_time> *)nullptr;
+        std::atexit([] {
+            std::map<std::string, kernel_time> &all = *profile_of();
+            std::vector<std::pair<std::string, kernel_time>> v(all.begin(), all.end());
+            std::sort(v.begin(), v.end(), [](const auto &a, const auto &b) {
+                return a.second.seconds > b.second.seconds;
+            });
+            double total = 0;
+            for (const auto &e : v) total += e.second.seconds;
+            std::fprintf(stderr, "kvd_simt profile: %.1f s in kernels\n", total);
+            std::fprintf(stderr, "%9s %6s %10s %14s  %s\n", "seconds", "share", "launches",
+                         "threads", "kernel");
+            for (const auto &e : v)
+                std::fprintf(stderr, "%9.2f %5.1f%% %10llu %14llu  %s\n", e.second.seconds,
+                             100 * e.second.seconds / (total > 0 ? total : 1), e.second.launches,
+                             e.second.threads, e.first.c_str());
+        });
+        return new std::map<std::string, kernel_time>;
+    }();
+    return m;
+}
+} // namespace
+
 void run(const config &c, const std::function<void()> &body_) {
     launches++;
     land_copies(cur_device);
@@ -616,6 +650,20 @@ void run(const config &c, const std::function<void()> &body_) {
     for (int t = 0; t < n; t++) stack_of(t);
     dyn_smem.resize(c.shmem ? c.shmem : 1);
     body = &body_;
+    struct timed { // KVD_SIMT_PROFILE's account of this launch, however it ends
+        const config &c;
+        unsigned long long threads;
+        std::map<std::string, kernel_time> *prof = profile_of();
+        std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+        ~timed() {
+            if (!prof) return;
+            kernel_time &k = (*prof)[c.name];
+            k.seconds +=
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            k.launches++;
+            k.threads += threads * c.grid.x * c.grid.y * c.grid.z;
+        }
+    } timing{c, threads};
     for (unsigned k = 0; k < c.grid.z; k++)
         for (unsigned j = 0; j < c.grid.y; j++)
             for (unsigned i = 0; i < c.grid.x; i++)

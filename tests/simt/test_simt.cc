@@ -21,6 +21,7 @@
 #include "fp8.h"
 
 #include "../../kernels/cuda/cuda_kernels.h"
+#include "../../kernels/cuda/device_math.cuh"
 #include "../../kernels/cuda/mma.cuh"
 #include "../gpu/check.h"
 
@@ -38,6 +39,21 @@ __global__ void block_sum(const int *x, int *out) {
         __syncthreads();
     }
     if (threadIdx.x == 0) out[blockIdx.x] = s[0];
+}
+
+// each lane's 16 partial sums (x, lane-major): the first R rows' warp sums
+// by warp_rows_sum (fold: one per lane, the sum of the row it holds) and
+// row by row through a plain xor butterfly (plain: R per warp)
+template <int R> __global__ void rows_sum_k(const float *x, float *fold, float *plain) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = x[(size_t)threadIdx.x * 16 + i];
+    for (int i = 0; i < R; i++) {
+        float a = acc[i];
+        for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        if (lane == 0) plain[warp * 16 + i] = a;
+    }
+    fold[threadIdx.x] = warp_rows_sum<R>(acc, lane);
 }
 
 // every warp operation, one row of results per kind and thread
@@ -306,6 +322,60 @@ void warp_operations() {
         CHECK(out[6 * n + t] == want6, "activemask t=%d: %08x\n", t, out[6 * n + t]);
     }
     cudaFree(d);
+}
+
+// warp_rows_sum (device_math.cuh, the decode GEMVs' reduction) against a
+// butterfly row by row, bit for bit, at R = 1 .. 16 rows: partials of
+// exponents 2^-20 to 2^20, so that another order of the same additions
+// gives other bits (checked: summed lane by lane in order, most rows do)
+template <int R> void rows_sum_case(const std::vector<float> &x, int warps) {
+    float *dx = dev<float>(x.size()), *dfold = dev<float>(warps * 32),
+          *dplain = dev<float>(warps * 16);
+    cudaMemcpy(dx, x.data(), sizeof(float) * x.size(), cudaMemcpyHostToDevice);
+    rows_sum_k<R> % launch("rows_sum_k", 1, warps * 32)(dx, dfold, dplain);
+    CHECK(cudaGetLastError() == cudaSuccess, "rows_sum_k<%d>: launch failed\n", R);
+    std::vector<float> fold(warps * 32), plain(warps * 16);
+    cudaMemcpy(fold.data(), dfold, sizeof(float) * fold.size(), cudaMemcpyDeviceToHost);
+    cudaMemcpy(plain.data(), dplain, sizeof(float) * plain.size(), cudaMemcpyDeviceToHost);
+    int differ = 0, in_order = 0;
+    for (int w = 0; w < warps; w++)
+        for (int lane = 0; lane < 32; lane++) {
+            const int row = lane / (32 / R);
+            const float want = plain[w * 16 + row], got = fold[w * 32 + lane];
+            differ += std::memcmp(&want, &got, 4) != 0;
+            if (lane % (32 / R)) continue;
+            float seq = 0; // the same partials in lane order
+            for (int l = 0; l < 32; l++) seq += x[(size_t)(w * 32 + l) * 16 + row];
+            in_order += seq != want;
+        }
+    CHECK(!differ, "warp_rows_sum<%d>: %d lanes' sums not the row-by-row butterfly's bits\n", R,
+          differ);
+    CHECK(in_order > warps * R / 2,
+          "warp_rows_sum<%d>: the partials sum to the same bits in any order (%d of %d rows "
+          "differ): the case cannot tell the trees apart\n",
+          R, in_order, warps * R);
+    cudaFree(dx), cudaFree(dfold), cudaFree(dplain);
+}
+void warp_rows() {
+    const int warps = 8;
+    std::vector<float> x((size_t)warps * 32 * 16);
+    uint64_t state = 0x9e3779b97f4a7c15u; // splitmix64
+    auto next = [&state] {
+        uint64_t z = (state += 0x9e3779b97f4a7c15u);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+        return z ^ (z >> 31);
+    };
+    for (float &v : x) { // sign, 24 bits of significand, an exponent of -20 .. 20
+        const uint64_t r = next();
+        const float m = 1.0f + (float)(r >> 40) / 16777216.0f;
+        v = std::ldexp(r & 1 ? -m : m, (int)((r >> 8) % 41) - 20);
+    }
+    rows_sum_case<1>(x, warps);
+    rows_sum_case<2>(x, warps);
+    rows_sum_case<4>(x, warps);
+    rows_sum_case<8>(x, warps);
+    rows_sum_case<16>(x, warps);
 }
 
 void divergence_and_state() {
@@ -864,6 +934,7 @@ int main() {
     gathers_and_fragments();
     gemm_plans();
     warp_operations();
+    warp_rows();
     divergence_and_state();
     shared_dynamic();
     shared_per_block();
