@@ -24,6 +24,16 @@
 #define KVD_PTX_MMA 1
 #endif
 
+#ifdef KVD_SIMT_H
+namespace kvd_simt {
+// kvd_mma::mma_portable, compiled apart from the kernels (tests/simt/mma.cc):
+// the sanitizer build leaves it without AddressSanitizer's checks, which
+// made it 40% of the sanitized parity test's time, as it touches no memory
+// of a kernel's (the other lanes' registers come through the warp gather)
+void mma_m16n8k16(float c[4], const unsigned a[4], const unsigned b[2], bool f16);
+} // namespace kvd_simt
+#endif
+
 namespace kvd_mma {
 
 #ifndef KVD_PTX_MMA
@@ -82,21 +92,10 @@ template <bool F16> __device__ inline void split2(float x0, float x1, unsigned *
     }
 }
 
-// c += A B for one m16n8k16 tile, FP32 accumulation
+#ifndef KVD_PTX_MMA
+// mma's portable body: c += A B, each lane its four elements of C
 template <bool F16>
-__device__ inline void mma(float c[4], const unsigned a[4], const unsigned b[2]) {
-#ifdef KVD_PTX_MMA
-    if constexpr (F16)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
+__device__ inline void mma_portable(float c[4], const unsigned a[4], const unsigned b[2]) {
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     auto val = [](unsigned r, int hi) {
         unsigned bits = hi ? r >> 16 : r & 0xffffu;
@@ -124,6 +123,27 @@ __device__ inline void mma(float c[4], const unsigned a[4], const unsigned b[2])
                 for (int kh = 0; kh < 2; kh++)
                     for (int e = 0; e < 2; e++) c[2 * r + n] += av[r][kh][e] * bv[n][kh][e];
     }
+}
+#endif
+
+// c += A B for one m16n8k16 tile, FP32 accumulation
+template <bool F16>
+__device__ inline void mma(float c[4], const unsigned a[4], const unsigned b[2]) {
+#ifdef KVD_PTX_MMA
+    if constexpr (F16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(KVD_SIMT_H)
+    kvd_simt::mma_m16n8k16(c, a, b, F16);
+#else
+    mma_portable<F16>(c, a, b);
 #endif
 }
 
