@@ -6,6 +6,10 @@
 // is spelled out with warp shuffles and plain loads, element for element as
 // the PTX ISA defines the fragments, so a kernel's indexing is exercised by
 // the tests on any machine; only the instruction itself is taken on trust.
+// The simulator runs mma.sync as its own warp operation (kvd_simt::
+// mma_m16n8k16: the tile's product once, when the last lane arrives, in
+// mma_portable's order, so its bits), as per lane it was most of the time
+// the tests spent in the tensor-core kernels.
 //
 // Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), lane =
 // 4 g + t: A (16 x 16, row-major) a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1],
@@ -22,16 +26,6 @@
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define KVD_PTX_MMA 1
-#endif
-
-#ifdef KVD_SIMT_H
-namespace kvd_simt {
-// kvd_mma::mma_portable, compiled apart from the kernels (tests/simt/mma.cc):
-// the sanitizer build leaves it without AddressSanitizer's checks, which
-// made it 40% of the sanitized parity test's time, as it touches no memory
-// of a kernel's (the other lanes' registers come through the warp gather)
-void mma_m16n8k16(float c[4], const unsigned a[4], const unsigned b[2], bool f16);
-} // namespace kvd_simt
 #endif
 
 namespace kvd_mma {
@@ -140,7 +134,7 @@ __device__ inline void mma(float c[4], const unsigned a[4], const unsigned b[2])
                      "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#elif defined(KVD_SIMT_H)
+#elif defined(KVD_SIMT_H) // the simulator's instruction: mma_portable's bits, once a warp
     kvd_simt::mma_m16n8k16(c, a, b, F16);
 #else
     mma_portable<F16>(c, a, b);

@@ -32,6 +32,9 @@
 #ifdef KVD_SIMT_ASAN
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
+#define KVD_SIMT_UNSANITIZED __attribute__((no_sanitize("address", "undefined")))
+#else
+#define KVD_SIMT_UNSANITIZED
 #endif
 
 // the fiber switch (x86-64: below; elsewhere ucontext) and a fiber's first frame
@@ -395,9 +398,73 @@ const char *op_name(warp_kind k) {
         return "__ballot_sync";
     case W_GATHER:
         return "warp_gather";
+    case W_MMA:
+        return "mma.sync";
     default:
         return "__activemask";
     }
+}
+
+// a lane's operands of mma.sync, as it passes them (mma_m16n8k16)
+struct mma_operands {
+    float *c;
+    const unsigned *a, *b;
+};
+
+// One mma.sync of the warp whose 32 lanes F wait at it: C += A B, the 16 x 16
+// A, 16 x 8 B and C gathered from the lanes' fragments (lane 4 g + t: a0 =
+// A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9], a3 =
+// A[g+8][2t+8, 2t+9]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; c0, c1 =
+// C[g][2t, 2t+1], c2, c3 = C[g+8][2t, 2t+1]), each element decoded once,
+// every output's sum in mma_portable's order of k. False (the launch fails)
+// where the lanes disagree on the input type. Without AddressSanitizer's
+// checks: it reads the simulator's own state and the lanes' registers (on
+// their fiber stacks), no memory of a kernel's, and the checks on its
+// local tiles made it half the sanitized tensor-core kernels' time (and
+// UBSan's: its indices are constants' and loops').
+KVD_SIMT_UNSANITIZED bool mma_warp(const config &cfg, fiber *F) {
+    const bool f16 = F[0].arg != 0;
+    for (int l = 1; l < 32; l++)
+        if ((F[l].arg != 0) != f16) {
+            describe(cfg, F[l], "mma.sync with another input type than lane 0's");
+            return false;
+        }
+    auto val = [f16](unsigned r, int hi) KVD_SIMT_UNSANITIZED {
+        const unsigned bits = hi ? r >> 16 : r & 0xffffu;
+        if (f16) {
+            __half_raw h;
+            h.x = (unsigned short)bits;
+            return __half2float(__half(h));
+        }
+        const uint32_t u = bits << 16; // BF16: FP32's top half
+        float x;
+        std::memcpy(&x, &u, 4);
+        return x;
+    };
+    float A[16][16], B[16][8], C[16][8];
+    for (int l = 0; l < 32; l++) {
+        const mma_operands &o = *reinterpret_cast<const mma_operands *>(F[l].value);
+        const int g = l / 4, t = l % 4;
+        for (int e = 0; e < 2; e++) {
+            A[g][2 * t + e] = val(o.a[0], e), A[g + 8][2 * t + e] = val(o.a[1], e);
+            A[g][2 * t + 8 + e] = val(o.a[2], e), A[g + 8][2 * t + 8 + e] = val(o.a[3], e);
+            B[2 * t + e][g] = val(o.b[0], e), B[2 * t + 8 + e][g] = val(o.b[1], e);
+            C[g][2 * t + e] = o.c[e], C[g + 8][2 * t + e] = o.c[2 + e];
+        }
+    }
+    static const int order[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15};
+    for (int i = 0; i < 16; i++)
+        for (int kk = 0; kk < 16; kk++) {
+            const int k = order[kk];
+            const float a = A[i][k];
+            for (int j = 0; j < 8; j++) C[i][j] += a * B[k][j];
+        }
+    for (int l = 0; l < 32; l++) {
+        const mma_operands &o = *reinterpret_cast<const mma_operands *>(F[l].value);
+        const int g = l / 4, t = l % 4;
+        for (int e = 0; e < 2; e++) o.c[e] = C[g][2 * t + e], o.c[2 + e] = C[g + 8][2 * t + e];
+    }
+    return true;
 }
 
 // The warp operations of warp w that can complete: those whose every named
@@ -422,6 +489,11 @@ int release_warp(const config &c, int w, int n) {
             unsigned ballot = 0;
             if (k == W_BALLOT)
                 for (int l = 0; l < 32; l++) ballot |= (F[l].value != 0) << l;
+            if (k == W_MMA) {
+                if (!mma_warp(c, F)) return -1;
+                for (int l = 0; l < 32; l++) F[l].st = READY;
+                return 32;
+            }
             for (int l = 0; l < 32; l++) {
                 fiber &g = F[l];
                 switch (k) {
@@ -438,6 +510,7 @@ int release_warp(const config &c, int w, int n) {
                     g.result = ballot;
                     break;
                 case W_ACTIVEMASK:
+                case W_MMA: // above
                     g.result = ~0u;
                     break;
                 case W_GATHER:
@@ -457,8 +530,10 @@ int release_warp(const config &c, int w, int n) {
         fiber &f = fibers[base + l];
         if (f.st != AT_WARP_OP) continue;
         unsigned m;
-        if (f.op == W_GATHER) {
-            describe(c, f, "gathers without the whole warp at the gather");
+        if (f.op == W_GATHER || f.op == W_MMA) {
+            describe(c, f,
+                     f.op == W_GATHER ? "gathers without the whole warp at the gather"
+                                      : "mma.sync without the whole warp at it");
             return -1;
         }
         if (f.op == W_ACTIVEMASK) {
@@ -740,6 +815,11 @@ const unsigned (*warp_gather(const unsigned *words, int n))[8] {
     if (n < 0 || n > 8) n = 8;
     return reinterpret_cast<const unsigned(*)[8]>(
         warp_op(W_GATHER, ~0u, reinterpret_cast<uint64_t>(words), n, 32));
+}
+
+void mma_m16n8k16(float c[4], const unsigned a[4], const unsigned b[2], bool f16) {
+    const mma_operands o{c, a, b};
+    warp_op(W_MMA, ~0u, reinterpret_cast<uint64_t>(&o), f16, 32);
 }
 
 uint64_t warp_op(warp_kind k, unsigned mask, uint64_t value, int arg, int width) {

@@ -11,8 +11,8 @@
 //
 // Every CUDA thread is a fiber with its own stack; a block's threads run one
 // after another until each finishes or waits at __syncthreads or a warp
-// operation (shuffles, ballots, __activemask), which complete when every
-// thread they name has arrived. The blocks of a grid run one after another,
+// operation (shuffles, ballots, __activemask, mma.sync), which complete when
+// every thread they name has arrived. The blocks of a grid run one after another,
 // so __shared__ (a static here) is per block, refilled with 0xff bytes
 // for each block by translate.cmake's shared_fresh call. What the simulator checks on
 // top of running the code:
@@ -218,13 +218,20 @@ void land_copies(int dev);
 // is filled, so a block reads only what it wrote, not the last block's
 void shared_fresh(void *p, size_t n);
 
-enum warp_kind { W_SHFL_IDX, W_SHFL_XOR, W_SHFL_DOWN, W_BALLOT, W_ACTIVEMASK, W_GATHER };
+enum warp_kind { W_SHFL_IDX, W_SHFL_XOR, W_SHFL_DOWN, W_BALLOT, W_ACTIVEMASK, W_GATHER, W_MMA };
 uint64_t warp_op(warp_kind k, unsigned mask, uint64_t value, int arg, int width);
 // Every lane's n (<= 8) words in one warp operation of the whole warp, as
 // table[lane][word]; the table stays until the warp's next gather. What 32
 // shuffles a lane would do for kernels/cuda/mma.cuh's fragments, at one
 // switch point instead of 32.
 const unsigned (*warp_gather(const unsigned *words, int n))[8];
+// mma.sync.m16n8k16 (FP32 accumulate, BF16 or FP16 in) as the instruction:
+// one operation of the whole warp, whose product is computed once when the
+// last lane arrives, each output's sum over k in kvd_mma::mma_portable's
+// order (2s, 2s + 1, 2s + 8, 2s + 9 for s = 0 .. 3), so the same bits as
+// that per-lane body (unit_simt holds the two together). Fragments as
+// kernels/cuda/mma.cuh lays them out.
+void mma_m16n8k16(float c[4], const unsigned a[4], const unsigned b[2], bool f16);
 void syncthreads();
 // cp.async as a GPU may run it, late: the running thread's copy of size
 // bytes (4, 8 or 16, both addresses aligned to it; zeros past src_bytes) takes its source now and

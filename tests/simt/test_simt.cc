@@ -157,6 +157,27 @@ __global__ void mma_tile(const unsigned short *A, const unsigned short *B, float
     T[2 * lane] = r[0], T[2 * lane + 1] = r[1];
 }
 
+// the simulator's mma.sync (kvd_mma::mma) against mma_portable, the
+// per-lane body it stands for, on the same fragments (each lane's registers
+// from R: 6 words a lane); C starts at c0 for both
+template <bool F16> __global__ void mma_both(const unsigned *R, const float *c0, float *out) {
+    const int lane = threadIdx.x;
+    const unsigned *r = R + 6 * lane;
+    const unsigned a[4] = {r[0], r[1], r[2], r[3]}, b[2] = {r[4], r[5]};
+    float c[4], p[4];
+    for (int i = 0; i < 4; i++) c[i] = p[i] = c0[4 * lane + i];
+    kvd_mma::mma<F16>(c, a, b);
+    kvd_mma::mma_portable<F16>(p, a, b);
+    for (int i = 0; i < 4; i++) out[8 * lane + i] = c[i], out[8 * lane + 4 + i] = p[i];
+}
+// mma.sync by the first 16 lanes only: the launch fails
+__global__ void half_mma(float *out) {
+    const unsigned a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+    float c[4] = {0, 0, 0, 0};
+    if (threadIdx.x < 16) kvd_mma::mma<true>(c, a, b);
+    out[threadIdx.x] = c[0];
+}
+
 // shared memory is a block's own: block 0 writes its static and dynamic
 // shared memory, every block reads them back (translate.cmake writes a
 // __shared__ declaration as the static and the shared_fresh call); the
@@ -754,6 +775,9 @@ void gathers_and_fragments() {
     half_gather % launch("half_gather", 1, 32)(d);
     CHECK(cudaGetLastError() == cudaErrorLaunchFailure, "a gather of half a warp: not caught\n");
     cudaDeviceReset();
+    half_mma % launch("half_mma", 1, 32)(reinterpret_cast<float *>(d));
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure, "an mma.sync of half a warp: not caught\n");
+    cudaDeviceReset();
     cudaFree(d);
 
     for (int f16 = 0; f16 < 2; f16++) {
@@ -803,6 +827,67 @@ void gathers_and_fragments() {
             }
         CHECK(!bad, "ldmatrix.trans: %d of 64 registers differ\n", bad);
         cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dT);
+
+        // the simulator's instruction gives mma_portable's bits, on values
+        // of 2^-12 to 2^12 (16-bit codes of finite values, each side's own
+        // rounding) where another order of the sums gives other bits
+        std::vector<unsigned> regs(6 * 32);
+        std::vector<float> c0(4 * 32), both(8 * 32);
+        uint64_t st = 0x2545f4914f6cdd1du + f16;
+        auto next = [&st] { // xorshift64
+            st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+            return st;
+        };
+        auto code = [&]() -> unsigned {
+            const uint64_t r = next();
+            const float v =
+                std::ldexp((r & 1 ? -1.0f : 1.0f) * (1.0f + (float)(r >> 44) / 1048576.0f),
+                           (int)((r >> 8) % 25) - 12);
+            return f16 ? kvd_mma::f16_bits(v) : kvd_mma::bf16_bits(v);
+        };
+        for (unsigned &w : regs) w = code() | code() << 16;
+        for (float &v : c0) v = std::ldexp((float)(next() >> 40) / 16777216.0f, 4);
+        unsigned *dR = dev<unsigned>(regs.size());
+        float *dc0 = dev<float>(c0.size()), *dout = dev<float>(both.size());
+        cudaMemcpy(dR, regs.data(), sizeof(unsigned) * regs.size(), cudaMemcpyHostToDevice);
+        cudaMemcpy(dc0, c0.data(), sizeof(float) * c0.size(), cudaMemcpyHostToDevice);
+        if (f16)
+            mma_both<true> % launch("mma_both", 1, 32)(dR, dc0, dout);
+        else
+            mma_both<false> % launch("mma_both", 1, 32)(dR, dc0, dout);
+        CHECK(cudaGetLastError() == cudaSuccess, "mma_both: launch failed\n");
+        cudaMemcpy(both.data(), dout, sizeof(float) * both.size(), cudaMemcpyDeviceToHost);
+        bad = 0;
+        for (int lane = 0; lane < 32; lane++)
+            for (int i = 0; i < 4; i++)
+                bad += std::memcmp(&both[8 * lane + i], &both[8 * lane + 4 + i], 4) != 0;
+        CHECK(!bad,
+              "mma %s: %d of 128 outputs of the simulator's instruction not mma_portable's bits\n",
+              f16 ? "f16" : "bf16", bad);
+        // mma_portable's sums differ from the same products summed over k in
+        // ascending order in most outputs (so the case tells the orders apart)
+        int reorder = 0;
+        auto value = [&](unsigned w, int hi) {
+            const unsigned bits = hi ? w >> 16 : w & 0xffffu;
+            return f16 ? kvd_mma::f16_val(bits) : kvd_mma::bf16_val(bits);
+        };
+        for (int lane = 0; lane < 32; lane++)
+            for (int i = 0; i < 4; i++) {
+                const int g = lane / 4, t = lane % 4, m = g + 8 * (i / 2), n = 2 * t + i % 2;
+                float sum = c0[4 * lane + i];
+                for (int k = 0; k < 16; k++) {
+                    // A[m][k] from lane 4 m' + k' / 2 % 4, B[k][n] from lane 4 n + k / 2 % 4
+                    const int la = 4 * (m % 8) + (k % 8) / 2, ra = m / 8 + 2 * (k / 8);
+                    const int lb = 4 * n + (k % 8) / 2, rb = 4 + k / 8;
+                    sum += value(regs[6 * la + ra], k % 2) * value(regs[6 * lb + rb], k % 2);
+                }
+                reorder += std::memcmp(&sum, &both[8 * lane + 4 + i], 4) != 0;
+            }
+        CHECK(reorder > 32,
+              "mma %s: only %d of 128 outputs change with the order of k: the case "
+              "cannot tell the orders apart\n",
+              f16 ? "f16" : "bf16", reorder);
+        cudaFree(dR), cudaFree(dc0), cudaFree(dout);
     }
 }
 
