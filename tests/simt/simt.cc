@@ -1238,6 +1238,27 @@ extern "C" unsigned long long kvd_simt_lt_calls(int id) {
     return id >= 1 && id <= 3 ? lt_calls[id] : 0;
 }
 
+// The simulated cuBLASLt's sums: acc[j][i] = sum over k, ascending, of
+// op(A)[i][k] op(B)[k][j], from at (tiles of LT_ROWS rows, a k's rows side by
+// side, so a tile's LT_ROWS sums run as one vector of independent sums, each
+// in its own order) and bc (column j's run over k). Outside the sanitizers'
+// checks: it reads the simulator's own copies, made by checked loads.
+static constexpr uint64_t LT_ROWS = 8;
+KVD_SIMT_UNSANITIZED static void lt_sums(const float *at, const float *bc, float *acc,
+                                         uint64_t tiles, uint64_t N, uint64_t K) {
+    for (uint64_t j = 0; j < N; j++) {
+        const float *bj = bc + j * K;
+        for (uint64_t tl = 0; tl < tiles; tl++) {
+            const float *t0 = at + tl * K * LT_ROWS;
+            float s[LT_ROWS] = {0};
+            for (uint64_t k = 0; k < K; k++)
+                for (uint64_t t = 0; t < LT_ROWS; t++) s[t] += t0[k * LT_ROWS + t] * bj[k];
+            for (uint64_t t = 0; t < LT_ROWS; t++)
+                acc[j * tiles * LT_ROWS + tl * LT_ROWS + t] = s[t];
+        }
+    }
+}
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha,
                               const void *A, cublasLtMatrixLayout_t a, const void *B,
                               cublasLtMatrixLayout_t b, const void *beta, const void *C,
@@ -1254,38 +1275,29 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         return CUBLAS_STATUS_INVALID_VALUE;
     const float al = *static_cast<const float *>(alpha), be = *static_cast<const float *>(beta);
     const uint64_t M = dl->rows, N = dl->cols, K = op_cols(a, d->ta);
-    // op(A)'s rows and op(B)'s columns as FP32 runs over k, once; then each
-    // sum over k in ascending order, a tile of rows at a time so that the
-    // independent sums overlap (each one's order, so its bits, unchanged)
-    std::vector<float> ar((size_t)(M * K)), bc((size_t)(N * K));
+    // op(A) in tiles of LT_ROWS rows, each k's rows side by side (a tile
+    // past M padded with zeros), and op(B)'s columns as FP32 runs over k,
+    // read once; then every sum over k in ascending order
+    const uint64_t tiles = (M + LT_ROWS - 1) / LT_ROWS;
+    std::vector<float> at((size_t)(tiles * K * LT_ROWS), 0.0f), bc((size_t)(N * K));
     for (uint64_t i = 0; i < M; i++)
-        for (uint64_t k = 0; k < K; k++) ar[(size_t)(i * K + k)] = lt_at(A, a, d->ta, i, k);
+        for (uint64_t k = 0; k < K; k++)
+            at[(size_t)(((i / LT_ROWS) * K + k) * LT_ROWS + i % LT_ROWS)] =
+                lt_at(A, a, d->ta, i, k);
     for (uint64_t j = 0; j < N; j++)
         for (uint64_t k = 0; k < K; k++) bc[(size_t)(j * K + k)] = lt_at(B, b, d->tb, k, j);
-    std::vector<float> acc((size_t)(M * N));
-    const uint64_t T = 8;
-    for (uint64_t j = 0; j < N; j++) {
-        const float *bj = &bc[(size_t)(j * K)];
-        for (uint64_t i0 = 0; i0 < M; i0 += T) {
-            const uint64_t n = std::min(T, M - i0);
-            float s[T] = {0};
-            const float *ai = &ar[(size_t)(i0 * K)];
-            if (n == T)
-                for (uint64_t k = 0; k < K; k++)
-                    for (uint64_t t = 0; t < T; t++) s[t] += ai[t * K + k] * bj[k];
-            else
-                for (uint64_t t = 0; t < n; t++)
-                    for (uint64_t k = 0; k < K; k++) s[t] += ai[t * K + k] * bj[k];
-            for (uint64_t t = 0; t < n; t++) {
-                float r = al * s[t];
-                if (be != 0.0f) r += be * lt_at(C, c, CUBLAS_OP_N, i0 + t, j);
-                acc[(size_t)(j * M + i0 + t)] = r;
-            }
+    std::vector<float> acc((size_t)(tiles * LT_ROWS * N));
+    lt_sums(at.data(), bc.data(), acc.data(), tiles, N, K);
+    for (uint64_t j = 0; j < N; j++)
+        for (uint64_t i = 0; i < M; i++) {
+            float &r = acc[(size_t)(j * tiles * LT_ROWS + i)];
+            r = al * r;
+            if (be != 0.0f) r += be * lt_at(C, c, CUBLAS_OP_N, i, j);
         }
-    }
     for (uint64_t j = 0; j < N; j++)
         for (uint64_t i = 0; i < M; i++)
-            static_cast<float *>(D)[(size_t)(j * (uint64_t)dl->ld + i)] = acc[(size_t)(j * M + i)];
+            static_cast<float *>(D)[(size_t)(j * (uint64_t)dl->ld + i)] =
+                acc[(size_t)(j * tiles * LT_ROWS + i)];
     return CUBLAS_STATUS_SUCCESS;
 }
 
