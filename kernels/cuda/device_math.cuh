@@ -1,7 +1,7 @@
 // kvdrift: device helpers shared by the kernels: a block's sum of squares
-// in double, a warp's sums of several rows at once, the logistic functions rounded as the CPU's
-// (ISO C, no fused multiply-adds), and one column of the gated delta rule step (in memory, or held
-// in registers).
+// in double, a warp's sums of several rows at once, the logistic functions
+// rounded as the CPU's (ISO C, no fused multiply-adds), and one column of
+// the gated delta rule step (in memory, or held in registers).
 #ifndef KVD_DEVICE_MATH_CUH
 #define KVD_DEVICE_MATH_CUH
 
