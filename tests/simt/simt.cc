@@ -489,11 +489,7 @@ int release_warp(const config &c, int w, int n) {
             unsigned ballot = 0;
             if (k == W_BALLOT)
                 for (int l = 0; l < 32; l++) ballot |= (F[l].value != 0) << l;
-            if (k == W_MMA) {
-                if (!mma_warp(c, F)) return -1;
-                for (int l = 0; l < 32; l++) F[l].st = READY;
-                return 32;
-            }
+            if (k == W_MMA && !mma_warp(c, F)) return -1;
             for (int l = 0; l < 32; l++) {
                 fiber &g = F[l];
                 switch (k) {
@@ -510,8 +506,9 @@ int release_warp(const config &c, int w, int n) {
                     g.result = ballot;
                     break;
                 case W_ACTIVEMASK:
-                case W_MMA: // above
                     g.result = ~0u;
+                    break;
+                case W_MMA: // each lane's C, written by mma_warp
                     break;
                 case W_GATHER:
                     std::memcpy(gathered[w][l], reinterpret_cast<const void *>(g.value),

@@ -56,6 +56,23 @@ template <int R> __global__ void rows_sum_k(const float *x, float *fold, float *
     fold[threadIdx.x] = warp_rows_sum<R>(acc, lane);
 }
 
+// splitmix64, and from it values of either sign with 24 significant bits
+// and exponents of -e .. e: sums of them change with their order
+struct spread_rng {
+    uint64_t state;
+    uint64_t next() {
+        uint64_t z = (state += 0x9e3779b97f4a7c15u);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+        return z ^ (z >> 31);
+    }
+    float spread(int e) {
+        const uint64_t r = next();
+        const float m = 1.0f + (float)(r >> 40) / 16777216.0f;
+        return std::ldexp(r & 1 ? -m : m, (int)((r >> 8) % (uint64_t)(2 * e + 1)) - e);
+    }
+};
+
 // every warp operation, one row of results per kind and thread
 __global__ void warp_ops(int *out, int n) {
     const int t = threadIdx.x, lane = t % 32;
@@ -380,18 +397,8 @@ template <int R> void rows_sum_case(const std::vector<float> &x, int warps) {
 void warp_rows() {
     const int warps = 8;
     std::vector<float> x((size_t)warps * 32 * 16);
-    uint64_t state = 0x9e3779b97f4a7c15u; // splitmix64
-    auto next = [&state] {
-        uint64_t z = (state += 0x9e3779b97f4a7c15u);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-        return z ^ (z >> 31);
-    };
-    for (float &v : x) { // sign, 24 bits of significand, an exponent of -20 .. 20
-        const uint64_t r = next();
-        const float m = 1.0f + (float)(r >> 40) / 16777216.0f;
-        v = std::ldexp(r & 1 ? -m : m, (int)((r >> 8) % 41) - 20);
-    }
+    spread_rng rng{0x9e3779b97f4a7c15u};
+    for (float &v : x) v = rng.spread(20);
     rows_sum_case<1>(x, warps);
     rows_sum_case<2>(x, warps);
     rows_sum_case<4>(x, warps);
@@ -833,20 +840,13 @@ void gathers_and_fragments() {
         // rounding) where another order of the sums gives other bits
         std::vector<unsigned> regs(6 * 32);
         std::vector<float> c0(4 * 32), both(8 * 32);
-        uint64_t st = 0x2545f4914f6cdd1du + f16;
-        auto next = [&st] { // xorshift64
-            st ^= st << 13, st ^= st >> 7, st ^= st << 17;
-            return st;
-        };
+        spread_rng rng{0x2545f4914f6cdd1du + (uint64_t)f16};
         auto code = [&]() -> unsigned {
-            const uint64_t r = next();
-            const float v =
-                std::ldexp((r & 1 ? -1.0f : 1.0f) * (1.0f + (float)(r >> 44) / 1048576.0f),
-                           (int)((r >> 8) % 25) - 12);
+            const float v = rng.spread(12);
             return f16 ? kvd_mma::f16_bits(v) : kvd_mma::bf16_bits(v);
         };
         for (unsigned &w : regs) w = code() | code() << 16;
-        for (float &v : c0) v = std::ldexp((float)(next() >> 40) / 16777216.0f, 4);
+        for (float &v : c0) v = rng.spread(4);
         unsigned *dR = dev<unsigned>(regs.size());
         float *dc0 = dev<float>(c0.size()), *dout = dev<float>(both.size());
         cudaMemcpy(dR, regs.data(), sizeof(unsigned) * regs.size(), cudaMemcpyHostToDevice);
