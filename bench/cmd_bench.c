@@ -111,10 +111,9 @@ static void cache_fill(bench_cache *c, kvd_fmt fmt, int n_ctx) {
     for (size_t i = 0; i < n; i++) tmp[i] = kvd_rng_normal(key, i);
     for (int h = 0; h < c->kvh; h++)
         c->kscale[h] = c->vscale[h] = fmt == KVD_FMT_BF16 || kvd_fmt_row_scaled(fmt) ? 1.0f : 0.01f;
-    const size_t rb = kvd_fmt_row_bytes(fmt, c->hd);
     for (size_t r = 0; r < n / (size_t)c->hd; r++) { /* a row's scales, where it has them */
-        kvd_quant_row(fmt, tmp + r * c->hd, c->k + r * rb, (size_t)c->hd, 0.01f, 1, NULL);
-        kvd_quant_row(fmt, tmp + r * c->hd, c->v + r * rb, (size_t)c->hd, 0.01f, 1, NULL);
+        kvd_pool_quant_row(fmt, c->k, c->bs, c->hd, r, tmp + r * c->hd, 0.01f, 1, NULL);
+        kvd_pool_quant_row(fmt, c->v, c->bs, c->hd, r, tmp + r * c->hd, 0.01f, 1, NULL);
     }
     free(tmp);
 }

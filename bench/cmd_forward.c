@@ -130,10 +130,10 @@ static void dump_mode(const char *dir, kvd_kv_mode mode, const kvd_kvcache *kv, 
             for (int t = 0; t < T; t++)
                 for (int h = 0; h < cap->kvh; h++) {
                     size_t blk = (size_t)kv->seqs[seq].blocks[t / kv->block_size];
-                    size_t idx = ((blk * (size_t)kv->kv_heads + (size_t)h) * kv->block_size +
-                                  (size_t)(t % kv->block_size)) *
-                                 rb;
-                    memcpy(codes + ((size_t)t * cap->kvh + (size_t)h) * rb, pool + idx, rb);
+                    size_t r = (blk * (size_t)kv->kv_heads + (size_t)h) * kv->block_size +
+                               (size_t)(t % kv->block_size);
+                    kvd_pool_get_row(kv->fmt, pool, kv->block_size, cap->hd, r,
+                                     codes + ((size_t)t * cap->kvh + (size_t)h) * rb);
                 }
             snprintf(path, sizeof path, "%s/%s/%s_cache.%d.bin", dir, kvd_kv_mode_name(mode), nm,
                      l);

@@ -80,7 +80,8 @@ KVD_FMT_FN int kvd_fmt_per_head(int f) {
 KVD_FMT_FN int kvd_fmt_int8(int f) {
     return f == KVD_FMT_I8T || f == KVD_FMT_I8T_RN;
 }
-/* The formats whose rows carry their own scale (a float after the codes). */
+/* The formats whose rows carry their own scale (a float after the codes;
+ * in a paged pool, after its block's codes: kvd_scaled_scale_at). */
 KVD_FMT_FN int kvd_fmt_row_scaled(int f) {
     return f == KVD_FMT_E4M3T || kvd_fmt_int8(f);
 }
@@ -121,6 +122,20 @@ static inline size_t kvd_nvfp4_row_bytes(size_t n) {
 #define KVD_E4M3T_MIN_SCALE 1e-6f
 KVD_FMT_FN size_t kvd_scaled_row_bytes(size_t n) {
     return n + 4;
+}
+/* In a paged pool such rows are split. Row r of a pool (r = (block *
+ * kv_heads + head) * bs + slot, bs rows a block) is in segment r / bs, one
+ * KV head's rows of one block: the segment's bs rows of n codes side by
+ * side, then their bs scales, bs (n + 4) bytes in all. A row's codes then
+ * start on a 16-byte boundary where n is a multiple of 16 (the device
+ * copies them 16 bytes at a time; whole rows of n + 4 bytes would be
+ * 4-aligned only). The byte offsets in the pool of row r's codes and of its
+ * scale: */
+KVD_FMT_FN size_t kvd_scaled_codes_at(size_t n, int bs, size_t r) {
+    return r / (size_t)bs * (size_t)bs * (n + 4) + r % (size_t)bs * n;
+}
+KVD_FMT_FN size_t kvd_scaled_scale_at(size_t n, int bs, size_t r) {
+    return r / (size_t)bs * (size_t)bs * (n + 4) + (size_t)bs * n + 4 * (r % (size_t)bs);
 }
 
 /* INT8 with a scale per row, as vLLM's int8_per_token_head cache writes it

@@ -29,7 +29,9 @@ void kvd_rmsnorm(float *out, const float *x, const float *w, int n, float eps, i
 void kvd_rope(float *v, int pos, int rot_dim, const float *inv_freq);
 
 /* A view of one layer's paged KV cache. Pools are laid out
- * [block][kv_head][slot][head_dim] so one head's keys stream contiguously. */
+ * [block][kv_head][slot][head_dim] so one head's keys stream contiguously
+ * (the row-scaled formats' scales after each [block][kv_head]'s codes:
+ * kvd_pool_code_stride). */
 typedef struct {
     kvd_fmt fmt;
     int block_size;
@@ -76,6 +78,31 @@ static inline size_t kvd_fmt_row_bytes(kvd_fmt f, int head_dim) {
            : f == KVD_FMT_BF16     ? 2 * (size_t)head_dim
                                    : (size_t)head_dim;
 }
+
+/* Where a row sits in its pool. Row r of a pool (r = (block * kv_heads +
+ * head) * bs + slot) is in segment r / bs (one KV head's bs rows of one
+ * block, bs kvd_fmt_row_bytes long). Most formats keep each row whole, rows
+ * side by side; the row-scaled ones keep the segment's codes side by side,
+ * then its rows' scales (fp8.h: kvd_scaled_codes_at, kvd_scaled_scale_at).
+ *   kvd_pool_code_stride: the bytes from one row's codes to the next in a
+ *     segment; kvd_pool_codes_at: where row r's codes start;
+ *   kvd_pool_quant_row: x (head_dim values) into row r through
+ *     kvd_quant_row (its scale, saturate and stats);
+ *   kvd_pool_get_row: row r as the codec writes a row (the codes, then a
+ *     row-scaled format's scale);
+ *   kvd_pool_row_scale: the scale of a row-scaled pool's row r. */
+static inline size_t kvd_pool_code_stride(kvd_fmt f, int head_dim) {
+    return kvd_fmt_row_scaled(f) ? (size_t)head_dim : kvd_fmt_row_bytes(f, head_dim);
+}
+/* the byte offset of row r's codes (its first byte) in a pool */
+static inline size_t kvd_pool_codes_at(kvd_fmt f, int head_dim, int bs, size_t r) {
+    return kvd_fmt_row_scaled(f) ? kvd_scaled_codes_at((size_t)head_dim, bs, r)
+                                 : r * kvd_fmt_row_bytes(f, head_dim);
+}
+void kvd_pool_quant_row(kvd_fmt f, uint8_t *pool, int bs, int head_dim, size_t r, const float *x,
+                        float scale, int saturate, kvd_qstats *stats);
+void kvd_pool_get_row(kvd_fmt f, const uint8_t *pool, int bs, int head_dim, size_t r, uint8_t *row);
+float kvd_pool_row_scale(const uint8_t *pool, int bs, int head_dim, size_t r);
 
 /* Decode one K or V row (head_dim values) of the cache into floats. */
 void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int pos, int head,

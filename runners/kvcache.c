@@ -259,19 +259,13 @@ void kvd_kvcache_release(kvd_kvcache *c, int seq) {
     q->live = 0;
 }
 
-static void put(const kvd_kvcache *c, uint8_t *dst, const float *x, float scale, kvd_qstats *st) {
-    kvd_quant_row(c->fmt, x, dst, (size_t)c->head_dim, scale, c->saturate, st);
-}
-
 void kvd_kvcache_write(kvd_kvcache *c, int layer, int seq, int pos, const float *k,
                        const float *v) {
     kvd_kv_seq *q = &c->seqs[seq];
     int bs = c->block_size;
-    size_t rb = kvd_fmt_row_bytes(c->fmt, c->head_dim), hd = (size_t)c->head_dim;
-    size_t blk = (size_t)q->blocks[pos / bs];
+    size_t hd = (size_t)c->head_dim, blk = (size_t)q->blocks[pos / bs];
     for (int h = 0; h < c->kv_heads; h++) {
-        size_t idx =
-            ((blk * (size_t)c->kv_heads + (size_t)h) * (size_t)bs + (size_t)(pos % bs)) * rb;
+        size_t r = (blk * (size_t)c->kv_heads + (size_t)h) * (size_t)bs + (size_t)(pos % bs);
         size_t li = (size_t)layer * (size_t)c->kv_heads + (size_t)h;
         const float *kh = k + (size_t)h * hd, *vh = v + (size_t)h * hd;
         for (size_t i = 0; i < hd; i++) {
@@ -279,8 +273,10 @@ void kvd_kvcache_write(kvd_kvcache *c, int layer, int seq, int pos, const float 
             if (ak > c->k_absmax[li]) c->k_absmax[li] = ak;
             if (av > c->v_absmax[li]) c->v_absmax[li] = av;
         }
-        put(c, c->k[layer] + idx, kh, c->k_scale[li], &c->k_stats[layer]);
-        put(c, c->v[layer] + idx, vh, c->v_scale[li], &c->v_stats[layer]);
+        kvd_pool_quant_row(c->fmt, c->k[layer], bs, c->head_dim, r, kh, c->k_scale[li], c->saturate,
+                           &c->k_stats[layer]);
+        kvd_pool_quant_row(c->fmt, c->v[layer], bs, c->head_dim, r, vh, c->v_scale[li], c->saturate,
+                           &c->v_stats[layer]);
     }
     if (pos + 1 > q->len) q->len = pos + 1;
 }

@@ -33,6 +33,36 @@ static inline const uint8_t *head_base(const kvd_kv_view *kv, const void *pool, 
     return (const uint8_t *)pool + (size_t)blk * block_bytes(kv) + (size_t)head * per_head;
 }
 
+void kvd_pool_quant_row(kvd_fmt f, uint8_t *pool, int bs, int head_dim, size_t r, const float *x,
+                        float scale, int saturate, kvd_qstats *stats) {
+    const size_t n = (size_t)head_dim, rb = kvd_fmt_row_bytes(f, head_dim);
+    if (!kvd_fmt_row_scaled(f)) { /* rows whole: straight into place */
+        kvd_quant_row(f, x, pool + r * rb, n, scale, saturate, stats);
+        return;
+    }
+    uint8_t row[rb];
+    kvd_quant_row(f, x, row, n, scale, saturate, stats);
+    memcpy(pool + kvd_scaled_codes_at(n, bs, r), row, n);
+    memcpy(pool + kvd_scaled_scale_at(n, bs, r), row + n, 4);
+}
+
+void kvd_pool_get_row(kvd_fmt f, const uint8_t *pool, int bs, int head_dim, size_t r,
+                      uint8_t *row) {
+    const size_t n = (size_t)head_dim, rb = kvd_fmt_row_bytes(f, head_dim);
+    if (!kvd_fmt_row_scaled(f)) {
+        memcpy(row, pool + r * rb, rb);
+        return;
+    }
+    memcpy(row, pool + kvd_scaled_codes_at(n, bs, r), n);
+    memcpy(row + n, pool + kvd_scaled_scale_at(n, bs, r), 4);
+}
+
+float kvd_pool_row_scale(const uint8_t *pool, int bs, int head_dim, size_t r) {
+    float s;
+    memcpy(&s, pool + kvd_scaled_scale_at((size_t)head_dim, bs, r), sizeof s);
+    return s;
+}
+
 /* Decode n stored values into floats, unscaled. */
 static void decode_row(kvd_fmt fmt, const uint8_t *p, int n, float *out) {
     if (fmt == KVD_FMT_BF16) {
@@ -53,11 +83,11 @@ static void decode_row(kvd_fmt fmt, const uint8_t *p, int n, float *out) {
 void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int pos, int head,
                 float *out) {
     int bs = kv->block_size;
-    const uint8_t *p = head_base(kv, which_v ? kv->v : kv->k, blocks[pos / bs], head) +
-                       (size_t)(pos % bs) * kvd_fmt_row_bytes(kv->fmt, kv->head_dim);
-    decode_row(kv->fmt, p, kv->head_dim, out);
+    const uint8_t *seg = head_base(kv, which_v ? kv->v : kv->k, blocks[pos / bs], head);
+    decode_row(kv->fmt, seg + (size_t)(pos % bs) * kvd_pool_code_stride(kv->fmt, kv->head_dim),
+               kv->head_dim, out);
     if (kvd_fmt_row_scaled(kv->fmt)) {
-        const float rs = kvd_row_scale(p, (size_t)kv->head_dim);
+        const float rs = kvd_pool_row_scale(seg, bs, kv->head_dim, (size_t)(pos % bs));
         for (int i = 0; i < kv->head_dim; i++) out[i] *= rs;
     }
     float s = which_v ? kv->v_scale[head] : kv->k_scale[head];
@@ -72,7 +102,7 @@ void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int p
 
 static void scores_portable(const uint8_t *kp, int nt, const float *q, int G, int hd, kvd_fmt fmt,
                             float kmul, float *s, size_t stride) {
-    size_t rb = kvd_fmt_row_bytes(fmt, hd);
+    size_t rb = kvd_pool_code_stride(fmt, hd);
     float row[hd];
     for (int t = 0; t < nt; t++) {
         decode_row(fmt, kp + (size_t)t * rb, hd, row);
@@ -86,7 +116,7 @@ static void scores_portable(const uint8_t *kp, int nt, const float *q, int G, in
 
 static void pv_portable(const uint8_t *vp, int nt, const float *p, size_t stride, int G, int hd,
                         kvd_fmt fmt, float *acc) {
-    size_t rb = kvd_fmt_row_bytes(fmt, hd);
+    size_t rb = kvd_pool_code_stride(fmt, hd);
     float row[hd];
     for (int t = 0; t < nt; t++) {
         decode_row(fmt, vp + (size_t)t * rb, hd, row);
@@ -428,7 +458,7 @@ static void scores_block(const kvd_kv_view *kv, const read_path *rp, const uint8
     }
     if (rp->vec) {
         int hd = kv->head_dim, codes = rp->codes;
-        const size_t rb = kvd_fmt_row_bytes(kv->fmt, hd);
+        const size_t rb = kvd_pool_code_stride(kv->fmt, hd);
 #define KVD_SCORES(g) scores_g##g(kp, nt, q, hd, rb, codes, &rp->T, kmul, s, stride, pf)
         KVD_DISPATCH(KVD_SCORES)
 #undef KVD_SCORES
@@ -447,7 +477,7 @@ static void pv_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *
     }
     if (rp->vec) {
         int hd = kv->head_dim, codes = rp->codes;
-        const size_t rb = kvd_fmt_row_bytes(kv->fmt, hd);
+        const size_t rb = kvd_pool_code_stride(kv->fmt, hd);
 #define KVD_PV(g) pv_g##g(vp, nt, p, stride, hd, rb, codes, &rp->T, out, pf)
         KVD_DISPATCH(KVD_PV)
 #undef KVD_PV
@@ -511,14 +541,13 @@ static double exp_sum(float *x, int n, float m) {
     return sum;
 }
 
-/* out[j * ostride + t] = p[j * stride + t] times the scale row t of the nt
- * row-scaled rows (E4M3T, I8T) at base carry, for G query heads (out may
- * be p). */
-static void row_scales(const uint8_t *base, int nt, int hd, const float *p, size_t stride, int G,
-                       float *out, size_t ostride) {
-    const size_t rb = kvd_scaled_row_bytes((size_t)hd);
+/* out[j * ostride + t] = p[j * stride + t] times the scale row t of the
+ * first nt row-scaled rows (E4M3T, I8T) of segment seg (bs rows) carries,
+ * for G query heads (out may be p). */
+static void row_scales(const uint8_t *seg, int bs, int nt, int hd, const float *p, size_t stride,
+                       int G, float *out, size_t ostride) {
     for (int t = 0; t < nt; t++) {
-        const float rs = kvd_row_scale(base + (size_t)t * rb, (size_t)hd);
+        const float rs = kvd_pool_row_scale(seg, bs, hd, (size_t)t);
         for (int j = 0; j < G; j++) out[(size_t)j * ostride + t] = p[(size_t)j * stride + t] * rs;
     }
 }
@@ -543,7 +572,7 @@ static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_
                          b + 1 < b1 ? head_base(kv, kv->k, blocks[b + 1], h)
                                     : head_base(kv, kv->v, blocks[b0], h));
             if (kvd_fmt_row_scaled(kv->fmt)) /* each key row's own scale */
-                row_scales(kp, nt, hd, sh, (size_t)n_ctx, G, sh, (size_t)n_ctx);
+                row_scales(kp, bs, nt, hd, sh, (size_t)n_ctx, G, sh, (size_t)n_ctx);
         }
     }
     for (int j = 0; j < n_heads; j++)
@@ -621,7 +650,7 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
                 round_weights(p, stride, G, nt, block_w);
                 p = block_w, stride = (size_t)nt;
             } else if (kvd_fmt_row_scaled(kv->fmt)) {
-                row_scales(vp, nt, hd, p, stride, G, block_w, (size_t)nt);
+                row_scales(vp, bs, nt, hd, p, stride, G, block_w, (size_t)nt);
                 p = block_w, stride = (size_t)nt;
             }
             pv_block(kv, rp, vp, nt, p, stride, G, out + (size_t)h * G * hd,

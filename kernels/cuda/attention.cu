@@ -47,20 +47,21 @@ __device__ inline float nvfp4_val(const unsigned char *row, int hd, int d) {
     return e2m1_val(c) * sf;
 }
 
-// a row-scaled row's own scale: the float after its head_dim codes, read a
-// byte at a time (a row of head_dim + 4 bytes need not start 4-aligned)
-__device__ inline float row_scale_at(const unsigned char *row, int hd) {
-    return __uint_as_float((unsigned)row[hd] | (unsigned)row[hd + 1] << 8 |
-                           (unsigned)row[hd + 2] << 16 | (unsigned)row[hd + 3] << 24);
+// a row-scaled row's own scale, the float at p, read a byte at a time (a
+// pool's scales are 4-aligned only where head_dim is a multiple of 4)
+__device__ inline float scale_bytes(const unsigned char *p) {
+    return __uint_as_float((unsigned)p[0] | (unsigned)p[1] << 8 | (unsigned)p[2] << 16 |
+                           (unsigned)p[3] << 24);
 }
 
 // the scale of the row at (blk, head, slot) of a pool: its own in an E4M3T
-// or I8T cache, 1 in every other (whose scales are per head)
+// or I8T cache (fp8.h: after its block's codes), 1 in every other (whose
+// scales are per head)
 __device__ inline float row_scale(const view &kv, const unsigned char *pool, int blk, int head,
                                   int slot) {
     if (!kvd_fmt_row_scaled(kv.fmt)) return 1.0f;
     const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
-    return row_scale_at(pool + r * kvd_scaled_row_bytes(kv.head_dim), kv.head_dim);
+    return scale_bytes(pool + kvd_scaled_scale_at(kv.head_dim, kv.block_size, r));
 }
 
 // value d of the row at (blk, head, slot), times its group's block scale
@@ -71,7 +72,7 @@ __device__ inline float load_val(const view &kv, const unsigned char *pool, int 
     if (kv.fmt == KVD_FMT_NVFP4)
         return nvfp4_val(pool + r * (kv.head_dim / 2 + kv.head_dim / 16), kv.head_dim, d);
     if (kvd_fmt_row_scaled(kv.fmt)) {
-        const unsigned char c = pool[r * kvd_scaled_row_bytes(kv.head_dim) + d];
+        const unsigned char c = pool[kvd_scaled_codes_at(kv.head_dim, kv.block_size, r) + d];
         return kvd_fmt_int8(kv.fmt) ? (float)(signed char)c
                                     : __half2float(__half(__nv_cvt_fp8_to_halfraw(c, __NV_E4M3)));
     }
@@ -177,8 +178,8 @@ __device__ inline float load_row(const view &kv, const unsigned char *pool, int 
     const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
     size_t idx = r * kv.head_dim + lane * PER;
     if (kvd_fmt_row_scaled(kv.fmt)) {
-        const unsigned char *row = pool + r * kvd_scaled_row_bytes(kv.head_dim),
-                            *p = row + lane * PER;
+        const unsigned char *p =
+            pool + kvd_scaled_codes_at(kv.head_dim, kv.block_size, r) + lane * PER;
         if (kvd_fmt_int8(kv.fmt)) {
 #pragma unroll
             for (int i = 0; i < PER; i++) x[i] = (float)(signed char)p[i];
@@ -187,7 +188,7 @@ __device__ inline float load_row(const view &kv, const unsigned char *pool, int 
             for (int i = 0; i < PER; i++)
                 x[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(p[i], __NV_E4M3)));
         }
-        return row_scale_at(row, kv.head_dim);
+        return scale_bytes(pool + kvd_scaled_scale_at(kv.head_dim, kv.block_size, r));
     }
     if (kv.fmt == KVD_FMT_NVFP4) {
         const unsigned char *row = pool + r * (kv.head_dim / 2 + kv.head_dim / 16);
@@ -550,13 +551,14 @@ __host__ __device__ constexpr int row_bytes(int hd, bool fp8) {
     return hd * (fp8 ? 1 : 2);
 }
 // E4M3T and I8T (fp8.h, kvd_fmt_row_scaled): E4M3 or INT8 codes, each row
-// followed by its own float scale. A stage holds the row's codes as E4M3's
+// with its own float scale (in the pools after its block's codes). A stage
+// holds the row's codes as E4M3's
 // (INT8's: the same bytes, read as integers) and its scale in the padding
 // after them (row_scale_in), which both strides leave (static_assert in the
 // kernels); the scores take the K rows' scales after the first MMAs, the
 // probabilities the V rows' before the second.
 //
-// A row's bytes in the pools: its codes, then the row-scaled formats' scale
+// A row's bytes in the pools: its codes, and the row-scaled formats' scale
 __host__ __device__ constexpr int pool_row_bytes(int hd, int fmt) {
     return kvd_fmt_row_scaled(fmt) ? (int)kvd_scaled_row_bytes(hd)
                                    : row_bytes(hd, fmt != KVD_FMT_BF16);
@@ -638,24 +640,40 @@ __host__ __device__ constexpr int fmt_stage_bytes(int hd, int fmt) {
 
 // K and V rows of positions p0 .. p0 + STAGE - 1 of KV head h into a
 // stage's buffers ks and vs, by cp.async from the THREADS threads of the
-// CTA; positions from t1 on are zero-filled. Rows of ROWB bytes in the
-// pools, 16 bytes a copy where ROWB is a multiple of 16, else 4 (the
-// row-scaled formats' rows of head_dim + 4 bytes: 4-aligned, as head_dim
-// is).
-template <int ROWB, int KSTR, int VSTR, int THREADS, bool WITH_V = true>
+// CTA; positions from t1 on are zero-filled. A row's codes (HD values of
+// format FMT, a multiple of 16 bytes) 16 bytes a copy; a row-scaled
+// format's row also its scale, from after its block's codes in the pool
+// (fp8.h), to just after its codes in the stage (row_scale_in).
+template <int HD, int FMT, int KSTR, int VSTR, int THREADS, bool WITH_V = true>
 __device__ inline void load_stage(const view &kv, const int *blocks, int h, int p0, int t1,
                                   unsigned char *ks, unsigned char *vs) {
-    constexpr int W = ROWB % 16 == 0 ? 16 : 4, CPR = ROWB / W;
-    static_assert(ROWB % 4 == 0, "rows copied 4 bytes at a time at least");
+    constexpr bool RS = kvd_fmt_row_scaled(FMT);
+    constexpr int ROWB = pool_row_bytes(HD, FMT), CODES = RS ? HD : ROWB, CPR = CODES / 16;
+    static_assert(CODES % 16 == 0, "a row's codes in 16-byte copies");
     const int bs = kv.block_size;
+    // the codes of row `slot` of segment seg start at seg bs ROWB + slot CODES
     for (int e = threadIdx.x; e < STAGE * CPR; e += THREADS) {
         const int r = e / CPR, c = e % CPR, p = p0 + r;
         const bool in = p < t1;
         size_t off = 0;
-        if (in) off = (((size_t)blocks[p / bs] * kv.kv_heads + h) * bs + p % bs) * ROWB + W * c;
-        kvd_mma::cp_async<W>(ks + r * KSTR + W * c, kv.k + off, in ? W : 0);
-        if constexpr (WITH_V) kvd_mma::cp_async<W>(vs + r * VSTR + W * c, kv.v + off, in ? W : 0);
+        if (in)
+            off = ((size_t)blocks[p / bs] * kv.kv_heads + h) * bs * ROWB +
+                  (size_t)(p % bs) * CODES + 16 * c;
+        kvd_mma::cp_async<16>(ks + r * KSTR + 16 * c, kv.k + off, in ? 16 : 0);
+        if constexpr (WITH_V)
+            kvd_mma::cp_async<16>(vs + r * VSTR + 16 * c, kv.v + off, in ? 16 : 0);
     }
+    if constexpr (RS) // its scale at seg bs ROWB + bs HD + 4 slot (fp8.h)
+        for (int r = threadIdx.x; r < STAGE; r += THREADS) {
+            const int p = p0 + r;
+            const bool in = p < t1;
+            size_t off = 0;
+            if (in)
+                off = ((size_t)blocks[p / bs] * kv.kv_heads + h) * bs * ROWB + (size_t)bs * HD +
+                      4 * (size_t)(p % bs);
+            kvd_mma::cp_async<4>(ks + r * KSTR + HD, kv.k + off, in ? 4 : 0);
+            if constexpr (WITH_V) kvd_mma::cp_async<4>(vs + r * VSTR + HD, kv.v + off, in ? 4 : 0);
+        }
 }
 
 // Where a launch's queries are, entry z of three kinds:
@@ -731,8 +749,8 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     // stage st's K and V rows into buffer st % nstage
     auto issue = [&](int st) {
         unsigned char *ks = buffer(st % nstage);
-        load_stage<GROWB, KSTR, VSTR, WARPS * 32, MODE != PASS_MAX>(kv, blocks, h, t0 + st * STAGE,
-                                                                    t1, ks, ks + STAGE * KSTR);
+        load_stage<HD, FMT, KSTR, VSTR, WARPS * 32, MODE != PASS_MAX>(
+            kv, blocks, h, t0 + st * STAGE, t1, ks, ks + STAGE * KSTR);
     };
     for (int st = 0; st < nstage - 1; st++) {
         if (st < nst) issue(st);
@@ -1798,7 +1816,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
 
     auto issue = [&](int st) {
         unsigned char *ks = buffer(st % nstage);
-        v3::load_stage<GROWB, KSTR, VSTR, WARPS * 32, MODE != PASS_MAX>(
+        v3::load_stage<HD, FMT, KSTR, VSTR, WARPS * 32, MODE != PASS_MAX>(
             kv, blocks, h, t0 + st * STAGE, t1, ks, ks + STAGE * KSTR);
     };
     for (int st = 0; st < nstage - 1; st++) {

@@ -187,13 +187,13 @@ __global__ void kv_write_k(write_args a) {
     atomicMax(&a.absmax[h], __float_as_uint(fabsf(x)));
     unsigned sat = 0, ftz = 0, sub = 0;
     if (own) { // fp8.h's rules: x times the reciprocal of the row's own scale
-        unsigned char *row = a.pool + r * kvd_scaled_row_bytes(a.head_dim);
+        unsigned char *row = a.pool + kvd_scaled_codes_at(a.head_dim, a.block_size, r),
+                      *rsp = a.pool + kvd_scaled_scale_at(a.head_dim, a.block_size, r);
         const float rs =
             fmaxf(__fdiv_rn(rmax, i8 ? KVD_I8T_MAX : KVD_E4M3_MAX), KVD_E4M3T_MIN_SCALE);
         const float y = __fmul_rn(x, __frcp_rn(rs));
         if (d == 0) // the scale's bytes, little-endian, as the CPU's memcpy leaves them
-            for (int i = 0; i < 4; i++)
-                row[a.head_dim + i] = (unsigned char)(__float_as_uint(rs) >> (8 * i));
+            for (int i = 0; i < 4; i++) rsp[i] = (unsigned char)(__float_as_uint(rs) >> (8 * i));
         if (i8) { // clamped, then truncated (I8T_RN: rounded to nearest even)
             const float c = y >= 127.0f ? 127.0f : y <= -128.0f ? -128.0f : y == y ? y : 0.0f;
             const int q = a.fmt == KVD_FMT_I8T_RN ? __float2int_rn(c) : __float2int_rz(c);

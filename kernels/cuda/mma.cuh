@@ -171,8 +171,8 @@ __device__ inline void ldsm_x2_trans(unsigned r[2], const void *row) {
 }
 
 // W (16 or 4) bytes global -> shared, asynchronously, both addresses
-// W-aligned; src_bytes 0 writes zeros. 4-byte copies serve rows whose size
-// is no multiple of 16 (a warp's 32 still read 128 contiguous bytes).
+// W-aligned; src_bytes 0 writes zeros. 4-byte copies serve the row-scaled
+// formats' scales.
 template <int W> __device__ inline void cp_async(void *dst, const void *src, int src_bytes) {
     static_assert(W == 16 || W == 4, "cp.async copies 16 bytes (.cg) or 4 (.ca)");
 #ifdef KVD_PTX_MMA

@@ -157,11 +157,10 @@ void kvd_cudaop_swiglu(float *g, const float *u, size_t n) {
 void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads, int head_dim,
                          void *pool, int n_tok, const int32_t *slot, const float *x,
                          const float *scale, unsigned long long *stats, unsigned int *absmax) {
-    size_t rb = kvd_fmt_row_bytes(fmt, head_dim);
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < kv_heads; h++) {
             int64_t blk = slot[t] / block_size, off = slot[t] % block_size;
-            uint8_t *dst = (uint8_t *)pool + ((size_t)(blk * kv_heads + h) * block_size + off) * rb;
+            const size_t r = (size_t)(blk * kv_heads + h) * block_size + (size_t)off;
             const float *xr = x + ((size_t)t * kv_heads + h) * head_dim;
             for (int d = 0; d < head_dim; d++) {
                 float a = fabsf(xr[d]);
@@ -170,7 +169,8 @@ void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads
                 if (bits > absmax[h]) absmax[h] = bits;
             }
             kvd_qstats st = {0};
-            kvd_quant_row(fmt, xr, dst, (size_t)head_dim, scale[h], saturate, &st);
+            kvd_pool_quant_row(fmt, (uint8_t *)pool, block_size, head_dim, r, xr, scale[h],
+                               saturate, &st);
             stats[0] += st.n, stats[1] += st.saturated, stats[2] += st.flushed;
             stats[3] += st.subnormal;
         }

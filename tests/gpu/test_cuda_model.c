@@ -106,11 +106,12 @@ static long code_distance(kvd_fmt fmt, const unsigned char *a, const unsigned ch
     return labs(x - y);
 }
 
-/* the first byte of (seq, position, head)'s row in a pool laid out by c */
+/* the first byte of (seq, position, head)'s codes in a pool laid out by c */
 static size_t row_at(const kvd_kvcache *c, int s, int t, int h) {
-    return (((size_t)c->seqs[s].blocks[t / c->block_size] * c->kv_heads + h) * c->block_size +
-            t % c->block_size) *
-           kvd_fmt_row_bytes(c->fmt, c->head_dim);
+    return kvd_pool_codes_at(c->fmt, c->head_dim, c->block_size,
+                             ((size_t)c->seqs[s].blocks[t / c->block_size] * c->kv_heads + h) *
+                                     c->block_size +
+                                 t % c->block_size);
 }
 
 typedef struct {

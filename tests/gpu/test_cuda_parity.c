@@ -54,15 +54,14 @@ static void codecs(void) {
  * rows, so that a stage's largest V row scale (which sets decode v3's
  * probability scale) rises and falls along a context. */
 static void write_pools(kvd_fmt fmt, const float *src, uint8_t *k, uint8_t *v, size_t n, float ks,
-                        float vs, int hd) {
-    const size_t rb = kvd_fmt_row_bytes(fmt, hd);
+                        float vs, int hd, int bs) {
     const int rowsc = kvd_fmt_row_scaled(fmt), e5 = fmt == KVD_FMT_E5M2;
     float *vrow = malloc(sizeof(float) * (size_t)hd);
     for (size_t r = 0; r < n / (size_t)hd; r++) {
         for (int d = 0; d < hd; d++)
             vrow[d] = rowsc ? ldexpf(src[r * hd + d], 3 * (int)(r / 37 % 3) - 3) : src[r * hd + d];
-        kvd_quant_row(fmt, src + r * hd, k + r * rb, (size_t)hd, e5 ? 1.0f : ks, 1, NULL);
-        kvd_quant_row(fmt, vrow, v + r * rb, (size_t)hd, e5 ? 1.0f : vs, 1, NULL);
+        kvd_pool_quant_row(fmt, k, bs, hd, r, src + r * hd, e5 ? 1.0f : ks, 1, NULL);
+        kvd_pool_quant_row(fmt, v, bs, hd, r, vrow, e5 ? 1.0f : vs, 1, NULL);
     }
     free(vrow);
 }
@@ -153,7 +152,7 @@ static void attention_case(int nh, int kvh, int hd, int n_ctx) {
         float ks[16], vs[16], one[16];
         for (int h = 0; h < kvh; h++)
             ks[h] = 0.02f + 0.01f * h, vs[h] = 0.01f + 0.005f * h, one[h] = 1.0f;
-        write_pools(fmts[fi], src, k, v, n, 0.02f, 0.01f, hd);
+        write_pools(fmts[fi], src, k, v, n, 0.02f, 0.01f, hd, bs);
         int32_t *blocks = malloc(sizeof(int32_t) * (size_t)nb);
         for (int i = 0; i < nb; i++) blocks[i] = (int32_t)(((int64_t)i * 37) % nb);
         for (int i = 0; i < nh * hd; i++) q[i] = kvd_rng_normal(key, (uint64_t)i + n);
@@ -291,7 +290,7 @@ static void attention_batch(void) {
         uint64_t key = kvd_rng_key((uint64_t)fi, "gpu.attn.batch");
         for (size_t i = 0; i < n; i++) src[i] = 1.5f * kvd_rng_normal(key, i);
         float ks[KVH] = {0.015f, 0.02f}, vs[KVH] = {0.01f, 0.012f}, one[KVH] = {1, 1};
-        write_pools(fmts[fi], src, k, v, n, 0.015f, 0.01f, HD);
+        write_pools(fmts[fi], src, k, v, n, 0.015f, 0.01f, HD, BS);
         /* sequence s owns blocks s, s + NSEQ, s + 2 NSEQ, ... */
         int32_t btab[NSEQ * NBS];
         for (int sq = 0; sq < NSEQ; sq++)
@@ -384,7 +383,7 @@ static void attention_rows(void) {
         for (size_t i = 0; i < qn; i++) q[i] = kvd_rng_normal(key, i + n);
         for (size_t i = 0; i < on; i++) out[i] = 7.0f;
         float ks[KVH] = {0.015f, 0.02f}, vs[KVH] = {0.01f, 0.012f}, one[KVH] = {1, 1};
-        write_pools(fmt, src, k, v, n, 0.015f, 0.01f, HD);
+        write_pools(fmt, src, k, v, n, 0.015f, 0.01f, HD, BS);
         int32_t blocks[NB];
         for (int i = 0; i < NB; i++) blocks[i] = (int32_t)((i * 37) % NB);
         const int fp8s = fmt == KVD_FMT_E4M3;
@@ -535,7 +534,7 @@ static void fp8_attention_case(int nh, int kvh, int hd, int n_ctx) {
     uint8_t *k = malloc(n), *v = malloc(n);
     uint64_t key = kvd_rng_key((uint64_t)(nh * 1000 + hd), "gpu.fp8attn");
     for (size_t i = 0; i < n; i++) src[i] = 2.0f * kvd_rng_normal(key, i);
-    write_pools(KVD_FMT_E4M3, src, k, v, n, 0.02f, 0.01f, hd);
+    write_pools(KVD_FMT_E4M3, src, k, v, n, 0.02f, 0.01f, hd, bs);
     for (int h = 0; h < kvh; h++) ks[h] = 0.02f, vs[h] = 0.01f;
     for (int h = 0; h < nh; h++) qs[h] = h % 3 == 0 ? 1.0f : 0.004f * (float)(h + 1);
     for (size_t i = 0; i < rows * stride; i++)

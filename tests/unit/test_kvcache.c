@@ -222,6 +222,58 @@ static void modes(void **st) {
     kvd_kv_scales_free(&sc);
 }
 
+/* The pools' bytes, offsets computed here: a whole row at r * row_bytes
+ * (E4M3), and a row-scaled row (E4M3T, I8T) split in its segment, its
+ * codes at slot * HD (16-byte aligned) and its scale after the segment's
+ * BS rows of codes; kvd_pool_get_row gives the codec's row back. Tokens
+ * land in both KV heads of two blocks, taken out of order. */
+static void pool_layout(void **st) {
+    (void)st;
+    char err[KVD_ERR_LEN];
+    kvd_kv_scales sc;
+    kvd_kv_scales_init(&sc, L, KVH);
+    for (int i = 0; i < L * KVH; i++) sc.k[i] = sc.v[i] = 0.05f;
+    const kvd_kv_mode ms[3] = {KVD_KV_FP8_CAL, KVD_KV_FP8_TOKEN, KVD_KV_INT8_TOKEN};
+    for (int mi = 0; mi < 3; mi++) {
+        kvd_kvcache c;
+        assert_int_equal(kvd_kvcache_init(&c, ms[mi], L, KVH, HD, BS, 64, &sc, 1, err), 0);
+        const kvd_fmt fmt = c.fmt;
+        const int rs = kvd_fmt_row_scaled(fmt);
+        const size_t rb = rs ? HD + 4 : HD;
+        int waste = kvd_kvcache_add_seq(&c), s = kvd_kvcache_add_seq(&c);
+        kvd_kvcache_reserve(&c, waste, 1); /* s's blocks start past block 0 */
+        kvd_kvcache_reserve(&c, s, 2 * BS);
+        const int pos[4] = {0, 5, BS + 3, 2 * BS - 1};
+        for (int i = 0; i < 4; i++) {
+            float k[KVH * HD], v[KVH * HD];
+            fill(k, KVH * HD, 40 + (uint64_t)i, 1.0f + (float)i);
+            fill(v, KVH * HD, 50 + (uint64_t)i, 0.5f);
+            kvd_kvcache_write(&c, 1, s, pos[i], k, v);
+            for (int h = 0; h < KVH; h++) {
+                uint8_t want[HD + 4], got[HD + 4], back[HD + 4];
+                kvd_quant_row(fmt, k + h * HD, want, HD, 0.05f, 1, NULL);
+                const size_t seg = (size_t)c.seqs[s].blocks[pos[i] / BS] * KVH + (size_t)h;
+                const size_t slot = (size_t)(pos[i] % BS), base = seg * BS * rb;
+                const size_t codes = rs ? base + slot * HD : base + slot * rb;
+                memcpy(got, c.k[1] + codes, HD);
+                if (rs) {
+                    assert_int_equal(codes % 16, 0);
+                    memcpy(got + HD, c.k[1] + base + (size_t)BS * HD + 4 * slot, 4);
+                    float s1, s2;
+                    memcpy(&s1, want + HD, 4);
+                    s2 = kvd_pool_row_scale(c.k[1], BS, HD, seg * BS + slot);
+                    assert_true(s1 == s2 && s1 > 0.0f);
+                }
+                assert_memory_equal(got, want, rb);
+                kvd_pool_get_row(fmt, c.k[1], BS, HD, seg * BS + slot, back);
+                assert_memory_equal(back, want, rb);
+            }
+        }
+        kvd_kvcache_free(&c);
+    }
+    kvd_kv_scales_free(&sc);
+}
+
 /* attention against a straightforward double reference, every format */
 static void attention_shape(int NH, int D) {
     enum { KH = 2, T = 300 };
@@ -554,10 +606,10 @@ static void attention_paths(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(paging),           cmocka_unit_test(modes),
-        cmocka_unit_test(attention_kernel), cmocka_unit_test(attention_paths),
-        cmocka_unit_test(nosat_nan),        cmocka_unit_test(fp8_attention),
-        cmocka_unit_test(fp8_weights),
+        cmocka_unit_test(paging),          cmocka_unit_test(modes),
+        cmocka_unit_test(pool_layout),     cmocka_unit_test(attention_kernel),
+        cmocka_unit_test(attention_paths), cmocka_unit_test(nosat_nan),
+        cmocka_unit_test(fp8_attention),   cmocka_unit_test(fp8_weights),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
