@@ -1118,12 +1118,22 @@ template <int HD> static int launch_hd(const view &kv, const rows &R, const spli
     }
 }
 
+// whether load_stage's 16-byte copies find every row's codes 16-byte
+// aligned (in a pool from cudaMalloc): always for the per-head formats at
+// v3's head dims; for the row-scaled ones where a segment of bs rows, bs
+// (hd + 4) bytes, is a multiple of 16 (bs a multiple of 4: the model's
+// blocks of KVD_KV_BLOCK = 128 are)
+static bool rows_aligned(int hd, int fmt, int bs) {
+    return kvd_fmt_row_scaled(fmt) ? (size_t)bs * kvd_scaled_row_bytes(hd) % 16 == 0
+                                   : pool_row_bytes(hd, fmt) % 16 == 0;
+}
+
 static bool ok(const view &kv, int G) {
     // NVFP4 takes v2 and the plain kernels: v3 stages rows of 8- or 16-bit
     // codes, under per-head scales or their own
     return kvd_fmt_tensor_cores(kv.fmt) &&
            (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256) && G >= 1 && G <= 16 &&
-           stages_for(kv.head_dim, kv.fmt) >= 2;
+           rows_aligned(kv.head_dim, kv.fmt, kv.block_size) && stages_for(kv.head_dim, kv.fmt) >= 2;
 }
 
 // the batch entries' outputs from their splits: grid merge_grid(n_heads,
@@ -2057,9 +2067,9 @@ static layout layout_for(int hd, int fmt, bool force_split_query) {
     return {n >= 2 ? n : 0, false};
 }
 
-static bool ok(int hd, int fmt) {
+static bool ok(int hd, int fmt, int bs) {
     return kvd_fmt_tensor_cores(fmt) && (hd == 64 || hd == 128 || hd == 256) &&
-           layout_for(hd, fmt, false).nstage >= 2;
+           v3::rows_aligned(hd, fmt, bs) && layout_for(hd, fmt, false).nstage >= 2;
 }
 
 // one launch's arguments
@@ -2210,7 +2220,7 @@ static int prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int pos0, i
                        const float *q, int n_heads, float sm_scale, float *out, float *scratch,
                        size_t scratch_floats, int version) {
     if (n_q < 1 || n_heads % dv->kv_heads || version < 0 || version > 5) return -1;
-    const bool ok2 = version != 1 && pf3::ok(dv->head_dim, (int)dv->fmt);
+    const bool ok2 = version != 1 && pf3::ok(dv->head_dim, (int)dv->fmt, dv->block_size);
     if ((version >= 2 || dv->p_fp8) && !ok2) return -1; // only version 2 rounds FP8 weights
     if (!ok2) return prefill_fp32(dv, blocks, pos0, n_q, q, n_heads, sm_scale, out);
     const pf3::args a = {dev_view(dv),

@@ -485,6 +485,58 @@ static void split_rule(void) {
     }
 }
 
+/* Per-token caches in blocks of 6 rows: a block's segment of 6 (hd + 4)
+ * bytes leaves the next head's codes 8-aligned, too little for the stages'
+ * 16-byte copies. Decode v3 and the tensor-core prefill refuse such pools
+ * when forced, and left to choose, decode takes v2 (the CPU's output within
+ * 1e-4 relative L2 per head) and prefill the FP32 tiles (version 1's bytes). */
+static void attention_unaligned_blocks(void) {
+    enum { NH = 8, KVH = 2, HD = 128, BS = 6, CTX = 300, NQ = 5 };
+    const int nb = (CTX + BS - 1) / BS + 3;
+    const kvd_fmt fmts[2] = {KVD_FMT_E4M3T, KVD_FMT_I8T};
+    for (int fi = 0; fi < 2; fi++) {
+        const size_t n = (size_t)nb * KVH * BS * HD, pb = n / HD * kvd_fmt_row_bytes(fmts[fi], HD);
+        float *src = malloc(sizeof(float) * n), q[NQ * NH * HD], ocpu[NH * HD], ogpu[NH * HD];
+        float p1[NQ * NH * HD], p0[NQ * NH * HD], one[KVH] = {1.0f, 1.0f};
+        uint8_t *k = malloc(pb), *v = malloc(pb);
+        uint64_t key = kvd_rng_key((uint64_t)fi, "gpu.attn.unaligned");
+        for (size_t i = 0; i < n; i++) src[i] = 2.0f * kvd_rng_normal(key, i);
+        for (int i = 0; i < NQ * NH * HD; i++) q[i] = kvd_rng_normal(key, n + (uint64_t)i);
+        write_pools(fmts[fi], src, k, v, n, 1.0f, 1.0f, HD, BS);
+        int32_t blocks[(CTX + BS - 1) / BS + 3];
+        for (int i = 0; i < nb; i++) blocks[i] = (int32_t)((i * 7) % nb);
+        kvd_kv_view view = {fmts[fi], BS, KVH, HD, k, v, one, one, 0, NULL, 0};
+        void *work = malloc(kvd_attn_work_bytes(NH, HD, CTX, 3));
+        kvd_attn_paged(&view, blocks, CTX, q, NH, 1.0f / 16.0f, ocpu, NULL, work, 3);
+        CHECK(kvd_cuda_attn_decode_v(&view, nb, blocks, CTX, q, NH, 1.0f / 16.0f, ogpu, 3) != 0,
+              "attention v3 accepted format %d in blocks of %d rows\n", (int)fmts[fi], BS);
+        CHECK(kvd_cuda_attn_decode_v(&view, nb, blocks, CTX, q, NH, 1.0f / 16.0f, ogpu, 0) == 0,
+              "attention, format %d in blocks of %d rows, failed\n", (int)fmts[fi], BS);
+        double worst = 0;
+        for (int h = 0; h < NH; h++) {
+            double num = 0, den = 0;
+            for (int d = 0; d < HD; d++) {
+                const double e = (double)ogpu[h * HD + d] - ocpu[h * HD + d];
+                num += e * e, den += (double)ocpu[h * HD + d] * ocpu[h * HD + d];
+            }
+            worst = worst_of(worst, sqrt(num / den));
+        }
+        CHECK(worst < 1e-4, "attention, format %d in blocks of %d rows: rel L2 %g\n", (int)fmts[fi],
+              BS, worst);
+        CHECK(kvd_cuda_attn_prefill_v(&view, nb, blocks, CTX - NQ, NQ, q, NH, 1.0f / 16.0f, p1,
+                                      2) != 0,
+              "tensor-core prefill accepted format %d in blocks of %d rows\n", (int)fmts[fi], BS);
+        CHECK(kvd_cuda_attn_prefill_v(&view, nb, blocks, CTX - NQ, NQ, q, NH, 1.0f / 16.0f, p1,
+                                      1) == 0 &&
+                  kvd_cuda_attn_prefill_v(&view, nb, blocks, CTX - NQ, NQ, q, NH, 1.0f / 16.0f, p0,
+                                          0) == 0 &&
+                  memcmp(p0, p1, sizeof p0) == 0,
+              "prefill, format %d in blocks of %d rows: not version 1's output\n", (int)fmts[fi],
+              BS);
+        free(src), free(k), free(v), free(work);
+    }
+}
+
 static void attention(void) {
     split_rule();
     attention_case(8, 2, 256, 3000);  /* G 4 */
@@ -492,6 +544,7 @@ static void attention(void) {
     attention_case(12, 4, 128, 777);  /* G 3 (v3 only) */
     attention_case(4, 4, 64, 130);    /* G 1 */
     attention_codes();
+    attention_unaligned_blocks();
     attention_batch();
     attention_rows();
 }
