@@ -125,7 +125,8 @@ static void dump_mode(const char *dir, kvd_kv_mode mode, const kvd_kvcache *kv, 
             const float *src = (w ? cap->v : cap->k) + (size_t)l * T * row;
             if (kvd_write_file_atomic(path, src, sizeof(float) * (size_t)T * row, err))
                 kvd_die(1, cmd, "%s", err);
-            /* the stored codes in token order, gathered through the block table */
+            /* the stored rows in token order, gathered through the block table,
+             * each as the codec writes it (a per-token row: codes, then scale) */
             const uint8_t *pool = w ? kv->v[l] : kv->k[l];
             for (int t = 0; t < T; t++)
                 for (int h = 0; h < cap->kvh; h++) {
