@@ -123,19 +123,18 @@ static inline size_t kvd_nvfp4_row_bytes(size_t n) {
 KVD_FMT_FN size_t kvd_scaled_row_bytes(size_t n) {
     return n + 4;
 }
-/* In a paged pool such rows are split. Row r of a pool (r = (block *
- * kv_heads + head) * bs + slot, bs rows a block) is in segment r / bs, one
- * KV head's rows of one block: the segment's bs rows of n codes side by
- * side, then their bs scales, bs (n + 4) bytes in all. A row's codes then
- * start on a 16-byte boundary where n is a multiple of 16 (the device
- * copies them 16 bytes at a time; whole rows of n + 4 bytes would be
- * 4-aligned only). The byte offsets in the pool of row r's codes and of its
- * scale: */
-KVD_FMT_FN size_t kvd_scaled_codes_at(size_t n, int bs, size_t r) {
-    return r / (size_t)bs * (size_t)bs * (n + 4) + r % (size_t)bs * n;
+/* In a paged pool such rows are split. A pool is segments of bs rows (seg
+ * = block * kv_heads + head: one KV head's rows of one block): a segment's
+ * bs rows of n codes side by side, then their bs scales, bs (n + 4) bytes
+ * in all. A row's codes then start on a 16-byte boundary where n is a
+ * multiple of 16 (the device copies them 16 bytes at a time; whole rows of
+ * n + 4 bytes would be 4-aligned only). The byte offsets in the pool of
+ * row slot of segment seg's codes and of its scale: */
+KVD_FMT_FN size_t kvd_scaled_codes_at(size_t n, int bs, size_t seg, int slot) {
+    return seg * (size_t)bs * (n + 4) + (size_t)slot * n;
 }
-KVD_FMT_FN size_t kvd_scaled_scale_at(size_t n, int bs, size_t r) {
-    return r / (size_t)bs * (size_t)bs * (n + 4) + (size_t)bs * n + 4 * (r % (size_t)bs);
+KVD_FMT_FN size_t kvd_scaled_scale_at(size_t n, int bs, size_t seg, int slot) {
+    return seg * (size_t)bs * (n + 4) + (size_t)bs * n + 4 * (size_t)slot;
 }
 
 /* INT8 with a scale per row, as vLLM's int8_per_token_head cache writes it

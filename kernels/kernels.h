@@ -31,7 +31,7 @@ void kvd_rope(float *v, int pos, int rot_dim, const float *inv_freq);
 /* A view of one layer's paged KV cache. Pools are laid out
  * [block][kv_head][slot][head_dim] so one head's keys stream contiguously
  * (the row-scaled formats' scales after each [block][kv_head]'s codes:
- * kvd_pool_code_stride). */
+ * kvd_pool_codes_at below). */
 typedef struct {
     kvd_fmt fmt;
     int block_size;
@@ -90,19 +90,21 @@ static inline size_t kvd_fmt_row_bytes(kvd_fmt f, int head_dim) {
  *     kvd_quant_row (its scale, saturate and stats);
  *   kvd_pool_get_row: row r as the codec writes a row (the codes, then a
  *     row-scaled format's scale);
- *   kvd_pool_row_scale: the scale of a row-scaled pool's row r. */
+ *   kvd_pool_row_scale: the scale of row slot of a row-scaled pool's
+ *     segment seg (a pointer to its first byte). */
 static inline size_t kvd_pool_code_stride(kvd_fmt f, int head_dim) {
     return kvd_fmt_row_scaled(f) ? (size_t)head_dim : kvd_fmt_row_bytes(f, head_dim);
 }
 /* the byte offset of row r's codes (its first byte) in a pool */
 static inline size_t kvd_pool_codes_at(kvd_fmt f, int head_dim, int bs, size_t r) {
-    return kvd_fmt_row_scaled(f) ? kvd_scaled_codes_at((size_t)head_dim, bs, r)
-                                 : r * kvd_fmt_row_bytes(f, head_dim);
+    return kvd_fmt_row_scaled(f)
+               ? kvd_scaled_codes_at((size_t)head_dim, bs, r / (size_t)bs, (int)(r % (size_t)bs))
+               : r * kvd_fmt_row_bytes(f, head_dim);
 }
 void kvd_pool_quant_row(kvd_fmt f, uint8_t *pool, int bs, int head_dim, size_t r, const float *x,
                         float scale, int saturate, kvd_qstats *stats);
 void kvd_pool_get_row(kvd_fmt f, const uint8_t *pool, int bs, int head_dim, size_t r, uint8_t *row);
-float kvd_pool_row_scale(const uint8_t *pool, int bs, int head_dim, size_t r);
+float kvd_pool_row_scale(const uint8_t *seg, int bs, int head_dim, int slot);
 
 /* Decode one K or V row (head_dim values) of the cache into floats. */
 void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int pos, int head,

@@ -35,31 +35,30 @@ static inline const uint8_t *head_base(const kvd_kv_view *kv, const void *pool, 
 
 void kvd_pool_quant_row(kvd_fmt f, uint8_t *pool, int bs, int head_dim, size_t r, const float *x,
                         float scale, int saturate, kvd_qstats *stats) {
-    const size_t n = (size_t)head_dim, rb = kvd_fmt_row_bytes(f, head_dim);
+    const size_t n = (size_t)head_dim;
+    uint8_t *codes = pool + kvd_pool_codes_at(f, head_dim, bs, r);
     if (!kvd_fmt_row_scaled(f)) { /* rows whole: straight into place */
-        kvd_quant_row(f, x, pool + r * rb, n, scale, saturate, stats);
+        kvd_quant_row(f, x, codes, n, scale, saturate, stats);
         return;
     }
-    uint8_t row[rb];
+    uint8_t row[kvd_scaled_row_bytes(n)];
     kvd_quant_row(f, x, row, n, scale, saturate, stats);
-    memcpy(pool + kvd_scaled_codes_at(n, bs, r), row, n);
-    memcpy(pool + kvd_scaled_scale_at(n, bs, r), row + n, 4);
+    memcpy(codes, row, n);
+    memcpy(pool + kvd_scaled_scale_at(n, bs, r / (size_t)bs, (int)(r % (size_t)bs)), row + n, 4);
 }
 
 void kvd_pool_get_row(kvd_fmt f, const uint8_t *pool, int bs, int head_dim, size_t r,
                       uint8_t *row) {
-    const size_t n = (size_t)head_dim, rb = kvd_fmt_row_bytes(f, head_dim);
-    if (!kvd_fmt_row_scaled(f)) {
-        memcpy(row, pool + r * rb, rb);
-        return;
-    }
-    memcpy(row, pool + kvd_scaled_codes_at(n, bs, r), n);
-    memcpy(row + n, pool + kvd_scaled_scale_at(n, bs, r), 4);
+    const size_t n = (size_t)head_dim;
+    memcpy(row, pool + kvd_pool_codes_at(f, head_dim, bs, r), kvd_pool_code_stride(f, head_dim));
+    if (kvd_fmt_row_scaled(f))
+        memcpy(row + n, pool + kvd_scaled_scale_at(n, bs, r / (size_t)bs, (int)(r % (size_t)bs)),
+               4);
 }
 
-float kvd_pool_row_scale(const uint8_t *pool, int bs, int head_dim, size_t r) {
+float kvd_pool_row_scale(const uint8_t *seg, int bs, int head_dim, int slot) {
     float s;
-    memcpy(&s, pool + kvd_scaled_scale_at((size_t)head_dim, bs, r), sizeof s);
+    memcpy(&s, seg + kvd_scaled_scale_at((size_t)head_dim, bs, 0, slot), sizeof s);
     return s;
 }
 
@@ -87,7 +86,7 @@ void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int p
     decode_row(kv->fmt, seg + (size_t)(pos % bs) * kvd_pool_code_stride(kv->fmt, kv->head_dim),
                kv->head_dim, out);
     if (kvd_fmt_row_scaled(kv->fmt)) {
-        const float rs = kvd_pool_row_scale(seg, bs, kv->head_dim, (size_t)(pos % bs));
+        const float rs = kvd_pool_row_scale(seg, bs, kv->head_dim, pos % bs);
         for (int i = 0; i < kv->head_dim; i++) out[i] *= rs;
     }
     float s = which_v ? kv->v_scale[head] : kv->k_scale[head];
@@ -547,7 +546,7 @@ static double exp_sum(float *x, int n, float m) {
 static void row_scales(const uint8_t *seg, int bs, int nt, int hd, const float *p, size_t stride,
                        int G, float *out, size_t ostride) {
     for (int t = 0; t < nt; t++) {
-        const float rs = kvd_pool_row_scale(seg, bs, hd, (size_t)t);
+        const float rs = kvd_pool_row_scale(seg, bs, hd, t);
         for (int j = 0; j < G; j++) out[(size_t)j * ostride + t] = p[(size_t)j * stride + t] * rs;
     }
 }

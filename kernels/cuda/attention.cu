@@ -60,8 +60,8 @@ __device__ inline float scale_bytes(const unsigned char *p) {
 __device__ inline float row_scale(const view &kv, const unsigned char *pool, int blk, int head,
                                   int slot) {
     if (!kvd_fmt_row_scaled(kv.fmt)) return 1.0f;
-    const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
-    return scale_bytes(pool + kvd_scaled_scale_at(kv.head_dim, kv.block_size, r));
+    const size_t seg = (size_t)blk * kv.kv_heads + head;
+    return scale_bytes(pool + kvd_scaled_scale_at(kv.head_dim, kv.block_size, seg, slot));
 }
 
 // value d of the row at (blk, head, slot), times its group's block scale
@@ -72,7 +72,9 @@ __device__ inline float load_val(const view &kv, const unsigned char *pool, int 
     if (kv.fmt == KVD_FMT_NVFP4)
         return nvfp4_val(pool + r * (kv.head_dim / 2 + kv.head_dim / 16), kv.head_dim, d);
     if (kvd_fmt_row_scaled(kv.fmt)) {
-        const unsigned char c = pool[kvd_scaled_codes_at(kv.head_dim, kv.block_size, r) + d];
+        const size_t seg = (size_t)blk * kv.kv_heads + head;
+        const unsigned char c =
+            pool[kvd_scaled_codes_at(kv.head_dim, kv.block_size, seg, slot) + d];
         return kvd_fmt_int8(kv.fmt) ? (float)(signed char)c
                                     : __half2float(__half(__nv_cvt_fp8_to_halfraw(c, __NV_E4M3)));
     }
@@ -178,8 +180,9 @@ __device__ inline float load_row(const view &kv, const unsigned char *pool, int 
     const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
     size_t idx = r * kv.head_dim + lane * PER;
     if (kvd_fmt_row_scaled(kv.fmt)) {
+        const size_t seg = (size_t)blk * kv.kv_heads + head;
         const unsigned char *p =
-            pool + kvd_scaled_codes_at(kv.head_dim, kv.block_size, r) + lane * PER;
+            pool + kvd_scaled_codes_at(kv.head_dim, kv.block_size, seg, slot) + lane * PER;
         if (kvd_fmt_int8(kv.fmt)) {
 #pragma unroll
             for (int i = 0; i < PER; i++) x[i] = (float)(signed char)p[i];
@@ -188,7 +191,7 @@ __device__ inline float load_row(const view &kv, const unsigned char *pool, int 
             for (int i = 0; i < PER; i++)
                 x[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(p[i], __NV_E4M3)));
         }
-        return scale_bytes(pool + kvd_scaled_scale_at(kv.head_dim, kv.block_size, r));
+        return scale_bytes(pool + kvd_scaled_scale_at(kv.head_dim, kv.block_size, seg, slot));
     }
     if (kv.fmt == KVD_FMT_NVFP4) {
         const unsigned char *row = pool + r * (kv.head_dim / 2 + kv.head_dim / 16);
@@ -651,26 +654,26 @@ __device__ inline void load_stage(const view &kv, const int *blocks, int h, int 
     constexpr int ROWB = pool_row_bytes(HD, FMT), CODES = RS ? HD : ROWB, CPR = CODES / 16;
     static_assert(CODES % 16 == 0, "a row's codes in 16-byte copies");
     const int bs = kv.block_size;
-    // the codes of row `slot` of segment seg start at seg bs ROWB + slot CODES
     for (int e = threadIdx.x; e < STAGE * CPR; e += THREADS) {
         const int r = e / CPR, c = e % CPR, p = p0 + r;
         const bool in = p < t1;
         size_t off = 0;
-        if (in)
-            off = ((size_t)blocks[p / bs] * kv.kv_heads + h) * bs * ROWB +
-                  (size_t)(p % bs) * CODES + 16 * c;
+        if (in) {
+            const size_t seg = (size_t)blocks[p / bs] * kv.kv_heads + h;
+            off = (RS ? kvd_scaled_codes_at(HD, bs, seg, p % bs) : (seg * bs + p % bs) * ROWB) +
+                  16 * c;
+        }
         kvd_mma::cp_async<16>(ks + r * KSTR + 16 * c, kv.k + off, in ? 16 : 0);
         if constexpr (WITH_V)
             kvd_mma::cp_async<16>(vs + r * VSTR + 16 * c, kv.v + off, in ? 16 : 0);
     }
-    if constexpr (RS) // its scale at seg bs ROWB + bs HD + 4 slot (fp8.h)
+    if constexpr (RS) // and each row's scale
         for (int r = threadIdx.x; r < STAGE; r += THREADS) {
             const int p = p0 + r;
             const bool in = p < t1;
             size_t off = 0;
             if (in)
-                off = ((size_t)blocks[p / bs] * kv.kv_heads + h) * bs * ROWB + (size_t)bs * HD +
-                      4 * (size_t)(p % bs);
+                off = kvd_scaled_scale_at(HD, bs, (size_t)blocks[p / bs] * kv.kv_heads + h, p % bs);
             kvd_mma::cp_async<4>(ks + r * KSTR + HD, kv.k + off, in ? 4 : 0);
             if constexpr (WITH_V) kvd_mma::cp_async<4>(vs + r * VSTR + HD, kv.v + off, in ? 4 : 0);
         }

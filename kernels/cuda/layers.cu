@@ -187,8 +187,9 @@ __global__ void kv_write_k(write_args a) {
     atomicMax(&a.absmax[h], __float_as_uint(fabsf(x)));
     unsigned sat = 0, ftz = 0, sub = 0;
     if (own) { // fp8.h's rules: x times the reciprocal of the row's own scale
-        unsigned char *row = a.pool + kvd_scaled_codes_at(a.head_dim, a.block_size, r),
-                      *rsp = a.pool + kvd_scaled_scale_at(a.head_dim, a.block_size, r);
+        const size_t seg = (size_t)(blk * a.kv_heads + h);
+        unsigned char *row = a.pool + kvd_scaled_codes_at(a.head_dim, a.block_size, seg, (int)off),
+                      *rsp = a.pool + kvd_scaled_scale_at(a.head_dim, a.block_size, seg, (int)off);
         const float rs =
             fmaxf(__fdiv_rn(rmax, i8 ? KVD_I8T_MAX : KVD_E4M3_MAX), KVD_E4M3T_MIN_SCALE);
         const float y = __fmul_rn(x, __frcp_rn(rs));

@@ -261,7 +261,7 @@ static void pool_layout(void **st) {
                     memcpy(got + HD, c.k[1] + base + (size_t)BS * HD + 4 * slot, 4);
                     float s1, s2;
                     memcpy(&s1, want + HD, 4);
-                    s2 = kvd_pool_row_scale(c.k[1], BS, HD, seg * BS + slot);
+                    s2 = kvd_pool_row_scale(c.k[1] + base, BS, HD, (int)slot);
                     assert_true(s1 == s2 && s1 > 0.0f);
                 }
                 assert_memory_equal(got, want, rb);
