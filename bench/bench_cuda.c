@@ -554,9 +554,9 @@ int kvd_bench_cuda(int reps, int smoke) {
     printf("device copy bandwidth (read + write, %zu MiB): %.1f GB/s\n\n", sz->copy_bytes >> 20,
            bw / 1e9);
     printf("decode attention, 32/2 heads x 256, L2 flushed before each rep (v1: plain kernels; "
-           "v2: split over the context,\nFP32 cores; v3: tensor cores, what the model runs for "
-           "every cache but NVFP4, which runs v2;\ne4m3t and i8t: fp8-token's and int8-token's "
-           "rows, a scale each):\n"
+           "v2: split over the context,\nFP32 cores; v3: tensor cores, what the model runs; "
+           "nvfp4: E2M1 codes under E4M3 block\nscales, decoded into FP16 by v3; e4m3t and i8t: "
+           "fp8-token's and int8-token's rows, a scale each):\n"
            "%8s %-6s %4s %10s %10s %8s %8s\n",
            "context", "cache", "ver", "time_us", "read_GB_s", "of_copy", "vs_bf16");
     const int *ctxs = sz->ctx;
@@ -568,7 +568,7 @@ int kvd_bench_cuda(int reps, int smoke) {
         for (int ci = 0; ci < 2; ci++) {
             double tb = 0;
             for (int f = 0; f < 6; f++) {
-                if (ver == 3 && !kvd_fmt_tensor_cores(f)) continue; /* NVFP4: no v3 */
+                if (ver == 3 && !kvd_fmt_decode_tc(f, 256)) continue;
                 double t = kvd_cuda_bench_attn(f, ctxs[ci], 32, 2, 256, reps, ver, 0);
                 fail |= t <= 0;
                 const double bytes = cache_bytes(ctxs[ci], f);
@@ -747,9 +747,10 @@ int kvd_bench_cuda(int reps, int smoke) {
                    t ? "KVD_CUDA_GEMM=tune" : "the heuristic's first choice (the default)",
                    100 * gemm_worst[t], worst_what[t], worst_M[t],
                    gemm_worst[t] >= 0.85 ? "met" : "NOT met");
-    /* no target: what a scale a row costs v3 (4-byte stage copies, the
-     * scales on scores and probabilities) */
-    for (int f = KVD_FMT_E4M3T; f <= KVD_FMT_I8T; f++)
+    /* no target: what a scale a row costs v3 (the scales on scores and
+     * probabilities), and what NVFP4's 4.5 bits a value buy it (its rows
+     * 0.56x E4M3's bytes) beside the decoding into FP16 */
+    for (int f = KVD_FMT_NVFP4; f <= KVD_FMT_I8T; f++)
         if (v3[1][KVD_FMT_E4M3] > 0 && v3[1][f] > 0)
             printf("  (no target) decode attention v3, %3dK: the %s cache %.2fx the E4M3 cache's "
                    "speed\n",

@@ -88,9 +88,17 @@ KVD_FMT_FN int kvd_fmt_row_scaled(int f) {
 /* The formats the device's tensor-core attention (decode v3 and the
  * tensor-core prefill) reads: the per-head ones, and the row-scaled ones,
  * whose row scales it applies to a stage's scores and probabilities around
- * its MMAs. NVFP4 is left to the FP32-core kernels. */
+ * its MMAs. */
 KVD_FMT_FN int kvd_fmt_tensor_cores(int f) {
     return kvd_fmt_per_head(f) || kvd_fmt_row_scaled(f);
+}
+/* The formats decode v3 reads at head_dim hd (64, 128 or 256): those, and
+ * NVFP4 from head_dim 128 on, whose codes it decodes into FP16 under their
+ * block scales (a warp's quarter of a row of values must fill the 16-byte
+ * rows ldmatrix reads: 32 codes). The tensor-core prefill leaves NVFP4 to
+ * the FP32 tiles. */
+KVD_FMT_FN int kvd_fmt_decode_tc(int f, int hd) {
+    return kvd_fmt_tensor_cores(f) || (f == KVD_FMT_NVFP4 && hd >= 128);
 }
 
 /* NVFP4, as the engines' NVFP4 KV caches store it: each group of 16 values

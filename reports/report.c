@@ -1613,9 +1613,11 @@ static void mode_notes(kvd_buf *b, const kvd_run *runs, int n, const char *lead,
     }
     if (runs_have(runs, n, not_tensor_cores, 1)) {
         kvd_buf_puts(b, lead);
-        kvd_buf_puts(b, "On the device the nvfp4 modes run on kvdrift's FP32-core attention "
-                        "kernels (its tensor-core kernels take rows of 8- and 16-bit codes): "
-                        "their speeds there are kvdrift's, not an engine's.");
+        kvd_buf_puts(b, "On the device the nvfp4 modes' prefill attention runs on kvdrift's "
+                        "FP32-core kernels (its tensor-core prefill takes rows of 8- and 16-bit "
+                        "codes), and so does their decode at head_dim 64 (from head_dim 128 on "
+                        "it decodes E2M1 codes on tensor cores): their speeds there are "
+                        "kvdrift's, not an engine's.");
         kvd_buf_puts(b, tail);
     }
 }

@@ -342,9 +342,10 @@ static size_t fp8_scratch(const kvd_cuda_model *m, size_t have) {
     return need > have ? need : have;
 }
 
-/* An NVFP4 cache (not kvd_fmt_tensor_cores: v3 does not take it) with a
- * group of query heads decode v2 has no build for (not 1, 2, 4, 8 or 16)
- * decodes on the plain kernels, which need fp8_scratch's room too */
+/* An NVFP4 cache with a group of query heads decode v2 has no build for
+ * (not 1, 2, 4, 8 or 16) decodes on v3 from head_dim 128 on (where the
+ * device has the shared memory for its stages), else on the plain kernels,
+ * which need fp8_scratch's room: kept for both */
 static int plain_only(const kvd_cuda_model *m, kvd_fmt fmt) {
     const int G = m->c.num_attention_heads / m->c.num_key_value_heads;
     return !kvd_fmt_tensor_cores(fmt) && (G > 16 || (G & (G - 1)) != 0);

@@ -561,15 +561,26 @@ __host__ __device__ constexpr int row_bytes(int hd, bool fp8) {
 // kernels); the scores take the K rows' scales after the first MMAs, the
 // probabilities the V rows' before the second.
 //
-// A row's bytes in the pools: its codes, and the row-scaled formats' scale
+//
+// NVFP4 rows (fp8.h) are staged whole, as the pools keep them: HD / 2 bytes
+// of E2M1 codes, then the HD / 16 E4M3 block scales. The scores and values
+// take each pair of codes into FP16 (e2m1_pair) and multiply it by its
+// group's block scale, read as E4M3's times 2^-8 (hmul2): the product, code
+// times scale times 2^-8, is exact in FP16 (at most 6 significant bits, a
+// multiple of 2^-18 under 11).
+//
+// A row's bytes in the pools: its codes, the row-scaled formats' scale,
+// NVFP4's block scales
 __host__ __device__ constexpr int pool_row_bytes(int hd, int fmt) {
-    return kvd_fmt_row_scaled(fmt) ? (int)kvd_scaled_row_bytes(hd)
-                                   : row_bytes(hd, fmt != KVD_FMT_BF16);
+    return fmt == KVD_FMT_NVFP4      ? hd / 2 + hd / KVD_NVFP4_GROUP
+           : kvd_fmt_row_scaled(fmt) ? (int)kvd_scaled_row_bytes(hd)
+                                     : row_bytes(hd, fmt != KVD_FMT_BF16);
 }
-// whether codes_pair reads a format's codes times 2^-8 (E4M3's, under
-// per-head scales or their own), which the scores and outputs undo
+// whether a format's B operands read its values times 2^-8 (E4M3's codes,
+// under per-head scales or their own, and NVFP4's block scales), which the
+// scores and outputs undo
 __host__ __device__ constexpr bool codes_2m8(int fmt) {
-    return fmt == KVD_FMT_E4M3 || fmt == KVD_FMT_E4M3T;
+    return fmt == KVD_FMT_E4M3 || fmt == KVD_FMT_E4M3T || fmt == KVD_FMT_NVFP4;
 }
 // two 8-bit codes of a word (the bytes sel puts at bytes 1 and 3) as an
 // FP16 pair, exactly: E4M3's read times 2^-8, E5M2's and INT8's as they are
@@ -636,23 +647,55 @@ __host__ __device__ constexpr int vstride(int hd, bool fp8) {
 __host__ __device__ constexpr int stage_bytes(int hd, bool fp8, bool rs = false) {
     return STAGE * (kstride(hd, fp8, rs) + vstride(hd, fp8));
 }
+// bytes rounded up to an odd multiple of unit
+__host__ __device__ constexpr int odd_multiple(int bytes, int unit) {
+    return (bytes + unit - 1) / unit % 2 ? (bytes + unit - 1) / unit * unit
+                                         : (bytes + unit - 1) / unit * unit + unit;
+}
+// the strides for a cache of format fmt: NVFP4's K rows are read 8 bytes a
+// thread, four rows a half-warp, which want rows an odd multiple of 32
+// bytes apart; its V rows, as the others', an odd multiple of 16
+__host__ __device__ constexpr int kstride_of(int hd, int fmt) {
+    return fmt == KVD_FMT_NVFP4 ? odd_multiple(pool_row_bytes(hd, fmt), 32)
+                                : kstride(hd, fmt != KVD_FMT_BF16, kvd_fmt_row_scaled(fmt));
+}
+__host__ __device__ constexpr int vstride_of(int hd, int fmt) {
+    return fmt == KVD_FMT_NVFP4 ? odd_multiple(pool_row_bytes(hd, fmt), 16)
+                                : vstride(hd, fmt != KVD_FMT_BF16);
+}
 // a stage's bytes for a cache of format fmt
 __host__ __device__ constexpr int fmt_stage_bytes(int hd, int fmt) {
-    return stage_bytes(hd, fmt != KVD_FMT_BF16, kvd_fmt_row_scaled(fmt));
+    return STAGE * (kstride_of(hd, fmt) + vstride_of(hd, fmt));
+}
+// the bytes a CTA takes beside its stages: the scores' exchange (SBUF), and
+// what the query (up to 16 rows of hd floats, read into the last stage's
+// buffer before the loop) needs past that buffer where a stage is smaller
+// (NVFP4's, 9.5 KB at head_dim 256)
+__host__ __device__ constexpr int query_extra(int hd, int fmt) {
+    return 16 * hd * 4 > fmt_stage_bytes(hd, fmt) ? 16 * hd * 4 - fmt_stage_bytes(hd, fmt) : 0;
+}
+__host__ __device__ constexpr int fixed_bytes(int hd, int fmt) {
+    return SBUF + query_extra(hd, fmt);
+}
+// the bytes load_stage copies at a time: a row's codes 16 (and a row-scaled
+// row's scale 4), NVFP4's rows of 72 bytes (head_dim 128) 8
+__host__ __device__ constexpr int copy_bytes(int hd, int fmt) {
+    return kvd_fmt_row_scaled(fmt) || pool_row_bytes(hd, fmt) % 16 == 0 ? 16 : 8;
 }
 
 // K and V rows of positions p0 .. p0 + STAGE - 1 of KV head h into a
 // stage's buffers ks and vs, by cp.async from the THREADS threads of the
 // CTA; positions from t1 on are zero-filled. A row's codes (HD values of
-// format FMT, a multiple of 16 bytes) 16 bytes a copy; a row-scaled
-// format's row also its scale, from after its block's codes in the pool
-// (fp8.h), to just after its codes in the stage (row_scale_in).
+// format FMT; NVFP4's with their block scales) copy_bytes at a time; a
+// row-scaled format's row also its scale, from after its block's codes in
+// the pool (fp8.h), to just after its codes in the stage (row_scale_in).
 template <int HD, int FMT, int KSTR, int VSTR, int THREADS, bool WITH_V = true>
 __device__ inline void load_stage(const view &kv, const int *blocks, int h, int p0, int t1,
                                   unsigned char *ks, unsigned char *vs) {
     constexpr bool RS = kvd_fmt_row_scaled(FMT);
-    constexpr int ROWB = pool_row_bytes(HD, FMT), CODES = RS ? HD : ROWB, CPR = CODES / 16;
-    static_assert(CODES % 16 == 0, "a row's codes in 16-byte copies");
+    constexpr int ROWB = pool_row_bytes(HD, FMT), CODES = RS ? HD : ROWB;
+    constexpr int CW = copy_bytes(HD, FMT), CPR = CODES / CW;
+    static_assert(CODES % CW == 0, "a row's codes in whole copies");
     const int bs = kv.block_size;
     for (int e = threadIdx.x; e < STAGE * CPR; e += THREADS) {
         const int r = e / CPR, c = e % CPR, p = p0 + r;
@@ -661,11 +704,11 @@ __device__ inline void load_stage(const view &kv, const int *blocks, int h, int 
         if (in) {
             const size_t seg = (size_t)blocks[p / bs] * kv.kv_heads + h;
             off = (RS ? kvd_scaled_codes_at(HD, bs, seg, p % bs) : (seg * bs + p % bs) * ROWB) +
-                  16 * c;
+                  CW * c;
         }
-        kvd_mma::cp_async<16>(ks + r * KSTR + 16 * c, kv.k + off, in ? 16 : 0);
+        kvd_mma::cp_async<CW>(ks + r * KSTR + CW * c, kv.k + off, in ? CW : 0);
         if constexpr (WITH_V)
-            kvd_mma::cp_async<16>(vs + r * VSTR + 16 * c, kv.v + off, in ? 16 : 0);
+            kvd_mma::cp_async<CW>(vs + r * VSTR + CW * c, kv.v + off, in ? CW : 0);
     }
     if constexpr (RS) // and each row's scale
         for (int r = threadIdx.x; r < STAGE; r += THREADS) {
@@ -726,16 +769,18 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
               const float *rowmax, float *part_acc, float *part_m, float *part_l) {
     using namespace kvd_mma;
     constexpr bool F16 = FMT != KVD_FMT_BF16, RS = kvd_fmt_row_scaled(FMT), E4 = codes_2m8(FMT);
-    constexpr int KSTR = kstride(HD, F16, RS), VSTR = vstride(HD, F16);
+    constexpr bool NV = FMT == KVD_FMT_NVFP4;
+    constexpr int KSTR = kstride_of(HD, FMT), VSTR = vstride_of(HD, FMT);
     constexpr int NCH = HD / 16, SLICE = HD / WARPS, NT = SLICE / 8;
     constexpr int GROWB = pool_row_bytes(HD, FMT);
-    static_assert(!RS || (KSTR >= GROWB && VSTR >= GROWB), "a stage row holds its scale");
-    static_assert(!RS || MODE == PASS_PLAIN, "FP8 attention takes one scale a head");
+    static_assert(KSTR >= GROWB && VSTR >= GROWB, "a stage row holds a pool row");
+    static_assert(!(RS || NV) || MODE == PASS_PLAIN, "FP8 attention takes one scale a head");
+    static_assert(!NV || SLICE % 32 == 0, "a warp's NVFP4 values in 16-byte rows of codes");
     extern __shared__ uint4 smem_u4[];
     unsigned char *smem = reinterpret_cast<unsigned char *>(smem_u4);
     // stage buffer i (K rows, then V rows); the scores' exchange after the last
     auto buffer = [&](int i) { return smem + (size_t)i * STAGE * (KSTR + VSTR); };
-    float *sbuf = reinterpret_cast<float *>(buffer(nstage));
+    float *sbuf = reinterpret_cast<float *>(buffer(nstage) + query_extra(HD, FMT));
     // entries vary fastest: the listed rows of one sequence read the same
     // K and V rows at the same time, once from HBM and then from L2
     const int z = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
@@ -761,10 +806,8 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     }
 
     // the query's G rows, read from global memory once a CTA into the last
-    // stage buffer (its first cp.async is issued after the loop's first
-    // barrier), with their largest magnitude
-    static_assert(stage_bytes(HD, F16, RS) >= 16 * HD * (int)sizeof(float),
-                  "a stage holds the query");
+    // stage buffer and past it (query_extra; its first cp.async is issued
+    // after the loop's first barrier), with their largest magnitude
     float *qs = reinterpret_cast<float *>(buffer(nstage - 1));
     const float *qh = q + (size_t)h * G * HD;
     float mx = 0.0f;
@@ -785,15 +828,22 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         frexpf(mx, &e);
         if (mx > 0.0f && mx < INFINITY) qscale = ldexpf(1.0f, 14 - e);
     }
+    // The K operands of chunk c = 4 i + j are the lane's dims 64 i + 16 t
+    // + 4 j .. + 3 (NVFP4: 64 i + 16 t + j, + 4, + 8, + 12, the pairs its
+    // group's two words give), for k = 2t, 2t + 1, 2t + 8, 2t + 9
     unsigned qa[NCH][2][4];
 #pragma unroll
     for (int c = 0; c < NCH; c++) {
-        const int d = 64 * (c / 4) + 16 * t + 4 * (c % 4);
+        const int d = 64 * (c / 4) + 16 * t + (NV ? c % 4 : 4 * (c % 4));
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
             const int row = g + 8 * rr;
             float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (row < G) {
+            if (row < G && NV) {
+                const float *qr = qs + row * HD + d;
+                x[0] = qr[0] * qscale, x[1] = qr[4] * qscale, x[2] = qr[8] * qscale,
+                x[3] = qr[12] * qscale;
+            } else if (row < G) {
                 const float4 v = *reinterpret_cast<const float4 *>(qs + row * HD + d);
                 x[0] = v.x * qscale, x[1] = v.y * qscale, x[2] = v.z * qscale, x[3] = v.w * qscale;
             }
@@ -801,7 +851,8 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
             split2<F16>(x[2], x[3], &qa[c][0][2 + rr], &qa[c][1][2 + rr]);
         }
     }
-    // scores in log2 units; E4M3's 2^-8 and the query's scale undone
+    // scores in log2 units; the B operands' 2^-8 (codes_2m8) and the query's
+    // scale undone
     const float kmul2 = sm_scale * kv.k_scale[h] * LOG2E * (E4 ? 256.0f : 1.0f) / qscale;
     // probabilities into FP16's normal range. With row scales (RS) the
     // values' A operands are probabilities times V row scales: pscale is
@@ -826,36 +877,57 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 
         // scores of positions 8 (TPW warp + nt) + g (TPW n8 tiles), hi and lo apart
         float s[TPW][2][4] = {};
+        if constexpr (NV) {
 #pragma unroll
-        for (int i = 0; i < HD / 64; i++) {
-            unsigned w[TPW][F16 ? 4 : 8];
-#pragma unroll
-            for (int nt = 0; nt < TPW; nt++) {
-                const unsigned char *krow = ks + (8 * (TPW * warp + nt) + g) * KSTR;
-                if constexpr (F16) {
-                    uint4 x = *reinterpret_cast<const uint4 *>(krow + 64 * i + 16 * t);
-                    w[nt][0] = x.x, w[nt][1] = x.y, w[nt][2] = x.z, w[nt][3] = x.w;
-                } else {
-                    uint4 x = *reinterpret_cast<const uint4 *>(krow + 128 * i + 32 * t);
-                    uint4 y = *reinterpret_cast<const uint4 *>(krow + 128 * i + 32 * t + 16);
-                    w[nt][0] = x.x, w[nt][1] = x.y, w[nt][2] = x.z, w[nt][3] = x.w;
-                    w[nt][4] = y.x, w[nt][5] = y.y, w[nt][6] = y.z, w[nt][7] = y.w;
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < 4; j++)
+            for (int i = 0; i < HD / 64; i++) {
+                // NVFP4: the lane's 16 codes (one group: 8 bytes) and their
+                // block scale, in both halves of an FP16 pair
 #pragma unroll
                 for (int nt = 0; nt < TPW; nt++) {
-                    unsigned b[2];
-                    if constexpr (F16) {
-                        b[0] = codes_pair<FMT>(w[nt][j], 0x1404u);
-                        b[1] = codes_pair<FMT>(w[nt][j], 0x3424u);
-                    } else {
-                        b[0] = w[nt][2 * j], b[1] = w[nt][2 * j + 1];
+                    const unsigned char *krow = ks + (8 * (TPW * warp + nt) + g) * KSTR;
+                    const uint2 x = *reinterpret_cast<const uint2 *>(krow + 32 * i + 8 * t);
+                    const unsigned sf = fp8_pair<false>(krow[HD / 2 + 4 * i + t], 0x0404u);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const unsigned b[2] = {hmul2(e2m1_pair(x.x << (12 - 4 * j)), sf),
+                                               hmul2(e2m1_pair(x.y << (12 - 4 * j)), sf)};
+                        mma<true>(s[nt][0], qa[4 * i + j][0], b);
+                        mma<true>(s[nt][1], qa[4 * i + j][1], b);
                     }
-                    mma<F16>(s[nt][0], qa[4 * i + j][0], b);
-                    mma<F16>(s[nt][1], qa[4 * i + j][1], b);
                 }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < HD / 64; i++) {
+                unsigned w[TPW][F16 ? 4 : 8];
+#pragma unroll
+                for (int nt = 0; nt < TPW; nt++) {
+                    const unsigned char *krow = ks + (8 * (TPW * warp + nt) + g) * KSTR;
+                    if constexpr (F16) {
+                        uint4 x = *reinterpret_cast<const uint4 *>(krow + 64 * i + 16 * t);
+                        w[nt][0] = x.x, w[nt][1] = x.y, w[nt][2] = x.z, w[nt][3] = x.w;
+                    } else {
+                        uint4 x = *reinterpret_cast<const uint4 *>(krow + 128 * i + 32 * t);
+                        uint4 y = *reinterpret_cast<const uint4 *>(krow + 128 * i + 32 * t + 16);
+                        w[nt][0] = x.x, w[nt][1] = x.y, w[nt][2] = x.z, w[nt][3] = x.w;
+                        w[nt][4] = y.x, w[nt][5] = y.y, w[nt][6] = y.z, w[nt][7] = y.w;
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int nt = 0; nt < TPW; nt++) {
+                        unsigned b[2];
+                        if constexpr (F16) {
+                            b[0] = codes_pair<FMT>(w[nt][j], 0x1404u);
+                            b[1] = codes_pair<FMT>(w[nt][j], 0x3424u);
+                        } else {
+                            b[0] = w[nt][2 * j], b[1] = w[nt][2 * j + 1];
+                        }
+                        mma<F16>(s[nt][0], qa[4 * i + j][0], b);
+                        mma<F16>(s[nt][1], qa[4 * i + j][1], b);
+                    }
+            }
         }
         if constexpr (MODE == PASS_MAX) { // the warp's own positions' maxima only
 #pragma unroll
@@ -903,7 +975,28 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
                     prob_frags<F16>(sv + 2 * kc, m2, l, pmul, pa);
                 constexpr bool LO = MODE != PASS_FP8; // rounded weights have no lo half
                 const unsigned char *vrow = vs + (16 * kc + (lane & 15)) * VSTR;
-                if constexpr (!F16) {
+                if constexpr (NV) {
+#pragma unroll
+                    for (int i = 0; i < SLICE / 32; i++) { // 32 dims: four tiles, 4 col + q
+                        const int ch = warp * SLICE / 32 + i;
+                        unsigned r[2];
+                        ldsm_x2_trans(r, vrow + ch * 16);
+                        // the block scales of the lane's positions 2t, 2t + 1
+                        // (r[0]) and 2t + 8, 2t + 9 (r[1]) at its dims' group
+                        const unsigned char *sc =
+                            vs + (16 * kc + 2 * t) * VSTR + HD / 2 + 2 * ch + g / 4;
+                        const unsigned s0 = fp8_pair<false>(sc[0] | sc[VSTR] << 16, 0x2404u);
+                        const unsigned s1 =
+                            fp8_pair<false>(sc[8 * VSTR] | sc[9 * VSTR] << 16, 0x2404u);
+#pragma unroll
+                        for (int qd = 0; qd < 4; qd++) {
+                            const unsigned b[2] = {hmul2(e2m1_pair(r[0] << (12 - 4 * qd)), s0),
+                                                   hmul2(e2m1_pair(r[1] << (12 - 4 * qd)), s1)};
+                            mma<true>(o[4 * i + qd], pa[0], b);
+                            if constexpr (LO) mma<true>(o[4 * i + qd], pa[1], b);
+                        }
+                    }
+                } else if constexpr (!F16) {
 #pragma unroll
                     for (int i = 0; i < NT; i++) { // 8 dims a tile
                         unsigned b[2];
@@ -957,8 +1050,9 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
             for (int e = 0; e < 4; e++) {
                 const int row = g + 8 * (e / 2), col = 2 * t + (e & 1);
                 if (row >= G) continue;
-                const int dim = F16 ? warp * SLICE + 16 * (i / 2) + 2 * col + (i & 1)
-                                    : warp * SLICE + 8 * i + col;
+                const int dim = NV    ? warp * SLICE + 32 * (i / 4) + 4 * col + i % 4
+                                : F16 ? warp * SLICE + 16 * (i / 2) + 2 * col + (i & 1)
+                                      : warp * SLICE + 8 * i + col;
                 part_acc[(base + row) * HD + dim] = o[i][e] * unscale;
             }
         if (warp == 0 && t == 0)
@@ -1004,10 +1098,10 @@ static int stages_fitting(int sb, int fixed) {
 }
 
 static int stages_for(int hd, int fmt) {
-    const int sb = fmt_stage_bytes(hd, fmt);
+    const int sb = fmt_stage_bytes(hd, fmt), fixed = fixed_bytes(hd, fmt);
     if (bench_nstage) // as asked, or none where that does not fit
-        return bench_nstage * sb + SBUF <= limits_of_current().smem_optin ? bench_nstage : 0;
-    return stages_fitting(sb, SBUF);
+        return bench_nstage * sb + fixed <= limits_of_current().smem_optin ? bench_nstage : 0;
+    return stages_fitting(sb, fixed);
 }
 
 // a kernel's shared-memory opt-in, asked for when it changes (opted: the
@@ -1025,7 +1119,7 @@ template <class F> static bool opt_in(F *kernel, size_t shm, size_t opted[16]) {
 // CTAs of v3 an SM holds at once: two where their stages leave room (the
 // launch bounds' two), else one
 static int ctas_per_sm(int hd, int fmt) {
-    const int shm = stages_for(hd, fmt) * fmt_stage_bytes(hd, fmt) + SBUF;
+    const int shm = stages_for(hd, fmt) * fmt_stage_bytes(hd, fmt) + fixed_bytes(hd, fmt);
     return limits_of_current().smem_sm >= 2 * (shm + 1024) ? 2 : 1;
 }
 
@@ -1058,7 +1152,7 @@ struct split_args {
 
 template <int HD, int FMT, int MODE>
 static int launch_t(const view &kv, const rows &R, const split_args &a) {
-    const size_t shm = (size_t)a.nstage * fmt_stage_bytes(HD, FMT) + SBUF;
+    const size_t shm = (size_t)a.nstage * fmt_stage_bytes(HD, FMT) + fixed_bytes(HD, FMT);
     void (*decode_v3_t)(view, rows, int, int, int, const float *, float, const float *, float *,
                         float *, float *) = decode_v3<HD, FMT, MODE>;
     // the shared-memory opt-in, asked for when it changes (per device)
@@ -1116,26 +1210,30 @@ template <int HD> static int launch_hd(const view &kv, const rows &R, const spli
     case KVD_FMT_I8T: // I8T_RN's rows read as I8T's (they differ in the writing only)
     case KVD_FMT_I8T_RN:
         return a.rowmax ? -1 : launch_t<HD, KVD_FMT_I8T, PASS_PLAIN>(kv, R, a);
+    case KVD_FMT_NVFP4: // from head_dim 128 on (kvd_fmt_decode_tc); no FP8 attention
+        if constexpr (kvd_fmt_decode_tc(KVD_FMT_NVFP4, HD))
+            return a.rowmax ? -1 : launch_t<HD, KVD_FMT_NVFP4, PASS_PLAIN>(kv, R, a);
+        else
+            return -1;
     default:
         return -1;
     }
 }
 
-// whether load_stage's 16-byte copies find every row's codes 16-byte
-// aligned (in a pool from cudaMalloc): always for the per-head formats at
-// v3's head dims; for the row-scaled ones where a segment of bs rows, bs
-// (hd + 4) bytes, is a multiple of 16 (bs a multiple of 4: the model's
-// blocks of KVD_KV_BLOCK = 128 are)
+// whether load_stage's copies (copy_bytes) find every row's codes aligned
+// (in a pool from cudaMalloc): always for the whole rows of the per-head
+// formats and NVFP4 at v3's head dims; for the row-scaled ones where a
+// segment of bs rows, bs (hd + 4) bytes, is a multiple of 16 (bs a multiple
+// of 4: the model's blocks of KVD_KV_BLOCK = 128 are)
 static bool rows_aligned(int hd, int fmt, int bs) {
     return kvd_fmt_row_scaled(fmt) ? (size_t)bs * kvd_scaled_row_bytes(hd) % 16 == 0
-                                   : pool_row_bytes(hd, fmt) % 16 == 0;
+                                   : pool_row_bytes(hd, fmt) % copy_bytes(hd, fmt) == 0;
 }
 
 static bool ok(const view &kv, int G) {
-    // NVFP4 takes v2 and the plain kernels: v3 stages rows of 8- or 16-bit
-    // codes, under per-head scales or their own
-    return kvd_fmt_tensor_cores(kv.fmt) &&
-           (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256) && G >= 1 && G <= 16 &&
+    // NVFP4 at head_dim 64 takes v2 and the plain kernels (kvd_fmt_decode_tc)
+    return (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256) &&
+           kvd_fmt_decode_tc(kv.fmt, kv.head_dim) && G >= 1 && G <= 16 &&
            rows_aligned(kv.head_dim, kv.fmt, kv.block_size) && stages_for(kv.head_dim, kv.fmt) >= 2;
 }
 
@@ -1223,8 +1321,8 @@ extern "C" size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int hea
 }
 
 extern "C" int kvd_cuda_attn_wave(int fmt, int head_dim) {
-    if ((head_dim != 64 && head_dim != 128 && head_dim != 256) || !kvd_fmt_tensor_cores(fmt) ||
-        v3::stages_for(head_dim, fmt) < 2)
+    if ((head_dim != 64 && head_dim != 128 && head_dim != 256) ||
+        !kvd_fmt_decode_tc(fmt, head_dim) || v3::stages_for(head_dim, fmt) < 2)
         return 0;
     return v3::ctas_per_sm(head_dim, fmt) * v3::limits_of_current().sms;
 }

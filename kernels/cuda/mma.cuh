@@ -170,15 +170,18 @@ __device__ inline void ldsm_x2_trans(unsigned r[2], const void *row) {
 #endif
 }
 
-// W (16 or 4) bytes global -> shared, asynchronously, both addresses
+// W (16, 8 or 4) bytes global -> shared, asynchronously, both addresses
 // W-aligned; src_bytes 0 writes zeros. 4-byte copies serve the row-scaled
-// formats' scales.
+// formats' scales, 8-byte ones NVFP4's rows at head_dim 128 (72 bytes).
 template <int W> __device__ inline void cp_async(void *dst, const void *src, int src_bytes) {
-    static_assert(W == 16 || W == 4, "cp.async copies 16 bytes (.cg) or 4 (.ca)");
+    static_assert(W == 16 || W == 8 || W == 4, "cp.async copies 16 bytes (.cg), 8 or 4 (.ca)");
 #ifdef KVD_PTX_MMA
     unsigned addr = (unsigned)__cvta_generic_to_shared(dst);
     if constexpr (W == 16)
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
+                     "r"(src_bytes));
+    else if constexpr (W == 8)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(addr), "l"(src),
                      "r"(src_bytes));
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(addr), "l"(src),
@@ -251,6 +254,30 @@ __device__ inline unsigned int8_pair(unsigned w, unsigned sel) {
     return r;
 #else
     return f16_bits(f16_val(a) - 1152.0f) | f16_bits(f16_val(a >> 16) - 1152.0f) << 16;
+#endif
+}
+
+// Two E2M1 codes (NVFP4's elements) as an FP16 pair, exactly: the codes at
+// bits 12-15 and 28-31 of x, whatever its other bits. Their three
+// magnitude bits index a table of FP16's top bytes for 0, 0.5, 1, 1.5, 2,
+// 3, 4 and 6 (one byte permute; each value's low byte is 0, as is the
+// table's first entry, which fills the pair's low bytes), and their sign
+// bits are already FP16's. A word of eight codes gives its pairs (i, i + 4)
+// shifted left by 12 - 4 i.
+__device__ inline unsigned e2m1_pair(unsigned x) {
+    const unsigned sel = ((x >> 8) & 0x70u) | ((x >> 16) & 0x7000u);
+    return __byte_perm(0x3e3c3800u, 0x46444240u, sel) | (x & 0x80008000u);
+}
+
+// the FP16 pairs a and b multiplied, element by element, rounded to nearest
+// even (exact where the products fit FP16's significand and range)
+__device__ inline unsigned hmul2(unsigned a, unsigned b) {
+#ifdef KVD_PTX_MMA
+    unsigned r;
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+#else // the product of two FP16 values is exact in FP32: one rounding
+    return f16_bits(f16_val(a) * f16_val(b)) | f16_bits(f16_val(a >> 16) * f16_val(b >> 16)) << 16;
 #endif
 }
 

@@ -270,12 +270,26 @@ for cfg in "$work/ck/config.json" "$work/g3.json"; do
     bad "NVFP4 and per-token caches on the device ($(basename "$cfg")) differ from the CPU's (above) $(cat "$work/nv.err")"
 done
 
+# NVFP4 at head_dim 128, which decode v3 reads on tensor cores (the model
+# above has head_dim 64, where NVFP4 takes v2), with three query heads a
+# KV head, a group v2 has no build for
+"$py" -c "
+import json, sys
+c = json.load(open(sys.argv[1])); c['head_dim'] = 128; c['num_attention_heads'] = 6
+json.dump(c, open(sys.argv[2], 'w'))" "$work/ck/config.json" "$work/hd128.json"
+nv=(run --config "$work/hd128.json" --kv bf16,nvfp4-cal,nvfp4-unscaled --context 96 --gen-tokens 4 --calib-tokens 128 --cells drift --threads 1)
+"$cpu" "${nv[@]}" -o "$work/nv128-cpu.h5" >/dev/null 2>&1
+"$sim" "${nv[@]}" --backend cuda -o "$work/nv128-gpu.h5" >/dev/null 2>"$work/nv.err" &&
+  "$py" "$here/drift_close.py" "$work/nv128-gpu.h5" "$work/nv128-cpu.h5" && ok ||
+  bad "NVFP4 caches on the device at head_dim 128 differ from the CPU's (above) $(cat "$work/nv.err")"
+
 # a device run's report says that kvdrift's FP32-core kernels ran the
-# NVFP4 modes, where it timed one; not for the per-token modes, which the
-# tensor-core kernels read; nor for a drift-only run
+# NVFP4 modes' prefill (and decode at head_dim 64), where it timed one; not
+# for the per-token modes, which the tensor-core kernels read; nor for a
+# drift-only run
 tp=(run --config "$work/ck/config.json" --context 64 --gen-tokens 0 --calib-tokens 128
   --concurrency 1 --decode-tokens 2 --threads 1 --backend cuda)
-note="^On the device the nvfp4 modes run on kvdrift's FP32-core attention kernels .*, not an engine's.$"
+note="^On the device the nvfp4 modes' prefill attention runs on kvdrift's FP32-core kernels .*, not an engine's.$"
 "$sim" "${tp[@]}" --kv bf16,fp8-token,int8-token-rn -o "$work/tp-gpu.h5" >/dev/null 2>"$work/tp.err" &&
   "$sim" "${tp[@]}" --kv bf16,nvfp4-unscaled -o "$work/tp4-gpu.h5" >/dev/null 2>>"$work/tp.err" &&
   "$cpu" report "$work/tp-gpu.h5" --format md -o "$work/tp.md" 2>>"$work/tp.err" &&

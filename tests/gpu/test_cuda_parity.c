@@ -163,8 +163,8 @@ static void attention_case(int nh, int kvh, int hd, int n_ctx) {
         float *probs = malloc(sizeof(float) * (size_t)nh * n_ctx);
         kvd_attn_paged(&view, blocks, n_ctx, q, nh, 1.0f / 16.0f, ocpu, probs, work, 3);
         for (int ver = 0; ver <= 3; ver++) {
-            if (ver == 3 && !kvd_fmt_tensor_cores(fmts[fi])) { /* v3 stages rows of 8- or
-                                                16-bit codes: NVFP4 takes v2, and v3 says so */
+            if (ver == 3 && !kvd_fmt_decode_tc(fmts[fi], hd)) { /* NVFP4 at head_dim 64
+                                                takes v2, and v3 says so */
                 CHECK(kvd_cuda_attn_decode_v(&view, nb, blocks, n_ctx, q, nh, 1.0f / 16.0f, ogpu,
                                              ver) != 0,
                       "attention v3 accepted a cache of format %d\n", (int)fmts[fi]);
@@ -230,14 +230,19 @@ static void attention_case(int nh, int kvh, int hd, int n_ctx) {
 
 /* One position: the output is that position's V row, decoded. With a row
  * holding every code (head_dim 256; FP8 under per-head scales or its own,
- * INT8 under its own), each version must give the CPU's
- * decoding times the scale bit for bit (v3: the probability 1 is exact in
- * both halves, and so is every FP8 value in FP16), NaN codes as NaN, and
- * E5M2's infinities as non-finite (v3's low half multiplies them by 0). */
+ * INT8 under its own, E2M1 under block scales), each version must give the
+ * CPU's decoding times the scale bit for bit (v3: the probability 1 is
+ * exact in both halves, and so is every FP8 value in FP16, and every E2M1
+ * value times its block scale), NaN codes as NaN, and E5M2's infinities as
+ * non-finite (v3's low half multiplies them by 0). */
 static void attention_codes(void) {
     const int hd = 256, bs = 16, nh = 4, kvh = 1;
-    const kvd_fmt fmts[4] = {KVD_FMT_E4M3, KVD_FMT_E5M2, KVD_FMT_E4M3T, KVD_FMT_I8T};
-    for (int fi = 0; fi < 4; fi++) {
+    const kvd_fmt fmts[5] = {KVD_FMT_E4M3, KVD_FMT_E5M2, KVD_FMT_E4M3T, KVD_FMT_I8T, KVD_FMT_NVFP4};
+    /* NVFP4's V block scales: E4M3's smallest subnormal to its largest
+     * value, a negative one and NaN */
+    static const uint8_t vsf[16] = {0x01, 0x02, 0x07, 0x08, 0x09, 0x17, 0x30, 0x37,
+                                    0x38, 0x39, 0x4f, 0x5a, 0x66, 0x7e, 0xb9, 0x7f};
+    for (int fi = 0; fi < 5; fi++) {
         /* rows of 260 bytes, room for a row-scaled format's */
         uint8_t k[16 * 260] = {0}, v[16 * 260] = {0};
         for (int d = 0; d < hd; d++) v[d] = (uint8_t)d, k[d] = (uint8_t)(d % 0x38); /* K finite */
@@ -245,6 +250,14 @@ static void attention_codes(void) {
         const int rowsc = kvd_fmt_row_scaled(fmts[fi]);
         if (rowsc) /* the scales as the rows' own (little-endian, as the cache stores them) */
             memcpy(k + hd, &ks, 4), memcpy(v + hd, &vs, 4);
+        if (fmts[fi] == KVD_FMT_NVFP4) /* each group all 16 codes, in another order for each
+                                          group; K's codes under block scales of 1 */
+            for (int gi = 0; gi < hd / 16; gi++) {
+                for (int b = 0; b < 8; b++)
+                    v[8 * gi + b] =
+                        (uint8_t)(((2 * b + gi) & 15) | ((2 * b + 1 + 3 * gi) & 15) << 4);
+                v[hd / 2 + gi] = vsf[gi], k[hd / 2 + gi] = 0x38;
+            }
         for (int i = 0; i < nh * hd; i++) q[i] = 0.01f * (float)(i % 13);
         int32_t blocks[1] = {0};
         kvd_kv_view view = {fmts[fi],           bs, kvh,  hd, k, v, rowsc ? &one : &ks,
@@ -278,9 +291,9 @@ static void attention_batch(void) {
     enum { NSEQ = 5, NH = 16, KVH = 2, HD = 128, BS = 16, NBS = 40 /* blocks a seq */ };
     const int lens[NSEQ] = {1, 700, 33, 333, 1000}; /* context of each sequence's row */
     const int order[NSEQ] = {3, 0, 4, 1, 2};        /* entry z holds sequence order[z] */
-    const kvd_fmt fmts[4] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E4M3T, KVD_FMT_I8T};
+    const kvd_fmt fmts[5] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E4M3T, KVD_FMT_I8T, KVD_FMT_NVFP4};
     const int nb = NSEQ * NBS;
-    for (int fi = 0; fi < 4; fi++) {
+    for (int fi = 0; fi < 5; fi++) {
         /* esz: a value's bytes, or (row-scaled) a row's over head_dim's */
         const size_t n = (size_t)nb * KVH * BS * HD;
         const double esz = (double)kvd_fmt_row_bytes(fmts[fi], HD) / HD;
@@ -306,7 +319,7 @@ static void attention_batch(void) {
         float *q = malloc(sizeof(float) * qn), *out = malloc(sizeof(float) * qn);
         float *ref = malloc(sizeof(float) * NH * HD);
         for (size_t i = 0; i < qn; i++) q[i] = kvd_rng_normal(key, i + n);
-        int fp8s = fmts[fi] == KVD_FMT_E4M3;
+        int fp8s = fmts[fi] == KVD_FMT_E4M3 || fmts[fi] == KVD_FMT_NVFP4;
         kvd_kv_view view = {fmts[fi],        BS, KVH,  HD, k, v, fp8s ? ks : one,
                             fp8s ? vs : one, 0,  NULL, 0};
         /* scratch for one split a row: the splits must grow to 1024 positions */
@@ -450,9 +463,10 @@ static void split_rule(void) {
     for (int fmt = 0; fmt < KVD_FMT_I8T_RN + 1; fmt++)
         for (int hi = 0; hi < 3; hi++) {
             const int wave = kvd_cuda_attn_wave(fmt, hds[hi]);
-            if (!kvd_fmt_tensor_cores(fmt)) { /* v3 does not read it: no wave, no split */
+            if (!kvd_fmt_decode_tc(fmt, hds[hi])) { /* v3 does not read it: no wave, no split */
                 CHECK(wave == 0 && kvd_cuda_attn_split_len(fmt, hds[hi], 2, 1, 4096) == 0,
-                      "split rule: format %d (no v3) has a wave of %d\n", fmt, wave);
+                      "split rule: format %d, head_dim %d (no v3) has a wave of %d\n", fmt, hds[hi],
+                      wave);
                 continue;
             }
             CHECK(wave > 0, "split rule: no wave for format %d, head_dim %d\n", fmt, hds[hi]);
