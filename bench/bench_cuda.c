@@ -632,12 +632,14 @@ int kvd_bench_cuda(int reps, int smoke) {
            "a block per row;\nv2: tensor cores, rows sharing each K/V stage, what the model "
            "runs; v4: v2 splitting its query\nagain every stage, as it does where shared memory "
            "is short (sm_120); the 64-row chunk's\ncontext is split; e4m3t, fp8-token's rows, "
-           "v2 only):\n%8s %5s %-6s %4s %10s %9s %8s\n",
+           "and nvfp4, its codes widened into FP16 a stage at a time,\nv2 only):\n"
+           "%8s %5s %-6s %4s %10s %9s %8s\n",
            "context", "rows", "cache", "ver", "time_ms", "TFLOP_s", "vs_v1");
     double pf_best = 0, v2_e4m3[4] = {0, 0, 0, 0}; /* by chunk, for FP8 attention's table */
     for (int ci = 0; ci < 4; ci++)
-        for (int fi = 0; fi < 3; fi++) {
-            static const int pf_fmts[3] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E4M3T};
+        for (int fi = 0; fi < 4; fi++) {
+            static const int pf_fmts[4] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_E4M3T,
+                                           KVD_FMT_NVFP4};
             const int f = pf_fmts[fi];
             const int nq = sz->chunk[ci / 2], p0 = pfc[ci % 2] - nq;
             const double flop = 2.0 * 2 * nq * 32 * 256 * (p0 + (nq + 1) / 2.0);
@@ -645,12 +647,13 @@ int kvd_bench_cuda(int reps, int smoke) {
             static const int vers[3] = {1, 2, 4};
             for (int vi = 0; vi < 3; vi++) {
                 const int ver = vers[vi];
-                if (f == KVD_FMT_E4M3T && ver != 2) continue;
+                if ((f == KVD_FMT_E4M3T || f == KVD_FMT_NVFP4) && ver != 2) continue;
                 double t =
                     kvd_cuda_bench_prefill(f, p0, nq, 32, 2, 256, reps > 3 ? 3 : reps, ver, 0);
                 fail |= t <= 0;
                 if (ver == 1) t1 = t;
-                if (ver == 2 && f != KVD_FMT_E4M3T && flop / t > pf_best) pf_best = flop / t;
+                if (ver == 2 && (f == KVD_FMT_BF16 || f == KVD_FMT_E4M3) && flop / t > pf_best)
+                    pf_best = flop / t;
                 if (ver == 2 && f == KVD_FMT_E4M3) v2_e4m3[ci] = t;
                 printf("%8d %5d %-6s %4d %10.2f %9.1f", pfc[ci % 2], nq, fn[f], ver, t * 1e3,
                        flop / t / 1e12);

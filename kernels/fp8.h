@@ -92,11 +92,14 @@ KVD_FMT_FN int kvd_fmt_row_scaled(int f) {
 KVD_FMT_FN int kvd_fmt_tensor_cores(int f) {
     return kvd_fmt_per_head(f) || kvd_fmt_row_scaled(f);
 }
-/* The formats decode v3 reads at head_dim hd (64, 128 or 256): those, and
- * NVFP4 from head_dim 128 on, whose codes it decodes into FP16 under their
- * block scales (a warp's quarter of a row of values must fill the 16-byte
- * rows ldmatrix reads: 32 codes). The tensor-core prefill leaves NVFP4 to
- * the FP32 tiles. */
+/* The formats the tensor-core prefill reads: those, and NVFP4, whose codes
+ * it decodes into FP16 under their block scales a stage at a time. */
+KVD_FMT_FN int kvd_fmt_prefill_tc(int f) {
+    return kvd_fmt_tensor_cores(f) || f == KVD_FMT_NVFP4;
+}
+/* The formats decode v3 reads at head_dim hd (64, 128 or 256): the tensor-
+ * core prefill's, NVFP4 from head_dim 128 on (a warp's quarter of a row of
+ * values must fill the 16-byte rows ldmatrix reads: 32 codes). */
 KVD_FMT_FN int kvd_fmt_decode_tc(int f, int hd) {
     return kvd_fmt_tensor_cores(f) || (f == KVD_FMT_NVFP4 && hd >= 128);
 }

@@ -1569,9 +1569,6 @@ static int cpu_speeds(const kvd_run *r) {
 static int is_nvfp4(int f) {
     return f == KVD_FMT_NVFP4;
 }
-static int not_tensor_cores(int f) {
-    return !kvd_fmt_tensor_cores(f);
-}
 static int runs_have(const kvd_run *runs, int n, int (*fmt_is)(int), int cuda) {
     for (int i = 0; i < n; i++) {
         if (cuda && !timed_on(&runs[i], "cuda")) continue;
@@ -1584,12 +1581,32 @@ static int runs_have(const kvd_run *runs, int n, int (*fmt_is)(int), int cuda) {
     }
     return 0;
 }
+/* The model's head_dim as its run recorded it (the model's config.json;
+ * Qwen3-Next's 256 where it says none). */
+static int run_head_dim(const kvd_run *r) {
+    json_t *c = r->r.model_json ? json_loads(r->r.model_json, 0, NULL) : NULL;
+    const json_t *hd = c ? json_object_get(c, "head_dim") : NULL;
+    const int v = json_is_integer(hd) ? (int)json_integer_value(hd) : 256;
+    json_decref(c);
+    return v;
+}
+/* Whether a run timed on the device decoded an NVFP4 mode on the FP32
+ * cores: the tensor-core decode reads NVFP4 from head_dim 128 on only
+ * (kvd_fmt_decode_tc). */
+static int nvfp4_decode_fp32(const kvd_run *runs, int n) {
+    for (int i = 0; i < n; i++)
+        if (!kvd_fmt_decode_tc(KVD_FMT_NVFP4, run_head_dim(&runs[i])) &&
+            runs_have(&runs[i], 1, is_nvfp4, 1))
+            return 1;
+    return 0;
+}
 
 /* What the verdict's shares and the KV table's scales mean in the modes
  * that are not per-tensor FP8, where a run has them: an NVFP4 mode's V
  * flushed to zero (for FP8 a large share is the sign of a missing scale,
  * for NVFP4 it is the format), the per-token modes' scales, and, for runs
- * timed on the device, that no tensor-core kernel reads the NVFP4 modes.
+ * timed on the device at a head_dim under 128, that the NVFP4 modes
+ * decode on the FP32 cores.
  * Between lead and tail; nothing without such a mode. */
 static void mode_notes(kvd_buf *b, const kvd_run *runs, int n, const char *lead, const char *tail) {
     if (runs_have(runs, n, is_nvfp4, 0)) {
@@ -1611,13 +1628,12 @@ static void mode_notes(kvd_buf *b, const kvd_run *runs, int n, const char *lead,
                         "write does; int8-token-rn rounds.");
         kvd_buf_puts(b, tail);
     }
-    if (runs_have(runs, n, not_tensor_cores, 1)) {
+    if (nvfp4_decode_fp32(runs, n)) {
         kvd_buf_puts(b, lead);
-        kvd_buf_puts(b, "On the device the nvfp4 modes' prefill attention runs on kvdrift's "
-                        "FP32-core kernels (its tensor-core prefill takes rows of 8- and 16-bit "
-                        "codes), and so does their decode at head_dim 64 (from head_dim 128 on "
-                        "it decodes E2M1 codes on tensor cores): their speeds there are "
-                        "kvdrift's, not an engine's.");
+        kvd_buf_puts(b, "On the device the nvfp4 modes decode on kvdrift's FP32-core attention "
+                        "kernels at this model's head_dim (its tensor-core decode reads NVFP4 "
+                        "from head_dim 128 on, as its prefill does at every head_dim): their "
+                        "decode speeds there are kvdrift's, not an engine's.");
         kvd_buf_puts(b, tail);
     }
 }

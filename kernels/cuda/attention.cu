@@ -678,9 +678,11 @@ __host__ __device__ constexpr int fixed_bytes(int hd, int fmt) {
     return SBUF + query_extra(hd, fmt);
 }
 // the bytes load_stage copies at a time: a row's codes 16 (and a row-scaled
-// row's scale 4), NVFP4's rows of 72 bytes (head_dim 128) 8
+// row's scale 4), NVFP4's rows of 72 bytes (head_dim 128) 8, of 36 (64) 4
 __host__ __device__ constexpr int copy_bytes(int hd, int fmt) {
-    return kvd_fmt_row_scaled(fmt) || pool_row_bytes(hd, fmt) % 16 == 0 ? 16 : 8;
+    return kvd_fmt_row_scaled(fmt) || pool_row_bytes(hd, fmt) % 16 == 0 ? 16
+           : pool_row_bytes(hd, fmt) % 8 == 0                           ? 8
+                                                                        : 4;
 }
 
 // K and V rows of positions p0 .. p0 + STAGE - 1 of KV head h into a
@@ -1900,11 +1902,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
     using namespace kvd_mma;
     constexpr bool F16 = FMT != KVD_FMT_BF16, RS = kvd_fmt_row_scaled(FMT);
     constexpr bool E4 = v3::codes_2m8(FMT);
-    constexpr int KSTR = v3::kstride(HD, F16, RS), VSTR = v3::vstride(HD, F16);
+    constexpr bool NV = FMT == KVD_FMT_NVFP4;
+    constexpr int KSTR = v3::kstride_of(HD, FMT), VSTR = v3::vstride_of(HD, FMT);
     constexpr int NCH = HD / 16, NT = HD / 8;
     constexpr int GROWB = v3::pool_row_bytes(HD, FMT);
-    static_assert(!RS || (KSTR >= GROWB && VSTR >= GROWB), "a stage row holds its scale");
-    static_assert(!RS || MODE == PASS_PLAIN, "FP8 attention takes one scale a head");
+    static_assert(KSTR >= GROWB && VSTR >= GROWB, "a stage row holds a pool row");
+    static_assert(!(RS || NV) || MODE == PASS_PLAIN, "FP8 attention takes one scale a head");
     extern __shared__ uint4 smem_u4[];
     unsigned char *smem = reinterpret_cast<unsigned char *>(smem_u4);
     auto buffer = [&](int i) { return smem + (size_t)i * STAGE * (KSTR + VSTR); };
@@ -2003,7 +2006,24 @@ __global__ void __launch_bounds__(WARPS * 32, 1)
         if (st + nstage - 1 < nst) issue(st + nstage - 1);
         cp_async_commit();
         const unsigned char *ks = buffer(st % nstage), *vs = ks + STAGE * KSTR;
-        if constexpr (F16) { // widened by the CTA: 4 codes a thread at a time
+        if constexpr (NV) { // widened by the CTA: 4 codes (2 bytes) a thread at a time,
+            // each pair (e2m1_pair) times its group's block scale (hmul2), as v3's
+            auto widen4 = [&](const unsigned char *row, int c) {
+                const unsigned w = *reinterpret_cast<const unsigned short *>(row + 2 * c);
+                const unsigned sf = fp8_pair<false>(row[HD / 2 + c / 4], 0x0404u);
+                return make_uint2(hmul2(e2m1_pair(w << 12 | w << 24), sf),
+                                  hmul2(e2m1_pair(w << 4 | w << 16), sf));
+            };
+#pragma unroll 1
+            for (int e = threadIdx.x; e < STAGE * HD / 4; e += WARPS * 32) {
+                const int r = e / (HD / 4), c = e % (HD / 4);
+                *reinterpret_cast<uint2 *>(wide + r * KS16 + 8 * c) = widen4(ks + r * KSTR, c);
+                *reinterpret_cast<uint2 *>(wide + STAGE * KS16 + r * VS16 + 8 * c) =
+                    widen4(vs + r * VSTR, c);
+            }
+            __syncthreads();
+            ks = wide, vs = wide + STAGE * KS16;
+        } else if constexpr (F16) { // widened by the CTA: 4 codes a thread at a time
 #pragma unroll 1
             for (int e = threadIdx.x; e < STAGE * HD / 4; e += WARPS * 32) {
                 const int r = e / (HD / 4), c = e % (HD / 4);
@@ -2169,7 +2189,7 @@ static layout layout_for(int hd, int fmt, bool force_split_query) {
 }
 
 static bool ok(int hd, int fmt, int bs) {
-    return kvd_fmt_tensor_cores(fmt) && (hd == 64 || hd == 128 || hd == 256) &&
+    return kvd_fmt_prefill_tc(fmt) && (hd == 64 || hd == 128 || hd == 256) &&
            v3::rows_aligned(hd, fmt, bs) && layout_for(hd, fmt, false).nstage >= 2;
 }
 
@@ -2248,6 +2268,8 @@ template <int HD> static int launch_hd(const args &a, layout L) {
     case KVD_FMT_I8T: // I8T_RN's rows read as I8T's
     case KVD_FMT_I8T_RN:
         return launch_f<HD, KVD_FMT_I8T>(a, L);
+    case KVD_FMT_NVFP4: // no FP8 attention either (launch_fp8 refuses)
+        return launch_f<HD, KVD_FMT_NVFP4>(a, L);
     default:
         return -1;
     }

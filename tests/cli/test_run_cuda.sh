@@ -283,15 +283,18 @@ nv=(run --config "$work/hd128.json" --kv bf16,nvfp4-cal,nvfp4-unscaled --context
   "$py" "$here/drift_close.py" "$work/nv128-gpu.h5" "$work/nv128-cpu.h5" && ok ||
   bad "NVFP4 caches on the device at head_dim 128 differ from the CPU's (above) $(cat "$work/nv.err")"
 
-# a device run's report says that kvdrift's FP32-core kernels ran the
-# NVFP4 modes' prefill (and decode at head_dim 64), where it timed one; not
-# for the per-token modes, which the tensor-core kernels read; nor for a
-# drift-only run
+# a device run's report says that kvdrift's FP32-core kernels decoded the
+# NVFP4 modes, where it timed one at head_dim 64; not at head_dim 128, where
+# the tensor-core decode reads them; not for the per-token modes, which the
+# tensor-core kernels read; nor for a drift-only run
 tp=(run --config "$work/ck/config.json" --context 64 --gen-tokens 0 --calib-tokens 128
   --concurrency 1 --decode-tokens 2 --threads 1 --backend cuda)
-note="^On the device the nvfp4 modes' prefill attention runs on kvdrift's FP32-core kernels .*, not an engine's.$"
+note="^On the device the nvfp4 modes decode on kvdrift's FP32-core attention kernels .*, not an engine's.$"
 "$sim" "${tp[@]}" --kv bf16,fp8-token,int8-token-rn -o "$work/tp-gpu.h5" >/dev/null 2>"$work/tp.err" &&
   "$sim" "${tp[@]}" --kv bf16,nvfp4-unscaled -o "$work/tp4-gpu.h5" >/dev/null 2>>"$work/tp.err" &&
+  "$sim" "${tp[@]}" --config "$work/hd128.json" --kv bf16,nvfp4-unscaled -o "$work/tp128-gpu.h5" >/dev/null 2>>"$work/tp.err" &&
+  "$cpu" report "$work/tp128-gpu.h5" --format md -o "$work/tp128.md" 2>>"$work/tp.err" &&
+  ! grep -q "On the device the" "$work/tp128.md" &&
   "$cpu" report "$work/tp-gpu.h5" --format md -o "$work/tp.md" 2>>"$work/tp.err" &&
   "$cpu" report "$work/tp4-gpu.h5" --format md -o "$work/tp4.md" 2>>"$work/tp.err" &&
   "$cpu" report "$work/nv-gpu.h5" --format md -o "$work/nv.md" 2>>"$work/tp.err" &&

@@ -24,8 +24,10 @@ for f in nvfp4 e4m3t i8t; do
 done
 n=$(grep -cE "^  \(no target\) decode attention v3, +[0-9]+K: the (nvfp4|e4m3t|i8t) cache [0-9.]+x the E4M3 cache's speed$" "$work/smoke.log")
 [ "$n" = 3 ] && ok || bad "kvd_gpu_bench smoke: $n NVFP4 and per-token v3 lines beside the targets, expected 3"
-n=$(grep -cE "^ +[0-9]+ +[0-9]+ e4m3t +2 +[0-9.]+ " "$work/smoke.log")
-[ "$n" = 4 ] && ok || bad "kvd_gpu_bench smoke: $n e4m3t prefill rows (v2, four chunks), expected 4"
+for f in e4m3t nvfp4; do
+  n=$(grep -cE "^ +[0-9]+ +[0-9]+ $f +2 +[0-9.]+ " "$work/smoke.log")
+  [ "$n" = 4 ] && ok || bad "kvd_gpu_bench smoke: $n $f prefill rows (v2, four chunks), expected 4"
+done
 grep -q ' failed$' "$work/smoke.log" && bad "a part failed: $(grep ' failed$' "$work/smoke.log" | head -3)" || ok
 
 "$bench" model tiny 16 1 >"$work/model.log" 2>"$work/model.err" && ok || bad "kvd_gpu_bench model: exit $? ($(tail -3 "$work/model.err"))"

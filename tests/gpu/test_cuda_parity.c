@@ -1773,8 +1773,8 @@ static void prefill(void) {
                     kvd_attn_paged(&view, c.seqs[s].blocks, p0 + r + 1, q + (size_t)r * NH * D, NH,
                                    sm, oc + (size_t)r * NH * D, NULL, work, 1);
                 /* v3 on the deep chunk only: the first one's 40 positions are one
-                 * split; v4 there too, on a BF16, an FP8 and a per-token FP8
-                 * cache (their three ways of reading stages), and v5; quick
+                 * split; v4 there too, on a BF16, an FP8, a per-token FP8 and an
+                 * NVFP4 cache (their four ways of reading stages), and v5; quick
                  * cases (the sanitizers, which look for bad accesses: the same
                  * code at every head_dim) take v4 below head_dim 256 only.
                  * int8-token-rn's rows take int8-token's tensor-core kernels:
@@ -1782,7 +1782,7 @@ static void prefill(void) {
                 for (int ver = 1; ver <= 5; ver++) {
                     if ((!p0 && ver >= 3) || (ver >= 2 && mi == KVD_KV_INT8_TOKEN_RN) ||
                         (ver >= 4 && mi != KVD_KV_BF16 && mi != KVD_KV_FP8_CAL &&
-                         mi != KVD_KV_FP8_TOKEN) ||
+                         mi != KVD_KV_FP8_TOKEN && mi != KVD_KV_NVFP4_CAL) ||
                         (quick && (ver == 5 || (ver == 4 && D == 256))))
                         continue;
                     for (size_t i = 0; i < (size_t)NQ * NH * D; i++) og[i] = 7.0f;
@@ -1792,8 +1792,8 @@ static void prefill(void) {
                         CHECK(rc == -1, "prefill v1 took a group of %d\n", G);
                         continue;
                     }
-                    if (ver >= 2 && !kvd_fmt_tensor_cores(c.fmt)) { /* tensor cores: no
-                                                                      NVFP4 */
+                    if (ver >= 2 && !kvd_fmt_prefill_tc(c.fmt)) { /* no tensor-core
+                                                                    prefill for it */
                         CHECK(rc == -1, "prefill v%d took a cache of format %d\n", ver, (int)c.fmt);
                         continue;
                     }
