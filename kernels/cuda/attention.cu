@@ -561,7 +561,6 @@ __host__ __device__ constexpr int row_bytes(int hd, bool fp8) {
 // kernels); the scores take the K rows' scales after the first MMAs, the
 // probabilities the V rows' before the second.
 //
-//
 // NVFP4 rows (fp8.h) are staged whole, as the pools keep them: HD / 2 bytes
 // of E2M1 codes, then the HD / 16 E4M3 block scales. The scores and values
 // take each pair of codes into FP16 (e2m1_pair) and multiply it by its
