@@ -101,7 +101,7 @@ KVD_FMT_FN int kvd_fmt_prefill_tc(int f) {
  * core prefill's, NVFP4 from head_dim 128 on (a warp's quarter of a row of
  * values must fill the 16-byte rows ldmatrix reads: 32 codes). */
 KVD_FMT_FN int kvd_fmt_decode_tc(int f, int hd) {
-    return kvd_fmt_tensor_cores(f) || (f == KVD_FMT_NVFP4 && hd >= 128);
+    return kvd_fmt_prefill_tc(f) && (f != KVD_FMT_NVFP4 || hd >= 128);
 }
 
 /* NVFP4, as the engines' NVFP4 KV caches store it: each group of 16 values
@@ -118,7 +118,7 @@ KVD_FMT_FN int kvd_fmt_decode_tc(int f, int hd) {
  * n / 16 block scales. */
 #define KVD_NVFP4_GROUP 16
 #define KVD_E2M1_MAX 6.0f
-static inline size_t kvd_nvfp4_row_bytes(size_t n) {
+KVD_FMT_FN size_t kvd_nvfp4_row_bytes(size_t n) {
     return n / 2 + n / KVD_NVFP4_GROUP;
 }
 

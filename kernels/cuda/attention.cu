@@ -571,7 +571,7 @@ __host__ __device__ constexpr int row_bytes(int hd, bool fp8) {
 // A row's bytes in the pools: its codes, the row-scaled formats' scale,
 // NVFP4's block scales
 __host__ __device__ constexpr int pool_row_bytes(int hd, int fmt) {
-    return fmt == KVD_FMT_NVFP4      ? hd / 2 + hd / KVD_NVFP4_GROUP
+    return fmt == KVD_FMT_NVFP4      ? (int)kvd_nvfp4_row_bytes(hd)
            : kvd_fmt_row_scaled(fmt) ? (int)kvd_scaled_row_bytes(hd)
                                      : row_bytes(hd, fmt != KVD_FMT_BF16);
 }
@@ -642,9 +642,6 @@ __host__ __device__ constexpr int kstride(int hd, bool fp8, bool rs = false) {
 }
 __host__ __device__ constexpr int vstride(int hd, bool fp8) {
     return row_bytes(hd, fp8) % 32 == 0 ? row_bytes(hd, fp8) + 16 : row_bytes(hd, fp8);
-}
-__host__ __device__ constexpr int stage_bytes(int hd, bool fp8, bool rs = false) {
-    return STAGE * (kstride(hd, fp8, rs) + vstride(hd, fp8));
 }
 // bytes rounded up to an odd multiple of unit
 __host__ __device__ constexpr int odd_multiple(int bytes, int unit) {
@@ -1222,20 +1219,25 @@ template <int HD> static int launch_hd(const view &kv, const rows &R, const spli
 }
 
 // whether load_stage's copies (copy_bytes) find every row's codes aligned
-// (in a pool from cudaMalloc): always for the whole rows of the per-head
-// formats and NVFP4 at v3's head dims; for the row-scaled ones where a
+// (in a pool from cudaMalloc): always for whole rows (the per-head formats,
+// NVFP4), whose size copy_bytes divides; for the row-scaled ones where a
 // segment of bs rows, bs (hd + 4) bytes, is a multiple of 16 (bs a multiple
 // of 4: the model's blocks of KVD_KV_BLOCK = 128 are)
 static bool rows_aligned(int hd, int fmt, int bs) {
-    return kvd_fmt_row_scaled(fmt) ? (size_t)bs * kvd_scaled_row_bytes(hd) % 16 == 0
-                                   : pool_row_bytes(hd, fmt) % copy_bytes(hd, fmt) == 0;
+    return !kvd_fmt_row_scaled(fmt) || (size_t)bs * kvd_scaled_row_bytes(hd) % 16 == 0;
+}
+
+// whether v3 has a build for the format at the head_dim, and room on the
+// device for two stages of it (NVFP4 at head_dim 64 takes v2 and the plain
+// kernels: kvd_fmt_decode_tc)
+static bool takes(int hd, int fmt) {
+    return (hd == 64 || hd == 128 || hd == 256) && kvd_fmt_decode_tc(fmt, hd) &&
+           stages_for(hd, fmt) >= 2;
 }
 
 static bool ok(const view &kv, int G) {
-    // NVFP4 at head_dim 64 takes v2 and the plain kernels (kvd_fmt_decode_tc)
-    return (kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256) &&
-           kvd_fmt_decode_tc(kv.fmt, kv.head_dim) && G >= 1 && G <= 16 &&
-           rows_aligned(kv.head_dim, kv.fmt, kv.block_size) && stages_for(kv.head_dim, kv.fmt) >= 2;
+    return takes(kv.head_dim, kv.fmt) && G >= 1 && G <= 16 &&
+           rows_aligned(kv.head_dim, kv.fmt, kv.block_size);
 }
 
 // the batch entries' outputs from their splits: grid merge_grid(n_heads,
@@ -1322,9 +1324,7 @@ extern "C" size_t kvd_cuda_attn_scratch_floats(int max_ctx, int n_heads, int hea
 }
 
 extern "C" int kvd_cuda_attn_wave(int fmt, int head_dim) {
-    if ((head_dim != 64 && head_dim != 128 && head_dim != 256) ||
-        !kvd_fmt_decode_tc(fmt, head_dim) || v3::stages_for(head_dim, fmt) < 2)
-        return 0;
+    if (!v3::takes(head_dim, fmt)) return 0;
     return v3::ctas_per_sm(head_dim, fmt) * v3::limits_of_current().sms;
 }
 
@@ -1877,7 +1877,7 @@ template <int HD> __host__ __device__ constexpr int qfrag_bytes() {
 }
 // the FP16 copy of an FP8 stage, laid out as a BF16 stage
 __host__ __device__ constexpr int wide_bytes(int hd, bool fp8) {
-    return fp8 ? v3::stage_bytes(hd, false) : 0;
+    return fp8 ? v3::fmt_stage_bytes(hd, KVD_FMT_BF16) : 0;
 }
 
 // A launch split over the context (grid z): split z takes positions
