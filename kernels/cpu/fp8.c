@@ -177,10 +177,19 @@ void kvd_quant_nvfp4(const float *x, uint8_t *out, size_t n, float scale, kvd_qs
 }
 
 void kvd_dequant_nvfp4(const uint8_t *row, float *out, size_t n, float scale) {
+    /* kvd_e2m1_to_f32 of codes 0-15 */
+    static const float e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    const float *e4 = kvd_e4m3_table();
     const uint8_t *sf = row + n / 2;
-    for (size_t i = 0; i < n; i++) {
-        const uint8_t c = i & 1 ? row[i / 2] >> 4 : row[i / 2] & 15u;
-        out[i] = kvd_e2m1_to_f32(c) * kvd_e4m3_to_f32(sf[i / KVD_NVFP4_GROUP]) * scale;
+    for (size_t g = 0; g < n / KVD_NVFP4_GROUP; g++) {
+        const float s = e4[sf[g]]; /* the group's block scale, decoded once */
+        const uint8_t *c = row + g * KVD_NVFP4_GROUP / 2;
+        float *o = out + g * KVD_NVFP4_GROUP;
+        for (int i = 0; i < KVD_NVFP4_GROUP / 2; i++) {
+            o[2 * i] = e2m1[c[i] & 15u] * s * scale;
+            o[2 * i + 1] = e2m1[c[i] >> 4] * s * scale;
+        }
     }
 }
 
@@ -340,14 +349,31 @@ void kvd_round_bf16(float *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = u2f((uint32_t)enc_bf16(x[i]) << 16);
 }
 
+/* The row decodes compute what the tables hold (unit_codecs holds them to
+ * the tables bit for bit) with no lookup and no branch, so that the
+ * compiler vectorizes them: the code's exponent and mantissa fields moved
+ * into a float's and rebiased; a subnormal code (exponent field 0) given the
+ * least normal exponent instead, and that power of two (the implicit bit)
+ * subtracted, which is exact; the sign bit moved into place; the NaN codes
+ * (and E5M2's infinities) chosen by mask (a comparison negated: all ones
+ * where it holds). */
 void kvd_dequant_e4m3(const uint8_t *v, float *out, size_t n, float scale) {
-    const float *t = kvd_e4m3_table();
-    for (size_t i = 0; i < n; i++) out[i] = t[v[i]] * scale;
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t c = v[i], em = c & 0x7fu, sub = em < 8u;
+        const float mag = u2f((em << 20) + (120u << 23) + (sub << 23)) - u2f(-sub & 0x3c800000u);
+        const uint32_t bits = f2u(mag) | (c & 0x80u) << 24, nan = -(uint32_t)(em == 0x7fu);
+        out[i] = u2f((nan & 0x7fc00000u) | (~nan & bits)) * scale;
+    }
 }
 
 void kvd_dequant_e5m2(const uint8_t *v, float *out, size_t n, float scale) {
-    const float *t = kvd_e5m2_table();
-    for (size_t i = 0; i < n; i++) out[i] = t[v[i]] * scale;
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t c = v[i], em = c & 0x7fu, sub = em < 4u;
+        const float mag = u2f((em << 21) + (112u << 23) + (sub << 23)) - u2f(-sub & 0x38800000u);
+        const uint32_t inf = -(uint32_t)(em >= 0x7cu), nan = -(uint32_t)(em > 0x7cu);
+        const uint32_t bits = ((inf & 0x7f800000u) | (~inf & f2u(mag))) | (c & 0x80u) << 24;
+        out[i] = u2f((nan & 0x7fc00000u) | (~nan & bits)) * scale;
+    }
 }
 
 void kvd_dequant_bf16(const uint16_t *v, float *out, size_t n) {

@@ -52,6 +52,68 @@ static void decode_tables(void **st) {
     assert_true(kvd_bf16_to_f32(0xc000) == -2.0f);
 }
 
+/* bits of x; a NaN as one pattern (any NaN is the decode of a NaN code) */
+static uint32_t bits_of(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return isnan(x) ? 0x7fc00000u : u;
+}
+
+/* The row decodes (arithmetic, vectorized) against the tables, bit for bit:
+ * every code in one call (the vector loop), each code alone (the scalar
+ * tail), and times scales that round (a product of the table's value);
+ * NVFP4's against kvd_e2m1_to_f32 times the E4M3 block scale. */
+static void row_decodes(void **st) {
+    (void)st;
+    uint8_t codes[256 + 3];
+    float out[256 + 3];
+    const float scales[] = {1.0f, 0.37f, 3e-3f, -2.5f, 1e30f};
+    for (int i = 0; i < 256 + 3; i++) codes[i] = (uint8_t)(i * 7 + 3); /* every code, shuffled */
+    for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++) {
+        const float sc = scales[si];
+        for (int n = 1; n <= 256 + 3; n += 255) {
+            kvd_dequant_e4m3(codes, out, (size_t)n, sc);
+            for (int i = 0; i < n; i++)
+                assert_int_equal(bits_of(out[i]), bits_of(kvd_e4m3_to_f32(codes[i]) * sc));
+            kvd_dequant_e5m2(codes, out, (size_t)n, sc);
+            for (int i = 0; i < n; i++)
+                assert_int_equal(bits_of(out[i]), bits_of(kvd_e5m2_to_f32(codes[i]) * sc));
+        }
+        for (int c = 0; c < 256; c++) {
+            const uint8_t one = (uint8_t)c;
+            kvd_dequant_e4m3(&one, out, 1, sc);
+            assert_int_equal(bits_of(out[0]), bits_of(kvd_e4m3_to_f32(one) * sc));
+            kvd_dequant_e5m2(&one, out, 1, sc);
+            assert_int_equal(bits_of(out[0]), bits_of(kvd_e5m2_to_f32(one) * sc));
+        }
+    }
+    /* NVFP4: every code in both nibbles of a byte, under every block scale
+     * (NaN and zero among them), 16 groups a row */
+    enum { HD = 256 };
+    uint8_t row[HD / 2 + HD / 16];
+    float back[HD];
+    for (int base = 0; base < 256; base += HD / 16) {
+        for (int k = 0; k < HD / 2; k++) row[k] = (uint8_t)(k * 37 + base); /* every byte */
+        for (int g = 0; g < HD / 16; g++) row[HD / 2 + g] = (uint8_t)(base + g);
+        for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++) {
+            kvd_dequant_nvfp4(row, back, HD, scales[si]);
+            for (int i = 0; i < HD; i++) {
+                const uint8_t c = (uint8_t)(i & 1 ? row[i / 2] >> 4 : row[i / 2] & 15u);
+                const float sf = kvd_e4m3_to_f32(row[HD / 2 + i / 16]);
+                assert_int_equal(bits_of(back[i]), bits_of(kvd_e2m1_to_f32(c) * sf * scales[si]));
+            }
+        }
+    }
+    /* signed zeros and the specials, spelled out */
+    const uint8_t sp[6] = {0x00, 0x80, 0x7f, 0xff, 0x7c, 0xfc};
+    kvd_dequant_e4m3(sp, out, 4, 1.0f);
+    assert_true(out[0] == 0.0f && !signbit(out[0]) && out[1] == 0.0f && signbit(out[1]));
+    assert_true(isnan(out[2]) && isnan(out[3]));
+    kvd_dequant_e5m2(sp, out, 6, 1.0f);
+    assert_true(isnan(out[2]) && isnan(out[3]));
+    assert_true(out[4] == INFINITY && out[5] == -INFINITY);
+}
+
 static void round_trips(void **st) {
     (void)st;
     for (unsigned c = 0; c < 256; c++) {
@@ -274,10 +336,10 @@ static void i8t_by_hand(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(nvfp4_by_hand),     cmocka_unit_test(e4m3t_by_hand),
-        cmocka_unit_test(i8t_by_hand),       cmocka_unit_test(decode_tables),
-        cmocka_unit_test(round_trips),       cmocka_unit_test(edges),
-        cmocka_unit_test(vectors_and_stats),
+        cmocka_unit_test(nvfp4_by_hand), cmocka_unit_test(e4m3t_by_hand),
+        cmocka_unit_test(i8t_by_hand),   cmocka_unit_test(decode_tables),
+        cmocka_unit_test(row_decodes),   cmocka_unit_test(round_trips),
+        cmocka_unit_test(edges),         cmocka_unit_test(vectors_and_stats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
