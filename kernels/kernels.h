@@ -128,6 +128,10 @@ static inline int kvd_attn_parts(int n_ctx, int block_size) {
 }
 void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
                     int n_heads, float sm_scale, float *out, float *probs, void *work, int n_parts);
+/* Which kernels kvd_attn_paged takes where the view does not ask for the
+ * portable ones: "AVX-512" (built for a CPU with AVX-512 VBMI) or
+ * "portable" (GNU C vectors, whatever the machine). */
+const char *kvd_attn_kernels(void);
 
 /* Two attention distributions of one query compared head by head, as the
  * drift figures take them. p and q are [n_heads][n_ctx]; for each head h,

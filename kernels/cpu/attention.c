@@ -99,36 +99,84 @@ void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int p
  * The vector kernels read q and write acc in their own order of the
  * dimensions (slot_dim); kmul folds in the softmax and cache scales. */
 
+/* The portable kernels (every machine without the AVX-512 ones below: AVX2,
+ * NEON) in GNU C's vectors of 8 floats, which the compiler maps to the
+ * machine's own (one AVX register, two NEON ones): TP rows decoded at a
+ * time, then for each query head TP dot products side by side (a vector
+ * chain each, summed across its lanes in a fixed order at the end) and the
+ * output's vectors read and written once a tile. The order of the sums is
+ * the code's, not the machine's vector width. */
+typedef float vec8 __attribute__((vector_size(32)));
+enum { TP = 4 };
+
+static inline vec8 load8(const float *p) {
+    vec8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline float sum8(vec8 v) {
+    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+/* TP rows from t0 of a block decoded into rows; past nt, zeros */
+static void decode_tile(kvd_fmt fmt, const uint8_t *p, int t0, int nt, int hd, float (*rows)[hd]) {
+    const size_t rb = kvd_pool_code_stride(fmt, hd);
+    for (int i = 0; i < TP; i++) {
+        if (t0 + i < nt)
+            decode_row(fmt, p + (size_t)(t0 + i) * rb, hd, rows[i]);
+        else
+            memset(rows[i], 0, sizeof(float) * (size_t)hd);
+    }
+}
+
 static void scores_portable(const uint8_t *kp, int nt, const float *q, int G, int hd, kvd_fmt fmt,
                             float kmul, float *s, size_t stride) {
-    size_t rb = kvd_pool_code_stride(fmt, hd);
-    float row[hd];
-    for (int t = 0; t < nt; t++) {
-        decode_row(fmt, kp + (size_t)t * rb, hd, row);
+    float rows[TP][hd];
+    const int d8 = hd / 8 * 8;
+    for (int t0 = 0; t0 < nt; t0 += TP) {
+        decode_tile(fmt, kp, t0, nt, hd, rows);
         for (int j = 0; j < G; j++) {
-            float dot = 0.0f;
-            for (int d = 0; d < hd; d++) dot += q[(size_t)j * hd + d] * row[d];
-            s[(size_t)j * stride + t] = dot * kmul;
+            const float *qj = q + (size_t)j * hd;
+            vec8 acc[TP] = {{0}};
+            for (int d = 0; d < d8; d += 8) {
+                const vec8 qv = load8(qj + d);
+                for (int i = 0; i < TP; i++) acc[i] += qv * load8(rows[i] + d);
+            }
+            for (int i = 0; i < TP && t0 + i < nt; i++) {
+                float dot = sum8(acc[i]);
+                for (int d = d8; d < hd; d++) dot += qj[d] * rows[i][d];
+                s[(size_t)j * stride + t0 + i] = dot * kmul;
+            }
         }
     }
 }
 
 static void pv_portable(const uint8_t *vp, int nt, const float *p, size_t stride, int G, int hd,
                         kvd_fmt fmt, float *acc) {
-    size_t rb = kvd_pool_code_stride(fmt, hd);
-    float row[hd];
-    for (int t = 0; t < nt; t++) {
-        decode_row(fmt, vp + (size_t)t * rb, hd, row);
+    float rows[TP][hd];
+    const int d8 = hd / 8 * 8;
+    for (int t0 = 0; t0 < nt; t0 += TP) {
+        decode_tile(fmt, vp, t0, nt, hd, rows);
         for (int j = 0; j < G; j++) {
-            float pj = p[(size_t)j * stride + t];
-            for (int d = 0; d < hd; d++) acc[(size_t)j * hd + d] += pj * row[d];
+            float w[TP]; /* zero weights under the zero rows past nt */
+            for (int i = 0; i < TP; i++) w[i] = t0 + i < nt ? p[(size_t)j * stride + t0 + i] : 0.0f;
+            float *o = acc + (size_t)j * hd;
+            for (int d = 0; d < d8; d += 8) {
+                const vec8 x =
+                    load8(o + d) + ((w[0] * load8(rows[0] + d) + w[1] * load8(rows[1] + d)) +
+                                    (w[2] * load8(rows[2] + d) + w[3] * load8(rows[3] + d)));
+                memcpy(o + d, &x, sizeof x);
+            }
+            for (int d = d8; d < hd; d++)
+                for (int i = 0; i < TP; i++) o[d] += w[i] * rows[i][d];
         }
     }
 }
 
-/* What a read path's rows hold: BF16 words, or byte codes (FP8, through the
- * byte-permute tables; INT8, sign-extended). */
-enum { CODES_BF16 = 0, CODES_FP8 = 1, CODES_INT8 = 2 };
+/* What a read path's rows hold: BF16 words, byte codes (FP8, through the
+ * byte-permute tables; INT8, sign-extended), or NVFP4 groups. */
+enum { CODES_BF16 = 0, CODES_FP8 = 1, CODES_INT8 = 2, CODES_NVFP4 = 3 };
 
 #ifdef KVD_VEC
 /* FP8 to BF16 by table: the low and high bytes of the BF16 of each 7-bit
@@ -316,7 +364,8 @@ static int use_vector(const kvd_kv_view *kv, int G) {
  * vectors (even and odd values of the first 32 BF16 words, then of the
  * second 32), the words in the order the FP8 decode leaves them. */
 static int slot_dim(int codes, int k) {
-    if (codes == CODES_INT8) return k; /* natural order */
+    if (codes == CODES_INT8) return k;                                     /* natural order */
+    if (codes == CODES_NVFP4) return k / 16 * 16 + k % 2 * 8 + k % 16 / 2; /* nvfp4_group's */
     int c = k / 64, u = (k % 64) / 16, i = k % 16, w = 32 * (u >> 1) + 2 * i + (u & 1);
     if (!codes) return 64 * c + w;
     int part = w / 32, L = (w % 32) / 8;
@@ -347,7 +396,7 @@ static int slot_dim(int codes, int k) {
 /* How one call reads its cache, settled once per call: the vector kernels
  * (with the format's FP8 tables in registers) or the portable ones. */
 typedef struct {
-    int vec, codes;
+    int vec, nvfp4, codes; /* vec: the G-specialised kernels; nvfp4: NVFP4's */
 #ifdef KVD_VEC
     fp8_tables T;
 #endif
@@ -356,20 +405,27 @@ typedef struct {
 static void path_init(read_path *rp, const kvd_kv_view *kv, int G) {
     memset(rp, 0, sizeof *rp);
     rp->vec = use_vector(kv, G);
-    rp->codes = kv->fmt == KVD_FMT_BF16 ? CODES_BF16
-                : kvd_fmt_int8(kv->fmt) ? CODES_INT8
-                                        : CODES_FP8;
+    rp->codes = kv->fmt == KVD_FMT_BF16    ? CODES_BF16
+                : kv->fmt == KVD_FMT_NVFP4 ? CODES_NVFP4
+                : kvd_fmt_int8(kv->fmt)    ? CODES_INT8
+                                           : CODES_FP8;
+#ifdef KVD_VEC
+    rp->nvfp4 = kv->fmt == KVD_FMT_NVFP4 && !kv->portable;
+#endif
 #ifdef KVD_VEC
     if (rp->vec && rp->codes == CODES_FP8) rp->T = tables_for(kv->fmt);
 #endif
 }
 
 #ifdef KVD_VEC
-/* NVFP4 rows (fp8.h) in natural order: the 16 E2M1 values as floats fill
- * one register; a group's 8 code bytes become 16 lane indices (low nibble
- * first) permuted through it, times the group's block scale: each value
- * e2m1 * sf exactly, as the portable decode gives it. The row is decoded
- * once for the G query heads of its KV head. */
+/* NVFP4 rows (fp8.h), a 16-value group to one register, decoded where it
+ * is used (a decoded tile of rows, written out and read back, cost more
+ * than the decode). The group's 8 code bytes are broadcast to every 64-bit
+ * lane; lane 2m shifts its dword (bytes 0-3) and lane 2m + 1 its dword
+ * (bytes 4-7) right by 4m, so their low nibbles are codes m and 8 + m
+ * (slot_dim's order); vpermps reads only an index's low 4 bits, from the 16
+ * E2M1 values as floats, and the product with the group's block scale is
+ * e2m1 * sf exactly, as the portable decode gives it. */
 static inline __m512 nvfp4_table(void) {
     /* kvd_e2m1_to_f32 of codes 0-15 (unit_kvcache holds the decode to it) */
     static const float e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
@@ -377,73 +433,117 @@ static inline __m512 nvfp4_table(void) {
     return _mm512_loadu_ps(e2m1);
 }
 
-static inline void nvfp4_row(const uint8_t *row, int hd, __m512 tab, const float *e4, float *out) {
-    const uint8_t *sf = row + hd / 2;
-    /* lane i takes the group's dword i / 8 shifted right by 4 (i % 8): its
-     * low nibble is code i, and vpermps reads only an index's low 4 bits */
-    const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i shift =
-        _mm512_set_epi32(28, 24, 20, 16, 12, 8, 4, 0, 28, 24, 20, 16, 12, 8, 4, 0);
-    for (int g = 0; g < hd / KVD_NVFP4_GROUP; g++) {
-        const __m512i w = _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)(row + 8 * g)));
-        const __m512i idx = _mm512_srlv_epi32(_mm512_permutexvar_epi32(pick, w), shift);
-        _mm512_storeu_ps(out + 16 * g,
-                         _mm512_mul_ps(_mm512_permutexvar_ps(idx, tab), _mm512_set1_ps(e4[sf[g]])));
-    }
+static inline __m512i nvfp4_shifts(void) {
+    return _mm512_set_epi32(28, 28, 24, 24, 20, 20, 16, 16, 12, 12, 8, 8, 4, 4, 0, 0);
 }
 
-/* pf, when not NULL, is the next block's rows: each row's fetch into L2 is
- * started as the same row of this block is read */
+static inline __m512 nvfp4_group(const uint8_t *row, int hd, int g, __m512 tab, __m512i shift,
+                                 const float *e4) {
+    uint64_t w;
+    memcpy(&w, row + 8 * g, sizeof w);
+    const __m512i idx = _mm512_srlv_epi32(_mm512_set1_epi64((long long)w), shift);
+    return _mm512_mul_ps(_mm512_permutexvar_ps(idx, tab), _mm512_set1_ps(e4[row[hd / 2 + g]]));
+}
+
+/* x from here on in a register: the compiler would otherwise fold its load
+ * into each multiply-add that reads it, a load per use */
+#define KVD_IN_REGISTER(x) __asm__("" : "+v"(x))
+
+/* Scores of H query heads (from j) against R = 16 / H rows: sixteen chains
+ * of fused multiply-adds, each group of a row decoded once for the H heads
+ * and each query vector loaded once for the R rows, summed in one sum16
+ * (lane r H + i: row r, head j + i); n rows real (the rest repeat row 0,
+ * their sums not stored). */
+static inline __attribute__((always_inline)) void nvfp4_dots(const uint8_t *const *row, int n,
+                                                             int hd, const float *q, int j, int H,
+                                                             float kmul, float *s, size_t stride) {
+    const int R = 16 / H;
+    const __m512 tab = nvfp4_table();
+    const __m512i shift = nvfp4_shifts();
+    const float *e4 = kvd_e4m3_table();
+    __m512 a[16];
+    for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
+    for (int g = 0; g < hd / KVD_NVFP4_GROUP; g++) {
+        __m512 qv[8];
+        for (int i = 0; i < H; i++) {
+            qv[i] = _mm512_loadu_ps(q + (size_t)(j + i) * hd + 16 * g);
+            KVD_IN_REGISTER(qv[i]);
+        }
+        for (int r = 0; r < R; r++) {
+            const __m512 k = nvfp4_group(row[r], hd, g, tab, shift, e4);
+            for (int i = 0; i < H; i++) a[r * H + i] = _mm512_fmadd_ps(k, qv[i], a[r * H + i]);
+        }
+    }
+    float out[16];
+    _mm512_storeu_ps(out, _mm512_mul_ps(sum16(a), _mm512_set1_ps(kmul)));
+    for (int r = 0; r < R && r < n; r++)
+        for (int i = 0; i < H; i++) s[(size_t)(j + i) * stride + r] = out[r * H + i];
+}
+
+/* Tiles of H query heads by 16 / H rows, H the most of 8, 4, 2 and 1 that
+ * divides G. pf, when not NULL, is the next block's rows: each row's fetch
+ * into L2 is started as the same row of this block is first read. */
 static void scores_nvfp4(const uint8_t *kp, int nt, const float *q, int G, int hd, float kmul,
                          float *s, size_t stride, const uint8_t *pf) {
-    const __m512 tab = nvfp4_table();
-    const float *e4 = kvd_e4m3_table();
     const size_t rb = kvd_nvfp4_row_bytes((size_t)hd);
-    /* sixteen rows decoded at a time; then a query head's sixteen dot
-     * products side by side (sixteen independent chains of fused
-     * multiply-adds, the query read once) and summed in one sum16 */
-    float rows[16][hd];
-    for (int t0 = 0; t0 < nt; t0 += 16) {
-        const int n = nt - t0 < 16 ? nt - t0 : 16;
-        for (int tt = 0; tt < 16; tt++) {
-            if (tt >= n) { /* past the block's rows: zeros, their sums not stored */
-                memset(rows[tt], 0, sizeof(float) * (size_t)hd);
-                continue;
-            }
-            if (pf) prefetch_l2(pf + (size_t)(t0 + tt) * rb, rb);
-            nvfp4_row(kp + (size_t)(t0 + tt) * rb, hd, tab, e4, rows[tt]);
+    const int H = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1, R = 16 / H;
+    for (int t0 = 0; t0 < nt; t0 += R) {
+        const int n = nt - t0 < R ? nt - t0 : R;
+        const uint8_t *row[16];
+        for (int r = 0; r < R; r++) {
+            row[r] = kp + (size_t)(t0 + (r < n ? r : 0)) * rb;
+            if (pf && r < n) prefetch_l2(pf + (size_t)(t0 + r) * rb, rb);
         }
-        for (int j = 0; j < G; j++) {
-            __m512 a[16];
-            for (int tt = 0; tt < 16; tt++) a[tt] = _mm512_setzero_ps();
-            for (int d = 0; d < hd; d += 16) {
-                const __m512 qv = _mm512_loadu_ps(q + (size_t)j * hd + d);
-                for (int tt = 0; tt < 16; tt++)
-                    a[tt] = _mm512_fmadd_ps(_mm512_loadu_ps(rows[tt] + d), qv, a[tt]);
-            }
-            _mm512_mask_storeu_ps(s + (size_t)j * stride + t0, (__mmask16)((1u << n) - 1u),
-                                  _mm512_mul_ps(sum16(a), _mm512_set1_ps(kmul)));
+        for (int j = 0; j < G; j += H) {
+            if (H == 8)
+                nvfp4_dots(row, n, hd, q, j, 8, kmul, s + t0, stride);
+            else if (H == 4)
+                nvfp4_dots(row, n, hd, q, j, 4, kmul, s + t0, stride);
+            else if (H == 2)
+                nvfp4_dots(row, n, hd, q, j, 2, kmul, s + t0, stride);
+            else
+                nvfp4_dots(row, n, hd, q, j, 1, kmul, s + t0, stride);
         }
     }
 }
 
+/* acc[j][16 g ..] += p[j][t] v_t over the nt rows, for J query heads from
+ * j0: J accumulators held across the rows, each group decoded once for them. */
+static inline __attribute__((always_inline)) void
+nvfp4_pv_group(const uint8_t *vp, size_t rb, int nt, int hd, int g, const float *p, size_t stride,
+               int j0, int J, float *acc, const uint8_t *pf) {
+    const __m512 tab = nvfp4_table();
+    const __m512i shift = nvfp4_shifts();
+    const float *e4 = kvd_e4m3_table();
+    __m512 a[8];
+    for (int i = 0; i < J; i++) a[i] = _mm512_loadu_ps(acc + (size_t)(j0 + i) * hd + 16 * g);
+    for (int t = 0; t < nt; t++) {
+        if (pf && g == 0 && j0 == 0) prefetch_l2(pf + (size_t)t * rb, rb);
+        const __m512 v = nvfp4_group(vp + (size_t)t * rb, hd, g, tab, shift, e4);
+        for (int i = 0; i < J; i++)
+            a[i] = _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t)(j0 + i) * stride + t]), v, a[i]);
+    }
+    for (int i = 0; i < J; i++) _mm512_storeu_ps(acc + (size_t)(j0 + i) * hd + 16 * g, a[i]);
+}
+
+/* P.V a group of 16 dimensions at a time, in heads of J, the most of 8, 4,
+ * 2 and 1 that divides G: the block's rows (18 KB at head_dim 256 and 128
+ * rows) stay in L1 across the groups. */
 static void pv_nvfp4(const uint8_t *vp, int nt, const float *p, size_t stride, int G, int hd,
                      float *acc, const uint8_t *pf) {
-    const __m512 tab = nvfp4_table();
-    const float *e4 = kvd_e4m3_table();
     const size_t rb = kvd_nvfp4_row_bytes((size_t)hd);
-    float row[hd];
-    for (int t = 0; t < nt; t++) {
-        if (pf) prefetch_l2(pf + (size_t)t * rb, rb);
-        nvfp4_row(vp + (size_t)t * rb, hd, tab, e4, row);
-        for (int j = 0; j < G; j++) {
-            const __m512 pj = _mm512_set1_ps(p[(size_t)j * stride + t]);
-            float *o = acc + (size_t)j * hd;
-            for (int d = 0; d < hd; d += 16)
-                _mm512_storeu_ps(
-                    o + d, _mm512_fmadd_ps(pj, _mm512_loadu_ps(row + d), _mm512_loadu_ps(o + d)));
+    const int J = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
+    for (int g = 0; g < hd / KVD_NVFP4_GROUP; g++)
+        for (int j0 = 0; j0 < G; j0 += J) {
+            if (J == 8)
+                nvfp4_pv_group(vp, rb, nt, hd, g, p, stride, j0, 8, acc, pf);
+            else if (J == 4)
+                nvfp4_pv_group(vp, rb, nt, hd, g, p, stride, j0, 4, acc, pf);
+            else if (J == 2)
+                nvfp4_pv_group(vp, rb, nt, hd, g, p, stride, j0, 2, acc, pf);
+            else
+                nvfp4_pv_group(vp, rb, nt, hd, g, p, stride, j0, 1, acc, pf);
         }
-    }
 }
 #endif
 
@@ -451,7 +551,7 @@ static void scores_block(const kvd_kv_view *kv, const read_path *rp, const uint8
                          const float *q, int G, float kmul, float *s, size_t stride,
                          const uint8_t *pf) {
 #ifdef KVD_VEC
-    if (kv->fmt == KVD_FMT_NVFP4 && !kv->portable) {
+    if (rp->nvfp4) {
         scores_nvfp4(kp, nt, q, G, kv->head_dim, kmul, s, stride, pf);
         return;
     }
@@ -470,7 +570,7 @@ static void scores_block(const kvd_kv_view *kv, const read_path *rp, const uint8
 static void pv_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *vp, int nt,
                      const float *p, size_t stride, int G, float *out, const uint8_t *pf) {
 #ifdef KVD_VEC
-    if (kv->fmt == KVD_FMT_NVFP4 && !kv->portable) {
+    if (rp->nvfp4) {
         pv_nvfp4(vp, nt, p, stride, G, kv->head_dim, out, pf);
         return;
     }
@@ -692,6 +792,14 @@ size_t kvd_attn_work_bytes(int n_heads, int head_dim, int n_ctx, int n_parts) {
            sizeof(float) * nh * (size_t)head_dim + 64;
 }
 
+const char *kvd_attn_kernels(void) {
+#ifdef KVD_VEC
+    return "AVX-512";
+#else
+    return "portable";
+#endif
+}
+
 void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
                     int n_heads, float sm_scale, float *out, float *probs, void *work,
                     int n_parts) {
@@ -708,7 +816,7 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
     float *s = probs ? probs : qk + (size_t)n_heads * hd;
     /* the query in the kernels' order of the dimensions, and back for the output */
     int dim[hd];
-    for (int k = 0; k < hd; k++) dim[k] = rp.vec ? slot_dim(rp.codes, k) : k;
+    for (int k = 0; k < hd; k++) dim[k] = rp.vec || rp.nvfp4 ? slot_dim(rp.codes, k) : k;
     for (int j = 0; j < n_heads; j++)
         for (int k = 0; k < hd; k++) qk[(size_t)j * hd + k] = q[(size_t)j * hd + dim[k]];
     if (kv->q_scale) /* the FP8 query, read back */

@@ -552,7 +552,7 @@ static void nosat_nan(void **st) {
 static void attention_paths(void **st) {
     (void)st;
     enum { KH = 2, T = 300, BSV = 128 };
-    static const int shapes[][2] = {{2, 64}, {4, 64}, {8, 256}, {16, 256}, {32, 256}};
+    static const int shapes[][2] = {{2, 64}, {4, 64}, {6, 64}, {8, 256}, {16, 256}, {32, 256}};
     char err[KVD_ERR_LEN];
     kvd_kv_scales sc;
     kvd_kv_scales_init(&sc, 1, KH);
