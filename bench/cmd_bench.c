@@ -89,6 +89,7 @@ typedef struct {
     kvd_fmt fmt;
     int n_ctx, kvh, hd, nh, bs;
     int p_fp8;         /* FP8 attention's weights (--attn-fp8) */
+    int portable;      /* the portable kernels, where vector ones exist */
     size_t pool_bytes; /* of each of k and v */
     uint8_t *k, *v;
     int32_t *blocks;
@@ -125,8 +126,8 @@ static void cache_free(bench_cache *c) {
 }
 
 static kvd_kv_view cache_view(const bench_cache *c) {
-    kvd_kv_view v = {c->fmt,    c->bs,     c->kvh, c->hd, c->k,    c->v,
-                     c->kscale, c->vscale, 0,      NULL,  c->p_fp8};
+    kvd_kv_view v = {c->fmt,    c->bs,     c->kvh,      c->hd, c->k,    c->v,
+                     c->kscale, c->vscale, c->portable, NULL,  c->p_fp8};
     return v;
 }
 
@@ -195,7 +196,7 @@ static double decode_check(const bench_cache *c, const float *q, const float *ou
     return worst;
 }
 
-static int bench_kernels(int reps) {
+static int bench_kernels(int reps, int portable) {
     int threads = 1;
 #ifdef _OPENMP
     threads = omp_get_max_threads();
@@ -213,8 +214,10 @@ static int bench_kernels(int reps) {
            "heads, %d KV heads, head_dim %d), blocks of %d tokens (the cache's) and of 16 (GPU "
            "engines'); the cache evicted from every CPU cache before each run; fp8att: the e4m3 "
            "cache with FP8 attention's weights (--attn-fp8); nvfp4: E2M1 codes with E4M3 block "
-           "scales; e4m3t, i8t: E4M3 and INT8 with a scale per row (fp8-token, int8-token):\n",
-           cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, KVD_KV_BLOCK);
+           "scales; e4m3t, i8t: E4M3 and INT8 with a scale per row (fp8-token, int8-token); "
+           "kernels: %s%s:\n",
+           cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, KVD_KV_BLOCK,
+           portable ? "portable" : kvd_attn_kernels(), portable ? " (--portable)" : "");
     printf("%6s %8s %-6s %10s %10s %10s %10s %8s %8s %8s\n", "block", "context", "cache",
            "max_rel_err", "time_us", "cache_MB", "read_GB_s", "of_copy", "of_read", "vs_bf16");
     int ctxs[2] = {4096, 32768}, blocks[2] = {KVD_KV_BLOCK, 16};
@@ -234,6 +237,7 @@ static int bench_kernels(int reps) {
             for (int fi = 0; fi < NF; fi++) {
                 memset(&c[fi], 0, sizeof c[fi]);
                 c[fi].p_fp8 = fi == 3;
+                c[fi].portable = portable;
                 c[fi].kvh = cfg.num_key_value_heads;
                 c[fi].hd = cfg.head_dim;
                 c[fi].nh = cfg.num_attention_heads;
@@ -375,12 +379,13 @@ static int bench_kernels(int reps) {
 }
 
 static const char *const bench_usage =
-    "usage: kvdrift bench kernels [--reps N] [--threads N]\n"
+    "usage: kvdrift bench kernels [--reps N] [--threads N] [--portable]\n"
     "       kvdrift bench lockstep [--model PRESET | --config FILE | --model-dir DIR] "
     "[--context N] [--reps N]\n"
     "                              [--threads N] [--backend cpu|cuda] [--gpus N]\n"
     "       kvdrift bench cuda\n"
-    "kernels: copy and read bandwidth, decode attention per cache format, GEMM (CPU).\n"
+    "kernels: copy and read bandwidth, decode attention per cache format, GEMM (CPU);\n"
+    "         --portable: the attention kernels a CPU without AVX-512 VBMI takes.\n"
     "lockstep: what the lock-step measurement costs against the model's own decode.\n"
     "cuda: device copy bandwidth, decode attention, cuBLASLt GEMMs (every algorithm).\n";
 
@@ -442,21 +447,24 @@ int kvd_cmd_bench(int argc, char **argv) {
         return 0;
     }
     if (argc < 1 || strcmp(argv[0], "kernels") != 0)
-        kvd_die(KVD_EXIT_USAGE, cmd,
-                "expected 'kernels', 'lockstep' or 'cuda' (usage: kvdrift bench kernels [--reps "
-                "N] [--threads N]; kvdrift bench lockstep [--model PRESET] [--context N] "
-                "[--backend cpu|cuda] [--gpus N]; kvdrift bench cuda)");
+        kvd_die(
+            KVD_EXIT_USAGE, cmd,
+            "expected 'kernels', 'lockstep' or 'cuda' (usage: kvdrift bench kernels [--reps "
+            "N] [--threads N] [--portable]; kvdrift bench lockstep [--model PRESET] [--context N] "
+            "[--backend cpu|cuda] [--gpus N]; kvdrift bench cuda)");
     kvd_args a = {argc - 1, argv + 1, 0, cmd};
-    int reps = 10;
+    int reps = 10, portable = 0;
     const char *f;
     while ((f = kvd_args_next(&a))) {
         if (!strcmp(f, "--reps")) {
             reps = (int)kvd_args_long(&a, f, 1, 1000);
         } else if (!strcmp(f, "--threads")) {
             kvd_set_threads((int)kvd_args_long(&a, f, 1, 4096));
+        } else if (!strcmp(f, "--portable")) {
+            portable = 1;
         } else {
             kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
         }
     }
-    return bench_kernels(reps) ? 1 : 0;
+    return bench_kernels(reps, portable) ? 1 : 0;
 }
