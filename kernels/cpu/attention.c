@@ -109,14 +109,15 @@ void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int p
 typedef float vec8 __attribute__((vector_size(32)));
 enum { TP = 4 };
 
-static inline vec8 load8(const float *p) {
-    vec8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
+/* (vectors through pointers: passed by value, their ABI would depend on
+ * whether the build has AVX, which GCC warns of) */
+static inline void load8(vec8 *v, const float *p) {
+    memcpy(v, p, sizeof *v);
 }
 
-static inline float sum8(vec8 v) {
-    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+static inline float sum8(const vec8 *v) {
+    return (((*v)[0] + (*v)[4]) + ((*v)[1] + (*v)[5])) +
+           (((*v)[2] + (*v)[6]) + ((*v)[3] + (*v)[7]));
 }
 
 /* TP rows from t0 of a block decoded into rows; past nt, zeros */
@@ -140,11 +141,15 @@ static void scores_portable(const uint8_t *kp, int nt, const float *q, int G, in
             const float *qj = q + (size_t)j * hd;
             vec8 acc[TP] = {{0}};
             for (int d = 0; d < d8; d += 8) {
-                const vec8 qv = load8(qj + d);
-                for (int i = 0; i < TP; i++) acc[i] += qv * load8(rows[i] + d);
+                vec8 qv, k;
+                load8(&qv, qj + d);
+                for (int i = 0; i < TP; i++) {
+                    load8(&k, rows[i] + d);
+                    acc[i] += qv * k;
+                }
             }
             for (int i = 0; i < TP && t0 + i < nt; i++) {
-                float dot = sum8(acc[i]);
+                float dot = sum8(&acc[i]);
                 for (int d = d8; d < hd; d++) dot += qj[d] * rows[i][d];
                 s[(size_t)j * stride + t0 + i] = dot * kmul;
             }
@@ -163,9 +168,10 @@ static void pv_portable(const uint8_t *vp, int nt, const float *p, size_t stride
             for (int i = 0; i < TP; i++) w[i] = t0 + i < nt ? p[(size_t)j * stride + t0 + i] : 0.0f;
             float *o = acc + (size_t)j * hd;
             for (int d = 0; d < d8; d += 8) {
-                const vec8 x =
-                    load8(o + d) + ((w[0] * load8(rows[0] + d) + w[1] * load8(rows[1] + d)) +
-                                    (w[2] * load8(rows[2] + d) + w[3] * load8(rows[3] + d)));
+                vec8 x, r[TP];
+                load8(&x, o + d);
+                for (int i = 0; i < TP; i++) load8(&r[i], rows[i] + d);
+                x += (w[0] * r[0] + w[1] * r[1]) + (w[2] * r[2] + w[3] * r[3]);
                 memcpy(o + d, &x, sizeof x);
             }
             for (int d = d8; d < hd; d++)
