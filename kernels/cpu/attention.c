@@ -108,6 +108,7 @@ void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int p
  * the code's, not the machine's vector width. */
 typedef float vec8 __attribute__((vector_size(32)));
 enum { TP = 4 };
+_Static_assert(TP == 4, "pv_portable's sum is written out for four rows");
 
 /* (vectors through pointers: passed by value, their ABI would depend on
  * whether the build has AVX, which GCC warns of) */
