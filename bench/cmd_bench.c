@@ -218,8 +218,11 @@ static int bench_kernels(int reps, int portable) {
            "kernels: %s%s:\n",
            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, KVD_KV_BLOCK,
            portable ? "portable" : kvd_attn_kernels(), portable ? " (--portable)" : "");
-    printf("%6s %8s %-6s %10s %10s %10s %10s %8s %8s %8s\n", "block", "context", "cache",
-           "max_rel_err", "time_us", "cache_MB", "read_GB_s", "of_copy", "of_read", "vs_bf16");
+    /* --portable on a build with vector kernels: those timed in turn too */
+    const int both = portable && strcmp(kvd_attn_kernels(), "portable") != 0;
+    printf("%6s %8s %-6s %10s %10s %10s %10s %8s %8s %8s%s\n", "block", "context", "cache",
+           "max_rel_err", "time_us", "cache_MB", "read_GB_s", "of_copy", "of_read", "vs_bf16",
+           both ? "   of_vec" : "");
     int ctxs[2] = {4096, 32768}, blocks[2] = {KVD_KV_BLOCK, 16};
     enum { NF = 7 };
     kvd_fmt fmts[NF] = {KVD_FMT_BF16,  KVD_FMT_E4M3,  KVD_FMT_E5M2, KVD_FMT_E4M3,
@@ -264,25 +267,28 @@ static int bench_kernels(int reps, int portable) {
                 }
             }
             int n = reps * (ctxs[ci] <= 4096 ? 4 : 1);
-            double *ts = malloc(sizeof(double) * NF * (size_t)n);
+            double *ts = malloc(sizeof(double) * 2 * NF * (size_t)n), *tv = ts + NF * (size_t)n;
             for (int r = 0; r < n; r++)
-                for (int fi = 0; fi < NF; fi++) {
-                    evict(c[fi].k, c[fi].pool_bytes);
-                    evict(c[fi].v, c[fi].pool_bytes);
-                    double t0 = kvd_now();
-                    decode_once(&c[fi], q[fi], out[fi], probs[fi], work[fi], parts);
-                    ts[fi * n + r] = kvd_now() - t0;
-                }
+                for (int fi = 0; fi < NF; fi++)
+                    for (int pass = 0; pass < 1 + both; pass++) {
+                        c[fi].portable = pass ? 0 : portable; /* pass 1: the vector kernels */
+                        evict(c[fi].k, c[fi].pool_bytes);
+                        evict(c[fi].v, c[fi].pool_bytes);
+                        double t0 = kvd_now();
+                        decode_once(&c[fi], q[fi], out[fi], probs[fi], work[fi], parts);
+                        (pass ? tv : ts)[fi * n + r] = kvd_now() - t0;
+                    }
             double t_bf16 = 0;
             for (int fi = 0; fi < NF; fi++) {
                 double t = median(ts + fi * n, n);
                 double bytes =
                     2.0 * c[fi].n_ctx * c[fi].kvh * (double)kvd_fmt_row_bytes(c[fi].fmt, c[fi].hd);
                 if (fi == 0) t_bf16 = t;
-                printf("%6d %8d %-6s %10.2e %10.1f %10.2f %10.2f %7.1f%% %7.1f%% %7.2fx\n",
-                       c[fi].bs, c[fi].n_ctx, fn[fi], rel[fi], t * 1e6, bytes / 1e6,
-                       bytes / t / 1e9, 100.0 * bytes / t / bw, 100.0 * bytes / t / rbw,
-                       t_bf16 / t);
+                printf("%6d %8d %-6s %10.2e %10.1f %10.2f %10.2f %7.1f%% %7.1f%% %7.2fx", c[fi].bs,
+                       c[fi].n_ctx, fn[fi], rel[fi], t * 1e6, bytes / 1e6, bytes / t / 1e9,
+                       100.0 * bytes / t / bw, 100.0 * bytes / t / rbw, t_bf16 / t);
+                if (both) printf(" %7.2fx", median(tv + fi * n, n) / t);
+                printf("\n");
             }
             free(ts);
             for (int fi = 0; fi < NF; fi++) {
@@ -374,7 +380,10 @@ static int bench_kernels(int reps, int portable) {
     free(C);
     printf("\nof_copy / of_read: cache bytes read per second over the copy / read bandwidth "
            "above;\nvs_bf16: speed-up over the BF16 cache at the same context, the formats timed "
-           "in turn.\nTimes are medians.\n");
+           "in turn.\n%sTimes are medians.\n",
+           portable && strcmp(kvd_attn_kernels(), "portable") != 0
+               ? "of_vec: the portable kernels' speed over the AVX-512 kernels', timed in turn.\n"
+               : "");
     return fail;
 }
 
