@@ -61,7 +61,7 @@ typedef struct {
 } runs_args;
 
 static runs_args runs_args_parse(const char *cmd, int argc, char **argv, int min, int max,
-                                 const char *help) {
+                                 int positions, const char *help) {
     runs_args ra = {NULL, NULL, NULL, 0};
     char **files = calloc((size_t)max, sizeof *files);
     const char *f;
@@ -95,7 +95,8 @@ static runs_args runs_args_parse(const char *cmd, int argc, char **argv, int min
     char err[KVD_ERR_LEN];
     if (ra.out && kvd_output_check(ra.out, err)) kvd_die(KVD_EXIT_USAGE, cmd, "-o: %s", err);
     ra.runs = calloc((size_t)ra.n, sizeof *ra.runs);
-    if (kvd_runs_load(ra.runs, ra.n, files, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    if (kvd_runs_load(ra.runs, ra.n, files, positions, err))
+        kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
     free(files);
     return ra;
 }
@@ -112,7 +113,7 @@ static void runs_args_finish(const char *cmd, runs_args *ra, kvd_buf *b) {
 int kvd_cmd_report(int argc, char **argv) {
     const char *cmd = "report";
     runs_args ra = runs_args_parse(
-        cmd, argc, argv, 1, KVD_REPORT_MAX_RUNS,
+        cmd, argc, argv, 1, KVD_REPORT_MAX_RUNS, 1,
         "usage: kvdrift report RUN.h5 [MORE.h5 ...] [--format html|md|csv] [-o FILE]\n"
         "One self-contained HTML file (inline SVG charts, no scripts), a Markdown\n"
         "summary for a CI log or pull request, or the figures as CSV. Several files\n"
@@ -143,20 +144,25 @@ int kvd_cmd_trend(int argc, char **argv) {
              "where the runs' settings change.\nAt the largest context every run has; up to %d "
              "files.\n",
              KVD_TREND_MAX_RUNS);
-    runs_args ra = runs_args_parse(cmd, argc, argv, 2, KVD_TREND_MAX_RUNS, help);
+    /* light: each run's positions are read in turn as the trend is built,
+     * so that a year of nightly files need not fit in memory at once */
+    runs_args ra = runs_args_parse(cmd, argc, argv, 2, KVD_TREND_MAX_RUNS, 0, help);
     char err[KVD_ERR_LEN];
     long long ctx;
     if (kvd_trend_prepare(ra.runs, ra.n, &ctx, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    kvd_trend *t = kvd_trend_build(ra.runs, ra.n, ctx, err);
+    if (!t) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
     kvd_buf b = {0};
     if (!strcmp(ra.format, "html"))
-        kvd_trend_html(&b, ra.runs, ra.n, ctx);
+        kvd_trend_html(&b, ra.runs, ra.n, t);
     else if (!strcmp(ra.format, "md"))
-        kvd_trend_md(&b, ra.runs, ra.n, ctx);
+        kvd_trend_md(&b, ra.runs, ra.n, t);
     else {
         memout m;
-        kvd_trend_csv(memout_open(&m), ra.runs, ra.n, ctx);
+        kvd_trend_csv(memout_open(&m), ra.runs, ra.n, t);
         memout_close(&m, &b);
     }
+    kvd_trend_free(t);
     runs_args_finish(cmd, &ra, &b);
     return 0;
 }
@@ -217,7 +223,7 @@ int kvd_cmd_compare(int argc, char **argv) {
     int nth;
     if (kvd_thresholds_load(thr, &th, &nth, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
     kvd_run runs[2];
-    if (kvd_runs_load(runs, 2, files, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
+    if (kvd_runs_load(runs, 2, files, 1, err)) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);
     kvd_check *checks;
     int n = kvd_compare(&runs[0], &runs[1], th, nth, min_sigma, &checks, err);
     if (n < 0) kvd_die(KVD_EXIT_USAGE, cmd, "%s", err);

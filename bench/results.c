@@ -755,7 +755,28 @@ static int read_2d_float(hid_t f, const char *p, int *rows, int *cols, float **o
     return H5LTread_dataset_float(f, p, *out) < 0 ? -1 : 0;
 }
 
-int kvd_results_load(kvd_results *r, const char *path, char *err) {
+/* Every token set's positions inside /drift/tokens. */
+static int check_token_sets(const kvd_results *r, const char *path, char *err) {
+    const kvd_table *ts = &r->t[KVD_T_TOKSET];
+    for (int64_t i = 0; i < ts->n; i++) {
+        const kvd_row_tokset *x = KVD_ROW(ts, kvd_row_tokset, i);
+        const int64_t nt = r->t[KVD_T_TOKEN].n; /* no sum that can overflow */
+        if (x->first < 0 || x->n < 0 || x->first > nt || x->n > nt - x->first) {
+            snprintf(err, KVD_ERR_LEN,
+                     "%s: dataset /drift/token_sets row %lld: first %lld and n %lld, expected "
+                     "rows within the %lld of /drift/tokens",
+                     path, (long long)i, (long long)x->first, (long long)x->n, (long long)nt);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int per_position(int table) {
+    return table == KVD_T_TOKSET || table == KVD_T_TOKEN;
+}
+
+static int load(kvd_results *r, const char *path, int positions, char *err) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f < 0) {
@@ -777,22 +798,10 @@ int kvd_results_load(kvd_results *r, const char *path, char *err) {
     }
     r->schema_version = ver;
     for (int i = 0; i < KVD_T_N && !rc; i++) /* version 1 has no per-position tables */
-        if (ver > 1 || (i != KVD_T_TOKSET && i != KVD_T_TOKEN))
+        if (!per_position(i) || (ver > 1 && positions))
             rc = read_table(f, &r->t[i], path, err, ver);
     kl_cache_clear(r->kl_cache);
-    /* every cell's positions inside /drift/tokens */
-    const kvd_table *ts = &r->t[KVD_T_TOKSET];
-    for (int64_t i = 0; i < ts->n && !rc; i++) {
-        const kvd_row_tokset *x = KVD_ROW(ts, kvd_row_tokset, i);
-        const int64_t nt = r->t[KVD_T_TOKEN].n; /* no sum that can overflow */
-        if (x->first < 0 || x->n < 0 || x->first > nt || x->n > nt - x->first) {
-            snprintf(err, KVD_ERR_LEN,
-                     "%s: dataset /drift/token_sets row %lld: first %lld and n %lld, expected "
-                     "rows within the %lld of /drift/tokens",
-                     path, (long long)i, (long long)x->first, (long long)x->n, (long long)nt);
-            rc = -1;
-        }
-    }
+    if (!rc) rc = check_token_sets(r, path, err);
     /* provenance strings */
     struct {
         const char *name;
@@ -832,6 +841,67 @@ int kvd_results_load(kvd_results *r, const char *path, char *err) {
     /* matrices are rebuilt from the layer tables by whoever resumes */
     H5Fclose(f);
     return rc;
+}
+
+int kvd_results_load(kvd_results *r, const char *path, char *err) {
+    return load(r, path, 1, err);
+}
+
+int kvd_results_load_light(kvd_results *r, const char *path, char *err) {
+    return load(r, path, 0, err);
+}
+
+void kvd_results_drop_positions(kvd_results *r) {
+    for (int i = 0; i < KVD_T_N; i++)
+        if (per_position(i)) {
+            free(r->t[i].rows);
+            r->t[i].rows = NULL;
+            r->t[i].n = r->t[i].cap = 0;
+        }
+    kl_cache_clear(r->kl_cache);
+}
+
+int kvd_results_load_positions(kvd_results *r, const char *path, long long ctx, char *err) {
+    kvd_results_drop_positions(r);
+    if (r->schema_version < 2) return 0;
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) {
+        snprintf(err, KVD_ERR_LEN, "%s: not a readable HDF5 file (truncated or corrupt?)", path);
+        return -1;
+    }
+    int rc = 0;
+    for (int i = 0; i < KVD_T_N && !rc; i++)
+        if (per_position(i)) rc = read_table(f, &r->t[i], path, err, r->schema_version);
+    H5Fclose(f);
+    if (!rc) rc = check_token_sets(r, path, err);
+    if (rc) {
+        kvd_results_drop_positions(r);
+        return -1;
+    }
+    /* the sets at ctx, their positions copied out in order (a set of another
+     * context may lie between, or after, them) */
+    kvd_table *ts = &r->t[KVD_T_TOKSET], *tt = &r->t[KVD_T_TOKEN];
+    int64_t sets = 0, rows = 0;
+    for (int64_t i = 0; i < ts->n; i++) {
+        const kvd_row_tokset *x = KVD_ROW(ts, kvd_row_tokset, i);
+        if (x->context == ctx) rows += x->n;
+    }
+    char *kept = calloc((size_t)(rows ? rows : 1), tt->row_size);
+    rows = 0;
+    for (int64_t i = 0; i < ts->n; i++) {
+        kvd_row_tokset x;
+        memcpy(&x, ts->rows + (size_t)i * ts->row_size, sizeof x);
+        if (x.context != ctx) continue;
+        memcpy(kept + (size_t)rows * tt->row_size, tt->rows + (size_t)x.first * tt->row_size,
+               (size_t)x.n * tt->row_size);
+        x.first = rows, rows += x.n;
+        memcpy(ts->rows + (size_t)sets++ * ts->row_size, &x, sizeof x);
+    }
+    free(tt->rows);
+    tt->rows = kept, tt->n = rows, tt->cap = rows ? rows : 1;
+    ts->n = sets;
+    return 0;
 }
 
 static const char *type_name(const kvd_coldef *c) {

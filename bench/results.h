@@ -324,6 +324,18 @@ void kvd_results_add_matrix(kvd_results *r, const char *name, const char *row_la
 /* Write the whole file atomically; read one back (for resume). */
 int kvd_results_save(const kvd_results *r, const char *path, char *err);
 int kvd_results_load(kvd_results *r, const char *path, char *err);
+/* kvd_results_load without the per-position tables (/drift/token_sets and
+ * /drift/tokens, most of a file), for a reader of many files that takes
+ * their positions one file at a time: until kvd_results_load_positions,
+ * nothing pairs and a KL percentile over several traces is their rows'
+ * mean. */
+int kvd_results_load_light(kvd_results *r, const char *path, char *err);
+/* Into r (loaded light, or whole): the per-position tables of the file at
+ * path, of the token sets at context ctx alone; none from a version 1 file.
+ * The tables are checked as kvd_results_load checks them. */
+int kvd_results_load_positions(kvd_results *r, const char *path, long long ctx, char *err);
+/* r's per-position tables emptied. */
+void kvd_results_drop_positions(kvd_results *r);
 
 /* The schema as Markdown (docs/results-schema.md is this, checked by a test). */
 void kvd_results_schema_md(FILE *f);

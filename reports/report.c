@@ -58,12 +58,12 @@ static void unique_labels(kvd_run *runs, int n) {
     free(clash);
 }
 
-int kvd_runs_load(kvd_run *runs, int n, char *const *paths, char *err) {
+int kvd_runs_load(kvd_run *runs, int n, char *const *paths, int positions, char *err) {
     for (int i = 0; i < n; i++) {
         memset(&runs[i], 0, sizeof runs[i]);
         kvd_results_init(&runs[i].r);
         snprintf(runs[i].path, sizeof runs[i].path, "%s", paths[i]);
-        if (kvd_results_load(&runs[i].r, paths[i], err)) {
+        if ((positions ? kvd_results_load : kvd_results_load_light)(&runs[i].r, paths[i], err)) {
             kvd_runs_free(runs, i + 1);
             return -1;
         }

@@ -17,10 +17,11 @@ typedef struct {
 /* the most result files one report takes */
 #define KVD_REPORT_MAX_RUNS 64
 
-/* Load result files; -1 with err naming the file on failure. Each gets a
- * label of its own: its file name, or as much of its path as tells it from
- * the others. */
-int kvd_runs_load(kvd_run *runs, int n, char *const *paths, char *err);
+/* Load result files (positions: with their per-position tables, else
+ * light, kvd_results_load_light); -1 with err naming the file on failure.
+ * Each gets a label of its own: its file name, or as much of its path as
+ * tells it from the others. */
+int kvd_runs_load(kvd_run *runs, int n, char *const *paths, int positions, char *err);
 void kvd_runs_free(kvd_run *runs, int n);
 
 void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n);

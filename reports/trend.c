@@ -114,31 +114,78 @@ typedef struct {
     int paired;
 } trend_cell;
 
-typedef struct {
+typedef struct kvd_trend {
+    long long ctx;
     const char *modes[KVD_KV_N_MODES];
     int nm;
     trend_cell *cell; /* [run][mode] */
+    /* per mode: its first and last run with figures (-1: none), and how far
+     * apart they are in standard errors */
+    int first[KVD_KV_N_MODES], last[KVD_KV_N_MODES], paired_fl[KVD_KV_N_MODES];
+    double z_fl[KVD_KV_N_MODES];
 } trend_table;
 
 static const trend_cell *cell_at(const trend_table *t, int i, int m) {
     return &t->cell[(size_t)i * t->nm + m];
 }
 
-static void trend_table_build(const kvd_run *runs, int n, long long ctx, trend_table *t) {
+void kvd_trend_free(kvd_trend *t) {
+    if (t) free(t->cell);
+    free(t);
+}
+
+kvd_trend *kvd_trend_build(kvd_run *runs, int n, long long ctx, char *err) {
+    trend_table *t = calloc(1, sizeof *t);
+    t->ctx = ctx;
     t->nm = trend_modes(runs, n, t->modes);
     t->cell = calloc((size_t)n * (t->nm ? t->nm : 1), sizeof *t->cell);
-    for (int m = 0; m < t->nm; m++)
-        for (int i = 0, prev = -1; i < n; i++) {
+    char *loaded = calloc((size_t)n, 1); /* runs whose positions are in memory */
+    int *prev = t->last, *first = t->first;
+    for (int m = 0; m < t->nm; m++) prev[m] = first[m] = -1;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        /* the figures that pool positions (a percentile over several traces)
+         * are taken with them, as a whole load gives them */
+        if (kvd_results_load_positions(&runs[i].r, runs[i].path, ctx, err)) {
+            rc = -1;
+            break;
+        }
+        loaded[i] = 1;
+        for (int m = 0; m < t->nm; m++) {
             trend_cell *c = &t->cell[(size_t)i * t->nm + m];
             c->v = kvd_run_verdict(&runs[i], t->modes[m], ctx);
             c->p99 = kvd_run_summary(&runs[i], t->modes[m], ctx, "all", "kl_p99");
             c->step = NAN;
             if (!isfinite(c->v.kl)) continue;
-            if (prev >= 0)
-                c->step = kl_step(&runs[prev], &runs[i], &cell_at(t, prev, m)->v, &c->v,
+            if (prev[m] >= 0)
+                c->step = kl_step(&runs[prev[m]], &runs[i], &cell_at(t, prev[m], m)->v, &c->v,
                                   t->modes[m], ctx, &c->paired);
-            prev = i;
+            if (first[m] < 0) first[m] = i;
+            prev[m] = i;
         }
+        /* positions kept where a later step reads them: each mode's first
+         * run (for the first-to-last distance) and its latest */
+        for (int j = 0; j <= i; j++) {
+            int keep = 0;
+            for (int m = 0; m < t->nm; m++) keep |= j == first[m] || j == prev[m];
+            if (loaded[j] && !keep) kvd_results_drop_positions(&runs[j].r), loaded[j] = 0;
+        }
+    }
+    for (int m = 0; m < t->nm && !rc; m++) {
+        t->z_fl[m] = NAN;
+        t->paired_fl[m] = 0;
+        if (first[m] >= 0 && prev[m] > first[m])
+            t->z_fl[m] = kl_step(&runs[first[m]], &runs[prev[m]], &cell_at(t, first[m], m)->v,
+                                 &cell_at(t, prev[m], m)->v, t->modes[m], ctx, &t->paired_fl[m]);
+    }
+    for (int j = 0; j < n; j++)
+        if (loaded[j]) kvd_results_drop_positions(&runs[j].r);
+    free(loaded);
+    if (rc) {
+        kvd_trend_free(t);
+        return NULL;
+    }
+    return t;
 }
 
 /* z cut to tenths toward zero, as the report words distances: 1.97 is
@@ -166,19 +213,12 @@ static int step_cell(const trend_cell *c, char *s, size_t n) {
 /* The sentence per mode: first and last run, their ratio and distance, and
  * the largest step between consecutive runs. 0 when the mode has fewer
  * than two runs with figures. */
-static int mode_sentence(const kvd_run *runs, int n, const trend_table *t, int m, long long ctx,
-                         char *s, size_t len) {
+static int mode_sentence(const kvd_run *runs, const trend_table *t, int m, char *s, size_t len) {
     const char *mode = t->modes[m];
-    int first = -1, last = -1;
-    for (int i = 0; i < n; i++)
-        if (isfinite(cell_at(t, i, m)->v.kl)) {
-            if (first < 0) first = i;
-            last = i;
-        }
+    const int first = t->first[m], last = t->last[m], paired = t->paired_fl[m];
     if (first < 0 || last == first) return 0;
     const kvd_verdict *a = &cell_at(t, first, m)->v, *b = &cell_at(t, last, m)->v;
-    int paired;
-    const double z = kl_step(&runs[first], &runs[last], a, b, mode, ctx, &paired);
+    const double z = t->z_fl[m];
     int k = snprintf(s, len, "%s: mean output KL %.3e in the first run and %.3e in the last", mode,
                      a->kl, b->kl);
     if (a->kl > 0 && k > 0 && (size_t)k < len)
@@ -260,9 +300,9 @@ static void trend_charts(kvd_buf *b, const trend_table *t, int n) {
     free(x), free(y), free(lo), free(hi);
 }
 
-void kvd_trend_html(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
-    trend_table t;
-    trend_table_build(runs, n, ctx, &t);
+void kvd_trend_html(kvd_buf *b, const kvd_run *runs, int n, const kvd_trend *tr) {
+    const trend_table t = *tr;
+    const long long ctx = t.ctx;
     const char *const *modes = t.modes;
     const int nm = t.nm;
     kvd_buf_printf(b,
@@ -283,7 +323,7 @@ void kvd_trend_html(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
         TREND_MOVED_Z);
     for (int m = 0; m < nm; m++) {
         char s[1024];
-        if (!mode_sentence(runs, n, &t, m, ctx, s, sizeof s)) continue;
+        if (!mode_sentence(runs, &t, m, s, sizeof s)) continue;
         kvd_buf_puts(b, "<p class=\"trend\">");
         kvd_buf_xml(b, s);
         kvd_buf_puts(b, "</p>\n");
@@ -333,19 +373,18 @@ void kvd_trend_html(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
         kvd_buf_puts(b, "</tr>\n");
     }
     kvd_buf_puts(b, "</table>\n</body></html>\n");
-    free(t.cell);
 }
 
-void kvd_trend_md(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
-    trend_table t;
-    trend_table_build(runs, n, ctx, &t);
+void kvd_trend_md(kvd_buf *b, const kvd_run *runs, int n, const kvd_trend *tr) {
+    const trend_table t = *tr;
+    const long long ctx = t.ctx;
     const char *const *modes = t.modes;
     const int nm = t.nm;
     kvd_buf_printf(b, "## kvdrift trend: %d runs at %lld tokens, %s to %s\n\n", n, ctx,
                    runs[0].r.written_utc, runs[n - 1].r.written_utc);
     for (int m = 0; m < nm; m++) {
         char s[1024];
-        if (mode_sentence(runs, n, &t, m, ctx, s, sizeof s)) kvd_buf_printf(b, "- %s\n", s);
+        if (mode_sentence(runs, &t, m, s, sizeof s)) kvd_buf_printf(b, "- %s\n", s);
     }
     for (int i = 1; i < n; i++) {
         char diff[1024];
@@ -380,12 +419,11 @@ void kvd_trend_md(kvd_buf *b, const kvd_run *runs, int n, long long ctx) {
                    "errors (paired over the positions where the runs ran the same traces); "
                    "bold at %.0f or more.\n",
                    TREND_MOVED_Z);
-    free(t.cell);
 }
 
-void kvd_trend_csv(FILE *f, const kvd_run *runs, int n, long long ctx) {
-    trend_table t;
-    trend_table_build(runs, n, ctx, &t);
+void kvd_trend_csv(FILE *f, const kvd_run *runs, int n, const kvd_trend *tr) {
+    const trend_table t = *tr;
+    const long long ctx = t.ctx;
     const char *h[] = {"run",  "file",    "written_utc", "revision",
                        "mode", "context", "metric",      "value"};
     kvd_csv_row(f, 8, h);
@@ -418,5 +456,4 @@ void kvd_trend_csv(FILE *f, const kvd_run *runs, int n, long long ctx) {
                 kvd_csv_row(f, 8, v);
             }
         }
-    free(t.cell);
 }

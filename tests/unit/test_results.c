@@ -314,12 +314,17 @@ static void position_errors(void **st) {
 
 /* The positions through a file and back; a version 1 file (no positions)
  * reads with none; a version 4 one, or positions past the table, do not */
-static void positions_on_file(void **st) {
-    (void)st;
-    char path[] = "/tmp/kvd_test_results_XXXXXX";
+/* a fresh empty file at path (a mkstemp template) */
+static void temp_file(char *path) {
     int fd = mkstemp(path);
     assert_true(fd >= 0);
     close(fd);
+}
+
+static void positions_on_file(void **st) {
+    (void)st;
+    char path[] = "/tmp/kvd_test_results_XXXXXX";
+    temp_file(path);
     char err[KVD_ERR_LEN];
     kvd_results r, back;
     kvd_results_init(&r);
@@ -388,12 +393,83 @@ static void positions_on_file(void **st) {
     unlink(path);
 }
 
+/* A file read light, then its positions one context at a time (as `trend`
+ * reads a series): the sets of another context left out, the kept ones'
+ * positions moved together in order, the pooled percentile and the pairing
+ * as a whole load gives them; dropped, neither; a bad set still refused. */
+static void positions_by_context(void **st) {
+    (void)st;
+    char path[] = "/tmp/kvd_test_results_XXXXXX";
+    temp_file(path);
+    char err[KVD_ERR_LEN];
+    kvd_results r, whole, light;
+    kvd_results_init(&r);
+    /* context 256 between and after the 512 ones, so that keeping 512
+     * moves rows */
+    kvd_row_token other[4];
+    memset(other, 0, sizeof other);
+    for (int i = 0; i < 4; i++) other[i].kl = 100.0f + (float)i;
+    kvd_results_add_tokens(&r, "fp8-cal", 256, 0, 9, other, 4);
+    two_traces(&r, "fp8-cal", 5, 1);
+    kvd_results_add_tokens(&r, "fp8-cal", 256, 1, 10, other, 2);
+    row(&r, "fp8-cal", 0, "kl_p90", 4.6, 5);
+    row(&r, "fp8-cal", 1, "kl_p90", 11.8, 3);
+    assert_int_equal(kvd_results_save(&r, path, err), 0);
+    kvd_results_init(&whole);
+    kvd_results_init(&light);
+    assert_int_equal(kvd_results_load(&whole, path, err), 0);
+    assert_int_equal(kvd_results_load_light(&light, path, err), 0);
+    assert_true(light.t[KVD_T_TOKEN].n == 0 && light.t[KVD_T_TOKSET].n == 0);
+    assert_true(light.t[KVD_T_SUMMARY].n == whole.t[KVD_T_SUMMARY].n);
+    assert_false(kvd_results_pair(&light, "fp8-cal", &whole, "fp8-cal", 512));
+    close_to(kvd_results_summary(&light, "fp8-cal", 512, "all", "kl_p90"), (5 * 4.6 + 3 * 11.8) / 8,
+             1e-15);
+    assert_int_equal(kvd_results_load_positions(&light, path, 512, err), 0);
+    assert_true(light.t[KVD_T_TOKEN].n == 8 && light.t[KVD_T_TOKSET].n == 2);
+    const kvd_row_tokset *ts = (const kvd_row_tokset *)light.t[KVD_T_TOKSET].rows;
+    assert_true(ts[0].context == 512 && ts[0].first == 0 && ts[0].n == 5);
+    assert_true(ts[1].context == 512 && ts[1].first == 5 && ts[1].n == 3);
+    const kvd_row_token *tk = (const kvd_row_token *)light.t[KVD_T_TOKEN].rows;
+    const float want[8] = {1, 2, 3, 4, 5, 12, 10, 11};
+    for (int i = 0; i < 8; i++) assert_true(tk[i].kl == want[i]);
+    close_to(kvd_results_summary(&light, "fp8-cal", 512, "all", "kl_p90"), 11.3, 1e-15);
+    assert_true(kvd_results_pair(&light, "fp8-cal", &whole, "fp8-cal", 512));
+    kvd_paired pd;
+    assert_int_equal(
+        kvd_results_paired(&light, "fp8-cal", &whole, "fp8-cal", 512, "all", "kl", -1, &pd), 1);
+    assert_true(pd.n == 8 && pd.mean == 0);
+    /* the other context alone: its two sets, six positions */
+    assert_int_equal(kvd_results_load_positions(&light, path, 256, err), 0);
+    assert_true(light.t[KVD_T_TOKEN].n == 6 && light.t[KVD_T_TOKSET].n == 2);
+    assert_false(kvd_results_pair(&light, "fp8-cal", &whole, "fp8-cal", 512));
+    kvd_results_drop_positions(&light);
+    assert_true(light.t[KVD_T_TOKEN].n == 0 && light.t[KVD_T_TOKSET].n == 0);
+    close_to(kvd_results_summary(&light, "fp8-cal", 512, "all", "kl_p90"), (5 * 4.6 + 3 * 11.8) / 8,
+             1e-15);
+    /* a set running past /drift/tokens: refused as a whole load refuses it */
+    kvd_row_tokset *x = (kvd_row_tokset *)r.t[KVD_T_TOKSET].rows;
+    x[2].n = 9;
+    assert_int_equal(kvd_results_save(&r, path, err), 0);
+    assert_int_equal(kvd_results_load_positions(&light, path, 512, err), -1);
+    assert_non_null(strstr(err, "dataset /drift/token_sets row 2: first 9 and n 9"));
+    assert_true(light.t[KVD_T_TOKEN].n == 0 && light.t[KVD_T_TOKSET].n == 0);
+    kvd_results_free(&light);
+    kvd_results_free(&whole);
+    kvd_results_free(&r);
+    unlink(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(pooled_figures),     cmocka_unit_test(one_trace_exact),
-        cmocka_unit_test(token_hash),         cmocka_unit_test(percentiles_over_positions),
-        cmocka_unit_test(paired_differences), cmocka_unit_test(paired_percentile_errors),
-        cmocka_unit_test(position_errors),    cmocka_unit_test(positions_on_file),
+        cmocka_unit_test(positions_by_context),
+        cmocka_unit_test(pooled_figures),
+        cmocka_unit_test(one_trace_exact),
+        cmocka_unit_test(token_hash),
+        cmocka_unit_test(percentiles_over_positions),
+        cmocka_unit_test(paired_differences),
+        cmocka_unit_test(paired_percentile_errors),
+        cmocka_unit_test(position_errors),
+        cmocka_unit_test(positions_on_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
