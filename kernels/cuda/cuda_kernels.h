@@ -17,6 +17,9 @@ extern "C" {
 /* 1 when a device is usable; else 0 and why. */
 int kvd_cuda_available(char *why, int len);
 
+/* NULL when cuBLASLt (opened at run time, lt_open.c) is there; else why not. */
+const char *kvd_cublaslt_missing(void);
+
 /* Quantize on the device exactly as kvd_quant_* does on the CPU:
  * cvt(x / scale), round to nearest even, SATFINITE or NOSAT. 0 on success. */
 int kvd_cuda_quant(kvd_fmt fmt, const float *x, void *out, size_t n, float scale, int saturate);

@@ -5,6 +5,8 @@
 
 #include <cstdio>
 
+#include "cuda_kernels.h"
+
 extern "C" int kvd_cuda_device_count(char *name, int len) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -16,6 +18,11 @@ extern "C" int kvd_cuda_device_count(char *name, int len) {
     cudaDeviceProp p;
     if (cudaGetDeviceProperties(&p, 0) == cudaSuccess) {
         std::snprintf(name, (size_t)len, "%s (sm_%d%d)", p.name, p.major, p.minor);
+    }
+    // the GEMMs need cuBLASLt, opened only now: without it no device is usable
+    if (const char *why = kvd_cublaslt_missing()) {
+        std::snprintf(name, (size_t)len, "%d CUDA device(s) visible, but %s", n, why);
+        return 0;
     }
     cublasLtHandle_t h;
     if (cublasLtCreate(&h) == CUBLAS_STATUS_SUCCESS) cublasLtDestroy(h);
