@@ -4,11 +4,13 @@
  * and a machine without it could not start kvdrift at all. These are the
  * twelve entry points the back end calls, with cublasLt.h's own signatures;
  * each forwards to the library's, found by soname (the loader's paths, as
- * NCCL's in comm.cu) or else where the build found it. */
+ * NCCL's in comm.cu) or else where the build found it, or at the path
+ * KVD_CUBLASLT gives. */
 #include <cublasLt.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_kernels.h"
@@ -41,8 +43,12 @@ static void lt_load(void) {
                            KVD_CUBLASLT_PATH
 #endif
     };
+    size_t n = sizeof names / sizeof names[0];
+    /* KVD_CUBLASLT names the library (a Python wheel's, say): that one alone */
+    const char *env = getenv("KVD_CUBLASLT");
+    if (env && *env) names[0] = env, n = 1;
     void *lib = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++)
+    for (size_t i = 0; i < n && !lib; i++)
         if (!(lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL)) && i == 0) {
             const char *e = dlerror(); /* the soname's reason: the one a user can act on */
             snprintf(lt_missing, sizeof lt_missing, "cuBLASLt cannot be opened: %s",

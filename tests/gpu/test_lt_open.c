@@ -6,6 +6,7 @@
  * status where none is. */
 #include <cublasLt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda/cuda_kernels.h"
@@ -21,6 +22,18 @@ static int failed;
 
 int main(void) {
     const char *why = kvd_cublaslt_missing();
+    /* KVD_CUBLASLT at a file that is not there (unit_lt_missing): the
+     * loader's reason, and cuBLASLt's own status from every entry point */
+    const char *env = getenv("KVD_CUBLASLT");
+    if (env && strstr(env, "/nonexistent/")) {
+        cublasLtHandle_t h;
+        cublasLtMatrixLayout_t a;
+        CHECK(why && strstr(why, "cuBLASLt cannot be opened: ") && strstr(why, env));
+        CHECK(cublasLtCreate(&h) == CUBLAS_STATUS_NOT_INITIALIZED);
+        CHECK(cublasLtMatrixLayoutCreate(&a, CUDA_R_32F, 4, 4, 4) == CUBLAS_STATUS_NOT_INITIALIZED);
+        printf("test_lt_open: %s\n", why ? why : "(opened)");
+        return failed;
+    }
     if (why) {
         /* CUDA's compiler without its libraries: say so, and the status */
         printf("test_lt_open: skipped: %s\n", why);
