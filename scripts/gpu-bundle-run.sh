@@ -28,6 +28,8 @@ for f in "$here"/lib/*; do
   esac
 done
 export LD_LIBRARY_PATH="$lib:${lt:+$(dirname "$lt"):}${nccl:+$(dirname "$nccl"):}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+# the binaries open cuBLASLt at run time: the one found above, by name
+[ -n "$lt" ] && export KVD_CUBLASLT="$lt"
 {
   echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) $(hostname) cuBLASLt: ${lt:-not found}, NCCL: ${nccl:-not found}"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 || true
