@@ -381,9 +381,8 @@ static int bench_kernels(int reps, int portable) {
     printf("\nof_copy / of_read: cache bytes read per second over the copy / read bandwidth "
            "above;\nvs_bf16: speed-up over the BF16 cache at the same context, the formats timed "
            "in turn.\n%sTimes are medians.\n",
-           portable && strcmp(kvd_attn_kernels(), "portable") != 0
-               ? "of_vec: the portable kernels' speed over the AVX-512 kernels', timed in turn.\n"
-               : "");
+           both ? "of_vec: the portable kernels' speed over the AVX-512 kernels', timed in turn.\n"
+                : "");
     return fail;
 }
 

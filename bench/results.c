@@ -776,13 +776,18 @@ static int per_position(int table) {
     return table == KVD_T_TOKSET || table == KVD_T_TOKEN;
 }
 
-static int load(kvd_results *r, const char *path, int positions, char *err) {
+/* The file at path, read-only, HDF5's own error printing off; < 0 with err. */
+static hid_t open_read(const char *path, char *err) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (f < 0) {
+    if (f < 0)
         snprintf(err, KVD_ERR_LEN, "%s: not a readable HDF5 file (truncated or corrupt?)", path);
-        return -1;
-    }
+    return f;
+}
+
+static int load(kvd_results *r, const char *path, int positions, char *err) {
+    hid_t f = open_read(path, err);
+    if (f < 0) return -1;
     int ver = 0, rc = 0;
     /* another kvdrift file (a trace set) or some other HDF5 file: say which */
     if (kvd_h5_check_format(f, path, KVD_RESULTS_FORMAT, err)) {
@@ -864,12 +869,8 @@ void kvd_results_drop_positions(kvd_results *r) {
 int kvd_results_load_positions(kvd_results *r, const char *path, long long ctx, char *err) {
     kvd_results_drop_positions(r);
     if (r->schema_version < 2) return 0;
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (f < 0) {
-        snprintf(err, KVD_ERR_LEN, "%s: not a readable HDF5 file (truncated or corrupt?)", path);
-        return -1;
-    }
+    hid_t f = open_read(path, err);
+    if (f < 0) return -1;
     int rc = 0;
     for (int i = 0; i < KVD_T_N && !rc; i++)
         if (per_position(i)) rc = read_table(f, &r->t[i], path, err, r->schema_version);

@@ -1595,8 +1595,8 @@ static int run_head_dim(const kvd_run *r) {
  * (kvd_fmt_decode_tc). */
 static int nvfp4_decode_fp32(const kvd_run *runs, int n) {
     for (int i = 0; i < n; i++)
-        if (!kvd_fmt_decode_tc(KVD_FMT_NVFP4, run_head_dim(&runs[i])) &&
-            runs_have(&runs[i], 1, is_nvfp4, 1))
+        if (runs_have(&runs[i], 1, is_nvfp4, 1) &&
+            !kvd_fmt_decode_tc(KVD_FMT_NVFP4, run_head_dim(&runs[i])))
             return 1;
     return 0;
 }

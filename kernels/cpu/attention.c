@@ -355,10 +355,11 @@ KVD_DEFINE_BLOCK_KERNELS(16)
 #endif
 
 /* Which path a view takes: the vector kernels want whole 64-value chunks
- * and a group size they were built for. */
+ * and a group size they were built for; NVFP4's take any. */
 static int use_vector(const kvd_kv_view *kv, int G) {
 #ifdef KVD_VEC
-    return !kv->portable && kv->fmt != KVD_FMT_NVFP4 && kv->head_dim % 64 == 0 &&
+    if (kv->fmt == KVD_FMT_NVFP4) return !kv->portable; /* its own kernels: any G */
+    return !kv->portable && kv->head_dim % 64 == 0 &&
            (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
 #else
     (void)kv, (void)G;
@@ -403,7 +404,7 @@ static int slot_dim(int codes, int k) {
 /* How one call reads its cache, settled once per call: the vector kernels
  * (with the format's FP8 tables in registers) or the portable ones. */
 typedef struct {
-    int vec, nvfp4, codes; /* vec: the G-specialised kernels; nvfp4: NVFP4's */
+    int vec, codes;
 #ifdef KVD_VEC
     fp8_tables T;
 #endif
@@ -416,9 +417,6 @@ static void path_init(read_path *rp, const kvd_kv_view *kv, int G) {
                 : kv->fmt == KVD_FMT_NVFP4 ? CODES_NVFP4
                 : kvd_fmt_int8(kv->fmt)    ? CODES_INT8
                                            : CODES_FP8;
-#ifdef KVD_VEC
-    rp->nvfp4 = kv->fmt == KVD_FMT_NVFP4 && !kv->portable;
-#endif
 #ifdef KVD_VEC
     if (rp->vec && rp->codes == CODES_FP8) rp->T = tables_for(kv->fmt);
 #endif
@@ -438,6 +436,12 @@ static inline __m512 nvfp4_table(void) {
     static const float e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
     return _mm512_loadu_ps(e2m1);
+}
+
+/* The query heads an NVFP4 tile takes together: the most of 8, 4, 2 and 1
+ * that divides G. */
+static inline int nvfp4_heads(int G) {
+    return G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
 }
 
 static inline __m512i nvfp4_shifts(void) {
@@ -462,12 +466,12 @@ static inline __m512 nvfp4_group(const uint8_t *row, int hd, int g, __m512 tab, 
  * (lane r H + i: row r, head j + i); n rows real (the rest repeat row 0,
  * their sums not stored). */
 static inline __attribute__((always_inline)) void nvfp4_dots(const uint8_t *const *row, int n,
-                                                             int hd, const float *q, int j, int H,
+                                                             int hd, const float *e4,
+                                                             const float *q, int j, int H,
                                                              float kmul, float *s, size_t stride) {
     const int R = 16 / H;
     const __m512 tab = nvfp4_table();
     const __m512i shift = nvfp4_shifts();
-    const float *e4 = kvd_e4m3_table();
     __m512 a[16];
     for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
     for (int g = 0; g < hd / KVD_NVFP4_GROUP; g++) {
@@ -487,13 +491,13 @@ static inline __attribute__((always_inline)) void nvfp4_dots(const uint8_t *cons
         for (int i = 0; i < H; i++) s[(size_t)(j + i) * stride + r] = out[r * H + i];
 }
 
-/* Tiles of H query heads by 16 / H rows, H the most of 8, 4, 2 and 1 that
- * divides G. pf, when not NULL, is the next block's rows: each row's fetch
- * into L2 is started as the same row of this block is first read. */
+/* Tiles of H = nvfp4_heads(G) query heads by 16 / H rows. pf, when not NULL, is the next block's
+ * rows: each row's fetch into L2 is started as the same row of this block is first read. */
 static void scores_nvfp4(const uint8_t *kp, int nt, const float *q, int G, int hd, float kmul,
                          float *s, size_t stride, const uint8_t *pf) {
     const size_t rb = kvd_nvfp4_row_bytes((size_t)hd);
-    const int H = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1, R = 16 / H;
+    const float *e4 = kvd_e4m3_table();
+    const int H = nvfp4_heads(G), R = 16 / H;
     for (int t0 = 0; t0 < nt; t0 += R) {
         const int n = nt - t0 < R ? nt - t0 : R;
         const uint8_t *row[16];
@@ -503,13 +507,13 @@ static void scores_nvfp4(const uint8_t *kp, int nt, const float *q, int G, int h
         }
         for (int j = 0; j < G; j += H) {
             if (H == 8)
-                nvfp4_dots(row, n, hd, q, j, 8, kmul, s + t0, stride);
+                nvfp4_dots(row, n, hd, e4, q, j, 8, kmul, s + t0, stride);
             else if (H == 4)
-                nvfp4_dots(row, n, hd, q, j, 4, kmul, s + t0, stride);
+                nvfp4_dots(row, n, hd, e4, q, j, 4, kmul, s + t0, stride);
             else if (H == 2)
-                nvfp4_dots(row, n, hd, q, j, 2, kmul, s + t0, stride);
+                nvfp4_dots(row, n, hd, e4, q, j, 2, kmul, s + t0, stride);
             else
-                nvfp4_dots(row, n, hd, q, j, 1, kmul, s + t0, stride);
+                nvfp4_dots(row, n, hd, e4, q, j, 1, kmul, s + t0, stride);
         }
     }
 }
@@ -517,11 +521,10 @@ static void scores_nvfp4(const uint8_t *kp, int nt, const float *q, int G, int h
 /* acc[j][16 g ..] += p[j][t] v_t over the nt rows, for J query heads from
  * j0: J accumulators held across the rows, each group decoded once for them. */
 static inline __attribute__((always_inline)) void
-nvfp4_pv_group(const uint8_t *vp, size_t rb, int nt, int hd, int g, const float *p, size_t stride,
-               int j0, int J, float *acc, const uint8_t *pf) {
+nvfp4_pv_group(const uint8_t *vp, size_t rb, int nt, int hd, const float *e4, int g, const float *p,
+               size_t stride, int j0, int J, float *acc, const uint8_t *pf) {
     const __m512 tab = nvfp4_table();
     const __m512i shift = nvfp4_shifts();
-    const float *e4 = kvd_e4m3_table();
     __m512 a[8];
     for (int i = 0; i < J; i++) a[i] = _mm512_loadu_ps(acc + (size_t)(j0 + i) * hd + 16 * g);
     for (int t = 0; t < nt; t++) {
@@ -533,23 +536,23 @@ nvfp4_pv_group(const uint8_t *vp, size_t rb, int nt, int hd, int g, const float 
     for (int i = 0; i < J; i++) _mm512_storeu_ps(acc + (size_t)(j0 + i) * hd + 16 * g, a[i]);
 }
 
-/* P.V a group of 16 dimensions at a time, in heads of J, the most of 8, 4,
- * 2 and 1 that divides G: the block's rows (18 KB at head_dim 256 and 128
- * rows) stay in L1 across the groups. */
+/* P.V a group of 16 dimensions at a time, in J = nvfp4_heads(G) heads: the block's rows (18 KB at
+ * head_dim 256 and 128 rows) stay in L1 across the groups. */
 static void pv_nvfp4(const uint8_t *vp, int nt, const float *p, size_t stride, int G, int hd,
                      float *acc, const uint8_t *pf) {
     const size_t rb = kvd_nvfp4_row_bytes((size_t)hd);
-    const int J = G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
+    const float *e4 = kvd_e4m3_table();
+    const int J = nvfp4_heads(G);
     for (int g = 0; g < hd / KVD_NVFP4_GROUP; g++)
         for (int j0 = 0; j0 < G; j0 += J) {
             if (J == 8)
-                nvfp4_pv_group(vp, rb, nt, hd, g, p, stride, j0, 8, acc, pf);
+                nvfp4_pv_group(vp, rb, nt, hd, e4, g, p, stride, j0, 8, acc, pf);
             else if (J == 4)
-                nvfp4_pv_group(vp, rb, nt, hd, g, p, stride, j0, 4, acc, pf);
+                nvfp4_pv_group(vp, rb, nt, hd, e4, g, p, stride, j0, 4, acc, pf);
             else if (J == 2)
-                nvfp4_pv_group(vp, rb, nt, hd, g, p, stride, j0, 2, acc, pf);
+                nvfp4_pv_group(vp, rb, nt, hd, e4, g, p, stride, j0, 2, acc, pf);
             else
-                nvfp4_pv_group(vp, rb, nt, hd, g, p, stride, j0, 1, acc, pf);
+                nvfp4_pv_group(vp, rb, nt, hd, e4, g, p, stride, j0, 1, acc, pf);
         }
 }
 #endif
@@ -558,7 +561,7 @@ static void scores_block(const kvd_kv_view *kv, const read_path *rp, const uint8
                          const float *q, int G, float kmul, float *s, size_t stride,
                          const uint8_t *pf) {
 #ifdef KVD_VEC
-    if (rp->nvfp4) {
+    if (rp->vec && rp->codes == CODES_NVFP4) {
         scores_nvfp4(kp, nt, q, G, kv->head_dim, kmul, s, stride, pf);
         return;
     }
@@ -577,7 +580,7 @@ static void scores_block(const kvd_kv_view *kv, const read_path *rp, const uint8
 static void pv_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *vp, int nt,
                      const float *p, size_t stride, int G, float *out, const uint8_t *pf) {
 #ifdef KVD_VEC
-    if (rp->nvfp4) {
+    if (rp->vec && rp->codes == CODES_NVFP4) {
         pv_nvfp4(vp, nt, p, stride, G, kv->head_dim, out, pf);
         return;
     }
@@ -823,7 +826,7 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
     float *s = probs ? probs : qk + (size_t)n_heads * hd;
     /* the query in the kernels' order of the dimensions, and back for the output */
     int dim[hd];
-    for (int k = 0; k < hd; k++) dim[k] = rp.vec || rp.nvfp4 ? slot_dim(rp.codes, k) : k;
+    for (int k = 0; k < hd; k++) dim[k] = rp.vec ? slot_dim(rp.codes, k) : k;
     for (int j = 0; j < n_heads; j++)
         for (int k = 0; k < hd; k++) qk[(size_t)j * hd + k] = q[(size_t)j * hd + dim[k]];
     if (kv->q_scale) /* the FP8 query, read back */
