@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../bench/clock.h"
 #include "model.h"
 
 const char *const kvd_subset_names[KVD_NSUB] = {"all", "copy", "other"};
@@ -267,109 +268,205 @@ static void compare_chunk(lockstep *L, const float *lr, const float *lc, const u
     }
 }
 
-/* Greedy continuation of both models from the same prefix: each branches its
- * own sequence (cache and recurrent state) and feeds back its own tokens. */
-static int generate(kvd_engine *mr, kvd_kvcache *kr, kvd_engine *mc, kvd_kvcache *kc,
-                    int64_t prefix, int ntok, const float *last_r, const float *last_c, int V,
-                    kvd_gen_result *g, char *err) {
-    int sr = kvd_engine_fork(mr, kr, 0), sc = sr < 0 ? -1 : kvd_engine_fork(mc, kc, 0);
-    if (sr < 0 || sc < 0) {
-        if (sr >= 0) kvd_kvcache_release(kr, sr);
+/* One candidate of a lock step: its cache, its shadow (the isolated view's
+ * reference K/V in its codec), its model, and its comparisons. */
+typedef struct {
+    kvd_kvcache kc, ks;
+    kvd_engine mc;
+    lockstep L;
+    float *lc; /* its last step's last row's logits */
+} candidate;
+
+/* Greedy continuation of the reference and each candidate from the same
+ * prefix: each branches its own sequence (cache and recurrent state) and
+ * feeds back its own tokens; the reference's tokens do not depend on the
+ * candidates, so one reference run serves them all. */
+static int generate(kvd_engine *mr, kvd_kvcache *kr, candidate *cd, int k, int64_t prefix, int ntok,
+                    const float *last_r, int V, kvd_drift *d, char *err) {
+    int sr = kvd_engine_fork(mr, kr, 0), *sc = malloc(sizeof(int) * (size_t)k);
+    int32_t *tc = malloc(sizeof(int32_t) * (size_t)k);
+    float *lr = malloc(sizeof(float) * (size_t)V);
+    int i = 0, rc = -1;
+    if (!sc || !tc || !lr) {
+        snprintf(err, KVD_ERR_LEN, "generation: out of memory");
+        goto out;
+    }
+    for (i = 0; i < k && sr >= 0; i++)
+        if ((sc[i] = kvd_engine_fork(&cd[i].mc, &cd[i].kc, 0)) < 0) break;
+    if (sr < 0 || i < k) {
         snprintf(err, KVD_ERR_LEN, "generation: KV cache has no room to branch at %lld tokens",
                  (long long)prefix);
-        return -1;
+        goto out;
     }
-    float *lr = malloc(sizeof(float) * (size_t)V), *lc = malloc(sizeof(float) * (size_t)V);
-    int32_t tr = kvd_argmax(last_r, V), tc = kvd_argmax(last_c, V);
-    g->prefix = prefix;
-    g->tokens = ntok;
-    g->first_divergence = ntok;
-    g->agree = 0;
-    int one = 1, rc = 0;
-    for (int i = 0; i < ntok; i++) {
-        if (tr == tc) {
-            g->agree++;
-        } else if (g->first_divergence == ntok) {
-            g->first_divergence = i;
+    int32_t tr = kvd_argmax(last_r, V);
+    for (int j = 0; j < k; j++) {
+        kvd_gen_result *g = &d[j].gen[d[j].n_gen];
+        tc[j] = kvd_argmax(cd[j].lc, V);
+        *g = (kvd_gen_result){prefix, ntok, ntok, 0};
+    }
+    int one = 1;
+    for (int t = 0; t < ntok; t++) {
+        for (int j = 0; j < k; j++) {
+            kvd_gen_result *g = &d[j].gen[d[j].n_gen];
+            if (tr == tc[j]) {
+                g->agree++;
+            } else if (g->first_divergence == ntok) {
+                g->first_divergence = t;
+            }
         }
-        if (i + 1 == ntok) break;
-        kvd_batch br = {1, &sr, &one, &tr}, bc = {1, &sc, &one, &tc};
-        if (kvd_engine_forward(mr, kr, &br, lr, 1, err) ||
-            kvd_engine_forward(mc, kc, &bc, lc, 1, err)) {
-            rc = -1;
-            break;
+        if (t + 1 == ntok) break;
+        kvd_batch br = {1, &sr, &one, &tr};
+        double t0 = kvd_now();
+        if (kvd_engine_forward(mr, kr, &br, lr, 1, err)) goto out;
+        double share = (kvd_now() - t0) / k;
+        for (int j = 0; j < k; j++) {
+            kvd_batch bc = {1, &sc[j], &one, &tc[j]};
+            t0 = kvd_now();
+            if (kvd_engine_forward(&cd[j].mc, &cd[j].kc, &bc, cd[j].lc, 1, err)) goto out;
+            tc[j] = kvd_argmax(cd[j].lc, V);
+            d[j].seconds += kvd_now() - t0 + share;
         }
         tr = kvd_argmax(lr, V);
-        tc = kvd_argmax(lc, V);
     }
-    free(lr);
-    free(lc);
-    kvd_kvcache_release(kr, sr);
-    kvd_kvcache_release(kc, sc);
+    for (int j = 0; j < k; j++) d[j].n_gen++;
+    rc = 0;
+out:
+    if (sr >= 0) kvd_kvcache_release(kr, sr);
+    for (int j = 0; j < i; j++) kvd_kvcache_release(&cd[j].kc, sc[j]);
+    free(sc), free(tc), free(lr);
     return rc;
+}
+
+/* A chunk's sampled attention figures into each layer's buckets, and their
+ * mean over the layers into each position's own figures. */
+static void chunk_attention(lockstep *L, int64_t n) {
+    const kvd_config *c = L->c;
+    const int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads;
+    kvd_drift *d = L->d;
+    for (int r = 0; r < L->rows; r++) {
+        const int64_t p = L->p0 + r;
+        double sum[KVD_VIEW_N] = {0};
+        int k[KVD_VIEW_N] = {0};
+        for (int al = 0; al < nf; al++) {
+            att_slot *s = &L->slots[(size_t)al * L->cap + r];
+            for (int v = 0; v < KVD_VIEW_N; v++) {
+                if (!s->have[v]) continue;
+                accumulate_att(L, al, v, p, s->fig[v][0], s->fig[v][1], s->fig[v][2]);
+                for (int h = 0; h < kvh && h < 64; h++)
+                    kvd_stat_add(kvd_drift_att_kvh(d, al, h, v, kvd_bucket(p)), s->kvh_kl[v][h]);
+                sum[v] += s->fig[v][KVD_ATT_KL], k[v]++;
+            }
+            s->have[0] = s->have[1] = 0;
+        }
+        if (p + 1 >= n) continue; /* the last position predicts nothing */
+        kvd_token_fig *t = &d->tok[p];
+        if (k[KVD_VIEW_ISOLATED])
+            t->attn_isolated = (float)(sum[KVD_VIEW_ISOLATED] / k[KVD_VIEW_ISOLATED]);
+        if (k[KVD_VIEW_PROPAGATED])
+            t->attn_propagated = (float)(sum[KVD_VIEW_PROPAGATED] / k[KVD_VIEW_PROPAGATED]);
+    }
+}
+
+/* The hooks and shadows of a lock step on (on = 1) or off (generation).
+ * With the view on the candidates' side each candidate holds its own
+ * shadow; else the one candidate's shadow is on the reference, whose
+ * attn_cmp then gives the isolated view into the candidate's figures. */
+static int lockstep_hooks(kvd_engine *mr, candidate *cd, int k, int cand_side, int on, char *err) {
+    for (int j = 0; j < k; j++) {
+        kvd_hooks hk = {.ctx = &cd[j].L,
+                        .hidden_cmp = on_hidden,
+                        .logits_cmp = on_logits,
+                        .attn_cmp = on_attn,
+                        .want_attn = want_attn,
+                        .router = on_router};
+        if ((j == 0 && kvd_engine_set_hooks(mr, on ? &hk : NULL, err)) ||
+            kvd_engine_set_hooks(&cd[j].mc, on ? &hk : NULL, err) ||
+            kvd_engine_set_shadow(cand_side ? &cd[j].mc : mr, on ? &cd[j].ks : NULL, err))
+            return -1;
+    }
+    return 0;
 }
 
 int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *tok,
                   const uint8_t *is_copy, const uint8_t *copy_start, int64_t n, kvd_kv_mode mode,
                   const kvd_kv_scales *scales, const kvd_drift_opts *o, kvd_drift *d, char *err) {
+    return kvd_drift_run_modes(be, w, tok, is_copy, copy_start, n, 1, &mode, &scales, o, d, err);
+}
+
+int kvd_drift_run_modes(const kvd_backend *be, const kvd_weights *w, const uint32_t *tok,
+                        const uint8_t *is_copy, const uint8_t *copy_start, int64_t n, int n_modes,
+                        const kvd_kv_mode *modes, const kvd_kv_scales *const *scales,
+                        const kvd_drift_opts *o, kvd_drift *d, char *err) {
+    const int cand_side = be->ops->shadow_of_reference;
+    if (n_modes > 1 && !cand_side) { /* the reference holds the one shadow */
+        for (int j = 0; j < n_modes; j++)
+            if (kvd_drift_run_modes(be, w, tok, is_copy, copy_start, n, 1, modes + j, scales + j, o,
+                                    d + j, err))
+                return -1;
+        return 0;
+    }
     const kvd_config *c = &w->cfg;
-    const int R = 256, V = c->vocab_size;
+    const int R = 256, V = c->vocab_size, k = n_modes;
     const int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads;
     /* in whole blocks: the trace's, and a branch's (a copy of up to n
      * tokens, growing by gen_tokens); counted in tokens, two sequences'
      * partial blocks could leave the branch a block short */
     const int64_t B = KVD_KV_BLOCK;
     int64_t cap = B * ((n + B - 1) / B + (o->n_gen > 0 ? (n + o->gen_tokens + B - 1) / B : 0));
-    kvd_kvcache kr, kc, ks;
+    kvd_kvcache kr;
     int rc = -1;
-    memset(&kr, 0, sizeof kr), memset(&kc, 0, sizeof kc), memset(&ks, 0, sizeof ks);
-    kvd_engine mr = {0}, mc = {0};
-    lockstep L;
-    memset(&L, 0, sizeof L);
-    /* each chunk's last row's logits (the models compare every row's) */
-    float *lr = malloc(sizeof(float) * (size_t)V), *lc = malloc(sizeof(float) * (size_t)V);
-    if (kvd_kvcache_init(&kr, KVD_KV_BF16, nf, kvh, c->head_dim, KVD_KV_BLOCK, cap, NULL, 1, err) ||
-        kvd_kvcache_init(&kc, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, cap, scales, o->saturate,
-                         err) ||
-        kvd_kvcache_init(&ks, mode, nf, kvh, c->head_dim, KVD_KV_BLOCK, n + KVD_KV_BLOCK, scales,
-                         o->saturate, err))
-        goto out;
-    /* the candidate computes attention as its engine would: over its cache
-     * and over the shadow (the isolated view) alike */
-    if (o->attn_fp8 && (kvd_kvcache_fp8_attention(&kc, scales, c->num_attention_heads, err) ||
-                        kvd_kvcache_fp8_attention(&ks, scales, c->num_attention_heads, err)))
-        goto out;
-    if (kvd_engine_open(&mr, be, w, &kr, R, 4, NULL, err) ||
-        kvd_engine_open(&mc, be, w, &kc, R, 4, &mr, err))
-        goto out;
-    L.c = c;
-    L.cap = R;
-    L.d = d;
-    L.is_copy = is_copy;
-    L.copy_start = copy_start;
-    L.sample_every = o->sample_every > 0 ? o->sample_every : 16;
+    memset(&kr, 0, sizeof kr);
+    kvd_engine mr = {0};
+    candidate *cd = calloc((size_t)k, sizeof *cd);
+    /* the reference's routed experts, [layer][rows][k], every candidate's side 0 */
     size_t hn = (size_t)c->num_hidden_layers * R;
-    size_t rn = (size_t)c->num_hidden_layers * R *
-                (c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1);
-    L.hrel = malloc(hn * sizeof(double)), L.hcos = malloc(hn * sizeof(double));
-    L.lcmp = malloc((size_t)R * sizeof(kvd_logit_cmp));
-    L.router[0] = calloc(rn, sizeof(int)), L.router[1] = calloc(rn, sizeof(int));
-    L.slots = calloc((size_t)nf * R, sizeof(att_slot));
-    if (!lr || !lc || !L.hrel || !L.hcos || !L.lcmp || !L.router[0] || !L.router[1] || !L.slots) {
+    size_t rn = hn * (c->num_experts_per_tok > 0 ? c->num_experts_per_tok : 1);
+    int *ref_router = calloc(rn, sizeof(int));
+    /* each chunk's last row's logits (the models compare every row's) */
+    float *lr = malloc(sizeof(float) * (size_t)V);
+    if (!cd || !ref_router || !lr) {
         snprintf(err, KVD_ERR_LEN, "drift: out of memory");
         goto out;
     }
-    kvd_hooks hk = {.ctx = &L,
-                    .hidden_cmp = on_hidden,
-                    .logits_cmp = on_logits,
-                    .attn_cmp = on_attn,
-                    .want_attn = want_attn,
-                    .router = on_router};
-    if (kvd_engine_set_hooks(&mr, &hk, err) || kvd_engine_set_hooks(&mc, &hk, err) ||
-        kvd_engine_set_shadow(&mr, &ks, err) || kvd_engine_set_reference(&mc, &mr, &kr, err))
+    if (kvd_kvcache_init(&kr, KVD_KV_BF16, nf, kvh, c->head_dim, KVD_KV_BLOCK, cap, NULL, 1, err) ||
+        kvd_engine_open(&mr, be, w, &kr, R, 4, NULL, err))
         goto out;
-    int sr = kvd_kvcache_add_seq(&kr), sc = kvd_kvcache_add_seq(&kc), ss = kvd_kvcache_add_seq(&ks);
-    (void)ss;
+    for (int j = 0; j < k; j++) {
+        candidate *e = &cd[j];
+        d[j].seconds = 0;
+        if (kvd_kvcache_init(&e->kc, modes[j], nf, kvh, c->head_dim, KVD_KV_BLOCK, cap, scales[j],
+                             o->saturate, err) ||
+            kvd_kvcache_init(&e->ks, modes[j], nf, kvh, c->head_dim, KVD_KV_BLOCK, n + KVD_KV_BLOCK,
+                             scales[j], o->saturate, err))
+            goto out;
+        /* the candidate computes attention as its engine would: over its
+         * cache and over the shadow (the isolated view) alike */
+        if (o->attn_fp8 &&
+            (kvd_kvcache_fp8_attention(&e->kc, scales[j], c->num_attention_heads, err) ||
+             kvd_kvcache_fp8_attention(&e->ks, scales[j], c->num_attention_heads, err)))
+            goto out;
+        if (kvd_engine_open(&e->mc, be, w, &e->kc, R, 4, &mr, err)) goto out;
+        lockstep *L = &e->L;
+        L->c = c;
+        L->cap = R;
+        L->d = &d[j];
+        L->is_copy = is_copy;
+        L->copy_start = copy_start;
+        L->sample_every = o->sample_every > 0 ? o->sample_every : 16;
+        L->hrel = malloc(hn * sizeof(double)), L->hcos = malloc(hn * sizeof(double));
+        L->lcmp = malloc((size_t)R * sizeof(kvd_logit_cmp));
+        L->router[0] = ref_router, L->router[1] = calloc(rn, sizeof(int));
+        L->slots = calloc((size_t)nf * R, sizeof(att_slot));
+        e->lc = malloc(sizeof(float) * (size_t)V);
+        if (!L->hrel || !L->hcos || !L->lcmp || !L->router[1] || !L->slots || !e->lc) {
+            snprintf(err, KVD_ERR_LEN, "drift: out of memory");
+            goto out;
+        }
+        if (kvd_engine_set_reference(&e->mc, &mr, &kr, err)) goto out;
+        kvd_kvcache_add_seq(&e->kc), kvd_kvcache_add_seq(&e->ks);
+    }
+    if (lockstep_hooks(&mr, cd, k, cand_side, 1, err)) goto out;
+    int sr = kvd_kvcache_add_seq(&kr), sc = 0; /* every candidate's first sequence */
     int gi = 0;
     for (int64_t p0 = 0; p0 < n;) {
         /* chunks end at each generation prefix, so the branch starts there */
@@ -377,67 +474,50 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
         while (gi < o->n_gen && o->gen_prefix[gi] <= p0) gi++;
         if (gi < o->n_gen && o->gen_prefix[gi] < end) end = o->gen_prefix[gi];
         int rows = (int)(end - p0);
-        L.p0 = p0;
-        L.rows = rows;
         int32_t *chunk = (int32_t *)(tok + p0);
         kvd_batch br = {1, &sr, &rows, chunk}, bc = {1, &sc, &rows, chunk};
-        L.side = 0;
+        for (int j = 0; j < k; j++) cd[j].L.p0 = p0, cd[j].L.rows = rows, cd[j].L.side = 1;
+        cd[0].L.side = 0; /* the reference's routed experts into side 0 */
+        double t0 = kvd_now();
         if (kvd_engine_forward(&mr, &kr, &br, lr, 1, err)) goto out;
-        L.side = 1;
-        if (kvd_engine_forward(&mc, &kc, &bc, lc, 1, err)) goto out;
-        compare_chunk(&L, lr, lc, tok, n);
-        /* each sampled position's attention figures into its layer's buckets,
-         * and their mean over the layers into the position's own figures */
-        for (int r = 0; r < rows; r++) {
-            double sum[KVD_VIEW_N] = {0};
-            int k[KVD_VIEW_N] = {0};
-            for (int al = 0; al < nf; al++) {
-                att_slot *s = &L.slots[(size_t)al * R + r];
-                for (int v = 0; v < KVD_VIEW_N; v++) {
-                    if (!s->have[v]) continue;
-                    accumulate_att(&L, al, v, p0 + r, s->fig[v][0], s->fig[v][1], s->fig[v][2]);
-                    for (int h = 0; h < kvh && h < 64; h++)
-                        kvd_stat_add(kvd_drift_att_kvh(d, al, h, v, kvd_bucket(p0 + r)),
-                                     s->kvh_kl[v][h]);
-                    sum[v] += s->fig[v][KVD_ATT_KL], k[v]++;
-                }
-                s->have[0] = s->have[1] = 0;
-            }
-            if (p0 + r + 1 >= n) continue; /* the last position predicts nothing */
-            kvd_token_fig *t = &d->tok[p0 + r];
-            if (k[KVD_VIEW_ISOLATED])
-                t->attn_isolated = (float)(sum[KVD_VIEW_ISOLATED] / k[KVD_VIEW_ISOLATED]);
-            if (k[KVD_VIEW_PROPAGATED])
-                t->attn_propagated = (float)(sum[KVD_VIEW_PROPAGATED] / k[KVD_VIEW_PROPAGATED]);
+        double share = (kvd_now() - t0) / k;
+        cd[0].L.side = 1;
+        for (int j = 0; j < k; j++) {
+            t0 = kvd_now();
+            if (kvd_engine_forward(&cd[j].mc, &cd[j].kc, &bc, cd[j].lc, 1, err)) goto out;
+            compare_chunk(&cd[j].L, lr, cd[j].lc, tok, n);
+            chunk_attention(&cd[j].L, n);
+            d[j].seconds += kvd_now() - t0 + share;
         }
         p0 = end;
         if (gi < o->n_gen && o->gen_prefix[gi] == end && o->gen_tokens > 0) {
-            if (kvd_engine_set_hooks(&mr, NULL, err) || kvd_engine_set_hooks(&mc, NULL, err) ||
-                kvd_engine_set_shadow(&mr, NULL, err))
-                goto out;
-            if (generate(&mr, &kr, &mc, &kc, end, o->gen_tokens, lr, lc, V, &d->gen[d->n_gen], err))
-                goto out;
-            d->n_gen++;
-            if (kvd_engine_set_hooks(&mr, &hk, err) || kvd_engine_set_hooks(&mc, &hk, err) ||
-                kvd_engine_set_shadow(&mr, &ks, err))
+            if (lockstep_hooks(&mr, cd, k, cand_side, 0, err) ||
+                generate(&mr, &kr, cd, k, end, o->gen_tokens, lr, V, d, err) ||
+                lockstep_hooks(&mr, cd, k, cand_side, 1, err))
                 goto out;
             gi++;
         }
     }
-    for (int l = 0; l < nf; l++) {
-        d->k_stats[l] = kc.k_stats[l];
-        d->v_stats[l] = kc.v_stats[l];
-        for (int h = 0; h < kvh; h++) {
-            d->k_scale[l * kvh + h] = kc.k_scale[l * kvh + h];
-            d->v_scale[l * kvh + h] = kc.v_scale[l * kvh + h];
+    for (int j = 0; j < k; j++)
+        for (int l = 0; l < nf; l++) {
+            d[j].k_stats[l] = cd[j].kc.k_stats[l];
+            d[j].v_stats[l] = cd[j].kc.v_stats[l];
+            for (int h = 0; h < kvh; h++) {
+                d[j].k_scale[l * kvh + h] = cd[j].kc.k_scale[l * kvh + h];
+                d[j].v_scale[l * kvh + h] = cd[j].kc.v_scale[l * kvh + h];
+            }
         }
-    }
     rc = 0;
 out:
-    free(L.slots);
-    free(L.hrel), free(L.hcos), free(L.lcmp), free(L.router[0]), free(L.router[1]);
-    free(lr), free(lc);
-    kvd_engine_close(&mc), kvd_engine_close(&mr);
-    kvd_kvcache_free(&kr), kvd_kvcache_free(&kc), kvd_kvcache_free(&ks);
+    for (int j = 0; cd && j < k; j++) {
+        candidate *e = &cd[j];
+        free(e->L.slots), free(e->L.hrel), free(e->L.hcos), free(e->L.lcmp), free(e->L.router[1]);
+        free(e->lc);
+        kvd_engine_close(&e->mc);
+        kvd_kvcache_free(&e->kc), kvd_kvcache_free(&e->ks);
+    }
+    free(cd), free(ref_router), free(lr);
+    kvd_engine_close(&mr);
+    kvd_kvcache_free(&kr);
     return rc;
 }

@@ -94,6 +94,7 @@ typedef struct {
     float *k_scale, *v_scale;      /* [attn layer][kv head] */
     int n_gen;
     kvd_gen_result gen[KVD_MAX_GEN];
+    double seconds; /* wall time this candidate cost (kvd_drift_run_modes) */
 } kvd_drift;
 
 int kvd_drift_init(kvd_drift *d, const kvd_config *c, int64_t max_tokens);
@@ -117,6 +118,19 @@ static inline kvd_stat *kvd_drift_att_kvh(kvd_drift *d, int al, int h, int v, in
 int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *tok,
                   const uint8_t *is_copy, const uint8_t *copy_start, int64_t n, kvd_kv_mode mode,
                   const kvd_kv_scales *scales, const kvd_drift_opts *o, kvd_drift *d, char *err);
+
+/* kvd_drift_run for n_modes candidates (modes[i] with scales[i], into d[i])
+ * against one reference run: on a back end whose models take the isolated
+ * view on the candidate's side (shadow_of_reference), every candidate steps
+ * after the same reference step, so k candidates cost k + 1 model runs, not
+ * 2k; elsewhere one candidate after another. Each d[i] gets the figures a
+ * kvd_drift_run of its mode alone gives, bit for bit, and in d[i].seconds
+ * its own steps' time and a 1/n_modes share of the reference's. Every
+ * candidate's cache, and its shadow, is held at once. */
+int kvd_drift_run_modes(const kvd_backend *be, const kvd_weights *w, const uint32_t *tok,
+                        const uint8_t *is_copy, const uint8_t *copy_start, int64_t n, int n_modes,
+                        const kvd_kv_mode *modes, const kvd_kv_scales *const *scales,
+                        const kvd_drift_opts *o, kvd_drift *d, char *err);
 
 /* qsort's order of floats, ascending. */
 static inline int kvd_cmp_float(const void *a, const void *b) {

@@ -19,7 +19,12 @@ typedef struct {
                     int gpus, void *peer, char *err);
     void (*destroy)(void *m);
     int (*set_hooks)(void *m, const kvd_hooks *h, char *err);
+    /* kvd_model_set_shadow. Where shadow_of_reference is set, a model with a
+     * reference fills its shadow with the reference's K/V rows and takes the
+     * isolated view on its own side, so that one reference serves several
+     * candidates in a lock step; elsewhere the shadow goes on the reference */
     int (*set_shadow)(void *m, kvd_kvcache *shadow, char *err);
+    int shadow_of_reference;
     /* the propagated view's reference (kvd_model_set_reference): a model of
      * the same back end, and its cache; NULL to stop */
     int (*set_reference)(void *m, void *ref, const kvd_kvcache *ref_kv, char *err);

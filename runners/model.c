@@ -30,6 +30,9 @@ struct kvd_model {
     kvd_model *ref;
     const kvd_kvcache *ref_kv;
     float *held, *held_x, *held_logits;
+    /* and its K (after norm and RoPE) and V rows, [attn layer][max_rows][kvh][hd]:
+     * what a comparing model with a shadow writes into it */
+    float *held_k, *held_v;
     int held_rows, held_logits_rows;
     kvd_hidden_cmp *hcmp; /* [max_rows] */
     kvd_logit_cmp *lcmp;  /* [max_rows] */
@@ -65,8 +68,8 @@ int kvd_model_set_reference(kvd_model *m, kvd_model *ref, const kvd_kvcache *ref
         if (ref == m || a->num_attention_heads != b->num_attention_heads ||
             a->head_dim != b->head_dim || m->n_full != ref->n_full || !ref_kv ||
             a->num_hidden_layers != b->num_hidden_layers || a->hidden_size != b->hidden_size ||
-            a->vocab_size != b->vocab_size || ref_kv->n_layers != ref->n_full ||
-            ref->max_rows < m->max_rows) {
+            a->vocab_size != b->vocab_size || a->num_key_value_heads != b->num_key_value_heads ||
+            ref_kv->n_layers != ref->n_full || ref->max_rows < m->max_rows) {
             snprintf(err, KVD_ERR_LEN,
                      "reference model: expected another model of the same attention shape, "
                      "with its cache and at least as many rows a step");
@@ -78,11 +81,14 @@ int kvd_model_set_reference(kvd_model *m, kvd_model *ref, const kvd_kvcache *ref
             ref->held = malloc(sizeof(float) * (nq ? nq : 1));
             ref->held_x = malloc(sizeof(float) * (size_t)b->num_hidden_layers * R * b->hidden_size);
             ref->held_logits = malloc(sizeof(float) * R * (size_t)b->vocab_size);
+            size_t nkv = (size_t)ref->n_full * R * b->num_key_value_heads * b->head_dim;
+            ref->held_k = malloc(sizeof(float) * (nkv ? nkv : 1));
+            ref->held_v = malloc(sizeof(float) * (nkv ? nkv : 1));
             ref->held_rows = ref->held_logits_rows = 0;
-            if (!ref->held || !ref->held_x || !ref->held_logits) {
+            if (!ref->held || !ref->held_x || !ref->held_logits || !ref->held_k || !ref->held_v) {
                 snprintf(err, KVD_ERR_LEN,
-                         "reference model: out of memory for its queries, residual streams "
-                         "and logits");
+                         "reference model: out of memory for its queries, K/V rows, residual "
+                         "streams and logits");
                 return -1;
             }
         }
@@ -139,7 +145,8 @@ void kvd_model_free(kvd_model *m) {
                      m->g1,         m->g2,   m->sh1,   m->sh2,      m->shg,  m->probs,
                      m->conv_state, m->ssm,  m->ey,    m->e_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    free(m->held), free(m->held_x), free(m->held_logits), free(m->hcmp), free(m->lcmp);
+    free(m->held), free(m->held_x), free(m->held_logits), free(m->held_k), free(m->held_v),
+        free(m->hcmp), free(m->lcmp);
     free(m->targets), free(m->all_logits);
     free(m->topi);
     free(m->rows_of);
@@ -284,26 +291,31 @@ static void attend_row(const attn_rows *J, int r, int tid) {
     if ((!hook_raw && !cmp) ||
         (m->hooks.want_attn && !m->hooks.want_attn(m->hooks.ctx, al, m->row_seq[r], m->pos[r])))
         return;
-    if (shadow) {
-        kvd_kv_view sv = kvd_kvcache_view(m->shadow, al);
-        kvd_attn_paged(&sv, m->shadow->seqs[m->row_seq[r]].blocks, n_ctx, qh, nh, sm_scale, so, sp,
-                       work, parts);
-    }
+    /* the isolated view's two sides: the reference side's query over its
+     * own cache, and over the shadow (the same K/V in the shadow's codec).
+     * With a reference model, that side is the reference's (its query and
+     * cache, recomputed here as the propagated view needs them anyway; the
+     * shadow holds its K/V rows), else this model's own. */
+    const float *iso_q = ref ? ref->held + ((size_t)al * ref->max_rows + r) * nh * hd : qh;
     kvd_attn_cmp views[2], *iso = NULL, *prop = NULL;
-    if (cmp && shadow) {
-        kvd_attn_compare(pr, sp, nh, n_ctx, kl, top, top + nh);
-        views[0] = (kvd_attn_cmp){kl, top, top + nh, out, so};
-        iso = &views[0];
-    }
     /* the reference's row at the same position, over its own cache */
     if (cmp && ref) {
         kvd_kv_view rv = kvd_kvcache_view(m->ref_kv, al);
-        kvd_attn_paged(&rv, m->ref_kv->seqs[ref->row_seq[r]].blocks, n_ctx,
-                       ref->held + ((size_t)al * ref->max_rows + r) * nh * hd, nh, sm_scale, ro, rp,
-                       work, parts);
+        kvd_attn_paged(&rv, m->ref_kv->seqs[ref->row_seq[r]].blocks, n_ctx, iso_q, nh, sm_scale, ro,
+                       rp, work, parts);
         kvd_attn_compare(rp, pr, nh, n_ctx, kl + nh, top + 2 * nh, top + 3 * nh);
         views[1] = (kvd_attn_cmp){kl + nh, top + 2 * nh, top + 3 * nh, ro, out};
         prop = &views[1];
+    }
+    if (shadow) {
+        kvd_kv_view sv = kvd_kvcache_view(m->shadow, al);
+        kvd_attn_paged(&sv, m->shadow->seqs[m->row_seq[r]].blocks, n_ctx, iso_q, nh, sm_scale, so,
+                       sp, work, parts);
+    }
+    if (cmp && shadow) {
+        kvd_attn_compare(ref ? rp : pr, sp, nh, n_ctx, kl, top, top + nh);
+        views[0] = (kvd_attn_cmp){kl, top, top + nh, ref ? ro : out, so};
+        iso = &views[0];
     }
 #pragma omp critical(kvd_attn_hook)
     {
@@ -344,17 +356,26 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
         }
     }
 
-    /* the cache stores K after norm and RoPE, V as projected */
+    /* the cache stores K after norm and RoPE, V as projected; a reference
+     * holds its rows for the models comparing with it, and the shadow takes
+     * the reference side's rows (the reference's, where there is one) */
+    const size_t kvn = (size_t)kvh * hd;
     for (int r = 0; r < rows; r++) {
-        const float *k = m->kb + (size_t)r * kvh * hd, *v = m->vb + (size_t)r * kvh * hd;
+        const float *k = m->kb + (size_t)r * kvn, *v = m->vb + (size_t)r * kvn;
         if (m->hooks.kv) m->hooks.kv(m->hooks.ctx, al, m->row_seq[r], m->pos[r], k, v);
         kvd_kvcache_write(kv, al, m->row_seq[r], m->pos[r], k, v);
+        if (m->held_k) {
+            memcpy(m->held_k + ((size_t)al * m->max_rows + r) * kvn, k, sizeof(float) * kvn);
+            memcpy(m->held_v + ((size_t)al * m->max_rows + r) * kvn, v, sizeof(float) * kvn);
+        }
         if (m->shadow) {
             if (kvd_kvcache_reserve(m->shadow, m->row_seq[r], m->pos[r] + 1)) {
                 snprintf(err, KVD_ERR_LEN, "attention: shadow KV cache out of blocks");
                 return -1;
             }
-            kvd_kvcache_write(m->shadow, al, m->row_seq[r], m->pos[r], k, v);
+            const size_t at = ((size_t)al * (m->ref ? m->ref->max_rows : 0) + r) * kvn;
+            kvd_kvcache_write(m->shadow, al, m->row_seq[r], m->pos[r],
+                              m->ref ? m->ref->held_k + at : k, m->ref ? m->ref->held_v + at : v);
         }
     }
 
@@ -716,7 +737,7 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
     int rows = kvd_batch_rows(c, kv, b, m->max_rows, m->max_seqs, m->pos, m->row_seq, err), r;
     if (rows < 0) return -1;
     const size_t n = (size_t)rows * H;
-    if (m->ref && (m->hooks.attn_cmp || m->hooks.hidden_cmp || m->hooks.logits_cmp) &&
+    if (m->ref && (m->hooks.attn_cmp || m->hooks.hidden_cmp || m->hooks.logits_cmp || m->shadow) &&
         kvd_reference_rows(m->ref->held_rows, m->ref->pos, rows, m->pos, err))
         return -1;
     if (m->held) m->held_rows = rows, m->held_logits_rows = 0;

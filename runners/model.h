@@ -50,18 +50,19 @@ typedef struct {
     void (*kv)(void *ctx, int attn_layer, int seq, int pos, const float *k, const float *v);
     /* attention of a full-attention layer for one row: the distribution
      * [heads][n_ctx] and the output before the gate [heads][head_dim]; with a
-     * shadow cache set, the same for this row's query over the shadow cache
-     * (else NULL). Called for the rows want_attn accepts (all when NULL).
-     * The CPU model's only: whole distributions are what the device model
-     * keeps on the device (attn_cmp below). */
+     * shadow cache set, the same for the isolated view's query (this row's,
+     * or the reference's where one is set) over the shadow cache (else NULL). Called for the rows
+     * want_attn accepts (all when NULL). The CPU model's only: whole distributions are what the
+     * device model keeps on the device (attn_cmp below). */
     void (*attn)(void *ctx, int attn_layer, int seq, int pos, int n_ctx, const float *probs,
                  const float *out, const float *shadow_probs, const float *shadow_out);
     /* the rows want_attn accepts (all when NULL), compared in one or two
      * views (NULL where a view is off): isolated, with a shadow cache set,
-     * this row's query over its own cache (ref) against over the shadow
-     * (test); propagated, with a reference model set whose last step had
-     * this row at the same position, the reference's query over its cache
-     * (ref) against this row's own (test). */
+     * the reference side's query over its own cache (ref) against over the
+     * shadow (test), that side being the reference model where one is set
+     * and this model otherwise (kvd_model_set_shadow); propagated, with a reference model set whose
+     * last step had this row at the same position, the reference's query over its cache (ref)
+     * against this row's own (test). */
     void (*attn_cmp)(void *ctx, int attn_layer, int seq, int pos, const kvd_attn_cmp *isolated,
                      const kvd_attn_cmp *propagated);
     int (*want_attn)(void *ctx, int attn_layer, int seq, int pos);
@@ -77,10 +78,15 @@ kvd_model *kvd_model_new(const kvd_weights *w, int max_rows, int max_seqs, char 
 void kvd_model_free(kvd_model *m);
 void kvd_model_set_hooks(kvd_model *m, const kvd_hooks *h);
 
-/* A second cache that receives every K/V this model writes, in its own mode;
- * the attn hook then also sees this row's query attending over it. That is
- * the isolated view of a candidate mode: the reference's own query and
- * reference K/V, passed through the candidate's codec. NULL to stop. */
+/* A second cache, in its own mode, for the isolated view of a candidate
+ * mode: the reference's own query over the reference's K/V passed through
+ * the candidate's codec, against over the reference's cache. Without a
+ * reference model the shadow receives every K/V row this model writes, and
+ * the view (the attn and attn_cmp hooks) is of this model's own query. With
+ * one (kvd_model_set_reference), the shadow receives the reference's K/V
+ * rows of its last step instead, and the view is of the reference's query:
+ * so that one reference step serves any number of candidates, each with its
+ * own shadow. NULL to stop. */
 void kvd_model_set_shadow(kvd_model *m, kvd_kvcache *shadow);
 
 /* The reference of the comparing hooks (attn_cmp's propagated view,

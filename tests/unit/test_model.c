@@ -17,6 +17,7 @@
 
 #include "../../datasets/tokens.h"
 #include "../../runners/calibrate.h"
+#include "../../runners/drift.h"
 #include "../../runners/model.h"
 
 static kvd_weights W;
@@ -430,6 +431,93 @@ static void gdn_chunked_matches_recurrence(void **st) {
     free(q), free(k), free(v), free(o1), free(o2), free(S1), free(S2);
 }
 
+/* Two drift runs' figures, bit for bit: every statistic, token figure,
+ * generation and the cache's write counts and scales. */
+static void same_drift(const kvd_drift *a, const kvd_drift *b) {
+    assert_memory_equal(a->out, b->out, sizeof a->out);
+    assert_memory_equal(a->hid, b->hid,
+                        sizeof(kvd_stat) * (size_t)a->n_layers * KVD_HID_N * KVD_NSUB * KVD_NB);
+    assert_memory_equal(a->att, b->att,
+                        sizeof(kvd_stat) * (size_t)a->n_attn * KVD_VIEW_N * KVD_ATT_N * KVD_NSUB *
+                            KVD_NB);
+    assert_memory_equal(a->router, b->router, sizeof(kvd_stat) * (size_t)a->n_layers * KVD_NB);
+    assert_memory_equal(a->att_kvh, b->att_kvh,
+                        sizeof(kvd_stat) * (size_t)a->n_attn * a->kv_heads * KVD_VIEW_N * KVD_NB);
+    assert_int_equal(a->n_tok, b->n_tok);
+    assert_memory_equal(a->tok, b->tok, sizeof(kvd_token_fig) * (size_t)a->n_tok);
+    assert_int_equal(a->n_gen, b->n_gen);
+    assert_memory_equal(a->gen, b->gen, sizeof(kvd_gen_result) * (size_t)a->n_gen);
+    assert_memory_equal(a->k_stats, b->k_stats, sizeof(kvd_qstats) * (size_t)a->n_attn);
+    assert_memory_equal(a->v_stats, b->v_stats, sizeof(kvd_qstats) * (size_t)a->n_attn);
+    assert_memory_equal(a->k_scale, b->k_scale, sizeof(float) * (size_t)a->n_attn * a->kv_heads);
+    assert_memory_equal(a->v_scale, b->v_scale, sizeof(float) * (size_t)a->n_attn * a->kv_heads);
+}
+
+/* kvd_drift_run_modes: candidates that share one reference run (the CPU's
+ * models take the isolated view on the candidate's side, from the
+ * reference's K/V rows) give each mode the figures of the reference-side
+ * view, run one mode at a time (the CPU model with shadow_of_reference
+ * off, as the device model runs), bit for bit: every KV format, FP8
+ * attention over the E4M3 modes, a copy span and two generations. */
+static void drift_shared_reference(void **st) {
+    (void)st;
+    char err[KVD_ERR_LEN];
+    enum { N = 600, K = 7 };
+    int32_t tok[N], cal[300];
+    uint8_t is_copy[N + 1] = {0}, start[N + 1] = {0};
+    kvd_tokens_synth(21, N, C.vocab_size, tok);
+    for (int i = 0; i < 64; i++) tok[300 + i] = tok[100 + i], is_copy[300 + i] = 1;
+    start[300] = 1;
+    kvd_tokens_synth(5, 300, C.vocab_size, cal);
+    kvd_kv_scales sc, am;
+    assert_int_equal(
+        kvd_calibrate(&kvd_backend_cpu, &W, cal, 300, KVD_CAL_ABSMAX, 1, &sc, &am, err), 0);
+    const kvd_kv_mode modes[K] = {KVD_KV_BF16,      KVD_KV_FP8_CAL,        KVD_KV_FP8_UNSCALED,
+                                  KVD_KV_FP8_E5M2,  KVD_KV_NVFP4_UNSCALED, KVD_KV_FP8_TOKEN,
+                                  KVD_KV_INT8_TOKEN};
+    const kvd_kv_scales *scales[K];
+    for (int j = 0; j < K; j++) scales[j] = kvd_kv_mode_scaled(modes[j]) ? &sc : NULL;
+    kvd_engine_ops one_side = kvd_engine_cpu;
+    one_side.shadow_of_reference = 0; /* the shadow on the reference */
+    const kvd_backend apart = {&one_side, 1};
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        /* FP8 attention: only the E4M3 modes run it */
+        const kvd_kv_mode e4m3[2] = {KVD_KV_FP8_CAL, KVD_KV_FP8_UNSCALED};
+        const kvd_kv_mode *m = fp8 ? e4m3 : modes;
+        const kvd_kv_scales *const *ms = fp8 ? scales + 1 : scales;
+        const int k = fp8 ? 2 : K;
+        kvd_drift_opts o;
+        kvd_drift_opts_defaults(&o);
+        o.gen_tokens = 8;
+        o.n_gen = 2;
+        o.gen_prefix[0] = 150, o.gen_prefix[1] = 400;
+        o.attn_fp8 = fp8;
+        kvd_drift group[K], alone;
+        for (int j = 0; j < k; j++) assert_int_equal(kvd_drift_init(&group[j], &C, N), 0);
+        assert_int_equal(kvd_drift_run_modes(&kvd_backend_cpu, &W, (const uint32_t *)tok, is_copy,
+                                             start, N, k, m, ms, &o, group, err),
+                         0);
+        for (int j = 0; j < k; j++) {
+            assert_int_equal(kvd_drift_init(&alone, &C, N), 0);
+            assert_int_equal(kvd_drift_run(&apart, &W, (const uint32_t *)tok, is_copy, start, N,
+                                           m[j], ms[j], &o, &alone, err),
+                             0);
+            same_drift(&group[j], &alone);
+            /* the figures are not all zeros: BF16 against BF16 is, every
+             * other mode moves the isolated view's attention */
+            const kvd_stat *iso = kvd_drift_att(&alone, 0, KVD_VIEW_ISOLATED, KVD_ATT_KL,
+                                                KVD_SUB_ALL, kvd_bucket(512));
+            assert_true(iso->n > 0);
+            assert_true(m[j] == KVD_KV_BF16 ? iso->sum == 0 : iso->sum > 0);
+            assert_int_equal(alone.n_gen, 2);
+            assert_true(group[j].seconds > 0);
+            kvd_drift_free(&alone);
+        }
+        for (int j = 0; j < k; j++) kvd_drift_free(&group[j]);
+    }
+    kvd_kv_scales_free(&sc), kvd_kv_scales_free(&am);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(weights_pure),
@@ -440,6 +528,7 @@ int main(void) {
         cmocka_unit_test(nan_is_caught),
         cmocka_unit_test(sink_and_retrieval),
         cmocka_unit_test(calibration),
+        cmocka_unit_test(drift_shared_reference),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
