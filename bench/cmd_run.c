@@ -1,9 +1,10 @@
 /* kvdrift: `run`, the sweep. Cells are (kind, KV mode, concurrency, context,
  * trace): drift cells run the candidate in lock step with the BF16 reference
- * at concurrency 1; throughput cells time prefill and batched decode at each
- * concurrency. After every finished cell the results file is rewritten
- * whole (atomically), so a sweep that dies keeps every finished cell and a
- * rerun of the same command resumes. */
+ * at concurrency 1 (on the CPU, every mode of a trace against one reference
+ * run); throughput cells time prefill and batched decode at each
+ * concurrency. After every finished cell (or group of drift cells) the
+ * results file is rewritten whole (atomically), so a sweep that dies keeps
+ * every finished cell and a rerun of the same command resumes. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -816,6 +817,127 @@ out:
     return rc;
 }
 
+/* A finished drift cell's rows, and the cell, into the results. */
+static void keep_drift(kvd_results *res, const run_opts *o, const kvd_config *c, kvd_drift *d,
+                       kvd_kv_mode mode, int64_t ctx, int t, const kvd_trace *tr,
+                       const char *cell) {
+    drift_rows(res, d, c, mode, ctx, t, kvd_token_hash(tr->tokens, ctx), cell, o->attn_per_head);
+    mark_cell(res, cell, "drift", mode, 1, ctx, t, d->seconds);
+}
+
+/* The drift cells of one trace at one context, every mode's that the file
+ * does not hold yet. Where the back end can (shadow_of_reference), modes
+ * run in groups against one reference run, as many at once as a quarter
+ * of this machine's memory holds caches for; each group's cells are
+ * written when it ends. A group that fails runs again one mode at a time,
+ * so that one mode's failure (NaN in its activations) costs only its own
+ * cell. 1 when a cell failed. */
+static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w,
+                       const kvd_trace *tr, int64_t ctx, int t, const kvd_kv_scales *const *msc,
+                       progress *pr) {
+    const char *cmd = "run";
+    const kvd_config *c = &w->cfg;
+    char err[KVD_ERR_LEN], cell[KVD_KV_N_MODES][64];
+    kvd_kv_mode modes[KVD_KV_N_MODES];
+    const kvd_kv_scales *scales[KVD_KV_N_MODES];
+    int np = 0, failed = 0;
+    for (int mi = 0; mi < o->n_modes; mi++) {
+        snprintf(cell[np], sizeof cell[np], "drift_%s_c1_ctx%lld_t%d",
+                 kvd_kv_mode_name((kvd_kv_mode)o->modes[mi]), (long long)ctx, t);
+        if (kvd_results_has_cell(res, cell[np])) {
+            pr->done++;
+            continue;
+        }
+        modes[np] = (kvd_kv_mode)o->modes[mi];
+        scales[np++] = msc[mi];
+    }
+    if (!np) return 0;
+    uint8_t *is_copy = calloc((size_t)ctx + 1, 1), *start = calloc((size_t)ctx + 1, 1);
+    if (!is_copy || !start) kvd_die(1, cmd, "out of memory");
+    for (int64_t r = 0; r < tr->n_refs; r++) {
+        int64_t p = tr->refs[r].pos;
+        if (p > ctx) break;
+        is_copy[p] = 1;
+        int cont =
+            r > 0 && tr->refs[r - 1].pos == p - 1 && tr->refs[r - 1].src == tr->refs[r].src - 1;
+        start[p] = !cont;
+    }
+    kvd_drift_opts dop = o->dopt;
+    dop.n_gen = 0;
+    if (dop.gen_tokens > 0) {
+        int64_t pre[3] = {ctx / 4, ctx / 2, ctx};
+        for (int g = 0; g < 3; g++)
+            if (pre[g] >= 16 && (dop.n_gen == 0 || pre[g] > dop.gen_prefix[dop.n_gen - 1]))
+                dop.gen_prefix[dop.n_gen++] = pre[g];
+    }
+    /* a group's caches: each candidate's (the trace, and a branch for the
+     * generations) and its shadow */
+    int group = 1;
+    if (o->be.ops->shadow_of_reference) {
+        const int nf = kvd_config_n_full(c);
+        double tokens = 3.0 * (double)(ctx + dop.gen_tokens + 2 * KVD_KV_BLOCK), most = 0;
+        for (int j = 0; j < np; j++) {
+            double b = (double)kvd_kvcache_bytes_per_token(modes[j], nf, c->num_key_value_heads,
+                                                           c->head_dim);
+            most = b > most ? b : most;
+        }
+        double room = 0.25 * (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        double fit = most > 0 ? room / (most * tokens) : np;
+        group = fit >= np ? np : fit < 1 ? 1 : (int)fit;
+    }
+    for (int g0 = 0; g0 < np; g0 += group) {
+        int n = np - g0 < group ? np - g0 : group;
+        kvd_drift d[KVD_KV_N_MODES];
+        for (int j = 0; j < n; j++)
+            if (kvd_drift_init(&d[j], c, ctx)) kvd_die(1, cmd, "out of memory");
+        char what[96];
+        if (n > 1) {
+            snprintf(what, sizeof what, "drift of %d modes at once, ctx%lld, trace %d", n,
+                     (long long)ctx, t);
+        } else {
+            snprintf(what, sizeof what, "%s", cell[g0]);
+        }
+        progress_show(pr, what);
+        int rc = kvd_drift_run_modes(&o->be, w, tr->tokens, is_copy, start, ctx, n, modes + g0,
+                                     scales + g0, &dop, d, err);
+        if (rc && n > 1) {
+            fprintf(stderr,
+                    "\nkvdrift run: %d modes at once at %lld tokens: %s; running them one "
+                    "at a time\n",
+                    n, (long long)ctx, err);
+            for (int j = 0; j < n; j++) kvd_drift_free(&d[j]);
+            for (int j = 0; j < n; j++) {
+                kvd_drift d1;
+                if (kvd_drift_init(&d1, c, ctx)) kvd_die(1, cmd, "out of memory");
+                progress_show(pr, cell[g0 + j]);
+                if (kvd_drift_run(&o->be, w, tr->tokens, is_copy, start, ctx, modes[g0 + j],
+                                  scales[g0 + j], &dop, &d1, err)) {
+                    fprintf(stderr, "\nkvdrift run: cell %s: %s\n", cell[g0 + j], err);
+                    failed = 1;
+                } else {
+                    keep_drift(res, o, c, &d1, modes[g0 + j], ctx, t, tr, cell[g0 + j]);
+                    if (kvd_results_save(res, o->out, err)) kvd_die(1, cmd, "%s", err);
+                }
+                kvd_drift_free(&d1);
+                pr->done++;
+            }
+            continue;
+        }
+        if (rc) {
+            fprintf(stderr, "\nkvdrift run: cell %s: %s\n", cell[g0], err);
+            failed = 1;
+        } else {
+            for (int j = 0; j < n; j++)
+                keep_drift(res, o, c, &d[j], modes[g0 + j], ctx, t, tr, cell[g0 + j]);
+            if (kvd_results_save(res, o->out, err)) kvd_die(1, cmd, "%s", err);
+        }
+        for (int j = 0; j < n; j++) kvd_drift_free(&d[j]);
+        pr->done += n;
+    }
+    free(is_copy), free(start);
+    return failed;
+}
+
 /* What a reader wants at the end of a run: per mode and context, the output
  * drift, the attention drift and the decode speed at each concurrency. */
 static void print_summary(const kvd_results *r, const run_opts *o) {
@@ -1109,58 +1231,19 @@ int kvd_cmd_run(int argc, char **argv) {
                        ((o.cells & 1 ? o.traces : 0) + (o.cells & 2 ? o.n_conc : 0)),
                    0, kvd_now(), isatty(2)};
     int failed = 0;
+    const kvd_kv_scales *mode_scales[KVD_KV_N_MODES];
+    for (int mi = 0; mi < o.n_modes; mi++) {
+        kvd_kv_mode mode = (kvd_kv_mode)o.modes[mi];
+        mode_scales[mi] = kvd_kv_mode_ckpt(mode) ? &ck : kvd_kv_mode_scaled(mode) ? &sc : NULL;
+    }
     for (int ci = 0; ci < o.n_ctx; ci++) {
         int64_t ctx = o.ctx[ci];
         kvd_trace *ctr = tr + (size_t)ci * o.traces; /* this context's traces */
+        for (int t = 0; t < o.traces && (o.cells & 1); t++)
+            failed |= drift_cells(&res, &o, &w, &ctr[t], ctx, t, mode_scales, &pr);
         for (int mi = 0; mi < o.n_modes; mi++) {
             kvd_kv_mode mode = (kvd_kv_mode)o.modes[mi];
-            const kvd_kv_scales *msc = kvd_kv_mode_ckpt(mode)     ? &ck
-                                       : kvd_kv_mode_scaled(mode) ? &sc
-                                                                  : NULL;
-            for (int t = 0; t < o.traces && (o.cells & 1); t++) {
-                char cell[64];
-                snprintf(cell, sizeof cell, "drift_%s_c1_ctx%lld_t%d", kvd_kv_mode_name(mode),
-                         (long long)ctx, t);
-                progress_show(&pr, cell);
-                if (kvd_results_has_cell(&res, cell)) {
-                    pr.done++;
-                    continue;
-                }
-                double t0 = kvd_now();
-                uint8_t *is_copy = calloc((size_t)ctx + 1, 1), *start = calloc((size_t)ctx + 1, 1);
-                for (int64_t r = 0; r < ctr[t].n_refs; r++) {
-                    int64_t p = ctr[t].refs[r].pos;
-                    if (p > ctx) break;
-                    is_copy[p] = 1;
-                    int cont = r > 0 && ctr[t].refs[r - 1].pos == p - 1 &&
-                               ctr[t].refs[r - 1].src == ctr[t].refs[r].src - 1;
-                    start[p] = !cont;
-                }
-                kvd_drift_opts dop = o.dopt;
-                dop.n_gen = 0;
-                if (dop.gen_tokens > 0) {
-                    int64_t pre[3] = {ctx / 4, ctx / 2, ctx};
-                    for (int g = 0; g < 3; g++)
-                        if (pre[g] >= 16 &&
-                            (dop.n_gen == 0 || pre[g] > dop.gen_prefix[dop.n_gen - 1]))
-                            dop.gen_prefix[dop.n_gen++] = pre[g];
-                }
-                kvd_drift d;
-                if (kvd_drift_init(&d, c, ctx)) kvd_die(1, cmd, "out of memory");
-                if (kvd_drift_run(&o.be, &w, ctr[t].tokens, is_copy, start, ctx, mode, msc, &dop,
-                                  &d, err)) {
-                    fprintf(stderr, "\nkvdrift run: cell %s: %s\n", cell, err);
-                    failed = 1;
-                } else {
-                    drift_rows(&res, &d, c, mode, ctx, t, kvd_token_hash(ctr[t].tokens, ctx), cell,
-                               o.attn_per_head);
-                    mark_cell(&res, cell, "drift", mode, 1, ctx, t, kvd_now() - t0);
-                    if (kvd_results_save(&res, o.out, err)) kvd_die(1, cmd, "%s", err);
-                }
-                kvd_drift_free(&d);
-                free(is_copy), free(start);
-                pr.done++;
-            }
+            const kvd_kv_scales *msc = mode_scales[mi];
             for (int k = 0; k < o.n_conc && (o.cells & 2); k++) {
                 char cell[64];
                 snprintf(cell, sizeof cell, "tput_%s_c%d_ctx%lld", kvd_kv_mode_name(mode),

@@ -166,7 +166,11 @@ void kvd_results_init(kvd_results *r) {
               "reference's",
               kvd_row_token, c_token),
         TABLE("/throughput", "speed per mode, concurrency and context", kvd_row_tput, c_tput),
-        TABLE("/cells", "completion marker of every finished cell", kvd_row_cell, c_cells),
+        TABLE("/cells",
+              "completion marker of every finished cell, with its wall time in seconds (drift "
+              "cells that ran together against one reference run: each its own model steps and "
+              "an equal share of the reference's)",
+              kvd_row_cell, c_cells),
     };
     memcpy(r->t, t, sizeof t);
     r->kl_cache = calloc(1, sizeof *r->kl_cache);
