@@ -1,7 +1,7 @@
 /* kvdrift: `run`, the sweep. Cells are (kind, KV mode, concurrency, context,
  * trace): drift cells run the candidate in lock step with the BF16 reference
- * at concurrency 1 (on the CPU, every mode of a trace against one reference
- * run); throughput cells time prefill and batched decode at each
+ * at concurrency 1 (every mode of a trace against one reference run);
+ * throughput cells time prefill and batched decode at each
  * concurrency. After every finished cell (or group of drift cells) the
  * results file is rewritten whole (atomically), so a sweep that dies keeps
  * every finished cell and a rerun of the same command resumes. */
@@ -829,9 +829,9 @@ static void keep_drift(kvd_results *res, const run_opts *o, const kvd_config *c,
  * does not hold yet. Where the back end can (shadow_of_reference), modes
  * run in groups against one reference run, as many at once as a quarter
  * of this machine's memory holds caches for; each group's cells are
- * written when it ends. A group that fails runs again one mode at a time,
- * so that one mode's failure (NaN in its activations) costs only its own
- * cell. 1 when a cell failed. */
+ * written when it ends. A group that fails (out of device memory, NaN in
+ * one mode's activations) runs again one mode at a time, so that a failure
+ * costs only its own cell. 1 when a cell failed. */
 static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w,
                        const kvd_trace *tr, int64_t ctx, int t, const kvd_kv_scales *const *msc,
                        progress *pr) {
@@ -870,8 +870,9 @@ static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w
             if (pre[g] >= 16 && (dop.n_gen == 0 || pre[g] > dop.gen_prefix[dop.n_gen - 1]))
                 dop.gen_prefix[dop.n_gen++] = pre[g];
     }
-    /* a group's caches: each candidate's (the trace, and a branch for the
-     * generations) and its shadow */
+    /* what a candidate holds: its cache (the trace, and a branch for the
+     * generations), its shadow, and a step's logits twice (its own rows',
+     * and the comparison's) */
     int group = 1;
     if (o->be.ops->shadow_of_reference) {
         const int nf = kvd_config_n_full(c);
@@ -881,8 +882,9 @@ static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w
                                                            c->head_dim);
             most = b > most ? b : most;
         }
+        double each = most * tokens + 2.0 * 256 * c->vocab_size * sizeof(float);
         double room = 0.25 * (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-        double fit = most > 0 ? room / (most * tokens) : np;
+        double fit = room / each;
         group = fit >= np ? np : fit < 1 ? 1 : (int)fit;
     }
     for (int g0 = 0; g0 < np; g0 += group) {

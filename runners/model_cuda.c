@@ -125,6 +125,12 @@ struct kvd_cuda_model {
      * [H], its row count and how many rows' logits it left in `logits` */
     struct kvd_cuda_model *ref;
     float *d_held, *d_hx;
+    /* as a reference, each rank's K (after norm and RoPE) and V rows of the
+     * last step, [attn layer][max_rows][kv heads][head_dim]: what a comparing
+     * model with a shadow writes into it; comparing, the reference's model
+     * of this rank (every rank; NULL: none) */
+    float *d_held_k, *d_held_v;
+    struct kvd_cuda_model *ref_rank;
     int held_rows, held_logits_rows;
     /* rank 0, comparing: the figures on the device and their host copies,
      * the logits' target tokens */
@@ -394,13 +400,14 @@ static kvd_kv_view dev_kv_view(const kvd_cuda_model *m, const dev_kv *d, int al)
 }
 
 /* quantize this step's K and V rows (m->kb, m->vb) into layer al */
-static void dev_kv_write(kvd_cuda_model *m, dev_kv *d, int al, int rows) {
+static void dev_kv_write(kvd_cuda_model *m, dev_kv *d, int al, int rows, const float *k,
+                         const float *v) {
     const int kvh = m->kv_heads, hd = m->head_dim;
-    kvd_cudaop_kv_write(d->fmt, d->saturate, d->block_size, kvh, hd, d->kpool[al], rows, d->slot,
-                        m->kb, d->kscale + (size_t)al * kvh, d->stats + (size_t)al * 8,
+    kvd_cudaop_kv_write(d->fmt, d->saturate, d->block_size, kvh, hd, d->kpool[al], rows, d->slot, k,
+                        d->kscale + (size_t)al * kvh, d->stats + (size_t)al * 8,
                         d->absmax + (size_t)al * 2 * kvh);
-    kvd_cudaop_kv_write(d->fmt, d->saturate, d->block_size, kvh, hd, d->vpool[al], rows, d->slot,
-                        m->vb, d->vscale + (size_t)al * kvh, d->stats + (size_t)al * 8 + 4,
+    kvd_cudaop_kv_write(d->fmt, d->saturate, d->block_size, kvh, hd, d->vpool[al], rows, d->slot, v,
+                        d->vscale + (size_t)al * kvh, d->stats + (size_t)al * 8 + 4,
                         d->absmax + (size_t)al * 2 * kvh + kvh);
 }
 
@@ -943,10 +950,13 @@ int kvd_cuda_model_set_reference(kvd_cuda_model *m, kvd_cuda_model *ref, char *e
         kvd_cuda_set_device(r);
         q->d_held = dalloc(&q->mem, sizeof(float) * (size_t)q->n_full * R *
                                         q->c.num_attention_heads * q->head_dim);
+        const size_t nkv = sizeof(float) * (size_t)q->n_full * R * q->kv_heads * q->head_dim;
+        q->d_held_k = dalloc(&q->mem, nkv);
+        q->d_held_v = dalloc(&q->mem, nkv);
         if (r == 0)
             q->d_hx = dalloc(&q->mem, sizeof(float) * (size_t)q->full.num_hidden_layers * R *
                                           q->full.hidden_size);
-        ok &= q->d_held && (r || q->d_hx);
+        ok &= q->d_held && q->d_held_k && q->d_held_v && (r || q->d_hx);
     }
     kvd_cuda_set_device(0);
     if (ref && !m->d_hcmp) {
@@ -961,11 +971,12 @@ int kvd_cuda_model_set_reference(kvd_cuda_model *m, kvd_cuda_model *ref, char *e
     }
     if (!ok) {
         snprintf(err, KVD_ERR_LEN,
-                 "device model: out of memory for the reference's queries, "
+                 "device model: out of memory for the reference's queries, K/V rows, "
                  "residual streams and the figures");
         return -1;
     }
     m->ref = ref;
+    for (int r = 0; r < m->p.n; r++) m->rk[r]->ref_rank = ref ? ref->rk[r] : NULL;
     return 0;
 }
 
@@ -1180,8 +1191,10 @@ static int group_attention(kvd_cuda_model *m, kvd_cuda_model *om, dev_kv *kc, in
 /* The attn_cmp hook, for the rows want_attn accepts: each view's two
  * distributions compared on the device, so only per-head figures and the
  * outputs cross to the host (a distribution at 128K tokens and 32 heads is
- * 16 MB; its figures are 512 bytes). The isolated view: this row's query
- * over the cache and over the shadow; the propagated view: the reference's
+ * 16 MB; its figures are 512 bytes). The isolated view: the reference
+ * side's query over its own cache and over the shadow (that side being the
+ * reference where one is set, whose K/V rows the shadow holds, else this
+ * model); the propagated view: the reference's
  * query of the same row (its last step) over the reference's cache, against
  * this row's over its own. Each rank takes the step's sampled rows in
  * groups of up to ATTN_GROUP rows of one sequence, whose distributions read
@@ -1219,11 +1232,14 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
         const size_t no = (size_t)nhl * hd, ro = (size_t)n * nhl;
         kvd_cuda_set_device(r);
         rc |= kvd_cuda_upload(m->d_rowidx, sel, sizeof(int) * 2 * R); /* sel, then ctx */
-        /* over an FP8-attention shadow, the query in E4M3 (the model's own
-         * attention, over its own cache, took it as it is) */
-        const float *qiso = m->qh;
+        /* the isolated view's query: the reference's where there is one (the
+         * shadow holds its K/V rows), else this model's own; over an
+         * FP8-attention shadow, in E4M3 (the query as the reference side's
+         * own attention took it is not) */
+        kvd_cuda_model *rm = prop ? ref0->rk[r] : NULL;
+        const float *qiso = prop ? rm->d_held + (size_t)al * rm->max_rows * no : m->qh;
         if (iso && m->sc.qscale) {
-            rc |= kvd_cuda_attn_fp8_query_dev(m->qh, m->d_qfp8, rows, no, nhl, hd,
+            rc |= kvd_cuda_attn_fp8_query_dev(qiso, m->d_qfp8, rows, no, nhl, hd,
                                               m->sc.qscale + (size_t)al * nhl);
             qiso = m->d_qfp8;
         }
@@ -1241,16 +1257,7 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
             for (int k = s0; k < s1; k++) gmax = ctx[k] > gmax ? ctx[k] : gmax;
             const size_t st = (size_t)gmax;
             rc |= group_attention(m, m, &m->kc, al, seq, s0, gn, gmax, m->qh, sel, m->d_probs, 0);
-            if (iso) {
-                rc |=
-                    group_attention(m, m, &m->sc, al, seq, s0, gn, gmax, qiso, sel, m->d_sprobs, 1);
-                rc |= kvd_cuda_attn_compare_rows_dev(
-                    m->d_probs, m->d_sprobs, nhl, gn, m->d_rowidx + R + s0, st,
-                    m->d_kl + (size_t)s0 * nhl, m->d_top + (size_t)s0 * nhl,
-                    m->d_top + ro + (size_t)s0 * nhl, (size_t)nhl);
-            }
             if (prop) {
-                kvd_cuda_model *rm = ref0->rk[r];
                 rc |= group_attention(rm, m, &rm->kc, al, rseq, s0, gn, gmax,
                                       rm->d_held + (size_t)al * rm->max_rows * no, sel, m->d_rprobs,
                                       2);
@@ -1258,6 +1265,14 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
                     m->d_rprobs, m->d_probs, nhl, gn, m->d_rowidx + R + s0, st,
                     m->d_kl + ro + (size_t)s0 * nhl, m->d_top + 2 * ro + (size_t)s0 * nhl,
                     m->d_top + 3 * ro + (size_t)s0 * nhl, (size_t)nhl);
+            }
+            if (iso) { /* against the reference side's own: the reference's, or this one's */
+                rc |=
+                    group_attention(m, m, &m->sc, al, seq, s0, gn, gmax, qiso, sel, m->d_sprobs, 1);
+                rc |= kvd_cuda_attn_compare_rows_dev(
+                    prop ? m->d_rprobs : m->d_probs, m->d_sprobs, nhl, gn, m->d_rowidx + R + s0, st,
+                    m->d_kl + (size_t)s0 * nhl, m->d_top + (size_t)s0 * nhl,
+                    m->d_top + ro + (size_t)s0 * nhl, (size_t)nhl);
             }
         }
         /* the sampled rows' figures back at once, then into their heads' places */
@@ -1289,7 +1304,7 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
         const double *kl = m0->h_kl + (size_t)k * nh;
         const int *t = m0->h_top + (size_t)k * nh;
         const size_t rn = (size_t)R * nh;
-        kvd_attn_cmp vi = {kl, t, t + rn, o, so};
+        kvd_attn_cmp vi = {kl, t, t + rn, prop ? rout : o, so};
         kvd_attn_cmp vp = {kl + rn, t + 2 * rn, t + 3 * rn, rout, o};
         m0->hooks.attn_cmp(m0->hooks.ctx, al, m0->h_row_seq[i], m0->h_pos[i], iso ? &vi : NULL,
                            prop ? &vp : NULL);
@@ -1312,9 +1327,23 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
     /* q and k heads normed and rotated (the query's gate half untouched) */
     kvd_cudaop_qk_norm_rope(m->qg, 2 * hd, m->kb, d->q_norm, d->k_norm, rows, nh, kvh, hd, eps,
                             m->pos, rot, m->wt->inv_freq);
-    /* the cache stores K after norm and RoPE, V as projected */
-    dev_kv_write(m, &m->kc, al, rows);
-    if (m->shadow) dev_kv_write(m, &m->sc, al, rows);
+    /* the cache stores K after norm and RoPE, V as projected; a reference
+     * holds its rows for the models comparing with it, and the shadow takes
+     * the reference side's rows (the reference's, where there is one) */
+    dev_kv_write(m, &m->kc, al, rows, m->kb, m->vb);
+    const size_t kvn = (size_t)kvh * hd;
+    if (m->d_held_k) {
+        kvd_cuda_copy(m->d_held_k + (size_t)al * m->max_rows * kvn, m->kb,
+                      sizeof(float) * rows * kvn);
+        kvd_cuda_copy(m->d_held_v + (size_t)al * m->max_rows * kvn, m->vb,
+                      sizeof(float) * rows * kvn);
+    }
+    if (m->shadow) {
+        const kvd_cuda_model *rr = m->ref_rank;
+        const size_t at = rr ? (size_t)al * rr->max_rows * kvn : 0;
+        dev_kv_write(m, &m->sc, al, rows, rr ? rr->d_held_k + at : m->kb,
+                     rr ? rr->d_held_v + at : m->vb);
+    }
     kvd_cudaop_split_query(m->qg, m->qh, rows, nh, hd);
     if (m->kc.qabsmax) /* calibration: the queries as attention sees them */
         kvd_cudaop_absmax_heads(m->qh, rows, nh, hd, m->kc.qabsmax + (size_t)al * nh);
@@ -1642,7 +1671,7 @@ static int forward(kvd_cuda_model *m0, kvd_kvcache *kv, const kvd_batch *b, floa
     int rc = 0;
     const kvd_cuda_model *ref0 = m0->ref;
     const kvd_hooks *hk = &m0->hooks;
-    if (ref0 && (hk->attn_cmp || hk->hidden_cmp || hk->logits_cmp) &&
+    if (ref0 && (hk->attn_cmp || hk->hidden_cmp || hk->logits_cmp || m0->shadow) &&
         kvd_reference_rows(ref0->held_rows, ref0->h_pos, rows, m0->h_pos, err))
         return -1;
     m0->held_rows = m0->d_held ? rows : 0;
@@ -1877,6 +1906,7 @@ const kvd_engine_ops kvd_engine_cuda = {.name = "cuda",
                                         .destroy = eng_destroy,
                                         .set_hooks = eng_set_hooks,
                                         .set_shadow = eng_set_shadow,
+                                        .shadow_of_reference = 1,
                                         .set_reference = eng_set_reference,
                                         .forward = dev_step,
                                         .greedy = dev_greedy,

@@ -70,7 +70,8 @@ void kvd_cuda_model_phases(const kvd_cuda_model *m, double secs[KVD_PHASES]);
  * whole distributions are refused. 0, or -1 with err set. */
 int kvd_cuda_model_set_hooks(kvd_cuda_model *m, const kvd_hooks *h, char *err);
 
-/* kvd_model_set_shadow on the device: every K/V row is also written into a
+/* kvd_model_set_shadow on the device: every K/V row (this model's, or with a
+ * reference set, the reference's of its last step) is also written into a
  * device copy of the shadow cache (kept for the model's life; a later
  * shadow must have the same mode and size), whose host bookkeeping is
  * shadow's. NULL to stop. 0, or -1 with err set. */

@@ -487,7 +487,7 @@ static void cmp_stat(const char *what, int i, const kvd_stat *a, const kvd_stat 
 }
 
 static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scales,
-                          int gpus, int attn_fp8) {
+                          int gpus, int attn_fp8, int apart) {
 #ifdef KVD_DEVICE_EMULATED
     const int exact = gpus == 1;
 #else
@@ -532,7 +532,11 @@ static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_sca
     int okc = kvd_drift_run(&kvd_backend_cpu, &w, tok, is_copy, start, N, mode, scales, &o, &dc,
                             err) == 0;
     CHECK(okc, "%s drift on the cpu: %s\n", preset, err);
-    const kvd_backend dev = {&kvd_engine_cuda, gpus};
+    /* apart: the device model with the shadow on the reference (its own
+     * query and K/V) rather than on the candidate (the reference's) */
+    kvd_engine_ops ops = kvd_engine_cuda;
+    ops.shadow_of_reference = !apart;
+    const kvd_backend dev = {&ops, gpus};
     int okd = kvd_drift_run(&dev, &w, tok, is_copy, start, N, mode, scales, &o, &dd, err) == 0;
     if (!okd && strstr(err, "CUDA devices visible")) {
         printf("SKIP: %s drift on %d GPUs: %s\n", preset, gpus, err);
@@ -627,12 +631,99 @@ static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_sca
         /* the figures are not trivially equal: the candidate drifted */
         CHECK(mode == KVD_KV_BF16 || kvd_stat_mean(&dc.out[KVD_OUT_KL][0][8]) > 0,
               "drift: no output KL at all in mode %s\n", kvd_kv_mode_name(mode));
-        printf("%-6s %-13s %d GPU%s drift figures%s: worst |cpu - device| %.3g of the "
+        printf("%-6s %-13s %d GPU%s drift figures%s%s: worst |cpu - device| %.3g of the "
                "tolerance\n",
                preset, kvd_kv_mode_name(mode), gpus, gpus > 1 ? "s" : " ",
-               attn_fp8 ? " (FP8 attention)" : "", worst_fig);
+               attn_fp8 ? " (FP8 attention)" : "", apart ? " (shadow on the reference)" : "",
+               worst_fig);
     }
     kvd_drift_free(&dc), kvd_drift_free(&dd);
+    free(tok);
+    kvd_weights_free(&w);
+}
+
+/* ---- drift: several candidates against one reference run on the device ----
+ * kvd_drift_run_modes on the device (every candidate's isolated view from
+ * the reference's query and K/V rows of one reference step) against each
+ * mode alone: bit for bit in the emulation of one GPU (the same operations
+ * on the same inputs); on a GPU, within drift_figures' tolerances. */
+static void drift_group(const char *preset, const kvd_kv_scales *cal, int gpus) {
+#ifdef KVD_DEVICE_EMULATED
+    const int exact = gpus == 1;
+#else
+    const int exact = 0;
+#endif
+    drift_rtol = exact ? 0 : 0.05;
+    drift_atol = exact ? 0 : 1e-6;
+    drift_se = exact ? 0 : 1;
+    char err[KVD_ERR_LEN];
+    kvd_config cfg;
+    kvd_weights w;
+    if (preset_weights(preset, &cfg, &w)) return;
+    enum { N = 400, K = 3 };
+    uint32_t *tok = malloc(sizeof(uint32_t) * N);
+    uint8_t is_copy[N + 1] = {0}, start[N + 1] = {0};
+    tokens(23, N, cfg.vocab_size, (int32_t *)tok);
+    for (int i = 0; i < 48; i++) tok[260 + i] = tok[60 + i], is_copy[260 + i] = 1;
+    start[260] = 1;
+    kvd_drift_opts o;
+    kvd_drift_opts_defaults(&o);
+    o.gen_tokens = 6;
+    o.n_gen = 1;
+    o.gen_prefix[0] = 200;
+    const kvd_kv_mode modes[K] = {KVD_KV_FP8_CAL, KVD_KV_FP8_UNSCALED, KVD_KV_FP8_TOKEN};
+    const kvd_kv_scales *scales[K] = {cal, NULL, NULL};
+    const kvd_backend dev = {&kvd_engine_cuda, gpus};
+    kvd_drift dg[K], d1;
+    for (int j = 0; j < K; j++) kvd_drift_init(&dg[j], &cfg, N);
+    int ok = kvd_drift_run_modes(&dev, &w, tok, is_copy, start, N, K, modes, scales, &o, dg, err);
+    if (ok && strstr(err, "CUDA devices visible")) {
+        printf("SKIP: %s drift of %d modes on %d GPUs: %s\n", preset, K, gpus, err);
+    } else {
+        CHECK(ok == 0, "%s drift of %d modes on the device: %s\n", preset, K, err);
+    }
+    worst_fig = 0;
+    for (int j = 0; j < K && ok == 0; j++) {
+        kvd_drift_init(&d1, &cfg, N);
+        int ok1 =
+            kvd_drift_run(&dev, &w, tok, is_copy, start, N, modes[j], scales[j], &o, &d1, err) == 0;
+        CHECK(ok1, "%s drift of %s alone on the device: %s\n", preset, kvd_kv_mode_name(modes[j]),
+              err);
+        if (ok1 && exact) {
+            CHECK(!memcmp(dg[j].att, d1.att,
+                          sizeof(kvd_stat) * (size_t)d1.n_attn * KVD_VIEW_N * KVD_ATT_N * KVD_NSUB *
+                              KVD_NB) &&
+                      !memcmp(dg[j].out, d1.out, sizeof d1.out) &&
+                      !memcmp(dg[j].hid, d1.hid,
+                              sizeof(kvd_stat) * (size_t)d1.n_layers * KVD_HID_N * KVD_NSUB *
+                                  KVD_NB) &&
+                      dg[j].n_tok == d1.n_tok &&
+                      !memcmp(dg[j].tok, d1.tok, sizeof(kvd_token_fig) * (size_t)d1.n_tok) &&
+                      !memcmp(dg[j].gen, d1.gen, sizeof d1.gen),
+                  "%s drift of %s: in a group of %d, not bit for bit as alone\n", preset,
+                  kvd_kv_mode_name(modes[j]), K);
+        } else if (ok1) {
+            for (int m = 0; m < KVD_OUT_N; m++)
+                for (int i = 0; i < KVD_NSUB * KVD_NB; i++)
+                    cmp_stat(kvd_out_names[m], i, &d1.out[m][0][0] + i, &dg[j].out[m][0][0] + i,
+                             m == KVD_OUT_KL ? drift_atol : 0.02);
+            size_t na = (size_t)d1.n_attn * KVD_VIEW_N * KVD_ATT_N * KVD_NSUB * KVD_NB;
+            for (size_t i = 0; i < na; i++)
+                cmp_stat("attention", (int)i, &d1.att[i], &dg[j].att[i],
+                         (int)(i / (KVD_NSUB * KVD_NB) % KVD_ATT_N) == KVD_ATT_ARGMAX ? 0.02
+                                                                                      : drift_atol);
+        }
+        /* the isolated view moved: a candidate's codec, not the reference's */
+        CHECK(!ok1 ||
+                  kvd_drift_att(&d1, 0, KVD_VIEW_ISOLATED, KVD_ATT_KL, KVD_SUB_ALL, kvd_bucket(300))
+                          ->sum > 0,
+              "%s drift of %s: no isolated attention KL\n", preset, kvd_kv_mode_name(modes[j]));
+        kvd_drift_free(&d1);
+    }
+    if (ok == 0)
+        printf("%-6s %d modes, %d GPU%s drift in one lock step against each alone%s\n", preset, K,
+               gpus, gpus > 1 ? "s" : " ", exact ? ": bit for bit" : "");
+    for (int j = 0; j < K; j++) kvd_drift_free(&dg[j]);
     free(tok);
     kvd_weights_free(&w);
 }
@@ -1127,17 +1218,26 @@ int main(void) {
         run(presets[p], KVD_KV_BF16, NULL, NULL, 2);
         run(presets[p], KVD_KV_FP8_CAL, &cal, NULL, 2);
         if (p == 1) run(presets[p], KVD_KV_FP8_CAL, &cal, NULL, 4);
-        drift_figures(presets[p], KVD_KV_BF16, NULL, 1, 0);
-        drift_figures(presets[p], KVD_KV_FP8_CAL, &cal, 1, 0);
-        drift_figures(presets[p], KVD_KV_FP8_UNSCALED, NULL, 1, 0);
-        drift_figures(presets[p], KVD_KV_FP8_UNSCALED, NULL, 2, 0);
-        drift_figures(presets[p], KVD_KV_NVFP4_CAL, &cal, 1, 0);
-        drift_figures(presets[p], KVD_KV_FP8_TOKEN, NULL, 1, 0);
-        drift_figures(presets[p], KVD_KV_INT8_TOKEN, NULL, 1, 0);
+        drift_figures(presets[p], KVD_KV_BF16, NULL, 1, 0, 0);
+        drift_figures(presets[p], KVD_KV_FP8_CAL, &cal, 1, 0, 0);
+        drift_figures(presets[p], KVD_KV_FP8_UNSCALED, NULL, 1, 0, 0);
+        drift_figures(presets[p], KVD_KV_FP8_UNSCALED, NULL, 2, 0, 0);
+        drift_figures(presets[p], KVD_KV_NVFP4_CAL, &cal, 1, 0, 0);
+        drift_figures(presets[p], KVD_KV_FP8_TOKEN, NULL, 1, 0, 0);
+        drift_figures(presets[p], KVD_KV_INT8_TOKEN, NULL, 1, 0, 0);
         /* FP8 attention (FlashAttention 3's rule): calibrated query scales,
          * then 1.0 split over two GPUs */
-        drift_figures(presets[p], KVD_KV_FP8_CAL, &cal, 1, 1);
-        drift_figures(presets[p], KVD_KV_FP8_UNSCALED, NULL, 2, 1);
+        drift_figures(presets[p], KVD_KV_FP8_CAL, &cal, 1, 1, 0);
+        drift_figures(presets[p], KVD_KV_FP8_UNSCALED, NULL, 2, 1, 0);
+        /* the isolated view taken on the reference's side, as one mode at a
+         * time has it, against the CPU's candidate-side view; then several
+         * modes against one reference run */
+        drift_figures(presets[p], KVD_KV_FP8_UNSCALED, NULL, 2, 1, 1);
+        drift_group(presets[p], &cal, 2);
+#ifndef KVD_DEVICE_SIMT /* the simulator's kernels: the split over two runs every path */
+        drift_figures(presets[p], KVD_KV_FP8_CAL, &cal, 1, 0, 1);
+        drift_group(presets[p], &cal, 1);
+#endif
         kvd_kv_scales_free(&cal);
     }
     lazy_weights();
