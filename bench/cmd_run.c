@@ -50,6 +50,7 @@ typedef struct {
     double kv_budget;
     kvd_drift_opts dopt;
     int decode_tokens;
+    int repeats; /* timed decode passes per throughput cell, after a warm-up pass */
     int attn_per_head;
     int cells;               /* 1: drift cells, 2: throughput cells */
     const char *scales_path; /* fp8-cal scales from a file instead of calibrating */
@@ -155,6 +156,8 @@ static int run_flag(run_opts *o, kvd_args *a, const char *f) {
         o->dopt.gen_tokens = (int)kvd_args_long(a, f, 0, 1 << 16);
     } else if (!strcmp(f, "--decode-tokens")) {
         o->decode_tokens = (int)kvd_args_long(a, f, 2, 1 << 16);
+    } else if (!strcmp(f, "--repeats")) {
+        o->repeats = (int)kvd_args_long(a, f, 1, 1000);
     } else if (!strcmp(f, "--threads")) {
         kvd_set_threads((int)kvd_args_long(a, f, 1, 4096));
     } else if (!strcmp(f, "--kv")) {
@@ -342,6 +345,7 @@ static char *run_settings(const run_opts *o, const kvd_config *c, const char *de
     /* only when set: files from before the flag resume as they were */
     if (o->dopt.attn_fp8) json_object_set_new(j, "attn-fp8", json_true());
     json_object_set_new(j, "decode-tokens", json_integer(o->decode_tokens));
+    json_object_set_new(j, "repeats", json_integer(o->repeats));
     json_object_set_new(j, "kv-budget", json_integer((json_int_t)llround(o->kv_budget)));
     char *txt = json_dumps(j, JSON_COMPACT);
     json_decref(j);
@@ -677,8 +681,11 @@ static double pctl(double *v, int n, double q) {
 
 /* Throughput at concurrency C: C requests with their own traces and lengths
  * arrive together, are prefilled one after another, then decode as one batch
- * for decode_tokens steps. The first steps are replayed one sequence at a
- * time to measure what batching did to the logits. */
+ * for decode_tokens steps: once untimed (a warm-up: the first decode of a
+ * process or a model pays for what later ones find ready), then o->repeats
+ * times, every pass from the prefilled state, of which the median counts.
+ * The first steps are replayed one sequence at a time to measure what
+ * batching did to the logits. */
 static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces, kvd_kv_mode mode,
                            const kvd_kv_scales *sc, int C, int64_t ctx, const run_opts *o,
                            kvd_row_tput *row, char *err) {
@@ -710,10 +717,14 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
         return -1;
     }
     int *seqs = malloc(sizeof(int) * (size_t)C), *ones = malloc(sizeof(int) * (size_t)C);
-    int32_t *next = malloc(sizeof(int32_t) * (size_t)C);
+    int *run = malloc(sizeof(int) * (size_t)C);
+    int32_t *next = malloc(sizeof(int32_t) * (size_t)C),
+            *first = malloc(sizeof(int32_t) * (size_t)C);
     float *logits = malloc(sizeof(float) * (size_t)C * V), *lg1 = malloc(sizeof(float) * (size_t)V);
+    float *first_logits = malloc(sizeof(float) * (size_t)C * V);
     double *ttft = malloc(sizeof(double) * (size_t)C),
-           *itl = malloc(sizeof(double) * (size_t)steps);
+           *itl = malloc(sizeof(double) * (size_t)o->repeats * (size_t)(steps - 1)),
+           *pass_s = malloc(sizeof(double) * (size_t)o->repeats);
     double t_start = kvd_now(), prefill_s = 0;
     int rc = -1;
     int64_t prefill_tokens = 0;
@@ -729,49 +740,61 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
         prefill_tokens += len[i];
         ttft[i] = (kvd_now() - t_start) * 1e3;
     }
+    double prefill_wall = kvd_now() - t_start;
     for (int i = 0; i < C; i++) {
         int a = 0;
         for (int v = 1; v < V; v++)
             if (logits[(size_t)i * V + v] > logits[(size_t)i * V + a]) a = v;
-        next[i] = a;
+        first[i] = a;
     }
-    /* batch invariance: each sequence branched before decoding, to replay
-     * the first step alone afterwards (the copy is not timed) */
-    double t_fork = kvd_now(), batch_drift = 0;
-    int *alone = malloc(sizeof(int) * (size_t)C);
-    int32_t *first = malloc(sizeof(int32_t) * (size_t)C);
-    float *first_logits = malloc(sizeof(float) * (size_t)C * V);
-    memcpy(first, next, sizeof(int32_t) * (size_t)C);
+    /* decoding: an untimed warm-up pass, then R timed ones, each over a
+     * branch of every sequence as the prefill left it (the copies are not
+     * timed; the branches are released after the pass). The first step's
+     * logits come back (the replay below compares them); then greedy
+     * decoding as an engine runs it, on the device where there is one: the
+     * next tokens, not the logits, come back */
+    const int R = o->repeats, nstep = steps - 1;
+    for (int p = 0; p <= R; p++) {
+        int forked = 0;
+        for (; forked < C; forked++)
+            if ((run[forked] = kvd_engine_fork(&m, &kv, seqs[forked])) < 0) break;
+        if (forked < C) {
+            snprintf(err, KVD_ERR_LEN, "throughput: no room to branch sequence %d", forked);
+            for (int i = 0; i < forked; i++) kvd_kvcache_release(&kv, run[i]);
+            goto out;
+        }
+        memcpy(next, first, sizeof(int32_t) * (size_t)C);
+        double td = kvd_now();
+        int bad = 0;
+        for (int s = 0; s < nstep && !bad; s++) {
+            kvd_batch b = {C, run, ones, next};
+            double t0 = kvd_now();
+            if (s == 0) {
+                bad = kvd_engine_forward(&m, &kv, &b, logits, 1, err);
+                for (int i = 0; i < C && !bad; i++) next[i] = kvd_argmax(logits + (size_t)i * V, V);
+            } else {
+                bad = kvd_engine_greedy(&m, &kv, &b, logits, next, err);
+            }
+            if (p > 0) itl[(size_t)(p - 1) * nstep + s] = (kvd_now() - t0) * 1e3;
+            if (p == 0 && s == 0) memcpy(first_logits, logits, sizeof(float) * (size_t)C * V);
+        }
+        if (p > 0) pass_s[p - 1] = kvd_now() - td;
+        for (int i = 0; i < C; i++) kvd_kvcache_release(&kv, run[i]);
+        if (bad) goto out;
+    }
+    /* batch invariance: each sequence's first step replayed alone, against
+     * its row of the batched first step */
+    double batch_drift = 0;
     for (int i = 0; i < C && C > 1; i++) {
-        alone[i] = kvd_engine_fork(&m, &kv, seqs[i]);
-        if (alone[i] < 0) {
+        int one = 1, alone = kvd_engine_fork(&m, &kv, seqs[i]);
+        if (alone < 0) {
             snprintf(err, KVD_ERR_LEN, "throughput: no room to branch sequence %d", i);
-            free(alone), free(first), free(first_logits);
             goto out;
         }
-    }
-    t_fork = kvd_now() - t_fork;
-    double td = kvd_now();
-    /* the first step's logits come back (the replay compares them); then
-     * greedy decoding as an engine runs it, on the device where there is
-     * one: the next tokens, not the logits, come back */
-    for (int s = 0; s < steps - 1; s++) {
-        kvd_batch b = {C, seqs, ones, next};
-        double t0 = kvd_now();
-        if (s == 0) {
-            if (kvd_engine_forward(&m, &kv, &b, logits, 1, err)) goto out;
-            for (int i = 0; i < C; i++) next[i] = kvd_argmax(logits + (size_t)i * V, V);
-        } else if (kvd_engine_greedy(&m, &kv, &b, logits, next, err)) {
-            goto out;
-        }
-        itl[s] = (kvd_now() - t0) * 1e3;
-        if (s == 0) memcpy(first_logits, logits, sizeof(float) * (size_t)C * V);
-    }
-    double decode_s = kvd_now() - td, e2e_end = (kvd_now() - t_start - t_fork) * 1e3;
-    for (int i = 0; i < C && C > 1; i++) {
-        int one = 1;
-        kvd_batch b1 = {1, &alone[i], &one, &first[i]};
-        if (kvd_engine_forward(&m, &kv, &b1, lg1, 1, err)) goto out;
+        kvd_batch b1 = {1, &alone, &one, &first[i]};
+        int bad = kvd_engine_forward(&m, &kv, &b1, lg1, 1, err);
+        kvd_kvcache_release(&kv, alone);
+        if (bad) goto out;
         double num = 0, den = 0;
         for (int v = 0; v < V; v++) {
             double e = (double)lg1[v] - first_logits[(size_t)i * V + v];
@@ -781,24 +804,26 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
         double rel = sqrt(num / (den > 0 ? den : 1));
         batch_drift = rel > batch_drift ? rel : batch_drift;
     }
-    free(alone), free(first), free(first_logits);
+    /* a request's end to end: the prefills, then a decode pass of the
+     * median's length; every request finishes with the last step */
+    const double decode_s = pctl(pass_s, R, 0.5), e2e_end = (prefill_wall + decode_s) * 1e3;
     row->prefill_tok_s = prefill_tokens / prefill_s;
-    row->decode_tok_s = (double)C * (steps - 1) / decode_s;
+    row->decode_tok_s = (double)C * nstep / decode_s;
     row->total_tok_s = (prefill_tokens + (double)C * steps) / (e2e_end / 1e3);
-    /* every request finishes with the last step: e2e is the same for all */
     double sum = 0;
     for (int i = 0; i < C; i++) sum += ttft[i];
     row->ttft_ms_mean = sum / C;
     sum = 0;
-    for (int i = 0; i < C; i++) sum += (e2e_end - ttft[i]) / (steps - 1);
+    for (int i = 0; i < C; i++) sum += (e2e_end - ttft[i]) / nstep;
     row->tpot_ms_mean = sum / C;
     row->e2e_ms_mean = e2e_end;
+    const int ni = R * nstep;
     sum = 0;
-    for (int s = 0; s < steps - 1; s++) sum += itl[s];
-    row->itl_ms_mean = sum / (steps - 1);
-    row->itl_ms_p50 = pctl(itl, steps - 1, 0.5);
-    row->itl_ms_p90 = pctl(itl, steps - 1, 0.9);
-    row->itl_ms_p99 = pctl(itl, steps - 1, 0.99);
+    for (int s = 0; s < ni; s++) sum += itl[s];
+    row->itl_ms_mean = sum / ni;
+    row->itl_ms_p50 = pctl(itl, ni, 0.5);
+    row->itl_ms_p90 = pctl(itl, ni, 0.9);
+    row->itl_ms_p99 = pctl(itl, ni, 0.99);
     row->ttft_ms_p50 = pctl(ttft, C, 0.5);
     row->ttft_ms_p90 = pctl(ttft, C, 0.9);
     row->ttft_ms_p99 = pctl(ttft, C, 0.99);
@@ -813,7 +838,8 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
 out:
     kvd_engine_close(&m);
     kvd_kvcache_free(&kv);
-    free(len), free(seqs), free(ones), free(next), free(logits), free(lg1), free(ttft), free(itl);
+    free(len), free(seqs), free(ones), free(run), free(next), free(first), free(logits), free(lg1);
+    free(first_logits), free(ttft), free(itl), free(pass_s);
     return rc;
 }
 
@@ -1030,6 +1056,9 @@ static const char *const run_help =
     "  --gen-tokens N       greedy tokens from prefixes of 1/4, 1/2 and all of the context "
     "(default 32)\n"
     "  --decode-tokens N    output tokens per request in throughput cells (default 16)\n"
+    "  --repeats N          timed decode passes per throughput cell, after an untimed warm-up\n"
+    "                       pass, each from the prefilled state: decode tokens/s is their\n"
+    "                       median, the ITL percentiles are over all their steps (default 3)\n"
     "  --kv-budget SIZE     memory for the KV cache, e.g. 40GiB, 1.5TiB, 80GB (default 40GiB)\n"
     "  --threads N          worker threads (default: every core)\n"
     "  --cells LIST         drift, throughput or both (default drift,throughput)\n"
@@ -1056,6 +1085,7 @@ int kvd_cmd_run(int argc, char **argv) {
     o.calib_tokens = KVD_CALIB_TOKENS;
     o.kv_budget = 40.0 * 1073741824.0;
     o.decode_tokens = 16;
+    o.repeats = 3;
     kvd_drift_opts_defaults(&o.dopt);
     kvd_args a = {argc, argv, 0, cmd};
     const char *f;

@@ -375,6 +375,7 @@ cp "$work/c1.h5" "$work/c1.before"
 resume_refused "$work/c1.h5" "$work/c1.before" "c1.h5 holds cells run with --seed 3, this run has --seed 4" "$bin" "${c1[@]}" --seed 4
 resume_refused "$work/c1.h5" "$work/c1.before" "c1.h5 holds cells of other weights \(their seed 1234, this run's 9\)" "$bin" "${c1[@]}" --weight-seed 9
 resume_refused "$work/c1.h5" "$work/c1.before" "c1.h5 holds cells run with --calibration absmax, this run has --calibration modelopt" "$bin" "${c1[@]}" --calibration modelopt
+resume_refused "$work/c1.h5" "$work/c1.before" "c1.h5 holds cells run with --repeats 3, this run has --repeats 2" "$bin" "${c1[@]}" --repeats 2
 # the CPU's BLAS: the settings name it as kvdrift version does, and a resume
 # whose OpenBLAS dispatches to another core type (other kernels, other last
 # bits) is refused
@@ -439,6 +440,27 @@ if "$bin" run --model tiny --kv bf16,fp8-cal --context 256 --concurrency 1,2 --c
 # for both modes, decode_vs_bf16 for fp8-cal, at C = 1 and 2: 6 checks)
 "$bin" report "$work/tp.h5" --format md 2>/dev/null | grep -q "^Context 256 tokens;" && ok || bad "report of a throughput-only file: $("$bin" report "$work/tp.h5" --format md 2>&1 | tail -1)"
 "$bin" compare "$work/tp.h5" "$work/tp.h5" >"$work/tpc.out" 2>&1 && grep -q "^compare: 6 checks, 0 regressions: pass$" "$work/tpc.out" && ok || bad "compare of throughput-only files: $(cat "$work/tpc.out")"
+# --repeats: one warm-up pass and N timed decode passes from the prefilled
+# state. With one timed pass its steps are the whole pass: decode tokens/s is
+# C steps' tokens over their summed ITL (within what the loop around the
+# steps costs); the settings name the count, and --repeats 0 is refused
+if "$bin" run --model tiny --kv bf16 --context 256 --concurrency 1,3 --cells throughput \
+  --decode-tokens 6 --repeats 1 -o "$work/rp.h5" >"$work/rp.out" 2>&1 &&
+  "$py" - "$work/rp.h5" <<'PY'
+import json, sys
+import h5py
+f = h5py.File(sys.argv[1], "r")
+assert json.loads(f.attrs["run_settings"])["repeats"] == 1
+for r in f["/throughput"][:]:
+    c, steps = int(r["concurrency"]), int(r["output_tokens"]) - 1
+    from_itl = c * steps / (r["itl_ms_mean"] * steps / 1e3)
+    assert abs(r["decode_tok_s"] / from_itl - 1) < 0.05, (c, r["decode_tok_s"], from_itl)
+    assert r["itl_ms_p50"] <= r["itl_ms_p90"] <= r["itl_ms_p99"], r
+    assert r["batch_drift_max_rel"] < 1e-3 and (c == 1) == (r["batch_drift_max_rel"] == 0), r
+PY
+then ok; else bad "--repeats 1: $(tail -3 "$work/rp.out")"; fi
+"$bin" run --model tiny --repeats 0 -o "$work/r0.h5" 2>"$work/e8"; rc=$?
+if [ $rc -eq 2 ] && grep -q -- "--repeats: expected an integer in 1..1000, got '0'" "$work/e8" && [ ! -e "$work/r0.h5" ]; then ok; else bad "--repeats 0 not refused: $(cat "$work/e8")"; fi
 "$bin" run --model tiny --cells drifts -o "$work/c.h5" 2>"$work/e6"; rc=$?
 if [ $rc -eq 2 ] && grep -q -- "--cells: expected a list of drift and throughput" "$work/e6"; then ok; else bad "--cells drifts not refused"; fi
 if "$bin" version | grep -q "^cuda: no CUDA device visible"; then
