@@ -166,9 +166,10 @@ kvd_trend *kvd_trend_build(kvd_run *runs, int n, long long ctx, char *err) {
         /* positions kept where a later step reads them: each mode's first
          * run (for the first-to-last distance) and its latest */
         for (int j = 0; j <= i; j++) {
+            if (!loaded[j]) continue; /* at most 2 x modes + 1 runs are */
             int keep = 0;
             for (int m = 0; m < t->nm; m++) keep |= j == first[m] || j == prev[m];
-            if (loaded[j] && !keep) kvd_results_drop_positions(&runs[j].r), loaded[j] = 0;
+            if (!keep) kvd_results_drop_positions(&runs[j].r), loaded[j] = 0;
         }
     }
     for (int m = 0; m < t->nm && !rc; m++) {
