@@ -855,9 +855,10 @@ static void keep_drift(kvd_results *res, const run_opts *o, const kvd_config *c,
  * does not hold yet. Where the back end can (shadow_of_reference), modes
  * run in groups against one reference run, as many at once as a quarter
  * of this machine's memory holds caches for; each group's cells are
- * written when it ends. A group that fails (out of device memory, NaN in
- * one mode's activations) runs again one mode at a time, so that a failure
- * costs only its own cell. 1 when a cell failed. */
+ * written when it ends. A group that does not fit (its caches or models,
+ * on the device say) tries again half as large; one that fails in a step
+ * (NaN in one mode's activations) runs again one mode at a time, so that
+ * a failure costs only its own cell. 1 when a cell failed. */
 static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w,
                        const kvd_trace *tr, int64_t ctx, int t, const kvd_kv_scales *const *msc,
                        progress *pr) {
@@ -913,8 +914,8 @@ static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w
         double fit = room / each;
         group = fit >= np ? np : fit < 1 ? 1 : (int)fit;
     }
-    for (int g0 = 0; g0 < np; g0 += group) {
-        int n = np - g0 < group ? np - g0 : group;
+    for (int g0 = 0, n; g0 < np; g0 += n) {
+        n = np - g0 < group ? np - g0 : group;
         kvd_drift d[KVD_KV_N_MODES];
         for (int j = 0; j < n; j++)
             if (kvd_drift_init(&d[j], c, ctx)) kvd_die(1, cmd, "out of memory");
@@ -928,6 +929,14 @@ static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w
         progress_show(pr, what);
         int rc = kvd_drift_run_modes(&o->be, w, tr->tokens, is_copy, start, ctx, n, modes + g0,
                                      scales + g0, &dop, d, err);
+        if (rc == -2 && n > 1) { /* no room for them all: half as many at once */
+            group = (n + 1) / 2;
+            fprintf(stderr, "\nkvdrift run: %d modes at once at %lld tokens: %s; trying %d\n", n,
+                    (long long)ctx, err, group);
+            for (int j = 0; j < n; j++) kvd_drift_free(&d[j]);
+            n = 0; /* this group again, smaller */
+            continue;
+        }
         if (rc && n > 1) {
             fprintf(stderr,
                     "\nkvdrift run: %d modes at once at %lld tokens: %s; running them one "

@@ -414,7 +414,7 @@ int kvd_drift_run_modes(const kvd_backend *be, const kvd_weights *w, const uint3
     const int64_t B = KVD_KV_BLOCK;
     int64_t cap = B * ((n + B - 1) / B + (o->n_gen > 0 ? (n + o->gen_tokens + B - 1) / B : 0));
     kvd_kvcache kr;
-    int rc = -1;
+    int rc = -1, stepping = 0;
     memset(&kr, 0, sizeof kr);
     kvd_engine mr = {0};
     candidate *cd = calloc((size_t)k, sizeof *cd);
@@ -466,6 +466,7 @@ int kvd_drift_run_modes(const kvd_backend *be, const kvd_weights *w, const uint3
         kvd_kvcache_add_seq(&e->kc), kvd_kvcache_add_seq(&e->ks);
     }
     if (lockstep_hooks(&mr, cd, k, cand_side, 1, err)) goto out;
+    stepping = 1;                              /* a failure from here on is a step's */
     int sr = kvd_kvcache_add_seq(&kr), sc = 0; /* every candidate's first sequence */
     int gi = 0;
     for (int64_t p0 = 0; p0 < n;) {
@@ -519,5 +520,5 @@ out:
     free(cd), free(ref_router), free(lr);
     kvd_engine_close(&mr);
     kvd_kvcache_free(&kr);
-    return rc;
+    return rc && !stepping ? -2 : rc;
 }

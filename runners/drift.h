@@ -126,7 +126,9 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
  * 2k; elsewhere one candidate after another. Each d[i] gets the figures a
  * kvd_drift_run of its mode alone gives, bit for bit, and in d[i].seconds
  * its own steps' time and a 1/n_modes share of the reference's. Every
- * candidate's cache, and its shadow, is held at once. */
+ * candidate's cache, and its shadow, is held at once. 0; -2 with err set
+ * when it failed before the first step (memory for the caches and models:
+ * fewer modes at once may fit); -1 with err set when a step failed. */
 int kvd_drift_run_modes(const kvd_backend *be, const kvd_weights *w, const uint32_t *tok,
                         const uint8_t *is_copy, const uint8_t *copy_start, int64_t n, int n_modes,
                         const kvd_kv_mode *modes, const kvd_kv_scales *const *scales,

@@ -518,6 +518,41 @@ static void drift_shared_reference(void **st) {
     kvd_kv_scales_free(&sc), kvd_kv_scales_free(&am);
 }
 
+/* kvd_drift_run_modes names where it failed: -2 before the first step (a
+ * candidate's cache refused, as memory for a group's caches would be: fewer
+ * modes at once may fit), -1 in a step (here a token outside the
+ * vocabulary), each with its message. */
+static void drift_failures(void **st) {
+    (void)st;
+    char err[KVD_ERR_LEN];
+    enum { N = 64 };
+    int32_t tok[N];
+    uint8_t none[N + 1] = {0};
+    kvd_tokens_synth(9, N, C.vocab_size, tok);
+    const int nf = kvd_config_n_full(&C);
+    kvd_kv_scales bad;
+    assert_int_equal(kvd_kv_scales_init(&bad, nf, C.num_key_value_heads), 0);
+    bad.k[1] = NAN;
+    const kvd_kv_mode modes[2] = {KVD_KV_FP8_UNSCALED, KVD_KV_FP8_CAL};
+    const kvd_kv_scales *scales[2] = {NULL, &bad};
+    kvd_drift_opts o;
+    kvd_drift_opts_defaults(&o);
+    o.gen_tokens = 0;
+    kvd_drift d[2];
+    for (int j = 0; j < 2; j++) assert_int_equal(kvd_drift_init(&d[j], &C, N), 0);
+    assert_int_equal(kvd_drift_run_modes(&kvd_backend_cpu, &W, (const uint32_t *)tok, none, none, N,
+                                         2, modes, scales, &o, d, err),
+                     -2);
+    assert_non_null(strstr(err, "expected positive finite scales"));
+    tok[40] = C.vocab_size; /* one past the last id */
+    assert_int_equal(kvd_drift_run_modes(&kvd_backend_cpu, &W, (const uint32_t *)tok, none, none, N,
+                                         1, modes, scales, &o, d, err),
+                     -1);
+    assert_non_null(strstr(err, "position 40"));
+    for (int j = 0; j < 2; j++) kvd_drift_free(&d[j]);
+    kvd_kv_scales_free(&bad);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(weights_pure),
@@ -529,6 +564,7 @@ int main(void) {
         cmocka_unit_test(sink_and_retrieval),
         cmocka_unit_test(calibration),
         cmocka_unit_test(drift_shared_reference),
+        cmocka_unit_test(drift_failures),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
