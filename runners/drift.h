@@ -114,7 +114,8 @@ static inline kvd_stat *kvd_drift_att_kvh(kvd_drift *d, int al, int h, int v, in
 
 /* Run the BF16 reference and candidate `mode` over the first n tokens of
  * tok (is_copy[i]: token i copies earlier content; copy_start[i]: it starts
- * a copy) on back end be, and accumulate into d. */
+ * a copy) on back end be, and accumulate into d. 0, or
+ * kvd_drift_run_modes' failure codes with err set. */
 int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *tok,
                   const uint8_t *is_copy, const uint8_t *copy_start, int64_t n, kvd_kv_mode mode,
                   const kvd_kv_scales *scales, const kvd_drift_opts *o, kvd_drift *d, char *err);

@@ -373,9 +373,12 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
                 snprintf(err, KVD_ERR_LEN, "attention: shadow KV cache out of blocks");
                 return -1;
             }
-            const size_t at = ((size_t)al * (m->ref ? m->ref->max_rows : 0) + r) * kvn;
-            kvd_kvcache_write(m->shadow, al, m->row_seq[r], m->pos[r],
-                              m->ref ? m->ref->held_k + at : k, m->ref ? m->ref->held_v + at : v);
+            const float *sk = k, *sv = v;
+            if (m->ref) {
+                const size_t at = ((size_t)al * m->ref->max_rows + r) * kvn;
+                sk = m->ref->held_k + at, sv = m->ref->held_v + at;
+            }
+            kvd_kvcache_write(m->shadow, al, m->row_seq[r], m->pos[r], sk, sv);
         }
     }
 
