@@ -741,12 +741,7 @@ static int throughput_cell(const kvd_weights *w, kvd_trace *traces, int n_traces
         ttft[i] = (kvd_now() - t_start) * 1e3;
     }
     double prefill_wall = kvd_now() - t_start;
-    for (int i = 0; i < C; i++) {
-        int a = 0;
-        for (int v = 1; v < V; v++)
-            if (logits[(size_t)i * V + v] > logits[(size_t)i * V + a]) a = v;
-        first[i] = a;
-    }
+    for (int i = 0; i < C; i++) first[i] = kvd_argmax(logits + (size_t)i * V, V);
     /* decoding: an untimed warm-up pass, then R timed ones, each over a
      * branch of every sequence as the prefill left it (the copies are not
      * timed; the branches are released after the pass). The first step's
@@ -843,14 +838,6 @@ out:
     return rc;
 }
 
-/* A finished drift cell's rows, and the cell, into the results. */
-static void keep_drift(kvd_results *res, const run_opts *o, const kvd_config *c, kvd_drift *d,
-                       kvd_kv_mode mode, int64_t ctx, int t, const kvd_trace *tr,
-                       const char *cell) {
-    drift_rows(res, d, c, mode, ctx, t, kvd_token_hash(tr->tokens, ctx), cell, o->attn_per_head);
-    mark_cell(res, cell, "drift", mode, 1, ctx, t, d->seconds);
-}
-
 /* The drift cells of one trace at one context, every mode's that the file
  * does not hold yet. Where the back end can (shadow_of_reference), modes
  * run in groups against one reference run, as many at once as a quarter
@@ -914,8 +901,9 @@ static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w
         double fit = room / each;
         group = fit >= np ? np : fit < 1 ? 1 : (int)fit;
     }
-    for (int g0 = 0, n; g0 < np; g0 += n) {
-        n = np - g0 < group ? np - g0 : group;
+    /* modes before alone_to run one at a time: a group of them failed in a step */
+    for (int g0 = 0, n, alone_to = 0; g0 < np; g0 += n) {
+        n = g0 < alone_to ? 1 : np - g0 < group ? np - g0 : group;
         kvd_drift d[KVD_KV_N_MODES];
         for (int j = 0; j < n; j++)
             if (kvd_drift_init(&d[j], c, ctx)) kvd_die(1, cmd, "out of memory");
@@ -929,46 +917,31 @@ static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w
         progress_show(pr, what);
         int rc = kvd_drift_run_modes(&o->be, w, tr->tokens, is_copy, start, ctx, n, modes + g0,
                                      scales + g0, &dop, d, err);
-        if (rc == -2 && n > 1) { /* no room for them all: half as many at once */
-            group = (n + 1) / 2;
-            fprintf(stderr, "\nkvdrift run: %d modes at once at %lld tokens: %s; trying %d\n", n,
-                    (long long)ctx, err, group);
-            for (int j = 0; j < n; j++) kvd_drift_free(&d[j]);
-            n = 0; /* this group again, smaller */
-            continue;
+        for (int j = 0; j < n && !rc; j++) {
+            drift_rows(res, &d[j], c, modes[g0 + j], ctx, t, kvd_token_hash(tr->tokens, ctx),
+                       cell[g0 + j], o->attn_per_head);
+            mark_cell(res, cell[g0 + j], "drift", modes[g0 + j], 1, ctx, t, d[j].seconds);
         }
-        if (rc && n > 1) {
-            fprintf(stderr,
-                    "\nkvdrift run: %d modes at once at %lld tokens: %s; running them one "
-                    "at a time\n",
-                    n, (long long)ctx, err);
-            for (int j = 0; j < n; j++) kvd_drift_free(&d[j]);
-            for (int j = 0; j < n; j++) {
-                kvd_drift d1;
-                if (kvd_drift_init(&d1, c, ctx)) kvd_die(1, cmd, "out of memory");
-                progress_show(pr, cell[g0 + j]);
-                if (kvd_drift_run(&o->be, w, tr->tokens, is_copy, start, ctx, modes[g0 + j],
-                                  scales[g0 + j], &dop, &d1, err)) {
-                    fprintf(stderr, "\nkvdrift run: cell %s: %s\n", cell[g0 + j], err);
-                    failed = 1;
-                } else {
-                    keep_drift(res, o, c, &d1, modes[g0 + j], ctx, t, tr, cell[g0 + j]);
-                    if (kvd_results_save(res, o->out, err)) kvd_die(1, cmd, "%s", err);
-                }
-                kvd_drift_free(&d1);
-                pr->done++;
+        for (int j = 0; j < n; j++) kvd_drift_free(&d[j]);
+        if (rc && n > 1) { /* this group again: half as large where it did not fit, else alone */
+            fprintf(stderr, "\nkvdrift run: %d modes at once at %lld tokens: %s; ", n,
+                    (long long)ctx, err);
+            if (rc == -2) {
+                group = (n + 1) / 2;
+                fprintf(stderr, "trying %d\n", group);
+            } else {
+                alone_to = g0 + n;
+                fprintf(stderr, "running them one at a time\n");
             }
+            n = 0;
             continue;
         }
         if (rc) {
             fprintf(stderr, "\nkvdrift run: cell %s: %s\n", cell[g0], err);
             failed = 1;
-        } else {
-            for (int j = 0; j < n; j++)
-                keep_drift(res, o, c, &d[j], modes[g0 + j], ctx, t, tr, cell[g0 + j]);
-            if (kvd_results_save(res, o->out, err)) kvd_die(1, cmd, "%s", err);
+        } else if (kvd_results_save(res, o->out, err)) {
+            kvd_die(1, cmd, "%s", err);
         }
-        for (int j = 0; j < n; j++) kvd_drift_free(&d[j]);
         pr->done += n;
     }
     free(is_copy), free(start);
