@@ -145,6 +145,11 @@ static int run_flag(run_opts *o, kvd_args *a, const char *f) {
         o->attn_per_head = 1;
     } else if (!strcmp(f, "--attn-fp8")) {
         o->dopt.attn_fp8 = 1;
+    } else if (!strcmp(f, "--fp8-overflow")) {
+        const char *val = kvd_args_value(a, f);
+        if (strcmp(val, "sat") && strcmp(val, "nan"))
+            kvd_die(KVD_EXIT_USAGE, cmd, "--fp8-overflow: expected sat or nan, got '%s'", val);
+        o->dopt.saturate = !strcmp(val, "sat");
     } else if (!strcmp(f, "--scales")) {
         o->scales_path = kvd_args_value(a, f);
     } else if (!strcmp(f, "--calib-tokens")) {
@@ -405,6 +410,11 @@ static void check_resume(const char *cmd, const char *path, const char *was_rev,
                      "%s holds cells run with %s, this run has %s (another CPU's BLAS kernels "
                      "round the sums otherwise)",
                      path, x, y);
+        else if (!strcmp(key, "fp8-saturate"))
+            snprintf(why, sizeof why,
+                     "%s holds cells run with --fp8-overflow %s, this run has "
+                     "--fp8-overflow %s",
+                     path, json_is_true(w) ? "sat" : "nan", json_is_true(v) ? "sat" : "nan");
         else if (!strcmp(key, "cuda-gemm"))
             snprintf(why, sizeof why,
                      "%s holds cells run with KVD_CUDA_GEMM=%s, this run has KVD_CUDA_GEMM=%s "
@@ -667,6 +677,14 @@ static void drift_rows(kvd_results *r, kvd_drift *d, const kvd_config *c, kvd_kv
     }
 }
 
+/* Under --fp8-overflow nan a non-finite activation is most likely the
+ * cache's doing: said after a failed cell's message. */
+static const char *overflow_hint(const run_opts *o) {
+    return o->dopt.saturate ? ""
+                            : " (under --fp8-overflow nan, an FP8 write past the format's range "
+                              "stores NaN or infinity)";
+}
+
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -843,9 +861,9 @@ out:
  * run in groups against one reference run, as many at once as a quarter
  * of this machine's memory holds caches for; each group's cells are
  * written when it ends. A group that does not fit (its caches or models,
- * on the device say) tries again half as large; one that fails in a step
- * (NaN in one mode's activations) runs again one mode at a time, so that
- * a failure costs only its own cell. 1 when a cell failed. */
+ * on the device say) tries again half as large; a mode that fails in a
+ * step (NaN in its activations) drops out of its group, which runs on, so
+ * that a failure costs only its own cell. 1 when a cell failed. */
 static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w,
                        const kvd_trace *tr, int64_t ctx, int t, const kvd_kv_scales *const *msc,
                        progress *pr) {
@@ -901,9 +919,8 @@ static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w
         double fit = room / each;
         group = fit >= np ? np : fit < 1 ? 1 : (int)fit;
     }
-    /* modes before alone_to run one at a time: a group of them failed in a step */
-    for (int g0 = 0, n, alone_to = 0; g0 < np; g0 += n) {
-        n = g0 < alone_to ? 1 : np - g0 < group ? np - g0 : group;
+    for (int g0 = 0, n; g0 < np; g0 += n) {
+        n = np - g0 < group ? np - g0 : group;
         kvd_drift d[KVD_KV_N_MODES];
         for (int j = 0; j < n; j++)
             if (kvd_drift_init(&d[j], c, ctx)) kvd_die(1, cmd, "out of memory");
@@ -917,31 +934,30 @@ static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w
         progress_show(pr, what);
         int rc = kvd_drift_run_modes(&o->be, w, tr->tokens, is_copy, start, ctx, n, modes + g0,
                                      scales + g0, &dop, d, err);
-        for (int j = 0; j < n && !rc; j++) {
-            drift_rows(res, &d[j], c, modes[g0 + j], ctx, t, kvd_token_hash(tr->tokens, ctx),
-                       cell[g0 + j], o->attn_per_head);
-            mark_cell(res, cell[g0 + j], "drift", modes[g0 + j], 1, ctx, t, d[j].seconds);
-        }
-        for (int j = 0; j < n; j++) kvd_drift_free(&d[j]);
-        if (rc && n > 1) { /* this group again: half as large where it did not fit, else alone */
-            fprintf(stderr, "\nkvdrift run: %d modes at once at %lld tokens: %s; ", n,
-                    (long long)ctx, err);
-            if (rc == -2) {
-                group = (n + 1) / 2;
-                fprintf(stderr, "trying %d\n", group);
-            } else {
-                alone_to = g0 + n;
-                fprintf(stderr, "running them one at a time\n");
-            }
+        if (rc == -2 && n > 1) { /* this group again, half as large */
+            for (int j = 0; j < n; j++) kvd_drift_free(&d[j]);
+            group = (n + 1) / 2;
+            fprintf(stderr, "\nkvdrift run: %d modes at once at %lld tokens: %s; trying %d\n", n,
+                    (long long)ctx, err, group);
             n = 0;
             continue;
         }
-        if (rc) {
-            fprintf(stderr, "\nkvdrift run: cell %s: %s\n", cell[g0], err);
-            failed = 1;
-        } else if (kvd_results_save(res, o->out, err)) {
-            kvd_die(1, cmd, "%s", err);
+        /* a mode whose step failed dropped out; the others ran through */
+        int kept = 0;
+        for (int j = 0; j < n; j++) {
+            if (d[j].failed) {
+                fprintf(stderr, "\nkvdrift run: cell %s: %s%s\n", cell[g0 + j], d[j].error,
+                        overflow_hint(o));
+                failed = 1;
+            } else {
+                drift_rows(res, &d[j], c, modes[g0 + j], ctx, t, kvd_token_hash(tr->tokens, ctx),
+                           cell[g0 + j], o->attn_per_head);
+                mark_cell(res, cell[g0 + j], "drift", modes[g0 + j], 1, ctx, t, d[j].seconds);
+                kept++;
+            }
+            kvd_drift_free(&d[j]);
         }
+        if (kept && kvd_results_save(res, o->out, err)) kvd_die(1, cmd, "%s", err);
         pr->done += n;
     }
     free(is_copy), free(start);
@@ -979,7 +995,10 @@ static void print_summary(const kvd_results *r, const run_opts *o) {
             double ks, vf; /* the shares of K saturated and V flushed */
             kvd_results_kv_shares(r, mode, o->ctx[ci], &ks, &vf);
             printf("%-13s %8lld", mode, (long long)o->ctx[ci]);
-            if (drift) {
+            if (drift && isnan(v[0])) { /* no trace's cell finished */
+                printf(" %11s %11s %10s %11s %11s %8s %9s %9s", "failed", "-", "-", "-", "-", "-",
+                       "-", "-");
+            } else if (drift) {
                 printf(" %11.3e %11.3e %10.4f %11.3e %11.3e", v[0], v[1], v[2], v[3],
                        den > 0 ? num / den : NAN);
                 if (isfinite(v[4]))
@@ -1000,7 +1019,10 @@ static void print_summary(const kvd_results *r, const run_opts *o) {
                         x->concurrency == o->conc[k])
                         d = x->decode_tok_s;
                 }
-                printf("  %14.1f", d);
+                if (isnan(d))
+                    printf("  %14s", "failed");
+                else
+                    printf("  %14.1f", d);
             }
             printf("\n");
         }
@@ -1033,6 +1055,11 @@ static const char *const run_help =
     "  --attn-fp8           E4M3 modes compute attention in FP8 as FlashAttention 3 does: the\n"
     "                       query in E4M3 (fp8-cal: calibrated q scales; others 1.0), the\n"
     "                       softmax weights rounded to E4M3\n"
+    "  --fp8-overflow sat|nan  an FP8 write past the format's largest value: saturates, as\n"
+    "                       the engines' kernels write (default sat), or becomes NaN (E4M3)\n"
+    "                       or infinity (E5M2), as a plain cast does; a cell whose\n"
+    "                       activations then turn non-finite fails and is named, the others\n"
+    "                       are kept\n"
     "  --calib-tokens N     held-out calibration trace length (default " KVD_CALIB_TOKENS_TEXT ")\n"
     "  --sample-every K     attention figures every K positions and at copy starts (default 16)\n"
     "  --gen-tokens N       greedy tokens from prefixes of 1/4, 1/2 and all of the context "
@@ -1271,7 +1298,7 @@ int kvd_cmd_run(int argc, char **argv) {
                 kvd_row_tput row;
                 memset(&row, 0, sizeof row);
                 if (throughput_cell(&w, ctr, o.traces, mode, msc, o.conc[k], ctx, &o, &row, err)) {
-                    fprintf(stderr, "\nkvdrift run: cell %s: %s\n", cell, err);
+                    fprintf(stderr, "\nkvdrift run: cell %s: %s%s\n", cell, err, overflow_hint(&o));
                     failed = 1;
                 } else {
                     snprintf(row.mode, sizeof row.mode, "%s", kvd_kv_mode_name(mode));

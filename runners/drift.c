@@ -274,8 +274,23 @@ typedef struct {
     kvd_kvcache kc, ks;
     kvd_engine mc;
     lockstep L;
-    float *lc; /* its last step's last row's logits */
+    float *lc;  /* its last step's last row's logits */
+    int failed; /* a step failed: it has dropped out of the lock step */
 } candidate;
+
+static int alive_count(const candidate *cd, int k) {
+    int alive = 0;
+    for (int i = 0; i < k; i++) alive += !cd[i].failed;
+    return alive;
+}
+
+/* Candidate j's step failed with the message in err: it drops out, and
+ * its figures say why. The number of candidates still running. */
+static int drop_out(candidate *cd, int k, int j, kvd_drift *d, const char *err) {
+    cd[j].failed = d[j].failed = 1;
+    snprintf(d[j].error, sizeof d[j].error, "%s", err);
+    return alive_count(cd, k);
+}
 
 /* Greedy continuation of the reference and each candidate from the same
  * prefix: each branches its own sequence (cache and recurrent state) and
@@ -286,13 +301,14 @@ static int generate(kvd_engine *mr, kvd_kvcache *kr, candidate *cd, int k, int64
     int sr = kvd_engine_fork(mr, kr, 0), *sc = malloc(sizeof(int) * (size_t)k);
     int32_t *tc = malloc(sizeof(int32_t) * (size_t)k);
     float *lr = malloc(sizeof(float) * (size_t)V);
-    int i = 0, rc = -1;
+    int i = 0, rc = -1, alive = 0;
     if (!sc || !tc || !lr) {
         snprintf(err, KVD_ERR_LEN, "generation: out of memory");
         goto out;
     }
+    for (int j = 0; j < k; j++) sc[j] = -1;
     for (i = 0; i < k && sr >= 0; i++)
-        if ((sc[i] = kvd_engine_fork(&cd[i].mc, &cd[i].kc, 0)) < 0) break;
+        if (!cd[i].failed && (sc[i] = kvd_engine_fork(&cd[i].mc, &cd[i].kc, 0)) < 0) break;
     if (sr < 0 || i < k) {
         snprintf(err, KVD_ERR_LEN, "generation: KV cache has no room to branch at %lld tokens",
                  (long long)prefix);
@@ -300,6 +316,7 @@ static int generate(kvd_engine *mr, kvd_kvcache *kr, candidate *cd, int k, int64
     }
     int32_t tr = kvd_argmax(last_r, V);
     for (int j = 0; j < k; j++) {
+        alive += !cd[j].failed;
         kvd_gen_result *g = &d[j].gen[d[j].n_gen];
         tc[j] = kvd_argmax(cd[j].lc, V);
         *g = (kvd_gen_result){prefix, ntok, ntok, 0};
@@ -317,22 +334,31 @@ static int generate(kvd_engine *mr, kvd_kvcache *kr, candidate *cd, int k, int64
         if (t + 1 == ntok) break;
         kvd_batch br = {1, &sr, &one, &tr};
         double t0 = kvd_now();
-        if (kvd_engine_forward(mr, kr, &br, lr, 1, err)) goto out;
-        double share = (kvd_now() - t0) / k;
+        if (kvd_engine_forward(mr, kr, &br, lr, 1, err)) {
+            kvd_err_prefix(err, "the bf16 reference");
+            goto out;
+        }
+        double share = (kvd_now() - t0) / alive;
         for (int j = 0; j < k; j++) {
+            if (cd[j].failed) continue;
             kvd_batch bc = {1, &sc[j], &one, &tc[j]};
             t0 = kvd_now();
-            if (kvd_engine_forward(&cd[j].mc, &cd[j].kc, &bc, cd[j].lc, 1, err)) goto out;
+            if (kvd_engine_forward(&cd[j].mc, &cd[j].kc, &bc, cd[j].lc, 1, err)) {
+                if (!(alive = drop_out(cd, k, j, d, err))) break;
+                continue;
+            }
             tc[j] = kvd_argmax(cd[j].lc, V);
             d[j].seconds += kvd_now() - t0 + share;
         }
+        if (!alive) break;
         tr = kvd_argmax(lr, V);
     }
-    for (int j = 0; j < k; j++) d[j].n_gen++;
+    for (int j = 0; j < k; j++) d[j].n_gen += !cd[j].failed;
     rc = 0;
 out:
     if (sr >= 0) kvd_kvcache_release(kr, sr);
-    for (int j = 0; j < i; j++) kvd_kvcache_release(&cd[j].kc, sc[j]);
+    for (int j = 0; j < k && sc; j++)
+        if (sc[j] >= 0) kvd_kvcache_release(&cd[j].kc, sc[j]);
     free(sc), free(tc), free(lr);
     return rc;
 }
@@ -399,22 +425,30 @@ int kvd_drift_run_modes(const kvd_backend *be, const kvd_weights *w, const uint3
                         const kvd_drift_opts *o, kvd_drift *d, char *err) {
     const int cand_side = be->ops->shadow_of_reference;
     if (n_modes > 1 && !cand_side) { /* the reference holds the one shadow */
-        for (int j = 0; j < n_modes; j++)
-            if (kvd_drift_run_modes(be, w, tok, is_copy, copy_start, n, 1, modes + j, scales + j, o,
-                                    d + j, err))
-                return -1;
-        return 0;
+        int rc = 0;
+        char one[KVD_ERR_LEN];
+        for (int j = 0; j < n_modes; j++) {
+            /* d[j].failed is set by any failure (alone, fewer at once cannot help) */
+            int r = kvd_drift_run_modes(be, w, tok, is_copy, copy_start, n, 1, modes + j,
+                                        scales + j, o, d + j, one);
+            if (r && !rc) snprintf(err, KVD_ERR_LEN, "%s: %s", kvd_kv_mode_name(modes[j]), one);
+            rc |= r;
+        }
+        return rc ? -1 : 0;
     }
     const kvd_config *c = &w->cfg;
     const int R = 256, V = c->vocab_size, k = n_modes;
     const int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads;
+    for (int j = 0; j < k; j++) d[j].failed = 0, d[j].error[0] = 0;
     /* in whole blocks: the trace's, and a branch's (a copy of up to n
      * tokens, growing by gen_tokens); counted in tokens, two sequences'
      * partial blocks could leave the branch a block short */
     const int64_t B = KVD_KV_BLOCK;
     int64_t cap = B * ((n + B - 1) / B + (o->n_gen > 0 ? (n + o->gen_tokens + B - 1) / B : 0));
     kvd_kvcache kr;
-    int rc = -1, stepping = 0;
+    /* whole: a failure now is the whole run's (before the steps, or the
+     * reference's), so every candidate's */
+    int rc = -1, stepping = 0, alive = k, whole = 1;
     memset(&kr, 0, sizeof kr);
     kvd_engine mr = {0};
     candidate *cd = calloc((size_t)k, sizeof *cd);
@@ -480,22 +514,31 @@ int kvd_drift_run_modes(const kvd_backend *be, const kvd_weights *w, const uint3
         for (int j = 0; j < k; j++) cd[j].L.p0 = p0, cd[j].L.rows = rows, cd[j].L.side = 1;
         cd[0].L.side = 0; /* the reference's routed experts into side 0 */
         double t0 = kvd_now();
-        if (kvd_engine_forward(&mr, &kr, &br, lr, 1, err)) goto out;
-        double share = (kvd_now() - t0) / k;
+        if (kvd_engine_forward(&mr, &kr, &br, lr, 1, err)) {
+            kvd_err_prefix(err, "the bf16 reference");
+            goto out;
+        }
+        double share = (kvd_now() - t0) / alive;
         cd[0].L.side = 1;
         for (int j = 0; j < k; j++) {
+            if (cd[j].failed) continue;
             t0 = kvd_now();
-            if (kvd_engine_forward(&cd[j].mc, &cd[j].kc, &bc, cd[j].lc, 1, err)) goto out;
+            if (kvd_engine_forward(&cd[j].mc, &cd[j].kc, &bc, cd[j].lc, 1, err)) {
+                alive = drop_out(cd, k, j, d, err);
+                continue;
+            }
             compare_chunk(&cd[j].L, lr, cd[j].lc, tok, n);
             chunk_attention(&cd[j].L, n);
             d[j].seconds += kvd_now() - t0 + share;
         }
         p0 = end;
+        if (!alive) break;
         if (gi < o->n_gen && o->gen_prefix[gi] == end && o->gen_tokens > 0) {
             if (lockstep_hooks(&mr, cd, k, cand_side, 0, err) ||
                 generate(&mr, &kr, cd, k, end, o->gen_tokens, lr, V, d, err) ||
                 lockstep_hooks(&mr, cd, k, cand_side, 1, err))
                 goto out;
+            if (!(alive = alive_count(cd, k))) break;
             gi++;
         }
     }
@@ -508,8 +551,18 @@ int kvd_drift_run_modes(const kvd_backend *be, const kvd_weights *w, const uint3
                 d[j].v_scale[l * kvh + h] = cd[j].kc.v_scale[l * kvh + h];
             }
         }
-    rc = 0;
+    rc = alive < k ? -1 : 0, whole = 0;
+    /* the run's message: a failed candidate's, named where there are several */
+    for (int j = 0; j < k && rc; j++)
+        if (d[j].failed) {
+            snprintf(err, KVD_ERR_LEN, "%s", d[j].error);
+            if (k > 1) kvd_err_prefix(err, kvd_kv_mode_name(modes[j]));
+            break;
+        }
 out:
+    /* a failure of the whole run (before the steps, or the reference's) is every candidate's */
+    for (int j = 0; j < k && rc && whole; j++)
+        if (!d[j].failed) d[j].failed = 1, snprintf(d[j].error, sizeof d[j].error, "%s", err);
     for (int j = 0; cd && j < k; j++) {
         candidate *e = &cd[j];
         free(e->L.slots), free(e->L.hrel), free(e->L.hcos), free(e->L.lcmp), free(e->L.router[1]);

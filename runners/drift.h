@@ -95,6 +95,10 @@ typedef struct {
     int n_gen;
     kvd_gen_result gen[KVD_MAX_GEN];
     double seconds; /* wall time this candidate cost (kvd_drift_run_modes) */
+    /* set by kvd_drift_run_modes when this candidate's run failed (its
+     * figures are then partial): why, as err would give it */
+    int failed;
+    char error[KVD_ERR_LEN];
 } kvd_drift;
 
 int kvd_drift_init(kvd_drift *d, const kvd_config *c, int64_t max_tokens);
@@ -126,10 +130,15 @@ int kvd_drift_run(const kvd_backend *be, const kvd_weights *w, const uint32_t *t
  * after the same reference step, so k candidates cost k + 1 model runs, not
  * 2k; elsewhere one candidate after another. Each d[i] gets the figures a
  * kvd_drift_run of its mode alone gives, bit for bit, and in d[i].seconds
- * its own steps' time and a 1/n_modes share of the reference's. Every
- * candidate's cache, and its shadow, is held at once. 0; -2 with err set
- * when it failed before the first step (memory for the caches and models:
- * fewer modes at once may fit); -1 with err set when a step failed. */
+ * its own steps' time and an equal share, with the candidates still
+ * running, of the reference's. Every candidate's cache, and its shadow, is
+ * held at once. A candidate whose step fails (a non-finite activation,
+ * say) drops out with d[i].failed and d[i].error set; the others run on,
+ * their figures unchanged. 0 when every candidate ran through; -2 with err
+ * set when it failed before the first step (memory for the caches and
+ * models: fewer modes at once may fit); -1 with err set when a step failed
+ * (the first failure, named by its mode when there are several; a
+ * failure of the reference's fails every candidate). */
 int kvd_drift_run_modes(const kvd_backend *be, const kvd_weights *w, const uint32_t *tok,
                         const uint8_t *is_copy, const uint8_t *copy_start, int64_t n, int n_modes,
                         const kvd_kv_mode *modes, const kvd_kv_scales *const *scales,

@@ -71,6 +71,7 @@ expect 2 "--tokens: expected an integer in 1\.\." -- forward --model tiny --toke
 expect 2 "--tokens: expected an integer in 1\.\..*got '-5'" -- forward --model tiny --tokens -5
 expect 2 "--kv: unknown mode 'fp4'" -- forward --model tiny --kv bf16,fp4
 expect 2 "--fp8-overflow: expected sat or nan" -- forward --model tiny --fp8-overflow wrap
+expect 2 "--fp8-overflow: expected sat or nan" -- run --model tiny --fp8-overflow NaN -o "$work/x.h5"
 expect 2 "scales.json: field 'layers': expected 2 entries" -- forward --model tiny --tokens 8 --scales "$work/scales.json"
 expect 2 "nope.json: cannot open" -- forward --model tiny --tokens 8 --scales "$work/nope.json"
 expect 2 "expected -o DIR" -- export --model tiny

@@ -367,6 +367,41 @@ assert note in open(sys.argv[7]).read() and note not in open(sys.argv[6]).read()
 assert note in open(sys.argv[8]).read()
 PY
 
+# --fp8-overflow nan (a plain cast, no saturation): fp8-unscaled, whose
+# values overflow E4M3 (fa0 saturated them), stores NaN, fails in a step and
+# is named; it drops out of its group, and every mode kept has fa0's figures
+# (only a mode that saturated in fa0 can fail: past 464 a value is NaN, from
+# 448 to 464 it rounds to 448 either way)
+"$bin" "${fa[@]}" --fp8-overflow nan -o "$work/ov.h5" >"$work/ov.out" 2>"$work/ov.err"; rc=$?
+[ $rc -eq 1 ] && grep -q "^kvdrift run: cell drift_fp8-unscaled_c1_ctx256_t0: non-finite activation .* at sequence 0, position [0-9]*, hidden dim [0-9]* (under --fp8-overflow nan, an FP8 write past the format's range stores NaN or infinity)$" "$work/ov.err" &&
+  grep -q "^fp8-unscaled *256 *failed " "$work/ov.out" &&
+  ok || bad "run --fp8-overflow nan: exit $rc, $(cat "$work/ov.err" "$work/ov.out")"
+"$py" - "$work/fa0.h5" "$work/ov.h5" <<'PY' && ok || bad "run --fp8-overflow nan: the cells kept differ from a saturating run's"
+import json, sys, h5py, numpy as np
+a, b = (h5py.File(p, "r") for p in sys.argv[1:3])
+sa, sb = json.loads(a.attrs["run_settings"]), json.loads(b.attrs["run_settings"])
+assert sa.pop("fp8-saturate") is True and sb.pop("fp8-saturate") is False and sa == sb
+kv = a["/drift/kv"][:]
+kept = set(m.decode() for m in b["/cells"][:]["mode"])
+failed = []
+for mode in ("bf16", "fp8-cal", "fp8-unscaled", "fp8-e5m2"):
+    if mode not in kept:
+        k = kv[kv["mode"] == mode.encode()]
+        assert ((k["k_saturated_frac"] > 0) | (k["v_saturated_frac"] > 0)).any(), mode
+        failed.append(mode)
+        continue
+    for t in ("output", "layers", "attention", "summary", "kv"):
+        x, y = a["/drift/" + t][:], b["/drift/" + t][:]
+        x, y = x[x["mode"] == mode.encode()], y[y["mode"] == mode.encode()]
+        assert len(x) and len(x) == len(y), (mode, t)
+        for n in x.dtype.names:
+            f = x[n].dtype.kind == "f"
+            assert np.array_equal(x[n], y[n], equal_nan=f), (mode, t, n)
+assert "fp8-unscaled" in failed and {"bf16", "fp8-e5m2"} <= kept, (failed, kept)
+PY
+cp "$work/ov.h5" "$work/ov.before"
+resume_refused "$work/ov.h5" "$work/ov.before" "ov.h5 holds cells run with --fp8-overflow nan, this run has --fp8-overflow sat" "$bin" "${fa[@]}"
+
 # resuming: a file's cells ran under its settings, model and traces; a run
 # that differs in any of them is refused and leaves the file as it was, one
 # that only adds cells resumes

@@ -544,13 +544,71 @@ static void drift_failures(void **st) {
                                          2, modes, scales, &o, d, err),
                      -2);
     assert_non_null(strstr(err, "expected positive finite scales"));
+    for (int j = 0; j < 2; j++) assert_true(d[j].failed && !strcmp(d[j].error, err));
+    /* the reference's failure is every candidate's */
     tok[40] = C.vocab_size; /* one past the last id */
+    const kvd_kv_mode two[2] = {KVD_KV_FP8_UNSCALED, KVD_KV_FP8_E5M2};
+    const kvd_kv_scales *unscaled[2] = {NULL, NULL};
     assert_int_equal(kvd_drift_run_modes(&kvd_backend_cpu, &W, (const uint32_t *)tok, none, none, N,
-                                         1, modes, scales, &o, d, err),
+                                         2, two, unscaled, &o, d, err),
                      -1);
+    assert_non_null(strstr(err, "the bf16 reference: "));
     assert_non_null(strstr(err, "position 40"));
+    for (int j = 0; j < 2; j++) assert_true(d[j].failed && !strcmp(d[j].error, err));
     for (int j = 0; j < 2; j++) kvd_drift_free(&d[j]);
     kvd_kv_scales_free(&bad);
+}
+
+/* A candidate whose step fails drops out of the lock step and the others
+ * run on: E4M3 written without saturation (--fp8-overflow nan) stores NaN
+ * where the unscaled cache overflows, so fp8-unscaled's activations turn
+ * non-finite early; bf16 and fp8-e5m2 (whose range holds every value) get
+ * the figures each gets alone, bit for bit, generations included. */
+static void drift_drop_out(void **st) {
+    (void)st;
+    char err[KVD_ERR_LEN];
+    enum { N = 400, K = 3 };
+    int32_t tok[N];
+    uint8_t none[N + 1] = {0};
+    kvd_tokens_synth(23, N, C.vocab_size, tok);
+    const kvd_kv_mode modes[K] = {KVD_KV_BF16, KVD_KV_FP8_UNSCALED, KVD_KV_FP8_E5M2};
+    const kvd_kv_scales *scales[K] = {NULL, NULL, NULL};
+    kvd_drift_opts o;
+    kvd_drift_opts_defaults(&o);
+    o.saturate = 0;
+    o.gen_tokens = 6;
+    o.n_gen = 2;
+    o.gen_prefix[0] = 100, o.gen_prefix[1] = 300;
+    kvd_drift group[K], alone;
+    for (int j = 0; j < K; j++) assert_int_equal(kvd_drift_init(&group[j], &C, N), 0);
+    assert_int_equal(kvd_drift_run_modes(&kvd_backend_cpu, &W, (const uint32_t *)tok, none, none, N,
+                                         K, modes, scales, &o, group, err),
+                     -1);
+    assert_non_null(strstr(err, "fp8-unscaled: non-finite activation"));
+    assert_true(group[1].failed);
+    assert_non_null(strstr(group[1].error, "non-finite activation"));
+    assert_null(strstr(group[1].error, "fp8-unscaled")); /* its own message: the caller names it */
+    for (int j = 0; j < K; j += 2) {
+        assert_false(group[j].failed);
+        assert_int_equal(kvd_drift_init(&alone, &C, N), 0);
+        assert_int_equal(kvd_drift_run(&kvd_backend_cpu, &W, (const uint32_t *)tok, none, none, N,
+                                       modes[j], NULL, &o, &alone, err),
+                         0);
+        assert_false(alone.failed);
+        same_drift(&group[j], &alone);
+        assert_int_equal(alone.n_gen, 2);
+        kvd_drift_free(&alone);
+    }
+    /* alone, the failing mode fails as it did in the group */
+    assert_int_equal(kvd_drift_init(&alone, &C, N), 0);
+    assert_int_equal(kvd_drift_run(&kvd_backend_cpu, &W, (const uint32_t *)tok, none, none, N,
+                                   modes[1], NULL, &o, &alone, err),
+                     -1);
+    assert_true(alone.failed);
+    assert_string_equal(alone.error, group[1].error);
+    assert_string_equal(err, group[1].error);
+    kvd_drift_free(&alone);
+    for (int j = 0; j < K; j++) kvd_drift_free(&group[j]);
 }
 
 int main(void) {
@@ -565,6 +623,7 @@ int main(void) {
         cmocka_unit_test(calibration),
         cmocka_unit_test(drift_shared_reference),
         cmocka_unit_test(drift_failures),
+        cmocka_unit_test(drift_drop_out),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
