@@ -473,6 +473,27 @@ static void mark_cell(kvd_results *r, const char *cell, const char *kind, kvd_kv
     row->trace = trace;
     utc_now(row->completed_utc, sizeof row->completed_utc);
     row->seconds = secs;
+    kvd_results_forget_failure(r, cell);
+}
+
+/* A cell that failed: named on stderr with why, and kept in /failures
+ * (its last try's), so that a report says why its figures are missing. */
+static void fail_cell(kvd_results *r, const run_opts *o, const char *cell, const char *kind,
+                      kvd_kv_mode m, int c, int64_t ctx, int trace, const char *why) {
+    const char *hint = o->dopt.saturate ? ""
+                                        : " (under --fp8-overflow nan, an FP8 write past the "
+                                          "format's range stores NaN or infinity)";
+    fprintf(stderr, "\nkvdrift run: cell %s: %s%s\n", cell, why, hint);
+    kvd_results_forget_failure(r, cell);
+    kvd_row_failure *row = kvd_results_add(r, KVD_T_FAIL);
+    snprintf(row->cell, sizeof row->cell, "%s", cell);
+    snprintf(row->kind, sizeof row->kind, "%s", kind);
+    snprintf(row->mode, sizeof row->mode, "%s", kvd_kv_mode_name(m));
+    row->concurrency = c;
+    row->context = ctx;
+    row->trace = trace;
+    utc_now(row->failed_utc, sizeof row->failed_utc);
+    snprintf(row->message, sizeof row->message, "%s%s", why, hint);
 }
 
 static void bucket_range(int b, int64_t *lo, int64_t *hi) {
@@ -675,14 +696,6 @@ static void drift_rows(kvd_results *r, kvd_drift *d, const kvd_config *c, kvd_kv
         row->first_divergence = d->gen[g].first_divergence;
         row->agree_rate = d->gen[g].tokens ? (double)d->gen[g].agree / d->gen[g].tokens : NAN;
     }
-}
-
-/* Under --fp8-overflow nan a non-finite activation is most likely the
- * cache's doing: said after a failed cell's message. */
-static const char *overflow_hint(const run_opts *o) {
-    return o->dopt.saturate ? ""
-                            : " (under --fp8-overflow nan, an FP8 write past the format's range "
-                              "stores NaN or infinity)";
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -943,21 +956,18 @@ static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w
             continue;
         }
         /* a mode whose step failed dropped out; the others ran through */
-        int kept = 0;
         for (int j = 0; j < n; j++) {
             if (d[j].failed) {
-                fprintf(stderr, "\nkvdrift run: cell %s: %s%s\n", cell[g0 + j], d[j].error,
-                        overflow_hint(o));
+                fail_cell(res, o, cell[g0 + j], "drift", modes[g0 + j], 1, ctx, t, d[j].error);
                 failed = 1;
             } else {
                 drift_rows(res, &d[j], c, modes[g0 + j], ctx, t, kvd_token_hash(tr->tokens, ctx),
                            cell[g0 + j], o->attn_per_head);
                 mark_cell(res, cell[g0 + j], "drift", modes[g0 + j], 1, ctx, t, d[j].seconds);
-                kept++;
             }
             kvd_drift_free(&d[j]);
         }
-        if (kept && kvd_results_save(res, o->out, err)) kvd_die(1, cmd, "%s", err);
+        if (kvd_results_save(res, o->out, err)) kvd_die(1, cmd, "%s", err);
         pr->done += n;
     }
     free(is_copy), free(start);
@@ -1153,6 +1163,8 @@ int kvd_cmd_run(int argc, char **argv) {
                 "another file (-o), or remove it to start over",
                 err);
     const int resuming = res.t[KVD_T_CELLS].n > 0;
+    /* a file without finished cells starts over: its failures were another sweep's */
+    if (!resuming) res.t[KVD_T_FAIL].n = 0;
     /* an older file's cells lack figures this version keeps: finishing it
      * would write them as zeros under the newer version */
     if (resuming && res.schema_version != KVD_SCHEMA_VERSION)
@@ -1298,7 +1310,8 @@ int kvd_cmd_run(int argc, char **argv) {
                 kvd_row_tput row;
                 memset(&row, 0, sizeof row);
                 if (throughput_cell(&w, ctr, o.traces, mode, msc, o.conc[k], ctx, &o, &row, err)) {
-                    fprintf(stderr, "\nkvdrift run: cell %s: %s%s\n", cell, err, overflow_hint(&o));
+                    fail_cell(&res, &o, cell, "throughput", mode, o.conc[k], ctx, -1, err);
+                    if (kvd_results_save(&res, o.out, err)) kvd_die(1, cmd, "%s", err);
                     failed = 1;
                 } else {
                     snprintf(row.mode, sizeof row.mode, "%s", kvd_kv_mode_name(mode));

@@ -100,6 +100,11 @@ static const kvd_coldef c_cells[] = {
     S(kvd_row_cell, cell, 64),          S(kvd_row_cell, kind, 12),  S(kvd_row_cell, mode, 16),
     I32(kvd_row_cell, concurrency),     I64(kvd_row_cell, context), I32(kvd_row_cell, trace),
     S(kvd_row_cell, completed_utc, 24), F64(kvd_row_cell, seconds)};
+static const kvd_coldef c_fail[] = {
+    S(kvd_row_failure, cell, 64),       S(kvd_row_failure, kind, 12),
+    S(kvd_row_failure, mode, 16),       I32(kvd_row_failure, concurrency),
+    I64(kvd_row_failure, context),      I32(kvd_row_failure, trace),
+    S(kvd_row_failure, failed_utc, 24), S(kvd_row_failure, message, 512)};
 
 /* Pooled output KL of a (mode, context, subset), every trace's positions
  * sorted together: kvd_results_summary's percentiles read it. */
@@ -126,7 +131,7 @@ const kvd_kl_pct kvd_kl_percentiles[] = {
     {"kl_p01", 0.01}, {"kl_p00_1", 0.001}, {"kl_min", 0.0},  {NULL, 0}};
 
 #define TABLE(p, d, T, c)                                                                          \
-    { p, d, sizeof(T), c, (int)(sizeof c / sizeof c[0]), NULL, 0, 0 }
+    { p, d, sizeof(T), c, (int)(sizeof c / sizeof c[0]), NULL, 0, 0, 0 }
 
 void kvd_results_init(kvd_results *r) {
     memset(r, 0, sizeof *r);
@@ -171,7 +176,12 @@ void kvd_results_init(kvd_results *r) {
               "cells that ran together against one reference run: each its own model steps and "
               "an equal share of the reference's)",
               kvd_row_cell, c_cells),
+        TABLE("/failures",
+              "every cell that did not finish in the run that last tried it, and why (the "
+              "message run printed); a cell that finishes on a rerun leaves this table",
+              kvd_row_failure, c_fail),
     };
+    t[KVD_T_FAIL].since = KVD_SCHEMA_FAILURES;
     memcpy(r->t, t, sizeof t);
     r->kl_cache = calloc(1, sizeof *r->kl_cache);
     r->schema_version = KVD_SCHEMA_VERSION;
@@ -208,6 +218,27 @@ void *kvd_results_add_rows(kvd_results *r, int ti, int64_t n) {
 
 void *kvd_results_add(kvd_results *r, int ti) {
     return kvd_results_add_rows(r, ti, 1);
+}
+
+const kvd_row_failure *kvd_results_failure(const kvd_results *r, const char *cell) {
+    const kvd_table *t = &r->t[KVD_T_FAIL];
+    for (int64_t i = 0; i < t->n; i++)
+        if (!strcmp(KVD_ROW(t, kvd_row_failure, i)->cell, cell))
+            return KVD_ROW(t, kvd_row_failure, i);
+    return NULL;
+}
+
+void kvd_results_forget_failure(kvd_results *r, const char *cell) {
+    kvd_table *t = &r->t[KVD_T_FAIL];
+    int64_t k = 0;
+    for (int64_t i = 0; i < t->n; i++) {
+        if (!strcmp(KVD_ROW(t, kvd_row_failure, i)->cell, cell)) continue;
+        if (k != i)
+            memcpy(t->rows + (size_t)k * t->row_size, t->rows + (size_t)i * t->row_size,
+                   t->row_size);
+        k++;
+    }
+    t->n = k;
 }
 
 int kvd_results_has_cell(const kvd_results *r, const char *cell) {
@@ -807,7 +838,7 @@ static int load(kvd_results *r, const char *path, int positions, char *err) {
     }
     r->schema_version = ver;
     for (int i = 0; i < KVD_T_N && !rc; i++) /* version 1 has no per-position tables */
-        if (!per_position(i) || (ver > 1 && positions))
+        if ((!per_position(i) || (ver > 1 && positions)) && r->t[i].since <= ver)
             rc = read_table(f, &r->t[i], path, err, ver);
     kl_cache_clear(r->kl_cache);
     if (!rc) rc = check_token_sets(r, path, err);
@@ -936,7 +967,9 @@ void kvd_results_schema_md(FILE *f) {
     fprintf(f, "## Tables (schema version %d)\n\n", KVD_SCHEMA_VERSION);
     for (int i = 0; i < KVD_T_N; i++) {
         const kvd_table *t = &r.t[i];
-        fprintf(f, "### `%s`\n\n%s.\n\n| column | type |\n| --- | --- |\n", t->path, t->doc);
+        fprintf(f, "### `%s`\n\n%s", t->path, t->doc);
+        if (t->since) fprintf(f, " (schema version %d on)", t->since);
+        fprintf(f, ".\n\n| column | type |\n| --- | --- |\n");
         for (int c = 0; c < t->ncols; c++) {
             fprintf(f, "| `%s` | %s", t->cols[c].name, type_name(&t->cols[c]));
             if (t->cols[c].since) fprintf(f, " (schema version %d on)", t->cols[c].since);

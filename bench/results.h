@@ -10,12 +10,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define KVD_SCHEMA_VERSION 3
+#define KVD_SCHEMA_VERSION 4
 /* the oldest schema a reader takes: version 1 files lack the per-position
  * tables (/drift/token_sets, /drift/tokens) and pool as they did */
 #define KVD_SCHEMA_VERSION_MIN 1
 /* the version that added each position's router flips */
 #define KVD_SCHEMA_ROUTER_FLIPS 3
+/* the version that added /failures */
+#define KVD_SCHEMA_FAILURES 4
 /* the root attribute "format" of a results file */
 #define KVD_RESULTS_FORMAT "kvdrift-results"
 
@@ -45,6 +47,8 @@ typedef struct {
     int ncols;
     char *rows;
     int64_t n, cap;
+    int since; /* the schema version that added the table (0: every version); read as empty
+                  from an older file */
 } kvd_table;
 
 /* Row structs, one per table. */
@@ -163,6 +167,18 @@ typedef struct {
     double seconds;
 } kvd_row_cell;
 
+/* A cell that did not finish, and why (schema version 4). */
+typedef struct {
+    char cell[64];
+    char kind[12];
+    char mode[16];
+    int32_t concurrency;
+    int64_t context;
+    int32_t trace;
+    char failed_utc[24];
+    char message[512];
+} kvd_row_failure;
+
 enum {
     KVD_T_OUTPUT = 0,
     KVD_T_LAYER,
@@ -174,6 +190,7 @@ enum {
     KVD_T_TOKEN,
     KVD_T_TPUT,
     KVD_T_CELLS,
+    KVD_T_FAIL,
     KVD_T_N
 };
 
@@ -218,6 +235,10 @@ void kvd_results_free(kvd_results *r);
 void *kvd_results_add(kvd_results *r, int table);                 /* a zeroed new row */
 void *kvd_results_add_rows(kvd_results *r, int table, int64_t n); /* n of them, the first */
 int kvd_results_has_cell(const kvd_results *r, const char *cell);
+/* The /failures row of a cell, or NULL. */
+const kvd_row_failure *kvd_results_failure(const kvd_results *r, const char *cell);
+/* Drop a cell's /failures row (it finished, or failed again). */
+void kvd_results_forget_failure(kvd_results *r, const char *cell);
 /* A /drift/summary figure of a mode at context ctx over every trace the
  * file has, each weighted by its n: a mean or a rate the n-weighted mean;
  * a standard error (METRIC_err) that of the pooled mean, sqrt(sum (n_i

@@ -692,13 +692,13 @@ void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, cons
                       int n, double min_sigma) {
     int breaches = 0, noise = 0;
     for (int i = 0; i < n; i++) breaches += c[i].breach, noise += c[i].noise;
-    kvd_buf_puts(b,
-                 "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/><title>kvdrift "
-                 "compare</title><style>body{font-family:sans-serif;max-width:1100px;margin:24px "
-                 "auto;padding:0 16px}table{border-collapse:collapse;font-size:13px}th,td{border:"
-                 "1px solid #ccc;padding:4px 8px;text-align:right}td.l,th.l{text-align:left}"
-                 ".bad{color:#d62728;font-weight:bold}.ok{color:#2ca02c}.noise{color:#b8860b}</"
-                 "style></head><body>\n");
+    kvd_buf_puts(
+        b, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/><title>kvdrift "
+           "compare</title><style>body{font-family:sans-serif;max-width:1100px;margin:24px "
+           "auto;padding:0 16px}table{border-collapse:collapse;font-size:13px}th,td{border:"
+           "1px solid #ccc;padding:4px 8px;text-align:right}td.l,th.l{text-align:left}"
+           ".bad,.failed{color:#d62728;font-weight:bold}.ok{color:#2ca02c}.noise{color:#b8860b}</"
+           "style></head><body>\n");
     kvd_buf_puts(b, "<h1>kvdrift compare: ");
     kvd_buf_xml(b, base->label);
     kvd_buf_puts(b, " (baseline) against ");
@@ -717,6 +717,7 @@ void kvd_compare_html(kvd_buf *b, const kvd_run *base, const kvd_run *cand, cons
     }
     kvd_buf_printf(b, "<p class=\"note\">Standard errors: %s.</p>\n",
                    kvd_runs_pairing_note(base, cand));
+    kvd_report_failures(b, cand, "The candidate's cells that did not finish:", 1);
     kvd_run pair[2] = {*base, *cand};
     /* KL against position for both, modes as series, at the largest
      * context both have */
@@ -760,6 +761,7 @@ void kvd_compare_md(kvd_buf *b, const kvd_run *base, const kvd_run *cand, const 
     kvd_run_differences(base, cand, diff, sizeof diff);
     if (diff[0]) kvd_buf_printf(b, "\nThe runs differ in: %s.\n", diff);
     kvd_buf_printf(b, "\nStandard errors: %s.\n", kvd_runs_pairing_note(base, cand));
+    kvd_report_failures(b, cand, "The candidate's cells that did not finish:", 0);
     /* the figures a reader looks for first, passing or not: each FP8 mode's
      * mean KL, its 99th percentile and top-1 agreement, baseline against
      * candidate, at every context the baseline has */

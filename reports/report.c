@@ -127,6 +127,45 @@ int kvd_run_modes(const kvd_run *r, const char **modes) {
     return n;
 }
 
+int kvd_run_failures(const kvd_run *r, char s[KVD_FAIL_MAX][KVD_FAIL_LEN]) {
+    const kvd_table *t = &r->r.t[KVD_T_FAIL];
+    int n = 0, more = 0;
+    /* the row each line started from: a later row of its mode and message joins it */
+    int64_t first[KVD_FAIL_MAX];
+    for (int64_t i = 0; i < t->n; i++) {
+        const kvd_row_failure *x = KVD_ROW(t, kvd_row_failure, i);
+        int l = 0;
+        while (l < n && (strcmp(KVD_ROW(t, kvd_row_failure, first[l])->mode, x->mode) ||
+                         strcmp(KVD_ROW(t, kvd_row_failure, first[l])->message, x->message)))
+            l++;
+        if (l == n && n == KVD_FAIL_MAX - 1) { /* the last line counts the rest */
+            more++;
+            continue;
+        }
+        char what[160];
+        if (!strcmp(x->kind, "drift"))
+            snprintf(what, sizeof what, "drift at %lld tokens (trace %d)", (long long)x->context,
+                     x->trace);
+        else
+            snprintf(what, sizeof what, "%s at %lld tokens, concurrency %d", x->kind,
+                     (long long)x->context, x->concurrency);
+        if (l == n) {
+            first[n++] = i;
+            snprintf(s[l], KVD_FAIL_LEN, "%s: %s", x->mode, what);
+        } else {
+            size_t k = strlen(s[l]);
+            snprintf(s[l] + k, KVD_FAIL_LEN - k, "; %s", what);
+        }
+    }
+    for (int l = 0; l < n; l++) {
+        size_t k = strlen(s[l]);
+        snprintf(s[l] + k, KVD_FAIL_LEN - k, ": %s",
+                 KVD_ROW(t, kvd_row_failure, first[l])->message);
+    }
+    if (more) snprintf(s[n++], KVD_FAIL_LEN, "and %d cells more", more);
+    return n;
+}
+
 double kvd_run_summary(const kvd_run *r, const char *mode, long long ctx, const char *subset,
                        const char *metric) {
     if (ctx <= 0) ctx = kvd_run_max_context(r);
@@ -279,6 +318,7 @@ static const char *css =
     "th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f2f2f2}"
     "td.l,th.l{text-align:left}.negligible{color:#2ca02c}.noticeable{color:#e07b00}"
     ".degraded{color:#d62728;font-weight:bold}.note{color:#555;font-size:13px}"
+    ".failed{color:#d62728}"
     "svg.chart{margin:8px 0;display:block}pre{background:#f7f7f7;padding:8px;font-size:12px;"
     "overflow-x:auto}";
 
@@ -1736,6 +1776,39 @@ static void add_contents(kvd_buf *b, size_t from) {
     free(tail);
 }
 
+void kvd_report_failures(kvd_buf *b, const kvd_run *r, const char *intro, int html) {
+    char(*fl)[KVD_FAIL_LEN] = malloc(sizeof(char[KVD_FAIL_MAX][KVD_FAIL_LEN]));
+    const int nf = fl ? kvd_run_failures(r, fl) : 0;
+    if (nf) {
+        kvd_buf_puts(b, html ? "<p class=\"failed\">" : "\n");
+        if (html)
+            kvd_buf_xml(b, intro);
+        else
+            kvd_buf_puts(b, intro);
+        kvd_buf_puts(b, html ? "</p>\n<ul class=\"failed\">\n" : "\n\n");
+    }
+    for (int l = 0; l < nf; l++) {
+        kvd_buf_puts(b, html ? "<li>" : "- ");
+        if (html)
+            kvd_buf_xml(b, fl[l]);
+        else
+            kvd_buf_puts(b, fl[l]);
+        kvd_buf_puts(b, html ? "</li>\n" : "\n");
+    }
+    if (nf && html) kvd_buf_puts(b, "</ul>\n");
+    free(fl);
+}
+
+/* Each run's cells that did not finish, under the verdict table */
+static void failures_block(kvd_buf *b, const kvd_run *runs, int n, int html) {
+    for (int i = 0; i < n; i++) {
+        char intro[160];
+        snprintf(intro, sizeof intro, "%s%sells that did not finish, so have no figures above:",
+                 n > 1 ? runs[i].label : "", n > 1 ? ": c" : "C");
+        kvd_report_failures(b, &runs[i], intro, html);
+    }
+}
+
 void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
     kvd_buf_printf(b,
                    "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>"
@@ -1770,6 +1843,7 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
     cpu_speed_note(b, runs, n, 1, " ", "");
     mode_notes(b, runs, n, " ", "");
     kvd_buf_puts(b, "</p>\n");
+    failures_block(b, runs, n, 1);
     for (int i = 0; i < n; i++)
         if (kvd_run_attn_fp8(&runs[i])) {
             kvd_buf_puts(b, "<p class=\"note attn-fp8\">");
@@ -1899,6 +1973,7 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
                     "degraded.\n");
     cpu_speed_note(b, runs, n, 0, "", "\n");
     mode_notes(b, runs, n, "\n", "\n");
+    failures_block(b, runs, n, 0);
     for (int i = 0; i < n; i++)
         if (kvd_run_attn_fp8(&runs[i]))
             kvd_buf_printf(b, "\n%s: %s\n", runs[i].label, kvd_attn_fp8_text);

@@ -98,6 +98,16 @@ void kvd_context_list(char *s, size_t n, const long long *c, int nc);
 enum { KVD_HEADLINE_MAX = 8, KVD_HEADLINE_LEN = 900 };
 int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_LEN]);
 
+/* The cells of a run that did not finish (/failures), one line per mode
+ * and message: "fp8-unscaled: drift at 256 tokens (trace 0); throughput at
+ * 256 tokens, concurrency 1 and 2: MESSAGE". Returns how many lines (at
+ * most KVD_FAIL_MAX; the last then says how many cells more failed). */
+enum { KVD_FAIL_MAX = 12, KVD_FAIL_LEN = 1400 };
+int kvd_run_failures(const kvd_run *r, char s[KVD_FAIL_MAX][KVD_FAIL_LEN]);
+/* Those lines as a list after the paragraph intro, in HTML or Markdown;
+ * nothing when every cell finished. */
+void kvd_report_failures(kvd_buf *b, const kvd_run *r, const char *intro, int html);
+
 /* ---- compare ---- */
 
 typedef struct {

@@ -230,7 +230,7 @@ cp "$work/res.h5" "$work/nocol.h5"
 import sys, h5py, numpy.lib.recfunctions as rf
 f = h5py.File(sys.argv[1], 'r+'); a = f['/drift/summary'][:]; del f['/drift/summary']
 f['/drift/summary'] = rf.drop_fields(a, 'n', usemask=False)" "$work/nocol.h5"
-expect 2 "nocol.h5: dataset /drift/summary: no column 'n' \(expected in schema version 3\)" -- report "$work/nocol.h5" -o "$work/nocol.html"
+expect 2 "nocol.h5: dataset /drift/summary: no column 'n' \(expected in schema version 4\)" -- report "$work/nocol.h5" -o "$work/nocol.html"
 # ... and so is version 3's router_flips; a version 2 file, which predates
 # it, reads, and a run does not resume it (its cells would keep zeros)
 cp "$work/res.h5" "$work/v2.h5"
@@ -238,11 +238,11 @@ cp "$work/res.h5" "$work/v2.h5"
 import sys, h5py, numpy.lib.recfunctions as rf
 f = h5py.File(sys.argv[1], 'r+'); a = f['/drift/tokens'][:]; assert len(a); del f['/drift/tokens']
 f['/drift/tokens'] = rf.drop_fields(a, 'router_flips', usemask=False)" "$work/v2.h5"
-expect 2 "v2.h5: dataset /drift/tokens: no column 'router_flips' \(expected in schema version 3\)" -- report "$work/v2.h5" -o "$work/v2.html"
+expect 2 "v2.h5: dataset /drift/tokens: no column 'router_flips' \(expected in schema version 4\)" -- report "$work/v2.h5" -o "$work/v2.html"
 /usr/bin/python3 -c "import sys, h5py; h5py.File(sys.argv[1], 'r+').attrs['schema_version'] = [2]" "$work/v2.h5"
 cp "$work/v2.h5" "$work/v2.before"
 expect 0 "wrote .*v2.html" -- report "$work/v2.h5" -o "$work/v2.html"
-expect 2 "v2.h5: results schema version 2, and this kvdrift writes version 3: a run cannot resume it; write to another file \(-o\), or remove it to start over" -- run --model tiny --kv bf16 --context 64 --concurrency 1 --gen-tokens 0 --decode-tokens 2 -o "$work/v2.h5"
+expect 2 "v2.h5: results schema version 2, and this kvdrift writes version 4: a run cannot resume it; write to another file \(-o\), or remove it to start over" -- run --model tiny --kv bf16 --context 64 --concurrency 1 --gen-tokens 0 --decode-tokens 2 -o "$work/v2.h5"
 if cmp -s "$work/v2.h5" "$work/v2.before"; then
   pass=$((pass + 1))
 else

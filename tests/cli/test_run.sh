@@ -65,11 +65,11 @@ f = h5py.File(sys.argv[1], "r")
 doc = open(sys.argv[2]).read()
 # every table the schema names exists with exactly the documented columns
 tables = re.findall(r"### `(/[^`]+)`\n\n.*?\n\n\| column \| type \|\n\| --- \| --- \|\n((?:\|.*\|\n)+)", doc)
-assert len(tables) == 10, tables
+assert len(tables) == 11, tables
 for path, rows in tables:
     cols = [re.match(r"\| `([^`]+)` \|", r).group(1) for r in rows.strip().split("\n")]
     assert list(f[path].dtype.names) == cols, (path, f[path].dtype.names, cols)
-assert f.attrs["schema_version"][0] == 3
+assert f.attrs["schema_version"][0] == 4
 for a in ("kvdrift_version", "git_revision", "written_utc", "host", "backend", "device",
           "model_config", "trace_spec", "command", "seeds"):
     assert a in f.attrs, a
@@ -398,6 +398,28 @@ for mode in ("bf16", "fp8-cal", "fp8-unscaled", "fp8-e5m2"):
             f = x[n].dtype.kind == "f"
             assert np.array_equal(x[n], y[n], equal_nan=f), (mode, t, n)
 assert "fp8-unscaled" in failed and {"bf16", "fp8-e5m2"} <= kept, (failed, kept)
+PY
+# /failures keeps why (the message run printed), once per cell however often
+# a rerun fails it again; report and compare show it where figures are missing
+"$bin" "${fa[@]}" --fp8-overflow nan -o "$work/ov.h5" >/dev/null 2>"$work/ov2.err"; rc=$?
+"$bin" report "$work/ov.h5" --format md -o "$work/ov.md" 2>/dev/null
+"$bin" compare "$work/fa0.h5" "$work/ov.h5" -o "$work/ov.cmp.md" >"$work/ov.cmp" 2>&1; crc=$?
+"$py" - "$work/ov.h5" "$work/ov.err" "$work/ov.md" "$work/ov.cmp.md" "$work/ov.cmp" <<'PY' && [ $rc -eq 1 ] && [ $crc -eq 1 ] && ok || bad "run --fp8-overflow nan: /failures, or report and compare on it (exit $rc, compare $crc)"
+import sys, h5py
+f = h5py.File(sys.argv[1], "r")
+fl, cells = f["/failures"][:], f["/cells"][:]
+names = [c.decode() for c in fl["cell"]]
+assert len(names) == len(set(names)) and "drift_fp8-unscaled_c1_ctx256_t0" in names, names
+assert not set(names) & set(c.decode() for c in cells["cell"])
+err = open(sys.argv[2]).read()
+for x in fl:
+    assert x["kind"] == b"drift" and x["context"] == 256 and x["trace"] == 0
+    msg = x["message"].decode()
+    assert "non-finite activation" in msg and ("cell %s: %s" % (x["cell"].decode(), msg)) in err, msg
+    line = "- %s: drift at 256 tokens (trace 0): %s" % (x["mode"].decode(), msg)
+    assert line in open(sys.argv[3]).read().splitlines(), line
+    assert line in open(sys.argv[4]).read().splitlines(), line
+    assert "note: cells the candidate did not finish: " + line[2:] in open(sys.argv[5]).read()
 PY
 cp "$work/ov.h5" "$work/ov.before"
 resume_refused "$work/ov.h5" "$work/ov.before" "ov.h5 holds cells run with --fp8-overflow nan, this run has --fp8-overflow sat" "$bin" "${fa[@]}"

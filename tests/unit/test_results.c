@@ -313,7 +313,7 @@ static void position_errors(void **st) {
 }
 
 /* The positions through a file and back; a version 1 file (no positions)
- * reads with none; a version 4 one, or positions past the table, do not */
+ * reads with none; a version 5 one, or positions past the table, do not */
 /* a fresh empty file at path (a mkstemp template) */
 static void temp_file(char *path) {
     int fd = mkstemp(path);
@@ -362,7 +362,7 @@ static void positions_on_file(void **st) {
         int version;
         const char *msg;
     } bad[] = {{2, "dataset /drift/token_sets: missing (expected in schema version 2)"},
-               {4, "attribute schema_version: expected 1 to 3, got 4"}};
+               {KVD_SCHEMA_VERSION + 1, "attribute schema_version: expected 1 to 4, got 5"}};
     for (int i = 0; i < 2; i++) {
         f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
         H5LTset_attribute_int(f, "/", "schema_version", &bad[i].version, 1);
@@ -388,6 +388,66 @@ static void positions_on_file(void **st) {
     assert_int_equal(kvd_results_load(&back, path, err), -1);
     assert_non_null(
         strstr(err, "dataset /drift/token_sets row 1: first 9223372036854775805 and n 4"));
+    kvd_results_free(&back);
+    kvd_results_free(&r);
+    unlink(path);
+}
+
+/* /failures through a file and back; a cell's row forgotten (it finished,
+ * or failed again) leaves the others in order; a version 3 file (before
+ * the table) reads with none, a version 4 one without it is refused. */
+static void failures_on_file(void **st) {
+    (void)st;
+    char path[] = "/tmp/kvd_test_results_XXXXXX";
+    temp_file(path);
+    char err[KVD_ERR_LEN];
+    kvd_results r, back;
+    kvd_results_init(&r);
+    const char *cells[3] = {"drift_fp8-unscaled_c1_ctx256_t0", "tput_fp8-unscaled_c1_ctx256",
+                            "tput_fp8-unscaled_c2_ctx256"};
+    for (int i = 0; i < 3; i++) {
+        kvd_row_failure *x = kvd_results_add(&r, KVD_T_FAIL);
+        snprintf(x->cell, sizeof x->cell, "%s", cells[i]);
+        snprintf(x->kind, sizeof x->kind, "%s", i ? "throughput" : "drift");
+        snprintf(x->mode, sizeof x->mode, "fp8-unscaled");
+        x->concurrency = i ? i : 1;
+        x->context = 256;
+        x->trace = i ? -1 : 0;
+        snprintf(x->failed_utc, sizeof x->failed_utc, "2026-12-07T06:00:0%dZ", i);
+        memset(x->message, 'm', sizeof x->message - 1); /* the longest message */
+        x->message[0] = (char)('a' + i);
+    }
+    assert_int_equal(kvd_results_save(&r, path, err), 0);
+    kvd_results_init(&back);
+    assert_int_equal(kvd_results_load(&back, path, err), 0);
+    assert_int_equal(back.t[KVD_T_FAIL].n, 3);
+    assert_memory_equal(back.t[KVD_T_FAIL].rows, r.t[KVD_T_FAIL].rows, 3 * sizeof(kvd_row_failure));
+    assert_null(kvd_results_failure(&back, "drift_bf16_c1_ctx256_t0"));
+    kvd_results_forget_failure(&back, cells[1]);
+    assert_int_equal(back.t[KVD_T_FAIL].n, 2);
+    assert_null(kvd_results_failure(&back, cells[1]));
+    assert_int_equal(kvd_results_failure(&back, cells[0])->message[0], 'a');
+    assert_int_equal(kvd_results_failure(&back, cells[2])->message[0], 'c');
+    assert_ptr_equal(kvd_results_failure(&back, cells[2]),
+                     (const kvd_row_failure *)back.t[KVD_T_FAIL].rows + 1);
+    kvd_results_free(&back);
+    /* version 4 without the table: refused, named; version 3: none */
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    assert_true(f >= 0);
+    H5Ldelete(f, "/failures", H5P_DEFAULT);
+    H5Fclose(f);
+    kvd_results_init(&back);
+    assert_int_equal(kvd_results_load(&back, path, err), -1);
+    assert_non_null(strstr(err, "dataset /failures: missing (expected in schema version 4)"));
+    kvd_results_free(&back);
+    f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    int three = 3;
+    H5LTset_attribute_int(f, "/", "schema_version", &three, 1);
+    H5Fclose(f);
+    kvd_results_init(&back);
+    assert_int_equal(kvd_results_load(&back, path, err), 0);
+    assert_int_equal(back.schema_version, 3);
+    assert_int_equal(back.t[KVD_T_FAIL].n, 0);
     kvd_results_free(&back);
     kvd_results_free(&r);
     unlink(path);
@@ -470,6 +530,7 @@ int main(void) {
         cmocka_unit_test(paired_percentile_errors),
         cmocka_unit_test(position_errors),
         cmocka_unit_test(positions_on_file),
+        cmocka_unit_test(failures_on_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
