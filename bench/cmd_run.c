@@ -875,16 +875,18 @@ out:
  * of this machine's memory holds caches for; each group's cells are
  * written when it ends. A group that does not fit (its caches or models,
  * on the device say) tries again half as large; a mode that fails in a
- * step (NaN in its activations) drops out of its group, which runs on, so
- * that a failure costs only its own cell. 1 when a cell failed. */
+ * step (NaN in its activations) drops out of its group, which runs on, and
+ * is tried once more alone, so that a failure costs only its own cell.
+ * 1 when a cell failed. */
 static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w,
                        const kvd_trace *tr, int64_t ctx, int t, const kvd_kv_scales *const *msc,
                        progress *pr) {
     const char *cmd = "run";
     const kvd_config *c = &w->cfg;
-    char err[KVD_ERR_LEN], cell[KVD_KV_N_MODES][64];
-    kvd_kv_mode modes[KVD_KV_N_MODES];
-    const kvd_kv_scales *scales[KVD_KV_N_MODES];
+    /* the modes to run, then (from np on) those tried again alone */
+    char err[KVD_ERR_LEN], cell[2 * KVD_KV_N_MODES][64];
+    kvd_kv_mode modes[2 * KVD_KV_N_MODES];
+    const kvd_kv_scales *scales[2 * KVD_KV_N_MODES];
     int np = 0, failed = 0;
     for (int mi = 0; mi < o->n_modes; mi++) {
         snprintf(cell[np], sizeof cell[np], "drift_%s_c1_ctx%lld_t%d",
@@ -932,8 +934,8 @@ static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w
         double fit = room / each;
         group = fit >= np ? np : fit < 1 ? 1 : (int)fit;
     }
-    for (int g0 = 0, n; g0 < np; g0 += n) {
-        n = np - g0 < group ? np - g0 : group;
+    for (int g0 = 0, n, nw = np; g0 < nw; g0 += n) {
+        n = g0 >= np ? 1 : np - g0 < group ? np - g0 : group;
         kvd_drift d[KVD_KV_N_MODES];
         for (int j = 0; j < n; j++)
             if (kvd_drift_init(&d[j], c, ctx)) kvd_die(1, cmd, "out of memory");
@@ -955,9 +957,20 @@ static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w
             n = 0;
             continue;
         }
-        /* a mode whose step failed dropped out; the others ran through */
+        /* a mode whose step failed dropped out; the others ran through. One
+         * that failed among several is tried once more alone: its failure may
+         * have come of their number (device memory for their steps) */
+        int again = 0;
         for (int j = 0; j < n; j++) {
-            if (d[j].failed) {
+            if (d[j].failed && n > 1) {
+                fprintf(stderr,
+                        "\nkvdrift run: cell %s failed among %d modes at once; trying it "
+                        "alone\n",
+                        cell[g0 + j], n);
+                modes[nw] = modes[g0 + j], scales[nw] = scales[g0 + j];
+                snprintf(cell[nw++], sizeof cell[0], "%s", cell[g0 + j]);
+                again++;
+            } else if (d[j].failed) {
                 fail_cell(res, o, cell[g0 + j], "drift", modes[g0 + j], 1, ctx, t, d[j].error);
                 failed = 1;
             } else {
@@ -968,7 +981,7 @@ static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w
             kvd_drift_free(&d[j]);
         }
         if (kvd_results_save(res, o->out, err)) kvd_die(1, cmd, "%s", err);
-        pr->done += n;
+        pr->done += n - again;
     }
     free(is_copy), free(start);
     return failed;
