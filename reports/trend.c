@@ -255,7 +255,7 @@ static const char *const trend_css =
     "h1{font-size:24px}h2{font-size:19px;margin-top:34px;border-bottom:1px solid #ccc}"
     "table{border-collapse:collapse;margin:10px 0;font-size:13px}"
     "th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f2f2f2}"
-    "td.l,th.l{text-align:left}.moved{color:#d62728;font-weight:bold}"
+    "td.l,th.l{text-align:left}.moved,.failed{color:#d62728;font-weight:bold}"
     ".note{color:#555;font-size:13px}svg.chart{margin:8px 0;display:block}";
 
 enum { TREND_CHARTS = 4 };
@@ -301,6 +301,16 @@ static void trend_charts(kvd_buf *b, const trend_table *t, int n) {
     free(x), free(y), free(lo), free(hi);
 }
 
+/* Each run's cells that did not finish: why a point is missing. */
+static void run_failures(kvd_buf *b, const kvd_run *runs, int n, int html) {
+    for (int i = 0; i < n; i++) {
+        char intro[320];
+        snprintf(intro, sizeof intro, "run %d (%s): cells that did not finish:", i + 1,
+                 runs[i].label);
+        kvd_report_failures(b, &runs[i], intro, html);
+    }
+}
+
 void kvd_trend_html(kvd_buf *b, const kvd_run *runs, int n, const kvd_trend *tr) {
     const trend_table t = *tr;
     const long long ctx = t.ctx;
@@ -344,6 +354,7 @@ void kvd_trend_html(kvd_buf *b, const kvd_run *runs, int n, const kvd_trend *tr)
         kvd_buf_puts(b, "</li>\n");
     }
     if (changes) kvd_buf_puts(b, "</ul>\n");
+    run_failures(b, runs, n, 1);
     kvd_buf_puts(b, "<h2>Figures per run</h2>\n");
     trend_charts(b, &t, n);
     kvd_buf_puts(b, "<table class=\"trend\"><tr><th>run</th><th class=\"l\">file</th><th "
@@ -394,6 +405,7 @@ void kvd_trend_md(kvd_buf *b, const kvd_run *runs, int n, const kvd_trend *tr) {
             kvd_buf_printf(b, "- run %d (%s) differs from the run before in: %s\n", i + 1,
                            runs[i].label, diff);
     }
+    run_failures(b, runs, n, 0);
     kvd_buf_puts(b, "\n| run | file | written (UTC) | revision |");
     for (int m = 0; m < nm; m++) kvd_buf_printf(b, " %s: mean KL | %s: step |", modes[m], modes[m]);
     kvd_buf_puts(b, "\n| ---: | --- | --- | --- |");

@@ -402,11 +402,13 @@ for mode in ("bf16", "fp8-cal", "fp8-unscaled", "fp8-e5m2"):
 assert "fp8-unscaled" in failed and {"bf16", "fp8-e5m2"} <= kept, (failed, kept)
 PY
 # /failures keeps why (the message run printed), once per cell however often
-# a rerun fails it again; report and compare show it where figures are missing
+# a rerun fails it again; report, compare and trend show it where figures
+# are missing
 "$bin" "${fa[@]}" --fp8-overflow nan -o "$work/ov.h5" >/dev/null 2>"$work/ov2.err"; rc=$?
 "$bin" report "$work/ov.h5" --format md -o "$work/ov.md" 2>/dev/null
 "$bin" compare "$work/fa0.h5" "$work/ov.h5" -o "$work/ov.cmp.md" >"$work/ov.cmp" 2>&1; crc=$?
-"$py" - "$work/ov.h5" "$work/ov.err" "$work/ov.md" "$work/ov.cmp.md" "$work/ov.cmp" <<'PY' && [ $rc -eq 1 ] && [ $crc -eq 1 ] && ok || bad "run --fp8-overflow nan: /failures, or report and compare on it (exit $rc, compare $crc)"
+"$bin" trend "$work/fa0.h5" "$work/ov.h5" --format md -o "$work/ov.trend.md" 2>/dev/null
+"$py" - "$work/ov.h5" "$work/ov.err" "$work/ov.md" "$work/ov.cmp.md" "$work/ov.cmp" "$work/ov.trend.md" <<'PY' && [ $rc -eq 1 ] && [ $crc -eq 1 ] && ok || bad "run --fp8-overflow nan: /failures, or report and compare on it (exit $rc, compare $crc)"
 import sys, h5py
 f = h5py.File(sys.argv[1], "r")
 fl, cells = f["/failures"][:], f["/cells"][:]
@@ -422,6 +424,8 @@ for x in fl:
     assert line in open(sys.argv[3]).read().splitlines(), line
     assert line in open(sys.argv[4]).read().splitlines(), line
     assert "note: cells the candidate did not finish: " + line[2:] in open(sys.argv[5]).read()
+    trend = open(sys.argv[6]).read()
+    assert "\nrun 2 (ov): cells that did not finish:\n\n" + line + "\n" in trend, trend
 PY
 cp "$work/ov.h5" "$work/ov.before"
 resume_refused "$work/ov.h5" "$work/ov.before" "ov.h5 holds cells run with --fp8-overflow nan, this run has --fp8-overflow sat" "$bin" "${fa[@]}"
