@@ -968,7 +968,7 @@ static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w
                         "alone\n",
                         cell[g0 + j], n);
                 modes[nw] = modes[g0 + j], scales[nw] = scales[g0 + j];
-                snprintf(cell[nw++], sizeof cell[0], "%s", cell[g0 + j]);
+                memcpy(cell[nw++], cell[g0 + j], sizeof cell[0]);
                 again++;
             } else if (d[j].failed) {
                 fail_cell(res, o, cell[g0 + j], "drift", modes[g0 + j], 1, ctx, t, d[j].error);
