@@ -427,6 +427,17 @@ for x in fl:
     trend = open(sys.argv[6]).read()
     assert "\nrun 2 (ov): cells that did not finish:\n\n" + line + "\n" in trend, trend
 PY
+# a throughput cell that fails is kept in /failures too, with its concurrency
+"$bin" run --model tiny --kv bf16,fp8-unscaled --context 256 --concurrency 1,2 --cells throughput --decode-tokens 3 --repeats 1 --fp8-overflow nan -o "$work/ovt.h5" >"$work/ovt.out" 2>"$work/ovt.err"; rc=$?
+"$py" - "$work/ovt.h5" <<'PY' && [ $rc -eq 1 ] && grep -q "^fp8-unscaled *256 *failed *failed$" "$work/ovt.out" && ok || bad "run --fp8-overflow nan, throughput: exit $rc, $(cat "$work/ovt.err" "$work/ovt.out")"
+import sys, h5py
+f = h5py.File(sys.argv[1], "r")
+fl, cells = f["/failures"][:], f["/cells"][:]
+assert sorted((x["cell"].decode(), x["kind"].decode(), int(x["concurrency"]), int(x["trace"])) for x in fl) == [
+    ("tput_fp8-unscaled_c1_ctx256", "throughput", 1, -1), ("tput_fp8-unscaled_c2_ctx256", "throughput", 2, -1)], fl
+assert all(b"non-finite activation" in x["message"] for x in fl)
+assert sorted(c.decode() for c in cells["cell"]) == ["tput_bf16_c1_ctx256", "tput_bf16_c2_ctx256"], cells
+PY
 cp "$work/ov.h5" "$work/ov.before"
 resume_refused "$work/ov.h5" "$work/ov.before" "ov.h5 holds cells run with --fp8-overflow nan, this run has --fp8-overflow sat" "$bin" "${fa[@]}"
 
