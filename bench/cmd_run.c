@@ -1343,6 +1343,7 @@ int kvd_cmd_run(int argc, char **argv) {
     if (kvd_results_save(&res, o.out, err)) kvd_die(1, cmd, "%s", err);
     print_summary(&res, &o);
     if (o.dopt.attn_fp8) printf("\nIn this run, %s\n", kvd_attn_fp8_text);
+    if (!o.dopt.saturate) printf("\nIn this run, %s\n", kvd_fp8_nan_text);
     /* the headline the report leads with, for a log that only keeps stdout */
     kvd_run view;
     memset(&view, 0, sizeof view);

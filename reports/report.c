@@ -1380,6 +1380,19 @@ const char *const kvd_attn_fp8_text =
     "bf16, fp8-e5m2, the per-token modes (scales per token, which FlashAttention 3 does not "
     "take) and the nvfp4 modes compute as without.";
 
+int kvd_run_fp8_nan(const kvd_run *r) {
+    json_t *j = kvd_settings_parse(r->r.settings);
+    const json_t *v = json_object_get(j, "fp8-saturate");
+    const int on = json_is_false(v);
+    json_decref(j);
+    return on;
+}
+const char *const kvd_fp8_nan_text =
+    "the FP8 caches were written as a cast without a clamp writes them (--fp8-overflow nan): "
+    "an E4M3 value past 464 was stored as NaN, an E5M2 one past 61440 as infinity, where the "
+    "engines' write kernels saturate; a cell whose activations turned non-finite has no "
+    "figures.";
+
 /* ---- drift against context length ----
  * The rest of the report is at each run's largest context; a sweep over
  * several (--context 4096,32768,131072) asks how the drift grows with it.
@@ -1845,11 +1858,12 @@ void kvd_report_html(kvd_buf *b, const kvd_run *runs, int n) {
     kvd_buf_puts(b, "</p>\n");
     failures_block(b, runs, n, 1);
     for (int i = 0; i < n; i++)
-        if (kvd_run_attn_fp8(&runs[i])) {
-            kvd_buf_puts(b, "<p class=\"note attn-fp8\">");
-            kvd_buf_xml(b, runs[i].label);
-            kvd_buf_printf(b, ": %s</p>\n", kvd_attn_fp8_text);
-        }
+        for (int k = 0; k < 2; k++)
+            if (k ? kvd_run_fp8_nan(&runs[i]) : kvd_run_attn_fp8(&runs[i])) {
+                kvd_buf_printf(b, "<p class=\"note %s\">", k ? "fp8-nan" : "attn-fp8");
+                kvd_buf_xml(b, runs[i].label);
+                kvd_buf_printf(b, ": %s</p>\n", k ? kvd_fp8_nan_text : kvd_attn_fp8_text);
+            }
     for (int i = 0; i < n; i++) {
         char s[1200];
         if (ckpt_sentence(&runs[i], s, sizeof s)) {
@@ -1975,8 +1989,10 @@ void kvd_report_md(kvd_buf *b, const kvd_run *runs, int n) {
     mode_notes(b, runs, n, "\n", "\n");
     failures_block(b, runs, n, 0);
     for (int i = 0; i < n; i++)
-        if (kvd_run_attn_fp8(&runs[i]))
-            kvd_buf_printf(b, "\n%s: %s\n", runs[i].label, kvd_attn_fp8_text);
+        for (int k = 0; k < 2; k++)
+            if (k ? kvd_run_fp8_nan(&runs[i]) : kvd_run_attn_fp8(&runs[i]))
+                kvd_buf_printf(b, "\n%s: %s\n", runs[i].label,
+                               k ? kvd_fp8_nan_text : kvd_attn_fp8_text);
     for (int i = 0; i < n; i++) {
         char s[1200];
         if (ckpt_sentence(&runs[i], s, sizeof s)) kvd_buf_printf(b, "\n%s\n", s);

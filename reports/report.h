@@ -52,6 +52,10 @@ int kvd_run_moe_layers(const kvd_run *r, long long ctx, int *layer);
  * its run_settings), and that said in one sentence. */
 int kvd_run_attn_fp8(const kvd_run *r);
 extern const char *const kvd_attn_fp8_text;
+/* Whether a run wrote its FP8 caches without saturation (--fp8-overflow
+ * nan), and the sentence that says so. */
+int kvd_run_fp8_nan(const kvd_run *r);
+extern const char *const kvd_fp8_nan_text;
 /* Attention KL (/drift/attention, every KV head together) in a view
  * ("isolated", "propagated") and subset, over every position bucket and
  * trace and over one full-attention layer al, or every one (al < 0),
