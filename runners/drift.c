@@ -393,7 +393,9 @@ static void chunk_attention(lockstep *L, int64_t n) {
     }
 }
 
-/* The hooks and shadows of a lock step on (on = 1) or off (generation).
+/* The hooks and shadows of a lock step on (on = 1) or off (generation),
+ * and the candidates' sharing of the reference's layers below the first
+ * full-attention layer (kvd_model_share_prefix) with them.
  * With the view on the candidates' side each candidate holds its own
  * shadow; else the one candidate's shadow is on the reference, whose
  * attn_cmp then gives the isolated view into the candidate's figures. */
@@ -409,6 +411,8 @@ static int lockstep_hooks(kvd_engine *mr, candidate *cd, int k, int cand_side, i
             kvd_engine_set_hooks(&cd[j].mc, on ? &hk : NULL, err) ||
             kvd_engine_set_shadow(cand_side ? &cd[j].mc : mr, on ? &cd[j].ks : NULL, err))
             return -1;
+        /* the trace's chunks: each candidate steps over the reference's rows */
+        kvd_engine_share_prefix(&cd[j].mc, on);
     }
     return 0;
 }

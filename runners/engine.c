@@ -31,6 +31,9 @@ static int cpu_set_shadow(void *m, kvd_kvcache *shadow, char *err) {
 static int cpu_set_reference(void *m, void *ref, const kvd_kvcache *ref_kv, char *err) {
     return kvd_model_set_reference(m, ref, ref_kv, err);
 }
+static void cpu_share_prefix(void *m, int on) {
+    kvd_model_share_prefix(m, on);
+}
 static int cpu_forward(void *m, kvd_kvcache *kv, const kvd_batch *b, float *logits, int last_only,
                        char *err) {
     return kvd_forward(m, kv, b, logits, last_only, err);
@@ -53,6 +56,7 @@ const kvd_engine_ops kvd_engine_cpu = {.name = "cpu",
                                        .set_shadow = cpu_set_shadow,
                                        .shadow_of_reference = 1,
                                        .set_reference = cpu_set_reference,
+                                       .share_prefix = cpu_share_prefix,
                                        .forward = cpu_forward,
                                        .fork = cpu_fork,
                                        .pull_cache = cpu_pull_cache};

@@ -28,6 +28,8 @@ typedef struct {
     /* the propagated view's reference (kvd_model_set_reference): a model of
      * the same back end, and its cache; NULL to stop */
     int (*set_reference)(void *m, void *ref, const kvd_kvcache *ref_kv, char *err);
+    /* kvd_model_share_prefix; NULL where a back end runs those layers again */
+    void (*share_prefix)(void *m, int on);
     kvd_step_fn forward;
     /* forward with last_only, each sequence's greedy next token (kvd_argmax
      * of its last row's logits) into next instead of the logits, taken
@@ -85,6 +87,11 @@ static inline int kvd_engine_prefill(kvd_engine *e, kvd_kvcache *kv, int seq, co
                                      int n, float *logits, int all_logits, char *err) {
     return kvd_prefill_steps(e->ops->forward, e->m, e->max_rows, e->vocab, kv, seq, tok, n, logits,
                              all_logits, err);
+}
+/* kvd_model_share_prefix where the back end has it (else nothing: the
+ * layers run again, to the same figures) */
+static inline void kvd_engine_share_prefix(kvd_engine *e, int on) {
+    if (e->ops->share_prefix) e->ops->share_prefix(e->m, on);
 }
 static inline int kvd_engine_set_hooks(kvd_engine *e, const kvd_hooks *h, char *err) {
     return e->ops->set_hooks(e->m, h, err);

@@ -33,7 +33,13 @@ struct kvd_model {
     /* and its K (after norm and RoPE) and V rows, [attn layer][max_rows][kvh][hd]:
      * what a comparing model with a shadow writes into it */
     float *held_k, *held_v;
+    /* and its tokens [max_rows] and routed experts [layer][max_rows][k] */
+    int32_t *held_tok;
+    int *held_topi;
     int held_rows, held_logits_rows;
+    /* kvd_model_share_prefix: the layers below the first full-attention
+     * layer (prefix of them) taken from the reference's step */
+    int share_prefix, prefix;
     kvd_hidden_cmp *hcmp; /* [max_rows] */
     kvd_logit_cmp *lcmp;  /* [max_rows] */
     int *targets;         /* [max_rows] */
@@ -84,8 +90,12 @@ int kvd_model_set_reference(kvd_model *m, kvd_model *ref, const kvd_kvcache *ref
             size_t nkv = (size_t)ref->n_full * R * b->num_key_value_heads * b->head_dim;
             ref->held_k = malloc(sizeof(float) * (nkv ? nkv : 1));
             ref->held_v = malloc(sizeof(float) * (nkv ? nkv : 1));
+            ref->held_tok = malloc(sizeof(int32_t) * R);
+            const size_t K = b->num_experts > 0 ? (size_t)b->num_experts_per_tok : 1;
+            ref->held_topi = malloc(sizeof(int) * (size_t)b->num_hidden_layers * R * K);
             ref->held_rows = ref->held_logits_rows = 0;
-            if (!ref->held || !ref->held_x || !ref->held_logits || !ref->held_k || !ref->held_v) {
+            if (!ref->held || !ref->held_x || !ref->held_logits || !ref->held_k || !ref->held_v ||
+                !ref->held_tok || !ref->held_topi) {
                 snprintf(err, KVD_ERR_LEN,
                          "reference model: out of memory for its queries, K/V rows, residual "
                          "streams and logits");
@@ -145,6 +155,7 @@ void kvd_model_free(kvd_model *m) {
                      m->g1,         m->g2,   m->sh1,   m->sh2,      m->shg,  m->probs,
                      m->conv_state, m->ssm,  m->ey,    m->e_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(m->held_tok), free(m->held_topi);
     free(m->held), free(m->held_x), free(m->held_logits), free(m->held_k), free(m->held_v),
         free(m->hcmp), free(m->lcmp);
     free(m->targets), free(m->all_logits);
@@ -169,6 +180,8 @@ kvd_model *kvd_model_new(const kvd_weights *w, int max_rows, int max_seqs, char 
     m->max_rows = max_rows;
     m->max_seqs = max_seqs;
     kvd_config_layer_indices(c, m->attn_index, m->lin_index, &m->n_full, &m->n_lin);
+    while (m->prefix < c->num_hidden_layers && c->layer_types[m->prefix] != KVD_LAYER_FULL)
+        m->prefix++;
     int rot = kvd_rot_dim(c);
     m->inv_freq = malloc(sizeof(float) * (size_t)(rot / 2));
     if (!m->inv_freq) goto oom;
@@ -237,6 +250,59 @@ oom:
              max_seqs);
     kvd_model_free(m);
     return NULL;
+}
+
+void kvd_model_share_prefix(kvd_model *m, int on) {
+    m->share_prefix = on;
+}
+
+/* A step whose layers below the first full-attention layer are the
+ * reference's last step's (kvd_model_share_prefix): their residual streams,
+ * routed experts and hooks taken from it, and its sequences' recurrent
+ * state of those layers copied after; the first layer to run. */
+static int shared_prefix(kvd_model *m, const kvd_batch *b, int rows, char *err) {
+    const kvd_model *ref = m->ref;
+    if (!m->share_prefix || !ref || m->prefix == 0 || m->prefix == m->c.num_hidden_layers) return 0;
+    const kvd_config *c = &m->c;
+    const size_t H = (size_t)c->hidden_size, R = (size_t)ref->max_rows;
+    const int K = c->num_experts > 0 ? c->num_experts_per_tok : 1;
+    if (kvd_reference_rows(ref->held_rows, ref->pos, rows, m->pos, err)) return -1;
+    for (int r = 0; r < rows; r++)
+        if (b->tok[r] != ref->held_tok[r]) {
+            snprintf(err, KVD_ERR_LEN,
+                     "reference model: row %d (position %d) has token %d, the reference's %d: "
+                     "the layers below the first full-attention layer cannot be shared",
+                     r, m->pos[r], b->tok[r], ref->held_tok[r]);
+            return -1;
+        }
+    for (int l = 0; l < m->prefix; l++) {
+        const float *x = ref->held_x + (size_t)l * R * H;
+        if (c->num_experts > 0 && m->hooks.router)
+            m->hooks.router(m->hooks.ctx, l, b, ref->held_topi + (size_t)l * R * K);
+        if (m->hooks.hidden) m->hooks.hidden(m->hooks.ctx, l, b, m->pos, x);
+        if (m->held_x) memcpy(m->held_x + (size_t)l * m->max_rows * H, x, sizeof(float) * rows * H);
+        if (m->held_topi)
+            memcpy(m->held_topi + (size_t)l * m->max_rows * K, ref->held_topi + (size_t)l * R * K,
+                   sizeof(int) * (size_t)rows * K);
+        if (m->hooks.hidden_cmp) { /* as the layer's own run would compare it: the same bits */
+#pragma omp parallel for schedule(static)
+            for (int i = 0; i < rows; i++)
+                kvd_hidden_compare(x + (size_t)i * H, x + (size_t)i * H, 1, (int)H, m->hcmp + i);
+            m->hooks.hidden_cmp(m->hooks.ctx, l, b, m->pos, m->hcmp);
+        }
+    }
+    memcpy(m->x, ref->held_x + (size_t)(m->prefix - 1) * R * H, sizeof(float) * rows * H);
+    /* the prefix's layers are the first prefix DeltaNet layers of a slot's state */
+    const size_t cl = conv_state_len(c), sl = ssm_len(c), nl = (size_t)m->n_lin;
+    for (int r = 0; r < rows; r++) {
+        if (r > 0 && m->row_seq[r] == m->row_seq[r - 1]) continue;
+        const size_t to = (size_t)m->row_seq[r], from = (size_t)ref->row_seq[r];
+        memcpy(m->conv_state + to * nl * cl, ref->conv_state + from * nl * cl,
+               sizeof(float) * cl * (size_t)m->prefix);
+        memcpy(m->ssm + to * nl * sl, ref->ssm + from * nl * sl,
+               sizeof(float) * sl * (size_t)m->prefix);
+    }
+    return m->prefix;
 }
 
 void kvd_model_reset_seq(kvd_model *m, int seq) {
@@ -584,6 +650,9 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
                   m->topw + (size_t)r * K);
     }
     if (m->hooks.router) m->hooks.router(m->hooks.ctx, layer, b, m->topi);
+    if (m->held_topi)
+        memcpy(m->held_topi + (size_t)layer * m->max_rows * K, m->topi,
+               sizeof(int) * (size_t)rows * K);
 
     /* routed experts: each expert's rows gathered and its SwiGLU run as
      * GEMMs, the experts side by side (a thread an expert at a time, its
@@ -743,13 +812,18 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
     if (m->ref && (m->hooks.attn_cmp || m->hooks.hidden_cmp || m->hooks.logits_cmp || m->shadow) &&
         kvd_reference_rows(m->ref->held_rows, m->ref->pos, rows, m->pos, err))
         return -1;
-    if (m->held) m->held_rows = rows, m->held_logits_rows = 0;
+    if (m->held) {
+        m->held_rows = rows, m->held_logits_rows = 0;
+        memcpy(m->held_tok, b->tok, sizeof(int32_t) * (size_t)rows);
+    }
 
-    /* embed */
-    for (r = 0; r < rows; r++)
+    /* embed, or the reference's residual stream past the shared layers */
+    const int l0 = shared_prefix(m, b, rows, err);
+    if (l0 < 0) return -1;
+    for (r = 0; r < rows && !l0; r++)
         memcpy(m->x + (size_t)r * H, m->w->embed + (size_t)b->tok[r] * H, sizeof(float) * H);
 
-    for (int l = 0; l < c->num_hidden_layers; l++) {
+    for (int l = l0; l < c->num_hidden_layers; l++) {
         const kvd_layer_weights *lw = &m->w->layers[l];
         /* token mixer: h = x + mixer(input_layernorm(x)) */
         for (r = 0; r < rows; r++)

@@ -99,6 +99,15 @@ void kvd_model_set_shadow(kvd_model *m, kvd_kvcache *shadow);
  * outlive the setting. 0, or -1 with err set. */
 int kvd_model_set_reference(kvd_model *m, kvd_model *ref, const kvd_kvcache *ref_kv, char *err);
 
+/* While on, each step's rows are the reference's last step's (the same
+ * tokens at the same positions) over sequences whose history is the
+ * reference's (a drift run's lock step, not its generations): the layers
+ * below the first full-attention layer, which read no cache, then give the
+ * reference's results, so they are taken from it rather than run again
+ * (residual streams, routed experts, the hooks' figures and the sequences'
+ * recurrent state of those layers), bit for bit what running them gives. */
+void kvd_model_share_prefix(kvd_model *m, int on);
+
 /* Clear the recurrent state (conv and DeltaNet) of one sequence slot, or
  * copy one slot's into another (with kvd_kvcache_fork: a branch). */
 void kvd_model_reset_seq(kvd_model *m, int seq);

@@ -458,7 +458,11 @@ static void same_drift(const kvd_drift *a, const kvd_drift *b) {
  * reference's K/V rows) give each mode the figures of the reference-side
  * view, run one mode at a time (the CPU model with shadow_of_reference
  * off, as the device model runs), bit for bit: every KV format, FP8
- * attention over the E4M3 modes, a copy span and two generations. */
+ * attention over the E4M3 modes, a copy span and two generations. The
+ * group's candidates take the layers below the first full-attention layer
+ * from the reference (kvd_model_share_prefix); those run alone compute
+ * them, so that sharing is held to computing too: hidden-state figures,
+ * router flips and the generations (which run on the shared layers' state). */
 static void drift_shared_reference(void **st) {
     (void)st;
     char err[KVD_ERR_LEN];
@@ -479,6 +483,7 @@ static void drift_shared_reference(void **st) {
     for (int j = 0; j < K; j++) scales[j] = kvd_kv_mode_scaled(modes[j]) ? &sc : NULL;
     kvd_engine_ops one_side = kvd_engine_cpu;
     one_side.shadow_of_reference = 0; /* the shadow on the reference */
+    one_side.share_prefix = NULL;     /* every layer run by every candidate */
     const kvd_backend apart = {&one_side, 1};
     for (int fp8 = 0; fp8 < 2; fp8++) {
         /* FP8 attention: only the E4M3 modes run it */
