@@ -901,14 +901,7 @@ static int drift_cells(kvd_results *res, const run_opts *o, const kvd_weights *w
     if (!np) return 0;
     uint8_t *is_copy = calloc((size_t)ctx + 1, 1), *start = calloc((size_t)ctx + 1, 1);
     if (!is_copy || !start) kvd_die(1, cmd, "out of memory");
-    for (int64_t r = 0; r < tr->n_refs; r++) {
-        int64_t p = tr->refs[r].pos;
-        if (p > ctx) break;
-        is_copy[p] = 1;
-        int cont =
-            r > 0 && tr->refs[r - 1].pos == p - 1 && tr->refs[r - 1].src == tr->refs[r].src - 1;
-        start[p] = !cont;
-    }
+    kvd_trace_copy_marks(tr, ctx, is_copy, start);
     kvd_drift_opts dop = o->dopt;
     dop.n_gen = 0;
     if (dop.gen_tokens > 0) {

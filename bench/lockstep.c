@@ -47,10 +47,7 @@ int kvd_bench_lockstep(const kvd_backend *be, const kvd_weights *w, int64_t ctx,
     float *logits = malloc(sizeof(float) * 256 * (size_t)c->vocab_size);
     int rc = copy && start && logits ? 0 : -1;
     if (rc) snprintf(err, KVD_ERR_LEN, "bench lockstep: out of memory");
-    for (int64_t r = 0; r < t.n_refs && rc == 0; r++)
-        if (t.refs[r].pos <= ctx)
-            copy[t.refs[r].pos] = 1,
-            start[t.refs[r].pos] = r == 0 || t.refs[r - 1].pos != t.refs[r].pos - 1;
+    if (rc == 0) kvd_trace_copy_marks(&t, ctx, copy, start); /* as run marks them */
     /* alone (all logits), alone (last row), lock step, lock step sampling
      * attention at copy starts only, four modes in lock step with one
      * reference run */

@@ -358,6 +358,16 @@ void kvd_trace_free(kvd_trace *t) {
     memset(t, 0, sizeof *t);
 }
 
+void kvd_trace_copy_marks(const kvd_trace *t, int64_t n, uint8_t *is_copy, uint8_t *copy_start) {
+    for (int64_t r = 0; r < t->n_refs && t->refs[r].pos <= n; r++) {
+        const int64_t p = t->refs[r].pos;
+        const int cont =
+            r > 0 && t->refs[r - 1].pos == p - 1 && t->refs[r - 1].src == t->refs[r].src - 1;
+        is_copy[p] = 1;
+        copy_start[p] = !cont;
+    }
+}
+
 void kvd_trace_reuse_hist(const kvd_trace *t, int64_t hist[64]) {
     memset(hist, 0, 64 * sizeof hist[0]);
     for (int64_t i = 0; i < t->n_refs; i++) {

@@ -61,6 +61,13 @@ void kvd_trace_free(kvd_trace *t);
 char *kvd_trace_spec_json(const kvd_trace_spec *s); /* malloc'd */
 int kvd_trace_spec_from_json(const char *json, kvd_trace_spec *s, char *err);
 
+/* The copy marks of the first n + 1 positions (0 .. n), into is_copy and
+ * copy_start (n + 1 bytes each, zeroed by the caller): is_copy[p] when
+ * token p copies earlier content, copy_start[p] when it starts a copy,
+ * that is, it does not continue the copy at p - 1 from the token after
+ * that one's source. */
+void kvd_trace_copy_marks(const kvd_trace *t, int64_t n, uint8_t *is_copy, uint8_t *copy_start);
+
 /* Reuse distances of the references, in log2 buckets: hist[b] counts
  * distances d with 2^b <= d < 2^(b+1), b < 64. */
 void kvd_trace_reuse_hist(const kvd_trace *t, int64_t hist[64]);

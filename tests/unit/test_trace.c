@@ -187,6 +187,25 @@ static void imports(void **st) {
     unlink(p);
 }
 
+/* Copy marks by hand: a copy continues only where both the position and
+ * the source step by one; positions past n are left alone. */
+static void copy_marks(void **st) {
+    (void)st;
+    kvd_reference refs[] = {{10, 3}, {11, 4}, {12, 9}, {13, 10}, {15, 11}, {16, 12}, {30, 1}};
+    kvd_trace t;
+    memset(&t, 0, sizeof t);
+    t.refs = refs;
+    t.n_refs = sizeof refs / sizeof refs[0];
+    uint8_t copy[21] = {0}, start[21] = {0};
+    kvd_trace_copy_marks(&t, 20, copy, start);
+    for (int p = 0; p <= 20; p++) {
+        const int is = p >= 10 && p <= 16 && p != 14;
+        assert_int_equal(copy[p], is);
+        /* 10 starts; 11 continues; 12 jumps source; 13 continues; 15 follows a gap */
+        assert_int_equal(start[p], p == 10 || p == 12 || p == 15);
+    }
+}
+
 static void refusals(void **st) {
     (void)st;
     kvd_trace_spec s;
@@ -207,6 +226,7 @@ int main(void) {
         cmocka_unit_test(reuse_follows_spec),
         cmocka_unit_test(file_round_trip_and_truncation),
         cmocka_unit_test(imports),
+        cmocka_unit_test(copy_marks),
         cmocka_unit_test(refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
