@@ -1348,6 +1348,15 @@ int kvd_cmd_run(int argc, char **argv) {
     printf("\nwrote %s: %lld cells (%lld drift rows, %lld throughput rows)\n", o.out,
            (long long)res.t[KVD_T_CELLS].n, (long long)res.t[KVD_T_OUTPUT].n,
            (long long)res.t[KVD_T_TPUT].n);
+    /* and what did not finish, as the report lists it */
+    char(*fl)[KVD_FAIL_LEN] = malloc(sizeof(char[KVD_FAIL_MAX][KVD_FAIL_LEN]));
+    const int nfl = fl ? kvd_run_failures(&view, fl) : 0;
+    if (nfl)
+        printf("\n%lld %s not finish (%s keeps why in /failures):\n",
+               (long long)res.t[KVD_T_FAIL].n, res.t[KVD_T_FAIL].n == 1 ? "cell did" : "cells did",
+               o.out);
+    for (int l = 0; l < nfl; l++) printf("  %s\n", fl[l]);
+    free(fl);
     for (int i = 0; i < o.n_ctx * o.traces; i++) kvd_trace_free(&tr[i]);
     free(tr);
     kvd_kv_scales_free(&sc), kvd_kv_scales_free(&am), kvd_kv_scales_free(&ck);

@@ -377,6 +377,8 @@ PY
 [ $rc -eq 1 ] && grep -q "^kvdrift run: cell drift_fp8-unscaled_c1_ctx256_t0 failed among 4 modes at once; trying it alone$" "$work/ov.err" &&
   grep -q "^kvdrift run: cell drift_fp8-unscaled_c1_ctx256_t0: non-finite activation .* at sequence 0, position [0-9]*, hidden dim [0-9]* (under --fp8-overflow nan, an FP8 write past the format's range stores NaN or infinity)$" "$work/ov.err" &&
   grep -q "^fp8-unscaled *256 *failed " "$work/ov.out" &&
+  grep -qE "^(1 cell|2 cells) did not finish \(.*ov.h5 keeps why in /failures\):$" "$work/ov.out" &&
+  grep -q "^  fp8-unscaled: drift at 256 tokens (trace 0): non-finite activation" "$work/ov.out" &&
   grep -q "^In this run, the FP8 caches were written as a cast without a clamp writes them (--fp8-overflow nan)" "$work/ov.out" &&
   ok || bad "run --fp8-overflow nan: exit $rc, $(cat "$work/ov.err" "$work/ov.out")"
 "$py" - "$work/fa0.h5" "$work/ov.h5" <<'PY' && ok || bad "run --fp8-overflow nan: the cells kept differ from a saturating run's"
