@@ -162,7 +162,7 @@ int kvd_run_failures(const kvd_run *r, char s[KVD_FAIL_MAX][KVD_FAIL_LEN]) {
         snprintf(s[l] + k, KVD_FAIL_LEN - k, ": %s",
                  KVD_ROW(t, kvd_row_failure, first[l])->message);
     }
-    if (more) snprintf(s[n++], KVD_FAIL_LEN, "and %d cells more", more);
+    if (more) snprintf(s[n++], KVD_FAIL_LEN, "and %d %s more", more, more == 1 ? "cell" : "cells");
     return n;
 }
 
@@ -1815,7 +1815,7 @@ void kvd_report_failures(kvd_buf *b, const kvd_run *r, const char *intro, int ht
 /* Each run's cells that did not finish, under the verdict table */
 static void failures_block(kvd_buf *b, const kvd_run *runs, int n, int html) {
     for (int i = 0; i < n; i++) {
-        char intro[160];
+        char intro[400];
         snprintf(intro, sizeof intro, "%s%sells that did not finish, so have no figures above:",
                  n > 1 ? runs[i].label : "", n > 1 ? ": c" : "C");
         kvd_report_failures(b, &runs[i], intro, html);

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "../../bench/results.h"
+#include "../../reports/report.h"
 #include "../../runners/config.h"
 
 /* within tol of the value worked by hand, relative to it */
@@ -453,6 +454,54 @@ static void failures_on_file(void **st) {
     unlink(path);
 }
 
+static void add_failure(kvd_results *r, const char *cell, const char *kind, const char *mode, int c,
+                        int trace, const char *msg) {
+    kvd_row_failure *x = kvd_results_add(r, KVD_T_FAIL);
+    snprintf(x->cell, sizeof x->cell, "%s", cell);
+    snprintf(x->kind, sizeof x->kind, "%s", kind);
+    snprintf(x->mode, sizeof x->mode, "%s", mode);
+    x->concurrency = c, x->context = 256, x->trace = trace;
+    snprintf(x->message, sizeof x->message, "%s", msg);
+}
+
+/* The lines report, compare and trend give of /failures: one a mode and
+ * message, its cells in the table's order; past KVD_FAIL_MAX - 1 lines,
+ * the last counts the cells left. */
+static void failure_lines(void **st) {
+    (void)st;
+    kvd_run run;
+    memset(&run, 0, sizeof run);
+    kvd_results_init(&run.r);
+    add_failure(&run.r, "drift_fp8-unscaled_c1_ctx256_t0", "drift", "fp8-unscaled", 1, 0, "NaN A");
+    add_failure(&run.r, "drift_fp8-cal_c1_ctx256_t0", "drift", "fp8-cal", 1, 0, "NaN B");
+    add_failure(&run.r, "tput_fp8-unscaled_c2_ctx256", "throughput", "fp8-unscaled", 2, -1,
+                "NaN A");
+    add_failure(&run.r, "tput_fp8-unscaled_c4_ctx256", "throughput", "fp8-unscaled", 4, -1,
+                "NaN C");
+    char(*s)[KVD_FAIL_LEN] = malloc(sizeof(char[KVD_FAIL_MAX][KVD_FAIL_LEN]));
+    assert_int_equal(kvd_run_failures(&run, s), 3);
+    assert_string_equal(s[0], "fp8-unscaled: drift at 256 tokens (trace 0); throughput at 256 "
+                              "tokens, concurrency 2: NaN A");
+    assert_string_equal(s[1], "fp8-cal: drift at 256 tokens (trace 0): NaN B");
+    assert_string_equal(s[2], "fp8-unscaled: throughput at 256 tokens, concurrency 4: NaN C");
+    /* as many more messages as make the lines overflow, and one more cell
+     * of a line there already */
+    for (int i = 0; i < KVD_FAIL_MAX; i++) {
+        char msg[32];
+        snprintf(msg, sizeof msg, "message %d", i);
+        add_failure(&run.r, "drift_int8-token_c1_ctx256_t0", "drift", "int8-token", 1, i, msg);
+    }
+    add_failure(&run.r, "drift_fp8-cal_c1_ctx256_t9", "drift", "fp8-cal", 1, 9, "NaN B");
+    assert_int_equal(kvd_run_failures(&run, s), KVD_FAIL_MAX);
+    assert_string_equal(s[1], "fp8-cal: drift at 256 tokens (trace 0); drift at 256 tokens "
+                              "(trace 9): NaN B");
+    assert_string_equal(s[KVD_FAIL_MAX - 2],
+                        "int8-token: drift at 256 tokens (trace 7): message 7");
+    assert_string_equal(s[KVD_FAIL_MAX - 1], "and 4 cells more");
+    free(s);
+    kvd_results_free(&run.r);
+}
+
 /* A file read light, then its positions one context at a time (as `trend`
  * reads a series): the sets of another context left out, the kept ones'
  * positions moved together in order, the pooled percentile and the pairing
@@ -531,6 +580,7 @@ int main(void) {
         cmocka_unit_test(position_errors),
         cmocka_unit_test(positions_on_file),
         cmocka_unit_test(failures_on_file),
+        cmocka_unit_test(failure_lines),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
