@@ -1057,6 +1057,8 @@ static const char *const run_help =
     "traces and records drift per layer and position bucket, and throughput per concurrency,\n"
     "to an HDF5 results file (docs/results-schema.md). Rerunning the same command resumes\n"
     "(other modes, contexts and concurrency levels may be added; other settings are refused).\n"
+    "A cell that fails (a NaN in its activations, say) is named, kept with why in the file's\n"
+    "/failures (report, compare and trend list it), and the others run on; the exit is then 1.\n"
     "  --kv LIST            modes (default bf16,fp8-cal,fp8-unscaled,fp8-e5m2; also fp8-ckpt,\n"
     "                       nvfp4-cal, nvfp4-unscaled, nvfp4-ckpt, fp8-token, int8-token,\n"
     "                       int8-token-rn)\n"
