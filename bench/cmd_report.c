@@ -231,10 +231,7 @@ int kvd_cmd_compare(int argc, char **argv) {
     kvd_run_differences(&runs[0], &runs[1], diff, sizeof diff);
     if (diff[0]) printf("note: the runs differ in %s\n", diff);
     printf("note: %s\n", kvd_runs_pairing_note(&runs[0], &runs[1]));
-    char(*fl)[KVD_FAIL_LEN] = malloc(sizeof(char[KVD_FAIL_MAX][KVD_FAIL_LEN]));
-    const int nfl = fl ? kvd_run_failures(&runs[1], fl) : 0;
-    for (int l = 0; l < nfl; l++) printf("note: cells the candidate did not finish: %s\n", fl[l]);
-    free(fl);
+    kvd_print_failures(stdout, &runs[1], NULL, "note: cells the candidate did not finish: ");
     int breaches = 0, missing = 0, noise = 0;
     for (int i = 0; i < n; i++) {
         const kvd_check *c = &checks[i];

@@ -462,16 +462,21 @@ static void utc_now(char *buf, size_t n) {
     strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
 }
 
+/* The fields that name a cell, which /cells and /failures rows share, and
+ * the time, into row (of either table). */
+#define NAME_CELL(row, utc, cell_, kind_, m, c, ctx, trace_)                                       \
+    do {                                                                                           \
+        snprintf((row)->cell, sizeof(row)->cell, "%s", cell_);                                     \
+        snprintf((row)->kind, sizeof(row)->kind, "%s", kind_);                                     \
+        snprintf((row)->mode, sizeof(row)->mode, "%s", kvd_kv_mode_name(m));                       \
+        (row)->concurrency = (c), (row)->context = (ctx), (row)->trace = (trace_);                 \
+        utc_now((row)->utc, sizeof(row)->utc);                                                     \
+    } while (0)
+
 static void mark_cell(kvd_results *r, const char *cell, const char *kind, kvd_kv_mode m, int c,
                       int64_t ctx, int trace, double secs) {
     kvd_row_cell *row = kvd_results_add(r, KVD_T_CELLS);
-    snprintf(row->cell, sizeof row->cell, "%s", cell);
-    snprintf(row->kind, sizeof row->kind, "%s", kind);
-    snprintf(row->mode, sizeof row->mode, "%s", kvd_kv_mode_name(m));
-    row->concurrency = c;
-    row->context = ctx;
-    row->trace = trace;
-    utc_now(row->completed_utc, sizeof row->completed_utc);
+    NAME_CELL(row, completed_utc, cell, kind, m, c, ctx, trace);
     row->seconds = secs;
     kvd_results_forget_failure(r, cell);
 }
@@ -486,13 +491,7 @@ static void fail_cell(kvd_results *r, const run_opts *o, const char *cell, const
     fprintf(stderr, "\nkvdrift run: cell %s: %s%s\n", cell, why, hint);
     kvd_results_forget_failure(r, cell);
     kvd_row_failure *row = kvd_results_add(r, KVD_T_FAIL);
-    snprintf(row->cell, sizeof row->cell, "%s", cell);
-    snprintf(row->kind, sizeof row->kind, "%s", kind);
-    snprintf(row->mode, sizeof row->mode, "%s", kvd_kv_mode_name(m));
-    row->concurrency = c;
-    row->context = ctx;
-    row->trace = trace;
-    utc_now(row->failed_utc, sizeof row->failed_utc);
+    NAME_CELL(row, failed_utc, cell, kind, m, c, ctx, trace);
     snprintf(row->message, sizeof row->message, "%s%s", why, hint);
 }
 
@@ -1351,14 +1350,11 @@ int kvd_cmd_run(int argc, char **argv) {
            (long long)res.t[KVD_T_CELLS].n, (long long)res.t[KVD_T_OUTPUT].n,
            (long long)res.t[KVD_T_TPUT].n);
     /* and what did not finish, as the report lists it */
-    char(*fl)[KVD_FAIL_LEN] = malloc(sizeof(char[KVD_FAIL_MAX][KVD_FAIL_LEN]));
-    const int nfl = fl ? kvd_run_failures(&view, fl) : 0;
-    if (nfl)
-        printf("\n%lld %s not finish (%s keeps why in /failures):\n",
-               (long long)res.t[KVD_T_FAIL].n, res.t[KVD_T_FAIL].n == 1 ? "cell did" : "cells did",
-               o.out);
-    for (int l = 0; l < nfl; l++) printf("  %s\n", fl[l]);
-    free(fl);
+    char head[KVD_ERR_LEN];
+    snprintf(head, sizeof head,
+             "\n%lld %s not finish (%s keeps why in /failures):", (long long)res.t[KVD_T_FAIL].n,
+             res.t[KVD_T_FAIL].n == 1 ? "cell did" : "cells did", o.out);
+    kvd_print_failures(stdout, &view, head, "  ");
     for (int i = 0; i < o.n_ctx * o.traces; i++) kvd_trace_free(&tr[i]);
     free(tr);
     kvd_kv_scales_free(&sc), kvd_kv_scales_free(&am), kvd_kv_scales_free(&ck);

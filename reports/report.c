@@ -1812,6 +1812,14 @@ void kvd_report_failures(kvd_buf *b, const kvd_run *r, const char *intro, int ht
     free(fl);
 }
 
+void kvd_print_failures(FILE *f, const kvd_run *r, const char *header, const char *lead) {
+    char(*fl)[KVD_FAIL_LEN] = malloc(sizeof(char[KVD_FAIL_MAX][KVD_FAIL_LEN]));
+    const int nf = fl ? kvd_run_failures(r, fl) : 0;
+    if (nf && header) fprintf(f, "%s\n", header);
+    for (int l = 0; l < nf; l++) fprintf(f, "%s%s\n", lead, fl[l]);
+    free(fl);
+}
+
 /* Each run's cells that did not finish, under the verdict table */
 static void failures_block(kvd_buf *b, const kvd_run *runs, int n, int html) {
     for (int i = 0; i < n; i++) {

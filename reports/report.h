@@ -111,6 +111,10 @@ int kvd_run_failures(const kvd_run *r, char s[KVD_FAIL_MAX][KVD_FAIL_LEN]);
 /* Those lines as a list after the paragraph intro, in HTML or Markdown;
  * nothing when every cell finished. */
 void kvd_report_failures(kvd_buf *b, const kvd_run *r, const char *intro, int html);
+/* The same lines on f for a terminal or a log: header (when not NULL) on a
+ * line of its own first, then each line after lead; nothing when every
+ * cell finished. */
+void kvd_print_failures(FILE *f, const kvd_run *r, const char *header, const char *lead);
 
 /* ---- compare ---- */
 

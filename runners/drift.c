@@ -274,22 +274,22 @@ typedef struct {
     kvd_kvcache kc, ks;
     kvd_engine mc;
     lockstep L;
-    float *lc;  /* its last step's last row's logits */
-    int failed; /* a step failed: it has dropped out of the lock step */
+    float *lc; /* its last step's last row's logits */
 } candidate;
 
-static int alive_count(const candidate *cd, int k) {
+/* the candidates still in the lock step: those whose figures have not failed */
+static int alive_count(const kvd_drift *d, int k) {
     int alive = 0;
-    for (int i = 0; i < k; i++) alive += !cd[i].failed;
+    for (int i = 0; i < k; i++) alive += !d[i].failed;
     return alive;
 }
 
 /* Candidate j's step failed with the message in err: it drops out, and
  * its figures say why. The number of candidates still running. */
-static int drop_out(candidate *cd, int k, int j, kvd_drift *d, const char *err) {
-    cd[j].failed = d[j].failed = 1;
+static int drop_out(kvd_drift *d, int k, int j, const char *err) {
+    d[j].failed = 1;
     snprintf(d[j].error, sizeof d[j].error, "%s", err);
-    return alive_count(cd, k);
+    return alive_count(d, k);
 }
 
 /* Greedy continuation of the reference and each candidate from the same
@@ -301,22 +301,22 @@ static int generate(kvd_engine *mr, kvd_kvcache *kr, candidate *cd, int k, int64
     int sr = kvd_engine_fork(mr, kr, 0), *sc = malloc(sizeof(int) * (size_t)k);
     int32_t *tc = malloc(sizeof(int32_t) * (size_t)k);
     float *lr = malloc(sizeof(float) * (size_t)V);
-    int i = 0, rc = -1, alive = 0;
+    int i = 0, rc = -1;
     if (!sc || !tc || !lr) {
         snprintf(err, KVD_ERR_LEN, "generation: out of memory");
         goto out;
     }
     for (int j = 0; j < k; j++) sc[j] = -1;
     for (i = 0; i < k && sr >= 0; i++)
-        if (!cd[i].failed && (sc[i] = kvd_engine_fork(&cd[i].mc, &cd[i].kc, 0)) < 0) break;
+        if (!d[i].failed && (sc[i] = kvd_engine_fork(&cd[i].mc, &cd[i].kc, 0)) < 0) break;
     if (sr < 0 || i < k) {
         snprintf(err, KVD_ERR_LEN, "generation: KV cache has no room to branch at %lld tokens",
                  (long long)prefix);
         goto out;
     }
     int32_t tr = kvd_argmax(last_r, V);
+    int alive = alive_count(d, k);
     for (int j = 0; j < k; j++) {
-        alive += !cd[j].failed;
         kvd_gen_result *g = &d[j].gen[d[j].n_gen];
         tc[j] = kvd_argmax(cd[j].lc, V);
         *g = (kvd_gen_result){prefix, ntok, ntok, 0};
@@ -340,11 +340,11 @@ static int generate(kvd_engine *mr, kvd_kvcache *kr, candidate *cd, int k, int64
         }
         double share = (kvd_now() - t0) / alive;
         for (int j = 0; j < k; j++) {
-            if (cd[j].failed) continue;
+            if (d[j].failed) continue;
             kvd_batch bc = {1, &sc[j], &one, &tc[j]};
             t0 = kvd_now();
             if (kvd_engine_forward(&cd[j].mc, &cd[j].kc, &bc, cd[j].lc, 1, err)) {
-                if (!(alive = drop_out(cd, k, j, d, err))) break;
+                if (!(alive = drop_out(d, k, j, err))) break;
                 continue;
             }
             tc[j] = kvd_argmax(cd[j].lc, V);
@@ -353,7 +353,7 @@ static int generate(kvd_engine *mr, kvd_kvcache *kr, candidate *cd, int k, int64
         if (!alive) break;
         tr = kvd_argmax(lr, V);
     }
-    for (int j = 0; j < k; j++) d[j].n_gen += !cd[j].failed;
+    for (int j = 0; j < k; j++) d[j].n_gen += !d[j].failed;
     rc = 0;
 out:
     if (sr >= 0) kvd_kvcache_release(kr, sr);
@@ -525,10 +525,10 @@ int kvd_drift_run_modes(const kvd_backend *be, const kvd_weights *w, const uint3
         double share = (kvd_now() - t0) / alive;
         cd[0].L.side = 1;
         for (int j = 0; j < k; j++) {
-            if (cd[j].failed) continue;
+            if (d[j].failed) continue;
             t0 = kvd_now();
             if (kvd_engine_forward(&cd[j].mc, &cd[j].kc, &bc, cd[j].lc, 1, err)) {
-                alive = drop_out(cd, k, j, d, err);
+                alive = drop_out(d, k, j, err);
                 continue;
             }
             compare_chunk(&cd[j].L, lr, cd[j].lc, tok, n);
@@ -542,7 +542,7 @@ int kvd_drift_run_modes(const kvd_backend *be, const kvd_weights *w, const uint3
                 generate(&mr, &kr, cd, k, end, o->gen_tokens, lr, V, d, err) ||
                 lockstep_hooks(&mr, cd, k, cand_side, 1, err))
                 goto out;
-            if (!(alive = alive_count(cd, k))) break;
+            if (!(alive = alive_count(d, k))) break;
             gi++;
         }
     }
