@@ -594,10 +594,23 @@ static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_sca
                   "layers\n",
                   routed, n, dc.n_layers);
         }
-        for (int g = 0; g < dc.n_gen && g < dd.n_gen; g++)
-            CHECK(abs(dc.gen[g].agree - dd.gen[g].agree) <= (frac_atol > 0.01 ? 1 : 0),
-                  "drift generation %d: %d agreeing tokens on the CPU, %d on the device\n", g,
-                  dc.gen[g].agree, dd.gen[g].agree);
+        /* greedy generation: the same tokens agree on both back ends up to
+         * the first divergence of either; past it each side runs on from
+         * other tokens, so a near tie that one back end's sums broke the
+         * other way (an NVFP4 code a step apart, say) leaves the agreement
+         * over the rest to chance: allowed to differ by the tokens after
+         * the earlier first divergence, at least one (exact: not at all) */
+        for (int g = 0; g < dc.n_gen && g < dd.n_gen; g++) {
+            const kvd_gen_result *a = &dc.gen[g], *b = &dd.gen[g];
+            const int first = a->first_divergence < b->first_divergence ? a->first_divergence
+                                                                        : b->first_divergence;
+            const int slack =
+                frac_atol > 0.01 ? (a->tokens - first > 1 ? a->tokens - first : 1) : 0;
+            CHECK(a->tokens == b->tokens && abs(a->agree - b->agree) <= slack,
+                  "drift generation %d: %d agreeing tokens on the CPU (first divergence %d), %d "
+                  "on the device (%d), of %d\n",
+                  g, a->agree, a->first_divergence, b->agree, b->first_divergence, a->tokens);
+        }
         for (int l = 0; l < dc.n_attn; l++) {
             const kvd_qstats *a = &dc.k_stats[l], *b = &dd.k_stats[l];
             const kvd_qstats *av = &dc.v_stats[l], *bv = &dd.v_stats[l];
