@@ -519,7 +519,7 @@ static void json_diffs(char *out, size_t n, json_t *ja, json_t *jb, const char *
     json_object_foreach(ja, key, v) {
         const json_t *w = json_object_get(jb, key);
         if (w && json_equal(v, (json_t *)w)) continue;
-        char what[200], x[48], y[48];
+        char what[320], x[128], y[128];
         if (json_is_object(v) || json_is_array(v) || json_is_object(w) || json_is_array(w)) {
             snprintf(what, sizeof what, "%s%s", prefix, key);
         } else {
@@ -537,7 +537,7 @@ static void json_diffs(char *out, size_t n, json_t *ja, json_t *jb, const char *
     }
     json_object_foreach(jb, key, v) {
         if (json_object_get(ja, key)) continue;
-        char what[200], y[48];
+        char what[320], y[128];
         if (quote && json_is_string(v))
             snprintf(y, sizeof y, "'%s'", json_string_value(v));
         else
