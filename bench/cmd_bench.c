@@ -378,8 +378,71 @@ static int bench_kernels(int reps, int portable) {
     free(A);
     free(B);
     free(C);
+
+    /* Decode's GEMMs: a few rows against weights that no CPU cache holds, as
+     * in a model whose layers together are far larger than the last-level
+     * cache. Each shape's weights are laid out in as many copies as make
+     * 256 MiB, and one pass multiplies the rows by each copy in turn; the
+     * figure is the weights' bytes per second against the read bandwidth. */
+    printf("\nDecode GEMMs (fp32): M rows against weights streamed from memory (copies of the\n"
+           "matrix filling 256 MiB, one after another), kvd_linear (%s)\n"
+           "against OpenBLAS's own threaded sgemm/sgemv on the same copies; an expert's 256\n"
+           "columns are one thread's (the model runs its experts side by side, a thread each):\n",
+           kvd_cpu_blas());
+    printf("  %-24s %6s %6s %6s %12s %12s %9s %8s\n", "shape", "M", "N", "K", "kvd_W_GB_s",
+           "blas_W_GB_s", "vs_blas", "of_read");
+    const int Md[] = {1, 2, 4, 8, 16};
+    const size_t pool = (size_t)256 << 20;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int N = shapes[si].N, K = shapes[si].K;
+        const size_t wn = (size_t)N * K;
+        const int copies = (int)((pool / sizeof(float) + wn - 1) / wn);
+        float *wt = malloc(sizeof(float) * wn * (size_t)copies);
+        float *x = malloc(sizeof(float) * (size_t)16 * K),
+              *y = malloc(sizeof(float) * (size_t)16 * N);
+        if (!wt || !x || !y) {
+            fprintf(stderr, "bench kernels: out of memory for the decode GEMMs\n");
+            free(wt), free(x), free(y);
+            return 1;
+        }
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < wn * (size_t)copies; i++) wt[i] = kvd_rng_normal(key, i % wn + 7);
+        for (size_t i = 0; i < (size_t)16 * K; i++) x[i] = kvd_rng_normal(key, i);
+        double *ts = malloc(sizeof(double) * (size_t)reps * 2);
+        for (size_t mi = 0; mi < sizeof Md / sizeof Md[0]; mi++) {
+            const int M = Md[mi];
+            for (int who = 0; who < 2; who++) { /* OpenBLAS, then kvd_linear */
+                openblas_set_num_threads(who ? 1 : threads);
+                for (int r = 0; r <= reps; r++) {
+                    double t0 = kvd_now();
+                    for (int c = 0; c < copies; c++) {
+                        const float *w = wt + wn * (size_t)c;
+                        if (who)
+                            kvd_linear(x, w, y, M, N, K);
+                        else if (M == 1)
+                            cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, w, K, x, 1, 0.0f,
+                                        y, 1);
+                        else
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, x,
+                                        K, w, K, 0.0f, y, N);
+                    }
+                    if (r) ts[who * reps + r - 1] = (kvd_now() - t0) / copies; /* 0: warm-up */
+                }
+            }
+            const double bytes = sizeof(float) * (double)wn, t_blas = median(ts, reps),
+                         t_kvd = median(ts + reps, reps);
+            printf("  %-24s %6d %6d %6d %12.2f %12.2f %8.2fx %7.1f%%\n", shapes[si].what, M, N, K,
+                   bytes / t_kvd / 1e9, bytes / t_blas / 1e9, t_blas / t_kvd,
+                   100.0 * bytes / t_kvd / rbw);
+        }
+        free(ts);
+        free(wt);
+        free(x);
+        free(y);
+    }
     printf("\nof_copy / of_read: cache bytes read per second over the copy / read bandwidth "
-           "above;\nvs_bf16: speed-up over the BF16 cache at the same context, the formats timed "
+           "above;\nW_GB_s: the weights' bytes read per second; vs_bf16: speed-up over the BF16 "
+           "cache at the same context, the formats timed "
            "in turn.\n%sTimes are medians.\n",
            both ? "of_vec: the portable kernels' speed over the AVX-512 kernels', timed in turn.\n"
                 : "");

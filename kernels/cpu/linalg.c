@@ -23,25 +23,124 @@ static void blas_single(void) {
 
 #define KVD_LINEAR_CHUNK 256
 
-static char blas_name[96];
+/* what sums the GEMMs of a few rows, where it is not the BLAS */
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#define KVD_STR_(x) #x
+#define KVD_STR(x) KVD_STR_(x)
+static const char few_rows_name[] = "; up to " KVD_STR(KVD_FEW_ROWS) " rows: AVX-512 FMA";
+#else
+static const char few_rows_name[] = "";
+#endif
+
+static char blas_name[128];
 static pthread_once_t blas_name_once = PTHREAD_ONCE_INIT;
 static void blas_describe(void) {
     const char *cfg = openblas_get_config();
     int words = 0, n = 0;
     while (cfg[n] && !(cfg[n] == ' ' && ++words == 2)) n++;
-    snprintf(blas_name, sizeof blas_name, "%.*s %s", n, cfg, openblas_get_corename());
+    snprintf(blas_name, sizeof blas_name, "%.*s %s%s", n, cfg, openblas_get_corename(),
+             few_rows_name);
 }
 
-/* "OpenBLAS 0.3.21 SkylakeX": the library and its version (its
- * configuration's first two words), then the core type it dispatched to */
+/* "OpenBLAS 0.3.21 SkylakeX; up to 16 rows: AVX-512 FMA": the library and
+ * its version (its configuration's first two words), the core type it
+ * dispatched to, then what sums a GEMM of a few rows instead */
 const char *kvd_cpu_blas(void) {
     pthread_once(&blas_name_once, blas_describe);
     return blas_name;
 }
 
+/* ---- a few rows: decode's GEMMs ----
+ * At decode a GEMM has one row per sequence of the batch. OpenBLAS packs
+ * the weights for every call, which at a few rows costs more than the
+ * products (a third of the read bandwidth at 4 rows), and sums a row
+ * otherwise as the batch grows. Up to KVD_FEW_ROWS rows, the weights stream
+ * once instead, four of their rows at a time against every row of x, and
+ * every output is one fixed sequence of operations:
+ *   lane l (0..15) accumulates fmaf(w[k], x[k], acc) over k = l, l + 16, ...
+ *   (zeros past K); then lanes l and l + 8 are added, then l and l + 4,
+ *   then (0 + 2) + (1 + 3).
+ * So a row's outputs are the same bits whichever other rows share its batch
+ * and however N is split over threads: batched decode equals each sequence
+ * decoded alone. kvd_linear_rows_ref below is that sequence written out. */
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#define KVD_FEW_ROWS_AVX512 1
+#include <immintrin.h>
+
+static inline float lanes_sum(__m512 v) {
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+/* mb rows of x against nb rows of w (both at most 4; constants where it is
+ * inlined, so the 16 accumulators stay in registers) */
+static inline __attribute__((always_inline)) void
+rows_tile(const float *x, const float *w, float *y, int N, int K, int mb, int nb) {
+    __m512 acc[4][4], wv[4];
+    for (int m = 0; m < mb; m++)
+        for (int j = 0; j < nb; j++) acc[m][j] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += 16) {
+        const __mmask16 t = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1);
+        for (int j = 0; j < nb; j++) wv[j] = _mm512_maskz_loadu_ps(t, w + (size_t)j * K + k);
+        for (int m = 0; m < mb; m++) {
+            const __m512 xv = _mm512_maskz_loadu_ps(t, x + (size_t)m * K + k);
+            for (int j = 0; j < nb; j++) acc[m][j] = _mm512_fmadd_ps(wv[j], xv, acc[m][j]);
+        }
+    }
+    for (int m = 0; m < mb; m++)
+        for (int j = 0; j < nb; j++) y[(size_t)m * N + j] = lanes_sum(acc[m][j]);
+}
+
+/* every row of x against nb rows of w, four rows of x at a time */
+static inline __attribute__((always_inline)) void
+rows_group(const float *x, const float *w, float *y, int M, int N, int K, int nb) {
+    for (int m0 = 0; m0 < M; m0 += 4) {
+        const float *xm = x + (size_t)m0 * K;
+        float *ym = y + (size_t)m0 * N;
+        if (M - m0 >= 4)
+            rows_tile(xm, w, ym, N, K, 4, nb);
+        else if (M - m0 == 3)
+            rows_tile(xm, w, ym, N, K, 3, nb);
+        else if (M - m0 == 2)
+            rows_tile(xm, w, ym, N, K, 2, nb);
+        else
+            rows_tile(xm, w, ym, N, K, 1, nb);
+    }
+}
+
+static void linear_rows(const float *x, const float *w, float *y, int M, int N, int K, int n0,
+                        int n1) {
+    int n = n0;
+    for (; n + 4 <= n1; n += 4) rows_group(x, w + (size_t)n * K, y + n, M, N, K, 4);
+    for (; n < n1; n++) rows_group(x, w + (size_t)n * K, y + n, M, N, K, 1);
+}
+#endif
+
+void kvd_linear_rows_ref(const float *x, const float *w, float *y, int M, int N, int K) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            const float *xr = x + (size_t)m * K, *wr = w + (size_t)n * K;
+            float acc[16] = {0};
+            for (int k0 = 0; k0 < K; k0 += 16)
+                for (int l = 0; l < 16; l++)
+                    acc[l] = k0 + l < K ? fmaf(wr[k0 + l], xr[k0 + l], acc[l]) : acc[l] + 0.0f;
+            for (int l = 0; l < 8; l++) acc[l] += acc[l + 8];
+            for (int l = 0; l < 4; l++) acc[l] += acc[l + 4];
+            y[(size_t)m * N + n] = (acc[0] + acc[2]) + (acc[1] + acc[3]);
+        }
+}
+
 static void linear_cols(const float *x, const float *w, float *y, int M, int N, int K, int n0,
                         int n1) {
     if (n1 <= n0) return;
+#ifdef KVD_FEW_ROWS_AVX512
+    if (M <= KVD_FEW_ROWS) {
+        linear_rows(x, w, y, M, N, K, n0, n1);
+        return;
+    }
+#endif
     if (M == 1) {
         cblas_sgemv(CblasRowMajor, CblasNoTrans, n1 - n0, K, 1.0f, w + (size_t)n0 * K, K, x, 1,
                     0.0f, y + n0, 1);

@@ -463,7 +463,7 @@ other=Sandybridge
 case "$blas" in *Sandybridge) other=Haswell ;; esac
 "$py" -c "import sys, json, h5py; s = json.loads(h5py.File(sys.argv[1])['/'].attrs['run_settings']); assert s['blas'] == sys.argv[2] and sys.argv[2].startswith('OpenBLAS '), (s.get('blas'), sys.argv[2])" "$work/c1.h5" "$blas" &&
   ok || bad "run_settings do not name the BLAS ($blas)"
-resume_refused "$work/c1.h5" "$work/c1.before" "c1.h5 holds cells run with $blas, this run has OpenBLAS [0-9.]+ $other \(another CPU's BLAS kernels round the sums otherwise\)" env OPENBLAS_CORETYPE=$other "$bin" "${c1[@]}"
+resume_refused "$work/c1.h5" "$work/c1.before" "c1.h5 holds cells run with $blas, this run has OpenBLAS [0-9.]+ $other[^(]* \(another CPU's BLAS kernels round the sums otherwise\)" env OPENBLAS_CORETYPE=$other "$bin" "${c1[@]}"
 resume_refused "$work/c1.h5" "$work/c1.before" "c1.h5 holds cells of another model" "$bin" run --model small --kv fp8-cal --context 256 --concurrency 1 --seed 3 --calib-tokens 700 --gen-tokens 0 --decode-tokens 2
 if "$bin" "${c1[@]}" --kv fp8-cal,bf16 --context 128,256,384 -o "$work/c1.h5" >/dev/null 2>"$work/e5" &&
   grep -q "resuming .*c1.h5: 2 cells already finished" "$work/e5"; then ok; else bad "adding modes and contexts did not resume: $(cat "$work/e5")"; fi
@@ -525,17 +525,23 @@ if "$bin" run --model tiny --kv bf16,fp8-cal --context 256 --concurrency 1,2 --c
 # steps costs); the settings name the count, and --repeats 0 is refused
 if "$bin" run --model tiny --kv bf16 --context 256 --concurrency 1,3 --cells throughput \
   --decode-tokens 6 --repeats 1 -o "$work/rp.h5" >"$work/rp.out" 2>&1 &&
-  "$py" - "$work/rp.h5" <<'PY'
+  "$py" - "$work/rp.h5" "$blas" <<'PY'
 import json, sys
 import h5py
 f = h5py.File(sys.argv[1], "r")
+# with AVX-512 a decode of up to 16 sequences sums every row as it would
+# alone: the batched first step is the same bits as each sequence's own
+few_rows = "rows: AVX-512" in sys.argv[2]
 assert json.loads(f.attrs["run_settings"])["repeats"] == 1
 for r in f["/throughput"][:]:
     c, steps = int(r["concurrency"]), int(r["output_tokens"]) - 1
     from_itl = c * steps / (r["itl_ms_mean"] * steps / 1e3)
     assert abs(r["decode_tok_s"] / from_itl - 1) < 0.05, (c, r["decode_tok_s"], from_itl)
     assert r["itl_ms_p50"] <= r["itl_ms_p90"] <= r["itl_ms_p99"], r
-    assert r["batch_drift_max_rel"] < 1e-3 and (c == 1) == (r["batch_drift_max_rel"] == 0), r
+    if few_rows:
+        assert r["batch_drift_max_rel"] == 0, r
+    else:
+        assert r["batch_drift_max_rel"] < 1e-3 and (c == 1) == (r["batch_drift_max_rel"] == 0), r
 PY
 then ok; else bad "--repeats 1: $(tail -3 "$work/rp.out")"; fi
 "$bin" run --model tiny --repeats 0 -o "$work/r0.h5" 2>"$work/e8"; rc=$?

@@ -1,0 +1,187 @@
+/* kvdrift: kvd_linear tests: every path against sums in double, the GEMMs
+ * of a few rows bit for bit against their order written out in scalar C,
+ * batch invariance, the same bits on any thread count, and a NaN kept to
+ * its row. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "../../kernels/kernels.h"
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+enum { FEW_ROWS_KERNEL = 1 };
+#else
+enum { FEW_ROWS_KERNEL = 0 };
+#endif
+
+/* a value of about unit size, its sign and bits from (seed, i) */
+static float val(uint32_t seed, size_t i) {
+    uint64_t z = (uint64_t)seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull + 1;
+    z ^= z >> 31;
+    z *= 0x94D049BB133111EBull;
+    z ^= z >> 29;
+    return (float)((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static float *filled(size_t n, uint32_t seed) {
+    float *p = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++) p[i] = val(seed, i);
+    return p;
+}
+
+/* every output within 2 K rounding errors (2^-24 each) of the sum of |w x| of
+ * the exact sum, which double gives to far better than that */
+static void near_double(const float *x, const float *w, const float *y, int M, int N, int K,
+                        const char *what) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = 0, a = 0;
+            for (int k = 0; k < K; k++) {
+                double p = (double)x[(size_t)m * K + k] * w[(size_t)n * K + k];
+                s += p, a += fabs(p);
+            }
+            const double got = y[(size_t)m * N + n], tol = 2.0 * K * a / 16777216.0 + 1e-30;
+            if (!(fabs(got - s) <= tol))
+                fail_msg("%s M=%d N=%d K=%d: y[%d][%d] = %.9g, the double sum %.9g (tolerance "
+                         "%.3g)",
+                         what, M, N, K, m, n, got, s, tol);
+        }
+}
+
+static const int Ks[] = {1, 7, 15, 16, 17, 100, 256, 1024};
+static const int Ns[] = {1, 3, 4, 5, 256, 300, 513};
+
+/* Up to KVD_FEW_ROWS rows, kvd_linear with AVX-512 is kvd_linear_rows_ref
+ * exactly; past them, and without AVX-512, the BLAS. Both against double. */
+static void every_path_against_double(void **st) {
+    (void)st;
+    const int Ms[] = {1, 2, 3, 4, 5, 8, 16, 17, 40};
+    for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
+        for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+            for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++) {
+                const int M = Ms[a], N = Ns[b], K = Ks[c];
+                float *x = filled((size_t)M * K, 1), *w = filled((size_t)N * K, 2);
+                float *y = malloc(sizeof(float) * (size_t)M * N),
+                      *r = malloc(sizeof(float) * (size_t)M * N);
+                kvd_linear(x, w, y, M, N, K);
+                near_double(x, w, y, M, N, K, "kvd_linear");
+                kvd_linear_rows_ref(x, w, r, M, N, K);
+                near_double(x, w, r, M, N, K, "kvd_linear_rows_ref");
+                if (FEW_ROWS_KERNEL && M <= KVD_FEW_ROWS)
+                    for (size_t i = 0; i < (size_t)M * N; i++)
+                        if (memcmp(&y[i], &r[i], sizeof(float)))
+                            fail_msg("M=%d N=%d K=%d: y[%zu] = %a, the scalar order gives %a", M, N,
+                                     K, i, (double)y[i], (double)r[i]);
+                free(x), free(w), free(y), free(r);
+            }
+}
+
+/* The order written out by hand for one output: K = 20, so lanes 0..3 take
+ * two products and 4..15 one; then the tree. */
+static void scalar_order_by_hand(void **st) {
+    (void)st;
+    enum { K = 20 };
+    float x[K], w[K], y;
+    for (int k = 0; k < K; k++) x[k] = val(3, (size_t)k), w[k] = val(4, (size_t)k) * 1e3f;
+    float lane[16];
+    for (int l = 0; l < 16; l++) lane[l] = fmaf(w[l], x[l], 0.0f);
+    for (int l = 0; l < 4; l++) lane[l] = fmaf(w[16 + l], x[16 + l], lane[l]);
+    float h[8];
+    for (int l = 0; l < 8; l++) h[l] = lane[l] + lane[l + 8];
+    float q[4];
+    for (int l = 0; l < 4; l++) q[l] = h[l] + h[l + 4];
+    const float want = (q[0] + q[2]) + (q[1] + q[3]);
+    kvd_linear_rows_ref(x, w, &y, 1, 1, K);
+    assert_memory_equal(&y, &want, sizeof y);
+    if (FEW_ROWS_KERNEL) {
+        kvd_linear(x, w, &y, 1, 1, K);
+        assert_memory_equal(&y, &want, sizeof y);
+    }
+}
+
+/* A row's outputs do not depend on the rows batched with it: each of 16
+ * rows, multiplied alone, gives the bits the batch of 16 gave it (the
+ * figure that batched decode equals each sequence decoded alone). */
+static void batch_invariance(void **st) {
+    (void)st;
+    if (!FEW_ROWS_KERNEL) {
+        print_message("skipped: no AVX-512 in this build; a few rows go to the BLAS, whose "
+                      "sums change with the batch\n");
+        return;
+    }
+    const int N = 300, K = 1024, M = KVD_FEW_ROWS;
+    float *x = filled((size_t)M * K, 5), *w = filled((size_t)N * K, 6);
+    float *yb = malloc(sizeof(float) * (size_t)M * N), *y1 = malloc(sizeof(float) * N);
+    for (int m0 = 1; m0 <= M; m0++) {
+        kvd_linear(x, w, yb, m0, N, K);
+        for (int m = 0; m < m0; m++) {
+            kvd_linear(x + (size_t)m * K, w, y1, 1, N, K);
+            if (memcmp(y1, yb + (size_t)m * N, sizeof(float) * N))
+                fail_msg("row %d of a batch of %d differs from the row alone", m, m0);
+        }
+    }
+    free(x), free(w), free(yb), free(y1);
+}
+
+/* One thread or two: the same bits, at a few rows and at many (the BLAS
+ * path splits N into fixed chunks) */
+static void threads_give_the_same_bits(void **st) {
+    (void)st;
+#ifdef _OPENMP
+    const int Ms[] = {1, 4, 16, 64}, N = 1000, K = 512, t0 = omp_get_max_threads();
+    for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++) {
+        const int M = Ms[a];
+        float *x = filled((size_t)M * K, 7), *w = filled((size_t)N * K, 8);
+        float *y1 = malloc(sizeof(float) * (size_t)M * N),
+              *y2 = malloc(sizeof(float) * (size_t)M * N);
+        omp_set_num_threads(1);
+        kvd_linear(x, w, y1, M, N, K);
+        omp_set_num_threads(2);
+        kvd_linear(x, w, y2, M, N, K);
+        assert_memory_equal(y1, y2, sizeof(float) * (size_t)M * N);
+        free(x), free(w), free(y1), free(y2);
+    }
+    omp_set_num_threads(t0);
+#else
+    print_message("skipped: built without OpenMP\n");
+#endif
+}
+
+/* A NaN in one row's activations turns that row's outputs NaN and no
+ * other's (the model's NaN check names the position it came from) */
+static void nan_stays_in_its_row(void **st) {
+    (void)st;
+    const int Ms[] = {4, 40}, N = 260, K = 96;
+    for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++) {
+        const int M = Ms[a];
+        float *x = filled((size_t)M * K, 9), *w = filled((size_t)N * K, 10);
+        float *y = malloc(sizeof(float) * (size_t)M * N);
+        x[(size_t)2 * K + 50] = NAN;
+        kvd_linear(x, w, y, M, N, K);
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++)
+                if (isnan(y[(size_t)m * N + n]) != (m == 2))
+                    fail_msg("M=%d: y[%d][%d] = %g", M, m, n, (double)y[(size_t)m * N + n]);
+        free(x), free(w), free(y);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_path_against_double), cmocka_unit_test(scalar_order_by_hand),
+        cmocka_unit_test(batch_invariance),          cmocka_unit_test(threads_give_the_same_bits),
+        cmocka_unit_test(nan_stays_in_its_row),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
