@@ -157,7 +157,7 @@ static inline double kvd_percentile_sorted(const float *v, int64_t n, double q) 
     if (n <= 0) return NAN;
     double x = q * (double)(n - 1);
     int64_t i = (int64_t)x;
-    return i + 1 < n ? v[i] + (x - (double)i) * (v[i + 1] - v[i]) : v[n - 1];
+    return i + 1 < n ? v[i] + (x - (double)i) * ((double)v[i + 1] - v[i]) : v[n - 1];
 }
 /* The same of unsorted v, which it sorts. */
 double kvd_percentile_f(float *v, int64_t n, double q);

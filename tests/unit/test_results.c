@@ -22,6 +22,7 @@
 #include "../../bench/results.h"
 #include "../../reports/report.h"
 #include "../../runners/config.h"
+#include "../../runners/drift.h"
 
 /* within tol of the value worked by hand, relative to it */
 static void close_to(double got, double want, double tol) {
@@ -128,6 +129,18 @@ static void two_traces(kvd_results *r, const char *mode, uint64_t h0, double sca
     b[1].copy = 1;
     kvd_results_add_tokens(r, mode, 512, 0, h0, a, 5);
     kvd_results_add_tokens(r, mode, 512, 1, 77, b, 3);
+}
+
+/* Between two ranks far apart the step is taken in double: 33554432 - 3
+ * is not a float (the floats there are 4 apart), and a float difference
+ * would put the median at 16777217 */
+static void percentile_steps_in_double(void **st) {
+    (void)st;
+    const float v[2] = {3.0f, 33554432.0f};
+    assert_true(kvd_percentile_sorted(v, 2, 0.5) == 16777217.5);
+    assert_true(kvd_percentile_sorted(v, 2, 0.25) == 3.0 + 0.25 * 33554429.0);
+    assert_true(kvd_percentile_sorted(v, 2, 1.0) == 33554432.0);
+    assert_true(isnan(kvd_percentile_sorted(v, 0, 0.5)));
 }
 
 static void percentiles_over_positions(void **st) {
@@ -574,6 +587,7 @@ int main(void) {
         cmocka_unit_test(pooled_figures),
         cmocka_unit_test(one_trace_exact),
         cmocka_unit_test(token_hash),
+        cmocka_unit_test(percentile_steps_in_double),
         cmocka_unit_test(percentiles_over_positions),
         cmocka_unit_test(paired_differences),
         cmocka_unit_test(paired_percentile_errors),
