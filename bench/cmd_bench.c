@@ -329,6 +329,7 @@ static int bench_kernels(int reps, int portable) {
     } shapes[] = {
         {"q_proj (query + gate)", 2 * cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size},
         {"k_proj / v_proj", cfg.num_key_value_heads * cfg.head_dim, cfg.hidden_size},
+        {"o_proj", cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim},
         {"in_proj_qkvz", 2 * kvd_key_dim(&cfg) + 2 * kvd_value_dim(&cfg), cfg.hidden_size},
         {"expert gate/up", cfg.moe_intermediate_size, cfg.hidden_size},
         {"lm_head", cfg.vocab_size, cfg.hidden_size},
@@ -391,15 +392,15 @@ static int bench_kernels(int reps, int portable) {
            kvd_cpu_blas());
     printf("  %-24s %6s %6s %6s %12s %12s %9s %8s\n", "shape", "M", "N", "K", "kvd_W_GB_s",
            "blas_W_GB_s", "vs_blas", "of_read");
-    const int Md[] = {1, 2, 4, 8, 16};
+    const int Md[] = {1, 2, 4, 8, 16, 32}, mmax = 32;
     const size_t pool = (size_t)256 << 20;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int N = shapes[si].N, K = shapes[si].K;
         const size_t wn = (size_t)N * K;
         const int copies = (int)((pool / sizeof(float) + wn - 1) / wn);
         float *wt = malloc(sizeof(float) * wn * (size_t)copies);
-        float *x = malloc(sizeof(float) * (size_t)16 * K),
-              *y = malloc(sizeof(float) * (size_t)16 * N);
+        float *x = malloc(sizeof(float) * (size_t)mmax * K),
+              *y = malloc(sizeof(float) * (size_t)mmax * N);
         if (!wt || !x || !y) {
             fprintf(stderr, "bench kernels: out of memory for the decode GEMMs\n");
             free(wt), free(x), free(y);
@@ -407,7 +408,7 @@ static int bench_kernels(int reps, int portable) {
         }
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < wn * (size_t)copies; i++) wt[i] = kvd_rng_normal(key, i % wn + 7);
-        for (size_t i = 0; i < (size_t)16 * K; i++) x[i] = kvd_rng_normal(key, i);
+        for (size_t i = 0; i < (size_t)mmax * K; i++) x[i] = kvd_rng_normal(key, i);
         double *ts = malloc(sizeof(double) * (size_t)reps * 2);
         for (size_t mi = 0; mi < sizeof Md / sizeof Md[0]; mi++) {
             const int M = Md[mi];

@@ -17,7 +17,7 @@ void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K);
 /* Up to this many rows (decode: one per sequence of the batch), kvd_linear
  * on a CPU with AVX-512 sums every output in one fixed order, whatever the
  * other rows: kvd_linear_rows_ref's, written out in scalar C. */
-#define KVD_FEW_ROWS 16
+#define KVD_FEW_ROWS 32
 void kvd_linear_rows_ref(const float *x, const float *w, float *y, int M, int N, int K);
 /* The BLAS behind kvd_linear as it names itself (OpenBLAS: version, build
  * and the core type whose kernels it picked for this CPU). Another core

@@ -42,7 +42,7 @@ static void blas_describe(void) {
              few_rows_name);
 }
 
-/* "OpenBLAS 0.3.21 SkylakeX; up to 16 rows: AVX-512 FMA": the library and
+/* "OpenBLAS 0.3.21 SkylakeX; up to 32 rows: AVX-512 FMA": the library and
  * its version (its configuration's first two words), the core type it
  * dispatched to, then what sums a GEMM of a few rows instead */
 const char *kvd_cpu_blas(void) {
