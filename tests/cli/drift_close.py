@@ -26,6 +26,24 @@ def same_bits(a, b):
         a[n].tobytes() == b[n].tobytes() for n in a.dtype.names)
 
 
+def fp8_codes_close(what, xg, xc, cg, cc, most=4):
+    """Two back ends' FP8 codes of the same K or V values, with the float32
+    values each wrote (xg, xc): the same byte wherever the two values are
+    the same bits; elsewhere, where sums in another order put a value the
+    other side of a rounding midpoint, one step apart, the same sign, at
+    most `most` codes. Returns what is wrong (a list of lines)."""
+    if not (xg.size == xc.size == cg.size == cc.size):
+        return [f"{what}: {xg.size}, {xc.size} values and {cg.size}, {cc.size} codes"]
+    apart = cg != cc
+    step = np.abs(cg.astype(int) - cc.astype(int))
+    if np.any(apart & (xg.view(np.uint32) == xc.view(np.uint32))):
+        return [f"{what}: codes differ where the values are the same bits"]
+    if np.any(step[apart] != 1) or apart.sum() > most:
+        return [f"{what}: {apart.sum()} codes differ (at most {most}, one step each): "
+                f"{list(zip(cg[apart][:8], cc[apart][:8]))}"]
+    return []
+
+
 def close(dev, cpu):
     bad = []
     for k in ("k_scale", "v_scale"):

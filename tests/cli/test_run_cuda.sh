@@ -153,12 +153,17 @@ cal=(calibrate --model tiny --calib-tokens 128 --per-head)
 fwd=(forward --model tiny --tokens 32 --calib-tokens 128)
 "$sim" "${fwd[@]}" --backend cuda --dump "$work/d-gpu" >"$work/f-gpu.out" 2>"$work/f.err" && ok || bad "forward --backend cuda: $(cat "$work/f.err")"
 "$cpu" "${fwd[@]}" --dump "$work/d-cpu" >"$work/f-cpu.out" 2>&1
-# forward's dump: the FP8 caches byte for byte, a BF16 cache element one
-# code apart or less than a BF16 step of its row's largest value (its FP32
-# input differs by roundings: the model test's rule), the
-# activations and logits within 1e-5 of their largest value
-"$py" - "$work/d-gpu" "$work/d-cpu" <<'PY' && ok || bad "forward --dump on the device differs from the CPU's (above)"
+# forward's dump: the FP8 caches byte for byte but at a rounding midpoint
+# (drift_close.fp8_codes_close), a BF16 cache element one code apart or
+# less than a BF16 step of its row's largest value (its FP32 input differs
+# by roundings: the model test's rule), the activations and logits within
+# 1e-5 of their largest value; with the BF16 cache the logits within 1e-4,
+# as a K or V value one BF16 step apart (2^-8 of it, where the FP8 caches'
+# codes rarely part) moves every later position that attends to it
+"$py" - "$work/d-gpu" "$work/d-cpu" "$here" <<'PY' && ok || bad "forward --dump on the device differs from the CPU's (above)"
 import sys, os, numpy as np
+sys.path.insert(0, sys.argv[3])
+import drift_close
 g, c = sys.argv[1:3]
 bad, n = [], 0
 for m in ("bf16", "fp8-cal", "fp8-unscaled", "fp8-e5m2"):
@@ -172,7 +177,8 @@ for m in ("bf16", "fp8-cal", "fp8-unscaled", "fp8-e5m2"):
         if len(x) != len(y):
             bad.append(f"{m}/{f}: {len(x)} bytes, the CPU's {len(y)}")
         elif f.endswith(".bin") and m != "bf16":
-            if x.tobytes() != y.tobytes(): bad.append(f"{m}/{f}: {(x != y).sum()} bytes differ")
+            pre = f.replace("_cache.", "_pre.").replace(".bin", ".f32")
+            bad += drift_close.fp8_codes_close(f"{m}/{f}", *(np.fromfile(os.path.join(d, m, pre), np.float32) for d in (g, c)), x, y)
         elif f.endswith(".bin"): # BF16, rows of head_dim 64
             u, v = ((z.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(-1, 64)
                     for z in (x, y))
@@ -182,8 +188,8 @@ for m in ("bf16", "fp8-cal", "fp8-unscaled", "fp8-e5m2"):
             if off.any(): bad.append(f"{m}/{f}: {off.sum()} BF16 values beyond a code and their row's step")
         else:
             u, v = x.view(np.float32), y.view(np.float32)
-            e = abs(u - v).max() / abs(v).max()
-            if not e <= 1e-5: bad.append(f"{m}/{f}: {e:.3g} of its largest value apart")
+            e, tol = abs(u - v).max() / abs(v).max(), 1e-4 if (m, f) == ("bf16", "logits.f32") else 1e-5
+            if not e <= tol: bad.append(f"{m}/{f}: {e:.3g} of its largest value apart (at most {tol:g})")
 if n != 36: bad.append(f"{n} files compared, expected 36")
 for p in bad:
     print("  " + p)
@@ -232,22 +238,24 @@ PY
 "$cpu" calibrate --model-dir "$work/ck" --calib-tokens 64 --into-checkpoint >/dev/null 2>&1
 "$sim" forward --model-dir "$work/ck" --tokens 32 --kv fp8-ckpt --backend cuda --dump "$work/d-ckg" >/dev/null 2>"$work/ck.err" || bad "fp8-ckpt on the device: $(cat "$work/ck.err")"
 "$cpu" forward --model-dir "$work/ck" --tokens 32 --kv fp8-ckpt --dump "$work/d-ckc" >/dev/null 2>&1
-"$py" - "$work/d-ckg/fp8-ckpt" "$work/d-ckc/fp8-ckpt" <<'PY' && ok || bad "fp8-ckpt on the device: the caches are not the CPU's"
+"$py" - "$work/d-ckg/fp8-ckpt" "$work/d-ckc/fp8-ckpt" "$here" <<'PY' && ok || bad "fp8-ckpt on the device: the caches are not the CPU's (above)"
 import sys
 import numpy as np
+sys.path.insert(0, sys.argv[3])
+import drift_close
 g, c = sys.argv[1:3]
+bad = []
 for f in ("k.0", "k.1", "v.0", "v.1"):
     w, l = f.split(".")
     xg, xc = (np.fromfile(f"{d}/{w}_pre.{l}.f32", np.float32) for d in (g, c))
     cg, cc = (np.fromfile(f"{d}/{w}_cache.{l}.bin", np.uint8) for d in (g, c))
-    assert xg.size == xc.size == cg.size == cc.size == 32 * 128, (f, xg.size, cg.size)
+    if xg.size != 32 * 128: bad.append(f"{f}: {xg.size} values")
     # K/V as close as the back ends' sums allow (relative to the layer's largest)
-    assert np.max(np.abs(xg - xc)) <= 1e-5 * np.max(np.abs(xc)), f
-    apart = cg != cc
-    # every code apart from a K/V apart, one step away, the same sign; and few
-    step = np.abs(cg.astype(int) - cc.astype(int))
-    assert not np.any(apart & (xg == xc)), (f, np.nonzero(apart & (xg == xc)))
-    assert np.all(step[apart] == 1) and apart.sum() <= 4, (f, np.nonzero(apart), cg[apart], cc[apart])
+    if not np.max(np.abs(xg - xc)) <= 1e-5 * np.max(np.abs(xc)): bad.append(f"{f}: K/V apart")
+    bad += drift_close.fp8_codes_close(f, xg, xc, cg, cc)
+for p in bad:
+    print("  " + p)
+sys.exit(1 if bad else 0)
 PY
 
 # a dense model (num_experts 0: the MLP in place of the experts), whose
