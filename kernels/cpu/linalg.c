@@ -53,8 +53,9 @@ const char *kvd_cpu_blas(void) {
 /* ---- a few rows: decode's GEMMs ----
  * At decode a GEMM has one row per sequence of the batch. OpenBLAS packs
  * the weights for every call, which at a few rows costs more than the
- * products (a third of the read bandwidth at 4 rows), and sums a row
- * otherwise as the batch grows. Up to KVD_FEW_ROWS rows, the weights stream
+ * products (at 4 rows it reads them at a quarter of the memory bandwidth:
+ * bench kernels' decode GEMMs), and sums a row otherwise as the batch
+ * grows. Up to KVD_FEW_ROWS rows, the weights stream
  * once instead, four of their rows at a time against every row of x, and
  * every output is one fixed sequence of operations:
  *   lane l (0..15) accumulates fmaf(w[k], x[k], acc) over k = l, l + 16, ...
