@@ -80,7 +80,7 @@ static double read_bandwidth(size_t bytes, int reps) {
         const size_t q = n / 4;
 #pragma omp parallel for reduction(+ : sum) schedule(static)
         for (size_t i = 0; i < q; i++) sum += a[i] + a[q + i] + a[2 * q + i] + a[3 * q + i];
-        double bw = (double)bytes / (kvd_now() - t0);
+        double bw = (double)(4 * q * sizeof *a) / (kvd_now() - t0);
         best = bw > best ? bw : best;
         total += sum;
     }
