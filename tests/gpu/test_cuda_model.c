@@ -594,12 +594,12 @@ static void drift_figures(const char *preset, kvd_kv_mode mode, const kvd_kv_sca
                   "layers\n",
                   routed, n, dc.n_layers);
         }
-        /* greedy generation: the same tokens agree on both back ends up to
-         * the first divergence of either; past it each side runs on from
-         * other tokens, so a near tie that one back end's sums broke the
-         * other way (an NVFP4 code a step apart, say) leaves the agreement
-         * over the rest to chance: allowed to differ by the tokens after
-         * the earlier first divergence, at least one (exact: not at all) */
+        /* greedy generation: past its first divergence a candidate runs on
+         * from other tokens than the reference's, and a near tie that the
+         * two back ends' sums broke apart (an NVFP4 code a step apart, say)
+         * parts their paths, so the agreement after the earlier of the two
+         * first divergences is left to chance: allowed to differ by the
+         * tokens after it, at least one (exact: not at all) */
         for (int g = 0; g < dc.n_gen && g < dd.n_gen; g++) {
             const kvd_gen_result *a = &dc.gen[g], *b = &dd.gen[g];
             const int first = a->first_divergence < b->first_divergence ? a->first_divergence
