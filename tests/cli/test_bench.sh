@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# kvdrift bench kernels once through (--reps 1): it exits 0, which it does
+# only when every decode attention kernel is within 1e-4 of its double
+# reference at 4K and 32K tokens; every table has its rows, each figure a
+# positive number; the decode GEMMs name what sums them. The speeds are not
+# held to anything: ctest runs another test beside it.
+set -u
+bin="$1"
+. "$(dirname "$0")/lib.sh"
+
+"$bin" bench kernels --reps 1 >"$work/k.out" 2>"$work/k.err"; rc=$?
+[ $rc = 0 ] && ok || bad "bench kernels: exit $rc, $(cat "$work/k.err")"
+blas=$("$bin" version | sed -n 's/^blas: //p')
+grep -qF "kvd_linear ($blas)" "$work/k.out" && ok || bad "the decode GEMMs do not name '$blas'"
+/usr/bin/python3 - "$work/k.out" <<'PY' && ok || bad "bench kernels' tables (above)"
+import re, sys
+text = open(sys.argv[1]).read()
+bad = []
+for what in ("memory copy bandwidth", "memory read bandwidth"):
+    m = re.search(what + r"[^:]*:\s+([0-9.]+) GB/s", text)
+    if not m or not float(m.group(1)) > 0: bad.append(f"no {what}")
+att = [l.split() for l in text.split("max_rel_err", 1)[1].split("GEMM (fp32)", 1)[0].splitlines()
+       if re.match(r"^\s*[0-9]+\s+[0-9]+\s+[a-z0-9]+\s", l)]
+# 2 block sizes x 2 contexts x 7 formats, each within the 1e-4 it exits on
+if len(att) != 28 or any(not 0 <= float(r[3]) <= 1e-4 or not float(r[4]) > 0 for r in att):
+    bad.append(f"decode attention: {len(att)} rows, {att[:2]}")
+gemm = re.findall(r"^  (\S.*?)\s+(512|1)\s+([0-9]+)\s+([0-9]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)x", 
+                  text.split("GEMM (fp32)", 1)[1].split("Decode GEMMs", 1)[0], re.M)
+if len(gemm) != 12 or any(not float(g[4]) > 0 for g in gemm): bad.append(f"GEMM: {len(gemm)} rows")
+dec = re.findall(r"^  (\S.*?)\s+(1|2|4|8|16|32)\s+([0-9]+)\s+([0-9]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)x\s+([0-9.]+)%",
+                 text.split("Decode GEMMs", 1)[1], re.M)
+if len(dec) != 36 or any(not float(d[4]) > 0 or not float(d[5]) > 0 for d in dec):
+    bad.append(f"decode GEMMs: {len(dec)} rows")
+for p in bad:
+    print("  " + p)
+sys.exit(1 if bad else 0)
+PY
+echo "bench: $pass passed, $fail failed"
+[ $fail = 0 ]
