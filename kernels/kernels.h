@@ -19,6 +19,9 @@ void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K);
  * other rows: kvd_linear_rows_ref's, written out in scalar C. */
 #define KVD_FEW_ROWS 32
 void kvd_linear_rows_ref(const float *x, const float *w, float *y, int M, int N, int K);
+/* KVD_FEW_ROWS where this build sums them so, else 0 (the BLAS sums every
+ * GEMM, in an order that changes with the batch). */
+int kvd_linear_fixed_rows(void);
 /* The BLAS behind kvd_linear as it names itself (OpenBLAS: version, build
  * and the core type whose kernels it picked for this CPU). Another core
  * type's kernels sum in another order: the CPU back end's figures are the

@@ -23,14 +23,20 @@ static void blas_single(void) {
 
 #define KVD_LINEAR_CHUNK 256
 
-/* what sums the GEMMs of a few rows, where it is not the BLAS */
+/* the GEMMs of a few rows summed in a fixed order (below) where the build
+ * has AVX-512 */
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
-#define KVD_STR_(x) #x
-#define KVD_STR(x) KVD_STR_(x)
-static const char few_rows_name[] = "; up to " KVD_STR(KVD_FEW_ROWS) " rows: AVX-512 FMA";
-#else
-static const char few_rows_name[] = "";
+#define KVD_FEW_ROWS_AVX512 1
+#include <immintrin.h>
 #endif
+
+int kvd_linear_fixed_rows(void) {
+#ifdef KVD_FEW_ROWS_AVX512
+    return KVD_FEW_ROWS;
+#else
+    return 0;
+#endif
+}
 
 static char blas_name[128];
 static pthread_once_t blas_name_once = PTHREAD_ONCE_INIT;
@@ -38,8 +44,10 @@ static void blas_describe(void) {
     const char *cfg = openblas_get_config();
     int words = 0, n = 0;
     while (cfg[n] && !(cfg[n] == ' ' && ++words == 2)) n++;
-    snprintf(blas_name, sizeof blas_name, "%.*s %s%s", n, cfg, openblas_get_corename(),
-             few_rows_name);
+    int k = snprintf(blas_name, sizeof blas_name, "%.*s %s", n, cfg, openblas_get_corename());
+    if (kvd_linear_fixed_rows() && k > 0 && (size_t)k < sizeof blas_name)
+        snprintf(blas_name + k, sizeof blas_name - (size_t)k, "; up to %d rows: AVX-512 FMA",
+                 kvd_linear_fixed_rows());
 }
 
 /* "OpenBLAS 0.3.21 SkylakeX; up to 32 rows: AVX-512 FMA": the library and
@@ -64,9 +72,7 @@ const char *kvd_cpu_blas(void) {
  * So a row's outputs are the same bits whichever other rows share its batch
  * and however N is split over threads: batched decode equals each sequence
  * decoded alone. kvd_linear_rows_ref below is that sequence written out. */
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-#define KVD_FEW_ROWS_AVX512 1
-#include <immintrin.h>
+#ifdef KVD_FEW_ROWS_AVX512
 
 static inline float lanes_sum(__m512 v) {
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));

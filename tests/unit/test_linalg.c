@@ -17,20 +17,11 @@
 #endif
 
 #include "../../kernels/kernels.h"
+#include "../../runners/weights.h"
 
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-enum { FEW_ROWS_KERNEL = 1 };
-#else
-enum { FEW_ROWS_KERNEL = 0 };
-#endif
-
-/* a value of about unit size, its sign and bits from (seed, i) */
+/* a value in (-1, 1) from (seed, i), by the weights' counter-based generator */
 static float val(uint32_t seed, size_t i) {
-    uint64_t z = (uint64_t)seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull + 1;
-    z ^= z >> 31;
-    z *= 0x94D049BB133111EBull;
-    z ^= z >> 29;
-    return (float)((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    return 2.0f * kvd_rng_uniform(kvd_rng_key(seed, "test.linalg"), i) - 1.0f;
 }
 
 static float *filled(size_t n, uint32_t seed) {
@@ -78,7 +69,7 @@ static void every_path_against_double(void **st) {
                 near_double(x, w, y, M, N, K, "kvd_linear");
                 kvd_linear_rows_ref(x, w, r, M, N, K);
                 near_double(x, w, r, M, N, K, "kvd_linear_rows_ref");
-                if (FEW_ROWS_KERNEL && M <= KVD_FEW_ROWS)
+                if (M <= kvd_linear_fixed_rows())
                     for (size_t i = 0; i < (size_t)M * N; i++)
                         if (memcmp(&y[i], &r[i], sizeof(float)))
                             fail_msg("M=%d N=%d K=%d: y[%zu] = %a, the scalar order gives %a", M, N,
@@ -104,7 +95,7 @@ static void scalar_order_by_hand(void **st) {
     const float want = (q[0] + q[2]) + (q[1] + q[3]);
     kvd_linear_rows_ref(x, w, &y, 1, 1, K);
     assert_memory_equal(&y, &want, sizeof y);
-    if (FEW_ROWS_KERNEL) {
+    if (kvd_linear_fixed_rows()) {
         kvd_linear(x, w, &y, 1, 1, K);
         assert_memory_equal(&y, &want, sizeof y);
     }
@@ -115,12 +106,12 @@ static void scalar_order_by_hand(void **st) {
  * batch gave it (batched decode equals each sequence decoded alone). */
 static void batch_invariance(void **st) {
     (void)st;
-    if (!FEW_ROWS_KERNEL) {
+    const int N = 300, K = 1024, M = kvd_linear_fixed_rows();
+    if (!M) {
         print_message("skipped: no AVX-512 in this build; a few rows go to the BLAS, whose "
                       "sums change with the batch\n");
         return;
     }
-    const int N = 300, K = 1024, M = KVD_FEW_ROWS;
     float *x = filled((size_t)M * K, 5), *w = filled((size_t)N * K, 6);
     float *yb = malloc(sizeof(float) * (size_t)M * N), *y1 = malloc(sizeof(float) * N);
     for (int m0 = 1; m0 <= M; m0++) {
