@@ -388,13 +388,17 @@ static int bench_kernels(int reps, int portable) {
      * cache. Each shape's weights are laid out in as many copies as make
      * 256 MiB, and one pass multiplies the rows by each copy in turn; the
      * figure is the weights' bytes per second against the read bandwidth. */
+    /* on a CPU with AVX-512, the AVX2 kernel (the same bits) timed beside it */
+    const int avx2_too = !strcmp(kvd_linear_rows_kernel(), "avx512") &&
+                         kvd_linear_rows_use("avx2") == 0 && kvd_linear_rows_use("avx512") == 0;
     printf("\nDecode GEMMs (fp32): M rows against weights streamed from memory (copies of the\n"
            "matrix filling 256 MiB, one after another), kvd_linear (%s)\n"
            "against OpenBLAS's own threaded sgemm/sgemv on the same copies; an expert's 256\n"
-           "columns are one thread's (the model runs its experts side by side, a thread each):\n",
-           kvd_cpu_blas());
-    printf("  %-24s %6s %6s %6s %12s %12s %9s %8s\n", "shape", "M", "N", "K", "kvd_W_GB_s",
-           "blas_W_GB_s", "vs_blas", "of_read");
+           "columns are one thread's (the model runs its experts side by side, a thread each)%s:\n",
+           kvd_cpu_blas(),
+           avx2_too ? "; avx2: the AVX2 kernel's speed over the AVX-512 one's" : "");
+    printf("  %-24s %6s %6s %6s %12s %12s %9s %8s%s\n", "shape", "M", "N", "K", "kvd_W_GB_s",
+           "blas_W_GB_s", "vs_blas", "of_read", avx2_too ? "     avx2" : "");
     const int Md[] = {1, 2, 4, 8, 16, 32}, mmax = 32;
     const size_t pool = (size_t)256 << 20;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -414,11 +418,12 @@ static int bench_kernels(int reps, int portable) {
         for (size_t i = 0; i < wn; i++) wt[i] = kvd_rng_normal(key, i + 7);
         for (int c = 1; c < copies; c++) memcpy(wt + wn * (size_t)c, wt, sizeof(float) * wn);
         for (size_t i = 0; i < (size_t)mmax * K; i++) x[i] = kvd_rng_normal(key, i);
-        double *ts = malloc(sizeof(double) * (size_t)reps * 2);
+        double *ts = malloc(sizeof(double) * (size_t)reps * 3);
         for (size_t mi = 0; mi < sizeof Md / sizeof Md[0]; mi++) {
             const int M = Md[mi];
-            for (int who = 0; who < 2; who++) { /* OpenBLAS, then kvd_linear */
+            for (int who = 0; who < 2 + avx2_too; who++) { /* OpenBLAS, kvd_linear, AVX2 */
                 openblas_set_num_threads(who ? 1 : threads);
+                if (who == 2) kvd_linear_rows_use("avx2");
                 for (int r = 0; r <= reps; r++) {
                     double t0 = kvd_now();
                     for (int c = 0; c < copies; c++) {
@@ -434,12 +439,15 @@ static int bench_kernels(int reps, int portable) {
                     }
                     if (r) ts[who * reps + r - 1] = (kvd_now() - t0) / copies; /* 0: warm-up */
                 }
+                if (who == 2) kvd_linear_rows_use("avx512");
             }
             const double bytes = sizeof(float) * (double)wn, t_blas = median(ts, reps),
                          t_kvd = median(ts + reps, reps);
-            printf("  %-24s %6d %6d %6d %12.2f %12.2f %8.2fx %7.1f%%\n", shapes[si].what, M, N, K,
+            printf("  %-24s %6d %6d %6d %12.2f %12.2f %8.2fx %7.1f%%", shapes[si].what, M, N, K,
                    bytes / t_kvd / 1e9, bytes / t_blas / 1e9, t_blas / t_kvd,
                    100.0 * bytes / t_kvd / rbw);
+            if (avx2_too) printf(" %7.2fx", t_kvd / median(ts + 2 * reps, reps));
+            printf("\n");
         }
         free(ts);
         free(wt);

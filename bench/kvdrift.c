@@ -43,6 +43,11 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     kvd_tmp_guard(); /* an interrupted write leaves no temporary behind */
+    char err[256];
+    if (kvd_cpu_gemm_env(err, sizeof err)) { /* a kernel named that this CPU lacks */
+        fprintf(stderr, "kvdrift: %s\n", err);
+        return 2;
+    }
     if (!strcmp(cmd, "forward")) return kvd_cmd_forward(argc - 2, argv + 2);
     if (!strcmp(cmd, "calibrate")) return kvd_cmd_calibrate(argc - 2, argv + 2);
     if (!strcmp(cmd, "export")) return kvd_cmd_export(argc - 2, argv + 2);

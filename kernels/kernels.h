@@ -15,13 +15,24 @@ extern "C" {
 /* y[M,N] = x[M,K] * W[N,K]^T: a Hugging Face Linear with W stored [out, in]. */
 void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K);
 /* Up to this many rows (decode: one per sequence of the batch), kvd_linear
- * on a CPU with AVX-512 sums every output in one fixed order, whatever the
- * other rows: kvd_linear_rows_ref's, written out in scalar C. */
+ * on a CPU with AVX-512 or AVX2 + FMA sums every output in one fixed order,
+ * whatever the other rows: kvd_linear_rows_ref's, written out in scalar C. */
 #define KVD_FEW_ROWS 32
 void kvd_linear_rows_ref(const float *x, const float *w, float *y, int M, int N, int K);
-/* KVD_FEW_ROWS where this build sums them so, else 0 (the BLAS sums every
+/* KVD_FEW_ROWS where this CPU sums them so, else 0 (the BLAS sums every
  * GEMM, in an order that changes with the batch). */
 int kvd_linear_fixed_rows(void);
+/* The kernel that sums them: "avx512", "avx2" (the same bits), or "blas"
+ * (none: OpenBLAS sums every GEMM). The best this CPU runs, found when the
+ * program starts, unless the environment's KVD_CPU_GEMM names another. */
+const char *kvd_linear_rows_kernel(void);
+/* Takes the named kernel from now on (tests, bench): 0; -1 where this CPU
+ * cannot run it; -2 for a name that is none of them. Call it before any
+ * threads run GEMMs. */
+int kvd_linear_rows_use(const char *name);
+/* -1, with the message in err, where KVD_CPU_GEMM names no kernel this CPU
+ * runs (the best one is taken instead); else 0 */
+int kvd_cpu_gemm_env(char *err, size_t len);
 /* The BLAS behind kvd_linear as it names itself (OpenBLAS: version, build
  * and the core type whose kernels it picked for this CPU). Another core
  * type's kernels sum in another order: the CPU back end's figures are the

@@ -6,6 +6,8 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -23,58 +25,38 @@ static void blas_single(void) {
 
 #define KVD_LINEAR_CHUNK 256
 
-/* the GEMMs of a few rows summed in a fixed order (below) where the build
- * has AVX-512 */
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-#define KVD_FEW_ROWS_AVX512 1
-#include <immintrin.h>
-#endif
-
-int kvd_linear_fixed_rows(void) {
-#ifdef KVD_FEW_ROWS_AVX512
-    return KVD_FEW_ROWS;
-#else
-    return 0;
-#endif
-}
-
-static char blas_name[128];
-static pthread_once_t blas_name_once = PTHREAD_ONCE_INIT;
-static void blas_describe(void) {
-    const char *cfg = openblas_get_config();
-    int words = 0, n = 0;
-    while (cfg[n] && !(cfg[n] == ' ' && ++words == 2)) n++;
-    int k = snprintf(blas_name, sizeof blas_name, "%.*s %s", n, cfg, openblas_get_corename());
-    if (kvd_linear_fixed_rows() && k > 0 && (size_t)k < sizeof blas_name)
-        snprintf(blas_name + k, sizeof blas_name - (size_t)k, "; up to %d rows: AVX-512 FMA",
-                 kvd_linear_fixed_rows());
-}
-
-/* "OpenBLAS 0.3.21 SkylakeX; up to 32 rows: AVX-512 FMA": the library and
- * its version (its configuration's first two words), the core type it
- * dispatched to, then what sums a GEMM of a few rows instead */
-const char *kvd_cpu_blas(void) {
-    pthread_once(&blas_name_once, blas_describe);
-    return blas_name;
-}
-
 /* ---- a few rows: decode's GEMMs ----
  * At decode a GEMM has one row per sequence of the batch. OpenBLAS packs
  * the weights for every call, which at a few rows costs more than the
  * products (at 4 rows it reads them at a quarter of the memory bandwidth:
  * bench kernels' decode GEMMs), and sums a row otherwise as the batch
- * grows. Up to KVD_FEW_ROWS rows, the weights stream
- * once instead, four of their rows at a time against every row of x, and
- * every output is one fixed sequence of operations:
+ * grows. Up to KVD_FEW_ROWS rows, the weights stream once instead, a few of
+ * their rows at a time against every row of x, and every output is one
+ * fixed sequence of operations:
  *   lane l (0..15) accumulates fmaf(w[k], x[k], acc) over k = l, l + 16, ...
  *   (zeros past K); then lanes l and l + 8 are added, then l and l + 4,
  *   then (0 + 2) + (1 + 3).
  * So a row's outputs are the same bits whichever other rows share its batch
  * and however N is split over threads: batched decode equals each sequence
- * decoded alone. kvd_linear_rows_ref below is that sequence written out. */
-#ifdef KVD_FEW_ROWS_AVX512
+ * decoded alone. kvd_linear_rows_ref below is that sequence written out.
+ *
+ * Two kernels run it, chosen when the program starts by what the CPU has,
+ * not what the build was told: AVX-512 (a lane a float of one zmm) and
+ * AVX2 with FMA (lanes 0-7 in one ymm, 8-15 in another). Both are the same
+ * operations, so the same bits; a build for generic x86-64 (the GPU
+ * bundle's) takes them too. A CPU with neither leaves every GEMM to the
+ * BLAS. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVD_FEW_ROWS_X86 1
+#include <immintrin.h>
+#define KVD_AVX512 __attribute__((target("avx512f,avx512dq")))
+/* (in a -march=native build on an AVX-512 CPU the compiler may use AVX-512
+ * encodings here too; the generic build's unit_linalg_generic runs the code
+ * an AVX2 CPU runs) */
+#define KVD_AVX2 __attribute__((target("avx2,fma")))
 
-static inline float lanes_sum(__m512 v) {
+/* ---- AVX-512: four rows of x against four rows of w, 16 zmm sums ---- */
+KVD_AVX512 static inline float lanes_sum512(__m512 v) {
     __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
@@ -83,8 +65,8 @@ static inline float lanes_sum(__m512 v) {
 
 /* mb rows of x against nb rows of w (both at most 4; constants where it is
  * inlined, so the 16 accumulators stay in registers) */
-static inline __attribute__((always_inline)) void
-rows_tile(const float *x, const float *w, float *y, int N, int K, int mb, int nb) {
+KVD_AVX512 static inline __attribute__((always_inline)) void
+tile512(const float *x, const float *w, float *y, int N, int K, int mb, int nb) {
     __m512 acc[4][4], wv[4];
     for (int m = 0; m < mb; m++)
         for (int j = 0; j < nb; j++) acc[m][j] = _mm512_setzero_ps();
@@ -97,33 +79,187 @@ rows_tile(const float *x, const float *w, float *y, int N, int K, int mb, int nb
         }
     }
     for (int m = 0; m < mb; m++)
-        for (int j = 0; j < nb; j++) y[(size_t)m * N + j] = lanes_sum(acc[m][j]);
+        for (int j = 0; j < nb; j++) y[(size_t)m * N + j] = lanes_sum512(acc[m][j]);
 }
 
 /* every row of x against nb rows of w, four rows of x at a time */
-static inline __attribute__((always_inline)) void
-rows_group(const float *x, const float *w, float *y, int M, int N, int K, int nb) {
+KVD_AVX512 static inline __attribute__((always_inline)) void
+group512(const float *x, const float *w, float *y, int M, int N, int K, int nb) {
     for (int m0 = 0; m0 < M; m0 += 4) {
         const float *xm = x + (size_t)m0 * K;
         float *ym = y + (size_t)m0 * N;
         if (M - m0 >= 4)
-            rows_tile(xm, w, ym, N, K, 4, nb);
+            tile512(xm, w, ym, N, K, 4, nb);
         else if (M - m0 == 3)
-            rows_tile(xm, w, ym, N, K, 3, nb);
+            tile512(xm, w, ym, N, K, 3, nb);
         else if (M - m0 == 2)
-            rows_tile(xm, w, ym, N, K, 2, nb);
+            tile512(xm, w, ym, N, K, 2, nb);
         else
-            rows_tile(xm, w, ym, N, K, 1, nb);
+            tile512(xm, w, ym, N, K, 1, nb);
     }
 }
 
-static void linear_rows(const float *x, const float *w, float *y, int M, int N, int K, int n0,
-                        int n1) {
+KVD_AVX512 static void rows_avx512(const float *x, const float *w, float *y, int M, int N, int K,
+                                   int n0, int n1) {
     int n = n0;
-    for (; n + 4 <= n1; n += 4) rows_group(x, w + (size_t)n * K, y + n, M, N, K, 4);
-    for (; n < n1; n++) rows_group(x, w + (size_t)n * K, y + n, M, N, K, 1);
+    for (; n + 4 <= n1; n += 4) group512(x, w + (size_t)n * K, y + n, M, N, K, 4);
+    for (; n < n1; n++) group512(x, w + (size_t)n * K, y + n, M, N, K, 1);
+}
+
+/* ---- AVX2: two rows of x against three rows of w, 12 ymm sums (a lane
+ * pair each), 15 of the 16 registers with the loads ---- */
+KVD_AVX2 static inline float lanes_sum256(__m256 lo, __m256 hi) {
+    __m256 a = _mm256_add_ps(lo, hi); /* l + (l + 8) */
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+KVD_AVX2 static inline __attribute__((always_inline)) void
+tile256(const float *x, const float *w, float *y, int N, int K, int mb, int nb) {
+    __m256 acc[2][3][2], xv[2][2];
+    for (int m = 0; m < mb; m++)
+        for (int j = 0; j < nb; j++) acc[m][j][0] = acc[m][j][1] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= K; k += 16)
+        for (int h = 0; h < 2; h++) {
+            for (int m = 0; m < mb; m++) xv[m][h] = _mm256_loadu_ps(x + (size_t)m * K + k + 8 * h);
+            for (int j = 0; j < nb; j++) {
+                const __m256 wv = _mm256_loadu_ps(w + (size_t)j * K + k + 8 * h);
+                for (int m = 0; m < mb; m++)
+                    acc[m][j][h] = _mm256_fmadd_ps(wv, xv[m][h], acc[m][j][h]);
+            }
+        }
+    if (k < K) { /* the last 1..15 columns, zeros past K */
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        for (int h = 0; h < 2; h++) {
+            const __m256i t = _mm256_cmpgt_epi32(_mm256_set1_epi32(K - k - 8 * h), lane);
+            for (int m = 0; m < mb; m++)
+                xv[m][h] = _mm256_maskload_ps(x + (size_t)m * K + k + 8 * h, t);
+            for (int j = 0; j < nb; j++) {
+                const __m256 wv = _mm256_maskload_ps(w + (size_t)j * K + k + 8 * h, t);
+                for (int m = 0; m < mb; m++)
+                    acc[m][j][h] = _mm256_fmadd_ps(wv, xv[m][h], acc[m][j][h]);
+            }
+        }
+    }
+    for (int m = 0; m < mb; m++)
+        for (int j = 0; j < nb; j++)
+            y[(size_t)m * N + j] = lanes_sum256(acc[m][j][0], acc[m][j][1]);
+}
+
+KVD_AVX2 static inline __attribute__((always_inline)) void
+group256(const float *x, const float *w, float *y, int M, int N, int K, int nb) {
+    int m0 = 0;
+    for (; m0 + 2 <= M; m0 += 2) tile256(x + (size_t)m0 * K, w, y + (size_t)m0 * N, N, K, 2, nb);
+    if (m0 < M) tile256(x + (size_t)m0 * K, w, y + (size_t)m0 * N, N, K, 1, nb);
+}
+
+KVD_AVX2 static void rows_avx2(const float *x, const float *w, float *y, int M, int N, int K,
+                               int n0, int n1) {
+    int n = n0;
+    for (; n + 3 <= n1; n += 3) group256(x, w + (size_t)n * K, y + n, M, N, K, 3);
+    if (n1 - n == 2) group256(x, w + (size_t)n * K, y + n, M, N, K, 2);
+    if (n1 - n == 1) group256(x, w + (size_t)n * K, y + n, M, N, K, 1);
 }
 #endif
+
+typedef void rows_fn(const float *x, const float *w, float *y, int M, int N, int K, int n0, int n1);
+static const struct rows_kernel {
+    const char *name, *label; /* KVD_CPU_GEMM's word; the BLAS line's */
+    rows_fn *fn;
+} rows_kernels[] = {
+#ifdef KVD_FEW_ROWS_X86
+    {"avx512", "AVX-512 FMA", rows_avx512},
+    {"avx2", "AVX2 FMA", rows_avx2},
+#endif
+    {"blas", NULL, NULL},
+};
+enum { N_ROWS_KERNELS = sizeof rows_kernels / sizeof rows_kernels[0] };
+static const struct rows_kernel *rows_now; /* set once, before any GEMM */
+
+static int cpu_has(const struct rows_kernel *k) {
+#ifdef KVD_FEW_ROWS_X86
+    __builtin_cpu_init();
+    if (k->fn == rows_avx512)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+    if (k->fn == rows_avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    return k->fn == NULL;
+}
+
+static char blas_name[128];
+static void blas_describe(void) {
+    const char *cfg = openblas_get_config();
+    int words = 0, n = 0;
+    while (cfg[n] && !(cfg[n] == ' ' && ++words == 2)) n++;
+    int k = snprintf(blas_name, sizeof blas_name, "%.*s %s", n, cfg, openblas_get_corename());
+    if (rows_now->fn && k > 0 && (size_t)k < sizeof blas_name)
+        snprintf(blas_name + k, sizeof blas_name - (size_t)k, "; up to %d rows: %s", KVD_FEW_ROWS,
+                 rows_now->label);
+}
+
+static int rows_select(const char *name) {
+    for (int i = 0; i < N_ROWS_KERNELS; i++)
+        if (!strcmp(rows_kernels[i].name, name)) {
+            if (!cpu_has(&rows_kernels[i])) return -1;
+            rows_now = &rows_kernels[i];
+            blas_describe();
+            return 0;
+        }
+    return -2;
+}
+
+static const char *env_refused; /* KVD_CPU_GEMM's value where it could not be taken */
+static pthread_once_t rows_once = PTHREAD_ONCE_INIT;
+static void rows_default(void) {
+    const char *e = getenv("KVD_CPU_GEMM");
+    if (e && *e && rows_select(e) == 0) return;
+    if (e && *e) env_refused = e;
+    for (int i = 0; i < N_ROWS_KERNELS; i++)
+        if (cpu_has(&rows_kernels[i])) {
+            rows_now = &rows_kernels[i];
+            break;
+        }
+    blas_describe();
+}
+
+int kvd_linear_rows_use(const char *name) {
+    pthread_once(&rows_once, rows_default);
+    return rows_select(name);
+}
+
+const char *kvd_linear_rows_kernel(void) {
+    pthread_once(&rows_once, rows_default);
+    return rows_now->name;
+}
+
+int kvd_cpu_gemm_env(char *err, size_t len) {
+    pthread_once(&rows_once, rows_default);
+    if (!env_refused) return 0;
+    char have[64] = "";
+    for (int i = 0; i < N_ROWS_KERNELS; i++)
+        if (cpu_has(&rows_kernels[i])) {
+            size_t n = strlen(have);
+            snprintf(have + n, sizeof have - n, "%s%s", n ? ", " : "", rows_kernels[i].name);
+        }
+    snprintf(err, len, "KVD_CPU_GEMM: expected a kernel this CPU runs (%s), got '%s'", have,
+             env_refused);
+    return -1;
+}
+
+int kvd_linear_fixed_rows(void) {
+    pthread_once(&rows_once, rows_default);
+    return rows_now->fn ? KVD_FEW_ROWS : 0;
+}
+
+/* "OpenBLAS 0.3.21 SkylakeX; up to 32 rows: AVX-512 FMA": the library and
+ * its version (its configuration's first two words), the core type it
+ * dispatched to, then what sums a GEMM of a few rows instead */
+const char *kvd_cpu_blas(void) {
+    pthread_once(&rows_once, rows_default);
+    return blas_name;
+}
 
 void kvd_linear_rows_ref(const float *x, const float *w, float *y, int M, int N, int K) {
     for (int m = 0; m < M; m++)
@@ -142,12 +278,10 @@ void kvd_linear_rows_ref(const float *x, const float *w, float *y, int M, int N,
 static void linear_cols(const float *x, const float *w, float *y, int M, int N, int K, int n0,
                         int n1) {
     if (n1 <= n0) return;
-#ifdef KVD_FEW_ROWS_AVX512
-    if (M <= KVD_FEW_ROWS) {
-        linear_rows(x, w, y, M, N, K, n0, n1);
+    if (M <= KVD_FEW_ROWS && rows_now->fn) {
+        rows_now->fn(x, w, y, M, N, K, n0, n1);
         return;
     }
-#endif
     if (M == 1) {
         cblas_sgemv(CblasRowMajor, CblasNoTrans, n1 - n0, K, 1.0f, w + (size_t)n0 * K, K, x, 1,
                     0.0f, y + n0, 1);
@@ -160,6 +294,7 @@ static void linear_cols(const float *x, const float *w, float *y, int M, int N, 
 void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K) {
     if (M <= 0 || N <= 0) return;
     pthread_once(&blas_once, blas_single);
+    pthread_once(&rows_once, rows_default);
     int chunks = (N + KVD_LINEAR_CHUNK - 1) / KVD_LINEAR_CHUNK;
     /* below ~0.2 MFLOP (a 256 KiB matrix-vector product) a fork costs more
      * than it saves */

@@ -37,6 +37,11 @@ for c in "" run report compare trend audit calibrate export forward plan schema 
   fi
 done
 
+# a kernel for the GEMMs of a few rows that is none, or one this CPU lacks
+KVD_CPU_GEMM=avx3 expect 2 "^kvdrift: KVD_CPU_GEMM: expected a kernel this CPU runs \(.*blas\), got 'avx3'$" -- version
+KVD_CPU_GEMM=avx3 expect 2 "KVD_CPU_GEMM: expected" -- run --model tiny -o "$work/never.h5"
+[ ! -e "$work/never.h5" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a refused KVD_CPU_GEMM wrote a file"; }
+
 cat >"$work/heads.json" <<'J'
 {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 6, "num_key_value_heads": 4,
  "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 300}

@@ -1,7 +1,9 @@
 /* kvdrift: kvd_linear tests: every path against sums in double, the GEMMs
- * of a few rows bit for bit against their order written out in scalar C,
- * batch invariance, the same bits on any thread count, and a NaN kept to
- * its row. */
+ * of a few rows bit for bit against their order written out in scalar C
+ * (with each kernel this CPU runs: AVX-512, AVX2), batch invariance, the
+ * same bits on any thread count, and a NaN kept to its row. Built twice:
+ * for this machine and for generic x86-64, whose AVX2 kernel is the code an
+ * AVX2 CPU runs. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -31,6 +33,30 @@ static float *filled(size_t n, uint32_t seed) {
     return p;
 }
 
+/* The fixed-order kernels this CPU runs, each taken in turn by `for (int
+ * i = 0; next_kernel(&i);)`; the BLAS once where the CPU has neither.
+ * Every test's teardown takes the default again. */
+static const char *const kernels[] = {"avx512", "avx2"};
+static char default_kernel[16];
+static int next_kernel(int *i) {
+    const int n = (int)(sizeof kernels / sizeof *kernels);
+    for (; *i < n; ++*i)
+        if (kvd_linear_rows_use(kernels[*i]) == 0) {
+            ++*i;
+            return 1;
+        }
+    if (*i == n && !strcmp(default_kernel, "blas")) {
+        ++*i;
+        return 1;
+    }
+    return 0;
+}
+
+static int default_again(void **st) {
+    (void)st;
+    return kvd_linear_rows_use(default_kernel);
+}
+
 /* every output within 2 K rounding errors (2^-24 each) of the sum of |w x| of
  * the exact sum, which double gives to far better than that */
 static void near_double(const float *x, const float *w, const float *y, int M, int N, int K,
@@ -53,29 +79,33 @@ static void near_double(const float *x, const float *w, const float *y, int M, i
 static const int Ks[] = {1, 7, 15, 16, 17, 100, 256, 1024};
 static const int Ns[] = {1, 3, 4, 5, 256, 300, 513};
 
-/* Up to KVD_FEW_ROWS rows, kvd_linear with AVX-512 is kvd_linear_rows_ref
- * exactly; past them, and without AVX-512, the BLAS. Both against double. */
+/* Up to KVD_FEW_ROWS rows, kvd_linear with either kernel is
+ * kvd_linear_rows_ref exactly; past them, and on a CPU with neither, the
+ * BLAS. Both against double. */
 static void every_path_against_double(void **st) {
     (void)st;
     const int Ms[] = {1, 2, 3, 4, 5, 8, 16, 17, 32, 33, 40};
-    for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
-        for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
-            for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++) {
-                const int M = Ms[a], N = Ns[b], K = Ks[c];
-                float *x = filled((size_t)M * K, 1), *w = filled((size_t)N * K, 2);
-                float *y = malloc(sizeof(float) * (size_t)M * N),
-                      *r = malloc(sizeof(float) * (size_t)M * N);
-                kvd_linear(x, w, y, M, N, K);
-                near_double(x, w, y, M, N, K, "kvd_linear");
-                kvd_linear_rows_ref(x, w, r, M, N, K);
-                near_double(x, w, r, M, N, K, "kvd_linear_rows_ref");
-                if (M <= kvd_linear_fixed_rows())
-                    for (size_t i = 0; i < (size_t)M * N; i++)
-                        if (memcmp(&y[i], &r[i], sizeof(float)))
-                            fail_msg("M=%d N=%d K=%d: y[%zu] = %a, the scalar order gives %a", M, N,
-                                     K, i, (double)y[i], (double)r[i]);
-                free(x), free(w), free(y), free(r);
-            }
+    for (int ki = 0; next_kernel(&ki);)
+        for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
+            for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
+                for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++) {
+                    const int M = Ms[a], N = Ns[b], K = Ks[c];
+                    float *x = filled((size_t)M * K, 1), *w = filled((size_t)N * K, 2);
+                    float *y = malloc(sizeof(float) * (size_t)M * N),
+                          *r = malloc(sizeof(float) * (size_t)M * N);
+                    kvd_linear(x, w, y, M, N, K);
+                    near_double(x, w, y, M, N, K, "kvd_linear");
+                    kvd_linear_rows_ref(x, w, r, M, N, K);
+                    near_double(x, w, r, M, N, K, "kvd_linear_rows_ref");
+                    if (M <= kvd_linear_fixed_rows())
+                        for (size_t i = 0; i < (size_t)M * N; i++)
+                            if (memcmp(&y[i], &r[i], sizeof(float)))
+                                fail_msg(
+                                    "%s, M=%d N=%d K=%d: y[%zu] = %a, the scalar order gives %a",
+                                    kvd_linear_rows_kernel(), M, N, K, i, (double)y[i],
+                                    (double)r[i]);
+                    free(x), free(w), free(y), free(r);
+                }
 }
 
 /* The order written out by hand for one output: K = 20, so lanes 0..3 take
@@ -95,10 +125,11 @@ static void scalar_order_by_hand(void **st) {
     const float want = (q[0] + q[2]) + (q[1] + q[3]);
     kvd_linear_rows_ref(x, w, &y, 1, 1, K);
     assert_memory_equal(&y, &want, sizeof y);
-    if (kvd_linear_fixed_rows()) {
-        kvd_linear(x, w, &y, 1, 1, K);
-        assert_memory_equal(&y, &want, sizeof y);
-    }
+    for (int ki = 0; next_kernel(&ki);)
+        if (kvd_linear_fixed_rows()) {
+            kvd_linear(x, w, &y, 1, 1, K);
+            assert_memory_equal(&y, &want, sizeof y);
+        }
 }
 
 /* A row's outputs do not depend on the rows batched with it: each row of
@@ -106,23 +137,63 @@ static void scalar_order_by_hand(void **st) {
  * batch gave it (batched decode equals each sequence decoded alone). */
 static void batch_invariance(void **st) {
     (void)st;
-    const int N = 300, K = 1024, M = kvd_linear_fixed_rows();
-    if (!M) {
-        print_message("skipped: no AVX-512 in this build; a few rows go to the BLAS, whose "
-                      "sums change with the batch\n");
-        return;
-    }
-    float *x = filled((size_t)M * K, 5), *w = filled((size_t)N * K, 6);
-    float *yb = malloc(sizeof(float) * (size_t)M * N), *y1 = malloc(sizeof(float) * N);
-    for (int m0 = 1; m0 <= M; m0++) {
-        kvd_linear(x, w, yb, m0, N, K);
-        for (int m = 0; m < m0; m++) {
-            kvd_linear(x + (size_t)m * K, w, y1, 1, N, K);
-            if (memcmp(y1, yb + (size_t)m * N, sizeof(float) * N))
-                fail_msg("row %d of a batch of %d differs from the row alone", m, m0);
+    const int N = 300, K = 1024;
+    for (int ki = 0; next_kernel(&ki);) {
+        const int M = kvd_linear_fixed_rows();
+        if (!M) {
+            print_message("skipped: this CPU has neither AVX-512 nor AVX2 with FMA; a few rows go "
+                          "to the BLAS, whose sums change with the batch\n");
+            continue;
         }
+        float *x = filled((size_t)M * K, 5), *w = filled((size_t)N * K, 6);
+        float *yb = malloc(sizeof(float) * (size_t)M * N), *y1 = malloc(sizeof(float) * N);
+        for (int m0 = 1; m0 <= M; m0++) {
+            kvd_linear(x, w, yb, m0, N, K);
+            for (int m = 0; m < m0; m++) {
+                kvd_linear(x + (size_t)m * K, w, y1, 1, N, K);
+                if (memcmp(y1, yb + (size_t)m * N, sizeof(float) * N))
+                    fail_msg("%s: row %d of a batch of %d differs from the row alone",
+                             kvd_linear_rows_kernel(), m, m0);
+            }
+        }
+        free(x), free(w), free(yb), free(y1);
     }
-    free(x), free(w), free(yb), free(y1);
+}
+
+/* The kernels' choice: the best this CPU runs by default, named in the
+ * BLAS line; "blas" leaves every GEMM to OpenBLAS; a name that is no
+ * kernel is refused */
+static void kernel_choice(void **st) {
+    (void)st;
+    const char *best = kvd_linear_rows_kernel();
+    char line[160];
+    snprintf(line, sizeof line, "%s", kvd_cpu_blas());
+    if (!getenv("KVD_CPU_GEMM")) {
+        if (kvd_linear_rows_use("avx512") == 0)
+            assert_string_equal(best, "avx512");
+        else if (kvd_linear_rows_use("avx2") == 0)
+            assert_string_equal(best, "avx2");
+        else
+            assert_string_equal(best, "blas");
+    }
+#ifdef __x86_64__
+    assert_int_equal(kvd_linear_rows_use("avx2") == 0,
+                     __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
+    assert_int_equal(kvd_linear_rows_use("avx512") == 0,
+                     __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"));
+#endif
+    if (kvd_linear_rows_use("avx2") == 0) {
+        assert_int_equal(kvd_linear_fixed_rows(), KVD_FEW_ROWS);
+        assert_non_null(strstr(kvd_cpu_blas(), "; up to 32 rows: AVX2 FMA"));
+    }
+    assert_int_equal(kvd_linear_rows_use("blas"), 0);
+    assert_int_equal(kvd_linear_fixed_rows(), 0);
+    assert_null(strstr(kvd_cpu_blas(), "rows:"));
+    assert_int_equal(strncmp(kvd_cpu_blas(), "OpenBLAS ", 9), 0);
+    assert_int_equal(kvd_linear_rows_use("avx-512"), -2);
+    assert_string_equal(kvd_linear_rows_kernel(), "blas");
+    assert_int_equal(kvd_linear_rows_use(best), 0);
+    assert_string_equal(kvd_cpu_blas(), line);
 }
 
 /* One thread or two: the same bits, at a few rows and at many (the BLAS
@@ -154,25 +225,29 @@ static void threads_give_the_same_bits(void **st) {
 static void nan_stays_in_its_row(void **st) {
     (void)st;
     const int Ms[] = {4, 40}, N = 260, K = 96;
-    for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++) {
-        const int M = Ms[a];
-        float *x = filled((size_t)M * K, 9), *w = filled((size_t)N * K, 10);
-        float *y = malloc(sizeof(float) * (size_t)M * N);
-        x[(size_t)2 * K + 50] = NAN;
-        kvd_linear(x, w, y, M, N, K);
-        for (int m = 0; m < M; m++)
-            for (int n = 0; n < N; n++)
-                if (isnan(y[(size_t)m * N + n]) != (m == 2))
-                    fail_msg("M=%d: y[%d][%d] = %g", M, m, n, (double)y[(size_t)m * N + n]);
-        free(x), free(w), free(y);
-    }
+    for (int ki = 0; next_kernel(&ki);)
+        for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++) {
+            const int M = Ms[a];
+            float *x = filled((size_t)M * K, 9), *w = filled((size_t)N * K, 10);
+            float *y = malloc(sizeof(float) * (size_t)M * N);
+            x[(size_t)2 * K + 50] = NAN;
+            kvd_linear(x, w, y, M, N, K);
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++)
+                    if (isnan(y[(size_t)m * N + n]) != (m == 2))
+                        fail_msg("M=%d: y[%d][%d] = %g", M, m, n, (double)y[(size_t)m * N + n]);
+            free(x), free(w), free(y);
+        }
 }
 
 int main(void) {
+    snprintf(default_kernel, sizeof default_kernel, "%s", kvd_linear_rows_kernel());
+    print_message("the default kernel for a few rows: %s\n", default_kernel);
+#define T(f) cmocka_unit_test_teardown(f, default_again)
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(every_path_against_double), cmocka_unit_test(scalar_order_by_hand),
-        cmocka_unit_test(batch_invariance),          cmocka_unit_test(threads_give_the_same_bits),
-        cmocka_unit_test(nan_stays_in_its_row),
+        T(every_path_against_double),  T(scalar_order_by_hand), T(batch_invariance),
+        T(threads_give_the_same_bits), T(nan_stays_in_its_row), T(kernel_choice),
     };
+#undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
