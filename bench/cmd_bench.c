@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -63,6 +64,25 @@ static double copy_bandwidth(size_t bytes, int reps) {
     free(a);
     free(b);
     return best;
+}
+
+/* The last-level cache's size as the C library reads it (0 where unknown) */
+static size_t llc_bytes(void) {
+    long b = 0;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+    b = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (b <= 0) b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    return b > 0 ? (size_t)b : 0;
+}
+
+/* A buffer that no CPU cache holds: at least `floor`, and twice the
+ * last-level cache where that is larger (an EPYC with stacked cache has
+ * over 1 GiB of L3, some Xeons 480 MiB), in whole MiB */
+static size_t past_llc(size_t floor) {
+    size_t b = 2 * llc_bytes();
+    b = b > floor ? b : floor;
+    return (b + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
 }
 
 /* Read-only streaming: bytes read per second, all threads (an integer sum,
@@ -205,10 +225,14 @@ static int bench_kernels(int reps, int portable) {
     threads = omp_get_max_threads();
 #endif
     printf("kvdrift bench kernels: %d threads\n\n", threads);
-    double bw = copy_bandwidth((size_t)512 << 20, reps < 5 ? 5 : reps);
-    double rbw = read_bandwidth((size_t)512 << 20, reps < 5 ? 5 : reps);
-    printf("memory copy bandwidth (bytes read + written, 512 MiB): %.2f GB/s\n", bw / 1e9);
-    printf("memory read bandwidth (read-only sum, 512 MiB):       %.2f GB/s\n\n", rbw / 1e9);
+    const size_t big = past_llc((size_t)512 << 20);
+    double bw = copy_bandwidth(big, reps < 5 ? 5 : reps);
+    double rbw = read_bandwidth(big, reps < 5 ? 5 : reps);
+    printf("memory copy bandwidth (bytes read + written, %zu MiB): %.2f GB/s\n", big >> 20,
+           bw / 1e9);
+    printf("memory read bandwidth (read-only sum, %zu MiB):       %.2f GB/s\n", big >> 20,
+           rbw / 1e9);
+    printf("(last-level cache: %zu MiB; the buffers are at least twice it)\n\n", llc_bytes() >> 20);
 
     kvd_config cfg;
     char err[KVD_ERR_LEN];
@@ -386,21 +410,21 @@ static int bench_kernels(int reps, int portable) {
     /* Decode's GEMMs: a few rows against weights that no CPU cache holds, as
      * in a model whose layers together are far larger than the last-level
      * cache. Each shape's weights are laid out in as many copies as make
-     * 256 MiB, and one pass multiplies the rows by each copy in turn; the
-     * figure is the weights' bytes per second against the read bandwidth. */
+     * 256 MiB or twice the last-level cache, and one pass multiplies the rows by each copy in turn;
+     * the figure is the weights' bytes per second against the read bandwidth. */
     /* on a CPU with AVX-512, the AVX2 kernel (the same bits) timed beside it */
     const int avx2_too = !strcmp(kvd_linear_rows_kernel(), "avx512") &&
                          kvd_linear_rows_use("avx2") == 0 && kvd_linear_rows_use("avx512") == 0;
+    const size_t pool = past_llc((size_t)256 << 20);
     printf("\nDecode GEMMs (fp32): M rows against weights streamed from memory (copies of the\n"
-           "matrix filling 256 MiB, one after another), kvd_linear (%s)\n"
+           "matrix filling %zu MiB, one after another), kvd_linear (%s)\n"
            "against OpenBLAS's own threaded sgemm/sgemv on the same copies; an expert's 256\n"
            "columns are one thread's (the model runs its experts side by side, a thread each)%s:\n",
-           kvd_cpu_blas(),
+           pool >> 20, kvd_cpu_blas(),
            avx2_too ? "; avx2: the AVX2 kernel's speed over the AVX-512 one's" : "");
     printf("  %-24s %6s %6s %6s %12s %12s %9s %8s%s\n", "shape", "M", "N", "K", "kvd_W_GB_s",
            "blas_W_GB_s", "vs_blas", "of_read", avx2_too ? "     avx2" : "");
     const int Md[] = {1, 2, 4, 8, 16, 32}, mmax = 32;
-    const size_t pool = (size_t)256 << 20;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int N = shapes[si].N, K = shapes[si].K;
         const size_t wn = (size_t)N * K;
