@@ -330,6 +330,9 @@ static char *run_settings(const run_opts *o, const kvd_config *c, const char *de
     /* the CPU's last bits are its BLAS kernels' (OpenBLAS picks them by
      * core type): cells of two kinds of CPU must not share a file */
     if (!strcmp(o->backend, "cpu")) json_object_set_new(j, "blas", json_string(kvd_cpu_blas()));
+    /* and its attention kernels' (AVX-512 VBMI, or the portable ones) */
+    if (!strcmp(o->backend, "cpu"))
+        json_object_set_new(j, "cpu-attention", json_string(kvd_attn_kernels()));
 #ifdef KVD_HAVE_CUDA
     /* tuned GEMMs (KVD_CUDA_GEMM=tune) sum in another order than the
      * heuristic's first choice: cells of the two must not share a file */
@@ -401,14 +404,19 @@ static void check_resume(const char *cmd, const char *path, const char *was_rev,
             if (why[0]) break;
         }
         kvd_json_text(w, x, sizeof x), kvd_json_text(v, y, sizeof y);
-        /* three settings are no flag's: the device, the GEMMs' choice and
-         * the CPU's BLAS */
+        /* four settings are no flag's: the device, the GEMMs' choice, the
+         * CPU's BLAS and its attention kernels */
         if (!strcmp(key, "device"))
             snprintf(why, sizeof why, "%s holds cells run on %s, this run is on %s", path, x, y);
         else if (!strcmp(key, "blas"))
             snprintf(why, sizeof why,
                      "%s holds cells run with %s, this run has %s (another CPU's BLAS kernels "
                      "round the sums otherwise)",
+                     path, x, y);
+        else if (!strcmp(key, "cpu-attention"))
+            snprintf(why, sizeof why,
+                     "%s holds cells run with the %s attention kernels, this run has the %s "
+                     "ones (they round the sums otherwise)",
                      path, x, y);
         else if (!strcmp(key, "fp8-saturate"))
             snprintf(why, sizeof why,

@@ -44,7 +44,8 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     kvd_tmp_guard(); /* an interrupted write leaves no temporary behind */
     char err[256];
-    if (kvd_cpu_gemm_env(err, sizeof err)) { /* a kernel named that this CPU lacks */
+    /* kernels named that this CPU or build lacks */
+    if (kvd_cpu_gemm_env(err, sizeof err) || kvd_attn_env(err, sizeof err)) {
         fprintf(stderr, "kvdrift: %s\n", err);
         return 2;
     }
@@ -66,9 +67,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "version")) {
         kvd_cuda_info ci;
         kvd_cuda_probe(&ci);
-        printf("kvdrift %s (%s)\nback ends: cpu%s\nblas: %s\ncuda: %s%s\n", KVD_VERSION,
-               KVD_GIT_REV, ci.compiled ? ", cuda" : "", kvd_cpu_blas(), ci.devices ? "" : "",
-               ci.name);
+        printf("kvdrift %s (%s)\nback ends: cpu%s\nblas: %s\nattention: %s\ncuda: %s%s\n",
+               KVD_VERSION, KVD_GIT_REV, ci.compiled ? ", cuda" : "", kvd_cpu_blas(),
+               kvd_attn_kernels(), ci.devices ? "" : "", ci.name);
         return 0;
     }
     fprintf(stderr, "kvdrift: unknown command '%s' (kvdrift --help lists them)\n", cmd);

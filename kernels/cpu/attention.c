@@ -10,6 +10,8 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -354,10 +356,44 @@ KVD_DEFINE_BLOCK_KERNELS(8)
 KVD_DEFINE_BLOCK_KERNELS(16)
 #endif
 
+/* KVD_CPU_ATTENTION=portable: the portable kernels everywhere (an A/B of
+ * the two, or a run with the bits of a CPU without AVX-512 VBMI); read
+ * once. attn_env_bad: a value that names no kernels this build has. */
+static int attn_portable;
+static const char *attn_env_bad;
+static pthread_once_t attn_env_once = PTHREAD_ONCE_INIT;
+static void attn_env(void) {
+    const char *e = getenv("KVD_CPU_ATTENTION");
+    if (!e || !*e) return;
+    if (!strcmp(e, "portable")) attn_portable = 1;
+#ifdef KVD_VEC
+    else if (strcmp(e, "avx512"))
+        attn_env_bad = e;
+#else
+    else
+        attn_env_bad = e;
+#endif
+}
+
+int kvd_attn_env(char *err, size_t len) {
+    pthread_once(&attn_env_once, attn_env);
+    if (!attn_env_bad) return 0;
+#ifdef KVD_VEC
+    const char *have = "avx512, portable";
+#else
+    const char *have = "portable: this build has no AVX-512 VBMI kernels";
+#endif
+    snprintf(err, len, "KVD_CPU_ATTENTION: expected kernels this build has (%s), got '%s'", have,
+             attn_env_bad);
+    return -1;
+}
+
 /* Which path a view takes: the vector kernels want whole 64-value chunks
  * and a group size they were built for; NVFP4's take any. */
 static int use_vector(const kvd_kv_view *kv, int G) {
 #ifdef KVD_VEC
+    pthread_once(&attn_env_once, attn_env);
+    if (attn_portable) return 0;
     if (kv->fmt == KVD_FMT_NVFP4) return !kv->portable; /* its own kernels: any G */
     return !kv->portable && kv->head_dim % 64 == 0 &&
            (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
@@ -804,7 +840,8 @@ size_t kvd_attn_work_bytes(int n_heads, int head_dim, int n_ctx, int n_parts) {
 
 const char *kvd_attn_kernels(void) {
 #ifdef KVD_VEC
-    return "AVX-512";
+    pthread_once(&attn_env_once, attn_env);
+    return attn_portable ? "portable" : "AVX-512";
 #else
     return "portable";
 #endif

@@ -41,6 +41,7 @@ done
 KVD_CPU_GEMM=avx3 expect 2 "^kvdrift: KVD_CPU_GEMM: expected a kernel this CPU runs \(.*blas\), got 'avx3'$" -- version
 KVD_CPU_GEMM=avx3 expect 2 "KVD_CPU_GEMM: expected" -- run --model tiny -o "$work/never.h5"
 [ ! -e "$work/never.h5" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a refused KVD_CPU_GEMM wrote a file"; }
+KVD_CPU_ATTENTION=avx2 expect 2 "^kvdrift: KVD_CPU_ATTENTION: expected kernels this build has \((avx512, )?portable.*\), got 'avx2'$" -- version
 
 cat >"$work/heads.json" <<'J'
 {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 6, "num_key_value_heads": 4,

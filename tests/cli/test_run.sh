@@ -464,6 +464,13 @@ case "$blas" in *Sandybridge) other=Haswell ;; esac
 "$py" -c "import sys, json, h5py; s = json.loads(h5py.File(sys.argv[1])['/'].attrs['run_settings']); assert s['blas'] == sys.argv[2] and sys.argv[2].startswith('OpenBLAS '), (s.get('blas'), sys.argv[2])" "$work/c1.h5" "$blas" &&
   ok || bad "run_settings do not name the BLAS ($blas)"
 resume_refused "$work/c1.h5" "$work/c1.before" "c1.h5 holds cells run with $blas, this run has OpenBLAS [0-9.]+ $other[^(]* \(another CPU's BLAS kernels round the sums otherwise\)" env OPENBLAS_CORETYPE=$other "$bin" "${c1[@]}"
+# its attention kernels likewise (AVX-512 VBMI or portable: other last bits)
+att=$("$bin" version | sed -n 's/^attention: //p')
+"$py" -c "import sys, json, h5py; s = json.loads(h5py.File(sys.argv[1])['/'].attrs['run_settings']); assert s['cpu-attention'] == sys.argv[2] and sys.argv[2] in ('AVX-512', 'portable'), (s.get('cpu-attention'), sys.argv[2])" "$work/c1.h5" "$att" &&
+  ok || bad "run_settings do not name the attention kernels ($att)"
+if [ "$att" = AVX-512 ]; then
+  resume_refused "$work/c1.h5" "$work/c1.before" "c1.h5 holds cells run with the AVX-512 attention kernels, this run has the portable ones \(they round the sums otherwise\)" env KVD_CPU_ATTENTION=portable "$bin" "${c1[@]}"
+fi
 resume_refused "$work/c1.h5" "$work/c1.before" "c1.h5 holds cells of another model" "$bin" run --model small --kv fp8-cal --context 256 --concurrency 1 --seed 3 --calib-tokens 700 --gen-tokens 0 --decode-tokens 2
 if "$bin" "${c1[@]}" --kv fp8-cal,bf16 --context 128,256,384 -o "$work/c1.h5" >/dev/null 2>"$work/e5" &&
   grep -q "resuming .*c1.h5: 2 cells already finished" "$work/e5"; then ok; else bad "adding modes and contexts did not resume: $(cat "$work/e5")"; fi
@@ -557,6 +564,20 @@ if [ -n "$few" ]; then
     diff -r "$work/kd" "$work/k2" >/dev/null && ok || bad "KVD_CPU_GEMM=avx2: other bytes than $few"
 fi
 KVD_CPU_GEMM=blas "$bin" version | grep -qE "^blas: OpenBLAS [^;]*$" && ok || bad "KVD_CPU_GEMM=blas: $(KVD_CPU_GEMM=blas "$bin" version | grep blas)"
+# KVD_CPU_ATTENTION=portable: the portable attention kernels where the
+# AVX-512 ones would run; the logits move in the last bits only (the BF16
+# cache's: a K/V value at a rounding midpoint takes the other code)
+if [ "$("$bin" version | sed -n 's/^attention: //p')" = AVX-512 ]; then
+  "$bin" forward --model tiny --tokens 64 --kv bf16,fp8-cal --dump "$work/av" >/dev/null &&
+    KVD_CPU_ATTENTION=portable "$bin" forward --model tiny --tokens 64 --kv bf16,fp8-cal --dump "$work/ap" >/dev/null &&
+    "$py" - "$work/av" "$work/ap" <<'PY' && ok || bad "KVD_CPU_ATTENTION=portable: logits (above)"
+import sys, numpy as np
+for m in ("bf16", "fp8-cal"):
+    a, b = (np.fromfile(f"{d}/{m}/logits.f32", np.float32) for d in sys.argv[1:])
+    rel = float(np.abs(a - b).max() / np.abs(a).max())
+    assert (a != b).any() and rel < 1e-4, (m, rel)
+PY
+fi
 "$bin" run --model tiny --repeats 0 -o "$work/r0.h5" 2>"$work/e8"; rc=$?
 if [ $rc -eq 2 ] && grep -q -- "--repeats: expected an integer in 1..1000, got '0'" "$work/e8" && [ ! -e "$work/r0.h5" ]; then ok; else bad "--repeats 0 not refused: $(cat "$work/e8")"; fi
 "$bin" run --model tiny --cells drifts -o "$work/c.h5" 2>"$work/e6"; rc=$?
