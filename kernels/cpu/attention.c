@@ -356,9 +356,11 @@ KVD_DEFINE_BLOCK_KERNELS(8)
 KVD_DEFINE_BLOCK_KERNELS(16)
 #endif
 
-/* KVD_CPU_ATTENTION=portable: the portable kernels everywhere (an A/B of
- * the two, or a run with the bits of a CPU without AVX-512 VBMI); read
- * once. attn_env_bad: a value that names no kernels this build has. */
+/* KVD_CPU_ATTENTION=portable: the portable kernels everywhere, and expf in
+ * the softmax (an A/B of the two, or a run with the bits of a build for a
+ * CPU without AVX-512 VBMI: cli_generic holds the two together); read once,
+ * before any kernel runs. attn_env_bad: a value that names no kernels this
+ * build has. */
 static int attn_portable;
 static const char *attn_env_bad;
 static pthread_once_t attn_env_once = PTHREAD_ONCE_INIT;
@@ -665,13 +667,15 @@ static float max_of(const float *x, int n) {
     return mx;
 }
 
-/* exp(x - m) in place over n values; returns their sum (double). */
+/* exp(x - m) in place over n values; returns their sum (double). The
+ * vector exp is not expf: under KVD_CPU_ATTENTION=portable the sums are
+ * expf's, as a build without the AVX-512 kernels takes them. */
 static double exp_sum(float *x, int n, float m) {
     double sum = 0.0;
     int i = 0;
 #ifdef KVD_VEC
     __m512 vm = _mm512_set1_ps(m);
-    for (; i + 16 <= n; i += 16) {
+    for (; !attn_portable && i + 16 <= n; i += 16) {
         __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm));
         _mm512_storeu_ps(x + i, e);
         __m512d d = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)),
