@@ -6,11 +6,11 @@
 # kernels give other last bits. The GEMMs of a few rows take the same
 # kernel in both (chosen by the CPU, not the build).
 set -u
-bin="$1" generic="$2"
+bin="$1" generic="$2" models="${3:-tiny small}"
 . "$(dirname "$0")/lib.sh"
 
 kv=bf16,fp8-cal,fp8-e5m2,nvfp4-cal,fp8-token,int8-token
-for model in tiny small; do
+for model in $models; do
   n=64
   [ $model = small ] && n=24
   "$generic" forward --model $model --tokens $n --kv $kv --dump "$work/g-$model" >/dev/null 2>"$work/err" ||
