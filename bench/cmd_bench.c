@@ -76,10 +76,14 @@ static size_t llc_bytes(void) {
     return b > 0 ? (size_t)b : 0;
 }
 
+/* --buffer-mib's size for every buffer below, in bytes; 0: past_llc's */
+static size_t buffer_bytes;
+
 /* A buffer that no CPU cache holds: at least `floor`, and twice the
  * last-level cache where that is larger (an EPYC with stacked cache has
- * over 1 GiB of L3, some Xeons 480 MiB), in whole MiB */
+ * over 1 GiB of L3, some Xeons 480 MiB), in whole MiB; or --buffer-mib's */
 static size_t past_llc(size_t floor) {
+    if (buffer_bytes) return buffer_bytes;
     size_t b = 2 * llc_bytes();
     b = b > floor ? b : floor;
     return (b + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
@@ -232,7 +236,12 @@ static int bench_kernels(int reps, int portable) {
            bw / 1e9);
     printf("memory read bandwidth (read-only sum, %zu MiB):       %.2f GB/s\n", big >> 20,
            rbw / 1e9);
-    printf("(last-level cache: %zu MiB; the buffers are at least twice it)\n\n", llc_bytes() >> 20);
+    if (buffer_bytes)
+        printf("(last-level cache: %zu MiB; the buffers are --buffer-mib's)\n\n",
+               llc_bytes() >> 20);
+    else
+        printf("(last-level cache: %zu MiB; the buffers are at least twice it)\n\n",
+               llc_bytes() >> 20);
 
     kvd_config cfg;
     char err[KVD_ERR_LEN];
@@ -488,13 +497,15 @@ static int bench_kernels(int reps, int portable) {
 }
 
 static const char *const bench_usage =
-    "usage: kvdrift bench kernels [--reps N] [--threads N] [--portable]\n"
+    "usage: kvdrift bench kernels [--reps N] [--threads N] [--portable] [--buffer-mib N]\n"
     "       kvdrift bench lockstep [--model PRESET | --config FILE | --model-dir DIR] "
     "[--context N] [--reps N]\n"
     "                              [--threads N] [--backend cpu|cuda] [--gpus N]\n"
     "       kvdrift bench cuda\n"
     "kernels: copy and read bandwidth, decode attention per cache format, GEMM (CPU);\n"
-    "         --portable: the attention kernels a CPU without AVX-512 VBMI takes.\n"
+    "         --portable: the attention kernels a CPU without AVX-512 VBMI takes;\n"
+    "         --buffer-mib: the bandwidth buffers' and the decode GEMMs' weights' size\n"
+    "         (default: 512 and 256 MiB, or twice the last-level cache where larger).\n"
     "lockstep: what the lock-step measurement costs against the model's own decode.\n"
     "cuda: device copy bandwidth, decode attention, cuBLASLt GEMMs (every algorithm).\n";
 
@@ -571,6 +582,8 @@ int kvd_cmd_bench(int argc, char **argv) {
             kvd_set_threads((int)kvd_args_long(&a, f, 1, 4096));
         } else if (!strcmp(f, "--portable")) {
             portable = 1;
+        } else if (!strcmp(f, "--buffer-mib")) {
+            buffer_bytes = (size_t)kvd_args_long(&a, f, 16, 1 << 20) << 20;
         } else {
             kvd_die(KVD_EXIT_USAGE, cmd, "unknown flag '%s'", f);
         }

@@ -37,6 +37,7 @@ for c in "" run report compare trend audit calibrate export forward plan schema 
   fi
 done
 
+expect 2 "^kvdrift bench: --buffer-mib: expected an integer in 16\.\.1048576, got '8'$" -- bench kernels --buffer-mib 8
 # a kernel for the GEMMs of a few rows that is none, or one this CPU lacks
 KVD_CPU_GEMM=avx3 expect 2 "^kvdrift: KVD_CPU_GEMM: expected a kernel this CPU runs \(.*blas\), got 'avx3'$" -- version
 KVD_CPU_GEMM=avx3 expect 2 "KVD_CPU_GEMM: expected" -- run --model tiny -o "$work/never.h5"
