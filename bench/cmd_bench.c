@@ -236,12 +236,8 @@ static int bench_kernels(int reps, int portable) {
            bw / 1e9);
     printf("memory read bandwidth (read-only sum, %zu MiB):       %.2f GB/s\n", big >> 20,
            rbw / 1e9);
-    if (buffer_bytes)
-        printf("(last-level cache: %zu MiB; the buffers are --buffer-mib's)\n\n",
-               llc_bytes() >> 20);
-    else
-        printf("(last-level cache: %zu MiB; the buffers are at least twice it)\n\n",
-               llc_bytes() >> 20);
+    printf("(last-level cache: %zu MiB; the buffers are %s)\n\n", llc_bytes() >> 20,
+           buffer_bytes ? "--buffer-mib's" : "at least twice it");
 
     kvd_config cfg;
     char err[KVD_ERR_LEN];

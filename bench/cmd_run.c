@@ -329,10 +329,11 @@ static char *run_settings(const run_opts *o, const kvd_config *c, const char *de
     if (strcmp(o->backend, "cpu")) json_object_set_new(j, "device", json_string(device));
     /* the CPU's last bits are its BLAS kernels' (OpenBLAS picks them by
      * core type): cells of two kinds of CPU must not share a file */
-    if (!strcmp(o->backend, "cpu")) json_object_set_new(j, "blas", json_string(kvd_cpu_blas()));
     /* and its attention kernels' (AVX-512 VBMI, or the portable ones) */
-    if (!strcmp(o->backend, "cpu"))
+    if (!strcmp(o->backend, "cpu")) {
+        json_object_set_new(j, "blas", json_string(kvd_cpu_blas()));
         json_object_set_new(j, "cpu-attention", json_string(kvd_attn_kernels()));
+    }
 #ifdef KVD_HAVE_CUDA
     /* tuned GEMMs (KVD_CUDA_GEMM=tune) sum in another order than the
      * heuristic's first choice: cells of the two must not share a file */

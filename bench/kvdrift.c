@@ -1,6 +1,5 @@
 /* kvdrift: the command line. One binary, one subcommand per job. */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "gitrev.h" /* KVD_GIT_REV, written at build time */
@@ -37,36 +36,6 @@ static void usage(FILE *f) {
             KVD_VERSION, KVD_GIT_REV);
 }
 
-/* The device back end's settings from the environment, each one word:
- * anything else is refused before a run starts rather than taken for
- * unset (the device model checks KVD_CUDA_GEMM and KVD_CUDA_MOE again for
- * the binaries that open it directly) */
-static int device_env(char *err, size_t len) {
-    static const struct {
-        const char *name, *values[3];
-    } vars[] = {
-        {"KVD_CUDA_GEMM", {"tune", "first"}}, {"KVD_CUDA_MOE", {"host", "loop"}},
-        {"KVD_CUDA_LINEAR", {"fp32"}},        {"KVD_CUDA_DECODE", {"2"}},
-        {"KVD_CUDA_PREFILL", {"1"}},
-    };
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i].name);
-        if (!v || !*v) continue;
-        char want[64] = "";
-        int ok = 0;
-        for (int j = 0; j < 3 && vars[i].values[j]; j++) {
-            ok |= !strcmp(v, vars[i].values[j]);
-            size_t n = strlen(want);
-            snprintf(want + n, sizeof want - n, "%s'%s'", j ? " or " : "", vars[i].values[j]);
-        }
-        if (!ok) {
-            snprintf(err, len, "%s=%.64s: expected %s (or unset)", vars[i].name, v, want);
-            return -1;
-        }
-    }
-    return 0;
-}
-
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
@@ -77,7 +46,7 @@ int main(int argc, char **argv) {
     char err[256];
     /* kernels named that this CPU or build lacks, or a setting misspelt */
     if (kvd_cpu_gemm_env(err, sizeof err) || kvd_attn_env(err, sizeof err) ||
-        device_env(err, sizeof err)) {
+        kvd_cuda_env_check(err, sizeof err)) {
         fprintf(stderr, "kvdrift: %s\n", err);
         return 2;
     }

@@ -3,6 +3,7 @@
 #include "backend.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef KVD_HAVE_CUDA
@@ -17,4 +18,30 @@ void kvd_cuda_probe(kvd_cuda_info *info) {
 #else
     snprintf(info->name, sizeof info->name, "CUDA back end not compiled in (nvcc was not found)");
 #endif
+}
+
+int kvd_cuda_env_check(char *err, size_t len) {
+    static const struct {
+        const char *name, *values[3];
+    } vars[] = {
+        {"KVD_CUDA_GEMM", {"tune", "first"}}, {"KVD_CUDA_MOE", {"host", "loop"}},
+        {"KVD_CUDA_LINEAR", {"fp32"}},        {"KVD_CUDA_DECODE", {"2"}},
+        {"KVD_CUDA_PREFILL", {"1"}},
+    };
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i].name);
+        if (!v || !*v) continue;
+        char want[64] = "";
+        int ok = 0;
+        for (int j = 0; vars[i].values[j]; j++) { /* at most two, then NULL */
+            ok |= !strcmp(v, vars[i].values[j]);
+            size_t n = strlen(want);
+            snprintf(want + n, sizeof want - n, "%s'%s'", j ? " or " : "", vars[i].values[j]);
+        }
+        if (!ok) {
+            snprintf(err, len, "%s=%.64s: expected %s (or unset)", vars[i].name, v, want);
+            return -1;
+        }
+    }
+    return 0;
 }

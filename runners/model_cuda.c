@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "../bench/clock.h"
+#include "../kernels/backend.h"
 #include "../kernels/cuda/cuda_kernels.h"
 #include "engine.h"
 
@@ -617,14 +618,6 @@ static int upload_weights(kvd_cuda_model *m, const kvd_weights *w) {
     return bad ? -1 : 0;
 }
 
-/* 1 (err set) when the environment's `name` is set to neither a nor b */
-static int env_refused(const char *name, const char *a, const char *b, char *err) {
-    const char *v = getenv(name);
-    if (!v || !*v || !strcmp(v, a) || !strcmp(v, b)) return 0;
-    snprintf(err, KVD_ERR_LEN, "%s=%.64s: expected '%s' or '%s' (or unset)", name, v, a, b);
-    return 1;
-}
-
 /* One rank on its device: its share of the weights (or peer's, the same
  * rank of a model over the same weights), its cache pools, state and
  * buffers. */
@@ -640,12 +633,11 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_cuda_model *peer
     if (!m) goto oom;
     m->full = *full;
     m->p = *part;
-    /* KVD_CUDA_GEMM is read by the GEMMs themselves (kvd_cuda_gemm_set_tune);
-     * both are checked here, so that a misspelt value is refused rather than
-     * taken for unset */
+    /* the device's settings (KVD_CUDA_GEMM is read by the GEMMs themselves,
+     * the others by their kernels) checked here too, for the binaries that
+     * open the model without kvdrift's own check */
     const char *moe_env = getenv("KVD_CUDA_MOE");
-    if (env_refused("KVD_CUDA_MOE", "host", "loop", err) ||
-        env_refused("KVD_CUDA_GEMM", "tune", "first", err)) {
+    if (kvd_cuda_env_check(err, KVD_ERR_LEN)) {
         free(m);
         return NULL;
     }

@@ -367,14 +367,15 @@ static pthread_once_t attn_env_once = PTHREAD_ONCE_INIT;
 static void attn_env(void) {
     const char *e = getenv("KVD_CPU_ATTENTION");
     if (!e || !*e) return;
-    if (!strcmp(e, "portable")) attn_portable = 1;
 #ifdef KVD_VEC
-    else if (strcmp(e, "avx512"))
-        attn_env_bad = e;
+    const int vec_built = 1;
 #else
-    else
-        attn_env_bad = e;
+    const int vec_built = 0;
 #endif
+    if (!strcmp(e, "portable"))
+        attn_portable = 1;
+    else if (!vec_built || strcmp(e, "avx512"))
+        attn_env_bad = e;
 }
 
 int kvd_attn_env(char *err, size_t len) {
