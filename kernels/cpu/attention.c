@@ -64,20 +64,81 @@ float kvd_pool_row_scale(const uint8_t *seg, int bs, int head_dim, int slot) {
     return s;
 }
 
-/* Decode n stored values into floats, unscaled. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVD_F16C_DECODE 1
+#include <cpuid.h>
+#ifndef KVD_VEC
+#include <immintrin.h>
+#endif
+/* FP8 codes to floats through FP16, for the portable kernels on any x86 CPU
+ * with AVX2 and F16C (chosen when the program starts, as the GEMMs are):
+ * an E5M2 code is an FP16's high byte, and an E4M3 code moved up 7 bits
+ * (its sign to bit 15) is an FP16 of 2^-8 its value, subnormals included.
+ * vcvtph2ps widens exactly (every FP16 is a normal float, so no denormal
+ * stalls) and the x256 is exact: the same floats as kvd_dequant_e4m3 /
+ * _e5m2, NaN codes as their 0x7fc00000. Returns how many it decoded (the
+ * 16s; the rest are the scalar decoder's). */
+__attribute__((target("avx2,f16c"))) static int fp8_row_f16c(int e4m3, const uint8_t *p, int n,
+                                                             float *out) {
+    const __m256i m7f = _mm256_set1_epi16(0x7f), qnan = _mm256_set1_epi16(0x7e00);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + i)));
+        const __m256i em = _mm256_and_si256(w, m7f);
+        __m256i h, nan;
+        if (e4m3) {
+            h = _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16((short)0xbf80));
+            nan = _mm256_cmpeq_epi16(em, m7f);
+        } else {
+            h = _mm256_slli_epi16(w, 8);
+            nan = _mm256_cmpgt_epi16(em, _mm256_set1_epi16(0x7c));
+        }
+        h = _mm256_blendv_epi8(h, qnan, nan);
+        __m256 lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        __m256 hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+        if (e4m3) {
+            lo = _mm256_mul_ps(lo, _mm256_set1_ps(256.0f));
+            hi = _mm256_mul_ps(hi, _mm256_set1_ps(256.0f));
+        }
+        _mm256_storeu_ps(out + i, lo);
+        _mm256_storeu_ps(out + i + 8, hi);
+    }
+    return i;
+}
+
+static int f16c_decode;
+static pthread_once_t f16c_once = PTHREAD_ONCE_INIT;
+static void f16c_probe(void) {
+    unsigned a, b, c, d; /* F16C: CPUID leaf 1, ECX bit 29 (clang's builtin has no name for it) */
+    __builtin_cpu_init();
+    f16c_decode = __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+}
+#endif
+
+/* n FP8 codes into floats, unscaled */
+static void decode_fp8(int e4m3, const uint8_t *p, int n, float *out) {
+    int i = 0;
+#ifdef KVD_F16C_DECODE
+    pthread_once(&f16c_once, f16c_probe);
+    if (f16c_decode) i = fp8_row_f16c(e4m3, p, n, out);
+#endif
+    if (e4m3)
+        kvd_dequant_e4m3(p + i, out + i, (size_t)(n - i), 1.0f);
+    else
+        kvd_dequant_e5m2(p + i, out + i, (size_t)(n - i), 1.0f);
+}
+
+/* Decode n stored values into floats, unscaled (E4M3T: the codes; the row's
+ * scale is applied by the caller). */
 static void decode_row(kvd_fmt fmt, const uint8_t *p, int n, float *out) {
     if (fmt == KVD_FMT_BF16) {
         kvd_dequant_bf16((const uint16_t *)p, out, (size_t)n);
-    } else if (fmt == KVD_FMT_E4M3) {
-        kvd_dequant_e4m3(p, out, (size_t)n, 1.0f);
+    } else if (fmt == KVD_FMT_E4M3 || fmt == KVD_FMT_E4M3T || fmt == KVD_FMT_E5M2) {
+        decode_fp8(fmt != KVD_FMT_E5M2, p, n, out);
     } else if (fmt == KVD_FMT_NVFP4) {
         kvd_dequant_nvfp4(p, out, (size_t)n, 1.0f);
-    } else if (fmt == KVD_FMT_E4M3T) { /* the codes; the row's scale is applied by the caller */
-        kvd_dequant_e4m3(p, out, (size_t)n, 1.0f);
-    } else if (kvd_fmt_int8(fmt)) {
-        for (int i = 0; i < n; i++) out[i] = (float)(int8_t)p[i];
     } else {
-        kvd_dequant_e5m2(p, out, (size_t)n, 1.0f);
+        for (int i = 0; i < n; i++) out[i] = (float)(int8_t)p[i];
     }
 }
 

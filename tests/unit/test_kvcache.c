@@ -604,12 +604,54 @@ static void attention_paths(void **st) {
     kvd_kv_scales_free(&sc);
 }
 
+/* Every FP8 code as the cache reader decodes it (on x86 with AVX2 and
+ * F16C, through FP16 in 16s, the rest one by one) against the scalar
+ * decoder, bit for bit: NaN codes, subnormals, signed zeros, and rows whose
+ * length leaves a tail. */
+static void fp8_decode_exact(void **st) {
+    (void)st;
+    enum { N = 296 };
+    uint8_t codes[N];
+    float got[N], want[N];
+    const float scale[1] = {0.75f};
+    const int32_t block0[1] = {0};
+    const kvd_fmt fmts[] = {KVD_FMT_E4M3, KVD_FMT_E5M2};
+    for (int f = 0; f < 2; f++)
+        for (int hd = 8; hd <= N; hd += 36) { /* 8, 44, ..., 296: 16s and a tail */
+            for (int off = 0; off < 256; off += hd) {
+                for (int i = 0; i < hd; i++) codes[i] = (uint8_t)(off + i * 167);
+                kvd_kv_view v = {.fmt = fmts[f],
+                                 .block_size = 1,
+                                 .kv_heads = 1,
+                                 .head_dim = hd,
+                                 .k = codes,
+                                 .v = codes,
+                                 .k_scale = scale,
+                                 .v_scale = scale};
+                kvd_kv_row(&v, f, block0, 0, 0, got);
+                if (fmts[f] == KVD_FMT_E4M3)
+                    kvd_dequant_e4m3(codes, want, (size_t)hd, 1.0f);
+                else
+                    kvd_dequant_e5m2(codes, want, (size_t)hd, 1.0f);
+                for (int i = 0; i < hd; i++) want[i] *= scale[0];
+                for (int i = 0; i < hd; i++) {
+                    uint32_t a, b;
+                    memcpy(&a, &got[i], 4), memcpy(&b, &want[i], 4);
+                    if (a != b)
+                        fail_msg("%s code 0x%02x (head_dim %d, value %d): 0x%08x, expected 0x%08x",
+                                 f ? "E5M2" : "E4M3", codes[i], hd, i, a, b);
+                }
+            }
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(paging),          cmocka_unit_test(modes),
-        cmocka_unit_test(pool_layout),     cmocka_unit_test(attention_kernel),
-        cmocka_unit_test(attention_paths), cmocka_unit_test(nosat_nan),
-        cmocka_unit_test(fp8_attention),   cmocka_unit_test(fp8_weights),
+        cmocka_unit_test(paging),           cmocka_unit_test(modes),
+        cmocka_unit_test(pool_layout),      cmocka_unit_test(attention_kernel),
+        cmocka_unit_test(attention_paths),  cmocka_unit_test(nosat_nan),
+        cmocka_unit_test(fp8_attention),    cmocka_unit_test(fp8_weights),
+        cmocka_unit_test(fp8_decode_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
