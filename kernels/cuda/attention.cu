@@ -1065,6 +1065,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 // the device's limits, once per device
 struct dev_limits {
     int dev, sms, smem_optin, smem_sm;
+    size_t l2; // bytes of L2 (0: not reported)
 };
 static dev_limits limits_of_current() {
     static dev_limits cache[16];
@@ -1075,9 +1076,10 @@ static dev_limits limits_of_current() {
         cudaDeviceProp p;
         if (cudaGetDeviceProperties(&p, dev) == cudaSuccess)
             cache[dev] = {dev, p.multiProcessorCount > 0 ? p.multiProcessorCount : 1,
-                          (int)p.sharedMemPerBlockOptin, (int)p.sharedMemPerMultiprocessor};
+                          (int)p.sharedMemPerBlockOptin, (int)p.sharedMemPerMultiprocessor,
+                          p.l2CacheSize > 0 ? (size_t)p.l2CacheSize : 0};
         else
-            cache[dev] = {dev, 1, 48 * 1024, 48 * 1024};
+            cache[dev] = {dev, 1, 48 * 1024, 48 * 1024, 0};
     }
     return cache[dev];
 }
@@ -2407,9 +2409,10 @@ extern "C" int kvd_cuda_attn_decode(const kvd_kv_view *hv, int n_blocks, const i
 
 /* Seconds per decode query (the best of reps) with the cache already on the
  * device: fixed codes in a scattered block table; version 1, 2 or 3, or 0
- * for what kvd_cuda_attn_decode_dev picks. Before each timed rep a 256 MiB
- * buffer is written, so no rep finds the cache in L2 (60 MB on an H200, more
- * than a 32K-token FP8 cache). 0 when it could not run. */
+ * for what kvd_cuda_attn_decode_dev picks. Before each timed rep a buffer of
+ * four times the L2 the device reports is written (at least 16 MiB; a
+ * Hopper part's 50-60 MB L2 would hold a 32K-token FP8 cache), so no rep
+ * finds the cache there. 0 when it could not run. */
 // a synthetic cache on the device for the benchmarks: n_ctx positions of
 // kv_heads heads in scattered 16-token blocks, codes 0x31 (K) and 0x2a (V),
 // finite in every format, scales 1
@@ -2515,7 +2518,9 @@ extern "C" double kvd_cuda_bench_sampled_rows(int outputs, int fmt, int n_ctx, i
 
 extern "C" double kvd_cuda_bench_attn(int fmt, int n_ctx, int n_heads, int kv_heads, int head_dim,
                                       int reps, int version, int attn_fp8) {
-    const size_t flush_bytes = (size_t)256 << 20, nq = (size_t)n_heads * head_dim;
+    const size_t l2x4 = 4 * v3::limits_of_current().l2,
+                 flush_bytes = l2x4 > (16 << 20) ? l2x4 : 16 << 20;
+    const size_t nq = (size_t)n_heads * head_dim;
     const size_t work = version == 1 ? (size_t)n_heads * n_ctx
                                      : kvd_cuda_attn_scratch_floats(n_ctx, n_heads, head_dim);
     bench_cache bc;

@@ -114,6 +114,7 @@ typedef struct kvd_simt_stream *cudaStream_t;
 struct cudaDeviceProp {
     char name[256];
     int major, minor, multiProcessorCount, warpSize, maxThreadsPerBlock;
+    int l2CacheSize; // 0: the simulator has no L2
     size_t totalGlobalMem, sharedMemPerBlock, sharedMemPerBlockOptin, sharedMemPerMultiprocessor;
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
