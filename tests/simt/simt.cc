@@ -441,6 +441,10 @@ KVD_SIMT_UNSANITIZED bool mma_warp(const config &cfg, fiber *F) {
         std::memcpy(&x, &u, 4);
         return x;
     };
+    // a row of B or C in one vector of 8 (GNU C++'s, the build's width): each
+    // C[i][j] += A[i][k] B[k][j] rounded as the scalar loop rounds it (the
+    // simulator is built without contraction), k in mma_portable's order
+    typedef float row8 __attribute__((vector_size(32)));
     float A[16][16], B[16][8], C[16][8];
     for (int l = 0; l < 32; l++) {
         const mma_operands &o = *reinterpret_cast<const mma_operands *>(F[l].value);
@@ -452,13 +456,15 @@ KVD_SIMT_UNSANITIZED bool mma_warp(const config &cfg, fiber *F) {
             C[g][2 * t + e] = o.c[e], C[g + 8][2 * t + e] = o.c[2 + e];
         }
     }
+    row8 Bv[16];
+    std::memcpy(Bv, B, sizeof Bv);
     static const int order[16] = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15};
-    for (int i = 0; i < 16; i++)
-        for (int kk = 0; kk < 16; kk++) {
-            const int k = order[kk];
-            const float a = A[i][k];
-            for (int j = 0; j < 8; j++) C[i][j] += a * B[k][j];
-        }
+    for (int i = 0; i < 16; i++) {
+        row8 acc;
+        std::memcpy(&acc, C[i], sizeof acc);
+        for (int kk = 0; kk < 16; kk++) acc += A[i][order[kk]] * Bv[order[kk]];
+        std::memcpy(C[i], &acc, sizeof acc);
+    }
     for (int l = 0; l < 32; l++) {
         const mma_operands &o = *reinterpret_cast<const mma_operands *>(F[l].value);
         const int g = l / 4, t = l % 4;
