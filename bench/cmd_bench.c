@@ -250,7 +250,7 @@ static int bench_kernels(int reps, int portable) {
            "kernels: %s%s:\n",
            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, KVD_KV_BLOCK,
            portable ? "portable" : kvd_attn_kernels(), portable ? " (--portable)" : "");
-    /* --portable on a build with vector kernels: those timed in turn too */
+    /* --portable on a CPU with vector kernels: those timed in turn too */
     const int both = portable && strcmp(kvd_attn_kernels(), "portable") != 0;
     printf("%6s %8s %-6s %10s %10s %10s %10s %8s %8s %8s%s\n", "block", "context", "cache",
            "max_rel_err", "time_us", "cache_MB", "read_GB_s", "of_copy", "of_read", "vs_bf16",

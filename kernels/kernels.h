@@ -148,13 +148,13 @@ static inline int kvd_attn_parts(int n_ctx, int block_size) {
 void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
                     int n_heads, float sm_scale, float *out, float *probs, void *work, int n_parts);
 /* Which kernels kvd_attn_paged takes where the view does not ask for the
- * portable ones: "AVX-512" (built for a CPU with AVX-512 VBMI) or
- * "portable" (GNU C vectors, whatever the machine; also where the
- * environment's KVD_CPU_ATTENTION=portable asks for them). The two round
- * differently in the last bits. */
+ * portable ones: "AVX-512" (on an x86-64 CPU with AVX-512 VBMI, whatever
+ * the build was compiled for) or "portable" (GNU C vectors, whatever the
+ * machine; also where the environment's KVD_CPU_ATTENTION=portable asks for
+ * them). The two round differently in the last bits. */
 const char *kvd_attn_kernels(void);
 /* -1, with the message in err, where KVD_CPU_ATTENTION names kernels this
- * build lacks (avx512, portable); else 0 */
+ * CPU does not run (avx512, portable); else 0 */
 int kvd_attn_env(char *err, size_t len);
 
 /* Two attention distributions of one query compared head by head, as the

@@ -17,11 +17,15 @@
 #include <omp.h>
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 /* AVX-512 kernels; FP8 decodes to BF16 by byte permutes (vpermi2b), BF16 to
- * FP32 by a shuffle and a mask. */
+ * FP32 by a shuffle and a mask. Compiled into every x86-64 build with a
+ * target attribute (KVD_VEC_FN) and taken where the CPU has AVX-512 VBMI,
+ * whatever the build was compiled for, as the GEMM kernels are (linalg.c). */
 #define KVD_VEC 1
+#define KVD_VEC_FN __attribute__((target("avx512f,avx512bw,avx512dq,avx512vbmi")))
 #endif
 
 static inline size_t block_bytes(const kvd_kv_view *kv) {
@@ -64,12 +68,8 @@ float kvd_pool_row_scale(const uint8_t *seg, int bs, int head_dim, int slot) {
     return s;
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#ifdef KVD_VEC
 #define KVD_F16C_DECODE 1
-#include <cpuid.h>
-#ifndef KVD_VEC
-#include <immintrin.h>
-#endif
 /* FP8 codes to floats through FP16, for the portable kernels on any x86 CPU
  * with AVX2 and F16C (chosen when the program starts, as the GEMMs are):
  * an E5M2 code is an FP16's high byte, and an E4M3 code moved up 7 bits
@@ -268,17 +268,17 @@ static void tab_build(void) {
         }
 }
 
-static fp8_tables tables_for(kvd_fmt fmt) {
+KVD_VEC_FN static void tables_for(kvd_fmt fmt, fp8_tables *t) {
     pthread_once(&tab_once, tab_build);
     int f = fmt == KVD_FMT_E5M2;
-    fp8_tables t = {_mm512_loadu_si512(tab_bytes[f][0]), _mm512_loadu_si512(tab_bytes[f][0] + 64),
-                    _mm512_loadu_si512(tab_bytes[f][1]), _mm512_loadu_si512(tab_bytes[f][1] + 64)};
-    return t;
+    t->lo0 = _mm512_loadu_si512(tab_bytes[f][0]), t->lo1 = _mm512_loadu_si512(tab_bytes[f][0] + 64);
+    t->hi0 = _mm512_loadu_si512(tab_bytes[f][1]), t->hi1 = _mm512_loadu_si512(tab_bytes[f][1] + 64);
 }
 
 /* 64 codes to 64 BF16: *a holds the codes at bytes 0-7 of each 128-bit lane,
  * *b those at bytes 8-15 (unpack order; see word_dim). */
-static inline void fp8_to_bf16(__m512i codes, const fp8_tables *T, __m512i *a, __m512i *b) {
+KVD_VEC_FN static inline void fp8_to_bf16(__m512i codes, const fp8_tables *T, __m512i *a,
+                                          __m512i *b) {
     __m512i lo = _mm512_permutex2var_epi8(T->lo0, codes, T->lo1);
     __m512i hi = _mm512_permutex2var_epi8(T->hi0, codes, T->hi1);
     hi = _mm512_ternarylogic_epi32(hi, codes, _mm512_set1_epi8((char)0x80), 0xF8); /* a|(b&c) */
@@ -288,18 +288,19 @@ static inline void fp8_to_bf16(__m512i codes, const fp8_tables *T, __m512i *a, _
 
 /* 32 BF16 to 32 floats, exactly: the even-numbered values (a byte shuffle,
  * off the FMA port) and the odd-numbered ones (a mask). */
-static inline __m512 bf16_even(__m512i x) {
+KVD_VEC_FN static inline __m512 bf16_even(__m512i x) {
     const __m512i idx = _mm512_set4_epi32(0x0d0c8080, 0x09088080, 0x05048080, 0x01008080);
     return _mm512_castsi512_ps(_mm512_shuffle_epi8(x, idx));
 }
-static inline __m512 bf16_odd(__m512i x) {
+KVD_VEC_FN static inline __m512 bf16_odd(__m512i x) {
     return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
 }
 
 /* 64 stored values (one chunk of a row) as four vectors of 16 floats: BF16
  * and FP8 in slot_dim's orders, INT8 converted 16 at a time, in natural
  * order. */
-static inline void load64(int codes, const uint8_t *row, int c, const fp8_tables *T, __m512 *f) {
+KVD_VEC_FN static inline void load64(int codes, const uint8_t *row, int c, const fp8_tables *T,
+                                     __m512 *f) {
     __m512i a, b;
     if (codes == CODES_INT8) {
         for (int u = 0; u < 4; u++)
@@ -319,12 +320,12 @@ static inline void load64(int codes, const uint8_t *row, int c, const fp8_tables
 /* The next block's rows into L2 while this block's are worked on: one block
  * ahead, spread over the rows (the hardware prefetcher stops at every block
  * boundary of a scattered block table). */
-static inline void prefetch_l2(const uint8_t *p, size_t n) {
+KVD_VEC_FN static inline void prefetch_l2(const uint8_t *p, size_t n) {
     for (size_t i = 0; i < n; i += 64) _mm_prefetch((const char *)p + i, _MM_HINT_T1);
 }
 
 /* Sixteen horizontal sums: lane i of the result is the sum of v[i]'s lanes. */
-static inline __m512 sum16(const __m512 *v) {
+KVD_VEC_FN static inline __m512 sum16(const __m512 *v) {
     __m512 a[8], b[4];
     for (int i = 0; i < 8; i++)
         a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
@@ -346,9 +347,9 @@ static inline __m512 sum16(const __m512 *v) {
  * take 16 / G rows at a time (sixteen dot products, summed together), P.V
  * 16 / G vectors of 16 dimensions (at most four, one chunk) per pass. */
 #define KVD_DEFINE_BLOCK_KERNELS(G)                                                                \
-    static void scores_g##G(const uint8_t *kp, int nt, const float *qk, int hd, size_t rb,         \
-                            int codes, const fp8_tables *T, float kmul, float *s, size_t stride,   \
-                            const uint8_t *pf) {                                                   \
+    KVD_VEC_FN static void scores_g##G(const uint8_t *kp, int nt, const float *qk, int hd,         \
+                                       size_t rb, int codes, const fp8_tables *T, float kmul,      \
+                                       float *s, size_t stride, const uint8_t *pf) {               \
         enum { TG = 16 / (G) };                                                                    \
         const size_t pshare = TG * rb / (size_t)(hd / 64);                                         \
         for (int t = 0; t < nt; t += TG) {                                                         \
@@ -380,9 +381,9 @@ static inline __m512 sum16(const __m512 *v) {
                 for (int j = 0; j < (G); j++) s[(size_t)j * stride + t + tt] = r[tt * (G) + j];    \
         }                                                                                          \
     }                                                                                              \
-    static void pv_g##G(const uint8_t *vp, int nt, const float *p, size_t stride, int hd,          \
-                        size_t rb, int codes, const fp8_tables *T, float *out,                     \
-                        const uint8_t *pf) {                                                       \
+    KVD_VEC_FN static void pv_g##G(const uint8_t *vp, int nt, const float *p, size_t stride,       \
+                                   int hd, size_t rb, int codes, const fp8_tables *T, float *out,  \
+                                   const uint8_t *pf) {                                            \
         enum { U = (G) >= 4 ? 16 / (G) : 4 };                                                      \
         const size_t pshare = rb / (size_t)(hd / 64);                                              \
         for (int c = 0; c < hd; c += 64)                                                           \
@@ -417,37 +418,41 @@ KVD_DEFINE_BLOCK_KERNELS(8)
 KVD_DEFINE_BLOCK_KERNELS(16)
 #endif
 
-/* KVD_CPU_ATTENTION=portable: the portable kernels everywhere, and expf in
- * the softmax (an A/B of the two, or a run with the bits of a build for a
- * CPU without AVX-512 VBMI: cli_generic holds the two together); read once,
- * before any kernel runs. attn_env_bad: a value that names no kernels this
- * build has. */
-static int attn_portable;
+/* Which kernels run, settled once, before any kernel runs: the AVX-512
+ * ones where the CPU has AVX-512 VBMI (vec_on), else the portable ones.
+ * KVD_CPU_ATTENTION=portable takes the portable kernels everywhere, and
+ * expf in the softmax (an A/B of the two, or a run with the bits of a CPU
+ * without AVX-512 VBMI: cli_generic holds the two together); =avx512 asks
+ * for the AVX-512 ones. attn_env_bad: a value that names no kernels this
+ * CPU runs. */
+static int vec_on, attn_portable;
 static const char *attn_env_bad;
 static pthread_once_t attn_env_once = PTHREAD_ONCE_INIT;
 static void attn_env(void) {
-    const char *e = getenv("KVD_CPU_ATTENTION");
-    if (!e || !*e) return;
+    int vec_cpu = 0;
 #ifdef KVD_VEC
-    const int vec_built = 1;
-#else
-    const int vec_built = 0;
+    __builtin_cpu_init();
+    vec_cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi");
 #endif
-    if (!strcmp(e, "portable"))
+    const char *e = getenv("KVD_CPU_ATTENTION");
+    if (e && !strcmp(e, "portable"))
         attn_portable = 1;
-    else if (!vec_built || strcmp(e, "avx512"))
+    else if (e && *e && (!vec_cpu || strcmp(e, "avx512")))
         attn_env_bad = e;
+    vec_on = vec_cpu && !attn_portable;
+}
+
+static int vector_kernels(void) {
+    pthread_once(&attn_env_once, attn_env);
+    return vec_on;
 }
 
 int kvd_attn_env(char *err, size_t len) {
     pthread_once(&attn_env_once, attn_env);
     if (!attn_env_bad) return 0;
-#ifdef KVD_VEC
-    const char *have = "avx512, portable";
-#else
-    const char *have = "portable: this build has no AVX-512 VBMI kernels";
-#endif
-    snprintf(err, len, "KVD_CPU_ATTENTION: expected kernels this build has (%s), got '%s'", have,
+    snprintf(err, len, "KVD_CPU_ATTENTION: expected kernels this CPU runs (%s), got '%s'",
+             vec_on || attn_portable ? "avx512, portable" : "portable: it has no AVX-512 VBMI",
              attn_env_bad);
     return -1;
 }
@@ -455,16 +460,9 @@ int kvd_attn_env(char *err, size_t len) {
 /* Which path a view takes: the vector kernels want whole 64-value chunks
  * and a group size they were built for; NVFP4's take any. */
 static int use_vector(const kvd_kv_view *kv, int G) {
-#ifdef KVD_VEC
-    pthread_once(&attn_env_once, attn_env);
-    if (attn_portable) return 0;
-    if (kv->fmt == KVD_FMT_NVFP4) return !kv->portable; /* its own kernels: any G */
-    return !kv->portable && kv->head_dim % 64 == 0 &&
-           (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
-#else
-    (void)kv, (void)G;
-    return 0;
-#endif
+    if (!vector_kernels() || kv->portable) return 0;
+    if (kv->fmt == KVD_FMT_NVFP4) return 1; /* its own kernels: any G */
+    return kv->head_dim % 64 == 0 && (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
 }
 
 /* Dimension of float slot k in the vector kernels' order, the same for the
@@ -518,7 +516,7 @@ static void path_init(read_path *rp, const kvd_kv_view *kv, int G) {
                 : kvd_fmt_int8(kv->fmt)    ? CODES_INT8
                                            : CODES_FP8;
 #ifdef KVD_VEC
-    if (rp->vec && rp->codes == CODES_FP8) rp->T = tables_for(kv->fmt);
+    if (rp->vec && rp->codes == CODES_FP8) tables_for(kv->fmt, &rp->T);
 #endif
 }
 
@@ -531,7 +529,7 @@ static void path_init(read_path *rp, const kvd_kv_view *kv, int G) {
  * (slot_dim's order); vpermps reads only an index's low 4 bits, from the 16
  * E2M1 values as floats, and the product with the group's block scale is
  * e2m1 * sf exactly, as the portable decode gives it. */
-static inline __m512 nvfp4_table(void) {
+KVD_VEC_FN static inline __m512 nvfp4_table(void) {
     /* kvd_e2m1_to_f32 of codes 0-15 (unit_kvcache holds the decode to it) */
     static const float e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
@@ -544,12 +542,12 @@ static inline int nvfp4_heads(int G) {
     return G % 8 == 0 ? 8 : G % 4 == 0 ? 4 : G % 2 == 0 ? 2 : 1;
 }
 
-static inline __m512i nvfp4_shifts(void) {
+KVD_VEC_FN static inline __m512i nvfp4_shifts(void) {
     return _mm512_set_epi32(28, 28, 24, 24, 20, 20, 16, 16, 12, 12, 8, 8, 4, 4, 0, 0);
 }
 
-static inline __m512 nvfp4_group(const uint8_t *row, int hd, int g, __m512 tab, __m512i shift,
-                                 const float *e4) {
+KVD_VEC_FN static inline __m512 nvfp4_group(const uint8_t *row, int hd, int g, __m512 tab,
+                                            __m512i shift, const float *e4) {
     uint64_t w;
     memcpy(&w, row + 8 * g, sizeof w);
     const __m512i idx = _mm512_srlv_epi32(_mm512_set1_epi64((long long)w), shift);
@@ -565,10 +563,9 @@ static inline __m512 nvfp4_group(const uint8_t *row, int hd, int g, __m512 tab, 
  * and each query vector loaded once for the R rows, summed in one sum16
  * (lane r H + i: row r, head j + i); n rows real (the rest repeat row 0,
  * their sums not stored). */
-static inline __attribute__((always_inline)) void nvfp4_dots(const uint8_t *const *row, int n,
-                                                             int hd, const float *e4,
-                                                             const float *q, int j, int H,
-                                                             float kmul, float *s, size_t stride) {
+KVD_VEC_FN static inline __attribute__((always_inline)) void
+nvfp4_dots(const uint8_t *const *row, int n, int hd, const float *e4, const float *q, int j, int H,
+           float kmul, float *s, size_t stride) {
     const int R = 16 / H;
     const __m512 tab = nvfp4_table();
     const __m512i shift = nvfp4_shifts();
@@ -593,8 +590,8 @@ static inline __attribute__((always_inline)) void nvfp4_dots(const uint8_t *cons
 
 /* Tiles of H = nvfp4_heads(G) query heads by 16 / H rows. pf, when not NULL, is the next block's
  * rows: each row's fetch into L2 is started as the same row of this block is first read. */
-static void scores_nvfp4(const uint8_t *kp, int nt, const float *q, int G, int hd, float kmul,
-                         float *s, size_t stride, const uint8_t *pf) {
+KVD_VEC_FN static void scores_nvfp4(const uint8_t *kp, int nt, const float *q, int G, int hd,
+                                    float kmul, float *s, size_t stride, const uint8_t *pf) {
     const size_t rb = kvd_nvfp4_row_bytes((size_t)hd);
     const float *e4 = kvd_e4m3_table();
     const int H = nvfp4_heads(G), R = 16 / H;
@@ -620,7 +617,7 @@ static void scores_nvfp4(const uint8_t *kp, int nt, const float *q, int G, int h
 
 /* acc[j][16 g ..] += p[j][t] v_t over the nt rows, for J query heads from
  * j0: J accumulators held across the rows, each group decoded once for them. */
-static inline __attribute__((always_inline)) void
+KVD_VEC_FN static inline __attribute__((always_inline)) void
 nvfp4_pv_group(const uint8_t *vp, size_t rb, int nt, int hd, const float *e4, int g, const float *p,
                size_t stride, int j0, int J, float *acc, const uint8_t *pf) {
     const __m512 tab = nvfp4_table();
@@ -638,8 +635,8 @@ nvfp4_pv_group(const uint8_t *vp, size_t rb, int nt, int hd, const float *e4, in
 
 /* P.V a group of 16 dimensions at a time, in J = nvfp4_heads(G) heads: the block's rows (18 KB at
  * head_dim 256 and 128 rows) stay in L1 across the groups. */
-static void pv_nvfp4(const uint8_t *vp, int nt, const float *p, size_t stride, int G, int hd,
-                     float *acc, const uint8_t *pf) {
+KVD_VEC_FN static void pv_nvfp4(const uint8_t *vp, int nt, const float *p, size_t stride, int G,
+                                int hd, float *acc, const uint8_t *pf) {
     const size_t rb = kvd_nvfp4_row_bytes((size_t)hd);
     const float *e4 = kvd_e4m3_table();
     const int J = nvfp4_heads(G);
@@ -699,7 +696,7 @@ static void pv_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *
 #ifdef KVD_VEC
 /* exp(x) for x <= 0: 2^n * p(f), degree-6 polynomial on [-0.5, 0.5],
  * relative error below 2e-7; underflows cleanly to 0. */
-static inline __m512 exp16(__m512 x) {
+KVD_VEC_FN static inline __m512 exp16(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
     __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
     __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -713,6 +710,30 @@ static inline __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
 }
+
+/* max_of's and exp_sum's 16s (the count they took in *done) */
+KVD_VEC_FN static float max_of16(const float *x, int n, int *done) {
+    __m512 v = _mm512_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 16 <= n; i += 16) v = _mm512_max_ps(_mm512_loadu_ps(x + i), v);
+    *done = i;
+    return _mm512_reduce_max_ps(v);
+}
+
+KVD_VEC_FN static double exp_sum16(float *x, int n, float m, int *done) {
+    const __m512 vm = _mm512_set1_ps(m);
+    double sum = 0.0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm));
+        _mm512_storeu_ps(x + i, e);
+        __m512d d = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)),
+                                  _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
+        sum += _mm512_reduce_add_pd(d);
+    }
+    *done = i;
+    return sum;
+}
 #endif
 
 /* The largest of n values (a NaN is passed over, as by the scalar loop; it
@@ -721,29 +742,20 @@ static float max_of(const float *x, int n) {
     float mx = -INFINITY;
     int i = 0;
 #ifdef KVD_VEC
-    __m512 v = _mm512_set1_ps(-INFINITY);
-    for (; i + 16 <= n; i += 16) v = _mm512_max_ps(_mm512_loadu_ps(x + i), v);
-    mx = _mm512_reduce_max_ps(v);
+    if (vector_kernels()) mx = max_of16(x, n, &i);
 #endif
     for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
     return mx;
 }
 
 /* exp(x - m) in place over n values; returns their sum (double). The
- * vector exp is not expf: under KVD_CPU_ATTENTION=portable the sums are
- * expf's, as a build without the AVX-512 kernels takes them. */
+ * vector exp is not expf: on a CPU without the AVX-512 kernels, or under
+ * KVD_CPU_ATTENTION=portable, the sums are expf's. */
 static double exp_sum(float *x, int n, float m) {
     double sum = 0.0;
     int i = 0;
 #ifdef KVD_VEC
-    __m512 vm = _mm512_set1_ps(m);
-    for (; !attn_portable && i + 16 <= n; i += 16) {
-        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm));
-        _mm512_storeu_ps(x + i, e);
-        __m512d d = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)),
-                                  _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
-        sum += _mm512_reduce_add_pd(d);
-    }
+    if (vector_kernels()) sum = exp_sum16(x, n, m, &i);
 #endif
     for (; i < n; i++) {
         x[i] = expf(x[i] - m);
@@ -797,7 +809,7 @@ static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_
  * subnormal step). A NaN stays a NaN. unit_kvcache holds it bit for bit to
  * the codec (a NaN as a NaN). */
 #ifdef KVD_VEC
-static inline __m512 fp8_weight16(__m512 e) {
+KVD_VEC_FN static inline __m512 fp8_weight16(__m512 e) {
     const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
     __m512 x = _mm512_mul_ps(e, _mm512_set1_ps(256.0f));
     __m512i u = _mm512_castps_si512(x), s = _mm512_and_si512(u, sign);
@@ -820,10 +832,18 @@ static inline __m512 fp8_weight16(__m512 e) {
 }
 #endif
 
+#ifdef KVD_VEC
+KVD_VEC_FN static size_t fp8_weights16(const float *e, size_t n, float *out) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, fp8_weight16(_mm512_loadu_ps(e + i)));
+    return i;
+}
+#endif
+
 void kvd_fp8_weights(const float *e, size_t n, float *out) {
     size_t i = 0;
 #ifdef KVD_VEC
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, fp8_weight16(_mm512_loadu_ps(e + i)));
+    if (vector_kernels()) i = fp8_weights16(e, n, out);
 #endif
     for (; i < n; i++)
         out[i] = kvd_e4m3_to_f32(kvd_f32_to_e4m3(256.0f * e[i], 1)) * (1.0f / 256.0f);
@@ -905,12 +925,7 @@ size_t kvd_attn_work_bytes(int n_heads, int head_dim, int n_ctx, int n_parts) {
 }
 
 const char *kvd_attn_kernels(void) {
-#ifdef KVD_VEC
-    pthread_once(&attn_env_once, attn_env);
-    return attn_portable ? "portable" : "AVX-512";
-#else
-    return "portable";
-#endif
+    return vector_kernels() ? "AVX-512" : "portable";
 }
 
 void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
