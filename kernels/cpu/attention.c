@@ -452,8 +452,7 @@ int kvd_attn_env(char *err, size_t len) {
     pthread_once(&attn_env_once, attn_env);
     if (!attn_env_bad) return 0;
     snprintf(err, len, "KVD_CPU_ATTENTION: expected kernels this CPU runs (%s), got '%s'",
-             vec_on || attn_portable ? "avx512, portable" : "portable: it has no AVX-512 VBMI",
-             attn_env_bad);
+             vec_on ? "avx512, portable" : "portable: it has no AVX-512 VBMI", attn_env_bad);
     return -1;
 }
 
