@@ -68,8 +68,52 @@ float kvd_pool_row_scale(const uint8_t *seg, int bs, int head_dim, int slot) {
     return s;
 }
 
+/* What the CPU has, and which kernels run, settled once, before any kernel
+ * runs: the AVX-512 ones where the CPU has AVX-512 VBMI (vec_on), else the
+ * portable ones, whose FP8 rows decode through F16C where it has AVX2 and
+ * F16C (f16c_decode).
+ * KVD_CPU_ATTENTION=portable takes the portable kernels everywhere, and
+ * expf in the softmax (an A/B of the two, or a run with the bits of a CPU
+ * without AVX-512 VBMI: cli_generic holds the two together); =avx512 asks
+ * for the AVX-512 ones. attn_env_bad: a value that names no kernels this
+ * CPU runs. */
+static int vec_on, attn_portable;
 #ifdef KVD_VEC
-#define KVD_F16C_DECODE 1
+static int f16c_decode;
+#endif
+static const char *attn_env_bad;
+static pthread_once_t attn_env_once = PTHREAD_ONCE_INIT;
+static void attn_env(void) {
+    int vec_cpu = 0;
+#ifdef KVD_VEC
+    __builtin_cpu_init();
+    vec_cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi");
+    unsigned a, b, c, d; /* F16C: CPUID leaf 1, ECX bit 29 (clang's builtin has no name for it) */
+    f16c_decode = __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+#endif
+    const char *e = getenv("KVD_CPU_ATTENTION");
+    if (e && !strcmp(e, "portable"))
+        attn_portable = 1;
+    else if (e && *e && (!vec_cpu || strcmp(e, "avx512")))
+        attn_env_bad = e;
+    vec_on = vec_cpu && !attn_portable;
+}
+
+static int vector_kernels(void) {
+    pthread_once(&attn_env_once, attn_env);
+    return vec_on;
+}
+
+int kvd_attn_env(char *err, size_t len) {
+    pthread_once(&attn_env_once, attn_env);
+    if (!attn_env_bad) return 0;
+    snprintf(err, len, "KVD_CPU_ATTENTION: expected kernels this CPU runs (%s), got '%s'",
+             vec_on ? "avx512, portable" : "portable: it has no AVX-512 VBMI", attn_env_bad);
+    return -1;
+}
+
+#ifdef KVD_VEC
 /* FP8 codes to floats through FP16, for the portable kernels on any x86 CPU
  * with AVX2 and F16C (chosen when the program starts, as the GEMMs are):
  * an E5M2 code is an FP16's high byte, and an E4M3 code moved up 7 bits
@@ -106,20 +150,13 @@ __attribute__((target("avx2,f16c"))) static int fp8_row_f16c(int e4m3, const uin
     return i;
 }
 
-static int f16c_decode;
-static pthread_once_t f16c_once = PTHREAD_ONCE_INIT;
-static void f16c_probe(void) {
-    unsigned a, b, c, d; /* F16C: CPUID leaf 1, ECX bit 29 (clang's builtin has no name for it) */
-    __builtin_cpu_init();
-    f16c_decode = __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
-}
 #endif
 
 /* n FP8 codes into floats, unscaled */
 static void decode_fp8(int e4m3, const uint8_t *p, int n, float *out) {
     int i = 0;
-#ifdef KVD_F16C_DECODE
-    pthread_once(&f16c_once, f16c_probe);
+#ifdef KVD_VEC
+    pthread_once(&attn_env_once, attn_env);
     if (f16c_decode) i = fp8_row_f16c(e4m3, p, n, out);
 #endif
     if (e4m3)
@@ -417,44 +454,6 @@ KVD_DEFINE_BLOCK_KERNELS(4)
 KVD_DEFINE_BLOCK_KERNELS(8)
 KVD_DEFINE_BLOCK_KERNELS(16)
 #endif
-
-/* Which kernels run, settled once, before any kernel runs: the AVX-512
- * ones where the CPU has AVX-512 VBMI (vec_on), else the portable ones.
- * KVD_CPU_ATTENTION=portable takes the portable kernels everywhere, and
- * expf in the softmax (an A/B of the two, or a run with the bits of a CPU
- * without AVX-512 VBMI: cli_generic holds the two together); =avx512 asks
- * for the AVX-512 ones. attn_env_bad: a value that names no kernels this
- * CPU runs. */
-static int vec_on, attn_portable;
-static const char *attn_env_bad;
-static pthread_once_t attn_env_once = PTHREAD_ONCE_INIT;
-static void attn_env(void) {
-    int vec_cpu = 0;
-#ifdef KVD_VEC
-    __builtin_cpu_init();
-    vec_cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi");
-#endif
-    const char *e = getenv("KVD_CPU_ATTENTION");
-    if (e && !strcmp(e, "portable"))
-        attn_portable = 1;
-    else if (e && *e && (!vec_cpu || strcmp(e, "avx512")))
-        attn_env_bad = e;
-    vec_on = vec_cpu && !attn_portable;
-}
-
-static int vector_kernels(void) {
-    pthread_once(&attn_env_once, attn_env);
-    return vec_on;
-}
-
-int kvd_attn_env(char *err, size_t len) {
-    pthread_once(&attn_env_once, attn_env);
-    if (!attn_env_bad) return 0;
-    snprintf(err, len, "KVD_CPU_ATTENTION: expected kernels this CPU runs (%s), got '%s'",
-             vec_on ? "avx512, portable" : "portable: it has no AVX-512 VBMI", attn_env_bad);
-    return -1;
-}
 
 /* Which path a view takes: the vector kernels want whole 64-value chunks
  * and a group size they were built for; NVFP4's take any. */
