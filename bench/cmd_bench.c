@@ -223,6 +223,64 @@ static double decode_check(const bench_cache *c, const float *q, const float *ou
     return worst;
 }
 
+/* The AMX kernels against the AVX-512 ones at the attention shapes they
+ * are taken for (qwen3-next-80b-a3b's 16 query heads and qwen3.5-397b-a17b's
+ * 32, 2 KV heads, head_dim 256), 32K tokens, the two timed in turn. Returns
+ * 1 where a result strays from the reference. */
+static int bench_amx(double bw, int reps) {
+    printf("\ndecode attention at 16 and 32 query heads (2 KV heads, head_dim 256: the attention "
+           "of qwen3-next-80b-a3b and qwen3.5-397b-a17b), blocks of %d tokens, 32768 tokens, the "
+           "cache evicted before each run: the AMX kernels, and the AVX-512 ones timed in turn "
+           "(vs_avx512: the AVX-512 kernels' time over AMX's):\n",
+           KVD_KV_BLOCK);
+    printf("%6s %-6s %10s %10s %10s %10s %8s %10s %10s\n", "heads", "cache", "max_rel_err",
+           "time_us", "cache_MB", "read_GB_s", "of_copy", "avx512_us", "vs_avx512");
+    const kvd_fmt fmts[3] = {KVD_FMT_BF16, KVD_FMT_E4M3, KVD_FMT_I8T};
+    const char *fn[3] = {"bf16", "e4m3", "i8t"};
+    int fail = 0;
+    for (int nh = 16; nh <= 32; nh *= 2)
+        for (int fi = 0; fi < 3; fi++) {
+            bench_cache c;
+            memset(&c, 0, sizeof c);
+            c.kvh = 2, c.hd = 256, c.nh = nh, c.bs = KVD_KV_BLOCK;
+            cache_fill(&c, fmts[fi], 32768);
+            float *q = malloc(sizeof(float) * (size_t)nh * c.hd);
+            float *out = malloc(sizeof(float) * (size_t)nh * c.hd);
+            uint64_t key = kvd_rng_key(9, "bench.q");
+            for (int i = 0; i < nh * c.hd; i++) q[i] = kvd_rng_normal(key, (uint64_t)i);
+            const int parts = kvd_attn_parts(c.n_ctx, c.bs);
+            void *work = malloc(kvd_attn_work_bytes(nh, c.hd, c.n_ctx, parts));
+            decode_once(&c, q, out, NULL, work, parts);
+            const double rel = decode_check(&c, q, out);
+            if (rel > 1e-4) {
+                fprintf(stderr, "decode attention %s at %d heads: relative error %.3g above 1e-4\n",
+                        fn[fi], nh, rel);
+                fail = 1;
+            }
+            double *t = malloc(sizeof(double) * 2 * (size_t)reps);
+            for (int r = 0; r < reps; r++)
+                for (int pass = 0; pass < 2; pass++) {
+                    c.portable = pass ? KVD_ATTN_NO_AMX : 0;
+                    evict(c.k, c.pool_bytes);
+                    evict(c.v, c.pool_bytes);
+                    double t0 = kvd_now();
+                    decode_once(&c, q, out, NULL, work, parts);
+                    t[pass * reps + r] = kvd_now() - t0;
+                }
+            const double ta = median(t, reps), tv = median(t + reps, reps);
+            const double bytes = 2.0 * c.n_ctx * c.kvh * (double)kvd_fmt_row_bytes(c.fmt, c.hd);
+            printf("%6d %-6s %10.2e %10.1f %10.2f %10.2f %7.1f%% %10.1f %9.2fx\n", nh, fn[fi], rel,
+                   ta * 1e6, bytes / 1e6, bytes / ta / 1e9, 100.0 * bytes / ta / bw, tv * 1e6,
+                   tv / ta);
+            free(t);
+            free(work);
+            free(q);
+            free(out);
+            cache_free(&c);
+        }
+    return fail;
+}
+
 static int bench_kernels(int reps, int portable) {
     int threads = 1;
 #ifdef _OPENMP
@@ -331,6 +389,7 @@ static int bench_kernels(int reps, int portable) {
                 cache_free(&c[fi]);
             }
         }
+    if (!portable && !strcmp(kvd_attn_kernels(), "AMX")) fail |= bench_amx(bw, reps);
 
     /* GEMM: the model's projections through kvd_linear against OpenBLAS's
      * own sgemm at a large square shape (its practical peak here) */

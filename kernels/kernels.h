@@ -61,7 +61,7 @@ typedef struct {
     const float *k_scale; /* [kv_heads] dequantization scales (1.0 for BF16 and for the
                              row-scaled formats, whose rows carry their own on top) */
     const float *v_scale;
-    int portable; /* take the portable kernels even where vector ones exist (tests) */
+    int portable; /* 0: the kernels the CPU takes (kvd_attn_kernels); below */
     /* FP8 attention, as FlashAttention 3 computes over an FP8 cache (NULL /
      * 0: FP32 query and weights). q_scale [n_heads]: the query is written as
      * E4M3 (cvt(q / q_scale), saturating) and read back times q_scale.
@@ -71,6 +71,10 @@ typedef struct {
     const float *q_scale;
     int p_fp8;
 } kvd_kv_view;
+/* kvd_kv_view's portable: 1, the portable kernels even where vector ones
+ * exist; KVD_ATTN_NO_AMX, the AVX-512 ones even where the AMX ones are
+ * taken (tests, bench) */
+#define KVD_ATTN_NO_AMX 2
 
 /* FP8 attention's weights: each e (a softmax weight exp(s - M), in [0, 1])
  * as 2^8 e in E4M3 (saturating) read back times 2^-8; the CPU twin of the
@@ -147,14 +151,17 @@ static inline int kvd_attn_parts(int n_ctx, int block_size) {
 }
 void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
                     int n_heads, float sm_scale, float *out, float *probs, void *work, int n_parts);
-/* Which kernels kvd_attn_paged takes where the view does not ask for the
- * portable ones: "AVX-512" (on an x86-64 CPU with AVX-512 VBMI, whatever
- * the build was compiled for) or "portable" (GNU C vectors, whatever the
- * machine; also where the environment's KVD_CPU_ATTENTION=portable asks for
- * them). The two round differently in the last bits. */
+/* Which kernels kvd_attn_paged takes where the view does not ask for
+ * others: "AMX" (the AVX-512 ones, with AMX-BF16 tiles for the products at
+ * 4, 8 or 16 query heads a KV head, on an x86-64 CPU with AMX-BF16 and
+ * AVX512-BF16 whose OS grants the tiles), "AVX-512" (on an x86-64 CPU with
+ * AVX-512 VBMI, whatever the build was compiled for) or "portable" (GNU C
+ * vectors, whatever the machine; also where the environment's
+ * KVD_CPU_ATTENTION=portable asks for them; =avx512 leaves out AMX). They
+ * round differently in the last bits. */
 const char *kvd_attn_kernels(void);
 /* -1, with the message in err, where KVD_CPU_ATTENTION names kernels this
- * CPU does not run (avx512, portable); else 0 */
+ * CPU does not run (amx, avx512, portable); else 0 */
 int kvd_attn_env(char *err, size_t len);
 
 /* Two attention distributions of one query compared head by head, as the

@@ -5,6 +5,7 @@
  * head of a block together, and the parts' partial softmaxes are merged.
  * Products and sums in FP32 (softmax sums in double); stored values decode
  * exactly. */
+#define _DEFAULT_SOURCE /* syscall */
 #include "../fp8.h"
 #include "../kernels.h"
 
@@ -15,6 +16,10 @@
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -69,22 +74,46 @@ float kvd_pool_row_scale(const uint8_t *seg, int bs, int head_dim, int slot) {
 }
 
 /* What the CPU has, and which kernels run, settled once, before any kernel
- * runs: the AVX-512 ones where the CPU has AVX-512 VBMI (vec_on), else the
- * portable ones, whose FP8 rows decode through F16C where it has AVX2 and
- * F16C (f16c_decode).
+ * runs: where the CPU has AVX-512 VBMI the AVX-512 ones (vec_on), and of
+ * those, where it also has AMX-BF16 and AVX512-BF16 and Linux grants the
+ * process the tile registers, the AMX ones for the group sizes they take
+ * (amx_on); else the portable ones, whose FP8 rows decode through F16C
+ * where it has AVX2 and F16C (f16c_decode).
  * KVD_CPU_ATTENTION=portable takes the portable kernels everywhere, and
  * expf in the softmax (an A/B of the two, or a run with the bits of a CPU
- * without AVX-512 VBMI: cli_generic holds the two together); =avx512 asks
- * for the AVX-512 ones. attn_env_bad: a value that names no kernels this
- * CPU runs. */
-static int vec_on, attn_portable;
+ * without AVX-512 VBMI: cli_generic holds the two together); =avx512 the
+ * AVX-512 ones without AMX; =amx asks for AMX. attn_env_bad: a value that
+ * names no kernels this CPU runs. */
+static int vec_on, amx_on, attn_portable;
 #ifdef KVD_VEC
 static int f16c_decode;
 #endif
 static const char *attn_env_bad;
 static pthread_once_t attn_env_once = PTHREAD_ONCE_INIT;
+
+#ifdef KVD_VEC
+/* AMX-BF16 with its tiles' state enabled by the OS (XCR0 bits 17 and 18),
+ * AVX512-BF16 (the weights' split), and the tiles granted to this process
+ * (Linux asks for that first: arch_prctl ARCH_REQ_XCOMP_PERM) */
+static int amx_usable(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 22 & 1) || !(d >> 24 & 1)) return 0;
+    const unsigned max7 = a;
+    if (max7 < 1 || !__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a >> 5 & 1)) return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return 0; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo >> 17 & 3) != 3) return 0;
+#if defined(__linux__)
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
+#endif
+
 static void attn_env(void) {
-    int vec_cpu = 0;
+    int vec_cpu = 0, amx_cpu = 0;
 #ifdef KVD_VEC
     __builtin_cpu_init();
     vec_cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -93,11 +122,17 @@ static void attn_env(void) {
     f16c_decode = __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
 #endif
     const char *e = getenv("KVD_CPU_ATTENTION");
-    if (e && !strcmp(e, "portable"))
+    const int want_portable = e && !strcmp(e, "portable"), want_avx512 = e && !strcmp(e, "avx512");
+#ifdef KVD_VEC
+    /* the tiles are asked of the OS only where they would be used */
+    if (vec_cpu && !want_portable && !want_avx512) amx_cpu = amx_usable();
+#endif
+    if (want_portable)
         attn_portable = 1;
-    else if (e && *e && (!vec_cpu || strcmp(e, "avx512")))
+    else if (e && *e && !(want_avx512 && vec_cpu) && !(!strcmp(e, "amx") && amx_cpu))
         attn_env_bad = e;
     vec_on = vec_cpu && !attn_portable;
+    amx_on = amx_cpu && !attn_portable && !want_avx512;
 }
 
 static int vector_kernels(void) {
@@ -109,7 +144,10 @@ int kvd_attn_env(char *err, size_t len) {
     pthread_once(&attn_env_once, attn_env);
     if (!attn_env_bad) return 0;
     snprintf(err, len, "KVD_CPU_ATTENTION: expected kernels this CPU runs (%s), got '%s'",
-             vec_on ? "avx512, portable" : "portable: it has no AVX-512 VBMI", attn_env_bad);
+             amx_on   ? "amx, avx512, portable"
+             : vec_on ? "avx512, portable: it has no AMX-BF16 the process may use"
+                      : "portable: it has no AVX-512 VBMI",
+             attn_env_bad);
     return -1;
 }
 
@@ -453,12 +491,330 @@ KVD_DEFINE_BLOCK_KERNELS(2)
 KVD_DEFINE_BLOCK_KERNELS(4)
 KVD_DEFINE_BLOCK_KERNELS(8)
 KVD_DEFINE_BLOCK_KERNELS(16)
+
+/* ---- AMX kernels (G = 8 or 16 query heads a KV head) ----
+ * TDPBF16PS multiplies BF16 tiles into FP32 accumulators: products of two
+ * BF16 are exact in FP32, and every stored value (BF16, FP8, INT8) is a
+ * BF16 exactly. The FP32 query and weights are not, so each is split into
+ * three BF16 (x = hi + mid + lo, each the rounding of what the ones before
+ * left: 24 bits, the float exactly, a denormal rest aside) and the three
+ * products summed in FP32: the same arithmetic as the AVX-512 kernels'
+ * multiply-adds, in another order of the sums.
+ * Scores: C[16 rows][G heads] += K rows (A: 16 rows x 32 dimensions) times
+ * each part of the query's split (B: 32 dimensions x 16 heads, pairs of
+ * dimensions interleaved), the three into one accumulator.
+ * P.V: C[split heads][16 dimensions] += the weights' split (A: 32 rows of
+ * the block) times the value rows (B: 16 pairs of rows x 16 dimensions, the
+ * pair's two values side by side). G = 16 has a tile a part and sums them
+ * into one accumulator; G = 8 packs the parts into rows (j, 8 + j, 16 + j of
+ * two tiles), summed once a part, at its end.
+ * Every tile is 16 rows of 64 bytes. */
+#define KVD_AMX_FN __attribute__((target("avx512f,avx512bw,avx512dq,avx512vbmi,avx512bf16")))
+/* the tile instructions, as asm with their memory made known to the
+ * compiler (the intrinsics' asm does not say what it reads and writes) */
+#define AMX_LOAD(t, p, stride)                                                                     \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"((const void *)(p)), "r"((long)(stride)) \
+                     : "memory")
+#define AMX_STORE(t, p, stride)                                                                    \
+    __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"((void *)(p)), "r"((long)(stride))   \
+                     : "memory")
+#define AMX_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
+#define AMX_DP(c, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* the tiles set up in this thread (every one 16 x 64 bytes), and given back */
+static void amx_begin(void) {
+    amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) c.rows[i] = 16, c.colsb[i] = 64;
+    __asm__ volatile("ldtilecfg %0" ::"m"(c) : "memory");
+}
+static void amx_end(void) {
+    __asm__ volatile("tilerelease" ::: "memory");
+}
+
+/* Per part: two 16-row groups of keys as A tiles [2][hd / 32][16][32], up
+ * to 128 value rows as B tiles [4][hd / 16][16][32], their weights' split
+ * as A tiles [4][3][16][32], an accumulator's copy [16][16], and the split
+ * outputs [kv_heads][amx_out_rows][head_dim] (natural order). */
+typedef struct {
+    uint16_t *k, *v, *p;
+    float *c, *acc;
+} amx_work;
+
+static inline int amx_stacked_pv(int G) {
+    return G == 16;
+}
+/* A tiles of the weights' split (G = 8: also the accumulator tiles a
+ * 16-dimension group), rows of split output */
+static inline int amx_pv_tiles(int G) {
+    return amx_stacked_pv(G) ? 3 : (3 * G + 15) / 16;
+}
+static inline int amx_out_rows(int G) {
+    return amx_stacked_pv(G) ? 16 : 16 * amx_pv_tiles(G);
+}
+
+/* 64 codes to 64 BF16 in natural order: codes 0-31 into *a, 32-63 into *b
+ * (fp8_to_bf16's unpack order undone by a byte permute first) */
+KVD_AMX_FN static inline void fp8_to_bf16_natural(__m512i codes, const fp8_tables *T, __m512i *a,
+                                                  __m512i *b) {
+    /* byte 16 L + i of the permuted codes: code 8 L + i (i < 8), 32 + 8 L + i - 8 (i >= 8) */
+    const __m512i idx = _mm512_set_epi8(
+        63, 62, 61, 60, 59, 58, 57, 56, 31, 30, 29, 28, 27, 26, 25, 24, 55, 54, 53, 52, 51, 50, 49,
+        48, 23, 22, 21, 20, 19, 18, 17, 16, 47, 46, 45, 44, 43, 42, 41, 40, 15, 14, 13, 12, 11, 10,
+        9, 8, 39, 38, 37, 36, 35, 34, 33, 32, 7, 6, 5, 4, 3, 2, 1, 0);
+    fp8_to_bf16(_mm512_permutexvar_epi8(idx, codes), T, a, b);
+}
+
+/* 64 stored values from value c of a row as BF16 in natural order */
+KVD_AMX_FN static inline void row_bf16(int codes, const uint8_t *row, int c, const fp8_tables *T,
+                                       __m512i *a, __m512i *b) {
+    if (codes == CODES_BF16) {
+        *a = _mm512_loadu_si512(row + 2 * c);
+        *b = _mm512_loadu_si512(row + 2 * c + 64);
+    } else if (codes == CODES_FP8) {
+        fp8_to_bf16_natural(_mm512_loadu_si512(row + c), T, a, b);
+    } else { /* INT8: exact in BF16 */
+        __m512 f[4];
+        for (int u = 0; u < 4; u++)
+            f[u] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128((const __m128i *)(const void *)(row + c + 16 * u))));
+        *a = (__m512i)_mm512_cvtne2ps_pbh(f[1], f[0]);
+        *b = (__m512i)_mm512_cvtne2ps_pbh(f[3], f[2]);
+    }
+}
+
+/* n rows (the rest of 16 zero) as the A tiles of a key group, each row's
+ * bytes of the next block (pf) asked for as it is read */
+KVD_AMX_FN static void amx_key_rows(const uint8_t *p, int n, int hd, size_t rb, int codes,
+                                    const fp8_tables *T, uint16_t *out, const uint8_t *pf) {
+    for (int r = 0; r < 16; r++) {
+        uint16_t *o = out + 32 * r;
+        if (pf && r < n) prefetch_l2(pf + (size_t)r * rb, rb);
+        for (int c = 0; c < hd; c += 64) {
+            __m512i a = _mm512_setzero_si512(), b = a;
+            if (r < n) row_bf16(codes, p + (size_t)r * rb, c, T, &a, &b);
+            _mm512_storeu_si512(o + (size_t)c / 32 * 512, a);
+            _mm512_storeu_si512(o + ((size_t)c / 32 + 1) * 512, b);
+        }
+    }
+}
+
+/* 16 rows' scores of G heads from an accumulator's copy c (column j is
+ * head j), times kmul; n of them stored */
+KVD_AMX_FN static inline void amx_scores_out(const float *c, int G, float kmul, int n, float *s,
+                                             size_t stride) {
+    const __m512i col =
+        _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+    const __mmask16 m = (__mmask16)((1u << n) - 1);
+    for (int j = 0; j < G; j++) {
+        const __m512 x = _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32(j)), c, 4);
+        _mm512_mask_storeu_ps(s + (size_t)j * stride, m, _mm512_mul_ps(x, _mm512_set1_ps(kmul)));
+    }
+}
+
+/* Two groups of 16 rows at a time (two accumulators, so that the products'
+ * chains overlap): tiles 0-1 accumulators, 2-3 the groups' keys, 5-7 the
+ * query's split. BF16 groups of 16 whole rows are read from the cache. */
+KVD_AMX_FN static void amx_scores(const uint8_t *kp, int nt, const uint16_t *qt, int G, int hd,
+                                  size_t rb, int codes, const fp8_tables *T, float kmul, float *s,
+                                  size_t stride, const uint8_t *pf, const amx_work *w) {
+    const int nc = hd / 32;
+    uint16_t *kb1 = w->k + (size_t)16 * hd;
+    for (int t = 0; t < nt; t += 32) {
+        const int n0 = nt - t < 16 ? nt - t : 16, n1 = nt - t - 16 < 16 ? nt - t - 16 : 16;
+        const uint8_t *r0 = kp + (size_t)t * rb, *r1 = r0 + 16 * rb;
+        const uint8_t *f0 = pf ? pf + (size_t)t * rb : NULL, *f1 = pf ? f0 + 16 * rb : NULL;
+        const int d0 = codes == CODES_BF16 && n0 == 16, d1 = codes == CODES_BF16 && n1 == 16;
+        if (!d0) amx_key_rows(r0, n0, hd, rb, codes, T, w->k, f0);
+        if (n1 > 0 && !d1) amx_key_rows(r1, n1, hd, rb, codes, T, kb1, f1);
+        /* the cache's rows read straight: the next block's asked for a share a chunk */
+        const size_t share0 = d0 ? 16 * rb / (size_t)nc : 0, share1 = d1 ? 16 * rb / (size_t)nc : 0;
+        AMX_ZERO(0);
+        AMX_ZERO(1);
+        for (int c = 0; c < nc; c++) {
+            const uint16_t *b = qt + (size_t)c * 3 * 512;
+            if (pf && share0) prefetch_l2(f0 + (size_t)c * share0, share0);
+            if (pf && share1) prefetch_l2(f1 + (size_t)c * share1, share1);
+            AMX_LOAD(5, b, 64);
+            AMX_LOAD(6, b + 512, 64);
+            AMX_LOAD(7, b + 1024, 64);
+            if (d0)
+                AMX_LOAD(2, r0 + (size_t)c * 64, rb);
+            else
+                AMX_LOAD(2, w->k + (size_t)c * 512, 64);
+            AMX_DP(0, 2, 5);
+            AMX_DP(0, 2, 6);
+            AMX_DP(0, 2, 7);
+            if (n1 > 0) {
+                if (d1)
+                    AMX_LOAD(3, r1 + (size_t)c * 64, rb);
+                else
+                    AMX_LOAD(3, kb1 + (size_t)c * 512, 64);
+                AMX_DP(1, 3, 5);
+                AMX_DP(1, 3, 6);
+                AMX_DP(1, 3, 7);
+            }
+        }
+        AMX_STORE(0, w->c, 64);
+        amx_scores_out(w->c, G, kmul, n0, s + t, stride);
+        if (n1 > 0) {
+            AMX_STORE(1, w->c, 64);
+            amx_scores_out(w->c, G, kmul, n1, s + t + 16, stride);
+        }
+    }
+}
+
+/* 16 floats as BF16 widened back, exactly */
+KVD_AMX_FN static inline __m512 bf16_widen(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* 32 weights (x0: rows 0-15, x1: 16-31) split into three BF16 rows */
+KVD_AMX_FN static inline void split3(__m512 x0, __m512 x1, uint16_t *hi, uint16_t *mid,
+                                     uint16_t *lo) {
+    uint16_t *out[3] = {hi, mid, lo};
+    for (int k = 0; k < 3; k++) {
+        const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+        _mm512_storeu_si512(out[k], h);
+        x0 = _mm512_sub_ps(x0, bf16_widen(_mm512_castsi512_si256(h)));
+        x1 = _mm512_sub_ps(x1, bf16_widen(_mm512_extracti64x4_epi64(h, 1)));
+    }
+}
+
+enum { AMX_PV_CHUNKS = 4 }; /* 32-row chunks a pass of P.V takes: 128 rows */
+
+/* P.V over up to 128 rows at a time: their weights' split (A tiles) and
+ * values (B tiles) laid out first, then two 16-dimension accumulators at a
+ * time (per A tile, G = 8) held in tiles across the rows. Tiles: 0-1 (and
+ * 3-4) accumulators, 2 (and 7, or 3-4) the split, 5-6 the values. */
+KVD_AMX_FN static void amx_pv(const uint8_t *vp, int nt, const float *p, size_t stride, int G,
+                              int hd, size_t rb, int codes, const fp8_tables *T, float *acc,
+                              const uint8_t *pf, const amx_work *w) {
+    const int MT = amx_pv_tiles(G), stacked = amx_stacked_pv(G), rstep = stacked ? 16 : G;
+    const size_t ast = sizeof(float) * (size_t)hd; /* the split outputs' row stride */
+    const size_t vchunk = (size_t)hd * 32;         /* words of a chunk's B tiles */
+    /* word 2n + e of a B row: value n of row e of the pair (n < 16: dimensions 0-15 of the 32) */
+    const __m512i lo_idx =
+        _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                         37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+    for (int t0 = 0; t0 < nt; t0 += 32 * AMX_PV_CHUNKS) {
+        const int ns = nt - t0 < 32 * AMX_PV_CHUNKS ? nt - t0 : 32 * AMX_PV_CHUNKS;
+        const int nch = (ns + 31) / 32;
+        for (int ch = 0; ch < nch; ch++) {
+            const int tc = t0 + 32 * ch, n = nt - tc < 32 ? nt - tc : 32;
+            /* the weights of rows tc .. tc + n, split: row part rstep + j */
+            const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+            const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xffff : n > 16 ? (1u << (n - 16)) - 1 : 0);
+            uint16_t *pt = w->p + (size_t)ch * 3 * 512;
+            for (int j = 0; j < G; j++) {
+                const float *pj = p + (size_t)j * stride + tc;
+                split3(_mm512_maskz_loadu_ps(m0, pj), _mm512_maskz_loadu_ps(m1, pj + 16),
+                       pt + (size_t)j * 32, pt + (size_t)(rstep + j) * 32,
+                       pt + (size_t)(2 * rstep + j) * 32);
+            }
+            /* the value rows as B tiles: pairs of rows interleaved, zeros past n */
+            uint16_t *vt = w->v + (size_t)ch * vchunk;
+            for (int r = 0; r < 16; r++) {
+                const int t = tc + 2 * r;
+                if (pf && 2 * r < n) prefetch_l2(pf + (size_t)t * rb, (2 * r + 1 < n ? 2 : 1) * rb);
+                for (int c = 0; c < hd; c += 64) {
+                    __m512i a0 = _mm512_setzero_si512(), b0 = a0, a1 = a0, b1 = a0;
+                    if (2 * r < n) row_bf16(codes, vp + (size_t)t * rb, c, T, &a0, &b0);
+                    if (2 * r + 1 < n) row_bf16(codes, vp + (size_t)(t + 1) * rb, c, T, &a1, &b1);
+                    uint16_t *o = vt + (size_t)c / 16 * 512 + 32 * r;
+                    _mm512_storeu_si512(o, _mm512_permutex2var_epi16(a0, lo_idx, a1));
+                    _mm512_storeu_si512(o + 512, _mm512_permutex2var_epi16(a0, hi_idx, a1));
+                    _mm512_storeu_si512(o + 1024, _mm512_permutex2var_epi16(b0, lo_idx, b1));
+                    _mm512_storeu_si512(o + 1536, _mm512_permutex2var_epi16(b0, hi_idx, b1));
+                }
+            }
+        }
+        for (int d = 0; d < hd; d += 32) {
+            float *c0 = acc + d, *c1 = acc + 16 * (size_t)hd + d;
+            AMX_LOAD(0, c0, ast);
+            AMX_LOAD(1, c0 + 16, ast);
+            if (MT == 2) {
+                AMX_LOAD(3, c1, ast);
+                AMX_LOAD(4, c1 + 16, ast);
+            }
+            for (int ch = 0; ch < nch; ch++) {
+                const uint16_t *pt = w->p + (size_t)ch * 3 * 512;
+                const uint16_t *vt = w->v + (size_t)ch * vchunk + (size_t)d * 32;
+                AMX_LOAD(5, vt, 64);
+                AMX_LOAD(6, vt + 512, 64);
+                AMX_LOAD(2, pt, 64);
+                AMX_DP(0, 2, 5);
+                AMX_DP(1, 2, 6);
+                if (stacked) {
+                    AMX_LOAD(3, pt + 512, 64);
+                    AMX_LOAD(4, pt + 1024, 64);
+                    AMX_DP(0, 3, 5);
+                    AMX_DP(1, 3, 6);
+                    AMX_DP(0, 4, 5);
+                    AMX_DP(1, 4, 6);
+                } else if (MT == 2) {
+                    AMX_LOAD(7, pt + 512, 64);
+                    AMX_DP(3, 7, 5);
+                    AMX_DP(4, 7, 6);
+                }
+            }
+            AMX_STORE(0, c0, ast);
+            AMX_STORE(1, c0 + 16, ast);
+            if (MT == 2) {
+                AMX_STORE(3, c1, ast);
+                AMX_STORE(4, c1 + 16, ast);
+            }
+        }
+    }
+}
+
+/* The query's split as B tiles, per KV head [hd / 32][3 parts][16][32]:
+ * word 2n + e of row r is dimension 32 c + 2 r + e of head n. */
+static void amx_query(const float *qk, int n_heads, int kvh, int hd, uint16_t *qt) {
+    const int G = n_heads / kvh, nc = hd / 32;
+    memset(qt, 0, sizeof(uint16_t) * 512 * (size_t)(kvh * nc * 3));
+    for (int h = 0; h < kvh; h++)
+        for (int j = 0; j < G; j++)
+            for (int d = 0; d < hd; d++) {
+                float x = qk[(size_t)(h * G + j) * hd + d];
+                for (int part = 0; part < 3; part++) {
+                    const uint16_t b = kvd_f32_to_bf16(x);
+                    x -= kvd_bf16_to_f32(b);
+                    const int c = d / 32, r = d % 32 / 2, e = d % 2;
+                    qt[((size_t)(h * nc + c) * 3 + part) * 512 + (size_t)r * 32 + 2 * j + e] = b;
+                }
+            }
+}
+
+/* The split outputs summed into out [kv_heads * G][hd] (packed: rows j,
+ * G + j and 2G + j of a KV head's; stacked: row j) */
+static void amx_sum_parts(const float *acc, int kvh, int G, int hd, float *out) {
+    const int rows = amx_out_rows(G), packed = !amx_stacked_pv(G);
+    for (int h = 0; h < kvh; h++)
+        for (int j = 0; j < G; j++) {
+            const float *a = acc + ((size_t)h * rows + j) * hd;
+            float *o = out + (size_t)(h * G + j) * hd;
+            if (packed)
+                for (int d = 0; d < hd; d++)
+                    o[d] = (a[d] + a[(size_t)G * hd + d]) + a[(size_t)2 * G * hd + d];
+            else
+                memcpy(o, a, sizeof(float) * (size_t)hd);
+        }
+}
 #endif
 
 /* Which path a view takes: the vector kernels want whole 64-value chunks
  * and a group size they were built for; NVFP4's take any. */
 static int use_vector(const kvd_kv_view *kv, int G) {
-    if (!vector_kernels() || kv->portable) return 0;
+    if (!vector_kernels() || kv->portable == 1) return 0;
     if (kv->fmt == KVD_FMT_NVFP4) return 1; /* its own kernels: any G */
     return kv->head_dim % 64 == 0 && (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
 }
@@ -500,11 +856,21 @@ static int slot_dim(int codes, int k) {
 /* How one call reads its cache, settled once per call: the vector kernels
  * (with the format's FP8 tables in registers) or the portable ones. */
 typedef struct {
-    int vec, codes;
+    int vec, codes, amx;
 #ifdef KVD_VEC
     fp8_tables T;
+    const uint16_t *qt; /* AMX: the query's split (amx_query), KV head by KV head */
 #endif
 } read_path;
+
+/* The AMX kernels take a view the AVX-512 ones take, of BF16, FP8 or INT8
+ * codes, at 8 or 16 query heads a KV head (qwen3-next-80b-a3b's and
+ * qwen3.5-397b-a17b's attention). At 4 and fewer the AVX-512 multiply-adds
+ * are not bound by arithmetic, and were faster. */
+static int use_amx(const kvd_kv_view *kv, const read_path *rp, int G) {
+    return amx_on && rp->vec && kv->portable != KVD_ATTN_NO_AMX && rp->codes != CODES_NVFP4 &&
+           (G == 8 || G == 16);
+}
 
 static void path_init(read_path *rp, const kvd_kv_view *kv, int G) {
     memset(rp, 0, sizeof *rp);
@@ -513,10 +879,33 @@ static void path_init(read_path *rp, const kvd_kv_view *kv, int G) {
                 : kv->fmt == KVD_FMT_NVFP4 ? CODES_NVFP4
                 : kvd_fmt_int8(kv->fmt)    ? CODES_INT8
                                            : CODES_FP8;
+    rp->amx = use_amx(kv, rp, G);
 #ifdef KVD_VEC
     if (rp->vec && rp->codes == CODES_FP8) tables_for(kv->fmt, &rp->T);
 #endif
 }
+
+/* A part's AMX buffers in work, 64-byte aligned (amx_work_bytes each) */
+static size_t amx_work_bytes(int n_heads, int hd) {
+    return sizeof(uint16_t) * (size_t)hd * (32 + 128) + sizeof(uint16_t) * 4 * 3 * 512 +
+           sizeof(float) * 256 + sizeof(float) * 4 * (size_t)n_heads * hd + 5 * 64;
+}
+#ifdef KVD_VEC
+static uint8_t *align64(uint8_t *p) {
+    return p + ((64 - (uintptr_t)p % 64) % 64);
+}
+static amx_work amx_work_at(uint8_t *base, int n_heads, int hd) {
+    amx_work w;
+    uint8_t *p = align64(base);
+    w.k = (uint16_t *)(void *)p, p = align64(p + sizeof(uint16_t) * 32 * (size_t)hd);
+    w.v = (uint16_t *)(void *)p, p = align64(p + sizeof(uint16_t) * 128 * (size_t)hd);
+    w.p = (uint16_t *)(void *)p, p = align64(p + sizeof(uint16_t) * 4 * 3 * 512);
+    w.c = (float *)(void *)p, p = align64(p + sizeof(float) * 256);
+    w.acc = (float *)(void *)p;
+    (void)n_heads;
+    return w;
+}
+#endif
 
 #ifdef KVD_VEC
 /* NVFP4 rows (fp8.h), a 16-value group to one register, decoded where it
@@ -654,8 +1043,14 @@ KVD_VEC_FN static void pv_nvfp4(const uint8_t *vp, int nt, const float *p, size_
 
 static void scores_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *kp, int nt,
                          const float *q, int G, float kmul, float *s, size_t stride,
-                         const uint8_t *pf) {
+                         const uint8_t *pf, const void *amx, int kv_head) {
 #ifdef KVD_VEC
+    if (rp->amx) {
+        const int hd = kv->head_dim;
+        amx_scores(kp, nt, rp->qt + (size_t)kv_head * (hd / 32) * 3 * 512, G, hd,
+                   kvd_pool_code_stride(kv->fmt, hd), rp->codes, &rp->T, kmul, s, stride, pf, amx);
+        return;
+    }
     if (rp->vec && rp->codes == CODES_NVFP4) {
         scores_nvfp4(kp, nt, q, G, kv->head_dim, kmul, s, stride, pf);
         return;
@@ -668,13 +1063,21 @@ static void scores_block(const kvd_kv_view *kv, const read_path *rp, const uint8
 #undef KVD_SCORES
     }
 #endif
-    (void)rp, (void)pf;
+    (void)rp, (void)pf, (void)amx, (void)kv_head;
     scores_portable(kp, nt, q, G, kv->head_dim, kv->fmt, kmul, s, stride);
 }
 
+/* (AMX: out is the KV head's split outputs, amx_out_rows(G) rows) */
 static void pv_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *vp, int nt,
-                     const float *p, size_t stride, int G, float *out, const uint8_t *pf) {
+                     const float *p, size_t stride, int G, float *out, const uint8_t *pf,
+                     const void *amx) {
 #ifdef KVD_VEC
+    if (rp->amx) {
+        const int hd = kv->head_dim;
+        amx_pv(vp, nt, p, stride, G, hd, kvd_pool_code_stride(kv->fmt, hd), rp->codes, &rp->T, out,
+               pf, amx);
+        return;
+    }
     if (rp->vec && rp->codes == CODES_NVFP4) {
         pv_nvfp4(vp, nt, p, stride, G, kv->head_dim, out, pf);
         return;
@@ -687,7 +1090,7 @@ static void pv_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *
 #undef KVD_PV
     }
 #endif
-    (void)rp, (void)pf;
+    (void)rp, (void)pf, (void)amx;
     pv_portable(vp, nt, p, stride, G, kv->head_dim, kv->fmt, out);
 }
 
@@ -780,9 +1183,16 @@ static void row_scales(const uint8_t *seg, int bs, int nt, int hd, const float *
  * values. */
 static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_t *blocks,
                         int n_ctx, int b0, int b1, const float *q, int n_heads, float sm_scale,
-                        float *s, float *m) {
+                        float *s, float *m, void *amx_buf) {
     const int hd = kv->head_dim, bs = kv->block_size, kvh = kv->kv_heads, G = n_heads / kvh;
     const int t_begin = b0 * bs, t_end = b1 * bs < n_ctx ? b1 * bs : n_ctx;
+    const void *amx = NULL;
+#ifdef KVD_VEC
+    amx_work aw;
+    if (rp->amx) aw = amx_work_at(amx_buf, n_heads, hd), amx = &aw, amx_begin();
+#else
+    (void)amx_buf;
+#endif
     for (int b = b0; b < b1; b++) {
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
         for (int h = 0; h < kvh; h++) {
@@ -791,11 +1201,15 @@ static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_
             scores_block(kv, rp, kp, nt, q + (size_t)h * G * hd, G, sm_scale * kv->k_scale[h], sh,
                          (size_t)n_ctx,
                          b + 1 < b1 ? head_base(kv, kv->k, blocks[b + 1], h)
-                                    : head_base(kv, kv->v, blocks[b0], h));
+                                    : head_base(kv, kv->v, blocks[b0], h),
+                         amx, h);
             if (kvd_fmt_row_scaled(kv->fmt)) /* each key row's own scale */
                 row_scales(kp, bs, nt, hd, sh, (size_t)n_ctx, G, sh, (size_t)n_ctx);
         }
     }
+#ifdef KVD_VEC
+    if (rp->amx) amx_end();
+#endif
     for (int j = 0; j < n_heads; j++)
         m[j] = max_of(s + (size_t)j * n_ctx + t_begin, t_end - t_begin);
 }
@@ -857,14 +1271,29 @@ static void round_weights(const float *p, size_t stride, int G, int nt, float *o
  * the next part's first keys (the same thread's next part under a static
  * schedule). */
 static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t *blocks, int n_ctx,
-                       int b0, int b1, int n_heads, float *s, float *out, const float *m,
-                       double *l) {
+                       int b0, int b1, int n_heads, float *s, float *out, const float *m, double *l,
+                       void *amx_buf) {
     const int hd = kv->head_dim, bs = kv->block_size, kvh = kv->kv_heads, G = n_heads / kvh;
     const int t_begin = b0 * bs, t_end = b1 * bs < n_ctx ? b1 * bs : n_ctx;
     const int nb_all = (n_ctx + bs - 1) / bs;
     for (int j = 0; j < n_heads; j++)
         l[j] = exp_sum(s + (size_t)j * n_ctx + t_begin, t_end - t_begin, m[j]);
     memset(out, 0, sizeof(float) * (size_t)n_heads * hd);
+    /* AMX: the KV heads' split outputs, summed into out at the end */
+    const void *amx = NULL;
+    float *acc = out;
+    size_t acc_head = (size_t)G * hd;
+#ifdef KVD_VEC
+    amx_work aw;
+    if (rp->amx) {
+        aw = amx_work_at(amx_buf, n_heads, hd), amx = &aw, amx_begin();
+        acc = aw.acc, acc_head = (size_t)amx_out_rows(G) * hd;
+        memset(acc, 0, sizeof(float) * acc_head * (size_t)kvh);
+        memset(aw.p, 0, sizeof(uint16_t) * 4 * 3 * 512); /* the split's unused rows stay zero */
+    }
+#else
+    (void)amx_buf;
+#endif
     /* a block's FP8 weights, or its weights times each value row's own
      * scale (E4M3T, I8T), [G][nt] */
     const int own = kv->p_fp8 || kvd_fmt_row_scaled(kv->fmt);
@@ -882,12 +1311,19 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
                 row_scales(vp, bs, nt, hd, p, stride, G, block_w, (size_t)nt);
                 p = block_w, stride = (size_t)nt;
             }
-            pv_block(kv, rp, vp, nt, p, stride, G, out + (size_t)h * G * hd,
+            pv_block(kv, rp, vp, nt, p, stride, G, acc + (size_t)h * acc_head,
                      b + 1 < b1    ? head_base(kv, kv->v, blocks[b + 1], h)
                      : b1 < nb_all ? head_base(kv, kv->k, blocks[b1], h)
-                                   : NULL);
+                                   : NULL,
+                     amx);
         }
     }
+#ifdef KVD_VEC
+    if (rp->amx) {
+        amx_end();
+        amx_sum_parts(acc, kvh, G, hd, out);
+    }
+#endif
 }
 
 void kvd_fp8_query(const float *q, float *out, int rows, size_t row_stride, int n_heads,
@@ -913,17 +1349,22 @@ void kvd_absmax_heads(const float *x, int rows, size_t row_stride, size_t head_s
         }
 }
 
-/* Work: the parts' sums, maxima and outputs, the query in kernel order, then
- * the scores when the caller does not want them. */
+/* Work: the parts' sums, maxima and outputs, the query in kernel order, the
+ * scores when the caller does not want them; then for the AMX kernels the
+ * query's split (at most 6 head_dim words a query head: amx_query) and
+ * each part's buffers. */
 size_t kvd_attn_work_bytes(int n_heads, int head_dim, int n_ctx, int n_parts) {
     size_t p = (size_t)(n_parts > 0 ? n_parts : 1), nh = (size_t)n_heads;
     return sizeof(float) * nh * (size_t)n_ctx /* scores */
            + p * nh * (sizeof(float) * (size_t)head_dim + sizeof(float) + sizeof(double)) +
-           sizeof(float) * nh * (size_t)head_dim + 64;
+           sizeof(float) * nh * (size_t)head_dim + 64 +
+           sizeof(uint16_t) * 6 * nh * (size_t)head_dim + 64 +
+           p * amx_work_bytes(n_heads, head_dim);
 }
 
 const char *kvd_attn_kernels(void) {
-    return vector_kernels() ? "AVX-512" : "portable";
+    pthread_once(&attn_env_once, attn_env);
+    return amx_on ? "AMX" : vec_on ? "AVX-512" : "portable";
 }
 
 void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
@@ -940,22 +1381,31 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
     float *pout = m + (size_t)n_parts * n_heads;
     float *qk = pout + (size_t)n_parts * n_heads * hd;
     float *s = probs ? probs : qk + (size_t)n_heads * hd;
-    /* the query in the kernels' order of the dimensions, and back for the output */
+    uint8_t *amx_base = (uint8_t *)(qk + (size_t)n_heads * hd + (size_t)n_heads * n_ctx);
+    uint16_t *qt = (uint16_t *)(void *)(amx_base + (64 - (uintptr_t)amx_base % 64) % 64);
+    uint8_t *amx_parts = (uint8_t *)(qt + (size_t)6 * n_heads * hd);
+    const size_t amx_part = amx_work_bytes(n_heads, hd);
+    /* the query in the kernels' order of the dimensions, and back for the
+     * output (the AMX kernels': natural) */
     int dim[hd];
-    for (int k = 0; k < hd; k++) dim[k] = rp.vec ? slot_dim(rp.codes, k) : k;
+    for (int k = 0; k < hd; k++) dim[k] = rp.vec && !rp.amx ? slot_dim(rp.codes, k) : k;
     for (int j = 0; j < n_heads; j++)
         for (int k = 0; k < hd; k++) qk[(size_t)j * hd + k] = q[(size_t)j * hd + dim[k]];
     if (kv->q_scale) /* the FP8 query, read back */
         kvd_fp8_query(qk, qk, 1, (size_t)n_heads * hd, n_heads, hd, kv->q_scale);
+#ifdef KVD_VEC
+    if (rp.amx) amx_query(qk, n_heads, kvh, hd, qt), rp.qt = qt;
+#endif
     int per = (nb + n_parts - 1) / n_parts, used = (nb + per - 1) / per;
     if (!kv->p_fp8) { /* each part whole, against its own maximum */
 #pragma omp parallel for schedule(static) if (used > 1)
         for (int p = 0; p < used; p++) {
             int b0 = p * per, b1 = b0 + per < nb ? b0 + per : nb;
             part_scores(kv, &rp, blocks, n_ctx, b0, b1, qk, n_heads, sm_scale, s,
-                        m + (size_t)p * n_heads);
+                        m + (size_t)p * n_heads, amx_parts + (size_t)p * amx_part);
             part_weigh(kv, &rp, blocks, n_ctx, b0, b1, n_heads, s, pout + (size_t)p * n_heads * hd,
-                       m + (size_t)p * n_heads, l + (size_t)p * n_heads);
+                       m + (size_t)p * n_heads, l + (size_t)p * n_heads,
+                       amx_parts + (size_t)p * amx_part);
         }
     } else { /* FP8 weights are rounded against the row's maximum over every
                 part: the scores first, then each part weighs against it (and
@@ -964,7 +1414,7 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
         for (int p = 0; p < used; p++) {
             int b0 = p * per, b1 = b0 + per < nb ? b0 + per : nb;
             part_scores(kv, &rp, blocks, n_ctx, b0, b1, qk, n_heads, sm_scale, s,
-                        m + (size_t)p * n_heads);
+                        m + (size_t)p * n_heads, amx_parts + (size_t)p * amx_part);
         }
         for (int j = 0; j < n_heads; j++) {
             float M = -INFINITY;
@@ -976,7 +1426,8 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
         for (int p = 0; p < used; p++) {
             int b0 = p * per, b1 = b0 + per < nb ? b0 + per : nb;
             part_weigh(kv, &rp, blocks, n_ctx, b0, b1, n_heads, s, pout + (size_t)p * n_heads * hd,
-                       m + (size_t)p * n_heads, l + (size_t)p * n_heads);
+                       m + (size_t)p * n_heads, l + (size_t)p * n_heads,
+                       amx_parts + (size_t)p * amx_part);
         }
     }
     /* merge the parts: rescale each to the global max */

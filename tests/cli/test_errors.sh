@@ -44,7 +44,18 @@ KVD_CPU_GEMM=avx3 expect 2 "KVD_CPU_GEMM: expected" -- run --model tiny -o "$wor
 [ ! -e "$work/never.h5" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a refused KVD_CPU_GEMM wrote a file"; }
 KVD_CUDA_GEMM=fast expect 2 "^kvdrift: KVD_CUDA_GEMM=fast: expected 'tune' or 'first' \(or unset\)$" -- plan --model tiny
 KVD_CUDA_DECODE=3 expect 2 "^kvdrift: KVD_CUDA_DECODE=3: expected '2' \(or unset\)$" -- version
-KVD_CPU_ATTENTION=avx2 expect 2 "^kvdrift: KVD_CPU_ATTENTION: expected kernels this CPU runs \((avx512, )?portable.*\), got 'avx2'$" -- version
+KVD_CPU_ATTENTION=avx2 expect 2 "^kvdrift: KVD_CPU_ATTENTION: expected kernels this CPU runs \((amx, )?(avx512, )?portable.*\), got 'avx2'$" -- version
+# each kernel set this CPU runs is taken by name; AMX asked of a CPU without it is refused
+attn_of() { env "$@" "$bin" version | sed -n 's/^attention: //p'; }
+case "$(attn_of)" in
+AMX)
+  [ "$(attn_of KVD_CPU_ATTENTION=amx)" = AMX ] && [ "$(attn_of KVD_CPU_ATTENTION=avx512)" = AVX-512 ] &&
+    pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: KVD_CPU_ATTENTION=amx / avx512 not taken"; } ;;
+AVX-512)
+  KVD_CPU_ATTENTION=amx expect 2 "^kvdrift: KVD_CPU_ATTENTION: expected kernels this CPU runs \(avx512, portable: it has no AMX-BF16 the process may use\), got 'amx'$" -- version ;;
+*)
+  KVD_CPU_ATTENTION=amx expect 2 "^kvdrift: KVD_CPU_ATTENTION: expected kernels this CPU runs \(portable: .*\), got 'amx'$" -- version ;;
+esac
 
 cat >"$work/heads.json" <<'J'
 {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 6, "num_key_value_heads": 4,

@@ -281,7 +281,7 @@ static void attention_shape(int NH, int D) {
     kvd_kv_scales sc;
     kvd_kv_scales_init(&sc, 1, KH);
     sc.k[0] = 0.02f, sc.k[1] = 0.03f, sc.v[0] = 0.004f, sc.v[1] = 0.005f;
-    float k[KH * 64], v[KH * 64], q[8 * 64], out[8 * 64], probs[8 * T], row[64];
+    float k[KH * 64], v[KH * 64], q[32 * 64], out[32 * 64], probs[32 * T], row[64];
     fill(q, NH * D, 77, 1.0f);
     for (int mi = 0; mi < KVD_KV_N_MODES; mi++) {
         kvd_kvcache c;
@@ -306,8 +306,8 @@ static void attention_shape(int NH, int D) {
         kvd_kv_view view = kvd_kvcache_view(&c, 0);
         float sm = 1.0f / sqrtf((float)D);
         /* whole context in one part, then split in three: the same result */
-        float out3[8 * 64], probs3[8 * T];
-        char work[1 << 16];
+        static float out3[32 * 64], probs3[32 * T];
+        static char work[1 << 20];
         assert_true(kvd_attn_work_bytes(NH, D, T, 3) <= sizeof work);
         kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, out3, probs3, work, 3);
         kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, out, probs, work, 1);
@@ -340,11 +340,14 @@ static void attention_shape(int NH, int D) {
     kvd_kv_scales_free(&sc);
 }
 
-/* GQA 4:1 at head_dim 64 takes the AVX-512 kernels; 3:1 at head_dim 40 the
- * portable ones: both are held to the same reference */
+/* GQA 4:1 at head_dim 64 takes the AVX-512 kernels; 8:1 and 16:1 the AMX
+ * ones where the CPU has them; 3:1 at head_dim 40 the portable ones: all
+ * are held to the same reference */
 static void attention_kernel(void **st) {
     (void)st;
     attention_shape(8, 64);
+    attention_shape(16, 64);
+    attention_shape(32, 64);
     attention_shape(6, 40);
 }
 
@@ -377,7 +380,8 @@ static void fp8_attention_shape(int NH, int D, kvd_kv_mode mode) {
         fill(v, KH * D, 5000 + (uint64_t)t, 0.5f);
         kvd_kvcache_write(&c, 0, s, t, k, v);
     }
-    char work[1 << 16];
+    static char work[1 << 18];
+    assert_true(kvd_attn_work_bytes(NH, D, T, 3) <= sizeof work);
     const float sm = 1.0f / sqrtf((float)D);
     kvd_kv_view pv = kvd_kvcache_view(&c, 0);
     kvd_attn_paged(&pv, c.seqs[s].blocks, T, q, NH, sm, plain, probs, work, 1);
@@ -439,7 +443,8 @@ static void fp8_attention_sink(void) {
     k[0] = 0.0f;
     for (int d = 0; d < D; d++) v[d] = 1.0f;
     for (int t = 1; t < N; t++) kvd_kvcache_write(&c, 0, s, t, k, v);
-    char work[1 << 16];
+    static char work[1 << 18];
+    assert_true(kvd_attn_work_bytes(1, D, N, 3) <= sizeof work);
     kvd_kv_view view = kvd_kvcache_view(&c, 0);
     const double want = (N - 1) * ldexp(1.0, -17) / (1.0 + (N - 1) * (double)expf(-12.0f));
     for (int parts = 1; parts <= 3; parts += 2) {
@@ -538,17 +543,37 @@ static void nosat_nan(void **st) {
             assert_int_equal(c.k_stats[0].saturated, 1);
             kvd_kv_view view = kvd_kvcache_view(&c, 0);
             view.portable = portable;
-            char work[4096];
+            static char work[1 << 16];
+            assert_true(kvd_attn_work_bytes(1, D, 1, 1) <= sizeof work);
             kvd_attn_paged(&view, c.seqs[s].blocks, 1, q, 1, 0.25f, out, p, work, 1);
             assert_true(isnan(out[0]));
             kvd_kvcache_free(&c);
         }
 }
 
+/* Two kernels' outputs and distributions of one query: the same but for the
+ * order of the sums (~1e-6 here; a misplaced dimension or row gives O(1)) */
+static int paths_agree(const float *o1, const float *o2, const float *p1, const float *p2, int NH,
+                       int D, int T) {
+    double num = 0, den = 0;
+    for (int i = 0; i < NH * D; i++) {
+        num += (double)(o1[i] - o2[i]) * (o1[i] - o2[i]);
+        den += (double)o2[i] * o2[i];
+    }
+    double worst = 0;
+    for (int i = 0; i < NH * T; i++) {
+        double r = fabs(p1[i] - p2[i]) / (1e-6 + p2[i]);
+        worst = r > worst ? r : worst;
+    }
+    return den > 0 && sqrt(num / den) < 1e-5 && worst < 2e-5;
+}
+
 /* The vector kernels (their own order of the dimensions, sixteen dot
  * products summed together, FP8 decoded through BF16 tables) against the
  * portable ones, in every mode, for each group size they are built for, with
- * a partial last block (300 = 2 x 128 + 44) and several parts. */
+ * a partial last block (300 = 2 x 128 + 44) and several parts; and
+ * where the CPU takes the AMX kernels (8 and 16 heads a KV head), those
+ * against the AVX-512 ones. */
 static void attention_paths(void **st) {
     (void)st;
     enum { KH = 2, T = 300, BSV = 128 };
@@ -580,23 +605,15 @@ static void attention_paths(void **st) {
             }
             kvd_kv_view view = kvd_kvcache_view(&c, 0);
             float sm = 1.0f / sqrtf((float)D);
+            view.portable = KVD_ATTN_NO_AMX; /* the AVX-512 kernels, where AMX is taken */
+            kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, o2, p2, work, 2);
+            view.portable = 0;
             kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, o1, p1, work, 2);
+            /* the CPU's kernels (AMX at 8 and 16 heads a KV head) against the AVX-512 ones */
+            assert_true(paths_agree(o1, o2, p1, p2, NH, D, T));
             view.portable = 1;
             kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, o2, p2, work, 2);
-            double num = 0, den = 0;
-            for (int i = 0; i < NH * D; i++) {
-                num += (double)(o1[i] - o2[i]) * (o1[i] - o2[i]);
-                den += (double)o2[i] * o2[i];
-            }
-            assert_true(den > 0);
-            assert_true(sqrt(num / den) < 1e-5);
-            double worst = 0;
-            for (int i = 0; i < NH * T; i++) {
-                double r = fabs(p1[i] - p2[i]) / (1e-6 + p2[i]);
-                worst = r > worst ? r : worst;
-            }
-            /* summation order only: ~1e-6 here; a misplaced dimension gives O(1) */
-            assert_true(worst < 2e-5);
+            assert_true(paths_agree(o1, o2, p1, p2, NH, D, T));
             kvd_kvcache_free(&c);
         }
         free(k), free(v), free(q), free(o1), free(o2), free(p1), free(p2), free(work);
