@@ -777,19 +777,22 @@ KVD_AMX_FN static void amx_pv(const uint8_t *vp, int nt, const float *p, size_t 
 }
 
 /* The query's split as B tiles, per KV head [hd / 32][3 parts][16][32]:
- * word 2n + e of row r is dimension 32 c + 2 r + e of head n. */
-static void amx_query(const float *qk, int n_heads, int kvh, int hd, uint16_t *qt) {
+ * word 2n + e of row r is dimension 32 c + 2 r + e of head n, so a head's
+ * 32 dimensions of a chunk (16 dwords of pairs) are column n's dwords. */
+KVD_AMX_FN static void amx_query(const float *qk, int n_heads, int kvh, int hd, uint16_t *qt) {
     const int G = n_heads / kvh, nc = hd / 32;
-    memset(qt, 0, sizeof(uint16_t) * 512 * (size_t)(kvh * nc * 3));
+    uint32_t *qd = (uint32_t *)(void *)qt; /* a tile: 16 rows of 16 dwords */
+    memset(qd, 0, sizeof(uint32_t) * 256 * (size_t)(kvh * nc * 3));
     for (int h = 0; h < kvh; h++)
         for (int j = 0; j < G; j++)
-            for (int d = 0; d < hd; d++) {
-                float x = qk[(size_t)(h * G + j) * hd + d];
+            for (int c = 0; c < nc; c++) {
+                const float *x = qk + (size_t)(h * G + j) * hd + 32 * c;
+                uint32_t parts[3][16];
+                split3(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16), (uint16_t *)parts[0],
+                       (uint16_t *)parts[1], (uint16_t *)parts[2]);
                 for (int part = 0; part < 3; part++) {
-                    const uint16_t b = kvd_f32_to_bf16(x);
-                    x -= kvd_bf16_to_f32(b);
-                    const int c = d / 32, r = d % 32 / 2, e = d % 2;
-                    qt[((size_t)(h * nc + c) * 3 + part) * 512 + (size_t)r * 32 + 2 * j + e] = b;
+                    uint32_t *t = qd + ((size_t)(h * nc + c) * 3 + part) * 256;
+                    for (int r = 0; r < 16; r++) t[16 * r + j] = parts[part][r];
                 }
             }
 }
