@@ -34,9 +34,16 @@ export LD_LIBRARY_PATH="$lib:${lt:+$(dirname "$lt"):}${nccl:+$(dirname "$nccl"):
   echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) $(hostname) cuBLASLt: ${lt:-not found}, NCCL: ${nccl:-not found}"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 || true
   # the parity tests' CPU twins take the AVX-512 attention kernels where the
-  # host has AVX-512 VBMI (they round the last bits otherwise)
+  # host has AVX-512 VBMI, with AMX tiles at 8 and 16 query heads a KV head
+  # where it also has AMX-BF16 and AVX512-BF16 (they round the last bits otherwise)
+  cpu_attn=portable
+  if grep -qw avx512vbmi /proc/cpuinfo; then
+    cpu_attn=AVX-512
+    grep -qw amx_bf16 /proc/cpuinfo && grep -qw avx512_bf16 /proc/cpuinfo &&
+      cpu_attn="AMX (where Linux grants the tiles)"
+  fi
   echo "host CPU: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(nproc) threads;" \
-    "CPU attention kernels: $(grep -qw avx512vbmi /proc/cpuinfo && echo AVX-512 || echo portable)"
+    "CPU attention kernels: $cpu_attn"
   echo "== parity"
   # limits add up to 470 s when the model test passes (the whole check
   # inside 8 minutes), 550 s when it fails and is run again
