@@ -498,8 +498,9 @@ KVD_DEFINE_BLOCK_KERNELS(16)
  * BF16 exactly. The FP32 query and weights are not, so each is split into
  * three BF16 (x = hi + mid + lo, each the rounding of what the ones before
  * left: 24 bits, the float exactly, a denormal rest aside) and the three
- * products summed in FP32: the same arithmetic as the AVX-512 kernels'
- * multiply-adds, in another order of the sums.
+ * products summed in FP32. The products are exact, as in the AVX-512
+ * kernels' fused multiply-adds; only the order and rounding of the sums
+ * differ.
  * Scores: C[16 rows][G heads] += K rows (A: 16 rows x 32 dimensions) times
  * each part of the query's split (B: 32 dimensions x 16 heads, pairs of
  * dimensions interleaved), the three into one accumulator.
