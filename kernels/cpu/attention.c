@@ -1174,9 +1174,12 @@ static double exp_sum(float *x, int n, float m) {
  * for G query heads (out may be p). */
 static void row_scales(const uint8_t *seg, int bs, int nt, int hd, const float *p, size_t stride,
                        int G, float *out, size_t ostride) {
-    for (int t = 0; t < nt; t++) {
-        const float rs = kvd_pool_row_scale(seg, bs, hd, t);
-        for (int j = 0; j < G; j++) out[(size_t)j * ostride + t] = p[(size_t)j * stride + t] * rs;
+    float rs[nt]; /* the segment's scales lie side by side */
+    memcpy(rs, seg + kvd_scaled_scale_at((size_t)hd, bs, 0, 0), sizeof rs);
+    for (int j = 0; j < G; j++) { /* a head at a time: rows in a row, which vectorizes */
+        const float *pj = p + (size_t)j * stride;
+        float *oj = out + (size_t)j * ostride;
+        for (int t = 0; t < nt; t++) oj[t] = pj[t] * rs[t];
     }
 }
 
