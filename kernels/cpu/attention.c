@@ -898,7 +898,7 @@ static size_t amx_work_bytes(int n_heads, int hd) {
 static uint8_t *align64(uint8_t *p) {
     return p + ((64 - (uintptr_t)p % 64) % 64);
 }
-static amx_work amx_work_at(uint8_t *base, int n_heads, int hd) {
+static amx_work amx_work_at(uint8_t *base, int hd) {
     amx_work w;
     uint8_t *p = align64(base);
     w.k = (uint16_t *)(void *)p, p = align64(p + sizeof(uint16_t) * 32 * (size_t)hd);
@@ -906,7 +906,6 @@ static amx_work amx_work_at(uint8_t *base, int n_heads, int hd) {
     w.p = (uint16_t *)(void *)p, p = align64(p + sizeof(uint16_t) * 4 * 3 * 512);
     w.c = (float *)(void *)p, p = align64(p + sizeof(float) * 256);
     w.acc = (float *)(void *)p;
-    (void)n_heads;
     return w;
 }
 #endif
@@ -1176,7 +1175,7 @@ static void row_scales(const uint8_t *seg, int bs, int nt, int hd, const float *
                        int G, float *out, size_t ostride) {
     float rs[nt]; /* the segment's scales lie side by side */
     memcpy(rs, seg + kvd_scaled_scale_at((size_t)hd, bs, 0, 0), sizeof rs);
-    for (int j = 0; j < G; j++) { /* a head at a time: rows in a row, which vectorizes */
+    for (int j = 0; j < G; j++) { /* a head at a time, its rows side by side: it vectorizes */
         const float *pj = p + (size_t)j * stride;
         float *oj = out + (size_t)j * ostride;
         for (int t = 0; t < nt; t++) oj[t] = pj[t] * rs[t];
@@ -1196,7 +1195,7 @@ static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_
     const void *amx = NULL;
 #ifdef KVD_VEC
     amx_work aw;
-    if (rp->amx) aw = amx_work_at(amx_buf, n_heads, hd), amx = &aw, amx_begin();
+    if (rp->amx) aw = amx_work_at(amx_buf, hd), amx = &aw, amx_begin();
 #else
     (void)amx_buf;
 #endif
@@ -1293,7 +1292,7 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
 #ifdef KVD_VEC
     amx_work aw;
     if (rp->amx) {
-        aw = amx_work_at(amx_buf, n_heads, hd), amx = &aw, amx_begin();
+        aw = amx_work_at(amx_buf, hd), amx = &aw, amx_begin();
         acc = aw.acc, acc_head = (size_t)amx_out_rows(G) * hd;
         memset(acc, 0, sizeof(float) * acc_head * (size_t)kvh);
         memset(aw.p, 0, sizeof(uint16_t) * 4 * 3 * 512); /* the split's unused rows stay zero */
