@@ -153,7 +153,7 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
                     int n_heads, float sm_scale, float *out, float *probs, void *work, int n_parts);
 /* Which kernels kvd_attn_paged takes where the view does not ask for
  * others: "AMX" (the AVX-512 ones, with AMX-BF16 tiles for the products at
- * 4, 8 or 16 query heads a KV head, on an x86-64 CPU with AMX-BF16 and
+ * 8 or 16 query heads a KV head, on an x86-64 CPU with AMX-BF16 and
  * AVX512-BF16 whose OS grants the tiles), "AVX-512" (on an x86-64 CPU with
  * AVX-512 VBMI, whatever the build was compiled for) or "portable" (GNU C
  * vectors, whatever the machine; also where the environment's

@@ -4,7 +4,8 @@
 # what the CPU has, not by what the build was compiled for, so the two give
 # the same bytes, cache and logits, in every cache format: with the CPU's
 # own kernels (on a CPU with AVX-512 VBMI, the AVX-512 attention kernels in
-# their target-attribute build) and under KVD_CPU_ATTENTION=portable (the
+# their target-attribute build, and with AMX-BF16 the AMX ones at 32 query
+# heads) and under KVD_CPU_ATTENTION=portable (the
 # portable ones, as a CPU without AVX-512 VBMI runs them). Where the CPU has
 # the AVX-512 kernels they give other last bits than the portable ones.
 set -u
@@ -27,6 +28,18 @@ for model in $models; do
     fi
   done
 done
+# the AMX kernels too, where the CPU takes them (8 and 16 query heads a KV
+# head): tiny with 32 query heads over its 2 KV heads, the same bytes
+"$bin" export --model tiny -o "$work/wide" >/dev/null 2>"$work/err" &&
+  /usr/bin/python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c["num_attention_heads"] = 32; json.dump(c, open(sys.argv[1], "w"))' "$work/wide/config.json" ||
+  bad "a 32-head config: $(cat "$work/err")"
+for b in "$generic" "$bin"; do
+  "$b" forward --config "$work/wide/config.json" --tokens 64 --kv bf16,fp8-cal,int8-token \
+    --dump "$work/wide-$([ "$b" = "$generic" ] && echo g || echo n)" >/dev/null 2>"$work/err" ||
+    bad "32 heads: $b: $(cat "$work/err")"
+done
+diff -r "$work/wide-g" "$work/wide-n" >"$work/diff" && ok ||
+  bad "32 heads: the generic build differs from this one: $(head -3 "$work/diff")"
 attn() { env "$@" | sed -n 's/^attention: //p'; }
 [ "$(attn "$generic" version)" = "$(attn "$bin" version)" ] && ok ||
   bad "the two builds name other attention kernels: $(attn "$generic" version), $(attn "$bin" version)"
