@@ -223,6 +223,36 @@ static double decode_check(const bench_cache *c, const float *q, const float *ou
     return worst;
 }
 
+/* A decode case's buffers beside its cache: the query (drawn, the same for
+ * every case), the output, the distribution (where asked for), the work and
+ * the parts it is split in */
+typedef struct {
+    float *q, *out, *probs;
+    void *work;
+    int parts;
+} decode_bufs;
+
+/* The cache (its shape set) filled in fmt over n_ctx tokens, and its buffers */
+static void case_alloc(bench_cache *c, kvd_fmt fmt, int n_ctx, int want_probs, decode_bufs *d) {
+    cache_fill(c, fmt, n_ctx);
+    const size_t nq = (size_t)c->nh * c->hd;
+    d->q = malloc(sizeof(float) * nq);
+    d->out = malloc(sizeof(float) * nq);
+    d->probs = want_probs ? malloc(sizeof(float) * (size_t)c->nh * c->n_ctx) : NULL;
+    uint64_t key = kvd_rng_key(9, "bench.q");
+    for (size_t i = 0; i < nq; i++) d->q[i] = kvd_rng_normal(key, (uint64_t)i);
+    d->parts = kvd_attn_parts(c->n_ctx, c->bs);
+    d->work = malloc(kvd_attn_work_bytes(c->nh, c->hd, c->n_ctx, d->parts));
+}
+
+static void case_free(bench_cache *c, decode_bufs *d) {
+    free(d->work);
+    free(d->q);
+    free(d->out);
+    free(d->probs);
+    cache_free(c);
+}
+
 /* The AMX kernels against the AVX-512 ones at the attention shapes they
  * are taken for (qwen3-next-80b-a3b's 16 query heads and qwen3.5-397b-a17b's
  * 32, 2 KV heads, head_dim 256), 32K tokens, the two timed in turn. Returns
@@ -241,17 +271,12 @@ static int bench_amx(double bw, int reps) {
     for (int nh = 16; nh <= 32; nh *= 2)
         for (int fi = 0; fi < 3; fi++) {
             bench_cache c;
+            decode_bufs d;
             memset(&c, 0, sizeof c);
             c.kvh = 2, c.hd = 256, c.nh = nh, c.bs = KVD_KV_BLOCK;
-            cache_fill(&c, fmts[fi], 32768);
-            float *q = malloc(sizeof(float) * (size_t)nh * c.hd);
-            float *out = malloc(sizeof(float) * (size_t)nh * c.hd);
-            uint64_t key = kvd_rng_key(9, "bench.q");
-            for (int i = 0; i < nh * c.hd; i++) q[i] = kvd_rng_normal(key, (uint64_t)i);
-            const int parts = kvd_attn_parts(c.n_ctx, c.bs);
-            void *work = malloc(kvd_attn_work_bytes(nh, c.hd, c.n_ctx, parts));
-            decode_once(&c, q, out, NULL, work, parts);
-            const double rel = decode_check(&c, q, out);
+            case_alloc(&c, fmts[fi], 32768, 0, &d);
+            decode_once(&c, d.q, d.out, NULL, d.work, d.parts);
+            const double rel = decode_check(&c, d.q, d.out);
             if (rel > 1e-4) {
                 fprintf(stderr, "decode attention %s at %d heads: relative error %.3g above 1e-4\n",
                         fn[fi], nh, rel);
@@ -264,7 +289,7 @@ static int bench_amx(double bw, int reps) {
                     evict(c.k, c.pool_bytes);
                     evict(c.v, c.pool_bytes);
                     double t0 = kvd_now();
-                    decode_once(&c, q, out, NULL, work, parts);
+                    decode_once(&c, d.q, d.out, NULL, d.work, d.parts);
                     t[pass * reps + r] = kvd_now() - t0;
                 }
             const double ta = median(t, reps), tv = median(t + reps, reps);
@@ -273,10 +298,7 @@ static int bench_amx(double bw, int reps) {
                    ta * 1e6, bytes / 1e6, bytes / ta / 1e9, 100.0 * bytes / ta / bw, tv * 1e6,
                    tv / ta);
             free(t);
-            free(work);
-            free(q);
-            free(out);
-            cache_free(&c);
+            case_free(&c, &d);
         }
     return fail;
 }
@@ -324,9 +346,7 @@ static int bench_kernels(int reps, int portable) {
     for (int bi = 0; bi < 2; bi++)
         for (int ci = 0; ci < 2; ci++) {
             bench_cache c[NF];
-            float *q[NF], *out[NF], *probs[NF];
-            void *work[NF];
-            int parts = 0;
+            decode_bufs d[NF];
             for (int fi = 0; fi < NF; fi++) {
                 memset(&c[fi], 0, sizeof c[fi]);
                 c[fi].p_fp8 = fi == 3;
@@ -335,20 +355,12 @@ static int bench_kernels(int reps, int portable) {
                 c[fi].hd = cfg.head_dim;
                 c[fi].nh = cfg.num_attention_heads;
                 c[fi].bs = blocks[bi];
-                cache_fill(&c[fi], fmts[fi], ctxs[ci]);
-                q[fi] = malloc(sizeof(float) * (size_t)c[fi].nh * c[fi].hd);
-                out[fi] = malloc(sizeof(float) * (size_t)c[fi].nh * c[fi].hd);
-                probs[fi] = malloc(sizeof(float) * (size_t)c[fi].nh * c[fi].n_ctx);
-                uint64_t key = kvd_rng_key(9, "bench.q");
-                for (int i = 0; i < c[fi].nh * c[fi].hd; i++)
-                    q[fi][i] = kvd_rng_normal(key, (uint64_t)i);
-                parts = kvd_attn_parts(c[fi].n_ctx, c[fi].bs);
-                work[fi] = malloc(kvd_attn_work_bytes(c[fi].nh, c[fi].hd, c[fi].n_ctx, parts));
+                case_alloc(&c[fi], fmts[fi], ctxs[ci], 1, &d[fi]);
             }
             double rel[NF];
             for (int fi = 0; fi < NF; fi++) {
-                decode_once(&c[fi], q[fi], out[fi], probs[fi], work[fi], parts);
-                rel[fi] = decode_check(&c[fi], q[fi], out[fi]);
+                decode_once(&c[fi], d[fi].q, d[fi].out, d[fi].probs, d[fi].work, d[fi].parts);
+                rel[fi] = decode_check(&c[fi], d[fi].q, d[fi].out);
                 /* fp32 accumulation over up to 32K terms against a double reference */
                 if (rel[fi] > 1e-4) {
                     fprintf(stderr, "decode attention %s at %d: relative error %.3g above 1e-4\n",
@@ -365,7 +377,8 @@ static int bench_kernels(int reps, int portable) {
                         evict(c[fi].k, c[fi].pool_bytes);
                         evict(c[fi].v, c[fi].pool_bytes);
                         double t0 = kvd_now();
-                        decode_once(&c[fi], q[fi], out[fi], probs[fi], work[fi], parts);
+                        decode_once(&c[fi], d[fi].q, d[fi].out, d[fi].probs, d[fi].work,
+                                    d[fi].parts);
                         (pass ? tv : ts)[fi * n + r] = kvd_now() - t0;
                     }
             double t_bf16 = 0;
@@ -381,13 +394,7 @@ static int bench_kernels(int reps, int portable) {
                 printf("\n");
             }
             free(ts);
-            for (int fi = 0; fi < NF; fi++) {
-                free(work[fi]);
-                free(q[fi]);
-                free(out[fi]);
-                free(probs[fi]);
-                cache_free(&c[fi]);
-            }
+            for (int fi = 0; fi < NF; fi++) case_free(&c[fi], &d[fi]);
         }
     if (!portable && !strcmp(kvd_attn_kernels(), "AMX")) fail |= bench_amx(bw, reps);
 

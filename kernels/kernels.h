@@ -71,9 +71,10 @@ typedef struct {
     const float *q_scale;
     int p_fp8;
 } kvd_kv_view;
-/* kvd_kv_view's portable: 1, the portable kernels even where vector ones
- * exist; KVD_ATTN_NO_AMX, the AVX-512 ones even where the AMX ones are
- * taken (tests, bench) */
+/* kvd_kv_view's portable: KVD_ATTN_PORTABLE, the portable kernels even
+ * where vector ones exist; KVD_ATTN_NO_AMX, the AVX-512 ones even where the
+ * AMX ones are taken (tests, bench) */
+#define KVD_ATTN_PORTABLE 1
 #define KVD_ATTN_NO_AMX 2
 
 /* FP8 attention's weights: each e (a softmax weight exp(s - M), in [0, 1])

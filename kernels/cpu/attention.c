@@ -95,12 +95,12 @@ static pthread_once_t attn_env_once = PTHREAD_ONCE_INIT;
 /* AMX-BF16 with its tiles' state enabled by the OS (XCR0 bits 17 and 18),
  * AVX512-BF16 (the weights' split), and the tiles granted to this process
  * (Linux asks for that first: arch_prctl ARCH_REQ_XCOMP_PERM) */
-static int amx_usable(void) {
+static int amx_usable(unsigned leaf1_ecx) {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 22 & 1) || !(d >> 24 & 1)) return 0;
     const unsigned max7 = a;
     if (max7 < 1 || !__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a >> 5 & 1)) return 0;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return 0; /* OSXSAVE */
+    if (!(leaf1_ecx >> 27 & 1)) return 0; /* OSXSAVE */
     unsigned lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     if ((lo >> 17 & 3) != 3) return 0;
@@ -118,14 +118,16 @@ static void attn_env(void) {
     __builtin_cpu_init();
     vec_cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi");
-    unsigned a, b, c, d; /* F16C: CPUID leaf 1, ECX bit 29 (clang's builtin has no name for it) */
-    f16c_decode = __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+    unsigned a, b, c = 0, d; /* CPUID leaf 1's ECX: F16C (bit 29; clang's builtin has no name
+                                for it), OSXSAVE (27) */
+    if (!__get_cpuid(1, &a, &b, &c, &d)) c = 0;
+    f16c_decode = __builtin_cpu_supports("avx2") && (c >> 29 & 1);
 #endif
     const char *e = getenv("KVD_CPU_ATTENTION");
     const int want_portable = e && !strcmp(e, "portable"), want_avx512 = e && !strcmp(e, "avx512");
 #ifdef KVD_VEC
     /* the tiles are asked of the OS only where they would be used */
-    if (vec_cpu && !want_portable && !want_avx512) amx_cpu = amx_usable();
+    if (vec_cpu && !want_portable && !want_avx512) amx_cpu = amx_usable(c);
 #endif
     if (want_portable)
         attn_portable = 1;
@@ -818,7 +820,7 @@ static void amx_sum_parts(const float *acc, int kvh, int G, int hd, float *out) 
 /* Which path a view takes: the vector kernels want whole 64-value chunks
  * and a group size they were built for; NVFP4's take any. */
 static int use_vector(const kvd_kv_view *kv, int G) {
-    if (!vector_kernels() || kv->portable == 1) return 0;
+    if (!vector_kernels() || kv->portable == KVD_ATTN_PORTABLE) return 0;
     if (kv->fmt == KVD_FMT_NVFP4) return 1; /* its own kernels: any G */
     return kv->head_dim % 64 == 0 && (G == 1 || G == 2 || G == 4 || G == 8 || G == 16);
 }
@@ -894,10 +896,10 @@ static size_t amx_work_bytes(int n_heads, int hd) {
     return sizeof(uint16_t) * (size_t)hd * (32 + 128) + sizeof(uint16_t) * 4 * 3 * 512 +
            sizeof(float) * 256 + sizeof(float) * 4 * (size_t)n_heads * hd + 5 * 64;
 }
-#ifdef KVD_VEC
 static uint8_t *align64(uint8_t *p) {
     return p + ((64 - (uintptr_t)p % 64) % 64);
 }
+#ifdef KVD_VEC
 static amx_work amx_work_at(uint8_t *base, int hd) {
     amx_work w;
     uint8_t *p = align64(base);
@@ -1357,15 +1359,39 @@ void kvd_absmax_heads(const float *x, int rows, size_t row_stride, size_t head_s
 
 /* Work: the parts' sums, maxima and outputs, the query in kernel order, the
  * scores when the caller does not want them; then for the AMX kernels the
- * query's split (at most 6 head_dim words a query head: amx_query) and
- * each part's buffers. */
+ * query's split (at most 6 head_dim words a query head: amx_query), 64-byte
+ * aligned, and each part's buffers. One layout for kvd_attn_work_bytes and
+ * kvd_attn_paged: its size, and with w its pointers into base. */
+typedef struct {
+    double *l;
+    float *m, *pout, *qk, *s;
+    uint16_t *qt;
+    uint8_t *amx; /* part p's buffers at amx + p * amx_part */
+    size_t amx_part;
+} attn_work;
+
+static size_t attn_layout(uint8_t *base, int n_heads, int hd, int n_ctx, int n_parts,
+                          attn_work *w) {
+    const size_t p = (size_t)n_parts, nh = (size_t)n_heads, q = nh * (size_t)hd;
+    const size_t at_m = sizeof(double) * p * nh, at_pout = at_m + sizeof(float) * p * nh;
+    const size_t at_qk = at_pout + sizeof(float) * p * q, at_s = at_qk + sizeof(float) * q;
+    const size_t at_amx = at_s + sizeof(float) * nh * (size_t)n_ctx,
+                 part = amx_work_bytes(n_heads, hd);
+    if (w) {
+        w->l = (double *)(void *)base;
+        w->m = (float *)(void *)(base + at_m);
+        w->pout = (float *)(void *)(base + at_pout);
+        w->qk = (float *)(void *)(base + at_qk);
+        w->s = (float *)(void *)(base + at_s);
+        w->qt = (uint16_t *)(void *)align64(base + at_amx);
+        w->amx = (uint8_t *)(w->qt + 6 * q);
+        w->amx_part = part;
+    }
+    return at_amx + 64 + sizeof(uint16_t) * 6 * q + p * part + 64;
+}
+
 size_t kvd_attn_work_bytes(int n_heads, int head_dim, int n_ctx, int n_parts) {
-    size_t p = (size_t)(n_parts > 0 ? n_parts : 1), nh = (size_t)n_heads;
-    return sizeof(float) * nh * (size_t)n_ctx /* scores */
-           + p * nh * (sizeof(float) * (size_t)head_dim + sizeof(float) + sizeof(double)) +
-           sizeof(float) * nh * (size_t)head_dim + 64 +
-           sizeof(uint16_t) * 6 * nh * (size_t)head_dim + 64 +
-           p * amx_work_bytes(n_heads, head_dim);
+    return attn_layout(NULL, n_heads, head_dim, n_ctx, n_parts > 0 ? n_parts : 1, NULL);
 }
 
 const char *kvd_attn_kernels(void) {
@@ -1382,15 +1408,13 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
     path_init(&rp, kv, G);
     if (n_parts < 1) n_parts = 1;
     if (n_parts > nb) n_parts = nb;
-    double *l = work;
-    float *m = (float *)(l + (size_t)n_parts * n_heads);
-    float *pout = m + (size_t)n_parts * n_heads;
-    float *qk = pout + (size_t)n_parts * n_heads * hd;
-    float *s = probs ? probs : qk + (size_t)n_heads * hd;
-    uint8_t *amx_base = (uint8_t *)(qk + (size_t)n_heads * hd + (size_t)n_heads * n_ctx);
-    uint16_t *qt = (uint16_t *)(void *)(amx_base + (64 - (uintptr_t)amx_base % 64) % 64);
-    uint8_t *amx_parts = (uint8_t *)(qt + (size_t)6 * n_heads * hd);
-    const size_t amx_part = amx_work_bytes(n_heads, hd);
+    attn_work w;
+    attn_layout(work, n_heads, hd, n_ctx, n_parts, &w);
+    double *l = w.l;
+    float *m = w.m, *pout = w.pout, *qk = w.qk, *s = probs ? probs : w.s;
+    uint16_t *qt = w.qt;
+    uint8_t *amx_parts = w.amx;
+    const size_t amx_part = w.amx_part;
     /* the query in the kernels' order of the dimensions, and back for the
      * output (the AMX kernels': natural) */
     int dim[hd];
