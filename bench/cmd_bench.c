@@ -400,8 +400,15 @@ static int bench_kernels(int reps, int portable) {
 
     /* GEMM: the model's projections through kvd_linear against OpenBLAS's
      * own sgemm at a large square shape (its practical peak here) */
-    printf("\nGEMM (fp32): kvd_linear at the 'small' model's shapes against OpenBLAS's own\n"
-           "threaded sgemm/sgemv at the same shape, and against its sgemm at 2048^3 (peak):\n");
+    /* on a CPU with AMX, kvd_linear's GEMMs of many rows run on the tiles;
+     * the BLAS under the same split (the avx512 kernels) timed beside them */
+    const int amx_too = !strcmp(kvd_linear_kernels(), "amx");
+    printf("\nGEMM (fp32 activations, BF16-valued weights as the model's): kvd_linear (%s)\n"
+           "at the 'small' model's shapes against OpenBLAS's own threaded sgemm/sgemv at the\n"
+           "same shape, and against its sgemm at 2048^3 (peak)%s:\n",
+           kvd_cpu_blas(),
+           amx_too ? "; vs_split: against OpenBLAS under kvd_linear's split (KVD_CPU_GEMM=avx512)"
+                   : "");
     int N0 = 2048;
     float *A = malloc(sizeof(float) * (size_t)N0 * N0),
           *B = malloc(sizeof(float) * (size_t)N0 * N0),
@@ -432,8 +439,8 @@ static int bench_kernels(int reps, int portable) {
         {"expert gate/up", cfg.moe_intermediate_size, cfg.hidden_size},
         {"lm_head", cfg.vocab_size, cfg.hidden_size},
     };
-    printf("  %-24s %6s %6s %6s %12s %12s %9s %10s\n", "shape", "M", "N", "K", "kvd_GFLOP_s",
-           "blas_GFLOP_s", "vs_blas", "of_peak");
+    printf("  %-24s %6s %6s %6s %12s %12s %9s %10s%s\n", "shape", "M", "N", "K", "kvd_GFLOP_s",
+           "blas_GFLOP_s", "vs_blas", "of_peak", amx_too ? "  vs_split" : "");
     int Ms[2] = {512, 1};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int mi = 0; mi < 2; mi++) {
@@ -443,6 +450,7 @@ static int bench_kernels(int reps, int portable) {
                   *y = malloc(sizeof(float) * (size_t)M * N);
             for (size_t i = 0; i < (size_t)M * K; i++) x[i] = kvd_rng_normal(key, i);
             for (size_t i = 0; i < (size_t)N * K; i++) wt[i] = kvd_rng_normal(key, i + 7);
+            kvd_round_bf16(wt, (size_t)N * K);
             int n = M == 1 ? 20 * reps : reps;
             double *ts = malloc(sizeof(double) * (size_t)n);
             /* OpenBLAS's own sgemm/sgemv, its own threads */
@@ -467,8 +475,21 @@ static int bench_kernels(int reps, int portable) {
                 ts[r] = kvd_now() - t0;
             }
             double g = 2.0 * M * N * (double)K / median(ts, n) / 1e9;
-            printf("  %-24s %6d %6d %6d %12.1f %12.1f %8.2fx %9.1f%%\n", shapes[si].what, M, N, K,
-                   g, g_blas, g / g_blas, 100.0 * g / peak);
+            printf("  %-24s %6d %6d %6d %12.1f %12.1f %8.2fx %9.1f%%", shapes[si].what, M, N, K, g,
+                   g_blas, g / g_blas, 100.0 * g / peak);
+            if (amx_too && M > KVD_FEW_ROWS) {
+                const double t_amx = median(ts, n);
+                kvd_linear_use("avx512");
+                kvd_linear(x, wt, y, M, N, K);
+                for (int r = 0; r < n; r++) {
+                    double t0 = kvd_now();
+                    kvd_linear(x, wt, y, M, N, K);
+                    ts[r] = kvd_now() - t0;
+                }
+                kvd_linear_use("amx");
+                printf(" %8.2fx", median(ts, n) / t_amx);
+            }
+            printf("\n");
             free(ts);
             free(x);
             free(wt);
@@ -484,8 +505,9 @@ static int bench_kernels(int reps, int portable) {
      * 256 MiB or twice the last-level cache, and one pass multiplies the rows by each copy in turn;
      * the figure is the weights' bytes per second against the read bandwidth. */
     /* on a CPU with AVX-512, the AVX2 kernel (the same bits) timed beside it */
-    const int avx2_too = !strcmp(kvd_linear_rows_kernel(), "avx512") &&
-                         kvd_linear_rows_use("avx2") == 0 && kvd_linear_rows_use("avx512") == 0;
+    const char *gemm_kernels = kvd_linear_kernels(); /* taken again after the AVX2 one */
+    const int avx2_too = (!strcmp(gemm_kernels, "avx512") || amx_too) &&
+                         kvd_linear_use("avx2") == 0 && kvd_linear_use(gemm_kernels) == 0;
     const size_t pool = past_llc((size_t)256 << 20);
     printf("\nDecode GEMMs (fp32): M rows against weights streamed from memory (copies of the\n"
            "matrix filling %zu MiB, one after another), kvd_linear (%s)\n"
@@ -518,7 +540,7 @@ static int bench_kernels(int reps, int portable) {
             const int M = Md[mi];
             for (int who = 0; who < 2 + avx2_too; who++) { /* OpenBLAS, kvd_linear, AVX2 */
                 openblas_set_num_threads(who ? 1 : threads);
-                if (who == 2) kvd_linear_rows_use("avx2");
+                if (who == 2) kvd_linear_use("avx2");
                 for (int r = 0; r <= reps; r++) {
                     double t0 = kvd_now();
                     for (int c = 0; c < copies; c++) {
@@ -534,7 +556,7 @@ static int bench_kernels(int reps, int portable) {
                     }
                     if (r) ts[who * reps + r - 1] = (kvd_now() - t0) / copies; /* 0: warm-up */
                 }
-                if (who == 2) kvd_linear_rows_use("avx512");
+                if (who == 2) kvd_linear_use(gemm_kernels);
             }
             const double bytes = sizeof(float) * (double)wn, t_blas = median(ts, reps),
                          t_kvd = median(ts + reps, reps);

@@ -22,16 +22,19 @@ void kvd_linear_rows_ref(const float *x, const float *w, float *y, int M, int N,
 /* KVD_FEW_ROWS where this CPU sums them so, else 0 (the BLAS sums every
  * GEMM, in an order that changes with the batch). */
 int kvd_linear_fixed_rows(void);
-/* The kernel that sums them: "avx512", "avx2" (the same bits), or "blas"
- * (none: OpenBLAS sums every GEMM). The best this CPU runs, found when the
- * program starts, unless the environment's KVD_CPU_GEMM names another. */
-const char *kvd_linear_rows_kernel(void);
-/* Takes the named kernel from now on (tests, bench): 0; -1 where this CPU
- * cannot run it; -2 for a name that is none of them. Call it before any
+/* The CPU's GEMM kernels: "amx" (the AVX-512 kernel for a few rows, and
+ * more rows over BF16 weights on the AMX-BF16 tiles: each output then from
+ * its row and column alone), "avx512", "avx2" (the same bits for a few rows;
+ * the BLAS for more), or "blas" (OpenBLAS sums every GEMM). The best this
+ * CPU runs, found when the program starts, unless the environment's
+ * KVD_CPU_GEMM names others. */
+const char *kvd_linear_kernels(void);
+/* Takes the named kernels from now on (tests, bench): 0; -1 where this CPU
+ * cannot run them; -2 for a name that is none of them. Call it before any
  * threads run GEMMs. */
-int kvd_linear_rows_use(const char *name);
-/* -1, with the message in err, where KVD_CPU_GEMM names no kernel this CPU
- * runs (the best one is taken instead); else 0 */
+int kvd_linear_use(const char *name);
+/* -1, with the message in err, where KVD_CPU_GEMM names no kernels this CPU
+ * runs (the best are taken instead); else 0 */
 int kvd_cpu_gemm_env(char *err, size_t len);
 /* The BLAS behind kvd_linear as it names itself (OpenBLAS: version, build
  * and the core type whose kernels it picked for this CPU). Another core

@@ -8,6 +8,7 @@
 #define _DEFAULT_SOURCE /* syscall */
 #include "../fp8.h"
 #include "../kernels.h"
+#include "amx.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -16,10 +17,6 @@
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
-#endif
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -91,27 +88,6 @@ static int f16c_decode;
 static const char *attn_env_bad;
 static pthread_once_t attn_env_once = PTHREAD_ONCE_INIT;
 
-#ifdef KVD_VEC
-/* AMX-BF16 with its tiles' state enabled by the OS (XCR0 bits 17 and 18),
- * AVX512-BF16 (the weights' split), and the tiles granted to this process
- * (Linux asks for that first: arch_prctl ARCH_REQ_XCOMP_PERM) */
-static int amx_usable(unsigned leaf1_ecx) {
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 22 & 1) || !(d >> 24 & 1)) return 0;
-    const unsigned max7 = a;
-    if (max7 < 1 || !__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a >> 5 & 1)) return 0;
-    if (!(leaf1_ecx >> 27 & 1)) return 0; /* OSXSAVE */
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo >> 17 & 3) != 3) return 0;
-#if defined(__linux__)
-    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-#else
-    return 0;
-#endif
-}
-#endif
-
 static void attn_env(void) {
     int vec_cpu = 0, amx_cpu = 0;
 #ifdef KVD_VEC
@@ -127,7 +103,7 @@ static void attn_env(void) {
     const int want_portable = e && !strcmp(e, "portable"), want_avx512 = e && !strcmp(e, "avx512");
 #ifdef KVD_VEC
     /* the tiles are asked of the OS only where they would be used */
-    if (vec_cpu && !want_portable && !want_avx512) amx_cpu = amx_usable(c);
+    if (vec_cpu && !want_portable && !want_avx512) amx_cpu = kvd_amx_usable(c);
 #endif
     if (want_portable)
         attn_portable = 1;
@@ -511,36 +487,7 @@ KVD_DEFINE_BLOCK_KERNELS(16)
  * pair's two values side by side). G = 16 has a tile a part and sums them
  * into one accumulator; G = 8 packs the parts into rows (j, 8 + j, 16 + j of
  * two tiles), summed once a part, at its end.
- * Every tile is 16 rows of 64 bytes. */
-#define KVD_AMX_FN __attribute__((target("avx512f,avx512bw,avx512dq,avx512vbmi,avx512bf16")))
-/* the tile instructions, as asm with their memory made known to the
- * compiler (the intrinsics' asm does not say what it reads and writes) */
-#define AMX_LOAD(t, p, stride)                                                                     \
-    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"((const void *)(p)), "r"((long)(stride)) \
-                     : "memory")
-#define AMX_STORE(t, p, stride)                                                                    \
-    __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"((void *)(p)), "r"((long)(stride))   \
-                     : "memory")
-#define AMX_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
-#define AMX_DP(c, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_config;
-
-/* the tiles set up in this thread (every one 16 x 64 bytes), and given back */
-static void amx_begin(void) {
-    amx_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int i = 0; i < 8; i++) c.rows[i] = 16, c.colsb[i] = 64;
-    __asm__ volatile("ldtilecfg %0" ::"m"(c) : "memory");
-}
-static void amx_end(void) {
-    __asm__ volatile("tilerelease" ::: "memory");
-}
+ * Every tile is 16 rows of 64 bytes (amx.h sets them up). */
 
 /* Per part: two 16-row groups of keys as A tiles [2][hd / 32][16][32], up
  * to 128 value rows as B tiles [4][hd / 16][16][32], their weights' split
@@ -674,11 +621,6 @@ KVD_AMX_FN static void amx_scores(const uint8_t *kp, int nt, const uint16_t *qt,
     }
 }
 
-/* 16 floats as BF16 widened back, exactly */
-KVD_AMX_FN static inline __m512 bf16_widen(__m256i h) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 /* 32 weights (x0: rows 0-15, x1: 16-31) split into three BF16 rows */
 KVD_AMX_FN static inline void split3(__m512 x0, __m512 x1, uint16_t *hi, uint16_t *mid,
                                      uint16_t *lo) {
@@ -686,8 +628,8 @@ KVD_AMX_FN static inline void split3(__m512 x0, __m512 x1, uint16_t *hi, uint16_
     for (int k = 0; k < 3; k++) {
         const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
         _mm512_storeu_si512(out[k], h);
-        x0 = _mm512_sub_ps(x0, bf16_widen(_mm512_castsi512_si256(h)));
-        x1 = _mm512_sub_ps(x1, bf16_widen(_mm512_extracti64x4_epi64(h, 1)));
+        x0 = _mm512_sub_ps(x0, kvd_bf16_widen(_mm512_castsi512_si256(h)));
+        x1 = _mm512_sub_ps(x1, kvd_bf16_widen(_mm512_extracti64x4_epi64(h, 1)));
     }
 }
 
@@ -1197,7 +1139,7 @@ static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_
     const void *amx = NULL;
 #ifdef KVD_VEC
     amx_work aw;
-    if (rp->amx) aw = amx_work_at(amx_buf, hd), amx = &aw, amx_begin();
+    if (rp->amx) aw = amx_work_at(amx_buf, hd), amx = &aw, kvd_amx_begin();
 #else
     (void)amx_buf;
 #endif
@@ -1216,7 +1158,7 @@ static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_
         }
     }
 #ifdef KVD_VEC
-    if (rp->amx) amx_end();
+    if (rp->amx) kvd_amx_end();
 #endif
     for (int j = 0; j < n_heads; j++)
         m[j] = max_of(s + (size_t)j * n_ctx + t_begin, t_end - t_begin);
@@ -1294,7 +1236,7 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
 #ifdef KVD_VEC
     amx_work aw;
     if (rp->amx) {
-        aw = amx_work_at(amx_buf, hd), amx = &aw, amx_begin();
+        aw = amx_work_at(amx_buf, hd), amx = &aw, kvd_amx_begin();
         acc = aw.acc, acc_head = (size_t)amx_out_rows(G) * hd;
         memset(acc, 0, sizeof(float) * acc_head * (size_t)kvh);
         memset(aw.p, 0, sizeof(uint16_t) * 4 * 3 * 512); /* the split's unused rows stay zero */
@@ -1328,7 +1270,7 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
     }
 #ifdef KVD_VEC
     if (rp->amx) {
-        amx_end();
+        kvd_amx_end();
         amx_sum_parts(acc, kvh, G, hd, out);
     }
 #endif

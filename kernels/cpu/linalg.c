@@ -1,6 +1,8 @@
-/* kvdrift: dense building blocks on the CPU: GEMM through OpenBLAS, norms,
- * RoPE, softmax, top-k. */
+/* kvdrift: dense building blocks on the CPU: GEMM (OpenBLAS, our kernels
+ * for a few rows, AMX-BF16 tiles for many), norms, RoPE, softmax, top-k. */
+#define _DEFAULT_SOURCE /* syscall (amx.h) */
 #include "../kernels.h"
+#include "amx.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -164,21 +166,238 @@ KVD_AVX2 static void rows_avx2(const float *x, const float *w, float *y, int M, 
 }
 #endif
 
+/* ---- many rows over BF16 weights: AMX-BF16 ----
+ * Past KVD_FEW_ROWS rows (prefill), on a CPU with AMX-BF16 (the "amx"
+ * kernels), a GEMM whose weights are BF16 values (a BF16 checkpoint's, the
+ * synthetic model's) runs on the tiles. TDPBF16PS adds products of BF16
+ * pairs into FP32 accumulators; a product of two BF16 is exact in FP32. x
+ * is FP32, so each of its values is split into three BF16 (hi, mid, lo: each
+ * the rounding of what the ones before left, the float exactly, a denormal
+ * rest aside) and the three products go into one accumulator. So the
+ * products are sgemm's, exactly; the sums run in another order: each
+ * 32-column block of K in turn, its hi, mid and lo parts in turn.
+ *   C[16 rows of x][16 columns of W] += A (a part of x's split: 16 rows x
+ *   32 of K) times B (W: 16 pairs of K x 16 columns, a pair's two values
+ *   side by side in a 32-bit word)
+ * Two 16-row groups by two 16-column groups at a time: four accumulators,
+ * two A tiles and two B tiles, the eight tiles there are.
+ * An output depends on its row of x, its column of W and K only: the same
+ * bits in any batch of more than KVD_FEW_ROWS rows, on any thread count.
+ * x's split is laid out once a call; a 256-column chunk of W is laid out by
+ * the thread that takes it, and checked as it is: a value that is not a
+ * BF16 (an FP32 checkpoint's) or is a BF16 denormal (the tiles read those
+ * as zero) leaves the chunk to the BLAS. */
+#ifdef KVD_AMX_X86
+enum { AMX_TILE = 512 }; /* BF16 a tile: 16 rows of 32 */
+
+/* x's rows m0..m0+15 (zeros past M), K's 32-column block k0 (zeros past K),
+ * as three A tiles side by side: out[part][row][32] */
+KVD_AMX_FN static void amx_split_rows(const float *x, int M, int K, int m0, int k0, uint16_t *out) {
+    const int left = K - k0;
+    const __mmask16 t0 = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1),
+                    t1 = left >= 32  ? (__mmask16)0xffff
+                         : left > 16 ? (__mmask16)((1u << (left - 16)) - 1)
+                                     : (__mmask16)0;
+    for (int r = 0; r < 16; r++) {
+        __m512 v0 = _mm512_setzero_ps(), v1 = _mm512_setzero_ps();
+        if (m0 + r < M) {
+            const float *p = x + (size_t)(m0 + r) * K + k0;
+            v0 = _mm512_maskz_loadu_ps(t0, p);
+            v1 = _mm512_maskz_loadu_ps(t1, p + 16);
+        }
+        /* an infinity's rest is not inf - inf: its mid and lo parts are 0 */
+        const __mmask16 f0 = (__mmask16)~_mm512_fpclass_ps_mask(v0, 0x18),
+                        f1 = (__mmask16)~_mm512_fpclass_ps_mask(v1, 0x18);
+        for (int part = 0; part < 3; part++) {
+            const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
+            _mm512_storeu_si512(out + part * AMX_TILE + r * 32, h);
+            v0 = _mm512_maskz_sub_ps(f0, v0, kvd_bf16_widen(_mm512_castsi512_si256(h)));
+            v1 = _mm512_maskz_sub_ps(f1, v1, kvd_bf16_widen(_mm512_extracti64x4_epi64(h, 1)));
+        }
+    }
+}
+
+/* 16 rows of 16 words, transposed in place: r[i] word j <-> r[j] word i */
+KVD_AMX_FN static inline void transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 16; g += 4) {
+        u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+        u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+        u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+        u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+    }
+    /* u[4g + j], 128-bit lane L: rows 4g..4g+3, word 4L + j */
+    for (int j = 0; j < 4; j++) {
+        const __m512i a0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88),
+                      a1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd),
+                      b0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88),
+                      b1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
+        r[j] = _mm512_shuffle_i32x4(a0, b0, 0x88);
+        r[8 + j] = _mm512_shuffle_i32x4(a0, b0, 0xdd);
+        r[4 + j] = _mm512_shuffle_i32x4(a1, b1, 0x88);
+        r[12 + j] = _mm512_shuffle_i32x4(a1, b1, 0xdd);
+    }
+}
+
+/* W's rows n0..n1-1 (the output's columns) as B tiles, [n1 - n0 over 16,
+ * rounded up][kb][16 pairs of K][16 columns x 2], zeros past n1 and K.
+ * 0, or -1 where a value is no BF16 or a BF16 denormal. */
+KVD_AMX_FN static int amx_weights(const float *w, int K, int n0, int n1, int kb, uint16_t *out) {
+    __mmask16 bad = 0;
+    for (int g = 0; n0 + 16 * g < n1; g++)
+        for (int b = 0; b < kb; b++) {
+            const int left = K - 32 * b;
+            const __mmask16 t0 = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1),
+                            t1 = left >= 32  ? (__mmask16)0xffff
+                                 : left > 16 ? (__mmask16)((1u << (left - 16)) - 1)
+                                             : (__mmask16)0;
+            __m512i r[16];
+            for (int c = 0; c < 16; c++) {
+                const int n = n0 + 16 * g + c;
+                if (n >= n1) {
+                    r[c] = _mm512_setzero_si512();
+                    continue;
+                }
+                const float *p = w + (size_t)n * K + 32 * b;
+                const __m512 v0 = _mm512_maskz_loadu_ps(t0, p),
+                             v1 = _mm512_maskz_loadu_ps(t1, p + 16);
+                const __m512i i0 = _mm512_castps_si512(v0), i1 = _mm512_castps_si512(v1);
+                const __m512i low = _mm512_set1_epi32(0xffff), expo = _mm512_set1_epi32(0x7f800000),
+                              mag = _mm512_set1_epi32(0x7fffffff);
+                bad |= _mm512_test_epi32_mask(i0, low) | _mm512_test_epi32_mask(i1, low);
+                bad |= _mm512_test_epi32_mask(i0, mag) & ~_mm512_test_epi32_mask(i0, expo);
+                bad |= _mm512_test_epi32_mask(i1, mag) & ~_mm512_test_epi32_mask(i1, expo);
+                /* exact values: the rounding is the truncation */
+                r[c] = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
+            }
+            transpose16(r);
+            uint16_t *o = out + ((size_t)g * kb + b) * AMX_TILE;
+            for (int p = 0; p < 16; p++) _mm512_storeu_si512(o + p * 32, r[p]);
+        }
+    return bad ? -1 : 0;
+}
+
+/* a 16 x 16 accumulator's copy c to y's rows m0.., columns n0.. (those
+ * inside M and n1) */
+static void amx_put(const float *c, float *y, int N, int M, int m0, int n0, int n1) {
+    for (int r = 0; r < 16 && m0 + r < M; r++)
+        for (int j = 0; j < 16 && n0 + j < n1; j++)
+            y[(size_t)(m0 + r) * N + n0 + j] = c[r * 16 + j];
+}
+
+/* y's columns n0..n1-1 of every row, from x's split xs [row group][kb][3]
+ * A tiles and W's tiles wt (amx_weights) */
+KVD_AMX_FN static void amx_gemm_cols(const uint16_t *xs, const uint16_t *wt, float *y, int M, int N,
+                                     int kb, int n0, int n1) {
+    const int mg = (M + 15) / 16, ng = (n1 - n0 + 15) / 16;
+    const size_t xg = (size_t)kb * 3 * AMX_TILE, wg = (size_t)kb * AMX_TILE;
+    float c[256] __attribute__((aligned(64)));
+    const long ys = (long)N * (long)sizeof(float);
+    kvd_amx_begin();
+    for (int i = 0; i < mg; i += 2)
+        for (int j = 0; j < ng; j += 2) {
+            const int two_m = i + 1 < mg, two_n = j + 1 < ng;
+            const uint16_t *a = xs + (size_t)i * xg, *b = wt + (size_t)j * wg;
+            AMX_ZERO(0);
+            AMX_ZERO(1);
+            AMX_ZERO(2);
+            AMX_ZERO(3);
+            for (int k = 0; k < kb; k++) {
+                const uint16_t *ak = a + (size_t)k * 3 * AMX_TILE, *bk = b + (size_t)k * AMX_TILE;
+                AMX_LOAD(6, bk, 64);
+                if (two_n) AMX_LOAD(7, bk + wg, 64);
+                for (int part = 0; part < 3; part++) {
+                    AMX_LOAD(4, ak + part * AMX_TILE, 64);
+                    AMX_DP(0, 4, 6);
+                    if (two_n) AMX_DP(1, 4, 7);
+                    if (two_m) {
+                        AMX_LOAD(5, ak + xg + part * AMX_TILE, 64);
+                        AMX_DP(2, 5, 6);
+                        if (two_n) AMX_DP(3, 5, 7);
+                    }
+                }
+            }
+            /* accumulators (r, s) -> tile 2r + s: rows 16 (i + r), columns 16 (j + s) */
+            const int m0 = 16 * i, c0 = n0 + 16 * j;
+            const int full_m0 = m0 + 16 <= M, full_m1 = m0 + 32 <= M;
+            const int full_n0 = c0 + 16 <= n1, full_n1 = c0 + 32 <= n1;
+            float *y00 = y + (size_t)m0 * N + c0;
+            if (full_m0 && full_n0) {
+                AMX_STORE(0, y00, ys);
+            } else {
+                AMX_STORE(0, c, 64);
+                amx_put(c, y, N, M, m0, c0, n1);
+            }
+            if (two_n && full_m0 && full_n1) {
+                AMX_STORE(1, y00 + 16, ys);
+            } else if (two_n) {
+                AMX_STORE(1, c, 64);
+                amx_put(c, y, N, M, m0, c0 + 16, n1);
+            }
+            if (two_m && full_m1 && full_n0) {
+                AMX_STORE(2, y00 + (size_t)16 * N, ys);
+            } else if (two_m) {
+                AMX_STORE(2, c, 64);
+                amx_put(c, y, N, M, m0 + 16, c0, n1);
+            }
+            if (two_m && two_n && full_m1 && full_n1) {
+                AMX_STORE(3, y00 + (size_t)16 * N + 16, ys);
+            } else if (two_m && two_n) {
+                AMX_STORE(3, c, 64);
+                amx_put(c, y, N, M, m0 + 16, c0 + 16, n1);
+            }
+        }
+    kvd_amx_end();
+}
+#endif
+
 typedef void rows_fn(const float *x, const float *w, float *y, int M, int N, int K, int n0, int n1);
+/* The CPU's GEMM kernels, the best first: KVD_CPU_GEMM's word, the BLAS
+ * line's words, the kernel for up to KVD_FEW_ROWS rows (none: the BLAS),
+ * and whether more rows over BF16 weights take the AMX tiles */
 static const struct rows_kernel {
-    const char *name, *label; /* KVD_CPU_GEMM's word; the BLAS line's */
+    const char *name, *label;
     rows_fn *fn;
+    int amx;
 } rows_kernels[] = {
 #ifdef KVD_FEW_ROWS_X86
-    {"avx512", "AVX-512 FMA", rows_avx512},
-    {"avx2", "AVX2 FMA", rows_avx2},
+#ifdef KVD_AMX_X86
+    {"amx", "AVX-512 FMA", rows_avx512, 1},
 #endif
-    {"blas", NULL, NULL},
+    {"avx512", "AVX-512 FMA", rows_avx512, 0},
+    {"avx2", "AVX2 FMA", rows_avx2, 0},
+#endif
+    {"blas", NULL, NULL, 0},
 };
 enum { N_ROWS_KERNELS = sizeof rows_kernels / sizeof rows_kernels[0] };
 static const struct rows_kernel *rows_now; /* set once, before any GEMM */
 
+#ifdef KVD_AMX_X86
+/* the AMX kernels' CPU (amx.h), the tiles asked of the OS once, where they
+ * would be used */
+static int amx_granted;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static void amx_ask(void) {
+    unsigned a, b, c = 0, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) c = 0;
+    __builtin_cpu_init();
+    amx_granted = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi") &&
+                  kvd_amx_usable(c);
+}
+#endif
+
 static int cpu_has(const struct rows_kernel *k) {
+#ifdef KVD_AMX_X86
+    if (k->amx) {
+        pthread_once(&amx_once, amx_ask);
+        return amx_granted;
+    }
+#endif
 #ifdef KVD_FEW_ROWS_X86
     __builtin_cpu_init();
     if (k->fn == rows_avx512)
@@ -195,8 +414,8 @@ static void blas_describe(void) {
     while (cfg[n] && !(cfg[n] == ' ' && ++words == 2)) n++;
     int k = snprintf(blas_name, sizeof blas_name, "%.*s %s", n, cfg, openblas_get_corename());
     if (rows_now->fn && k > 0 && (size_t)k < sizeof blas_name)
-        snprintf(blas_name + k, sizeof blas_name - (size_t)k, "; up to %d rows: %s", KVD_FEW_ROWS,
-                 rows_now->label);
+        snprintf(blas_name + k, sizeof blas_name - (size_t)k, "; up to %d rows: %s%s", KVD_FEW_ROWS,
+                 rows_now->label, rows_now->amx ? "; more, over BF16 weights: AMX-BF16" : "");
 }
 
 static int rows_select(const char *name) {
@@ -224,12 +443,12 @@ static void rows_default(void) {
     blas_describe();
 }
 
-int kvd_linear_rows_use(const char *name) {
+int kvd_linear_use(const char *name) {
     pthread_once(&rows_once, rows_default);
     return rows_select(name);
 }
 
-const char *kvd_linear_rows_kernel(void) {
+const char *kvd_linear_kernels(void) {
     pthread_once(&rows_once, rows_default);
     return rows_now->name;
 }
@@ -253,9 +472,10 @@ int kvd_linear_fixed_rows(void) {
     return rows_now->fn ? KVD_FEW_ROWS : 0;
 }
 
-/* "OpenBLAS 0.3.21 SkylakeX; up to 32 rows: AVX-512 FMA": the library and
- * its version (its configuration's first two words), the core type it
- * dispatched to, then what sums a GEMM of a few rows instead */
+/* "OpenBLAS 0.3.21 SkylakeX; up to 32 rows: AVX-512 FMA; more, over BF16
+ * weights: AMX-BF16": the library and its version (its configuration's
+ * first two words), the core type it dispatched to, then what sums a GEMM
+ * of a few rows instead, and whether more rows take the tiles */
 const char *kvd_cpu_blas(void) {
     pthread_once(&rows_once, rows_default);
     return blas_name;
@@ -291,6 +511,48 @@ static void linear_cols(const float *x, const float *w, float *y, int M, int N, 
     }
 }
 
+#ifdef KVD_AMX_X86
+/* kvd_linear on the tiles (above): x split once, then W a chunk at a time,
+ * each chunk on the BLAS where its values are not all BF16. -1 where the
+ * work areas could not be had (the BLAS takes the whole GEMM). */
+static int linear_amx(const float *x, const float *w, float *y, int M, int N, int K, int chunks,
+                      int fork) {
+    const int mg = (M + 15) / 16, kb = (K + 31) / 32;
+    int threads = 1;
+#ifdef _OPENMP
+    if (fork) threads = omp_get_max_threads();
+#endif
+    const size_t xs_n = (size_t)mg * kb * 3 * AMX_TILE,
+                 wt_n = (size_t)(KVD_LINEAR_CHUNK / 16) * kb * AMX_TILE;
+    uint16_t *xs = aligned_alloc(64, xs_n * sizeof *xs),
+             *wt = aligned_alloc(64, wt_n * (size_t)threads * sizeof *wt);
+    if (!xs || !wt) {
+        free(xs), free(wt);
+        return -1;
+    }
+#pragma omp parallel for schedule(static) if (fork)
+    for (int g = 0; g < mg; g++)
+        for (int b = 0; b < kb; b++)
+            amx_split_rows(x, M, K, 16 * g, 32 * b, xs + ((size_t)g * kb + b) * 3 * AMX_TILE);
+#pragma omp parallel for schedule(static) if (fork)
+    for (int c = 0; c < chunks; c++) {
+        int n0 = c * KVD_LINEAR_CHUNK, n1 = n0 + KVD_LINEAR_CHUNK < N ? n0 + KVD_LINEAR_CHUNK : N;
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+#endif
+        uint16_t *mine = wt + wt_n * (size_t)t;
+        if (amx_weights(w, K, n0, n1, kb, mine) == 0)
+            amx_gemm_cols(xs, mine, y, M, N, kb, n0, n1);
+        else
+            linear_cols(x, w, y, M, N, K, n0, n1);
+    }
+    free(xs);
+    free(wt);
+    return 0;
+}
+#endif
+
 void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K) {
     if (M <= 0 || N <= 0) return;
     pthread_once(&blas_once, blas_single);
@@ -301,6 +563,10 @@ void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K) {
     int fork = chunks > 1 && (double)M * N * K >= 2e5;
 #ifdef _OPENMP
     fork = fork && !omp_in_parallel() && omp_get_max_threads() > 1;
+#endif
+#ifdef KVD_AMX_X86
+    if (M > KVD_FEW_ROWS && rows_now->amx && linear_amx(x, w, y, M, N, K, chunks, fork) == 0)
+        return;
 #endif
 #pragma omp parallel for schedule(static) if (fork)
     for (int c = 0; c < chunks; c++) {

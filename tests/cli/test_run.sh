@@ -556,14 +556,33 @@ PY
 then ok; else bad "--repeats 1: $(tail -3 "$work/rp.out")"; fi
 # the kernel of a few rows, taken by what the CPU has: its AVX2 twin gives
 # the AVX-512 one's bits (a forward pass of 24 tokens: every GEMM has at
-# most 24 rows); KVD_CPU_GEMM=blas leaves them to OpenBLAS and says so
+# most 24 rows; fp8-cal's calibration has more, which the AMX kernels take
+# where the CPU has them, so the AVX-512 ones without AMX are the base);
+# KVD_CPU_GEMM=blas leaves them to OpenBLAS and says so
 few=$("$bin" version | sed -n 's/^blas: .*up to [0-9]* rows: //p')
+base=$(case "$few" in *AMX*) echo avx512 ;; esac)
 if [ -n "$few" ]; then
-  "$bin" forward --model tiny --tokens 24 --kv bf16,fp8-cal --dump "$work/kd" >/dev/null &&
+  KVD_CPU_GEMM=$base "$bin" forward --model tiny --tokens 24 --kv bf16,fp8-cal --dump "$work/kd" >/dev/null &&
     KVD_CPU_GEMM=avx2 "$bin" forward --model tiny --tokens 24 --kv bf16,fp8-cal --dump "$work/k2" >/dev/null &&
     diff -r "$work/kd" "$work/k2" >/dev/null && ok || bad "KVD_CPU_GEMM=avx2: other bytes than $few"
 fi
 KVD_CPU_GEMM=blas "$bin" version | grep -qE "^blas: OpenBLAS [^;]*$" && ok || bad "KVD_CPU_GEMM=blas: $(KVD_CPU_GEMM=blas "$bin" version | grep blas)"
+# the GEMMs of more than 32 rows on the AMX tiles, where the CPU has them:
+# the products are sgemm's, the sums in another order, so the logits move in
+# their last bits (tiny over 64 tokens: prefill's GEMMs have 64 rows); with
+# the FP8 cache a little more: a value at a rounding midpoint takes the
+# other code, and the calibrated scales move in their last bits
+if [ "$base" = avx512 ]; then
+  "$bin" forward --model tiny --tokens 64 --kv bf16,fp8-cal --dump "$work/ga" >/dev/null &&
+    KVD_CPU_GEMM=avx512 "$bin" forward --model tiny --tokens 64 --kv bf16,fp8-cal --dump "$work/gb" >/dev/null &&
+    "$py" - "$work/ga" "$work/gb" <<'PY' && ok || bad "KVD_CPU_GEMM=amx against avx512: logits (above)"
+import sys, numpy as np
+for m, tol in (("bf16", 1e-4), ("fp8-cal", 1e-3)):
+    a, b = (np.fromfile(f"{d}/{m}/logits.f32", np.float32) for d in sys.argv[1:])
+    rel = float(np.abs(a - b).max() / np.abs(a).max())
+    assert (a != b).any() and rel < tol, (m, rel)
+PY
+fi
 # KVD_CPU_ATTENTION=portable: the portable attention kernels where the
 # AVX-512 ones would run; the logits move in the last bits only (the BF16
 # cache's: a K/V value at a rounding midpoint takes the other code)

@@ -1,7 +1,9 @@
 /* kvdrift: kvd_linear tests: every path against sums in double, the GEMMs
  * of a few rows bit for bit against their order written out in scalar C
- * (with each kernel this CPU runs: AVX-512, AVX2), batch invariance, the
- * same bits on any thread count, and a NaN kept to its row. Built twice:
+ * (with each kernel this CPU runs: AMX, AVX-512, AVX2), batch invariance,
+ * the same bits on any thread count, a NaN kept to its row, and the AMX
+ * kernels' GEMMs of many rows: weights that are no BF16 left to the BLAS
+ * chunk by chunk, infinities kept. Built twice:
  * for this machine and for generic x86-64, whose AVX2 kernel is the code an
  * AVX2 CPU runs. */
 #include <stdarg.h>
@@ -33,15 +35,23 @@ static float *filled(size_t n, uint32_t seed) {
     return p;
 }
 
+/* the same, rounded to BF16: weights as a BF16 checkpoint's (the AMX
+ * kernels take those past KVD_FEW_ROWS rows) */
+static float *filled_bf16(size_t n, uint32_t seed) {
+    float *p = filled(n, seed);
+    kvd_round_bf16(p, n);
+    return p;
+}
+
 /* The fixed-order kernels this CPU runs, each taken in turn by `for (int
  * i = 0; next_kernel(&i);)`; the BLAS once where the CPU has neither.
  * Every test's teardown takes the default again. */
-static const char *const kernels[] = {"avx512", "avx2"};
+static const char *const kernels[] = {"amx", "avx512", "avx2"};
 static char default_kernel[16];
 static int next_kernel(int *i) {
     const int n = (int)(sizeof kernels / sizeof *kernels);
     for (; *i < n; ++*i)
-        if (kvd_linear_rows_use(kernels[*i]) == 0) {
+        if (kvd_linear_use(kernels[*i]) == 0) {
             ++*i;
             return 1;
         }
@@ -54,7 +64,7 @@ static int next_kernel(int *i) {
 
 static int default_again(void **st) {
     (void)st;
-    return kvd_linear_rows_use(default_kernel);
+    return kvd_linear_use(default_kernel);
 }
 
 /* every output within 2 K rounding errors (2^-24 each) of the sum of |w x| of
@@ -79,33 +89,36 @@ static void near_double(const float *x, const float *w, const float *y, int M, i
 static const int Ks[] = {1, 7, 15, 16, 17, 100, 256, 1024};
 static const int Ns[] = {1, 3, 4, 5, 256, 300, 513};
 
-/* Up to KVD_FEW_ROWS rows, kvd_linear with either kernel is
- * kvd_linear_rows_ref exactly; past them, and on a CPU with neither, the
- * BLAS. Both against double. */
+/* Up to KVD_FEW_ROWS rows, kvd_linear with any kernel is
+ * kvd_linear_rows_ref exactly; past them, and on a CPU with none, the BLAS
+ * or (AMX, BF16 weights) the tiles. Every one against double, with weights
+ * of any float and with BF16 ones. */
 static void every_path_against_double(void **st) {
     (void)st;
-    const int Ms[] = {1, 2, 3, 4, 5, 8, 16, 17, 32, 33, 40};
+    const int Ms[] = {1, 2, 3, 4, 5, 8, 16, 17, 32, 33, 40, 49};
     for (int ki = 0; next_kernel(&ki);)
         for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++)
             for (size_t b = 0; b < sizeof Ns / sizeof *Ns; b++)
-                for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++) {
-                    const int M = Ms[a], N = Ns[b], K = Ks[c];
-                    float *x = filled((size_t)M * K, 1), *w = filled((size_t)N * K, 2);
-                    float *y = malloc(sizeof(float) * (size_t)M * N),
-                          *r = malloc(sizeof(float) * (size_t)M * N);
-                    kvd_linear(x, w, y, M, N, K);
-                    near_double(x, w, y, M, N, K, "kvd_linear");
-                    kvd_linear_rows_ref(x, w, r, M, N, K);
-                    near_double(x, w, r, M, N, K, "kvd_linear_rows_ref");
-                    if (M <= kvd_linear_fixed_rows())
-                        for (size_t i = 0; i < (size_t)M * N; i++)
-                            if (memcmp(&y[i], &r[i], sizeof(float)))
-                                fail_msg(
-                                    "%s, M=%d N=%d K=%d: y[%zu] = %a, the scalar order gives %a",
-                                    kvd_linear_rows_kernel(), M, N, K, i, (double)y[i],
-                                    (double)r[i]);
-                    free(x), free(w), free(y), free(r);
-                }
+                for (size_t c = 0; c < sizeof Ks / sizeof *Ks; c++)
+                    for (int bf16 = 0; bf16 < 2; bf16++) {
+                        const int M = Ms[a], N = Ns[b], K = Ks[c];
+                        float *x = filled((size_t)M * K, 1),
+                              *w = (bf16 ? filled_bf16 : filled)((size_t)N * K, 2);
+                        float *y = malloc(sizeof(float) * (size_t)M * N),
+                              *r = malloc(sizeof(float) * (size_t)M * N);
+                        kvd_linear(x, w, y, M, N, K);
+                        near_double(x, w, y, M, N, K, kvd_linear_kernels());
+                        kvd_linear_rows_ref(x, w, r, M, N, K);
+                        near_double(x, w, r, M, N, K, "kvd_linear_rows_ref");
+                        if (M <= kvd_linear_fixed_rows())
+                            for (size_t i = 0; i < (size_t)M * N; i++)
+                                if (memcmp(&y[i], &r[i], sizeof(float)))
+                                    fail_msg("%s, M=%d N=%d K=%d: y[%zu] = %a, the scalar order "
+                                             "gives %a",
+                                             kvd_linear_kernels(), M, N, K, i, (double)y[i],
+                                             (double)r[i]);
+                        free(x), free(w), free(y), free(r);
+                    }
 }
 
 /* The order written out by hand for one output: K = 20, so lanes 0..3 take
@@ -153,7 +166,7 @@ static void batch_invariance(void **st) {
                 kvd_linear(x + (size_t)m * K, w, y1, 1, N, K);
                 if (memcmp(y1, yb + (size_t)m * N, sizeof(float) * N))
                     fail_msg("%s: row %d of a batch of %d differs from the row alone",
-                             kvd_linear_rows_kernel(), m, m0);
+                             kvd_linear_kernels(), m, m0);
             }
         }
         free(x), free(w), free(yb), free(y1);
@@ -165,34 +178,43 @@ static void batch_invariance(void **st) {
  * kernel is refused */
 static void kernel_choice(void **st) {
     (void)st;
-    const char *best = kvd_linear_rows_kernel();
+    const char *best = kvd_linear_kernels();
     char line[160];
     snprintf(line, sizeof line, "%s", kvd_cpu_blas());
     if (!getenv("KVD_CPU_GEMM")) {
-        if (kvd_linear_rows_use("avx512") == 0)
+        if (kvd_linear_use("amx") == 0)
+            assert_string_equal(best, "amx");
+        else if (kvd_linear_use("avx512") == 0)
             assert_string_equal(best, "avx512");
-        else if (kvd_linear_rows_use("avx2") == 0)
+        else if (kvd_linear_use("avx2") == 0)
             assert_string_equal(best, "avx2");
         else
             assert_string_equal(best, "blas");
     }
 #ifdef __x86_64__
-    assert_int_equal(kvd_linear_rows_use("avx2") == 0,
+    assert_int_equal(kvd_linear_use("avx2") == 0,
                      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
-    assert_int_equal(kvd_linear_rows_use("avx512") == 0,
+    assert_int_equal(kvd_linear_use("avx512") == 0,
                      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"));
+    if (kvd_linear_use("amx") == 0) assert_true(__builtin_cpu_supports("avx512bw"));
 #endif
-    if (kvd_linear_rows_use("avx2") == 0) {
+    if (kvd_linear_use("amx") == 0) {
+        assert_int_equal(kvd_linear_fixed_rows(), KVD_FEW_ROWS);
+        assert_non_null(strstr(kvd_cpu_blas(),
+                               "; up to 32 rows: AVX-512 FMA; more, over BF16 weights: AMX-BF16"));
+    }
+    if (kvd_linear_use("avx512") == 0) assert_null(strstr(kvd_cpu_blas(), "AMX"));
+    if (kvd_linear_use("avx2") == 0) {
         assert_int_equal(kvd_linear_fixed_rows(), KVD_FEW_ROWS);
         assert_non_null(strstr(kvd_cpu_blas(), "; up to 32 rows: AVX2 FMA"));
     }
-    assert_int_equal(kvd_linear_rows_use("blas"), 0);
+    assert_int_equal(kvd_linear_use("blas"), 0);
     assert_int_equal(kvd_linear_fixed_rows(), 0);
     assert_null(strstr(kvd_cpu_blas(), "rows:"));
     assert_int_equal(strncmp(kvd_cpu_blas(), "OpenBLAS ", 9), 0);
-    assert_int_equal(kvd_linear_rows_use("avx-512"), -2);
-    assert_string_equal(kvd_linear_rows_kernel(), "blas");
-    assert_int_equal(kvd_linear_rows_use(best), 0);
+    assert_int_equal(kvd_linear_use("avx-512"), -2);
+    assert_string_equal(kvd_linear_kernels(), "blas");
+    assert_int_equal(kvd_linear_use(best), 0);
     assert_string_equal(kvd_cpu_blas(), line);
 }
 
@@ -201,10 +223,12 @@ static void kernel_choice(void **st) {
 static void threads_give_the_same_bits(void **st) {
     (void)st;
 #ifdef _OPENMP
-    const int Ms[] = {1, 4, 16, 64}, N = 1000, K = 512, t0 = omp_get_max_threads();
+    const int Ms[] = {1, 4, 16, 64, 64}, N = 1000, K = 512, t0 = omp_get_max_threads();
     for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++) {
         const int M = Ms[a];
-        float *x = filled((size_t)M * K, 7), *w = filled((size_t)N * K, 8);
+        /* the last with BF16 weights: the AMX kernels' where they run */
+        float *x = filled((size_t)M * K, 7),
+              *w = (a + 1 == sizeof Ms / sizeof *Ms ? filled_bf16 : filled)((size_t)N * K, 8);
         float *y1 = malloc(sizeof(float) * (size_t)M * N),
               *y2 = malloc(sizeof(float) * (size_t)M * N);
         omp_set_num_threads(1);
@@ -228,7 +252,7 @@ static void nan_stays_in_its_row(void **st) {
     for (int ki = 0; next_kernel(&ki);)
         for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++) {
             const int M = Ms[a];
-            float *x = filled((size_t)M * K, 9), *w = filled((size_t)N * K, 10);
+            float *x = filled((size_t)M * K, 9), *w = filled_bf16((size_t)N * K, 10);
             float *y = malloc(sizeof(float) * (size_t)M * N);
             x[(size_t)2 * K + 50] = NAN;
             kvd_linear(x, w, y, M, N, K);
@@ -240,13 +264,111 @@ static void nan_stays_in_its_row(void **st) {
         }
 }
 
+/* The AMX kernels' GEMMs of more than KVD_FEW_ROWS rows. */
+static int amx_or_skip(void) {
+    if (kvd_linear_use("amx") == 0) return 1;
+    print_message("skipped: this CPU has no AMX-BF16 the process may use\n");
+    return 0;
+}
+
+static int same_bits(const float *a, const float *b) {
+    return !memcmp(a, b, sizeof(float));
+}
+
+/* A row's outputs are the same bits in any batch past KVD_FEW_ROWS rows,
+ * with x's values spread over 2^-20..2^20 (every part of the split counts) */
+static void amx_batch_invariance(void **st) {
+    (void)st;
+    if (!amx_or_skip()) return;
+    const int M = 100, N = 300, K = 1000;
+    float *x = filled((size_t)M * K, 11), *w = filled_bf16((size_t)N * K, 12);
+    for (size_t i = 0; i < (size_t)M * K; i++) x[i] = ldexpf(x[i], (int)(i % 41) - 20);
+    float *yb = malloc(sizeof(float) * (size_t)M * N), *ys = malloc(sizeof(float) * (size_t)M * N);
+    kvd_linear(x, w, yb, M, N, K);
+    near_double(x, w, yb, M, N, K, "amx");
+    const int parts[][2] = {{0, 33}, {33, 47}, {5, 64}, {60, 40}};
+    for (size_t p = 0; p < sizeof parts / sizeof *parts; p++) {
+        const int m0 = parts[p][0], n = parts[p][1];
+        kvd_linear(x + (size_t)m0 * K, w, ys, n, N, K);
+        for (int m = 0; m < n; m++)
+            for (int j = 0; j < N; j++)
+                if (!same_bits(&ys[(size_t)m * N + j], &yb[(size_t)(m0 + m) * N + j]))
+                    fail_msg("amx: row %d, column %d of a batch of %d rows from row %d differs "
+                             "from the batch of %d",
+                             m0 + m, j, n, m0, M);
+    }
+    free(x), free(w), free(yb), free(ys);
+}
+
+/* A 256-column chunk of W with a value that is no BF16 (an FP32
+ * checkpoint's), or a BF16 denormal (the tiles would read it as 0), goes to
+ * the BLAS, and only that chunk: its columns are the BLAS's bits, the
+ * others the tiles'. */
+static void amx_chunks_not_bf16(void **st) {
+    (void)st;
+    if (!amx_or_skip()) return;
+    const int M = 40, N = 700, K = 200;
+    float *x = filled((size_t)M * K, 13), *w = filled_bf16((size_t)N * K, 14);
+    float *bad = malloc(sizeof(float) * (size_t)N * K);
+    memcpy(bad, w, sizeof(float) * (size_t)N * K);
+    bad[(size_t)300 * K + 5] = nextafterf(bad[(size_t)300 * K + 5], 1.0f); /* chunk 1 */
+    bad[(size_t)600 * K + 3] = ldexpf(1.0f, -130);                         /* chunk 2 */
+    float *ya = malloc(sizeof(float) * (size_t)M * N), *yw = malloc(sizeof(float) * (size_t)M * N),
+          *yb = malloc(sizeof(float) * (size_t)M * N);
+    kvd_linear(x, w, ya, M, N, K);
+    kvd_linear(x, bad, yw, M, N, K);
+    assert_int_equal(kvd_linear_use("avx512"), 0);
+    kvd_linear(x, bad, yb, M, N, K);
+    near_double(x, bad, yw, M, N, K, "amx, some chunks to the BLAS");
+    int tiles_differ = 0;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            const size_t i = (size_t)m * N + n;
+            const int blas = n >= 256;
+            if (!same_bits(&yw[i], blas ? &yb[i] : &ya[i]))
+                fail_msg("y[%d][%d] = %a: expected the %s's %a", m, n, (double)yw[i],
+                         blas ? "BLAS" : "tiles", (double)(blas ? yb[i] : ya[i]));
+            tiles_differ += n < 256 && !same_bits(&yw[i], &yb[i]);
+        }
+    /* the tiles sum in another order than the BLAS: some last bits differ */
+    assert_true(tiles_differ > 0);
+    free(x), free(w), free(bad), free(ya), free(yw), free(yb);
+}
+
+/* An infinity in x gives what the BLAS gives: +-inf by the sign of its
+ * weight (NaN where that weight is 0), not inf - inf in the split's rest */
+static void amx_infinity(void **st) {
+    (void)st;
+    if (!amx_or_skip()) return;
+    const int M = 36, N = 40, K = 64;
+    float *x = filled((size_t)M * K, 15), *w = filled_bf16((size_t)N * K, 16);
+    x[(size_t)3 * K + 7] = INFINITY;
+    x[(size_t)20 * K + 9] = -INFINITY;
+    w[(size_t)5 * K + 7] = 0.0f;
+    float *ya = malloc(sizeof(float) * (size_t)M * N), *yb = malloc(sizeof(float) * (size_t)M * N);
+    kvd_linear(x, w, ya, M, N, K);
+    assert_int_equal(kvd_linear_use("avx512"), 0);
+    kvd_linear(x, w, yb, M, N, K);
+    int infs = 0;
+    for (size_t i = 0; i < (size_t)M * N; i++) {
+        if (isnan(ya[i]) != isnan(yb[i]) || isinf(ya[i]) != isinf(yb[i]) ||
+            (isinf(ya[i]) && signbit(ya[i]) != signbit(yb[i])))
+            fail_msg("y[%zu]: the tiles give %g, the BLAS %g", i, (double)ya[i], (double)yb[i]);
+        infs += isinf(ya[i]) != 0;
+    }
+    assert_int_equal(infs, 2 * N - 1);
+    assert_true(isnan(ya[(size_t)3 * N + 5]));
+    free(x), free(w), free(ya), free(yb);
+}
+
 int main(void) {
-    snprintf(default_kernel, sizeof default_kernel, "%s", kvd_linear_rows_kernel());
-    print_message("the default kernel for a few rows: %s\n", default_kernel);
+    snprintf(default_kernel, sizeof default_kernel, "%s", kvd_linear_kernels());
+    print_message("the default GEMM kernels: %s\n", default_kernel);
 #define T(f) cmocka_unit_test_teardown(f, default_again)
     const struct CMUnitTest tests[] = {
         T(every_path_against_double),  T(scalar_order_by_hand), T(batch_invariance),
         T(threads_give_the_same_bits), T(nan_stays_in_its_row), T(kernel_choice),
+        T(amx_batch_invariance),       T(amx_chunks_not_bf16),  T(amx_infinity),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
