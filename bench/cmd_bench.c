@@ -407,8 +407,10 @@ static int bench_kernels(int reps, int portable) {
            "at the 'small' model's shapes against OpenBLAS's own threaded sgemm/sgemv at the\n"
            "same shape, and against its sgemm at 2048^3 (peak)%s:\n",
            kvd_cpu_blas(),
-           amx_too ? "; vs_split: against OpenBLAS under kvd_linear's split (KVD_CPU_GEMM=avx512)"
-                   : "");
+           amx_too
+               ? "; vs_split: against OpenBLAS under kvd_linear's split (KVD_CPU_GEMM=avx512);\n"
+                 "once: with W's tiles laid out once (as the model's are) over every call"
+               : "");
     int N0 = 2048;
     float *A = malloc(sizeof(float) * (size_t)N0 * N0),
           *B = malloc(sizeof(float) * (size_t)N0 * N0),
@@ -440,10 +442,10 @@ static int bench_kernels(int reps, int portable) {
         {"lm_head", cfg.vocab_size, cfg.hidden_size},
     };
     printf("  %-24s %6s %6s %6s %12s %12s %9s %10s%s\n", "shape", "M", "N", "K", "kvd_GFLOP_s",
-           "blas_GFLOP_s", "vs_blas", "of_peak", amx_too ? "  vs_split" : "");
-    int Ms[2] = {512, 1};
+           "blas_GFLOP_s", "vs_blas", "of_peak", amx_too ? "  vs_split     once" : "");
+    int Ms[3] = {512, 64, 1};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-        for (int mi = 0; mi < 2; mi++) {
+        for (int mi = 0; mi < 3; mi++) {
             int M = Ms[mi], N = shapes[si].N, K = shapes[si].K;
             float *x = malloc(sizeof(float) * (size_t)M * K),
                   *wt = malloc(sizeof(float) * (size_t)N * K),
@@ -487,7 +489,15 @@ static int bench_kernels(int reps, int portable) {
                     ts[r] = kvd_now() - t0;
                 }
                 kvd_linear_use("amx");
-                printf(" %8.2fx", median(ts, n) / t_amx);
+                const double t_split = median(ts, n);
+                kvd_wtiles *tl = kvd_wtiles_new(wt, N, K);
+                for (int r = 0; r < n; r++) {
+                    double t0 = kvd_now();
+                    kvd_linear_tiled(x, wt, tl, y, M, N, K);
+                    ts[r] = kvd_now() - t0;
+                }
+                kvd_wtiles_free(tl);
+                printf(" %8.2fx %7.2fx", t_split / t_amx, t_amx / median(ts, n));
             }
             printf("\n");
             free(ts);

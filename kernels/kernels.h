@@ -36,6 +36,20 @@ int kvd_linear_use(const char *name);
 /* -1, with the message in err, where KVD_CPU_GEMM names no kernels this CPU
  * runs (the best are taken instead); else 0 */
 int kvd_cpu_gemm_env(char *err, size_t len);
+/* W [N][K] laid out once for the AMX tiles, for kvd_linear_tiled: where the
+ * CPU's GEMM kernels are "amx", a GEMM of more than KVD_FEW_ROWS rows
+ * otherwise lays out its 256-column chunks of W on every call. NULL where
+ * the kernels are not "amx" (or out of memory). Chunks whose values are not
+ * all BF16 are left to the BLAS, as in kvd_linear. */
+typedef struct kvd_wtiles kvd_wtiles;
+kvd_wtiles *kvd_wtiles_new(const float *w, int N, int K);
+void kvd_wtiles_free(kvd_wtiles *t);
+/* the bytes its tiles take (0 where no chunk is BF16) */
+size_t kvd_wtiles_bytes(const kvd_wtiles *t);
+/* kvd_linear, with W's tiles from t where it is not NULL (made for this w,
+ * N and K): the same bits */
+void kvd_linear_tiled(const float *x, const float *w, const kvd_wtiles *t, float *y, int M, int N,
+                      int K);
 /* The BLAS behind kvd_linear as it names itself (OpenBLAS: version, build
  * and the core type whose kernels it picked for this CPU). Another core
  * type's kernels sum in another order: the CPU back end's figures are the

@@ -130,6 +130,13 @@ void kvd_model_set_hooks(kvd_model *m, const kvd_hooks *h) {
     }
 }
 
+/* kvd_linear over one of the model's matrices: past KVD_FEW_ROWS rows,
+ * with its AMX tiles laid out once (where the CPU's GEMMs take them) */
+static void linear(const kvd_model *m, const float *x, const float *w, float *y, int M, int N,
+                   int K) {
+    kvd_linear_tiled(x, w, M > KVD_FEW_ROWS ? kvd_weights_tiles(m->w, w, N, K) : NULL, y, M, N, K);
+}
+
 static size_t conv_state_len(const kvd_config *c) {
     return (size_t)kvd_conv_dim(c) * (size_t)(c->linear_conv_kernel_dim - 1);
 }
@@ -403,9 +410,9 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
     const float eps = (float)c->rms_norm_eps;
 
     /* projections: q carries [query | gate] per head */
-    kvd_linear(m->xn, lw->q_proj, m->qg, rows, nh * hd * 2, H);
-    kvd_linear(m->xn, lw->k_proj, m->kb, rows, kvh * hd, H);
-    kvd_linear(m->xn, lw->v_proj, m->vb, rows, kvh * hd, H);
+    linear(m, m->xn, lw->q_proj, m->qg, rows, nh * hd * 2, H);
+    linear(m, m->xn, lw->k_proj, m->kb, rows, kvh * hd, H);
+    linear(m, m->xn, lw->v_proj, m->vb, rows, kvh * hd, H);
 
     /* per-head q/k RMSNorm, then RoPE on the first rot dims */
 #pragma omp parallel for schedule(static)
@@ -515,7 +522,7 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
             const float *g = m->qg + ((size_t)r * nh + h) * 2 * hd + hd;
             for (int d = 0; d < hd; d++) o[d] *= kvd_sigmoidf(g[d]);
         }
-    kvd_linear(m->att, lw->o_proj, m->mix, rows, H, nh * hd);
+    linear(m, m->att, lw->o_proj, m->mix, rows, H, nh * hd);
     return 0;
 }
 
@@ -531,8 +538,8 @@ static void deltanet(kvd_model *m, int layer, const kvd_batch *b, int rows) {
     const float eps = (float)c->rms_norm_eps, qscale = 1.0f / sqrtf((float)dk);
     const int pw = 2 * kd + 2 * vd;
 
-    kvd_linear(m->xn, lw->in_proj_qkvz, m->qkvz, rows, pw, H);
-    kvd_linear(m->xn, lw->in_proj_ba, m->ba, rows, 2 * nv, H);
+    linear(m, m->xn, lw->in_proj_qkvz, m->qkvz, rows, pw, H);
+    linear(m, m->xn, lw->in_proj_ba, m->ba, rows, 2 * nv, H);
 
     /* un-group the fused projections (per key head: q, k, r v's, r z's; and
      * r b's, r a's) into plain [q | k | v], z, beta and the log decay g */
@@ -623,7 +630,7 @@ static void deltanet(kvd_model *m, int layer, const kvd_batch *b, int rows) {
             kvd_rmsnorm(o, o, lw->gdn_norm, dv, eps, 0);
             for (int d = 0; d < dv; d++) o[d] *= kvd_siluf(z[d]);
         }
-    kvd_linear(m->gdn_o, lw->out_proj, m->mix, rows, H, vd);
+    linear(m, m->gdn_o, lw->out_proj, m->mix, rows, H, vd);
 }
 
 /* ---- feed-forward ---- */
@@ -634,16 +641,16 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
     const int H = c->hidden_size;
     if (c->num_experts == 0) {
         const int I = c->intermediate_size;
-        kvd_linear(m->xn, lw->dense_gate, m->g1, rows, I, H);
-        kvd_linear(m->xn, lw->dense_up, m->g2, rows, I, H);
+        linear(m, m->xn, lw->dense_gate, m->g1, rows, I, H);
+        linear(m, m->xn, lw->dense_up, m->g2, rows, I, H);
         kvd_swiglu(m->g1, m->g2, (size_t)rows * I);
-        kvd_linear(m->g1, lw->dense_down, m->mix, rows, H, I);
+        linear(m, m->g1, lw->dense_down, m->mix, rows, H, I);
         return;
     }
     const int E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size;
 
     /* router: softmax over all experts in fp32, top-k, optional renormalise */
-    kvd_linear(m->xn, lw->router, m->rlogit, rows, E, H);
+    linear(m, m->xn, lw->router, m->rlogit, rows, E, H);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         kvd_route(m->rlogit + (size_t)r * E, E, K, c->norm_topk_prob, m->topi + (size_t)r * K,
@@ -680,10 +687,10 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
         for (int i = 0; i < n; i++)
             memcpy(gx + (size_t)i * H, m->xn + (size_t)(m->rows_of[a + i] / K) * H,
                    sizeof(float) * (size_t)H);
-        kvd_linear(gx, lw->exp_gate[e], g1, n, I, H);
-        kvd_linear(gx, lw->exp_up[e], g2, n, I, H);
+        linear(m, gx, lw->exp_gate[e], g1, n, I, H);
+        linear(m, gx, lw->exp_up[e], g2, n, I, H);
         kvd_swiglu(g1, g2, (size_t)n * I);
-        kvd_linear(g1, lw->exp_down[e], m->ey + (size_t)a * H, n, H, I);
+        linear(m, g1, lw->exp_down[e], m->ey + (size_t)a * H, n, H, I);
     }
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
@@ -705,11 +712,11 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
     /* shared expert behind a sigmoid gate */
     const int Is = c->shared_expert_intermediate_size;
     if (Is > 0) {
-        kvd_linear(m->xn, lw->sh_gate, m->sh1, rows, Is, H);
-        kvd_linear(m->xn, lw->sh_up, m->sh2, rows, Is, H);
+        linear(m, m->xn, lw->sh_gate, m->sh1, rows, Is, H);
+        linear(m, m->xn, lw->sh_up, m->sh2, rows, Is, H);
         kvd_swiglu(m->sh1, m->sh2, (size_t)rows * Is);
-        kvd_linear(m->sh1, lw->sh_down, m->gx, rows, H, Is);
-        kvd_linear(m->xn, lw->sh_expert_gate, m->shg, rows, 1, H);
+        linear(m, m->sh1, lw->sh_down, m->gx, rows, H, Is);
+        linear(m, m->xn, lw->sh_expert_gate, m->shg, rows, 1, H);
         for (int r = 0; r < rows; r++) {
             float g = kvd_sigmoidf(m->shg[r]);
             for (int d = 0; d < H; d++) m->mix[(size_t)r * H + d] += g * m->gx[(size_t)r * H + d];
@@ -865,7 +872,7 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
     const int cmp = m->ref && m->hooks.logits_cmp;
     if (!last_only || cmp || m->held_logits) {
         float *all = !last_only ? logits : m->held_logits ? m->held_logits : m->all_logits;
-        kvd_linear(m->xn, m->w->lm_head, all, rows, V, H);
+        linear(m, m->xn, m->w->lm_head, all, rows, V, H);
         if (m->held_logits) {
             if (all != m->held_logits)
                 memcpy(m->held_logits, all, sizeof(float) * (size_t)rows * V);
@@ -892,7 +899,7 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
         int last = -1;
         for (int s = 0; s < b->n; s++) {
             last += b->n_tok[s];
-            kvd_linear(m->xn + (size_t)last * H, m->w->lm_head, logits + (size_t)s * V, 1, V, H);
+            linear(m, m->xn + (size_t)last * H, m->w->lm_head, logits + (size_t)s * V, 1, V, H);
         }
     }
     return 0;

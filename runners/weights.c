@@ -5,6 +5,7 @@
 #include "weights.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "../kernels/fp8.h"
+#include "../kernels/kernels.h"
 
 /* ---- counter-based generator ---- */
 
@@ -148,12 +150,86 @@ static const float *need(const kvd_weights *w, const char *name) {
     return t ? t->data : NULL;
 }
 
+/* ---- the matrices' AMX tiles ----
+ * Every 2-D tensor, by address; its tiles made on first use (a prefill
+ * GEMM of more than KVD_FEW_ROWS rows), under one lock, and read without
+ * it once made. Laid out once, W's tiles cost half its FP32 bytes again and
+ * save laying out its chunks on every call. */
+typedef struct {
+    const float *p;
+    int64_t numel;
+    kvd_wtiles *t;
+    int made;
+} tiles_entry;
+
+struct kvd_weight_tiles {
+    pthread_mutex_t lock;
+    int n;
+    tiles_entry *e; /* in address order */
+};
+
+static int cmp_entry(const void *a, const void *b) {
+    const float *x = ((const tiles_entry *)a)->p, *y = ((const tiles_entry *)b)->p;
+    return x < y ? -1 : x > y;
+}
+
+static void tiles_free(struct kvd_weight_tiles *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n; i++) kvd_wtiles_free(c->e[i].t);
+    pthread_mutex_destroy(&c->lock);
+    free(c->e);
+    free(c);
+}
+
+/* the registry's 2-D tensors (NULL, and no tiles ever, where that fails) */
+static struct kvd_weight_tiles *tiles_plan(const kvd_weights *w) {
+    struct kvd_weight_tiles *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->e = calloc((size_t)(w->n_tensors ? w->n_tensors : 1), sizeof *c->e);
+    if (!c->e || pthread_mutex_init(&c->lock, NULL)) {
+        free(c->e), free(c);
+        return NULL;
+    }
+    for (int i = 0; i < w->n_tensors; i++)
+        if (w->tensors[i].ndim == 2 && w->tensors[i].data)
+            c->e[c->n++] = (tiles_entry){w->tensors[i].data, w->tensors[i].numel, NULL, 0};
+    qsort(c->e, (size_t)c->n, sizeof *c->e, cmp_entry);
+    return c;
+}
+
+const kvd_wtiles *kvd_weights_tiles(const kvd_weights *w, const float *p, int N, int K) {
+    struct kvd_weight_tiles *c = w ? w->tiles : NULL;
+    if (!c) return NULL;
+    int lo = 0, hi = c->n - 1;
+    tiles_entry *e = NULL;
+    while (lo <= hi && !e) {
+        const int mid = lo + (hi - lo) / 2;
+        if (c->e[mid].p == p)
+            e = &c->e[mid];
+        else if (c->e[mid].p < p)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    if (!e || e->numel != (int64_t)N * K) return NULL;
+    if (__atomic_load_n(&e->made, __ATOMIC_ACQUIRE)) return e->t;
+    pthread_mutex_lock(&c->lock);
+    if (!e->made) {
+        e->t = kvd_wtiles_new(p, N, K);
+        __atomic_store_n(&e->made, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return e->t;
+}
+
 void kvd_weights_bind(kvd_weights *w) {
     const kvd_config *c = &w->cfg;
     char nm[128];
     int E = c->num_experts > 0 ? c->num_experts : 0;
     w->expert_ptrs =
         calloc((size_t)c->num_hidden_layers * 3 * (size_t)(E ? E : 1), sizeof(float *));
+    tiles_free(w->tiles);
+    w->tiles = w->lazy_base ? NULL : tiles_plan(w);
     w->embed = need(w, "model.embed_tokens.weight");
     w->final_norm = need(w, "model.norm.weight");
     w->lm_head = c->tie_word_embeddings ? w->embed : need(w, "lm_head.weight");
@@ -400,6 +476,7 @@ void kvd_weights_free(kvd_weights *w) {
     free(w->tensors);
     free(w->by_name);
     free(w->expert_ptrs);
+    tiles_free(w->tiles);
     memset(w, 0, sizeof *w);
 }
 

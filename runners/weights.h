@@ -70,6 +70,8 @@ typedef struct {
     void (*make_ctx_free)(void *ctx);
     void *lazy_base;
     size_t lazy_len;
+    /* the matrices' AMX tiles, each made on its first use (kvd_weights_tiles) */
+    struct kvd_weight_tiles *tiles;
 } kvd_weights;
 
 /* Allocate every tensor of cfg and fill it synthetically. */
@@ -82,6 +84,11 @@ void kvd_weights_bind(kvd_weights *w);
 /* Fill one planned tensor (its data allocated) as kvd_weights_synth does. */
 void kvd_weights_fill(kvd_tensor *t, const kvd_config *cfg, const kvd_synth *s);
 const kvd_tensor *kvd_weights_find(const kvd_weights *w, const char *name);
+/* The AMX tiles of the matrix [N][K] whose data starts at p (a tensor of
+ * w's), made on the first call and kept until kvd_weights_free: what
+ * kvd_linear_tiled takes. NULL where the CPU's GEMM kernels are not "amx",
+ * p starts no tensor of N x K values, or w's data is lazy. Thread-safe. */
+const struct kvd_wtiles *kvd_weights_tiles(const kvd_weights *w, const float *p, int N, int K);
 
 /* Lazy weights of cfg made by make(ctx, ...) (ctx freed with ctx_free by
  * kvd_weights_free); the synthetic ones as kvd_weights_synth makes them. */

@@ -511,22 +511,32 @@ static void linear_cols(const float *x, const float *w, float *y, int M, int N, 
     }
 }
 
+/* W laid out once for the tiles (kvd_wtiles_new): every chunk's tiles, or
+ * none where its values are not all BF16 (bad[chunk]) */
+struct kvd_wtiles {
+    int N, K, chunks;
+    size_t chunk_n; /* BF16 a chunk's tiles take */
+    uint16_t *data; /* [chunks][chunk_n]; NULL where every chunk is bad */
+    unsigned char *bad;
+};
+
 #ifdef KVD_AMX_X86
-/* kvd_linear on the tiles (above): x split once, then W a chunk at a time,
- * each chunk on the BLAS where its values are not all BF16. -1 where the
- * work areas could not be had (the BLAS takes the whole GEMM). */
-static int linear_amx(const float *x, const float *w, float *y, int M, int N, int K, int chunks,
-                      int fork) {
+/* kvd_linear on the tiles (above): x split once, then W a chunk at a time
+ * (its tiles from t where it has them, else laid out by the thread), each
+ * chunk on the BLAS where its values are not all BF16. -1 where the work
+ * areas could not be had (the BLAS takes the whole GEMM). */
+static int linear_amx(const float *x, const float *w, const kvd_wtiles *t, float *y, int M, int N,
+                      int K, int chunks, int fork) {
     const int mg = (M + 15) / 16, kb = (K + 31) / 32;
     int threads = 1;
 #ifdef _OPENMP
     if (fork) threads = omp_get_max_threads();
 #endif
     const size_t xs_n = (size_t)mg * kb * 3 * AMX_TILE,
-                 wt_n = (size_t)(KVD_LINEAR_CHUNK / 16) * kb * AMX_TILE;
+                 wt_n = t ? 0 : (size_t)(KVD_LINEAR_CHUNK / 16) * kb * AMX_TILE;
     uint16_t *xs = aligned_alloc(64, xs_n * sizeof *xs),
-             *wt = aligned_alloc(64, wt_n * (size_t)threads * sizeof *wt);
-    if (!xs || !wt) {
+             *wt = t ? NULL : aligned_alloc(64, wt_n * (size_t)threads * sizeof *wt);
+    if (!xs || (!t && !wt)) {
         free(xs), free(wt);
         return -1;
     }
@@ -537,13 +547,19 @@ static int linear_amx(const float *x, const float *w, float *y, int M, int N, in
 #pragma omp parallel for schedule(static) if (fork)
     for (int c = 0; c < chunks; c++) {
         int n0 = c * KVD_LINEAR_CHUNK, n1 = n0 + KVD_LINEAR_CHUNK < N ? n0 + KVD_LINEAR_CHUNK : N;
-        int t = 0;
+        const uint16_t *tiles = NULL;
+        if (t) {
+            tiles = t->bad[c] ? NULL : t->data + t->chunk_n * (size_t)c;
+        } else {
+            int th = 0;
 #ifdef _OPENMP
-        t = omp_get_thread_num();
+            th = omp_get_thread_num();
 #endif
-        uint16_t *mine = wt + wt_n * (size_t)t;
-        if (amx_weights(w, K, n0, n1, kb, mine) == 0)
-            amx_gemm_cols(xs, mine, y, M, N, kb, n0, n1);
+            uint16_t *mine = wt + wt_n * (size_t)th;
+            tiles = amx_weights(w, K, n0, n1, kb, mine) == 0 ? mine : NULL;
+        }
+        if (tiles)
+            amx_gemm_cols(xs, tiles, y, M, N, kb, n0, n1);
         else
             linear_cols(x, w, y, M, N, K, n0, n1);
     }
@@ -553,7 +569,54 @@ static int linear_amx(const float *x, const float *w, float *y, int M, int N, in
 }
 #endif
 
-void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K) {
+kvd_wtiles *kvd_wtiles_new(const float *w, int N, int K) {
+    pthread_once(&rows_once, rows_default);
+    if (!rows_now->amx || N <= 0 || K <= 0) return NULL;
+#ifdef KVD_AMX_X86
+    kvd_wtiles *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    const int kb = (K + 31) / 32;
+    t->N = N, t->K = K, t->chunks = (N + KVD_LINEAR_CHUNK - 1) / KVD_LINEAR_CHUNK;
+    t->chunk_n = (size_t)(KVD_LINEAR_CHUNK / 16) * kb * AMX_TILE;
+    t->data = aligned_alloc(64, t->chunk_n * (size_t)t->chunks * sizeof *t->data);
+    t->bad = calloc((size_t)t->chunks, 1);
+    if (!t->data || !t->bad) {
+        kvd_wtiles_free(t);
+        return NULL;
+    }
+    int good = 0;
+#ifdef _OPENMP
+    const int fork = !omp_in_parallel() && omp_get_max_threads() > 1 && t->chunks > 1;
+#else
+    const int fork = 0;
+#endif
+#pragma omp parallel for schedule(static) if (fork) reduction(+ : good)
+    for (int c = 0; c < t->chunks; c++) {
+        int n0 = c * KVD_LINEAR_CHUNK, n1 = n0 + KVD_LINEAR_CHUNK < N ? n0 + KVD_LINEAR_CHUNK : N;
+        t->bad[c] = amx_weights(w, K, n0, n1, kb, t->data + t->chunk_n * (size_t)c) != 0;
+        good += !t->bad[c];
+    }
+    if (!good) free(t->data), t->data = NULL;
+    return t;
+#else
+    (void)w;
+    return NULL;
+#endif
+}
+
+void kvd_wtiles_free(kvd_wtiles *t) {
+    if (!t) return;
+    free(t->data);
+    free(t->bad);
+    free(t);
+}
+
+size_t kvd_wtiles_bytes(const kvd_wtiles *t) {
+    return t && t->data ? t->chunk_n * (size_t)t->chunks * sizeof *t->data : 0;
+}
+
+static void linear_with(const float *x, const float *w, const kvd_wtiles *t, float *y, int M, int N,
+                        int K) {
     if (M <= 0 || N <= 0) return;
     pthread_once(&blas_once, blas_single);
     pthread_once(&rows_once, rows_default);
@@ -565,14 +628,26 @@ void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K) {
     fork = fork && !omp_in_parallel() && omp_get_max_threads() > 1;
 #endif
 #ifdef KVD_AMX_X86
-    if (M > KVD_FEW_ROWS && rows_now->amx && linear_amx(x, w, y, M, N, K, chunks, fork) == 0)
+    if (t && (t->N != N || t->K != K)) t = NULL;
+    if (M > KVD_FEW_ROWS && rows_now->amx && linear_amx(x, w, t, y, M, N, K, chunks, fork) == 0)
         return;
+#else
+    (void)t;
 #endif
 #pragma omp parallel for schedule(static) if (fork)
     for (int c = 0; c < chunks; c++) {
         int n0 = c * KVD_LINEAR_CHUNK, n1 = n0 + KVD_LINEAR_CHUNK < N ? n0 + KVD_LINEAR_CHUNK : N;
         linear_cols(x, w, y, M, N, K, n0, n1);
     }
+}
+
+void kvd_linear_tiled(const float *x, const float *w, const kvd_wtiles *t, float *y, int M, int N,
+                      int K) {
+    linear_with(x, w, t, y, M, N, K);
+}
+
+void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K) {
+    linear_with(x, w, NULL, y, M, N, K);
 }
 
 void kvd_rmsnorm(float *out, const float *x, const float *w, int n, float eps, int one_plus) {

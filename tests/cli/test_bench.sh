@@ -29,15 +29,16 @@ att = [l.split() for l in text.split("max_rel_err", 1)[1].split("GEMM (fp32", 1)
 # 2 block sizes x 2 contexts x 7 formats, each within the 1e-4 it exits on
 if len(att) != 28 or any(not 0 <= float(r[3]) <= 1e-4 or not float(r[4]) > 0 for r in att):
     bad.append(f"decode attention: {len(att)} rows, {att[:2]}")
-gemm = re.findall(r"^  (\S.*?)\s+(512|1)\s+([0-9]+)\s+([0-9]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)x", 
+gemm = re.findall(r"^  (\S.*?)\s+(512|64|1)\s+([0-9]+)\s+([0-9]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)x", 
                   text.split("GEMM (fp32", 1)[1].split("Decode GEMMs", 1)[0], re.M)
-if len(gemm) != 12 or any(not float(g[4]) > 0 for g in gemm): bad.append(f"GEMM: {len(gemm)} rows")
+if len(gemm) != 18 or any(not float(g[4]) > 0 for g in gemm): bad.append(f"GEMM: {len(gemm)} rows")
 # where the GEMMs of many rows take the AMX tiles: the BLAS under the same
-# split timed beside them, at the 6 shapes' 512 rows
+# split, and the tiles laid out once, timed beside them at the 6 shapes' 512
+# and 64 rows
 if "more, over BF16 weights: AMX-BF16" in text:
-    split = re.findall(r"^  \S.*?\s+512\s+[0-9]+\s+[0-9]+\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+x\s+[0-9.]+%\s+([0-9.]+)x$",
+    split = re.findall(r"^  \S.*?\s+(?:512|64)\s+[0-9]+\s+[0-9]+\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+x\s+[0-9.]+%\s+([0-9.]+)x\s+([0-9.]+)x$",
                        text, re.M)
-    if len(split) != 6 or any(not float(v) > 0 for v in split): bad.append(f"GEMM vs_split: {split}")
+    if len(split) != 12 or any(not float(v) > 0 for r in split for v in r): bad.append(f"GEMM vs_split: {split}")
 dec = re.findall(r"^  (\S.*?)\s+(1|2|4|8|16|32)\s+([0-9]+)\s+([0-9]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)x\s+([0-9.]+)%",
                  text.split("Decode GEMMs", 1)[1], re.M)
 if len(dec) != 36 or any(not float(d[4]) > 0 or not float(d[5]) > 0 for d in dec):

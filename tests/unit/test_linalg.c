@@ -361,6 +361,48 @@ static void amx_infinity(void **st) {
     free(x), free(w), free(ya), free(yb);
 }
 
+/* W's tiles laid out once (kvd_wtiles_new) give kvd_linear's bits: every
+ * chunk from the tiles, a chunk that is no BF16 from the BLAS, whatever the
+ * rows; under other kernels there are none, and tiles made for another
+ * shape are not taken */
+static void amx_tiles_laid_out_once(void **st) {
+    (void)st;
+    const int N = 700, K = 200, Ms[] = {33, 64, 100};
+    float *w = filled_bf16((size_t)N * K, 17);
+    assert_int_equal(kvd_linear_use("avx512"), 0);
+    assert_null(kvd_wtiles_new(w, N, K));
+    if (!amx_or_skip()) {
+        free(w);
+        return;
+    }
+    w[(size_t)400 * K + 9] = nextafterf(w[(size_t)400 * K + 9], 2.0f); /* chunk 1: the BLAS */
+    kvd_wtiles *t = kvd_wtiles_new(w, N, K), *other = kvd_wtiles_new(w, N - 1, K);
+    assert_non_null(t);
+    assert_int_equal(kvd_wtiles_bytes(t), (size_t)3 * 16 * 7 * 512 * 2); /* 3 chunks, 7 of K */
+    for (size_t a = 0; a < sizeof Ms / sizeof *Ms; a++) {
+        const int M = Ms[a];
+        float *x = filled((size_t)M * K, 18);
+        float *y = malloc(sizeof(float) * (size_t)M * N),
+              *yt = malloc(sizeof(float) * (size_t)M * N),
+              *yo = malloc(sizeof(float) * (size_t)M * N);
+        kvd_linear(x, w, y, M, N, K);
+        kvd_linear_tiled(x, w, t, yt, M, N, K);
+        kvd_linear_tiled(x, w, other, yo, M, N, K);
+        assert_memory_equal(y, yt, sizeof(float) * (size_t)M * N);
+        assert_memory_equal(y, yo, sizeof(float) * (size_t)M * N);
+        near_double(x, w, yt, M, N, K, "amx, tiles laid out once");
+        free(x), free(y), free(yt), free(yo);
+    }
+    kvd_wtiles_free(t);
+    kvd_wtiles_free(other);
+    /* no chunk of BF16 values: no tiles kept */
+    for (size_t i = 0; i < (size_t)N * K; i += 997) w[i] = nextafterf(w[i], 2.0f);
+    t = kvd_wtiles_new(w, N, K);
+    assert_int_equal(kvd_wtiles_bytes(t), 0);
+    kvd_wtiles_free(t);
+    free(w);
+}
+
 int main(void) {
     snprintf(default_kernel, sizeof default_kernel, "%s", kvd_linear_kernels());
     print_message("the default GEMM kernels: %s\n", default_kernel);
@@ -369,6 +411,7 @@ int main(void) {
         T(every_path_against_double),  T(scalar_order_by_hand), T(batch_invariance),
         T(threads_give_the_same_bits), T(nan_stays_in_its_row), T(kernel_choice),
         T(amx_batch_invariance),       T(amx_chunks_not_bf16),  T(amx_infinity),
+        T(amx_tiles_laid_out_once),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);

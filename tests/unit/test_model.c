@@ -18,6 +18,7 @@
 #include "../../datasets/tokens.h"
 #include "../../runners/calibrate.h"
 #include "../../runners/drift.h"
+#include "../../kernels/kernels.h"
 #include "../../runners/model.h"
 
 static kvd_weights W;
@@ -616,19 +617,35 @@ static void drift_drop_out(void **st) {
     for (int j = 0; j < K; j++) kvd_drift_free(&group[j]);
 }
 
+/* The matrices' AMX tiles (kvd_weights_tiles): made once for a tensor's
+ * start and its shape, the same object after; none for a pointer inside a
+ * tensor, another shape, or where the GEMMs do not take AMX */
+static void weights_tiles(void **st) {
+    (void)st;
+    const kvd_tensor *q = kvd_weights_find(&W, "model.layers.3.self_attn.q_proj.weight");
+    assert_non_null(q);
+    const int N = (int)q->shape[0], K = (int)q->shape[1];
+    const struct kvd_wtiles *t = kvd_weights_tiles(&W, q->data, N, K);
+    if (strcmp(kvd_linear_kernels(), "amx")) {
+        assert_null(t);
+        print_message("skipped: this CPU's GEMMs take no AMX tiles (%s)\n", kvd_linear_kernels());
+        return;
+    }
+    assert_non_null(t);
+    assert_int_equal(kvd_wtiles_bytes(t), (size_t)((N + 255) / 256) * 16 * ((K + 31) / 32) * 1024);
+    assert_ptr_equal(kvd_weights_tiles(&W, q->data, N, K), t);
+    assert_null(kvd_weights_tiles(&W, q->data, N, K - 1));
+    assert_null(kvd_weights_tiles(&W, q->data + K, N - 1, K));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(weights_pure),
-        cmocka_unit_test(weights_uniform_draws),
-        cmocka_unit_test(gdn_chunked_matches_recurrence),
-        cmocka_unit_test(prefill_decode_batch),
-        cmocka_unit_test(thread_count_invariance),
-        cmocka_unit_test(nan_is_caught),
-        cmocka_unit_test(sink_and_retrieval),
-        cmocka_unit_test(calibration),
-        cmocka_unit_test(drift_shared_reference),
-        cmocka_unit_test(drift_failures),
-        cmocka_unit_test(drift_drop_out),
+        cmocka_unit_test(weights_pure),         cmocka_unit_test(weights_uniform_draws),
+        cmocka_unit_test(weights_tiles),        cmocka_unit_test(gdn_chunked_matches_recurrence),
+        cmocka_unit_test(prefill_decode_batch), cmocka_unit_test(thread_count_invariance),
+        cmocka_unit_test(nan_is_caught),        cmocka_unit_test(sink_and_retrieval),
+        cmocka_unit_test(calibration),          cmocka_unit_test(drift_shared_reference),
+        cmocka_unit_test(drift_failures),       cmocka_unit_test(drift_drop_out),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
