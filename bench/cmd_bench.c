@@ -525,8 +525,13 @@ static int bench_kernels(int reps, int portable) {
            "columns are one thread's (the model runs its experts side by side, a thread each)%s:\n",
            pool >> 20, kvd_cpu_blas(),
            avx2_too ? "; avx2: the AVX2 kernel's speed over the AVX-512 one's" : "");
-    printf("  %-24s %6s %6s %6s %12s %12s %9s %8s%s\n", "shape", "M", "N", "K", "kvd_W_GB_s",
-           "blas_W_GB_s", "vs_blas", "of_read", avx2_too ? "     avx2" : "");
+    if (amx_too)
+        printf(
+            "tiles: the AMX tiles' speed (each copy laid out once, BF16: half the bytes, as the\n"
+            "model's matrices) over kvd_linear's kernel of a few rows\n");
+    printf("  %-24s %6s %6s %6s %12s %12s %9s %8s%s%s\n", "shape", "M", "N", "K", "kvd_W_GB_s",
+           "blas_W_GB_s", "vs_blas", "of_read", avx2_too ? "     avx2" : "",
+           amx_too ? "    tiles" : "");
     const int Md[] = {1, 2, 4, 8, 16, 32}, mmax = 32;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int N = shapes[si].N, K = shapes[si].K;
@@ -543,19 +548,26 @@ static int bench_kernels(int reps, int portable) {
         /* the matrix drawn once, then copied: a draw costs a log and a cosine */
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < wn; i++) wt[i] = kvd_rng_normal(key, i + 7);
+        kvd_round_bf16(wt, wn); /* the model's weights are BF16 values */
         for (int c = 1; c < copies; c++) memcpy(wt + wn * (size_t)c, wt, sizeof(float) * wn);
         for (size_t i = 0; i < (size_t)mmax * K; i++) x[i] = kvd_rng_normal(key, i);
-        double *ts = malloc(sizeof(double) * (size_t)reps * 3);
+        double *ts = malloc(sizeof(double) * (size_t)reps * 4);
+        kvd_wtiles **tl = amx_too ? calloc((size_t)copies, sizeof *tl) : NULL;
+        for (int c = 0; tl && c < copies; c++) tl[c] = kvd_wtiles_new(wt + wn * (size_t)c, N, K);
         for (size_t mi = 0; mi < sizeof Md / sizeof Md[0]; mi++) {
             const int M = Md[mi];
-            for (int who = 0; who < 2 + avx2_too; who++) { /* OpenBLAS, kvd_linear, AVX2 */
+            /* OpenBLAS, kvd_linear, the AVX2 kernel, the tiles */
+            for (int who = 0; who < 4; who++) {
+                if ((who == 2 && !avx2_too) || (who == 3 && !tl)) continue;
                 openblas_set_num_threads(who ? 1 : threads);
                 if (who == 2) kvd_linear_use("avx2");
                 for (int r = 0; r <= reps; r++) {
                     double t0 = kvd_now();
                     for (int c = 0; c < copies; c++) {
                         const float *w = wt + wn * (size_t)c;
-                        if (who)
+                        if (who == 3)
+                            kvd_linear_tiled(x, w, tl[c], y, M, N, K);
+                        else if (who)
                             kvd_linear(x, w, y, M, N, K);
                         else if (M == 1)
                             cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, w, K, x, 1, 0.0f,
@@ -574,8 +586,11 @@ static int bench_kernels(int reps, int portable) {
                    bytes / t_kvd / 1e9, bytes / t_blas / 1e9, t_blas / t_kvd,
                    100.0 * bytes / t_kvd / rbw);
             if (avx2_too) printf(" %7.2fx", t_kvd / median(ts + 2 * reps, reps));
+            if (tl) printf(" %7.2fx", t_kvd / median(ts + 3 * reps, reps));
             printf("\n");
         }
+        for (int c = 0; tl && c < copies; c++) kvd_wtiles_free(tl[c]);
+        free(tl);
         free(ts);
         free(wt);
         free(x);

@@ -22,10 +22,11 @@ void kvd_linear_rows_ref(const float *x, const float *w, float *y, int M, int N,
 /* KVD_FEW_ROWS where this CPU sums them so, else 0 (the BLAS sums every
  * GEMM, in an order that changes with the batch). */
 int kvd_linear_fixed_rows(void);
-/* The CPU's GEMM kernels: "amx" (the AVX-512 kernel for a few rows, and
- * more rows over BF16 weights on the AMX-BF16 tiles: each output then from
- * its row and column alone), "avx512", "avx2" (the same bits for a few rows;
- * the BLAS for more), or "blas" (OpenBLAS sums every GEMM). The best this
+/* The CPU's GEMM kernels: "amx" (GEMMs over BF16 weights on the AMX-BF16
+ * tiles, each output from its row and column alone: at any row count with
+ * W laid out once, kvd_linear_tiled; past KVD_FEW_ROWS rows otherwise, the
+ * AVX-512 kernel below them), "avx512", "avx2" (the same bits for a few
+ * rows; the BLAS for more), or "blas" (OpenBLAS sums every GEMM). The best this
  * CPU runs, found when the program starts, unless the environment's
  * KVD_CPU_GEMM names others. */
 const char *kvd_linear_kernels(void);
@@ -36,18 +37,19 @@ int kvd_linear_use(const char *name);
 /* -1, with the message in err, where KVD_CPU_GEMM names no kernels this CPU
  * runs (the best are taken instead); else 0 */
 int kvd_cpu_gemm_env(char *err, size_t len);
-/* W [N][K] laid out once for the AMX tiles, for kvd_linear_tiled: where the
- * CPU's GEMM kernels are "amx", a GEMM of more than KVD_FEW_ROWS rows
- * otherwise lays out its 256-column chunks of W on every call. NULL where
- * the kernels are not "amx" (or out of memory). Chunks whose values are not
- * all BF16 are left to the BLAS, as in kvd_linear. */
+/* W [N][K] laid out once for the AMX tiles, for kvd_linear_tiled, which
+ * then takes them at any row count (kvd_linear lays out W's 256-column
+ * chunks on every call, past KVD_FEW_ROWS rows only). NULL where the
+ * kernels are not "amx" (or out of memory). Chunks whose values are not
+ * all BF16 are left to the other kernels, as in kvd_linear. */
 typedef struct kvd_wtiles kvd_wtiles;
 kvd_wtiles *kvd_wtiles_new(const float *w, int N, int K);
 void kvd_wtiles_free(kvd_wtiles *t);
 /* the bytes its tiles take (0 where no chunk is BF16) */
 size_t kvd_wtiles_bytes(const kvd_wtiles *t);
 /* kvd_linear, with W's tiles from t where it is not NULL (made for this w,
- * N and K): the same bits */
+ * N and K): kvd_linear's bits past KVD_FEW_ROWS rows, and below them the
+ * bits those rows get in any larger batch */
 void kvd_linear_tiled(const float *x, const float *w, const kvd_wtiles *t, float *y, int M, int N,
                       int K);
 /* The BLAS behind kvd_linear as it names itself (OpenBLAS: version, build

@@ -130,11 +130,12 @@ void kvd_model_set_hooks(kvd_model *m, const kvd_hooks *h) {
     }
 }
 
-/* kvd_linear over one of the model's matrices: past KVD_FEW_ROWS rows,
- * with its AMX tiles laid out once (where the CPU's GEMMs take them) */
+/* kvd_linear over one of the model's matrices, with its AMX tiles laid out
+ * once where the CPU's GEMMs take them (then at any row count: decode
+ * streams the BF16 tiles, half the FP32 bytes) */
 static void linear(const kvd_model *m, const float *x, const float *w, float *y, int M, int N,
                    int K) {
-    kvd_linear_tiled(x, w, M > KVD_FEW_ROWS ? kvd_weights_tiles(m->w, w, N, K) : NULL, y, M, N, K);
+    kvd_linear_tiled(x, w, kvd_weights_tiles(m->w, w, N, K), y, M, N, K);
 }
 
 static size_t conv_state_len(const kvd_config *c) {

@@ -151,10 +151,10 @@ static const float *need(const kvd_weights *w, const char *name) {
 }
 
 /* ---- the matrices' AMX tiles ----
- * Every 2-D tensor, by address; its tiles made on first use (a prefill
- * GEMM of more than KVD_FEW_ROWS rows), under one lock, and read without
- * it once made. Laid out once, W's tiles cost half its FP32 bytes again and
- * save laying out its chunks on every call. */
+ * Every 2-D tensor, by address; its tiles made on its first GEMM, under one
+ * lock, and read without it once made. Laid out once, W's tiles cost half
+ * its FP32 bytes again, save laying out its chunks on every prefill GEMM,
+ * and let decode's GEMMs stream BF16 (half the bytes) on the tiles. */
 typedef struct {
     const float *p;
     int64_t numel;

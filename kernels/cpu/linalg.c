@@ -166,10 +166,12 @@ KVD_AVX2 static void rows_avx2(const float *x, const float *w, float *y, int M, 
 }
 #endif
 
-/* ---- many rows over BF16 weights: AMX-BF16 ----
- * Past KVD_FEW_ROWS rows (prefill), on a CPU with AMX-BF16 (the "amx"
- * kernels), a GEMM whose weights are BF16 values (a BF16 checkpoint's, the
- * synthetic model's) runs on the tiles. TDPBF16PS adds products of BF16
+/* ---- BF16 weights: AMX-BF16 ----
+ * On a CPU with AMX-BF16 (the "amx" kernels), a GEMM whose weights are BF16
+ * values (a BF16 checkpoint's, the synthetic model's) runs on the tiles:
+ * at any row count where W was laid out for them once (kvd_wtiles_new: the
+ * model's matrices; decode streams them as BF16, half the FP32 bytes), and
+ * past KVD_FEW_ROWS rows otherwise, laid out on each call. TDPBF16PS adds products of BF16
  * pairs into FP32 accumulators; a product of two BF16 is exact in FP32. x
  * is FP32, so each of its values is split into three BF16 (hi, mid, lo: each
  * the rounding of what the ones before left, the float exactly, a denormal
@@ -182,7 +184,8 @@ KVD_AVX2 static void rows_avx2(const float *x, const float *w, float *y, int M, 
  * Two 16-row groups by two 16-column groups at a time: four accumulators,
  * two A tiles and two B tiles, the eight tiles there are.
  * An output depends on its row of x, its column of W and K only: the same
- * bits in any batch of more than KVD_FEW_ROWS rows, on any thread count.
+ * bits in any batch on any thread count (past KVD_FEW_ROWS rows where W is
+ * laid out on each call).
  * x's split is laid out once a call; a 256-column chunk of W is laid out by
  * the thread that takes it, and checked as it is: a value that is not a
  * BF16 (an FP32 checkpoint's) or is a BF16 denormal (the tiles read those
@@ -415,7 +418,7 @@ static void blas_describe(void) {
     int k = snprintf(blas_name, sizeof blas_name, "%.*s %s", n, cfg, openblas_get_corename());
     if (rows_now->fn && k > 0 && (size_t)k < sizeof blas_name)
         snprintf(blas_name + k, sizeof blas_name - (size_t)k, "; up to %d rows: %s%s", KVD_FEW_ROWS,
-                 rows_now->label, rows_now->amx ? "; more, over BF16 weights: AMX-BF16" : "");
+                 rows_now->label, rows_now->amx ? "; BF16 weights: AMX-BF16" : "");
 }
 
 static int rows_select(const char *name) {
@@ -472,10 +475,10 @@ int kvd_linear_fixed_rows(void) {
     return rows_now->fn ? KVD_FEW_ROWS : 0;
 }
 
-/* "OpenBLAS 0.3.21 SkylakeX; up to 32 rows: AVX-512 FMA; more, over BF16
- * weights: AMX-BF16": the library and its version (its configuration's
- * first two words), the core type it dispatched to, then what sums a GEMM
- * of a few rows instead, and whether more rows take the tiles */
+/* "OpenBLAS 0.3.21 SkylakeX; up to 32 rows: AVX-512 FMA; BF16 weights:
+ * AMX-BF16": the library and its version (its configuration's first two
+ * words), the core type it dispatched to, then what sums a GEMM of a few
+ * rows instead, and whether GEMMs over BF16 weights take the tiles */
 const char *kvd_cpu_blas(void) {
     pthread_once(&rows_once, rows_default);
     return blas_name;
@@ -629,7 +632,8 @@ static void linear_with(const float *x, const float *w, const kvd_wtiles *t, flo
 #endif
 #ifdef KVD_AMX_X86
     if (t && (t->N != N || t->K != K)) t = NULL;
-    if (M > KVD_FEW_ROWS && rows_now->amx && linear_amx(x, w, t, y, M, N, K, chunks, fork) == 0)
+    if ((M > KVD_FEW_ROWS || t) && rows_now->amx &&
+        linear_amx(x, w, t, y, M, N, K, chunks, fork) == 0)
         return;
 #else
     (void)t;

@@ -35,7 +35,7 @@ if len(gemm) != 18 or any(not float(g[4]) > 0 for g in gemm): bad.append(f"GEMM:
 # where the GEMMs of many rows take the AMX tiles: the BLAS under the same
 # split, and the tiles laid out once, timed beside them at the 6 shapes' 512
 # and 64 rows
-if "more, over BF16 weights: AMX-BF16" in text:
+if "BF16 weights: AMX-BF16" in text:
     split = re.findall(r"^  \S.*?\s+(?:512|64)\s+[0-9]+\s+[0-9]+\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+x\s+[0-9.]+%\s+([0-9.]+)x\s+([0-9.]+)x$",
                        text, re.M)
     if len(split) != 12 or any(not float(v) > 0 for r in split for v in r): bad.append(f"GEMM vs_split: {split}")

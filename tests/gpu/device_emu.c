@@ -91,12 +91,16 @@ int kvd_cuda_sync(char *err, int len) {
     (void)err, (void)len;
     return 0;
 }
-/* BF16 weights back to FP32 for kvd_linear (exact) */
+/* BF16 weights back to FP32 (exact) for the CPU model's GEMM: with its
+ * AMX tiles where the CPU's GEMMs take them (kvd_weights_tiles), laid out
+ * here on every call */
 void kvd_cudaop_linear(const float *x, const void *w, float *y, int M, int N, int K) {
     if (M <= 0 || N <= 0) return;
     float *wf = malloc(sizeof(float) * (size_t)N * K);
     kvd_dequant_bf16(w, wf, (size_t)N * K);
-    kvd_linear(x, wf, y, M, N, K);
+    kvd_wtiles *t = kvd_wtiles_new(wf, N, K);
+    kvd_linear_tiled(x, wf, t, y, M, N, K);
+    kvd_wtiles_free(t);
     free(wf);
 }
 void kvd_cudaop_linear_add_gated(const float *x, const void *w, float *y, float *mix,
