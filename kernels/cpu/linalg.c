@@ -171,13 +171,14 @@ KVD_AVX2 static void rows_avx2(const float *x, const float *w, float *y, int M, 
  * values (a BF16 checkpoint's, the synthetic model's) runs on the tiles:
  * at any row count where W was laid out for them once (kvd_wtiles_new: the
  * model's matrices; decode streams them as BF16, half the FP32 bytes), and
- * past KVD_FEW_ROWS rows otherwise, laid out on each call. TDPBF16PS adds products of BF16
- * pairs into FP32 accumulators; a product of two BF16 is exact in FP32. x
- * is FP32, so each of its values is split into three BF16 (hi, mid, lo: each
- * the rounding of what the ones before left, the float exactly, a denormal
- * rest aside) and the three products go into one accumulator. So the
- * products are sgemm's, exactly; the sums run in another order: each
- * 32-column block of K in turn, its hi, mid and lo parts in turn.
+ * past KVD_FEW_ROWS rows otherwise, laid out on each call.
+ * TDPBF16PS adds products of BF16 pairs into FP32 accumulators; a product
+ * of two BF16 is exact in FP32. x is FP32, so each of its values is split
+ * into three BF16 (hi, mid, lo: each the rounding of what the ones before
+ * left, the float exactly, a denormal rest aside) and the three products
+ * go into one accumulator. So the products are sgemm's, exactly; the sums
+ * run in another order: each 32-column block of K in turn, its hi, mid and
+ * lo parts in turn.
  *   C[16 rows of x][16 columns of W] += A (a part of x's split: 16 rows x
  *   32 of K) times B (W: 16 pairs of K x 16 columns, a pair's two values
  *   side by side in a 32-bit word)
@@ -186,10 +187,10 @@ KVD_AVX2 static void rows_avx2(const float *x, const float *w, float *y, int M, 
  * An output depends on its row of x, its column of W and K only: the same
  * bits in any batch on any thread count (past KVD_FEW_ROWS rows where W is
  * laid out on each call).
- * x's split is laid out once a call; a 256-column chunk of W is laid out by
- * the thread that takes it, and checked as it is: a value that is not a
- * BF16 (an FP32 checkpoint's) or is a BF16 denormal (the tiles read those
- * as zero) leaves the chunk to the BLAS. */
+ * x's split is laid out once a call; a 256-column chunk of W once
+ * (kvd_wtiles_new) or by the thread that takes it, and checked as it is: a
+ * value that is not a BF16 (an FP32 checkpoint's) or is a BF16 denormal
+ * (the tiles read those as zero) leaves the chunk to the other kernels. */
 #ifdef KVD_AMX_X86
 enum { AMX_TILE = 512 }; /* BF16 a tile: 16 rows of 32 */
 
@@ -361,7 +362,7 @@ KVD_AMX_FN static void amx_gemm_cols(const uint16_t *xs, const uint16_t *wt, flo
 typedef void rows_fn(const float *x, const float *w, float *y, int M, int N, int K, int n0, int n1);
 /* The CPU's GEMM kernels, the best first: KVD_CPU_GEMM's word, the BLAS
  * line's words, the kernel for up to KVD_FEW_ROWS rows (none: the BLAS),
- * and whether more rows over BF16 weights take the AMX tiles */
+ * and whether GEMMs over BF16 weights take the AMX tiles */
 static const struct rows_kernel {
     const char *name, *label;
     rows_fn *fn;
@@ -526,8 +527,9 @@ struct kvd_wtiles {
 #ifdef KVD_AMX_X86
 /* kvd_linear on the tiles (above): x split once, then W a chunk at a time
  * (its tiles from t where it has them, else laid out by the thread), each
- * chunk on the BLAS where its values are not all BF16. -1 where the work
- * areas could not be had (the BLAS takes the whole GEMM). */
+ * chunk on the other kernels (linear_cols) where its values are not all
+ * BF16. -1 where the work areas could not be had (linear_cols takes the
+ * whole GEMM). */
 static int linear_amx(const float *x, const float *w, const kvd_wtiles *t, float *y, int M, int N,
                       int K, int chunks, int fork) {
     const int mg = (M + 15) / 16, kb = (K + 31) / 32;
