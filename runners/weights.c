@@ -168,8 +168,11 @@ struct kvd_weight_tiles {
     tiles_entry *e; /* in address order */
 };
 
+/* (addresses as integers: the tensors are separate allocations, which C's
+ * pointer order does not cover) */
 static int cmp_entry(const void *a, const void *b) {
-    const float *x = ((const tiles_entry *)a)->p, *y = ((const tiles_entry *)b)->p;
+    const uintptr_t x = (uintptr_t)((const tiles_entry *)a)->p,
+                    y = (uintptr_t)((const tiles_entry *)b)->p;
     return x < y ? -1 : x > y;
 }
 
@@ -206,7 +209,7 @@ const kvd_wtiles *kvd_weights_tiles(const kvd_weights *w, const float *p, int N,
         const int mid = lo + (hi - lo) / 2;
         if (c->e[mid].p == p)
             e = &c->e[mid];
-        else if (c->e[mid].p < p)
+        else if ((uintptr_t)c->e[mid].p < (uintptr_t)p)
             lo = mid + 1;
         else
             hi = mid - 1;
