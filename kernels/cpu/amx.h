@@ -70,9 +70,30 @@ static inline void kvd_amx_end(void) {
     __asm__ volatile("tilerelease" ::: "memory");
 }
 
+/* the first n of 16 lanes (none for n <= 0, all for n >= 16): a row's
+ * tail of n values from where a 16-lane load starts */
+static inline __mmask16 kvd_lanes16(int n) {
+    return (__mmask16)(n >= 16 ? 0xffffu : n > 0 ? (1u << n) - 1 : 0u);
+}
+
 /* 16 floats as BF16 widened back, exactly */
 KVD_AMX_FN static inline __m512 kvd_bf16_widen(__m256i h) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* 32 floats (x0: 0-15, x1: 16-31) split into three rows of 32 BF16,
+ * out[0], out[1], out[2]: hi, mid and lo, each the rounding of what the ones
+ * before left (the float exactly, a denormal rest aside). An infinity's
+ * rest is 0, not inf - inf. */
+KVD_AMX_FN static inline void kvd_split3(__m512 x0, __m512 x1, uint16_t *const out[3]) {
+    const __mmask16 f0 = (__mmask16)~_mm512_fpclass_ps_mask(x0, 0x18),
+                    f1 = (__mmask16)~_mm512_fpclass_ps_mask(x1, 0x18);
+    for (int k = 0; k < 3; k++) {
+        const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+        _mm512_storeu_si512(out[k], h);
+        x0 = _mm512_maskz_sub_ps(f0, x0, kvd_bf16_widen(_mm512_castsi512_si256(h)));
+        x1 = _mm512_maskz_sub_ps(f1, x1, kvd_bf16_widen(_mm512_extracti64x4_epi64(h, 1)));
+    }
 }
 
 #endif

@@ -621,18 +621,6 @@ KVD_AMX_FN static void amx_scores(const uint8_t *kp, int nt, const uint16_t *qt,
     }
 }
 
-/* 32 weights (x0: rows 0-15, x1: 16-31) split into three BF16 rows */
-KVD_AMX_FN static inline void split3(__m512 x0, __m512 x1, uint16_t *hi, uint16_t *mid,
-                                     uint16_t *lo) {
-    uint16_t *out[3] = {hi, mid, lo};
-    for (int k = 0; k < 3; k++) {
-        const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
-        _mm512_storeu_si512(out[k], h);
-        x0 = _mm512_sub_ps(x0, kvd_bf16_widen(_mm512_castsi512_si256(h)));
-        x1 = _mm512_sub_ps(x1, kvd_bf16_widen(_mm512_extracti64x4_epi64(h, 1)));
-    }
-}
-
 enum { AMX_PV_CHUNKS = 4 }; /* 32-row chunks a pass of P.V takes: 128 rows */
 
 /* P.V over up to 128 rows at a time: their weights' split (A tiles) and
@@ -656,14 +644,13 @@ KVD_AMX_FN static void amx_pv(const uint8_t *vp, int nt, const float *p, size_t 
         for (int ch = 0; ch < nch; ch++) {
             const int tc = t0 + 32 * ch, n = nt - tc < 32 ? nt - tc : 32;
             /* the weights of rows tc .. tc + n, split: row part rstep + j */
-            const __mmask16 m0 = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
-            const __mmask16 m1 = (__mmask16)(n >= 32 ? 0xffff : n > 16 ? (1u << (n - 16)) - 1 : 0);
+            const __mmask16 m0 = kvd_lanes16(n), m1 = kvd_lanes16(n - 16);
             uint16_t *pt = w->p + (size_t)ch * 3 * 512;
             for (int j = 0; j < G; j++) {
                 const float *pj = p + (size_t)j * stride + tc;
-                split3(_mm512_maskz_loadu_ps(m0, pj), _mm512_maskz_loadu_ps(m1, pj + 16),
-                       pt + (size_t)j * 32, pt + (size_t)(rstep + j) * 32,
-                       pt + (size_t)(2 * rstep + j) * 32);
+                uint16_t *const rows[3] = {pt + (size_t)j * 32, pt + (size_t)(rstep + j) * 32,
+                                           pt + (size_t)(2 * rstep + j) * 32};
+                kvd_split3(_mm512_maskz_loadu_ps(m0, pj), _mm512_maskz_loadu_ps(m1, pj + 16), rows);
             }
             /* the value rows as B tiles: pairs of rows interleaved, zeros past n */
             uint16_t *vt = w->v + (size_t)ch * vchunk;
@@ -733,8 +720,9 @@ KVD_AMX_FN static void amx_query(const float *qk, int n_heads, int kvh, int hd, 
             for (int c = 0; c < nc; c++) {
                 const float *x = qk + (size_t)(h * G + j) * hd + 32 * c;
                 uint32_t parts[3][16];
-                split3(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16), (uint16_t *)parts[0],
-                       (uint16_t *)parts[1], (uint16_t *)parts[2]);
+                uint16_t *const rows[3] = {(uint16_t *)parts[0], (uint16_t *)parts[1],
+                                           (uint16_t *)parts[2]};
+                kvd_split3(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16), rows);
                 for (int part = 0; part < 3; part++) {
                     uint32_t *t = qd + ((size_t)(h * nc + c) * 3 + part) * 256;
                     for (int r = 0; r < 16; r++) t[16 * r + j] = parts[part][r];

@@ -26,6 +26,10 @@ static void blas_single(void) {
 }
 
 #define KVD_LINEAR_CHUNK 256
+/* the end of chunk c's columns (of N) */
+static inline int chunk_end(int c, int N) {
+    return (c + 1) * KVD_LINEAR_CHUNK < N ? (c + 1) * KVD_LINEAR_CHUNK : N;
+}
 
 /* ---- a few rows: decode's GEMMs ----
  * At decode a GEMM has one row per sequence of the batch. OpenBLAS packs
@@ -73,7 +77,7 @@ tile512(const float *x, const float *w, float *y, int N, int K, int mb, int nb) 
     for (int m = 0; m < mb; m++)
         for (int j = 0; j < nb; j++) acc[m][j] = _mm512_setzero_ps();
     for (int k = 0; k < K; k += 16) {
-        const __mmask16 t = K - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (K - k)) - 1);
+        const __mmask16 t = kvd_lanes16(K - k);
         for (int j = 0; j < nb; j++) wv[j] = _mm512_maskz_loadu_ps(t, w + (size_t)j * K + k);
         for (int m = 0; m < mb; m++) {
             const __m512 xv = _mm512_maskz_loadu_ps(t, x + (size_t)m * K + k);
@@ -197,11 +201,7 @@ enum { AMX_TILE = 512 }; /* BF16 a tile: 16 rows of 32 */
 /* x's rows m0..m0+15 (zeros past M), K's 32-column block k0 (zeros past K),
  * as three A tiles side by side: out[part][row][32] */
 KVD_AMX_FN static void amx_split_rows(const float *x, int M, int K, int m0, int k0, uint16_t *out) {
-    const int left = K - k0;
-    const __mmask16 t0 = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1),
-                    t1 = left >= 32  ? (__mmask16)0xffff
-                         : left > 16 ? (__mmask16)((1u << (left - 16)) - 1)
-                                     : (__mmask16)0;
+    const __mmask16 t0 = kvd_lanes16(K - k0), t1 = kvd_lanes16(K - k0 - 16);
     for (int r = 0; r < 16; r++) {
         __m512 v0 = _mm512_setzero_ps(), v1 = _mm512_setzero_ps();
         if (m0 + r < M) {
@@ -209,15 +209,9 @@ KVD_AMX_FN static void amx_split_rows(const float *x, int M, int K, int m0, int 
             v0 = _mm512_maskz_loadu_ps(t0, p);
             v1 = _mm512_maskz_loadu_ps(t1, p + 16);
         }
-        /* an infinity's rest is not inf - inf: its mid and lo parts are 0 */
-        const __mmask16 f0 = (__mmask16)~_mm512_fpclass_ps_mask(v0, 0x18),
-                        f1 = (__mmask16)~_mm512_fpclass_ps_mask(v1, 0x18);
-        for (int part = 0; part < 3; part++) {
-            const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(v1, v0);
-            _mm512_storeu_si512(out + part * AMX_TILE + r * 32, h);
-            v0 = _mm512_maskz_sub_ps(f0, v0, kvd_bf16_widen(_mm512_castsi512_si256(h)));
-            v1 = _mm512_maskz_sub_ps(f1, v1, kvd_bf16_widen(_mm512_extracti64x4_epi64(h, 1)));
-        }
+        uint16_t *const parts[3] = {out + r * 32, out + AMX_TILE + r * 32,
+                                    out + 2 * AMX_TILE + r * 32};
+        kvd_split3(v0, v1, parts);
     }
 }
 
@@ -251,14 +245,12 @@ KVD_AMX_FN static inline void transpose16(__m512i r[16]) {
  * rounded up][kb][16 pairs of K][16 columns x 2], zeros past n1 and K.
  * 0, or -1 where a value is no BF16 or a BF16 denormal. */
 KVD_AMX_FN static int amx_weights(const float *w, int K, int n0, int n1, int kb, uint16_t *out) {
+    const __m512i low = _mm512_set1_epi32(0xffff), expo = _mm512_set1_epi32(0x7f800000),
+                  mag = _mm512_set1_epi32(0x7fffffff);
     __mmask16 bad = 0;
     for (int g = 0; n0 + 16 * g < n1; g++)
         for (int b = 0; b < kb; b++) {
-            const int left = K - 32 * b;
-            const __mmask16 t0 = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1),
-                            t1 = left >= 32  ? (__mmask16)0xffff
-                                 : left > 16 ? (__mmask16)((1u << (left - 16)) - 1)
-                                             : (__mmask16)0;
+            const __mmask16 t0 = kvd_lanes16(K - 32 * b), t1 = kvd_lanes16(K - 32 * b - 16);
             __m512i r[16];
             for (int c = 0; c < 16; c++) {
                 const int n = n0 + 16 * g + c;
@@ -270,8 +262,6 @@ KVD_AMX_FN static int amx_weights(const float *w, int K, int n0, int n1, int kb,
                 const __m512 v0 = _mm512_maskz_loadu_ps(t0, p),
                              v1 = _mm512_maskz_loadu_ps(t1, p + 16);
                 const __m512i i0 = _mm512_castps_si512(v0), i1 = _mm512_castps_si512(v1);
-                const __m512i low = _mm512_set1_epi32(0xffff), expo = _mm512_set1_epi32(0x7f800000),
-                              mag = _mm512_set1_epi32(0x7fffffff);
                 bad |= _mm512_test_epi32_mask(i0, low) | _mm512_test_epi32_mask(i1, low);
                 bad |= _mm512_test_epi32_mask(i0, mag) & ~_mm512_test_epi32_mask(i0, expo);
                 bad |= _mm512_test_epi32_mask(i1, mag) & ~_mm512_test_epi32_mask(i1, expo);
@@ -325,35 +315,24 @@ KVD_AMX_FN static void amx_gemm_cols(const uint16_t *xs, const uint16_t *wt, flo
                     }
                 }
             }
-            /* accumulators (r, s) -> tile 2r + s: rows 16 (i + r), columns 16 (j + s) */
+            /* accumulator (r, s) is tile 2r + s: rows 16 (i + r), columns 16 (j + s);
+             * straight into y where it lies inside M and n1, else through c */
             const int m0 = 16 * i, c0 = n0 + 16 * j;
-            const int full_m0 = m0 + 16 <= M, full_m1 = m0 + 32 <= M;
-            const int full_n0 = c0 + 16 <= n1, full_n1 = c0 + 32 <= n1;
-            float *y00 = y + (size_t)m0 * N + c0;
-            if (full_m0 && full_n0) {
-                AMX_STORE(0, y00, ys);
-            } else {
-                AMX_STORE(0, c, 64);
-                amx_put(c, y, N, M, m0, c0, n1);
-            }
-            if (two_n && full_m0 && full_n1) {
-                AMX_STORE(1, y00 + 16, ys);
-            } else if (two_n) {
-                AMX_STORE(1, c, 64);
-                amx_put(c, y, N, M, m0, c0 + 16, n1);
-            }
-            if (two_m && full_m1 && full_n0) {
-                AMX_STORE(2, y00 + (size_t)16 * N, ys);
-            } else if (two_m) {
-                AMX_STORE(2, c, 64);
-                amx_put(c, y, N, M, m0 + 16, c0, n1);
-            }
-            if (two_m && two_n && full_m1 && full_n1) {
-                AMX_STORE(3, y00 + (size_t)16 * N + 16, ys);
-            } else if (two_m && two_n) {
-                AMX_STORE(3, c, 64);
-                amx_put(c, y, N, M, m0 + 16, c0 + 16, n1);
-            }
+#define AMX_PUT(tile, r, s)                                                                        \
+    do {                                                                                           \
+        const int mr = m0 + 16 * (r), cs = c0 + 16 * (s);                                          \
+        if (mr + 16 <= M && cs + 16 <= n1) {                                                       \
+            AMX_STORE(tile, y + (size_t)mr * N + cs, ys);                                          \
+        } else {                                                                                   \
+            AMX_STORE(tile, c, 64);                                                                \
+            amx_put(c, y, N, M, mr, cs, n1);                                                       \
+        }                                                                                          \
+    } while (0)
+            AMX_PUT(0, 0, 0);
+            if (two_n) AMX_PUT(1, 0, 1);
+            if (two_m) AMX_PUT(2, 1, 0);
+            if (two_m && two_n) AMX_PUT(3, 1, 1);
+#undef AMX_PUT
         }
     kvd_amx_end();
 }
@@ -551,7 +530,7 @@ static int linear_amx(const float *x, const float *w, const kvd_wtiles *t, float
             amx_split_rows(x, M, K, 16 * g, 32 * b, xs + ((size_t)g * kb + b) * 3 * AMX_TILE);
 #pragma omp parallel for schedule(static) if (fork)
     for (int c = 0; c < chunks; c++) {
-        int n0 = c * KVD_LINEAR_CHUNK, n1 = n0 + KVD_LINEAR_CHUNK < N ? n0 + KVD_LINEAR_CHUNK : N;
+        const int n0 = c * KVD_LINEAR_CHUNK, n1 = chunk_end(c, N);
         const uint16_t *tiles = NULL;
         if (t) {
             tiles = t->bad[c] ? NULL : t->data + t->chunk_n * (size_t)c;
@@ -597,7 +576,7 @@ kvd_wtiles *kvd_wtiles_new(const float *w, int N, int K) {
 #endif
 #pragma omp parallel for schedule(static) if (fork) reduction(+ : good)
     for (int c = 0; c < t->chunks; c++) {
-        int n0 = c * KVD_LINEAR_CHUNK, n1 = n0 + KVD_LINEAR_CHUNK < N ? n0 + KVD_LINEAR_CHUNK : N;
+        const int n0 = c * KVD_LINEAR_CHUNK, n1 = chunk_end(c, N);
         t->bad[c] = amx_weights(w, K, n0, n1, kb, t->data + t->chunk_n * (size_t)c) != 0;
         good += !t->bad[c];
     }
@@ -620,8 +599,8 @@ size_t kvd_wtiles_bytes(const kvd_wtiles *t) {
     return t && t->data ? t->chunk_n * (size_t)t->chunks * sizeof *t->data : 0;
 }
 
-static void linear_with(const float *x, const float *w, const kvd_wtiles *t, float *y, int M, int N,
-                        int K) {
+void kvd_linear_tiled(const float *x, const float *w, const kvd_wtiles *t, float *y, int M, int N,
+                      int K) {
     if (M <= 0 || N <= 0) return;
     pthread_once(&blas_once, blas_single);
     pthread_once(&rows_once, rows_default);
@@ -642,18 +621,13 @@ static void linear_with(const float *x, const float *w, const kvd_wtiles *t, flo
 #endif
 #pragma omp parallel for schedule(static) if (fork)
     for (int c = 0; c < chunks; c++) {
-        int n0 = c * KVD_LINEAR_CHUNK, n1 = n0 + KVD_LINEAR_CHUNK < N ? n0 + KVD_LINEAR_CHUNK : N;
+        const int n0 = c * KVD_LINEAR_CHUNK, n1 = chunk_end(c, N);
         linear_cols(x, w, y, M, N, K, n0, n1);
     }
 }
 
-void kvd_linear_tiled(const float *x, const float *w, const kvd_wtiles *t, float *y, int M, int N,
-                      int K) {
-    linear_with(x, w, t, y, M, N, K);
-}
-
 void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K) {
-    linear_with(x, w, NULL, y, M, N, K);
+    kvd_linear_tiled(x, w, NULL, y, M, N, K);
 }
 
 void kvd_rmsnorm(float *out, const float *x, const float *w, int n, float eps, int one_plus) {
