@@ -14,6 +14,9 @@
 
 #include "../kernels/kernels.h"
 
+/* channels a block of the DeltaNet conv (conv_silu) */
+enum { CONV_BLOCK = 64 };
+
 struct kvd_model {
     const kvd_weights *w;
     kvd_config c;
@@ -48,6 +51,7 @@ struct kvd_model {
     float *x, *xn, *mix;
     float *qg, *kb, *vb, *att;
     float *qkvz, *ba, *conv, *z, *beta, *gdec, *gdn_o;
+    float *conv_tmp; /* conv_silu's weights and inputs, 2 K a channel */
     float *rlogit, *topw, *gx, *g1, *g2, *sh1, *sh2, *shg;
     int *topi, *rows_of;
     /* routed experts: slots grouped by expert (start [E + 1], at [max_rows K]:
@@ -157,11 +161,11 @@ static int thread_num(void) {
 
 void kvd_model_free(kvd_model *m) {
     if (!m) return;
-    float *bufs[] = {m->inv_freq,   m->x,    m->xn,    m->mix,      m->qg,   m->kb,
-                     m->vb,         m->att,  m->qkvz,  m->ba,       m->conv, m->z,
-                     m->beta,       m->gdec, m->gdn_o, m->rlogit,   m->topw, m->gx,
-                     m->g1,         m->g2,   m->sh1,   m->sh2,      m->shg,  m->probs,
-                     m->conv_state, m->ssm,  m->ey,    m->e_scratch};
+    float *bufs[] = {m->inv_freq,   m->x,    m->xn,    m->mix,       m->qg,      m->kb,
+                     m->vb,         m->att,  m->qkvz,  m->ba,        m->conv,    m->z,
+                     m->beta,       m->gdec, m->gdn_o, m->rlogit,    m->topw,    m->gx,
+                     m->g1,         m->g2,   m->sh1,   m->sh2,       m->shg,     m->probs,
+                     m->conv_state, m->ssm,  m->ey,    m->e_scratch, m->conv_tmp};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m->held_tok), free(m->held_topi);
     free(m->held), free(m->held_x), free(m->held_logits), free(m->held_k), free(m->held_v),
@@ -220,6 +224,8 @@ kvd_model *kvd_model_new(const kvd_weights *w, int max_rows, int max_seqs, char 
     ALLOC(m->qkvz, R * (2 * kd + 2 * vd));
     ALLOC(m->ba, R * 2 * nv);
     ALLOC(m->conv, R * (2 * kd + vd));
+    ALLOC(m->conv_tmp, 2 * (size_t)c->linear_conv_kernel_dim *
+                           ((2 * kd + vd + CONV_BLOCK - 1) / CONV_BLOCK) * CONV_BLOCK);
     ALLOC(m->z, R * vd);
     ALLOC(m->beta, R * nv);
     ALLOC(m->gdec, R * nv);
@@ -529,6 +535,43 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
 
 /* ---- Gated DeltaNet ---- */
 
+/* The causal depthwise conv1d (kernel K, weights [cd][K]) and SiLU over
+ * one sequence's nt rows of x (row stride cd), in place, carried across
+ * steps by st ([cd][K - 1], oldest input first). Channels go in blocks of
+ * CONV_BLOCK, a row's block in vectors, with the block's weights and last
+ * K - 1 inputs in tmp (2 K values a channel); each output is still
+ * w[K-1] in + w[0] h[0] + ... + w[K-2] h[K-2], summed in that order. */
+static void conv_silu(float *x, int nt, int cd, const float *w, float *st, int K, float *tmp) {
+    const int nb = (cd + CONV_BLOCK - 1) / CONV_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < nb; blk++) {
+        const int c0 = blk * CONV_BLOCK, n = cd - c0 < CONV_BLOCK ? cd - c0 : CONV_BLOCK;
+        float *wt = tmp + (size_t)blk * 2 * K * CONV_BLOCK; /* [K][block] */
+        float *h = wt + (size_t)K * CONV_BLOCK;             /* [K - 1][block] */
+        for (int c = 0; c < n; c++)
+            for (int j = 0; j < K; j++) {
+                wt[j * CONV_BLOCK + c] = w[(size_t)(c0 + c) * K + j];
+                if (j < K - 1) h[j * CONV_BLOCK + c] = st[(size_t)(c0 + c) * (K - 1) + j];
+            }
+        float acc[CONV_BLOCK];
+        for (int t = 0; t < nt; t++) {
+            float *xr = x + (size_t)t * cd + c0;
+            for (int c = 0; c < n; c++) acc[c] = wt[(K - 1) * CONV_BLOCK + c] * xr[c];
+            for (int j = 0; j < K - 1; j++)
+                for (int c = 0; c < n; c++)
+                    acc[c] += wt[j * CONV_BLOCK + c] * h[j * CONV_BLOCK + c];
+            if (K > 1) {
+                memmove(h, h + CONV_BLOCK, sizeof(float) * (size_t)(K - 2) * CONV_BLOCK);
+                memcpy(h + (size_t)(K - 2) * CONV_BLOCK, xr, sizeof(float) * (size_t)n);
+            }
+            for (int c = 0; c < n; c++) xr[c] = kvd_siluf(acc[c]);
+        }
+        for (int c = 0; c < n; c++)
+            for (int j = 0; j < K - 1; j++)
+                st[(size_t)(c0 + c) * (K - 1) + j] = h[j * CONV_BLOCK + c];
+    }
+}
+
 static void deltanet(kvd_model *m, int layer, const kvd_batch *b, int rows) {
     const kvd_config *c = &m->c;
     const kvd_layer_weights *lw = &m->w->layers[layer];
@@ -571,21 +614,8 @@ static void deltanet(kvd_model *m, int layer, const kvd_batch *b, int rows) {
     for (int s = 0; s < b->n; s++) {
         float *st =
             m->conv_state + ((size_t)b->seq[s] * (size_t)m->n_lin + (size_t)li) * conv_state_len(c);
-        int nt = b->n_tok[s];
-#pragma omp parallel for schedule(static)
-        for (int ch = 0; ch < cd; ch++) {
-            const float *w = lw->conv1d + (size_t)ch * K;
-            float *hist = st + (size_t)ch * (K - 1); /* oldest first */
-            for (int t = 0; t < nt; t++) {
-                float *x = m->conv + (size_t)(row0 + t) * cd + ch;
-                float in = *x, acc = w[K - 1] * in;
-                for (int j = 0; j < K - 1; j++) acc += w[j] * hist[j];
-                for (int j = 0; j < K - 2; j++) hist[j] = hist[j + 1];
-                if (K > 1) hist[K - 2] = in;
-                *x = kvd_siluf(acc);
-            }
-        }
-        row0 += nt;
+        conv_silu(m->conv + (size_t)row0 * cd, b->n_tok[s], cd, lw->conv1d, st, K, m->conv_tmp);
+        row0 += b->n_tok[s];
     }
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
@@ -613,13 +643,11 @@ static void deltanet(kvd_model *m, int layer, const kvd_batch *b, int rows) {
         int s = i / nv, vh = i % nv, kh = vh / r_;
         float *S = m->ssm + (((size_t)b->seq[s] * (size_t)m->n_lin + (size_t)li) * nv + vh) *
                                 (size_t)dk * dv;
-        for (int t = 0; t < b->n_tok[s]; t++) {
-            size_t r = (size_t)(starts[s] + t);
-            const float *x = m->conv + r * cd;
-            kvd_gdn_step(S, x + kh * dk, x + kd + kh * dk, x + 2 * kd + vh * dv,
-                         m->gdec[r * nv + vh], m->beta[r * nv + vh], m->gdn_o + r * vd + vh * dv,
-                         dk, dv);
-        }
+        size_t r = (size_t)starts[s];
+        const float *x = m->conv + r * cd;
+        kvd_gdn_steps(S, x + kh * dk, x + kd + kh * dk, x + 2 * kd + vh * dv, m->gdec + r * nv + vh,
+                      m->beta + r * nv + vh, m->gdn_o + r * vd + vh * dv, b->n_tok[s], dk, dv, cd,
+                      cd, (size_t)nv, vd);
     }
 
     /* gated RMSNorm per value head: rmsnorm(o) * w * silu(z) */

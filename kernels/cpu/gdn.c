@@ -32,6 +32,83 @@ void kvd_gdn_step(float *S, const float *q, const float *k, const float *v, floa
     }
 }
 
+/* A slice of NV x 16 columns through n tokens, in vectors of 16: the same
+ * multiplies and adds as kvd_gdn_step (none fused), so its bits. Each
+ * column's sums run in order, so the NV vectors are what overlaps. */
+typedef float gdn_v16 __attribute__((vector_size(64)));
+
+static gdn_v16 gdn_load(const float *p) {
+    gdn_v16 x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+#define GDN_SLICE(NV)                                                                              \
+    static void gdn_slice_##NV(float *S, const float *q, const float *k, const float *v,           \
+                               const float *g, const float *beta, float *o, int n, int dk, int dv, \
+                               size_t qk_stride, size_t v_stride, size_t gb_stride,                \
+                               size_t o_stride) {                                                  \
+        for (int t = 0; t < n; t++) {                                                              \
+            const float *qt = q + (size_t)t * qk_stride, *kt = k + (size_t)t * qk_stride;          \
+            float decay = expf(g[(size_t)t * gb_stride]), b = beta[(size_t)t * gb_stride];         \
+            gdn_v16 mem[NV], acc[NV], delta[NV];                                                   \
+            for (int u = 0; u < NV; u++) mem[u] = acc[u] = (gdn_v16){0};                           \
+            for (int i = 0; i < dk; i++) {                                                         \
+                const float *row = S + (size_t)i * dv;                                             \
+                for (int u = 0; u < NV; u++) mem[u] += gdn_load(row + 16 * u) * kt[i];             \
+            }                                                                                      \
+            for (int u = 0; u < NV; u++)                                                           \
+                delta[u] = (gdn_load(v + (size_t)t * v_stride + 16 * u) - decay * mem[u]) * b;     \
+            for (int i = 0; i < dk; i++) {                                                         \
+                float *row = S + (size_t)i * dv;                                                   \
+                for (int u = 0; u < NV; u++) {                                                     \
+                    gdn_v16 s = decay * gdn_load(row + 16 * u) + kt[i] * delta[u];                 \
+                    memcpy(row + 16 * u, &s, sizeof s);                                            \
+                    acc[u] += s * qt[i];                                                           \
+                }                                                                                  \
+            }                                                                                      \
+            memcpy(o + (size_t)t * o_stride, acc, sizeof acc);                                     \
+        }                                                                                          \
+    }
+GDN_SLICE(4)
+GDN_SLICE(1)
+
+/* The last w < 16 columns, one at a time in the same order. */
+static void gdn_slice(float *S, const float *q, const float *k, const float *v, const float *g,
+                      const float *beta, float *o, int n, int dk, int dv, int w, size_t qk_stride,
+                      size_t v_stride, size_t gb_stride, size_t o_stride) {
+    for (int t = 0; t < n; t++) {
+        const float *qt = q + (size_t)t * qk_stride, *kt = k + (size_t)t * qk_stride;
+        float decay = expf(g[(size_t)t * gb_stride]), b = beta[(size_t)t * gb_stride];
+        for (int j = 0; j < w; j++) {
+            float mem = 0.0f, acc = 0.0f;
+            for (int i = 0; i < dk; i++) mem += S[(size_t)i * dv + j] * kt[i];
+            float delta = (v[(size_t)t * v_stride + j] - decay * mem) * b;
+            for (int i = 0; i < dk; i++) {
+                float s = decay * S[(size_t)i * dv + j] + kt[i] * delta;
+                S[(size_t)i * dv + j] = s;
+                acc += s * qt[i];
+            }
+            o[(size_t)t * o_stride + j] = acc;
+        }
+    }
+}
+
+void kvd_gdn_steps(float *S, const float *q, const float *k, const float *v, const float *g,
+                   const float *beta, float *o, int n, int dk, int dv, size_t qk_stride,
+                   size_t v_stride, size_t gb_stride, size_t o_stride) {
+    int j0 = 0;
+    for (; j0 + 64 <= dv; j0 += 64)
+        gdn_slice_4(S + j0, q, k, v + j0, g, beta, o + j0, n, dk, dv, qk_stride, v_stride,
+                    gb_stride, o_stride);
+    for (; j0 + 16 <= dv; j0 += 16)
+        gdn_slice_1(S + j0, q, k, v + j0, g, beta, o + j0, n, dk, dv, qk_stride, v_stride,
+                    gb_stride, o_stride);
+    if (j0 < dv)
+        gdn_slice(S + j0, q, k, v + j0, g, beta, o + j0, n, dk, dv, dv - j0, qk_stride, v_stride,
+                  gb_stride, o_stride);
+}
+
 /* The same recurrence over a run of tokens in chunks of KVD_GDN_CHUNK, the
  * form a GPU runs in parallel (and the CPU twin of the CUDA kernel). Within
  * a chunk from state S0, with G_t the cumulative log decay,

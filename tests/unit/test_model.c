@@ -432,6 +432,48 @@ static void gdn_chunked_matches_recurrence(void **st) {
     free(q), free(k), free(v), free(o1), free(o2), free(S1), free(S2);
 }
 
+/* kvd_gdn_steps (the model's: each slice of S through every token) gives
+ * the bits of kvd_gdn_step token by token, on the model's strided layout
+ * (q, k, v in one row per token, g and beta interleaved over heads), at
+ * widths of 64-column slices, 16-column ones and a scalar tail. */
+static void gdn_steps_match_step(void **st) {
+    (void)st;
+    static const int shapes[][2] = {{128, 128}, {128, 96}, {32, 20}, {16, 8}, {64, 200}};
+    static const int lens[] = {1, 7, 70};
+    enum { NV = 3 }; /* heads interleaved in g and beta */
+    uint64_t key = kvd_rng_key(5, "test.gdn_steps");
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            const int dk = shapes[si][0], dv = shapes[si][1], n = lens[li];
+            const size_t row = (size_t)(2 * dk + dv + 5), sz = (size_t)dk * dv;
+            float *x = malloc(sizeof(float) * row * (size_t)n);
+            float *gb = malloc(sizeof(float) * 2 * NV * (size_t)n);
+            float *o1 = malloc(sizeof(float) * (size_t)dv * n), *o2 = calloc((size_t)dv * n, 4);
+            float *S1 = malloc(sizeof(float) * sz), *S2 = malloc(sizeof(float) * sz);
+            for (size_t i = 0; i < row * (size_t)n; i++)
+                x[i] = 0.3f * kvd_rng_normal(key, i + 1000000 * si);
+            for (int i = 0; i < 2 * NV * n; i++)
+                gb[i] = i % 2 ? kvd_rng_uniform(key, (uint64_t)i + 7000000)
+                              : -0.01f - 2.0f * kvd_rng_uniform(key, (uint64_t)i + 8000000);
+            for (size_t i = 0; i < sz; i++) S1[i] = S2[i] = kvd_rng_normal(key, i + 9000000);
+            /* head 1 of NV: g at gb[2 * (t * NV + 1)], beta one float on */
+            const float *g = gb + 2, *beta = gb + 3;
+            for (int t = 0; t < n; t++) {
+                const float *xt = x + (size_t)t * row;
+                kvd_gdn_step(S1, xt, xt + dk, xt + 2 * dk, g[(size_t)t * 2 * NV],
+                             beta[(size_t)t * 2 * NV], o1 + (size_t)t * dv, dk, dv);
+            }
+            kvd_gdn_steps(S2, x, x + dk, x + 2 * dk, g, beta, o2, n, dk, dv, row, row, 2 * NV,
+                          (size_t)dv);
+            assert_memory_equal(o1, o2, sizeof(float) * (size_t)dv * n);
+            assert_memory_equal(S1, S2, sizeof(float) * sz);
+            double on = 0;
+            for (int i = 0; i < dv * n; i++) on += fabs(o1[i]);
+            assert_true(on > 0.01 * dv * n); /* a real read-out, not zeros */
+            free(x), free(gb), free(o1), free(o2), free(S1), free(S2);
+        }
+}
+
 /* Two drift runs' figures, bit for bit: every statistic, token figure,
  * generation and the cache's write counts and scales. */
 static void same_drift(const kvd_drift *a, const kvd_drift *b) {
@@ -640,12 +682,19 @@ static void weights_tiles(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(weights_pure),         cmocka_unit_test(weights_uniform_draws),
-        cmocka_unit_test(weights_tiles),        cmocka_unit_test(gdn_chunked_matches_recurrence),
-        cmocka_unit_test(prefill_decode_batch), cmocka_unit_test(thread_count_invariance),
-        cmocka_unit_test(nan_is_caught),        cmocka_unit_test(sink_and_retrieval),
-        cmocka_unit_test(calibration),          cmocka_unit_test(drift_shared_reference),
-        cmocka_unit_test(drift_failures),       cmocka_unit_test(drift_drop_out),
+        cmocka_unit_test(weights_pure),
+        cmocka_unit_test(weights_uniform_draws),
+        cmocka_unit_test(weights_tiles),
+        cmocka_unit_test(gdn_chunked_matches_recurrence),
+        cmocka_unit_test(gdn_steps_match_step),
+        cmocka_unit_test(prefill_decode_batch),
+        cmocka_unit_test(thread_count_invariance),
+        cmocka_unit_test(nan_is_caught),
+        cmocka_unit_test(sink_and_retrieval),
+        cmocka_unit_test(calibration),
+        cmocka_unit_test(drift_shared_reference),
+        cmocka_unit_test(drift_failures),
+        cmocka_unit_test(drift_drop_out),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
