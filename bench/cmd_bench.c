@@ -303,6 +303,145 @@ static int bench_amx(double bw, int reps) {
     return fail;
 }
 
+/* The delta rule in double, one head, token by token: kvd_gdn_step's
+ * reference for the table below */
+static void gdn_ref(double *S, const float *q, const float *k, const float *v, float g, float beta,
+                    double *o, int dk, int dv) {
+    const double decay = exp((double)g);
+    for (int j = 0; j < dv; j++) {
+        double mem = 0.0;
+        for (int i = 0; i < dk; i++) mem += S[(size_t)i * dv + j] * k[i];
+        const double delta = ((double)v[j] - decay * mem) * beta;
+        o[j] = 0.0;
+        for (int i = 0; i < dk; i++) {
+            double *s = S + (size_t)i * dv + j;
+            *s = decay * *s + k[i] * delta;
+            o[j] += *s * q[i];
+        }
+    }
+}
+
+/* The Gated DeltaNet recurrence at the presets' head shape (dk = dv = 128):
+ * kvd_gdn_steps (the model's) against kvd_gdn_step token by token, in
+ * prefill (one head a thread through T tokens, its state in cache) and in
+ * decode (one token on each of the states filling `pool`, read and written
+ * once, as decode at many sequences and layers has them). Checked first:
+ * the same bits as the token-by-token step, and within 1e-5 of double. */
+static int bench_gdn(double bw, int reps, int threads) {
+    enum { DK = 128, DV = 128, T = 2048 };
+    const size_t sz = (size_t)DK * DV, row = 2 * DK + DV;
+    const size_t pool = past_llc((size_t)256 << 20);
+    const int nstate = (int)(pool / (sizeof(float) * sz));
+    float *x = malloc(sizeof(float) * row * T), *gb = malloc(sizeof(float) * 2 * T);
+    float *o = malloc(sizeof(float) * (size_t)DV * T * (size_t)threads);
+    float *S = kvd_alloc_pool(sizeof(float) * sz * (size_t)(nstate > threads ? nstate : threads));
+    float *S2 = malloc(sizeof(float) * sz), *o2 = malloc(sizeof(float) * DV * T);
+    double *Sd = malloc(sizeof(double) * sz), *od = malloc(sizeof(double) * DV);
+    double *ts = malloc(sizeof(double) * (size_t)reps * 4);
+    if (!x || !gb || !o || !S || !S2 || !o2 || !Sd || !od || !ts) {
+        fprintf(stderr, "bench kernels: out of memory for the DeltaNet recurrence\n");
+        free(x), free(gb), free(o), kvd_free_pool(S), free(S2), free(o2), free(Sd), free(od),
+            free(ts);
+        return 1;
+    }
+    /* the model's regime: L2-normalised q (over sqrt(dk)) and k, decays
+     * e^-0.01..e^-2, beta in (0, 1) */
+    uint64_t key = kvd_rng_key(11, "bench.gdn");
+    for (int t = 0; t < T; t++) {
+        float *r = x + (size_t)t * row;
+        for (size_t i = 0; i < row; i++) r[i] = kvd_rng_normal(key, (size_t)t * row + i);
+        for (int h = 0; h < 2; h++) {
+            double n = 0;
+            for (int i = 0; i < DK; i++) n += (double)r[h * DK + i] * r[h * DK + i];
+            const double f = 1.0 / sqrt(n) / (h ? 1.0 : sqrt((double)DK));
+            for (int i = 0; i < DK; i++) r[h * DK + i] *= (float)f;
+        }
+        gb[2 * t] = -0.01f - 2.0f * kvd_rng_uniform(key, (uint64_t)t + 50000000);
+        gb[2 * t + 1] = kvd_rng_uniform(key, (uint64_t)t + 60000000);
+    }
+    for (size_t i = 0; i < sz; i++) S[i] = 0.3f * kvd_rng_normal(key, i + 7);
+    float *S0 = malloc(sizeof(float) * sz); /* every state starts as this one */
+    if (!S0) {
+        fprintf(stderr, "bench kernels: out of memory for the DeltaNet recurrence\n");
+        free(x), free(gb), free(o), kvd_free_pool(S), free(S2), free(o2), free(Sd), free(od),
+            free(ts);
+        return 1;
+    }
+    memcpy(S0, S, sizeof(float) * sz);
+    /* checked: 256 tokens from state 0, against the step and double */
+    enum { TC = 256 };
+    memcpy(S2, S, sizeof(float) * sz);
+    for (size_t i = 0; i < sz; i++) Sd[i] = S[i];
+    double err = 0, ref = 0;
+    for (int t = 0; t < TC; t++) {
+        const float *r = x + (size_t)t * row;
+        kvd_gdn_step(S2, r, r + DK, r + 2 * DK, gb[2 * t], gb[2 * t + 1], o2 + (size_t)t * DV, DK,
+                     DV);
+        gdn_ref(Sd, r, r + DK, r + 2 * DK, gb[2 * t], gb[2 * t + 1], od, DK, DV);
+        for (int j = 0; j < DV; j++) {
+            const double e = o2[(size_t)t * DV + j] - od[j];
+            err += e * e, ref += od[j] * od[j];
+        }
+    }
+    kvd_gdn_steps(S, x, x + DK, x + 2 * DK, gb, gb + 1, o, TC, DK, DV, row, row, 2, DV);
+    int fail = 0;
+    if (sqrt(err / ref) > 1e-5 || memcmp(o, o2, sizeof(float) * DV * TC) ||
+        memcmp(S, S2, sizeof(float) * sz)) {
+        fprintf(stderr,
+                "bench kernels: the DeltaNet recurrence failed its check (relative error %.2e "
+                "against double; the slices' bits %s the step's)\n",
+                sqrt(err / ref),
+                memcmp(o, o2, sizeof(float) * DV * TC) || memcmp(S, S2, sizeof(float) * sz)
+                    ? "differ from"
+                    : "match");
+        fail = 1;
+    }
+    printf("\nGated DeltaNet recurrence (fp32 state, dk = dv = %d: every preset's heads):\n"
+           "kvd_gdn_steps (each 64-column slice of the state through every token; the model's)\n"
+           "against kvd_gdn_step token by token (the same bits; relative error against double\n"
+           "%.1e). prefill: %d tokens of one head a thread, the state in cache; decode: one\n"
+           "token on each of %d states (%zu MiB, read and written once):\n",
+           DK, sqrt(err / ref), T, nstate, (sz * sizeof(float) * (size_t)nstate) >> 20);
+    printf("  %-8s %8s %14s %14s %9s %8s\n", "case", "heads", "steps_ns_tok", "step_ns_tok",
+           "vs_step", "of_copy");
+    for (int dec = 0; dec < 2; dec++) {
+        const int heads = dec ? nstate : threads, n = dec ? 1 : T;
+#pragma omp parallel for schedule(static)
+        for (int h = 0; h < heads; h++) memcpy(S + sz * (size_t)h, S0, sizeof(float) * sz);
+        for (int who = 0; who < 2; who++)
+            for (int r = 0; r <= reps; r++) {
+                const double t0 = kvd_now();
+#pragma omp parallel for schedule(static)
+                for (int h = 0; h < heads; h++) {
+                    float *Sh = S + sz * (size_t)h,
+                          *oh = o + (size_t)DV * T * (size_t)(h % threads);
+                    const float *xh = x + row * (size_t)(dec ? h % T : 0);
+                    const float *gh = gb + 2 * (size_t)(dec ? h % T : 0);
+                    if (who == 0)
+                        kvd_gdn_steps(Sh, xh, xh + DK, xh + 2 * DK, gh, gh + 1, oh, n, DK, DV, row,
+                                      row, 2, DV);
+                    else
+                        for (int t = 0; t < n; t++)
+                            kvd_gdn_step(Sh, xh + row * (size_t)t, xh + row * (size_t)t + DK,
+                                         xh + row * (size_t)t + 2 * DK, gh[2 * t], gh[2 * t + 1],
+                                         oh + (size_t)DV * t, DK, DV);
+                }
+                if (r) ts[who * reps + r - 1] = kvd_now() - t0; /* 0: warm-up */
+            }
+        const double tk = median(ts, reps), tp = median(ts + reps, reps),
+                     tokens = (double)heads * n;
+        printf("  %-8s %8d %14.1f %14.1f %8.2fx", dec ? "decode" : "prefill", heads,
+               1e9 * tk / tokens, 1e9 * tp / tokens, tp / tk);
+        if (dec)
+            printf(" %7.1f%%\n", 100.0 * 2.0 * sizeof(float) * (double)sz * heads / tk / bw);
+        else
+            printf(" %8s\n", "-");
+    }
+    free(x), free(gb), free(o), kvd_free_pool(S), free(S0), free(S2), free(o2), free(Sd), free(od),
+        free(ts);
+    return fail;
+}
+
 static int bench_kernels(int reps, int portable) {
     int threads = 1;
 #ifdef _OPENMP
@@ -596,6 +735,7 @@ static int bench_kernels(int reps, int portable) {
         free(x);
         free(y);
     }
+    fail |= bench_gdn(bw, reps, threads);
     printf("\nof_copy / of_read: cache bytes read per second over the copy / read bandwidth "
            "above;\nW_GB_s: the weights' bytes read per second; vs_bf16: speed-up over the BF16 "
            "cache at the same context, the formats timed "

@@ -2,7 +2,8 @@
 # kvdrift bench kernels once through (--reps 1): it exits 0, which it does
 # only when every decode attention kernel is within 1e-4 of its double
 # reference at 4K and 32K tokens (and the AMX kernels' at 32K, where the CPU
-# takes them); every table has its rows, each figure a
+# takes them), and the DeltaNet slices give the step's bits; every table
+# has its rows, each figure a
 # positive number; the decode GEMMs name what sums them. The speeds are not
 # held to anything: ctest runs another test beside it.
 set -u
@@ -40,7 +41,7 @@ if "BF16 weights: AMX-BF16" in text:
                        text, re.M)
     if len(split) != 12 or any(not float(v) > 0 for r in split for v in r): bad.append(f"GEMM vs_split: {split}")
 dec = re.findall(r"^  (\S.*?)\s+(1|2|4|8|16|32)\s+([0-9]+)\s+([0-9]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)x\s+([0-9.]+)%",
-                 text.split("Decode GEMMs", 1)[1], re.M)
+                 text.split("Decode GEMMs", 1)[1].split("Gated DeltaNet", 1)[0], re.M)
 if len(dec) != 36 or any(not float(d[4]) > 0 or not float(d[5]) > 0 for d in dec):
     bad.append(f"decode GEMMs: {len(dec)} rows")
 # where the CPU takes the AMX kernels: their table at 16 and 32 heads, three
@@ -51,6 +52,12 @@ if "kernels: AMX:" in text:
     if len(amx) != 6 or any(not 0 <= float(r[2]) <= 1e-4 or not float(r[3]) > 0 or not float(r[7]) > 0
                             for r in amx):
         bad.append(f"AMX against AVX-512: {len(amx)} rows, {amx[:2]}")
+# the DeltaNet recurrence: prefill and decode, both ways timed (the exit
+# holds the slices to the step's bits and both to 1e-5 of double)
+gdn = re.findall(r"^  (prefill|decode)\s+([0-9]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)x\s+(-|[0-9.]+%)$",
+                 text.split("Gated DeltaNet", 1)[-1], re.M)
+if [g[0] for g in gdn] != ["prefill", "decode"] or any(not float(v) > 0 for g in gdn for v in g[1:5]):
+    bad.append(f"DeltaNet recurrence: {gdn}")
 for p in bad:
     print("  " + p)
 sys.exit(1 if bad else 0)
