@@ -5,6 +5,7 @@
 #include "model.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -533,6 +534,31 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
     return 0;
 }
 
+/* Rows past which the layer loop's own row-wise work (norms, residual
+ * adds, SwiGLU, the finiteness check) is shared among the threads; each
+ * row's operations are the same either way. Decode's few rows stay on one
+ * thread, where a parallel region would cost more than the work. */
+enum { PAR_ROWS = 16 };
+
+static void norm_rows(float *out, const float *x, const float *w, int rows, int H, float eps) {
+#pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
+    for (int r = 0; r < rows; r++)
+        kvd_rmsnorm(out + (size_t)r * H, x + (size_t)r * H, w, H, eps, 1);
+}
+
+/* x += y over rows of H */
+static void add_rows(float *x, const float *y, int rows, int H) {
+#pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
+    for (int r = 0; r < rows; r++)
+        for (int d = 0; d < H; d++) x[(size_t)r * H + d] += y[(size_t)r * H + d];
+}
+
+/* kvd_swiglu over rows of n values */
+static void swiglu_rows(float *g, const float *u, int rows, int n) {
+#pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
+    for (int r = 0; r < rows; r++) kvd_swiglu(g + (size_t)r * n, u + (size_t)r * n, (size_t)n);
+}
+
 /* ---- Gated DeltaNet ---- */
 
 /* The causal depthwise conv1d (kernel K, weights [cd][K]) and SiLU over
@@ -672,7 +698,7 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
         const int I = c->intermediate_size;
         linear(m, m->xn, lw->dense_gate, m->g1, rows, I, H);
         linear(m, m->xn, lw->dense_up, m->g2, rows, I, H);
-        kvd_swiglu(m->g1, m->g2, (size_t)rows * I);
+        swiglu_rows(m->g1, m->g2, rows, I);
         linear(m, m->g1, lw->dense_down, m->mix, rows, H, I);
         return;
     }
@@ -743,9 +769,10 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
     if (Is > 0) {
         linear(m, m->xn, lw->sh_gate, m->sh1, rows, Is, H);
         linear(m, m->xn, lw->sh_up, m->sh2, rows, Is, H);
-        kvd_swiglu(m->sh1, m->sh2, (size_t)rows * Is);
+        swiglu_rows(m->sh1, m->sh2, rows, Is);
         linear(m, m->sh1, lw->sh_down, m->gx, rows, H, Is);
         linear(m, m->xn, lw->sh_expert_gate, m->shg, rows, 1, H);
+#pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
         for (int r = 0; r < rows; r++) {
             float g = kvd_sigmoidf(m->shg[r]);
             for (int d = 0; d < H; d++) m->mix[(size_t)r * H + d] += g * m->gx[(size_t)r * H + d];
@@ -758,19 +785,23 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
 static int check_finite(const kvd_model *m, const float *x, int rows, int layer, const char *where,
                         char *err) {
     const int H = m->c.hidden_size;
+    size_t first = SIZE_MAX; /* the first non-finite value's index */
+#pragma omp parallel for schedule(static) reduction(min : first) if (rows >= PAR_ROWS)
     for (int r = 0; r < rows; r++)
         for (int d = 0; d < H; d++)
             if (!isfinite(x[(size_t)r * H + d])) {
-                snprintf(err, KVD_ERR_LEN,
-                         "non-finite activation (%g) in %s of layer %d (%s) at sequence %d, "
-                         "position %d, hidden dim %d",
-                         x[(size_t)r * H + d], where, layer,
-                         m->c.layer_types[layer] == KVD_LAYER_FULL ? "full_attention"
-                                                                   : "linear_attention",
-                         m->row_seq[r], m->pos[r], d);
-                return -1;
+                first = first < (size_t)r * H + d ? first : (size_t)r * H + d;
+                break;
             }
-    return 0;
+    if (first == SIZE_MAX) return 0;
+    const int r = (int)(first / (size_t)H), d = (int)(first % (size_t)H);
+    snprintf(err, KVD_ERR_LEN,
+             "non-finite activation (%g) in %s of layer %d (%s) at sequence %d, "
+             "position %d, hidden dim %d",
+             x[first], where, layer,
+             m->c.layer_types[layer] == KVD_LAYER_FULL ? "full_attention" : "linear_attention",
+             m->row_seq[r], m->pos[r], d);
+    return -1;
 }
 
 int kvd_batch_rows(const kvd_config *c, kvd_kvcache *kv, const kvd_batch *b, int max_rows,
@@ -862,23 +893,19 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
     for (int l = l0; l < c->num_hidden_layers; l++) {
         const kvd_layer_weights *lw = &m->w->layers[l];
         /* token mixer: h = x + mixer(input_layernorm(x)) */
-        for (r = 0; r < rows; r++)
-            kvd_rmsnorm(m->xn + (size_t)r * H, m->x + (size_t)r * H, lw->input_norm, H,
-                        (float)c->rms_norm_eps, 1);
+        norm_rows(m->xn, m->x, lw->input_norm, rows, H, (float)c->rms_norm_eps);
         if (c->layer_types[l] == KVD_LAYER_FULL) {
             if (attention(m, l, kv, rows, err)) return -1;
         } else {
             deltanet(m, l, b, rows);
         }
         if (check_finite(m, m->mix, rows, l, "the token mixer output", err)) return -1;
-        for (size_t i = 0; i < (size_t)rows * H; i++) m->x[i] += m->mix[i];
+        add_rows(m->x, m->mix, rows, H);
 
         /* feed-forward: out = h + moe(post_attention_layernorm(h)) */
-        for (r = 0; r < rows; r++)
-            kvd_rmsnorm(m->xn + (size_t)r * H, m->x + (size_t)r * H, lw->post_norm, H,
-                        (float)c->rms_norm_eps, 1);
+        norm_rows(m->xn, m->x, lw->post_norm, rows, H, (float)c->rms_norm_eps);
         moe(m, l, b, rows);
-        for (size_t i = 0; i < (size_t)rows * H; i++) m->x[i] += m->mix[i];
+        add_rows(m->x, m->mix, rows, H);
         if (check_finite(m, m->x, rows, l, "the residual stream", err)) return -1;
         if (m->hooks.hidden) m->hooks.hidden(m->hooks.ctx, l, b, m->pos, m->x);
         if (m->held_x) memcpy(m->held_x + (size_t)l * m->max_rows * H, m->x, sizeof(float) * n);
@@ -892,9 +919,7 @@ int kvd_forward(kvd_model *m, kvd_kvcache *kv, const kvd_batch *b, float *logits
     }
 
     if (!logits) return 0;
-    for (r = 0; r < rows; r++)
-        kvd_rmsnorm(m->xn + (size_t)r * H, m->x + (size_t)r * H, m->w->final_norm, H,
-                    (float)c->rms_norm_eps, 1);
+    norm_rows(m->xn, m->x, m->w->final_norm, rows, H, (float)c->rms_norm_eps);
     /* every row's logits where the caller, a reference's keeping or a
      * comparison wants them; with last_only, each sequence's last row's then
      * goes back */

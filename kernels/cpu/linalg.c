@@ -524,7 +524,7 @@ static int linear_amx(const float *x, const float *w, const kvd_wtiles *t, float
         free(xs), free(wt);
         return -1;
     }
-#pragma omp parallel for schedule(static) if (fork)
+#pragma omp parallel for collapse(2) schedule(static) if (fork) /* decode: one row group */
     for (int g = 0; g < mg; g++)
         for (int b = 0; b < kb; b++)
             amx_split_rows(x, M, K, 16 * g, 32 * b, xs + ((size_t)g * kb + b) * 3 * AMX_TILE);

@@ -236,26 +236,37 @@ static void nan_is_caught(void **st) {
     (void)st;
     char err[KVD_ERR_LEN];
     int32_t tok[16];
-    kvd_tokens_synth(3, 16, C.vocab_size, tok);
-    tok[9] = 77;
-    /* poison one embedding row: the token at position 9 */
-    const kvd_tensor *e = kvd_weights_find(&W, "model.embed_tokens.weight");
-    float saved = e->data[77 * C.hidden_size + 5];
-    e->data[77 * C.hidden_size + 5] = NAN;
-    for (int i = 0; i < 16; i++)
-        if (i != 9 && tok[i] == 77) tok[i] = 78;
     runner r;
-    runner_init(&r, KVD_KV_BF16, 16, 16, 1, NULL);
-    int s = kvd_kvcache_add_seq(&r.kv);
-    assert_int_equal(kvd_prefill(r.m, &r.kv, s, tok, 16, NULL, 0, err), -1);
-    e->data[77 * C.hidden_size + 5] = saved;
-    assert_non_null(strstr(err, "non-finite activation"));
-    assert_non_null(strstr(err, "layer 0 (linear_attention)"));
-    assert_non_null(strstr(err, "position 9"));
-    runner_free(&r);
+    int s;
+    /* poison one embedding row: the token at position p. The DeltaNet layer
+     * carries it to every later position, so the first is the one named,
+     * in either half of the rows the threads share (16: the check's
+     * parallel path) */
+    const kvd_tensor *e = kvd_weights_find(&W, "model.embed_tokens.weight");
+    const int poisoned[] = {9, 3};
+    for (int i = 0; i < 2; i++) {
+        const int p = poisoned[i];
+        kvd_tokens_synth(3, 16, C.vocab_size, tok);
+        tok[p] = 77;
+        for (int j = 0; j < 16; j++)
+            if (j != p && tok[j] == 77) tok[j] = 78;
+        float saved = e->data[77 * C.hidden_size + 5];
+        e->data[77 * C.hidden_size + 5] = NAN;
+        runner_init(&r, KVD_KV_BF16, 16, 16, 1, NULL);
+        s = kvd_kvcache_add_seq(&r.kv);
+        assert_int_equal(kvd_prefill(r.m, &r.kv, s, tok, 16, NULL, 0, err), -1);
+        e->data[77 * C.hidden_size + 5] = saved;
+        char want[32];
+        snprintf(want, sizeof want, "position %d,", p);
+        assert_non_null(strstr(err, "non-finite activation"));
+        assert_non_null(strstr(err, "layer 0 (linear_attention)"));
+        assert_non_null(strstr(err, want));
+        runner_free(&r);
+    }
     /* a token id outside the vocabulary is refused, not read out of bounds */
     runner_init(&r, KVD_KV_BF16, 16, 16, 1, NULL);
     s = kvd_kvcache_add_seq(&r.kv);
+    kvd_tokens_synth(3, 16, C.vocab_size, tok);
     tok[3] = 512;
     assert_int_equal(kvd_prefill(r.m, &r.kv, s, tok, 16, NULL, 0, err), -1);
     assert_non_null(strstr(err, "token id 512 at sequence 0 position 3, expected 0..511"));
