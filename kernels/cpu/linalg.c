@@ -528,8 +528,22 @@ static int linear_amx(const float *x, const float *w, const kvd_wtiles *t, float
     for (int g = 0; g < mg; g++)
         for (int b = 0; b < kb; b++)
             amx_split_rows(x, M, K, 16 * g, 32 * b, xs + ((size_t)g * kb + b) * 3 * AMX_TILE);
+    /* the work: (chunk, block of rows) pairs. Where W's tiles are laid out
+     * (the model's) and it has fewer chunks than twice the threads, the
+     * rows are cut into blocks of row-group pairs too, so that a narrow
+     * projection of many rows (the router, DeltaNet's b and a) keeps every
+     * thread busy: an output comes from its row and column alone, so no
+     * bits change. A chunk left to the BLAS is one item, all of its rows
+     * (the BLAS's sums may follow the row count). */
+    const int pairs = (mg + 1) / 2;
+    int blocks = 1;
+    if (fork && t && chunks < 2 * threads) {
+        blocks = (2 * threads + chunks - 1) / chunks;
+        blocks = blocks < pairs ? blocks : pairs;
+    }
 #pragma omp parallel for schedule(static) if (fork)
-    for (int c = 0; c < chunks; c++) {
+    for (int it = 0; it < chunks * blocks; it++) {
+        const int c = it % chunks, blk = it / chunks;
         const int n0 = c * KVD_LINEAR_CHUNK, n1 = chunk_end(c, N);
         const uint16_t *tiles = NULL;
         if (t) {
@@ -542,10 +556,13 @@ static int linear_amx(const float *x, const float *w, const kvd_wtiles *t, float
             uint16_t *mine = wt + wt_n * (size_t)th;
             tiles = amx_weights(w, K, n0, n1, kb, mine) == 0 ? mine : NULL;
         }
-        if (tiles)
-            amx_gemm_cols(xs, tiles, y, M, N, kb, n0, n1);
-        else
+        if (tiles) {
+            const int m0 = 32 * (pairs * blk / blocks), m1 = 32 * (pairs * (blk + 1) / blocks);
+            amx_gemm_cols(xs + (size_t)(m0 / 16) * kb * 3 * AMX_TILE, tiles, y + (size_t)m0 * N,
+                          (m1 < M ? m1 : M) - m0, N, kb, n0, n1);
+        } else if (blk == 0) {
             linear_cols(x, w, y, M, N, K, n0, n1);
+        }
     }
     free(xs);
     free(wt);
@@ -605,14 +622,16 @@ void kvd_linear_tiled(const float *x, const float *w, const kvd_wtiles *t, float
     pthread_once(&blas_once, blas_single);
     pthread_once(&rows_once, rows_default);
     int chunks = (N + KVD_LINEAR_CHUNK - 1) / KVD_LINEAR_CHUNK;
+#ifdef KVD_AMX_X86
+    if (t && (t->N != N || t->K != K)) t = NULL;
+#endif
     /* below ~0.2 MFLOP (a 256 KiB matrix-vector product) a fork costs more
-     * than it saves */
-    int fork = chunks > 1 && (double)M * N * K >= 2e5;
+     * than it saves; one chunk forks only where the tiles cut its rows */
+    int fork = (chunks > 1 || (t && M > 32)) && (double)M * N * K >= 2e5;
 #ifdef _OPENMP
     fork = fork && !omp_in_parallel() && omp_get_max_threads() > 1;
 #endif
 #ifdef KVD_AMX_X86
-    if (t && (t->N != N || t->K != K)) t = NULL;
     if ((M > KVD_FEW_ROWS || t) && rows_now->amx &&
         linear_amx(x, w, t, y, M, N, K, chunks, fork) == 0)
         return;

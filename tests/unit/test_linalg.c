@@ -317,6 +317,14 @@ static void amx_chunks_not_bf16(void **st) {
           *yb = malloc(sizeof(float) * (size_t)M * N);
     kvd_linear(x, w, ya, M, N, K);
     kvd_linear(x, bad, yw, M, N, K);
+    /* laid out once, as the model's: the rows cut into blocks for the
+     * threads where the tiles run, the BLAS's chunks whole; the same bits */
+    kvd_wtiles *tb = kvd_wtiles_new(bad, N, K);
+    float *yt = malloc(sizeof(float) * (size_t)M * N);
+    kvd_linear_tiled(x, bad, tb, yt, M, N, K);
+    assert_memory_equal(yt, yw, sizeof(float) * (size_t)M * N);
+    kvd_wtiles_free(tb);
+    free(yt);
     assert_int_equal(kvd_linear_use("avx512"), 0);
     kvd_linear(x, bad, yb, M, N, K);
     near_double(x, bad, yw, M, N, K, "amx, some chunks to the BLAS");
@@ -409,22 +417,30 @@ static void amx_tiles_laid_out_once(void **st) {
 static void amx_tiles_any_rows(void **st) {
     (void)st;
     if (!amx_or_skip()) return;
-    const int M = 100, N = 300, K = 1000;
-    float *x = filled((size_t)M * K, 19), *w = filled_bf16((size_t)N * K, 20);
-    kvd_wtiles *t = kvd_wtiles_new(w, N, K);
-    assert_non_null(t);
-    float *yb = malloc(sizeof(float) * (size_t)M * N), *ys = malloc(sizeof(float) * (size_t)M * N);
-    kvd_linear_tiled(x, w, t, yb, M, N, K);
-    for (int n = 1; n <= 40; n += n < 4 ? 1 : 7) {
-        const int m0 = (n * 13) % (M - n + 1);
-        kvd_linear_tiled(x + (size_t)m0 * K, w, t, ys, n, N, K);
-        near_double(x + (size_t)m0 * K, w, ys, n, N, K, "amx, tiles laid out once");
-        if (memcmp(ys, yb + (size_t)m0 * N, sizeof(float) * (size_t)n * N))
-            fail_msg("amx: %d rows from row %d laid out once differ from the batch of %d", n, m0,
-                     M);
+    /* 300 columns: two chunks; 16 (a router's): one, whose rows the
+     * threads share in blocks */
+    const int M = 100, Ns[] = {300, 16}, K = 1000;
+    for (int ni = 0; ni < 2; ni++) {
+        const int N = Ns[ni];
+        float *x = filled((size_t)M * K, 19), *w = filled_bf16((size_t)N * K, 20);
+        kvd_wtiles *t = kvd_wtiles_new(w, N, K);
+        assert_non_null(t);
+        float *yb = malloc(sizeof(float) * (size_t)M * N),
+              *ys = malloc(sizeof(float) * (size_t)M * N);
+        kvd_linear_tiled(x, w, t, yb, M, N, K);
+        near_double(x, w, yb, M, N, K, "amx, tiles laid out once, the batch");
+        for (int n = 1; n <= 40; n += n < 4 ? 1 : 7) {
+            const int m0 = (n * 13) % (M - n + 1);
+            kvd_linear_tiled(x + (size_t)m0 * K, w, t, ys, n, N, K);
+            near_double(x + (size_t)m0 * K, w, ys, n, N, K, "amx, tiles laid out once");
+            if (memcmp(ys, yb + (size_t)m0 * N, sizeof(float) * (size_t)n * N))
+                fail_msg("amx: %d rows from row %d of %d columns laid out once differ from the "
+                         "batch of %d",
+                         n, m0, N, M);
+        }
+        kvd_wtiles_free(t);
+        free(x), free(w), free(yb), free(ys);
     }
-    kvd_wtiles_free(t);
-    free(x), free(w), free(yb), free(ys);
 }
 
 int main(void) {
