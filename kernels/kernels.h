@@ -221,9 +221,9 @@ void kvd_gdn_step(float *S, const float *q, const float *k, const float *v, floa
 /* kvd_gdn_step over n tokens of one head, the same bits as n calls:
  * q and k rows at qk_stride, v at v_stride, o at o_stride, g and beta at
  * gb_stride. A column of S never meets another (S^T k, the update and
- * S^T q are per column), so each slice of 16 columns goes through all n
- * tokens while it sits in L1: S is read and written once a call, not
- * three times a token. */
+ * S^T q are per column), so each slice of 64 columns (16 and single
+ * ones at the edge) goes through all n tokens while it sits in L1: S is
+ * read and written once a call, not three times a token. */
 void kvd_gdn_steps(float *S, const float *q, const float *k, const float *v, const float *g,
                    const float *beta, float *o, int n, int dk, int dv, size_t qk_stride,
                    size_t v_stride, size_t gb_stride, size_t o_stride);
