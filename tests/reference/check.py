@@ -1,10 +1,10 @@
 """Holds kvdrift's C forward pass to the NumPy reference (qwen3next_ref.py).
 
-usage: check.py CKPT_DIR DUMP_DIR
+usage: check.py CKPT_DIR DUMP_DIR [MODES]
 
 CKPT_DIR is `kvdrift export` output, DUMP_DIR `kvdrift forward --dump` output
-for modes bf16, fp8-cal, fp8-unscaled, nvfp4-cal, nvfp4-unscaled, fp8-token,
-int8-token and int8-token-rn.
+for MODES (comma-separated; by default bf16, fp8-cal, fp8-unscaled,
+nvfp4-cal, nvfp4-unscaled, fp8-token, int8-token and int8-token-rn).
 Checks, per mode:
   - logits: relative L2 error against the reference below 1e-3 (for FP8
     modes the reference's attention reads the C's stored codes, so a code
@@ -46,8 +46,11 @@ def main():
               "v": [np.array(l["v_scale"], dtype=np.float32) for l in sj["layers"]]}
     check = Checks()
 
-    for mode in ("bf16", "fp8-cal", "fp8-unscaled", "nvfp4-cal", "nvfp4-unscaled", "fp8-token",
-                 "int8-token", "int8-token-rn"):
+    modes = ("bf16", "fp8-cal", "fp8-unscaled", "nvfp4-cal", "nvfp4-unscaled", "fp8-token",
+             "int8-token", "int8-token-rn")
+    if len(sys.argv) > 3:
+        modes = tuple(sys.argv[3].split(","))
+    for mode in modes:
         d = os.path.join(dump, mode)
         nv, tok = mode.startswith("nvfp4"), mode in ("fp8-token", "int8-token", "int8-token-rn")
         rb = hd // 2 + hd // 16 if nv else hd + 4 if tok else hd  # bytes a row
