@@ -36,12 +36,9 @@ void kvd_gdn_step(float *S, const float *q, const float *k, const float *v, floa
  * multiplies and adds as kvd_gdn_step (none fused), so its bits. Each
  * column's sums run in order, so the NV vectors are what overlaps. */
 typedef float gdn_v16 __attribute__((vector_size(64)));
-
-static gdn_v16 gdn_load(const float *p) {
-    gdn_v16 x;
-    memcpy(&x, p, sizeof x);
-    return x;
-}
+/* (loads through memcpy, unaligned; no function takes or returns a vector:
+ * in a build for generic x86-64 that would change the ABI) */
+#define GDN_LOAD(v, p) memcpy(&(v), (p), sizeof(gdn_v16))
 
 #define GDN_SLICE(NV)                                                                              \
     static void gdn_slice_##NV(float *S, const float *q, const float *k, const float *v,           \
@@ -55,14 +52,23 @@ static gdn_v16 gdn_load(const float *p) {
             for (int u = 0; u < NV; u++) mem[u] = acc[u] = (gdn_v16){0};                           \
             for (int i = 0; i < dk; i++) {                                                         \
                 const float *row = S + (size_t)i * dv;                                             \
-                for (int u = 0; u < NV; u++) mem[u] += gdn_load(row + 16 * u) * kt[i];             \
+                for (int u = 0; u < NV; u++) {                                                     \
+                    gdn_v16 r;                                                                     \
+                    GDN_LOAD(r, row + 16 * u);                                                     \
+                    mem[u] += r * kt[i];                                                           \
+                }                                                                                  \
             }                                                                                      \
-            for (int u = 0; u < NV; u++)                                                           \
-                delta[u] = (gdn_load(v + (size_t)t * v_stride + 16 * u) - decay * mem[u]) * b;     \
+            for (int u = 0; u < NV; u++) {                                                         \
+                gdn_v16 vt;                                                                        \
+                GDN_LOAD(vt, v + (size_t)t * v_stride + 16 * u);                                   \
+                delta[u] = (vt - decay * mem[u]) * b;                                              \
+            }                                                                                      \
             for (int i = 0; i < dk; i++) {                                                         \
                 float *row = S + (size_t)i * dv;                                                   \
                 for (int u = 0; u < NV; u++) {                                                     \
-                    gdn_v16 s = decay * gdn_load(row + 16 * u) + kt[i] * delta[u];                 \
+                    gdn_v16 s;                                                                     \
+                    GDN_LOAD(s, row + 16 * u);                                                     \
+                    s = decay * s + kt[i] * delta[u];                                              \
                     memcpy(row + 16 * u, &s, sizeof s);                                            \
                     acc[u] += s * qt[i];                                                           \
                 }                                                                                  \
