@@ -52,6 +52,17 @@ size_t kvd_wtiles_bytes(const kvd_wtiles *t);
  * bits those rows get in any larger batch */
 void kvd_linear_tiled(const float *x, const float *w, const kvd_wtiles *t, float *y, int M, int N,
                       int K);
+/* kvd_linear_tiled for several matrices over one x (M rows of K): y = x
+ * W^T for each job, N outputs. Where every job's tiles are laid out (the
+ * model's), x is split for the tiles once and one fork takes every job's
+ * chunks; otherwise one call a job. The bits of one call a job either way. */
+typedef struct {
+    const float *w;
+    const kvd_wtiles *t;
+    float *y;
+    int N;
+} kvd_linear_job;
+void kvd_linear_many(const float *x, const kvd_linear_job *jobs, int n_jobs, int M, int K);
 /* The BLAS behind kvd_linear as it names itself (OpenBLAS: version, build
  * and the core type whose kernels it picked for this CPU). Another core
  * type's kernels sum in another order: the CPU back end's figures are the

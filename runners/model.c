@@ -143,6 +143,12 @@ static void linear(const kvd_model *m, const float *x, const float *w, float *y,
     kvd_linear_tiled(x, w, kvd_weights_tiles(m->w, w, N, K), y, M, N, K);
 }
 
+/* one of several GEMMs over the same x (kvd_linear_many): W [N][K], its
+ * tiles, and its output */
+static kvd_linear_job job(const kvd_model *m, const float *w, float *y, int N, int K) {
+    return (kvd_linear_job){w, kvd_weights_tiles(m->w, w, N, K), y, N};
+}
+
 static size_t conv_state_len(const kvd_config *c) {
     return (size_t)kvd_conv_dim(c) * (size_t)(c->linear_conv_kernel_dim - 1);
 }
@@ -418,9 +424,10 @@ static int attention(kvd_model *m, int layer, kvd_kvcache *kv, int rows, char *e
     const float eps = (float)c->rms_norm_eps;
 
     /* projections: q carries [query | gate] per head */
-    linear(m, m->xn, lw->q_proj, m->qg, rows, nh * hd * 2, H);
-    linear(m, m->xn, lw->k_proj, m->kb, rows, kvh * hd, H);
-    linear(m, m->xn, lw->v_proj, m->vb, rows, kvh * hd, H);
+    const kvd_linear_job qkv[] = {job(m, lw->q_proj, m->qg, nh * hd * 2, H),
+                                  job(m, lw->k_proj, m->kb, kvh * hd, H),
+                                  job(m, lw->v_proj, m->vb, kvh * hd, H)};
+    kvd_linear_many(m->xn, qkv, 3, rows, H);
 
     /* per-head q/k RMSNorm, then RoPE on the first rot dims */
 #pragma omp parallel for schedule(static)
@@ -608,8 +615,9 @@ static void deltanet(kvd_model *m, int layer, const kvd_batch *b, int rows) {
     const float eps = (float)c->rms_norm_eps, qscale = 1.0f / sqrtf((float)dk);
     const int pw = 2 * kd + 2 * vd;
 
-    linear(m, m->xn, lw->in_proj_qkvz, m->qkvz, rows, pw, H);
-    linear(m, m->xn, lw->in_proj_ba, m->ba, rows, 2 * nv, H);
+    const kvd_linear_job in[] = {job(m, lw->in_proj_qkvz, m->qkvz, pw, H),
+                                 job(m, lw->in_proj_ba, m->ba, 2 * nv, H)};
+    kvd_linear_many(m->xn, in, 2, rows, H);
 
     /* un-group the fused projections (per key head: q, k, r v's, r z's; and
      * r b's, r a's) into plain [q | k | v], z, beta and the log decay g */
@@ -696,16 +704,24 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
     const int H = c->hidden_size;
     if (c->num_experts == 0) {
         const int I = c->intermediate_size;
-        linear(m, m->xn, lw->dense_gate, m->g1, rows, I, H);
-        linear(m, m->xn, lw->dense_up, m->g2, rows, I, H);
+        const kvd_linear_job gu[] = {job(m, lw->dense_gate, m->g1, I, H),
+                                     job(m, lw->dense_up, m->g2, I, H)};
+        kvd_linear_many(m->xn, gu, 2, rows, H);
         swiglu_rows(m->g1, m->g2, rows, I);
         linear(m, m->g1, lw->dense_down, m->mix, rows, H, I);
         return;
     }
     const int E = c->num_experts, K = c->num_experts_per_tok, I = c->moe_intermediate_size;
 
-    /* router: softmax over all experts in fp32, top-k, optional renormalise */
-    linear(m, m->xn, lw->router, m->rlogit, rows, E, H);
+    /* router: softmax over all experts in fp32, top-k, optional renormalise;
+     * the shared expert's projections of the same x beside it */
+    const int Is = c->shared_expert_intermediate_size;
+    const kvd_linear_job rs[] = {job(m, lw->router, m->rlogit, E, H),
+                                 Is > 0 ? job(m, lw->sh_gate, m->sh1, Is, H) : (kvd_linear_job){0},
+                                 Is > 0 ? job(m, lw->sh_up, m->sh2, Is, H) : (kvd_linear_job){0},
+                                 Is > 0 ? job(m, lw->sh_expert_gate, m->shg, 1, H)
+                                        : (kvd_linear_job){0}};
+    kvd_linear_many(m->xn, rs, Is > 0 ? 4 : 1, rows, H);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         kvd_route(m->rlogit + (size_t)r * E, E, K, c->norm_topk_prob, m->topi + (size_t)r * K,
@@ -742,8 +758,9 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
         for (int i = 0; i < n; i++)
             memcpy(gx + (size_t)i * H, m->xn + (size_t)(m->rows_of[a + i] / K) * H,
                    sizeof(float) * (size_t)H);
-        linear(m, gx, lw->exp_gate[e], g1, n, I, H);
-        linear(m, gx, lw->exp_up[e], g2, n, I, H);
+        const kvd_linear_job gu[] = {job(m, lw->exp_gate[e], g1, I, H),
+                                     job(m, lw->exp_up[e], g2, I, H)};
+        kvd_linear_many(gx, gu, 2, n, H);
         kvd_swiglu(g1, g2, (size_t)n * I);
         linear(m, g1, lw->exp_down[e], m->ey + (size_t)a * H, n, H, I);
     }
@@ -764,14 +781,11 @@ static void moe(kvd_model *m, int layer, const kvd_batch *b, int rows) {
         }
     }
 
-    /* shared expert behind a sigmoid gate */
-    const int Is = c->shared_expert_intermediate_size;
+    /* shared expert behind a sigmoid gate (its gate, up and gate logit
+     * made beside the router) */
     if (Is > 0) {
-        linear(m, m->xn, lw->sh_gate, m->sh1, rows, Is, H);
-        linear(m, m->xn, lw->sh_up, m->sh2, rows, Is, H);
         swiglu_rows(m->sh1, m->sh2, rows, Is);
         linear(m, m->sh1, lw->sh_down, m->gx, rows, H, Is);
-        linear(m, m->xn, lw->sh_expert_gate, m->shg, rows, 1, H);
 #pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
         for (int r = 0; r < rows; r++) {
             float g = kvd_sigmoidf(m->shg[r]);

@@ -504,23 +504,32 @@ struct kvd_wtiles {
 };
 
 #ifdef KVD_AMX_X86
-/* kvd_linear on the tiles (above): x split once, then W a chunk at a time
+/* kvd_linear on the tiles (above) for one or more matrices over the same
+ * x (kvd_linear_many's jobs): x split once, then each W a chunk at a time
  * (its tiles from t where it has them, else laid out by the thread), each
  * chunk on the other kernels (linear_cols) where its values are not all
- * BF16. -1 where the work areas could not be had (linear_cols takes the
- * whole GEMM). */
-static int linear_amx(const float *x, const float *w, const kvd_wtiles *t, float *y, int M, int N,
-                      int K, int chunks, int fork) {
+ * BF16. -1 where the work areas could not be had (the caller multiplies
+ * on the other kernels). */
+static int linear_amx(const float *x, const kvd_linear_job *jobs, int n_jobs, int M, int K,
+                      int fork) {
     const int mg = (M + 15) / 16, kb = (K + 31) / 32;
     int threads = 1;
 #ifdef _OPENMP
     if (fork) threads = omp_get_max_threads();
 #endif
+    /* the jobs' chunks numbered one after another: job j's from first[j] */
+    int first[n_jobs + 1], laid = 1;
+    first[0] = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        first[j + 1] = first[j] + (jobs[j].N + KVD_LINEAR_CHUNK - 1) / KVD_LINEAR_CHUNK;
+        laid &= jobs[j].t != NULL;
+    }
+    const int chunks = first[n_jobs];
     const size_t xs_n = (size_t)mg * kb * 3 * AMX_TILE,
-                 wt_n = t ? 0 : (size_t)(KVD_LINEAR_CHUNK / 16) * kb * AMX_TILE;
+                 wt_n = laid ? 0 : (size_t)(KVD_LINEAR_CHUNK / 16) * kb * AMX_TILE;
     uint16_t *xs = aligned_alloc(64, xs_n * sizeof *xs),
-             *wt = t ? NULL : aligned_alloc(64, wt_n * (size_t)threads * sizeof *wt);
-    if (!xs || (!t && !wt)) {
+             *wt = laid ? NULL : aligned_alloc(64, wt_n * (size_t)threads * sizeof *wt);
+    if (!xs || (!laid && !wt)) {
         free(xs), free(wt);
         return -1;
     }
@@ -528,40 +537,44 @@ static int linear_amx(const float *x, const float *w, const kvd_wtiles *t, float
     for (int g = 0; g < mg; g++)
         for (int b = 0; b < kb; b++)
             amx_split_rows(x, M, K, 16 * g, 32 * b, xs + ((size_t)g * kb + b) * 3 * AMX_TILE);
-    /* the work: (chunk, block of rows) pairs. Where W's tiles are laid out
-     * (the model's) and it has fewer chunks than twice the threads, the
-     * rows are cut into blocks of row-group pairs too, so that a narrow
-     * projection of many rows (the router, DeltaNet's b and a) keeps every
-     * thread busy: an output comes from its row and column alone, so no
-     * bits change. A chunk left to the BLAS is one item, all of its rows
-     * (the BLAS's sums may follow the row count). */
+    /* the work: (chunk, block of rows) pairs. Where every W's tiles are
+     * laid out (the model's) and they have fewer chunks than twice the
+     * threads, the rows are cut into blocks of row-group pairs too, so that
+     * a narrow projection of many rows (the router, DeltaNet's b and a)
+     * keeps every thread busy: an output comes from its row and column
+     * alone, so no bits change. A chunk left to the BLAS is one item, all
+     * of its rows (the BLAS's sums may follow the row count). */
     const int pairs = (mg + 1) / 2;
     int blocks = 1;
-    if (fork && t && chunks < 2 * threads) {
+    if (fork && laid && chunks < 2 * threads) {
         blocks = (2 * threads + chunks - 1) / chunks;
         blocks = blocks < pairs ? blocks : pairs;
     }
 #pragma omp parallel for schedule(static) if (fork)
     for (int it = 0; it < chunks * blocks; it++) {
-        const int c = it % chunks, blk = it / chunks;
+        const int cg = it % chunks, blk = it / chunks;
+        int j = 0;
+        while (cg >= first[j + 1]) j++;
+        const kvd_linear_job *job = &jobs[j];
+        const int c = cg - first[j], N = job->N;
         const int n0 = c * KVD_LINEAR_CHUNK, n1 = chunk_end(c, N);
         const uint16_t *tiles = NULL;
-        if (t) {
-            tiles = t->bad[c] ? NULL : t->data + t->chunk_n * (size_t)c;
+        if (job->t) {
+            tiles = job->t->bad[c] ? NULL : job->t->data + job->t->chunk_n * (size_t)c;
         } else {
             int th = 0;
 #ifdef _OPENMP
             th = omp_get_thread_num();
 #endif
             uint16_t *mine = wt + wt_n * (size_t)th;
-            tiles = amx_weights(w, K, n0, n1, kb, mine) == 0 ? mine : NULL;
+            tiles = amx_weights(job->w, K, n0, n1, kb, mine) == 0 ? mine : NULL;
         }
         if (tiles) {
             const int m0 = 32 * (pairs * blk / blocks), m1 = 32 * (pairs * (blk + 1) / blocks);
-            amx_gemm_cols(xs + (size_t)(m0 / 16) * kb * 3 * AMX_TILE, tiles, y + (size_t)m0 * N,
-                          (m1 < M ? m1 : M) - m0, N, kb, n0, n1);
+            amx_gemm_cols(xs + (size_t)(m0 / 16) * kb * 3 * AMX_TILE, tiles,
+                          job->y + (size_t)m0 * N, (m1 < M ? m1 : M) - m0, N, kb, n0, n1);
         } else if (blk == 0) {
-            linear_cols(x, w, y, M, N, K, n0, n1);
+            linear_cols(x, job->w, job->y, M, N, K, n0, n1);
         }
     }
     free(xs);
@@ -632,9 +645,8 @@ void kvd_linear_tiled(const float *x, const float *w, const kvd_wtiles *t, float
     fork = fork && !omp_in_parallel() && omp_get_max_threads() > 1;
 #endif
 #ifdef KVD_AMX_X86
-    if ((M > KVD_FEW_ROWS || t) && rows_now->amx &&
-        linear_amx(x, w, t, y, M, N, K, chunks, fork) == 0)
-        return;
+    const kvd_linear_job job = {w, t, y, N};
+    if ((M > KVD_FEW_ROWS || t) && rows_now->amx && linear_amx(x, &job, 1, M, K, fork) == 0) return;
 #else
     (void)t;
 #endif
@@ -643,6 +655,32 @@ void kvd_linear_tiled(const float *x, const float *w, const kvd_wtiles *t, float
         const int n0 = c * KVD_LINEAR_CHUNK, n1 = chunk_end(c, N);
         linear_cols(x, w, y, M, N, K, n0, n1);
     }
+}
+
+void kvd_linear_many(const float *x, const kvd_linear_job *jobs, int n_jobs, int M, int K) {
+    if (M <= 0 || n_jobs <= 0) return;
+    pthread_once(&blas_once, blas_single);
+    pthread_once(&rows_once, rows_default);
+#ifdef KVD_AMX_X86
+    /* every W's tiles laid out for it: one split of x, one fork */
+    int shared = n_jobs > 1 && rows_now->amx, chunks = 0;
+    double flops = 0;
+    for (int j = 0; j < n_jobs && shared; j++) {
+        const kvd_wtiles *t = jobs[j].t;
+        shared = jobs[j].N > 0 && t && t->N == jobs[j].N && t->K == K;
+        chunks += (jobs[j].N + KVD_LINEAR_CHUNK - 1) / KVD_LINEAR_CHUNK;
+        flops += (double)M * jobs[j].N * K;
+    }
+    if (shared) {
+        int fork = (chunks > 1 || M > 32) && flops >= 2e5;
+#ifdef _OPENMP
+        fork = fork && !omp_in_parallel() && omp_get_max_threads() > 1;
+#endif
+        if (linear_amx(x, jobs, n_jobs, M, K, fork) == 0) return;
+    }
+#endif
+    for (int j = 0; j < n_jobs; j++)
+        kvd_linear_tiled(x, jobs[j].w, jobs[j].t, jobs[j].y, M, jobs[j].N, K);
 }
 
 void kvd_linear(const float *x, const float *w, float *y, int M, int N, int K) {

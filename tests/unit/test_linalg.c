@@ -443,6 +443,48 @@ static void amx_tiles_any_rows(void **st) {
     }
 }
 
+/* kvd_linear_many: one split of x and one fork for several matrices over
+ * it, the bits of one kvd_linear_tiled call each. Four matrices as the
+ * model's router and shared expert (16, 300, 300 and 1 columns; one chunk
+ * of the second not BF16, so the BLAS takes it), and the same with one
+ * matrix without tiles (one call a job), at 1 to 100 rows, under the
+ * CPU's default kernels (the tiles where it has AMX). */
+static void linear_many_is_one_call_each(void **st) {
+    (void)st;
+    enum { J = 4, K = 200 };
+    const int Ns[J] = {16, 300, 300, 1}, Ms[] = {1, 5, 33, 100};
+    float *w[J], *y1[J], *y2[J];
+    kvd_wtiles *t[J];
+    float *x = filled((size_t)100 * K, 21);
+    for (int j = 0; j < J; j++) {
+        w[j] = filled_bf16((size_t)Ns[j] * K, 22 + j);
+        y1[j] = malloc(sizeof(float) * 100 * (size_t)Ns[j]);
+        y2[j] = malloc(sizeof(float) * 100 * (size_t)Ns[j]);
+    }
+    w[1][(size_t)280 * K + 7] = nextafterf(w[1][(size_t)280 * K + 7], 2.0f); /* chunk 1 */
+    for (int j = 0; j < J; j++) t[j] = kvd_wtiles_new(w[j], Ns[j], K);
+    for (int untiled = 0; untiled < 2; untiled++)
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+            const int M = Ms[mi];
+            kvd_linear_job jobs[J];
+            for (int j = 0; j < J; j++) {
+                jobs[j] = (kvd_linear_job){w[j], untiled && j == 2 ? NULL : t[j], y2[j], Ns[j]};
+                kvd_linear_tiled(x, w[j], jobs[j].t, y1[j], M, Ns[j], K);
+                memset(y2[j], 0xff, sizeof(float) * (size_t)M * Ns[j]);
+            }
+            kvd_linear_many(x, jobs, J, M, K);
+            for (int j = 0; j < J; j++) {
+                near_double(x, w[j], y2[j], M, Ns[j], K, "kvd_linear_many");
+                if (memcmp(y1[j], y2[j], sizeof(float) * (size_t)M * Ns[j]))
+                    fail_msg("kvd_linear_many (%s): matrix %d of %d columns at %d rows differs "
+                             "from its own call",
+                             kvd_linear_kernels(), j, Ns[j], M);
+            }
+        }
+    for (int j = 0; j < J; j++) kvd_wtiles_free(t[j]), free(w[j]), free(y1[j]), free(y2[j]);
+    free(x);
+}
+
 int main(void) {
     snprintf(default_kernel, sizeof default_kernel, "%s", kvd_linear_kernels());
     print_message("the default GEMM kernels: %s\n", default_kernel);
@@ -451,7 +493,7 @@ int main(void) {
         T(every_path_against_double),  T(scalar_order_by_hand), T(batch_invariance),
         T(threads_give_the_same_bits), T(nan_stays_in_its_row), T(kernel_choice),
         T(amx_batch_invariance),       T(amx_chunks_not_bf16),  T(amx_infinity),
-        T(amx_tiles_laid_out_once),    T(amx_tiles_any_rows),
+        T(amx_tiles_laid_out_once),    T(amx_tiles_any_rows),   T(linear_many_is_one_call_each),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
