@@ -629,6 +629,18 @@ size_t kvd_wtiles_bytes(const kvd_wtiles *t) {
     return t && t->data ? t->chunk_n * (size_t)t->chunks * sizeof *t->data : 0;
 }
 
+/* Whether a GEMM of `chunks` 256-column chunks and M rows forks: below
+ * ~0.2 MFLOP (a 256 KiB matrix-vector product) a fork costs more than it
+ * saves; one chunk forks only where laid-out tiles let linear_amx cut its
+ * rows; never inside a parallel region (an expert's GEMMs). */
+static int forks(int chunks, int laid, int M, double flops) {
+    int fork = (chunks > 1 || (laid && M > 32)) && flops >= 2e5;
+#ifdef _OPENMP
+    fork = fork && !omp_in_parallel() && omp_get_max_threads() > 1;
+#endif
+    return fork;
+}
+
 void kvd_linear_tiled(const float *x, const float *w, const kvd_wtiles *t, float *y, int M, int N,
                       int K) {
     if (M <= 0 || N <= 0) return;
@@ -638,12 +650,7 @@ void kvd_linear_tiled(const float *x, const float *w, const kvd_wtiles *t, float
 #ifdef KVD_AMX_X86
     if (t && (t->N != N || t->K != K)) t = NULL;
 #endif
-    /* below ~0.2 MFLOP (a 256 KiB matrix-vector product) a fork costs more
-     * than it saves; one chunk forks only where the tiles cut its rows */
-    int fork = (chunks > 1 || (t && M > 32)) && (double)M * N * K >= 2e5;
-#ifdef _OPENMP
-    fork = fork && !omp_in_parallel() && omp_get_max_threads() > 1;
-#endif
+    const int fork = forks(chunks, t != NULL, M, (double)M * N * K);
 #ifdef KVD_AMX_X86
     const kvd_linear_job job = {w, t, y, N};
     if ((M > KVD_FEW_ROWS || t) && rows_now->amx && linear_amx(x, &job, 1, M, K, fork) == 0) return;
@@ -671,13 +678,7 @@ void kvd_linear_many(const float *x, const kvd_linear_job *jobs, int n_jobs, int
         chunks += (jobs[j].N + KVD_LINEAR_CHUNK - 1) / KVD_LINEAR_CHUNK;
         flops += (double)M * jobs[j].N * K;
     }
-    if (shared) {
-        int fork = (chunks > 1 || M > 32) && flops >= 2e5;
-#ifdef _OPENMP
-        fork = fork && !omp_in_parallel() && omp_get_max_threads() > 1;
-#endif
-        if (linear_amx(x, jobs, n_jobs, M, K, fork) == 0) return;
-    }
+    if (shared && linear_amx(x, jobs, n_jobs, M, K, forks(chunks, 1, M, flops)) == 0) return;
 #endif
     for (int j = 0; j < n_jobs; j++)
         kvd_linear_tiled(x, jobs[j].w, jobs[j].t, jobs[j].y, M, jobs[j].N, K);
