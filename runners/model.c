@@ -568,40 +568,46 @@ static void swiglu_rows(float *g, const float *u, int rows, int n) {
 
 /* ---- Gated DeltaNet ---- */
 
-/* The causal depthwise conv1d (kernel K, weights [cd][K]) and SiLU over
- * one sequence's nt rows of x (row stride cd), in place, carried across
- * steps by st ([cd][K - 1], oldest input first). Channels go in blocks of
- * CONV_BLOCK, a row's block in vectors, with the block's weights and last
- * K - 1 inputs in tmp (2 K values a channel); each output is still
+/* The causal depthwise conv1d (kernel K, weights [cd][K]) and SiLU over a
+ * step's rows of m->conv (row stride cd, each sequence's rows in turn), in
+ * place, carried across steps by each sequence's state st ([cd][K - 1],
+ * oldest input first) of linear layer li. Channels go in blocks of
+ * CONV_BLOCK, a row's block in vectors, with the block's weights (laid out
+ * once a step, for every sequence) and a sequence's last K - 1 inputs in
+ * m->conv_tmp (2 K values a channel); each output is still
  * w[K-1] in + w[0] h[0] + ... + w[K-2] h[K-2], summed in that order. */
-static void conv_silu(float *x, int nt, int cd, const float *w, float *st, int K, float *tmp) {
+static void conv_silu(kvd_model *m, const kvd_batch *b, int li, const float *w) {
+    const int cd = kvd_conv_dim(&m->c), K = m->c.linear_conv_kernel_dim;
     const int nb = (cd + CONV_BLOCK - 1) / CONV_BLOCK;
+    const size_t sl = conv_state_len(&m->c);
 #pragma omp parallel for schedule(static)
     for (int blk = 0; blk < nb; blk++) {
         const int c0 = blk * CONV_BLOCK, n = cd - c0 < CONV_BLOCK ? cd - c0 : CONV_BLOCK;
-        float *wt = tmp + (size_t)blk * 2 * K * CONV_BLOCK; /* [K][block] */
-        float *h = wt + (size_t)K * CONV_BLOCK;             /* [K - 1][block] */
+        float *wt = m->conv_tmp + (size_t)blk * 2 * K * CONV_BLOCK; /* [K][block] */
+        float *h = wt + (size_t)K * CONV_BLOCK;                     /* [K - 1][block] */
         for (int c = 0; c < n; c++)
-            for (int j = 0; j < K; j++) {
-                wt[j * CONV_BLOCK + c] = w[(size_t)(c0 + c) * K + j];
-                if (j < K - 1) h[j * CONV_BLOCK + c] = st[(size_t)(c0 + c) * (K - 1) + j];
-            }
+            for (int j = 0; j < K; j++) wt[j * CONV_BLOCK + c] = w[(size_t)(c0 + c) * K + j];
         float acc[CONV_BLOCK];
-        for (int t = 0; t < nt; t++) {
-            float *xr = x + (size_t)t * cd + c0;
-            for (int c = 0; c < n; c++) acc[c] = wt[(K - 1) * CONV_BLOCK + c] * xr[c];
-            for (int j = 0; j < K - 1; j++)
-                for (int c = 0; c < n; c++)
-                    acc[c] += wt[j * CONV_BLOCK + c] * h[j * CONV_BLOCK + c];
-            if (K > 1) {
-                memmove(h, h + CONV_BLOCK, sizeof(float) * (size_t)(K - 2) * CONV_BLOCK);
-                memcpy(h + (size_t)(K - 2) * CONV_BLOCK, xr, sizeof(float) * (size_t)n);
+        for (int s = 0, row0 = 0; s < b->n; row0 += b->n_tok[s++]) {
+            float *st = m->conv_state + ((size_t)b->seq[s] * (size_t)m->n_lin + (size_t)li) * sl +
+                        (size_t)c0 * (K - 1);
+            for (int c = 0; c < n; c++)
+                for (int j = 0; j < K - 1; j++) h[j * CONV_BLOCK + c] = st[(size_t)c * (K - 1) + j];
+            for (int t = 0; t < b->n_tok[s]; t++) {
+                float *xr = m->conv + (size_t)(row0 + t) * cd + c0;
+                for (int c = 0; c < n; c++) acc[c] = wt[(K - 1) * CONV_BLOCK + c] * xr[c];
+                for (int j = 0; j < K - 1; j++)
+                    for (int c = 0; c < n; c++)
+                        acc[c] += wt[j * CONV_BLOCK + c] * h[j * CONV_BLOCK + c];
+                if (K > 1) {
+                    memmove(h, h + CONV_BLOCK, sizeof(float) * (size_t)(K - 2) * CONV_BLOCK);
+                    memcpy(h + (size_t)(K - 2) * CONV_BLOCK, xr, sizeof(float) * (size_t)n);
+                }
+                for (int c = 0; c < n; c++) xr[c] = kvd_siluf(acc[c]);
             }
-            for (int c = 0; c < n; c++) xr[c] = kvd_siluf(acc[c]);
+            for (int c = 0; c < n; c++)
+                for (int j = 0; j < K - 1; j++) st[(size_t)c * (K - 1) + j] = h[j * CONV_BLOCK + c];
         }
-        for (int c = 0; c < n; c++)
-            for (int j = 0; j < K - 1; j++)
-                st[(size_t)(c0 + c) * (K - 1) + j] = h[j * CONV_BLOCK + c];
     }
 }
 
@@ -611,7 +617,7 @@ static void deltanet(kvd_model *m, int layer, const kvd_batch *b, int rows) {
     const int H = c->hidden_size, nk = c->linear_num_key_heads, nv = c->linear_num_value_heads;
     const int dk = c->linear_key_head_dim, dv = c->linear_value_head_dim, r_ = nv / nk;
     const int kd = kvd_key_dim(c), vd = kvd_value_dim(c), cd = kvd_conv_dim(c);
-    const int K = c->linear_conv_kernel_dim, li = m->lin_index[layer];
+    const int li = m->lin_index[layer];
     const float eps = (float)c->rms_norm_eps, qscale = 1.0f / sqrtf((float)dk);
     const int pw = 2 * kd + 2 * vd;
 
@@ -644,13 +650,7 @@ static void deltanet(kvd_model *m, int layer, const kvd_batch *b, int rows) {
 
     /* causal depthwise conv1d + SiLU, carried across steps by the conv state;
      * then L2-normalised q, k per key head (q also scaled by dk^-0.5) */
-    int row0 = 0;
-    for (int s = 0; s < b->n; s++) {
-        float *st =
-            m->conv_state + ((size_t)b->seq[s] * (size_t)m->n_lin + (size_t)li) * conv_state_len(c);
-        conv_silu(m->conv + (size_t)row0 * cd, b->n_tok[s], cd, lw->conv1d, st, K, m->conv_tmp);
-        row0 += b->n_tok[s];
-    }
+    conv_silu(m, b, li, lw->conv1d);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++) {
         float *x = m->conv + (size_t)r * cd;
@@ -666,8 +666,7 @@ static void deltanet(kvd_model *m, int layer, const kvd_batch *b, int rows) {
 
     /* the recurrence: independent per (sequence, value head), serial in time */
     int npairs = b->n * nv;
-    int starts[b->n];
-    row0 = 0;
+    int starts[b->n], row0 = 0;
     for (int s = 0; s < b->n; s++) {
         starts[s] = row0;
         row0 += b->n_tok[s];

@@ -26,6 +26,10 @@ static void blas_single(void) {
 }
 
 #define KVD_LINEAR_CHUNK 256
+/* the 256-column chunks of N columns */
+static inline int chunks_of(int N) {
+    return (N + KVD_LINEAR_CHUNK - 1) / KVD_LINEAR_CHUNK;
+}
 /* the end of chunk c's columns (of N) */
 static inline int chunk_end(int c, int N) {
     return (c + 1) * KVD_LINEAR_CHUNK < N ? (c + 1) * KVD_LINEAR_CHUNK : N;
@@ -521,7 +525,7 @@ static int linear_amx(const float *x, const kvd_linear_job *jobs, int n_jobs, in
     int first[n_jobs + 1], laid = 1;
     first[0] = 0;
     for (int j = 0; j < n_jobs; j++) {
-        first[j + 1] = first[j] + (jobs[j].N + KVD_LINEAR_CHUNK - 1) / KVD_LINEAR_CHUNK;
+        first[j + 1] = first[j] + chunks_of(jobs[j].N);
         laid &= jobs[j].t != NULL;
     }
     const int chunks = first[n_jobs];
@@ -590,7 +594,7 @@ kvd_wtiles *kvd_wtiles_new(const float *w, int N, int K) {
     kvd_wtiles *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     const int kb = (K + 31) / 32;
-    t->N = N, t->K = K, t->chunks = (N + KVD_LINEAR_CHUNK - 1) / KVD_LINEAR_CHUNK;
+    t->N = N, t->K = K, t->chunks = chunks_of(N);
     t->chunk_n = (size_t)(KVD_LINEAR_CHUNK / 16) * kb * AMX_TILE;
     t->data = aligned_alloc(64, t->chunk_n * (size_t)t->chunks * sizeof *t->data);
     t->bad = calloc((size_t)t->chunks, 1);
@@ -646,7 +650,7 @@ void kvd_linear_tiled(const float *x, const float *w, const kvd_wtiles *t, float
     if (M <= 0 || N <= 0) return;
     pthread_once(&blas_once, blas_single);
     pthread_once(&rows_once, rows_default);
-    int chunks = (N + KVD_LINEAR_CHUNK - 1) / KVD_LINEAR_CHUNK;
+    const int chunks = chunks_of(N);
 #ifdef KVD_AMX_X86
     if (t && (t->N != N || t->K != K)) t = NULL;
 #endif
@@ -675,7 +679,7 @@ void kvd_linear_many(const float *x, const kvd_linear_job *jobs, int n_jobs, int
     for (int j = 0; j < n_jobs && shared; j++) {
         const kvd_wtiles *t = jobs[j].t;
         shared = jobs[j].N > 0 && t && t->N == jobs[j].N && t->K == K;
-        chunks += (jobs[j].N + KVD_LINEAR_CHUNK - 1) / KVD_LINEAR_CHUNK;
+        chunks += chunks_of(jobs[j].N);
         flops += (double)M * jobs[j].N * K;
     }
     if (shared && linear_amx(x, jobs, n_jobs, M, K, forks(chunks, 1, M, flops)) == 0) return;
