@@ -182,31 +182,45 @@ static void decode_once(const bench_cache *c, const float *q, float *out, float 
 
 /* Reference: every row decoded by the scalar codec, softmax in double; with
  * FP8 weights each rounded by the codec (2^8 exp(s - M) in E4M3) over the
- * sum of the unrounded ones. */
+ * sum of the unrounded ones. I4T in its rotated basis, as its attention
+ * computes: the query rotated and in BF16, the rows rotated again, the
+ * output rotated back (kvd_attn_paged's rounding of it to BF16 left to the
+ * tolerance, decode_tol). */
 static double decode_check(const bench_cache *c, const float *q, const float *out) {
     kvd_kv_view v = cache_view(c);
     int g = c->nh / c->kvh, hd = c->hd, n = c->n_ctx;
     double *s = malloc(sizeof(double) * (size_t)n), worst = 0;
     float *row = malloc(sizeof(float) * (size_t)hd);
     double *acc = malloc(sizeof(double) * (size_t)hd);
+    float *qh = malloc(sizeof(float) * (size_t)hd);
+    const int i4 = c->fmt == KVD_FMT_I4T;
     for (int hq = 0; hq < c->nh; hq++) {
         int h = hq / g;
         double m = -INFINITY, sum = 0;
+        memcpy(qh, q + (size_t)hq * hd, sizeof(float) * (size_t)hd);
+        if (i4) kvd_rht(qh, (size_t)hd, 0), kvd_round_bf16(qh, (size_t)hd);
         for (int t = 0; t < n; t++) {
             kvd_kv_row(&v, 0, c->blocks, t, h, row);
+            if (i4) kvd_rht(row, (size_t)hd, 0);
             double d = 0;
-            for (int i = 0; i < hd; i++) d += (double)q[(size_t)hq * hd + i] * row[i];
-            s[t] = d / sqrt((double)hd);
+            for (int i = 0; i < hd; i++) d += (double)qh[i] * row[i];
+            s[t] = d / sqrt((double)hd) / (i4 ? hd : 1);
             m = s[t] > m ? s[t] : m;
         }
         for (int t = 0; t < n; t++) sum += (s[t] = exp(s[t] - m));
         memset(acc, 0, sizeof(double) * (size_t)hd);
         for (int t = 0; t < n; t++) {
             kvd_kv_row(&v, 1, c->blocks, t, h, row);
+            if (i4) kvd_rht(row, (size_t)hd, 0);
             const double w =
                 c->p_fp8 ? kvd_e4m3_to_f32(kvd_f32_to_e4m3((float)(256.0 * s[t]), 1)) / 256.0
                          : s[t];
             for (int i = 0; i < hd; i++) acc[i] += w / sum * row[i];
+        }
+        if (i4) {
+            for (int i = 0; i < hd; i++) row[i] = (float)acc[i];
+            kvd_rht(row, (size_t)hd, 1);
+            for (int i = 0; i < hd; i++) acc[i] = row[i] / (double)hd;
         }
         double num = 0, den = 0;
         for (int i = 0; i < hd; i++) {
@@ -220,7 +234,15 @@ static double decode_check(const bench_cache *c, const float *q, const float *ou
     free(s);
     free(row);
     free(acc);
+    free(qh);
     return worst;
+}
+
+/* The error a decode case is held to: fp32 accumulation over up to 32K
+ * terms against the double reference; I4T's output is rounded to BF16 (half
+ * a step: 2^-9 relative). */
+static double decode_tol(kvd_fmt f) {
+    return f == KVD_FMT_I4T ? 0x1p-8 : 1e-4;
 }
 
 /* A decode case's buffers beside its cache: the query (drawn, the same for
@@ -458,7 +480,8 @@ static int bench_kernels(int reps, int portable) {
            "heads, %d KV heads, head_dim %d), blocks of %d tokens (the cache's) and of 16 (GPU "
            "engines'); the cache evicted from every CPU cache before each run; fp8att: the e4m3 "
            "cache with FP8 attention's weights (--attn-fp8); nvfp4: E2M1 codes with E4M3 block "
-           "scales; e4m3t, i8t: E4M3 and INT8 with a scale per row (fp8-token, int8-token); "
+           "scales; e4m3t, i8t: E4M3 and INT8 with a scale per row (fp8-token, int8-token); i4t: "
+           "INT4 with a zero point and a scale per row, rotated (int4-token); "
            "kernels: %s%s:\n",
            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, KVD_KV_BLOCK,
            portable ? "portable" : kvd_attn_kernels(), portable ? " (--portable)" : "");
@@ -468,10 +491,10 @@ static int bench_kernels(int reps, int portable) {
            "max_rel_err", "time_us", "cache_MB", "read_GB_s", "of_copy", "of_read", "vs_bf16",
            both ? "   of_vec" : "");
     int ctxs[2] = {4096, 32768}, blocks[2] = {KVD_KV_BLOCK, 16};
-    enum { NF = 7 };
+    enum { NF = 8 };
     kvd_fmt fmts[NF] = {KVD_FMT_BF16,  KVD_FMT_E4M3,  KVD_FMT_E5M2, KVD_FMT_E4M3,
-                        KVD_FMT_NVFP4, KVD_FMT_E4M3T, KVD_FMT_I8T};
-    const char *fn[NF] = {"bf16", "e4m3", "e5m2", "fp8att", "nvfp4", "e4m3t", "i8t"};
+                        KVD_FMT_NVFP4, KVD_FMT_E4M3T, KVD_FMT_I8T,  KVD_FMT_I4T};
+    const char *fn[NF] = {"bf16", "e4m3", "e5m2", "fp8att", "nvfp4", "e4m3t", "i8t", "i4t"};
     int fail = 0;
     /* the three formats are timed in turn, rep by rep, so that a slow spell
      * of this (shared) machine falls on all of them alike */
@@ -493,10 +516,9 @@ static int bench_kernels(int reps, int portable) {
             for (int fi = 0; fi < NF; fi++) {
                 decode_once(&c[fi], d[fi].q, d[fi].out, d[fi].probs, d[fi].work, d[fi].parts);
                 rel[fi] = decode_check(&c[fi], d[fi].q, d[fi].out);
-                /* fp32 accumulation over up to 32K terms against a double reference */
-                if (rel[fi] > 1e-4) {
-                    fprintf(stderr, "decode attention %s at %d: relative error %.3g above 1e-4\n",
-                            fn[fi], ctxs[ci], rel[fi]);
+                if (rel[fi] > decode_tol(fmts[fi])) {
+                    fprintf(stderr, "decode attention %s at %d: relative error %.3g above %.3g\n",
+                            fn[fi], ctxs[ci], rel[fi], decode_tol(fmts[fi]));
                     fail = 1;
                 }
             }

@@ -152,7 +152,7 @@ static const char *const forward_help =
     "and how far the next-token distribution moved from BF16.\n"
     "  --kv LIST               modes, comma separated (default "
     "bf16,fp8-cal,fp8-unscaled,fp8-e5m2; also fp8-ckpt, nvfp4-cal, nvfp4-unscaled, nvfp4-ckpt,\n"
-    "                          fp8-token, int8-token, int8-token-rn)\n"
+    "                          fp8-token, int8-token, int8-token-rn, int4-token)\n"
     "  --tokens N              trace length (default 1024)\n"
     "  --seed N                trace seed (default 1)\n"
     "  --threads N             worker threads (default: every core)\n"
@@ -240,7 +240,7 @@ int kvd_cmd_forward(int argc, char **argv) {
     printf("trace: %d synthetic tokens, seed %llu\n", T, (unsigned long long)seed);
 
     int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads, V = c->vocab_size;
-    kvd_kv_mode_require_fit(cmd, want, c->head_dim);
+    kvd_kv_mode_require_fit(cmd, want, c->head_dim, &co.be);
     kvd_kv_scales sc = {0}, am = {0}, ck = {0};
     kvd_model_opts_ckpt_scales(&mo, cmd, c, &ck, want);
     int need_cal = 0;

@@ -86,8 +86,8 @@ int kvd_cmd_plan(int argc, char **argv) {
     for (int m = 0; m < KVD_KV_N_MODES; m++) {
         if (kvd_kv_mode_ckpt((kvd_kv_mode)m)) continue; /* the same bytes as the -cal modes */
         if (!kvd_kv_mode_fits((kvd_kv_mode)m, c.head_dim)) {
-            printf("%-13s %14s  (head_dim %d is not whole groups of %d values)\n",
-                   kvd_kv_mode_name((kvd_kv_mode)m), "-", c.head_dim, KVD_NVFP4_GROUP);
+            printf("%-13s %14s  (%s)\n", kvd_kv_mode_name((kvd_kv_mode)m), "-",
+                   kvd_kv_mode_unfit((kvd_kv_mode)m, c.head_dim));
             continue;
         }
         int64_t bpt =

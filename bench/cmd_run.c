@@ -1069,7 +1069,7 @@ static const char *const run_help =
     "/failures (report, compare and trend list it), and the others run on; the exit is then 1.\n"
     "  --kv LIST            modes (default bf16,fp8-cal,fp8-unscaled,fp8-e5m2; also fp8-ckpt,\n"
     "                       nvfp4-cal, nvfp4-unscaled, nvfp4-ckpt, fp8-token, int8-token,\n"
-    "                       int8-token-rn)\n"
+    "                       int8-token-rn, int4-token)\n"
     "  --concurrency LIST   throughput concurrency levels (default 1,2,4,8,16,32)\n"
     "  --context LIST       context lengths in tokens (default 4096)\n"
     "  --traces N           evaluation traces per context (default 1)\n"
@@ -1244,7 +1244,7 @@ int kvd_cmd_run(int argc, char **argv) {
         run_mode[o.modes[i]] = 1;
         need_cal |= kvd_kv_mode_cal((kvd_kv_mode)o.modes[i]);
     }
-    kvd_kv_mode_require_fit(cmd, run_mode, c->head_dim); /* before any cell runs */
+    kvd_kv_mode_require_fit(cmd, run_mode, c->head_dim, &o.be); /* before any cell runs */
     kvd_kv_scales sc = {0}, am = {0};
     kvd_kv_scales ck = {0};
     kvd_model_opts_ckpt_scales(&o.mo, cmd, c, &ck, run_mode);

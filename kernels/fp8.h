@@ -52,9 +52,10 @@ typedef enum {
     KVD_FMT_E4M3 = 1,
     KVD_FMT_E5M2 = 2,
     KVD_FMT_NVFP4 = 3,
-    KVD_FMT_E4M3T = 4, /* E4M3 with a scale per row (per token and KV head) */
-    KVD_FMT_I8T = 5,   /* INT8 with a scale per row, written truncating */
-    KVD_FMT_I8T_RN = 6 /* the same rows, written rounding to nearest */
+    KVD_FMT_E4M3T = 4,  /* E4M3 with a scale per row (per token and KV head) */
+    KVD_FMT_I8T = 5,    /* INT8 with a scale per row, written truncating */
+    KVD_FMT_I8T_RN = 6, /* the same rows, written rounding to nearest */
+    KVD_FMT_I4T = 7     /* INT4 with a zero point and a scale per row, rotated (RHT) */
 } kvd_fmt;
 
 /* The format predicates and row sizes below are the device kernels' too,
@@ -83,14 +84,19 @@ KVD_FMT_FN int kvd_fmt_int8(int f) {
 /* The formats whose rows carry their own scale (a float after the codes;
  * in a paged pool, after its block's codes: kvd_scaled_scale_at). */
 KVD_FMT_FN int kvd_fmt_row_scaled(int f) {
-    return f == KVD_FMT_E4M3T || kvd_fmt_int8(f);
+    return f == KVD_FMT_E4M3T || kvd_fmt_int8(f) || f == KVD_FMT_I4T;
+}
+/* The bytes of codes in a row of n values: two INT4 codes a byte, else one
+ * code (or BF16 word's worth: see kvd_fmt_row_bytes) a value. */
+KVD_FMT_FN size_t kvd_fmt_code_bytes(int f, size_t n) {
+    return f == KVD_FMT_I4T ? n / 2 : n;
 }
 /* The formats the device's tensor-core attention (decode v3 and the
- * tensor-core prefill) reads: the per-head ones, and the row-scaled ones,
- * whose row scales it applies to a stage's scores and probabilities around
- * its MMAs. */
+ * tensor-core prefill) reads: the per-head ones, and the row-scaled ones of
+ * a byte a code, whose row scales it applies to a stage's scores and
+ * probabilities around its MMAs. */
 KVD_FMT_FN int kvd_fmt_tensor_cores(int f) {
-    return kvd_fmt_per_head(f) || kvd_fmt_row_scaled(f);
+    return kvd_fmt_per_head(f) || (kvd_fmt_row_scaled(f) && f != KVD_FMT_I4T);
 }
 /* The formats the tensor-core prefill reads: those, and NVFP4, whose codes
  * it decodes into FP16 under their block scales a stage at a time. */
@@ -159,6 +165,29 @@ KVD_FMT_FN size_t kvd_scaled_scale_at(size_t n, int bs, size_t seg, int slot) {
  * as the reference in vLLM's own tests of that write computes them. */
 #define KVD_I8T_MAX 127.0f
 
+/* INT4 with a zero point and a scale per row, as vLLM's int4_per_token_head
+ * cache writes it (reshape_and_cache_int4). The row x (n values, n a power
+ * of two) is first rotated by a randomized Hadamard transform,
+ *     y = bf16(H (d * x)),
+ * H the unnormalized n x n Hadamard matrix (H H = n I), applied by the
+ * butterfly in FP32 (kvd_rht), and d the +-1 signs kvd_rht_sign gives; y is
+ * rounded to BF16, the model's dtype, as the engine's rotation is. Then,
+ * with lo and hi y's least and largest values,
+ *     s = max((hi - lo) / 15, 1e-6),  z = clamp(round(-lo / s), 0, 15),
+ *     code = clamp(round(fma(y, 1 / s, z)), 0, 15),
+ * round() halves away from zero as (int)(v +- 0.5) in FP32 does. Two codes a
+ * byte, value 2i in the low nibble of byte i; then s as a float32 whose
+ * four low mantissa bits are replaced by z. A read takes s' (s with those
+ * bits cleared) and z: y ~ (code - z) * s', exactly in FP32. Attention
+ * rotates the query the same way (kvd_rht, rounded to BF16), divides the
+ * softmax scale by n (the rotation's gain, squared), and rotates its output
+ * back, over n. The engine's Triton write divides with the GPU's
+ * approximate division; kvdrift's divisions are IEEE. */
+#define KVD_I4T_SEED 0x9E3779B9u
+#define KVD_I4T_MAX 15.0f
+/* The largest row kvd_rht takes (a power of two). */
+#define KVD_RHT_MAX 4096
+
 /* Vector codecs. Quantize writes cvt(x[i] / scale), exactly the engines'
  * expression (a reciprocal multiply rounds differently); stats may be NULL. */
 void kvd_quant_e4m3(const float *x, uint8_t *out, size_t n, float scale, int saturate,
@@ -188,6 +217,26 @@ void kvd_dequant_e4m3t(const uint8_t *row, float *out, size_t n, float scale);
 void kvd_quant_i8t(const float *x, uint8_t *out, size_t n, kvd_qstats *stats);
 void kvd_quant_i8t_rn(const float *x, uint8_t *out, size_t n, kvd_qstats *stats);
 void kvd_dequant_i8t(const uint8_t *row, float *out, size_t n, float scale);
+/* One INT4 row (see above), x unrotated. In the stats, saturated counts
+ * rotated values the clamp moved (a code past 15 or under 0: only where
+ * the zero point's rounding shifts the grid), flushed non-zero rotated
+ * values read back as zero (code = z). dequant gives the rotated values
+ * (y's), times scale; kvd_i4t_scale and kvd_i4t_zero a stored row's s' and
+ * z. */
+void kvd_quant_i4t(const float *x, uint8_t *out, size_t n, kvd_qstats *stats);
+void kvd_dequant_i4t(const uint8_t *row, float *out, size_t n, float scale);
+float kvd_i4t_scale(uint32_t bits);
+int kvd_i4t_zero(uint32_t bits);
+/* The randomized Hadamard transform of n values in place (n a power of two,
+ * at most KVD_RHT_MAX): forward x = H (d * x), inverse x = d * (H x), in FP32
+ * by the butterfly (at stride h = 1, 2, 4, ...: a + b, a - b), unnormalized:
+ * inverse(forward(x)) = n x. kvd_rht_sign: d[i], +-1, the signs vLLM draws
+ * for its rotation: bit 23 of output i of MT19937 seeded with
+ * KVD_I4T_SEED, as torch.bernoulli(0.5) takes it from torch's CPU generator
+ * (set: -1). */
+void kvd_rht(float *x, size_t n, int inverse);
+float kvd_rht_sign(size_t i);
+
 /* One cache row of n values in format fmt (a kvd_fmt), as the caches of
  * both back ends write it: E4M3 and E5M2 as cvt(x / scale), saturating or
  * not; NVFP4 under the global scale; E4M3T and I8T under their own (scale

@@ -128,7 +128,7 @@ void kvd_absmax_heads(const float *x, int rows, size_t row_stride, size_t head_s
  * I8T rows their own scale. */
 static inline size_t kvd_fmt_row_bytes(kvd_fmt f, int head_dim) {
     return f == KVD_FMT_NVFP4      ? kvd_nvfp4_row_bytes((size_t)head_dim)
-           : kvd_fmt_row_scaled(f) ? kvd_scaled_row_bytes((size_t)head_dim)
+           : kvd_fmt_row_scaled(f) ? kvd_scaled_row_bytes(kvd_fmt_code_bytes(f, (size_t)head_dim))
            : f == KVD_FMT_BF16     ? 2 * (size_t)head_dim
                                    : (size_t)head_dim;
 }
@@ -145,22 +145,25 @@ static inline size_t kvd_fmt_row_bytes(kvd_fmt f, int head_dim) {
  *   kvd_pool_get_row: row r as the codec writes a row (the codes, then a
  *     row-scaled format's scale);
  *   kvd_pool_row_scale: the scale of row slot of a row-scaled pool's
- *     segment seg (a pointer to its first byte). */
+ *     segment seg (a pointer to its first byte); I4T's with its zero
+ *     point's bits cleared. */
 static inline size_t kvd_pool_code_stride(kvd_fmt f, int head_dim) {
-    return kvd_fmt_row_scaled(f) ? (size_t)head_dim : kvd_fmt_row_bytes(f, head_dim);
+    return kvd_fmt_row_scaled(f) ? kvd_fmt_code_bytes(f, (size_t)head_dim)
+                                 : kvd_fmt_row_bytes(f, head_dim);
 }
 /* the byte offset of row r's codes (its first byte) in a pool */
 static inline size_t kvd_pool_codes_at(kvd_fmt f, int head_dim, int bs, size_t r) {
-    return kvd_fmt_row_scaled(f)
-               ? kvd_scaled_codes_at((size_t)head_dim, bs, r / (size_t)bs, (int)(r % (size_t)bs))
-               : r * kvd_fmt_row_bytes(f, head_dim);
+    return kvd_fmt_row_scaled(f) ? kvd_scaled_codes_at(kvd_fmt_code_bytes(f, (size_t)head_dim), bs,
+                                                       r / (size_t)bs, (int)(r % (size_t)bs))
+                                 : r * kvd_fmt_row_bytes(f, head_dim);
 }
 void kvd_pool_quant_row(kvd_fmt f, uint8_t *pool, int bs, int head_dim, size_t r, const float *x,
                         float scale, int saturate, kvd_qstats *stats);
 void kvd_pool_get_row(kvd_fmt f, const uint8_t *pool, int bs, int head_dim, size_t r, uint8_t *row);
-float kvd_pool_row_scale(const uint8_t *seg, int bs, int head_dim, int slot);
+float kvd_pool_row_scale(kvd_fmt f, const uint8_t *seg, int bs, int head_dim, int slot);
 
-/* Decode one K or V row (head_dim values) of the cache into floats. */
+/* Decode one K or V row (head_dim values) of the cache into floats (I4T's
+ * rotated back: kvd_rht's inverse over head_dim). */
 void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int pos, int head,
                 float *out);
 

@@ -1274,9 +1274,9 @@ static void apart(char *s, size_t n, int *len, double z) {
 }
 
 int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_LEN]) {
-    static const char *const others[HEADLINE_MAX] = {"fp8-unscaled", "fp8-ckpt",       "fp8-e5m2",
-                                                     "nvfp4-cal",    "nvfp4-unscaled", "fp8-token",
-                                                     "int8-token",   "int8-token-rn"};
+    static const char *const others[HEADLINE_MAX] = {
+        "fp8-unscaled", "fp8-ckpt",   "fp8-e5m2",      "nvfp4-cal", "nvfp4-unscaled",
+        "fp8-token",    "int8-token", "int8-token-rn", "int4-token"};
     int k = 0, moe[KVD_MAX_LAYERS];
     const long long ctx = kvd_run_max_context(r);
     const int nl = kvd_run_moe_layers(r, ctx, moe);
@@ -1622,6 +1622,9 @@ static int cpu_speeds(const kvd_run *r) {
 static int is_nvfp4(int f) {
     return f == KVD_FMT_NVFP4;
 }
+static int is_int4(int f) {
+    return f == KVD_FMT_I4T;
+}
 static int runs_have(const kvd_run *runs, int n, int (*fmt_is)(int), int cuda) {
     for (int i = 0; i < n; i++) {
         if (cuda && !timed_on(&runs[i], "cuda")) continue;
@@ -1679,6 +1682,15 @@ static void mode_notes(kvd_buf *b, const kvd_run *runs, int n, const char *lead,
                         "checkpoint's scales, and their scales in the KV table are 1.0 (each "
                         "row's own is in the cache). int8-token truncates toward zero as vLLM's "
                         "write does; int8-token-rn rounds.");
+        kvd_buf_puts(b, tail);
+    }
+    if (runs_have(runs, n, is_int4, 0)) {
+        kvd_buf_puts(b, lead);
+        kvd_buf_puts(b, "int4-token rotates each row by a randomized Hadamard transform before it "
+                        "stores it as INT4 codes with a zero point and a scale of its own, as "
+                        "vLLM's int4_per_token_head cache does: attention rotates the query the "
+                        "same way and its output back, each rounded to BF16. The rotation "
+                        "spreads the key outlier channels over every dimension.");
         kvd_buf_puts(b, tail);
     }
     if (nvfp4_decode_fp32(runs, n)) {

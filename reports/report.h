@@ -99,7 +99,7 @@ void kvd_context_list(char *s, size_t n, const long long *c, int nc);
  * FP8 mode); s[i] holds each. The NVFP4 modes come after the FP8 ones,
  * against fp8-cal too; nvfp4-unscaled's sentence adds how far it is from
  * nvfp4-cal, paired where the file keeps positions. */
-enum { KVD_HEADLINE_MAX = 8, KVD_HEADLINE_LEN = 900 };
+enum { KVD_HEADLINE_MAX = 9, KVD_HEADLINE_LEN = 900 };
 int kvd_report_headline(const kvd_run *r, char s[KVD_HEADLINE_MAX][KVD_HEADLINE_LEN]);
 
 /* The cells of a run that did not finish (/failures), one line per mode

@@ -9,8 +9,8 @@
 #include <string.h>
 
 static const char *const mode_names[KVD_KV_N_MODES] = {
-    "bf16",           "fp8-cal",    "fp8-unscaled", "fp8-e5m2",   "fp8-ckpt",     "nvfp4-cal",
-    "nvfp4-unscaled", "nvfp4-ckpt", "fp8-token",    "int8-token", "int8-token-rn"};
+    "bf16",           "fp8-cal",    "fp8-unscaled", "fp8-e5m2",   "fp8-ckpt",      "nvfp4-cal",
+    "nvfp4-unscaled", "nvfp4-ckpt", "fp8-token",    "int8-token", "int8-token-rn", "int4-token"};
 
 kvd_fmt kvd_kv_mode_fmt(kvd_kv_mode m) {
     switch (m) {
@@ -28,6 +28,8 @@ kvd_fmt kvd_kv_mode_fmt(kvd_kv_mode m) {
         return KVD_FMT_I8T;
     case KVD_KV_INT8_TOKEN_RN:
         return KVD_FMT_I8T_RN;
+    case KVD_KV_INT4_TOKEN:
+        return KVD_FMT_I4T;
     default:
         return KVD_FMT_E4M3;
     }
@@ -45,8 +47,24 @@ int kvd_kv_mode_cal(kvd_kv_mode m) {
     return m == KVD_KV_FP8_CAL || m == KVD_KV_NVFP4_CAL;
 }
 
+const char *kvd_kv_mode_unfit(kvd_kv_mode m, int head_dim) {
+    static _Thread_local char why[96];
+    const kvd_fmt f = kvd_kv_mode_fmt(m);
+    if (f == KVD_FMT_NVFP4 && head_dim % KVD_NVFP4_GROUP != 0)
+        snprintf(why, sizeof why, "head_dim %d is not a multiple of NVFP4's %d-value groups",
+                 head_dim, KVD_NVFP4_GROUP);
+    else if (f == KVD_FMT_I4T &&
+             (head_dim < 32 || head_dim > KVD_RHT_MAX || (head_dim & (head_dim - 1))))
+        snprintf(why, sizeof why,
+                 "head_dim %d is not a power of two from 32 to %d (the Hadamard rotation's)",
+                 head_dim, KVD_RHT_MAX);
+    else
+        return NULL;
+    return why;
+}
+
 int kvd_kv_mode_fits(kvd_kv_mode m, int head_dim) {
-    return kvd_kv_mode_fmt(m) != KVD_FMT_NVFP4 || head_dim % KVD_NVFP4_GROUP == 0;
+    return kvd_kv_mode_unfit(m, head_dim) == NULL;
 }
 
 void kvd_kv_mode_names(char *s, size_t n, const char *last_sep) {
@@ -126,9 +144,8 @@ int kvd_kvcache_init(kvd_kvcache *c, kvd_kv_mode mode, int n_layers, int kv_head
         return -1;
     }
     if (!kvd_kv_mode_fits(mode, head_dim)) {
-        snprintf(err, KVD_ERR_LEN,
-                 "KV cache mode %s: head_dim %d is not a multiple of NVFP4's %d-value groups",
-                 kvd_kv_mode_name(mode), head_dim, KVD_NVFP4_GROUP);
+        snprintf(err, KVD_ERR_LEN, "KV cache mode %s: %s", kvd_kv_mode_name(mode),
+                 kvd_kv_mode_unfit(mode, head_dim));
         return -1;
     }
     if (scales && (scales->n_layers != n_layers || scales->kv_heads != kv_heads)) {

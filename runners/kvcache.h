@@ -24,6 +24,8 @@ typedef enum {
     KVD_KV_INT8_TOKEN, /* INT8, a scale per token and KV head, truncated as vLLM's
                           int8_per_token_head writes it */
     KVD_KV_INT8_TOKEN_RN, /* the same, rounded to nearest: what truncation costs */
+    KVD_KV_INT4_TOKEN,    /* INT4 with a zero point and a scale per token and KV head, after a
+                             randomized Hadamard rotation (vLLM's int4_per_token_head) */
     KVD_KV_N_MODES
 } kvd_kv_mode;
 
@@ -43,8 +45,11 @@ int kvd_kv_mode_scaled(kvd_kv_mode m);
 int kvd_kv_mode_ckpt(kvd_kv_mode m);
 /* The modes whose scales are calibrated (fp8-cal, nvfp4-cal). */
 int kvd_kv_mode_cal(kvd_kv_mode m);
-/* Whether a mode can cache rows of head_dim values (NVFP4: whole groups). */
+/* Whether a mode can cache rows of head_dim values (NVFP4: whole groups;
+ * int4-token: a power of two its rotation takes); kvd_kv_mode_unfit: why
+ * not ("head_dim 96 is not ..."), NULL where it can. */
 int kvd_kv_mode_fits(kvd_kv_mode m, int head_dim);
+const char *kvd_kv_mode_unfit(kvd_kv_mode m, int head_dim);
 /* Every mode's name, ", " between them and last_sep before the last. */
 void kvd_kv_mode_names(char *s, size_t n, const char *last_sep);
 /* NVFP4's global scale from a calibrated FP8 scale (absmax / 448 by the

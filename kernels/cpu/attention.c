@@ -43,30 +43,38 @@ static inline const uint8_t *head_base(const kvd_kv_view *kv, const void *pool, 
 
 void kvd_pool_quant_row(kvd_fmt f, uint8_t *pool, int bs, int head_dim, size_t r, const float *x,
                         float scale, int saturate, kvd_qstats *stats) {
-    const size_t n = (size_t)head_dim;
+    const size_t n = (size_t)head_dim, nc = kvd_fmt_code_bytes(f, n);
     uint8_t *codes = pool + kvd_pool_codes_at(f, head_dim, bs, r);
     if (!kvd_fmt_row_scaled(f)) { /* rows whole: straight into place */
         kvd_quant_row(f, x, codes, n, scale, saturate, stats);
         return;
     }
-    uint8_t row[kvd_scaled_row_bytes(n)];
+    uint8_t row[kvd_scaled_row_bytes(nc)];
     kvd_quant_row(f, x, row, n, scale, saturate, stats);
-    memcpy(codes, row, n);
-    memcpy(pool + kvd_scaled_scale_at(n, bs, r / (size_t)bs, (int)(r % (size_t)bs)), row + n, 4);
+    memcpy(codes, row, nc);
+    memcpy(pool + kvd_scaled_scale_at(nc, bs, r / (size_t)bs, (int)(r % (size_t)bs)), row + nc, 4);
 }
 
 void kvd_pool_get_row(kvd_fmt f, const uint8_t *pool, int bs, int head_dim, size_t r,
                       uint8_t *row) {
-    const size_t n = (size_t)head_dim;
-    memcpy(row, pool + kvd_pool_codes_at(f, head_dim, bs, r), kvd_pool_code_stride(f, head_dim));
+    const size_t nc = kvd_pool_code_stride(f, head_dim);
+    memcpy(row, pool + kvd_pool_codes_at(f, head_dim, bs, r), nc);
     if (kvd_fmt_row_scaled(f))
-        memcpy(row + n, pool + kvd_scaled_scale_at(n, bs, r / (size_t)bs, (int)(r % (size_t)bs)),
+        memcpy(row + nc, pool + kvd_scaled_scale_at(nc, bs, r / (size_t)bs, (int)(r % (size_t)bs)),
                4);
 }
 
-float kvd_pool_row_scale(const uint8_t *seg, int bs, int head_dim, int slot) {
+/* The scale words of a row-scaled segment's rows, side by side. */
+static inline const uint8_t *seg_scales(const uint8_t *seg, kvd_fmt f, int bs, int head_dim) {
+    return seg + kvd_scaled_scale_at(kvd_fmt_code_bytes(f, (size_t)head_dim), bs, 0, 0);
+}
+
+float kvd_pool_row_scale(kvd_fmt f, const uint8_t *seg, int bs, int head_dim, int slot) {
+    uint32_t bits;
+    memcpy(&bits, seg_scales(seg, f, bs, head_dim) + 4 * (size_t)slot, sizeof bits);
+    if (f == KVD_FMT_I4T) return kvd_i4t_scale(bits);
     float s;
-    memcpy(&s, seg + kvd_scaled_scale_at((size_t)head_dim, bs, 0, slot), sizeof s);
+    memcpy(&s, &bits, sizeof s);
     return s;
 }
 
@@ -181,8 +189,9 @@ static void decode_fp8(int e4m3, const uint8_t *p, int n, float *out) {
         kvd_dequant_e5m2(p + i, out + i, (size_t)(n - i), 1.0f);
 }
 
-/* Decode n stored values into floats, unscaled (E4M3T: the codes; the row's
- * scale is applied by the caller). */
+/* Decode n stored values into floats, unscaled (E4M3T, I8T: the codes; the
+ * row's scale is applied by the caller; I4T: the codes 0-15, whose zero
+ * point the caller takes off). */
 static void decode_row(kvd_fmt fmt, const uint8_t *p, int n, float *out) {
     if (fmt == KVD_FMT_BF16) {
         kvd_dequant_bf16((const uint16_t *)p, out, (size_t)n);
@@ -190,6 +199,8 @@ static void decode_row(kvd_fmt fmt, const uint8_t *p, int n, float *out) {
         decode_fp8(fmt != KVD_FMT_E5M2, p, n, out);
     } else if (fmt == KVD_FMT_NVFP4) {
         kvd_dequant_nvfp4(p, out, (size_t)n, 1.0f);
+    } else if (fmt == KVD_FMT_I4T) {
+        for (int i = 0; i < n; i++) out[i] = (float)(i % 2 ? p[i / 2] >> 4 : p[i / 2] & 15);
     } else {
         for (int i = 0; i < n; i++) out[i] = (float)(int8_t)p[i];
     }
@@ -199,14 +210,24 @@ void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int p
                 float *out) {
     int bs = kv->block_size;
     const uint8_t *seg = head_base(kv, which_v ? kv->v : kv->k, blocks[pos / bs], head);
-    decode_row(kv->fmt, seg + (size_t)(pos % bs) * kvd_pool_code_stride(kv->fmt, kv->head_dim),
-               kv->head_dim, out);
+    const int hd = kv->head_dim;
+    decode_row(kv->fmt, seg + (size_t)(pos % bs) * kvd_pool_code_stride(kv->fmt, hd), hd, out);
+    if (kv->fmt == KVD_FMT_I4T) {
+        uint32_t bits;
+        memcpy(&bits, seg_scales(seg, kv->fmt, bs, hd) + 4 * (size_t)(pos % bs), sizeof bits);
+        const float z = (float)kvd_i4t_zero(bits);
+        for (int i = 0; i < hd; i++) out[i] -= z;
+    }
     if (kvd_fmt_row_scaled(kv->fmt)) {
-        const float rs = kvd_pool_row_scale(seg, bs, kv->head_dim, pos % bs);
-        for (int i = 0; i < kv->head_dim; i++) out[i] *= rs;
+        const float rs = kvd_pool_row_scale(kv->fmt, seg, bs, hd, pos % bs);
+        for (int i = 0; i < hd; i++) out[i] *= rs;
     }
     float s = which_v ? kv->v_scale[head] : kv->k_scale[head];
-    for (int i = 0; i < kv->head_dim; i++) out[i] *= s;
+    for (int i = 0; i < hd; i++) out[i] *= s;
+    if (kv->fmt == KVD_FMT_I4T) { /* back from the rotated basis */
+        kvd_rht(out, (size_t)hd, 1);
+        for (int i = 0; i < hd; i++) out[i] /= (float)hd;
+    }
 }
 
 /* ---- per-block kernels: G query heads against one KV head's block ----
@@ -299,7 +320,7 @@ static void pv_portable(const uint8_t *vp, int nt, const float *p, size_t stride
 
 /* What a read path's rows hold: BF16 words, byte codes (FP8, through the
  * byte-permute tables; INT8, sign-extended), or NVFP4 groups. */
-enum { CODES_BF16 = 0, CODES_FP8 = 1, CODES_INT8 = 2, CODES_NVFP4 = 3 };
+enum { CODES_BF16 = 0, CODES_FP8 = 1, CODES_INT8 = 2, CODES_NVFP4 = 3, CODES_INT4 = 4 };
 
 #ifdef KVD_VEC
 /* FP8 to BF16 by table: the low and high bytes of the BF16 of each 7-bit
@@ -351,10 +372,20 @@ KVD_VEC_FN static inline __m512 bf16_odd(__m512i x) {
 
 /* 64 stored values (one chunk of a row) as four vectors of 16 floats: BF16
  * and FP8 in slot_dim's orders, INT8 converted 16 at a time, in natural
- * order. */
+ * order; INT4's 32 bytes, each 16's low nibbles then their high ones (the
+ * codes 0-15). */
 KVD_VEC_FN static inline void load64(int codes, const uint8_t *row, int c, const fp8_tables *T,
                                      __m512 *f) {
     __m512i a, b;
+    if (codes == CODES_INT4) {
+        for (int h = 0; h < 2; h++) {
+            const __m512i x = _mm512_cvtepu8_epi32(
+                _mm_loadu_si128((const __m128i *)(const void *)(row + c / 2 + 16 * h)));
+            f[2 * h] = _mm512_cvtepi32_ps(_mm512_and_si512(x, _mm512_set1_epi32(15)));
+            f[2 * h + 1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(x, 4));
+        }
+        return;
+    }
     if (codes == CODES_INT8) {
         for (int u = 0; u < 4; u++)
             f[u] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
@@ -758,12 +789,13 @@ static int use_vector(const kvd_kv_view *kv, int G) {
 /* Dimension of float slot k in the vector kernels' order, the same for the
  * query they read and the output they write: in each chunk of 64, four
  * vectors (even and odd values of the first 32 BF16 words, then of the
- * second 32), the words in the order the FP8 decode leaves them. */
+ * second 32; INT4's low and high nibbles alike), the words in the order the
+ * FP8 decode leaves them. */
 static int slot_dim(int codes, int k) {
     if (codes == CODES_INT8) return k;                                     /* natural order */
     if (codes == CODES_NVFP4) return k / 16 * 16 + k % 2 * 8 + k % 16 / 2; /* nvfp4_group's */
     int c = k / 64, u = (k % 64) / 16, i = k % 16, w = 32 * (u >> 1) + 2 * i + (u & 1);
-    if (!codes) return 64 * c + w;
+    if (codes == CODES_BF16 || codes == CODES_INT4) return 64 * c + w; /* INT4: byte w / 2 */
     int part = w / 32, L = (w % 32) / 8;
     return 64 * c + 16 * L + 8 * part + w % 8;
 }
@@ -805,7 +837,7 @@ typedef struct {
  * are not bound by arithmetic, and were faster. */
 static int use_amx(const kvd_kv_view *kv, const read_path *rp, int G) {
     return amx_on && rp->vec && kv->portable != KVD_ATTN_NO_AMX && rp->codes != CODES_NVFP4 &&
-           (G == 8 || G == 16);
+           rp->codes != CODES_INT4 && (G == 8 || G == 16);
 }
 
 static void path_init(read_path *rp, const kvd_kv_view *kv, int G) {
@@ -814,6 +846,7 @@ static void path_init(read_path *rp, const kvd_kv_view *kv, int G) {
     rp->codes = kv->fmt == KVD_FMT_BF16    ? CODES_BF16
                 : kv->fmt == KVD_FMT_NVFP4 ? CODES_NVFP4
                 : kvd_fmt_int8(kv->fmt)    ? CODES_INT8
+                : kv->fmt == KVD_FMT_I4T   ? CODES_INT4
                                            : CODES_FP8;
     rp->amx = use_amx(kv, rp, G);
 #ifdef KVD_VEC
@@ -1101,16 +1134,36 @@ static double exp_sum(float *x, int n, float m) {
 }
 
 /* out[j * ostride + t] = p[j * stride + t] times the scale row t of the
- * first nt row-scaled rows (E4M3T, I8T) of segment seg (bs rows) carries,
- * for G query heads (out may be p). */
-static void row_scales(const uint8_t *seg, int bs, int nt, int hd, const float *p, size_t stride,
-                       int G, float *out, size_t ostride) {
-    float rs[nt]; /* the segment's scales lie side by side */
-    memcpy(rs, seg + kvd_scaled_scale_at((size_t)hd, bs, 0, 0), sizeof rs);
+ * first nt row-scaled rows (E4M3T, I8T, I4T) of segment seg (bs rows)
+ * carries, for G query heads (out may be p). I4T's rows read their codes
+ * 0-15 less their zero point z_t: with qz, the scores p are the dot
+ * products with the codes and lose qz[j] z_t first (qz[j]: query head j's
+ * values' sum, times the scores' multiplier); with zw, the weights out are
+ * the value rows' and zw[j] gains their sum times z_t, which the caller
+ * takes off every dimension of the head's output. */
+static void row_scales(const uint8_t *seg, kvd_fmt fmt, int bs, int nt, int hd, const float *p,
+                       size_t stride, int G, float *out, size_t ostride, const float *qz,
+                       float *zw) {
+    float rs[nt], z[nt]; /* the segment's scales lie side by side */
+    memcpy(rs, seg_scales(seg, fmt, bs, hd), sizeof rs);
+    if (fmt == KVD_FMT_I4T)
+        for (int t = 0; t < nt; t++) {
+            uint32_t bits;
+            memcpy(&bits, &rs[t], sizeof bits);
+            rs[t] = kvd_i4t_scale(bits), z[t] = (float)kvd_i4t_zero(bits);
+        }
     for (int j = 0; j < G; j++) { /* a head at a time, its rows side by side: it vectorizes */
         const float *pj = p + (size_t)j * stride;
         float *oj = out + (size_t)j * ostride;
-        for (int t = 0; t < nt; t++) oj[t] = pj[t] * rs[t];
+        if (qz)
+            for (int t = 0; t < nt; t++) oj[t] = (pj[t] - qz[j] * z[t]) * rs[t];
+        else
+            for (int t = 0; t < nt; t++) oj[t] = pj[t] * rs[t];
+        if (zw) {
+            float sum = 0.0f;
+            for (int t = 0; t < nt; t++) sum += oj[t] * z[t];
+            zw[j] += sum;
+        }
     }
 }
 
@@ -1120,8 +1173,8 @@ static void row_scales(const uint8_t *seg, int bs, int nt, int hd, const float *
  * read next: the next block, at the end of the keys the first block's
  * values. */
 static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_t *blocks,
-                        int n_ctx, int b0, int b1, const float *q, int n_heads, float sm_scale,
-                        float *s, float *m, void *amx_buf) {
+                        int n_ctx, int b0, int b1, const float *q, const float *qsum, int n_heads,
+                        float sm_scale, float *s, float *m, void *amx_buf) {
     const int hd = kv->head_dim, bs = kv->block_size, kvh = kv->kv_heads, G = n_heads / kvh;
     const int t_begin = b0 * bs, t_end = b1 * bs < n_ctx ? b1 * bs : n_ctx;
     const void *amx = NULL;
@@ -1136,13 +1189,17 @@ static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_
         for (int h = 0; h < kvh; h++) {
             const uint8_t *kp = head_base(kv, kv->k, blocks[b], h);
             float *sh = s + (size_t)h * G * n_ctx + t0;
-            scores_block(kv, rp, kp, nt, q + (size_t)h * G * hd, G, sm_scale * kv->k_scale[h], sh,
-                         (size_t)n_ctx,
+            const float kmul = sm_scale * kv->k_scale[h];
+            scores_block(kv, rp, kp, nt, q + (size_t)h * G * hd, G, kmul, sh, (size_t)n_ctx,
                          b + 1 < b1 ? head_base(kv, kv->k, blocks[b + 1], h)
                                     : head_base(kv, kv->v, blocks[b0], h),
                          amx, h);
+            float qz[G];
+            if (qsum)
+                for (int j = 0; j < G; j++) qz[j] = qsum[h * G + j] * kmul;
             if (kvd_fmt_row_scaled(kv->fmt)) /* each key row's own scale */
-                row_scales(kp, bs, nt, hd, sh, (size_t)n_ctx, G, sh, (size_t)n_ctx);
+                row_scales(kp, kv->fmt, bs, nt, hd, sh, (size_t)n_ctx, G, sh, (size_t)n_ctx,
+                           qsum ? qz : NULL, NULL);
         }
     }
 #ifdef KVD_VEC
@@ -1233,9 +1290,11 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
     (void)amx_buf;
 #endif
     /* a block's FP8 weights, or its weights times each value row's own
-     * scale (E4M3T, I8T), [G][nt] */
-    const int own = kv->p_fp8 || kvd_fmt_row_scaled(kv->fmt);
-    float block_w[own ? G * bs : 1];
+     * scale (E4M3T, I8T, I4T), [G][nt]; I4T's weights times its rows' zero
+     * points, summed by query head */
+    const int own = kv->p_fp8 || kvd_fmt_row_scaled(kv->fmt), i4 = kv->fmt == KVD_FMT_I4T;
+    float block_w[own ? G * bs : 1], zw[i4 ? n_heads : 1];
+    memset(zw, 0, sizeof zw);
     for (int b = b0; b < b1; b++) {
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
         for (int h = 0; h < kvh; h++) {
@@ -1246,7 +1305,8 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
                 round_weights(p, stride, G, nt, block_w);
                 p = block_w, stride = (size_t)nt;
             } else if (kvd_fmt_row_scaled(kv->fmt)) {
-                row_scales(vp, bs, nt, hd, p, stride, G, block_w, (size_t)nt);
+                row_scales(vp, kv->fmt, bs, nt, hd, p, stride, G, block_w, (size_t)nt, NULL,
+                           i4 ? zw + (size_t)h * G : NULL);
                 p = block_w, stride = (size_t)nt;
             }
             pv_block(kv, rp, vp, nt, p, stride, G, acc + (size_t)h * acc_head,
@@ -1262,6 +1322,9 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
         amx_sum_parts(acc, kvh, G, hd, out);
     }
 #endif
+    if (i4) /* the values' zero points, off every dimension */
+        for (int j = 0; j < n_heads; j++)
+            for (int k = 0; k < hd; k++) out[(size_t)j * hd + k] -= zw[j];
 }
 
 void kvd_fp8_query(const float *q, float *out, int rows, size_t row_stride, int n_heads,
@@ -1288,13 +1351,14 @@ void kvd_absmax_heads(const float *x, int rows, size_t row_stride, size_t head_s
 }
 
 /* Work: the parts' sums, maxima and outputs, the query in kernel order, the
- * scores when the caller does not want them; then for the AMX kernels the
+ * rotated query (I4T) and its sums by head, the scores when the caller does
+ * not want them; then for the AMX kernels the
  * query's split (at most 6 head_dim words a query head: amx_query), 64-byte
  * aligned, and each part's buffers. One layout for kvd_attn_work_bytes and
  * kvd_attn_paged: its size, and with w its pointers into base. */
 typedef struct {
     double *l;
-    float *m, *pout, *qk, *s;
+    float *m, *pout, *qk, *qr, *s;
     uint16_t *qt;
     uint8_t *amx; /* part p's buffers at amx + p * amx_part */
     size_t amx_part;
@@ -1304,7 +1368,8 @@ static size_t attn_layout(uint8_t *base, int n_heads, int hd, int n_ctx, int n_p
                           attn_work *w) {
     const size_t p = (size_t)n_parts, nh = (size_t)n_heads, q = nh * (size_t)hd;
     const size_t at_m = sizeof(double) * p * nh, at_pout = at_m + sizeof(float) * p * nh;
-    const size_t at_qk = at_pout + sizeof(float) * p * q, at_s = at_qk + sizeof(float) * q;
+    const size_t at_qk = at_pout + sizeof(float) * p * q, at_qr = at_qk + sizeof(float) * q;
+    const size_t at_s = at_qr + sizeof(float) * (q + nh);
     const size_t at_amx = at_s + sizeof(float) * nh * (size_t)n_ctx,
                  part = amx_work_bytes(n_heads, hd);
     if (w) {
@@ -1312,6 +1377,7 @@ static size_t attn_layout(uint8_t *base, int n_heads, int hd, int n_ctx, int n_p
         w->m = (float *)(void *)(base + at_m);
         w->pout = (float *)(void *)(base + at_pout);
         w->qk = (float *)(void *)(base + at_qk);
+        w->qr = (float *)(void *)(base + at_qr);
         w->s = (float *)(void *)(base + at_s);
         w->qt = (uint16_t *)(void *)align64(base + at_amx);
         w->amx = (uint8_t *)(w->qt + 6 * q);
@@ -1342,6 +1408,22 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
     attn_layout(work, n_heads, hd, n_ctx, n_parts, &w);
     double *l = w.l;
     float *m = w.m, *pout = w.pout, *qk = w.qk, *s = probs ? probs : w.s;
+    /* I4T: the query rotated as the cache's rows are (rounded to BF16), the
+     * softmax scale over the rotation's gain, and each head's sum for the
+     * keys' zero points */
+    const int i4 = kv->fmt == KVD_FMT_I4T;
+    float *qsum = i4 ? w.qr + (size_t)n_heads * hd : NULL;
+    if (i4) {
+        memcpy(w.qr, q, sizeof(float) * (size_t)n_heads * hd);
+        for (int j = 0; j < n_heads; j++) {
+            float *qj = w.qr + (size_t)j * hd, sum = 0.0f;
+            kvd_rht(qj, (size_t)hd, 0);
+            kvd_round_bf16(qj, (size_t)hd);
+            for (int k = 0; k < hd; k++) sum += qj[k];
+            qsum[j] = sum;
+        }
+        q = w.qr, sm_scale /= (float)hd;
+    }
     uint16_t *qt = w.qt;
     uint8_t *amx_parts = w.amx;
     const size_t amx_part = w.amx_part;
@@ -1361,7 +1443,7 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
 #pragma omp parallel for schedule(static) if (used > 1)
         for (int p = 0; p < used; p++) {
             int b0 = p * per, b1 = b0 + per < nb ? b0 + per : nb;
-            part_scores(kv, &rp, blocks, n_ctx, b0, b1, qk, n_heads, sm_scale, s,
+            part_scores(kv, &rp, blocks, n_ctx, b0, b1, qk, qsum, n_heads, sm_scale, s,
                         m + (size_t)p * n_heads, amx_parts + (size_t)p * amx_part);
             part_weigh(kv, &rp, blocks, n_ctx, b0, b1, n_heads, s, pout + (size_t)p * n_heads * hd,
                        m + (size_t)p * n_heads, l + (size_t)p * n_heads,
@@ -1373,7 +1455,7 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
 #pragma omp parallel for schedule(static) if (used > 1)
         for (int p = 0; p < used; p++) {
             int b0 = p * per, b1 = b0 + per < nb ? b0 + per : nb;
-            part_scores(kv, &rp, blocks, n_ctx, b0, b1, qk, n_heads, sm_scale, s,
+            part_scores(kv, &rp, blocks, n_ctx, b0, b1, qk, qsum, n_heads, sm_scale, s,
                         m + (size_t)p * n_heads, amx_parts + (size_t)p * amx_part);
         }
         for (int j = 0; j < n_heads; j++) {
@@ -1408,6 +1490,11 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
             for (int p = 0; p < used; p++)
                 acc += (double)w[p] * pout[((size_t)p * n_heads + j) * hd + k];
             o[dim[k]] = (float)(acc / L) * vmul;
+        }
+        if (i4) { /* rotated back, over the rotation's gain, in BF16 as the engine's */
+            kvd_rht(o, (size_t)hd, 1);
+            for (int k = 0; k < hd; k++) o[k] /= (float)hd;
+            kvd_round_bf16(o, (size_t)hd);
         }
         if (probs) {
             for (int p = 0; p < used; p++) {

@@ -270,6 +270,107 @@ void kvd_quant_i8t_rn(const float *x, uint8_t *out, size_t n, kvd_qstats *st) {
     quant_i8t(x, out, n, 1, st);
 }
 
+/* The rotation's signs: MT19937 (the reference generator's initialisation
+ * and tempering) seeded with KVD_I4T_SEED, bit 23 of each output. */
+static float rht_signs[KVD_RHT_MAX];
+static pthread_once_t rht_once = PTHREAD_ONCE_INIT;
+
+static void build_rht_signs(void) {
+    enum { N = 624, M = 397 };
+    uint32_t mt[N];
+    mt[0] = KVD_I4T_SEED;
+    for (uint32_t i = 1; i < N; i++) mt[i] = 1812433253u * (mt[i - 1] ^ (mt[i - 1] >> 30)) + i;
+    int at = N;
+    for (int k = 0; k < KVD_RHT_MAX; k++) {
+        if (at == N) {
+            for (int i = 0; i < N; i++) {
+                const uint32_t y = (mt[i] & 0x80000000u) | (mt[(i + 1) % N] & 0x7fffffffu);
+                mt[i] = mt[(i + M) % N] ^ (y >> 1) ^ (y & 1u ? 0x9908b0dfu : 0u);
+            }
+            at = 0;
+        }
+        uint32_t y = mt[at++];
+        y ^= y >> 11;
+        y ^= (y << 7) & 0x9d2c5680u;
+        y ^= (y << 15) & 0xefc60000u;
+        y ^= y >> 18;
+        rht_signs[k] = (y >> 23 & 1u) ? -1.0f : 1.0f;
+    }
+}
+
+float kvd_rht_sign(size_t i) {
+    pthread_once(&rht_once, build_rht_signs);
+    return rht_signs[i];
+}
+
+void kvd_rht(float *x, size_t n, int inverse) {
+    pthread_once(&rht_once, build_rht_signs);
+    if (!inverse)
+        for (size_t i = 0; i < n; i++) x[i] *= rht_signs[i];
+    for (size_t h = 1; h < n; h *= 2)
+        for (size_t b = 0; b < n; b += 2 * h)
+            for (size_t i = b; i < b + h; i++) {
+                const float a = x[i], c = x[i + h];
+                x[i] = a + c;
+                x[i + h] = a - c;
+            }
+    if (inverse)
+        for (size_t i = 0; i < n; i++) x[i] *= rht_signs[i];
+}
+
+/* (int)(v + 0.5) or (int)(v - 0.5) by v's sign, in FP32 as the engine
+ * writes it, for v already clamped to [-1, 16] (a NaN taken as -1). */
+static inline int round_away(float v) {
+    v = fminf(fmaxf(v, -1.0f), 16.0f);
+    return v >= 0.0f ? (int)(v + 0.5f) : (int)(v - 0.5f);
+}
+
+float kvd_i4t_scale(uint32_t bits) {
+    return u2f(bits & ~15u);
+}
+
+int kvd_i4t_zero(uint32_t bits) {
+    return (int)(bits & 15u);
+}
+
+void kvd_quant_i4t(const float *x, uint8_t *out, size_t n, kvd_qstats *st) {
+    float y[n];
+    memcpy(y, x, sizeof y);
+    kvd_rht(y, n, 0);
+    kvd_round_bf16(y, n);
+    float lo = INFINITY, hi = -INFINITY;
+    for (size_t i = 0; i < n; i++) lo = fminf(lo, y[i]), hi = fmaxf(hi, y[i]);
+    const float s = fmaxf((hi - lo) / KVD_I4T_MAX, KVD_E4M3T_MIN_SCALE), inv = 1.0f / s;
+    const int zi = round_away(-lo / s), z = zi < 0 ? 0 : zi > 15 ? 15 : zi;
+    uint64_t sat = 0, ftz = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int r = round_away(fmaf(y[i], inv, (float)z)), q = r < 0 ? 0 : r > 15 ? 15 : r;
+        sat += r != q;
+        ftz += q == z && y[i] != 0.0f;
+        if (i % 2 == 0)
+            out[i / 2] = (uint8_t)q;
+        else
+            out[i / 2] |= (uint8_t)(q << 4);
+    }
+    const uint32_t bits = (f2u(s) & ~15u) | (uint32_t)z;
+    memcpy(out + n / 2, &bits, sizeof bits);
+    if (st) {
+        st->n += n;
+        st->saturated += sat;
+        st->flushed += ftz;
+    }
+}
+
+void kvd_dequant_i4t(const uint8_t *row, float *out, size_t n, float scale) {
+    uint32_t bits;
+    memcpy(&bits, row + n / 2, sizeof bits);
+    const float s = kvd_i4t_scale(bits), z = (float)kvd_i4t_zero(bits);
+    for (size_t i = 0; i < n; i++) {
+        const int q = i % 2 ? row[i / 2] >> 4 : row[i / 2] & 15;
+        out[i] = ((float)q - z) * s * scale;
+    }
+}
+
 void kvd_quant_row(int fmt, const float *x, uint8_t *out, size_t n, float scale, int saturate,
                    kvd_qstats *st) {
     switch (fmt) {
@@ -294,6 +395,9 @@ void kvd_quant_row(int fmt, const float *x, uint8_t *out, size_t n, float scale,
         break;
     case KVD_FMT_I8T_RN:
         kvd_quant_i8t_rn(x, out, n, st);
+        break;
+    case KVD_FMT_I4T:
+        kvd_quant_i4t(x, out, n, st);
         break;
     }
 }

@@ -87,6 +87,8 @@ if [ ! -e "$work/hd40.h5" ]; then pass=$((pass + 1)); else
   echo "FAIL: a refused NVFP4 sweep left $work/hd40.h5"
 fi
 expect 2 "--kv nvfp4-unscaled: the model's head_dim 40 is not a multiple of NVFP4's 16-value groups" -- forward --config "$work/hd40.json" --kv bf16,nvfp4-unscaled --tokens 16
+# int4-token's rotation takes powers of two
+expect 2 "--kv int4-token: the model's head_dim 40 is not a power of two from 32 to 4096 \\(the Hadamard rotation's\\)" -- run --config "$work/hd40.json" --kv bf16,int4-token --context 64 -o "$work/hd40.h5"
 expect 2 "--tokens: expected an integer in 1\.\." -- forward --model tiny --tokens 0
 expect 2 "--tokens: expected an integer in 1\.\..*got '-5'" -- forward --model tiny --tokens -5
 expect 2 "--kv: unknown mode 'fp4'" -- forward --model tiny --kv bf16,fp4
@@ -145,13 +147,16 @@ else
 fi
 
 # plan: Qwen3.5-397B-A17B's KV bytes per token (MODEL_FACTS: 30,720 BF16, 15,360 FP8;
-# NVFP4: 15 layers x 2 KV heads x (256 / 2 + 256 / 16) bytes, K and V: 8,640);
-# a head_dim NVFP4 cannot group says so in NVFP4's rows
+# NVFP4: 15 layers x 2 KV heads x (256 / 2 + 256 / 16) bytes, K and V: 8,640;
+# int4-token: 15 x 2 x (256 / 2 + 4) x 2: 7,920); a head_dim NVFP4 cannot
+# group, or int4-token rotate, says so in their rows
 "$bin" plan --model qwen3.5-397b-a17b --kv-budget 39GB >"$work/plan.txt"
 "$bin" plan --config "$work/hd40.json" >>"$work/plan.txt"
 if grep -qE '^bf16 +30720 +1269531 ' "$work/plan.txt" && grep -qE '^fp8-cal +15360 +2539062 ' "$work/plan.txt" &&
    grep -qE '^nvfp4-unscaled +8640 +4513888 ' "$work/plan.txt" &&
-   grep -qE '^nvfp4-cal +- +\(head_dim 40 is not whole groups of 16 values\)' "$work/plan.txt"; then
+   grep -qE '^int4-token +7920 +4924242 ' "$work/plan.txt" &&
+   grep -qE "^nvfp4-cal +- +\(head_dim 40 is not a multiple of NVFP4's 16-value groups\)" "$work/plan.txt" &&
+   grep -qE '^int4-token +- +\(head_dim 40 is not a power of two from 32 to 4096' "$work/plan.txt"; then
   pass=$((pass + 1))
 else
   fail=$((fail + 1)); echo "FAIL: kvdrift plan figures"; cat "$work/plan.txt"

@@ -114,6 +114,11 @@ KVD_CUDA_GEMM=fastest "$sim" "${sweep[@]}" --kv fp8-cal --cells drift --backend 
 [ $rc -ne 0 ] && grep -q "KVD_CUDA_GEMM=fastest: expected 'tune' or 'first'" "$work/f.err" && [ ! -e "$work/f.h5" ] && ok ||
   bad "KVD_CUDA_GEMM=fastest: exit $rc, $(cat "$work/f.err")"
 
+# int4-token is the CPU's alone: refused before any cell runs
+"$sim" "${sweep[@]}" --kv bf16,int4-token --backend cuda -o "$work/i4.h5" >/dev/null 2>"$work/i4.err"; rc=$?
+[ $rc = 2 ] && grep -q -- "--kv int4-token: the CUDA back end does not read INT4 caches yet; run it with --backend cpu" "$work/i4.err" &&
+  [ ! -e "$work/i4.h5" ] && ok || bad "int4-token on the device: exit $rc, $(cat "$work/i4.err")"
+
 # a GPU count the model does not split over: which size, and the counts that do
 "$sim" "${sweep[@]}" --kv fp8-cal --cells drift --backend cuda --gpus 4 -o "$work/g4.h5" >/dev/null 2>"$work/g4.err"; rc=$?
 [ $rc = 1 ] && grep -q -- "--gpus 4: linear_num_key_heads 2 does not split into 4 equal parts (this model splits over 1, 2)" "$work/g4.err" &&

@@ -1495,6 +1495,7 @@ static void kv_write(void) {
     for (int mi = 0; mi < KVD_KV_N_MODES; mi++)
         for (int sat = 0; sat <= 1; sat++) {
             kvd_kvcache c;
+            if (mi == KVD_KV_INT4_TOKEN) continue; /* the CPU's alone, so far */
             if (kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, HD, BS, 4 * T, &sc, sat, err)) {
                 CHECK(0, "cache init: %s\n", err);
                 continue;
@@ -1742,7 +1743,7 @@ static void prefill(void) {
         fill(q, (size_t)NQ * NH * D, "gpu.prefill.q", 1.0f);
         for (int mi = 0; mi < KVD_KV_N_MODES; mi++) {
             kvd_kvcache c;
-            if (kvd_kv_mode_ckpt((kvd_kv_mode)mi) ||
+            if (kvd_kv_mode_ckpt((kvd_kv_mode)mi) || mi == KVD_KV_INT4_TOKEN ||
                 (quick && mi != KVD_KV_BF16 && mi != KVD_KV_FP8_CAL))
                 continue;
             if (kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, D, BS, 4 * T, &sc, 1, err)) {

@@ -4,11 +4,13 @@ usage: check.py CKPT_DIR DUMP_DIR [MODES]
 
 CKPT_DIR is `kvdrift export` output, DUMP_DIR `kvdrift forward --dump` output
 for MODES (comma-separated; by default bf16, fp8-cal, fp8-unscaled,
-nvfp4-cal, nvfp4-unscaled, fp8-token, int8-token and int8-token-rn).
+nvfp4-cal, nvfp4-unscaled, fp8-token, int8-token, int8-token-rn and
+int4-token).
 Checks, per mode:
-  - logits: relative L2 error against the reference below 1e-3 (for FP8
-    modes the reference's attention reads the C's stored codes, so a code
-    flipped at a rounding midpoint does not propagate);
+  - logits: relative L2 error against the reference below 1e-3, 1e-2 for
+    int4-token (for the quantized modes the reference's attention reads the
+    C's stored codes, so a code flipped at a rounding midpoint does not
+    propagate);
   - the cache bytes: the reference's own E4M3 (NVFP4) codec applied to the
     K/V the C computed gives exactly the bytes the C cache stored (every byte);
   - K and V themselves agree with the reference's to 1e-4 relative L2, and the
@@ -26,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checks import Checks  # noqa: E402
 from qwen3next_ref import (Qwen3NextRef, e4m3_decode, e4m3_encode, e4m3t_encode,  # noqa: E402
-                           i8t_encode, nvfp4_encode, round_bf16)
+                           i4t_encode, i8t_encode, nvfp4_encode, round_bf16)
 
 
 def rel_l2(a, b):
@@ -47,13 +49,15 @@ def main():
     check = Checks()
 
     modes = ("bf16", "fp8-cal", "fp8-unscaled", "nvfp4-cal", "nvfp4-unscaled", "fp8-token",
-             "int8-token", "int8-token-rn")
+             "int8-token", "int8-token-rn", "int4-token")
     if len(sys.argv) > 3:
         modes = tuple(sys.argv[3].split(","))
     for mode in modes:
         d = os.path.join(dump, mode)
-        nv, tok = mode.startswith("nvfp4"), mode in ("fp8-token", "int8-token", "int8-token-rn")
-        rb = hd // 2 + hd // 16 if nv else hd + 4 if tok else hd  # bytes a row
+        nv, tok = mode.startswith("nvfp4"), mode in ("fp8-token", "int8-token", "int8-token-rn", "int4-token")
+        i4 = mode == "int4-token"
+        nc = hd // 2 if i4 else hd  # bytes of codes a row
+        rb = hd // 2 + hd // 16 if nv else nc + 4 if tok else hd  # bytes a row
         logits_c = np.fromfile(os.path.join(d, "logits.f32"), dtype="<f4").reshape(T, V)
         forced = None
         if mode != "bf16":
@@ -65,7 +69,13 @@ def main():
                 forced[al] = (kc, vc)
         logits_r, caches = model.forward(tokens, mode, scales, forced)
         e = rel_l2(logits_c, logits_r)
-        check(e < 1e-3, f"{mode}: logits over {T} tokens, relative L2 {e:.2e} < 1e-3")
+        # int4-token rounds the rotated query and the attention's output to
+        # BF16, where a last float32 bit of either computation can take the
+        # neighbouring value, and takes its zero points off float32 dot
+        # products (as the engine's kernel does) where the reference sums in
+        # float64: 1e-2, against the 0.23 the mode itself moves tiny's logits
+        tol = 1e-2 if i4 else 1e-3
+        check(e < tol, f"{mode}: logits over {T} tokens, relative L2 {e:.2e} < {tol:g}")
         for al, (k_r, v_r, kc_r, vc_r) in enumerate(caches):
             for which, x_r, codes_r in (("k", k_r, kc_r), ("v", v_r, vc_r)):
                 pre = np.fromfile(os.path.join(d, f"{which}_pre.{al}.f32"), dtype="<f4").reshape(T, kvh, hd)
@@ -103,14 +113,28 @@ def main():
                     # (they move only at a rounding midpoint) and the scales
                     # to 1e-5
                     stored = raw.reshape(T, kvh, rb)
-                    mine = (e4m3t_encode(pre) if mode == "fp8-token"
+                    mine = (e4m3t_encode(pre) if mode == "fp8-token" else i4t_encode(pre) if i4
                             else i8t_encode(pre, mode == "int8-token-rn"))[0]
                     check(np.array_equal(stored, mine),
                           f"{mode}: layer {al} {which.upper()} cache bytes = {mode}(C values, each row's "
                           f"own scale), every one of {stored.size}")
-                    sr = np.ascontiguousarray(codes_r[..., hd:]).view("<f4")
-                    sc_ = np.ascontiguousarray(stored[..., hd:]).view("<f4")
+                    sr = np.ascontiguousarray(codes_r[..., nc:]).view("<f4")
+                    sc_ = np.ascontiguousarray(stored[..., nc:]).view("<f4")
                     e = float(np.max(np.abs(sr - sc_) / sc_))
+                    if i4:
+                        # the rotation's sums in the reference's own order of
+                        # K's computation move a value's BF16 rounding, so
+                        # codes, zero points and scales: rows' values are
+                        # compared, in the rotated basis, to a step of each
+                        from qwen3next_ref import i4t_decode
+                        step = np.ascontiguousarray(stored[..., nc:]).view("<u4") & np.uint32(0xFFFFFFF0)
+                        step = step.view("<f4").astype(np.float64)
+                        dv = np.abs(i4t_decode(codes_r) - i4t_decode(stored)) / step
+                        n = int((dv > 1.01).sum())
+                        check(n <= dv.size // 100 and e < 1e-2,
+                              f"{mode}: layer {al} {which.upper()} reference's own rows: {dv.size - n} of "
+                              f"{dv.size} values within a step; scales within {e:.1e}")
+                        continue
                     if mode == "fp8-token":
                         same = np.all(codes_r[..., :hd] == stored[..., :hd], -1)
                         check(same.mean() >= 0.99 and e < 1e-5,

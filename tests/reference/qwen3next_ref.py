@@ -162,6 +162,86 @@ def i8t_decode(row):
     return row[..., :hd].view(np.int8).astype(np.float64) * s.astype(np.float64)
 
 
+def rht_signs(n):
+    """The +-1 signs of int4-token's rotation: bit 23 of each of the first n
+    outputs of MT19937 seeded 0x9E3779B9 (NumPy's legacy RandomState seeds
+    it as torch's CPU generator does; torch.bernoulli(0.5) takes the bit)."""
+    raw = np.random.RandomState(0x9E3779B9)._bit_generator.random_raw(n)
+    return np.where((raw >> 23) & 1, -1.0, 1.0).astype(np.float32)
+
+
+def rht(x32, inverse=False):
+    """The randomized Hadamard transform of rows of x32 ([..., n], n a power
+    of two) in float32 as the engine's butterfly computes it: forward
+    H (d * x), inverse d * (H x), H unnormalized (at stride h = 1, 2, 4,
+    ...: a + b and a - b)."""
+    x = np.array(x32, dtype=np.float32)
+    n = x.shape[-1]
+    d = rht_signs(n)
+    if not inverse:
+        x = x * d
+    h = 1
+    while h < n:
+        v = x.reshape(x.shape[:-1] + (n // (2 * h), 2, h))
+        a, b = v[..., 0, :], v[..., 1, :]
+        x = np.stack([a + b, a - b], axis=-2).reshape(x.shape)
+        h *= 2
+    return x * d if inverse else x
+
+
+def round_away(v):
+    """float32 v to an integer as (int)(v + 0.5) or (int)(v - 0.5) by its
+    sign, the additions in float32."""
+    v = np.asarray(v, dtype=np.float32)
+    return np.where(v >= 0, np.trunc(v + np.float32(0.5)), np.trunc(v - np.float32(0.5)))
+
+
+def i4t_encode(x32):
+    """INT4 rows of x32 ([..., head_dim] float32) with a zero point and a
+    scale each (int4-token, vLLM's int4_per_token_head): y = bf16(rht(x)),
+    s = max((max - min) / 15, 1e-6), z = clamp(round(-min / s), 0, 15),
+    code = clamp(round(y * (1 / s) + z), 0, 15) (the product and sum rounded
+    once, as a fused multiply-add), halves away from zero. The stored bytes
+    (two codes a byte, low nibble first, then s as float32 with z in its four
+    low bits) and the values in the rotated basis, (code - z) s' with s' the
+    stored scale less z (float64)."""
+    y = round_bf16(rht(np.asarray(x32, dtype=np.float32)))
+    lo, hi = y.min(-1, keepdims=True), y.max(-1, keepdims=True)
+    s = np.maximum(np.divide(hi - lo, np.float32(15.0), dtype=np.float32), np.float32(1e-6))
+    inv = np.divide(np.float32(1.0), s, dtype=np.float32)
+    z = np.clip(round_away(np.divide(-lo, s, dtype=np.float32)), 0, 15)
+    v = (y.astype(np.float64) * inv.astype(np.float64) + z).astype(np.float32)
+    q = np.clip(round_away(v), 0, 15).astype(np.uint8)
+    bits = (np.ascontiguousarray(s).view(np.uint32) & np.uint32(0xFFFFFFF0)) | z.astype(np.uint32)
+    packed = q[..., 0::2] | (q[..., 1::2] << 4)
+    sb = np.ascontiguousarray(bits.astype("<u4")).view(np.uint8)
+    return np.concatenate([packed, sb], -1), i4t_decode(np.concatenate([packed, sb], -1))
+
+
+def i4t_decode(row):
+    """Stored int4-token rows back to values in the rotated basis
+    (float64)."""
+    row = np.asarray(row, dtype=np.uint8)
+    nb = row.shape[-1] - 4
+    bits = np.ascontiguousarray(row[..., nb:]).view("<u4")
+    z = (bits & 15).astype(np.float64)
+    s = (bits & np.uint32(0xFFFFFFF0)).view("<f4").astype(np.float64)
+    q = np.empty(row.shape[:-1] + (2 * nb,), dtype=np.float64)
+    q[..., 0::2], q[..., 1::2] = row[..., :nb] & 15, row[..., :nb] >> 4
+    return (q - z) * s
+
+
+def i4t_attention(q, kq, vq):
+    """Attention over int4-token rows (kq, vq: the rotated basis): the query
+    rotated as the rows were and rounded to BF16, the softmax scale over
+    head_dim (the rotation's gain, squared), the output rotated back over
+    head_dim and rounded to BF16."""
+    hd = q.shape[-1]
+    qr = round_bf16(rht(q.astype(np.float32))).astype(np.float64) / hd
+    p, o = fp8_attention(qr, kq, vq)
+    return p, round_bf16(rht(o.astype(np.float32), True) / np.float32(hd)).astype(np.float64)
+
+
 def e4m3t_decode(row):
     """Stored fp8-token rows back to values (float64)."""
     row = np.asarray(row, dtype=np.uint8)
@@ -198,8 +278,9 @@ def store(x, mode, scale):
     if mode == "nvfp4":
         codes, vals = nvfp4_encode(x32, scale)
         return vals, codes
-    if mode in ("e4m3t", "i8t", "i8t-rn"):  # each row its own scale; scale is not used
-        codes, vals = e4m3t_encode(x32) if mode == "e4m3t" else i8t_encode(x32, mode == "i8t-rn")
+    if mode in ("e4m3t", "i8t", "i8t-rn", "i4t"):  # each row its own scale; scale is not used
+        codes, vals = (e4m3t_encode(x32) if mode == "e4m3t" else i4t_encode(x32) if mode == "i4t"
+                       else i8t_encode(x32, mode == "i8t-rn"))
         return vals, codes
     s = np.asarray(scale, dtype=np.float32)[:, None]
     codes = e4m3_encode(np.divide(x32, s, dtype=np.float32))
@@ -312,20 +393,22 @@ class Qwen3NextRef:
             ks = vs = None
         mode = ("bf16" if kv_mode == "bf16" else "nvfp4" if kv_mode.startswith("nvfp4")
                 else "e4m3t" if kv_mode == "fp8-token" else "i8t" if kv_mode == "int8-token"
-                else "i8t-rn" if kv_mode == "int8-token-rn" else "fp8")
+                else "i8t-rn" if kv_mode == "int8-token-rn" else "i4t" if kv_mode == "int4-token"
+                else "fp8")
         kq, kc = store(k, mode, ks)
         vq, vc = store(v, mode, vs)
         if forced is not None and mode == "nvfp4":
             kq, vq = nvfp4_decode(forced[0], ks), nvfp4_decode(forced[1], vs)
-        if forced is not None and mode in ("e4m3t", "i8t", "i8t-rn"):
-            dec = e4m3t_decode if mode == "e4m3t" else i8t_decode
+        if forced is not None and mode in ("e4m3t", "i8t", "i8t-rn", "i4t"):
+            dec = e4m3t_decode if mode == "e4m3t" else i4t_decode if mode == "i4t" else i8t_decode
             kq, vq = dec(forced[0]), dec(forced[1])
         if forced is not None and mode == "fp8":
             kq = e4m3_decode(forced[0]) * np.asarray(ks, dtype=np.float32)[:, None].astype(np.float64)
             vq = e4m3_decode(forced[1]) * np.asarray(vs, dtype=np.float32)[:, None].astype(np.float64)
         if self.record is not None:
             self.record.setdefault("attn", []).append({"q": q, "k": k, "v": v, "kq": kq, "vq": vq})
-        o = fp8_attention(q, kq, vq, qs, qs is not None)[1] * sigmoid(gate)
+        o = (i4t_attention(q, kq, vq) if mode == "i4t" else fp8_attention(q, kq, vq, qs, qs is not None))[1]
+        o = o * sigmoid(gate)
         return o.reshape(T, nh * hd) @ W[p + "self_attn.o_proj.weight"].T, (k, v, kc, vc)
 
     def deltanet(self, xn, p):

@@ -16,7 +16,7 @@ rm -rf "$work"
 mkdir -p "$work"
 "$bin" export --model tiny -o "$work/ckpt"
 "$bin" forward --model tiny --tokens 512 --calib-tokens 512 \
-  --kv bf16,fp8-cal,fp8-unscaled,nvfp4-cal,nvfp4-unscaled,fp8-token,int8-token,int8-token-rn \
+  --kv bf16,fp8-cal,fp8-unscaled,nvfp4-cal,nvfp4-unscaled,fp8-token,int8-token,int8-token-rn,int4-token \
   --dump "$work/dump" >"$work/forward.txt"
 rc=0
 "$py" "$here/check.py" "$work/ckpt" "$work/dump" || rc=1

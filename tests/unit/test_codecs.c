@@ -334,12 +334,129 @@ static void i8t_by_hand(void **st) {
     assert_true((int8_t)row[0] >= 99 && (int8_t)row[1] <= -54);
 }
 
+/* The rotation's signs, written out from the generator vLLM draws them
+ * from (torch's CPU generator, MT19937, seeded 0x9E3779B9, through
+ * torch.bernoulli(0.5)): the first 64 and the last 64 of the 4096 kvdrift
+ * keeps, and how many are +1 ('+'). */
+static void rht_signs(void **st) {
+    (void)st;
+    static const char first[] = "+-++----+--++-+-++--+++-+-+--++-+---++-++-+-++---------+-------+",
+                      last[] = "+-++++---+++-+++-+-+-++-+-------++-+++-++++-+----++--++--+--++--";
+    int plus = 0;
+    for (int i = 0; i < KVD_RHT_MAX; i++) plus += kvd_rht_sign((size_t)i) > 0;
+    assert_int_equal(plus, 1996);
+    for (int i = 0; i < 64; i++) {
+        assert_true(kvd_rht_sign((size_t)i) == (first[i] == '+' ? 1.0f : -1.0f));
+        assert_true(kvd_rht_sign((size_t)(KVD_RHT_MAX - 64 + i)) ==
+                    (last[i] == '+' ? 1.0f : -1.0f));
+    }
+}
+
+/* The rotation against the Hadamard matrix written out (Sylvester's: entry
+ * (i, j) is -1 to the number of bits i and j share), in double; integers
+ * come through exactly, and the inverse of the forward is n times the row. */
+static void rht_matrix(void **st) {
+    (void)st;
+    for (int n = 32; n <= 256; n *= 2) {
+        float x[256], y[256], z[256];
+        for (int i = 0; i < n; i++) x[i] = (float)((i * 37 % 23) - 11) * 0.37f + 0.01f * (float)i;
+        memcpy(y, x, sizeof(float) * (size_t)n);
+        kvd_rht(y, (size_t)n, 0);
+        double norm = 0;
+        for (int i = 0; i < n; i++) norm += (double)x[i] * x[i];
+        for (int i = 0; i < n; i++) {
+            double want = 0;
+            for (int j = 0; j < n; j++)
+                want += (__builtin_popcount((unsigned)(i & j)) % 2 ? -1.0 : 1.0) *
+                        kvd_rht_sign((size_t)j) * x[j];
+            assert_true(fabs(y[i] - want) <= 1e-6 * sqrt(norm * n));
+        }
+        memcpy(z, y, sizeof(float) * (size_t)n);
+        kvd_rht(z, (size_t)n, 1);
+        for (int i = 0; i < n; i++) assert_true(fabsf(z[i] / (float)n - x[i]) <= 1e-5f);
+        for (int i = 0; i < n; i++) x[i] = (float)(i % 7) - 3.0f; /* integers: exact */
+        memcpy(y, x, sizeof(float) * (size_t)n);
+        kvd_rht(y, (size_t)n, 0);
+        kvd_rht(y, (size_t)n, 1);
+        for (int i = 0; i < n; i++) assert_true(y[i] == (float)n * x[i]);
+    }
+}
+
+/* int4-token rows (vLLM's int4_per_token_head), worked by hand. x is made
+ * as the rotation's inverse of a chosen y, over n (exact: small integers
+ * and halves), so that the write's rotation gives y back exactly. */
+static void i4t_row(const float *y, float *x, int n) {
+    memcpy(x, y, sizeof(float) * (size_t)n);
+    kvd_rht(x, (size_t)n, 1);
+    for (int i = 0; i < n; i++) x[i] /= (float)n;
+}
+
+static void i4t_by_hand(void **st) {
+    (void)st;
+    enum { N = 64 };
+    float y[N], x[N], back[N];
+    uint8_t row[N / 2 + 4];
+    kvd_qstats qs = {0};
+    /* y from -8 to 7 by ones: s = 15 / 15 = 1, z = 8, code = y + 8; and
+     * two halves, which round away from zero as (int)(v + 0.5) does: 0.5
+     * -> 8.5 -> 9, -7.5 -> 0.5 -> 1 (to nearest even: 8 and 0); 0.25 reads
+     * back as zero (code 8: flushed) */
+    for (int i = 0; i < N; i++) y[i] = (float)(i % 16) - 8.0f;
+    y[20] = 0.5f, y[33] = -7.5f, y[5] = 0.25f;
+    i4t_row(y, x, N);
+    kvd_quant_i4t(x, row, N, &qs);
+    for (int i = 0; i < N; i++) {
+        const int want = i == 20   ? 9
+                         : i == 33 ? 1
+                         : i == 5  ? 8
+                                   : i % 16,
+                  got = i % 2 ? row[i / 2] >> 4 : row[i / 2] & 15;
+        assert_int_equal(got, want);
+    }
+    uint32_t bits;
+    memcpy(&bits, row + N / 2, 4);
+    assert_int_equal(bits, 0x3f800008u); /* 1.0f, zero point 8 in the low bits */
+    assert_true(kvd_i4t_scale(bits) == 1.0f && kvd_i4t_zero(bits) == 8);
+    assert_true(qs.n == N && qs.saturated == 0 && qs.flushed == 1);
+    kvd_dequant_i4t(row, back, N, 1.0f);
+    for (int i = 0; i < N; i++)
+        assert_true(back[i] == (i == 20 ? 1.0f : i == 33 ? -7.0f : i == 5 ? 0.0f : y[i]));
+    /* all above zero, from 2 to 17: s = 1, z = round(-2) clamped to 0, the
+     * codes of 16 and 17 clamped to 15 (saturated) */
+    for (int i = 0; i < N; i++) y[i] = (float)(2 + i % 16);
+    i4t_row(y, x, N);
+    memset(&qs, 0, sizeof qs);
+    kvd_quant_i4t(x, row, N, &qs);
+    assert_true(qs.saturated == 2 * N / 16 && qs.flushed == 0);
+    memcpy(&bits, row + N / 2, 4);
+    assert_int_equal(bits, 0x3f800000u);
+    assert_int_equal(row[7] >> 4, 15); /* y[15] = 17 */
+    /* a flat row: s is the 1e-6 floor, its low bits cleared */
+    for (int i = 0; i < N; i++) x[i] = 0.0f;
+    memset(&qs, 0, sizeof qs);
+    kvd_quant_i4t(x, row, N, &qs);
+    memcpy(&bits, row + N / 2, 4);
+    float floor_ = 1e-6f;
+    uint32_t fb;
+    memcpy(&fb, &floor_, 4);
+    assert_int_equal(bits, fb & ~15u);
+    assert_true(qs.flushed == 0 && row[0] == 0);
+    /* the generic row write takes the format */
+    uint8_t row2[N / 2 + 4];
+    i4t_row(y, x, N);
+    kvd_quant_i4t(x, row, N, NULL);
+    kvd_quant_row(KVD_FMT_I4T, x, row2, N, 0.0f, 1, NULL);
+    assert_memory_equal(row, row2, sizeof row);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(nvfp4_by_hand), cmocka_unit_test(e4m3t_by_hand),
-        cmocka_unit_test(i8t_by_hand),   cmocka_unit_test(decode_tables),
-        cmocka_unit_test(row_decodes),   cmocka_unit_test(round_trips),
-        cmocka_unit_test(edges),         cmocka_unit_test(vectors_and_stats),
+        cmocka_unit_test(nvfp4_by_hand),     cmocka_unit_test(e4m3t_by_hand),
+        cmocka_unit_test(i8t_by_hand),       cmocka_unit_test(i4t_by_hand),
+        cmocka_unit_test(rht_signs),         cmocka_unit_test(rht_matrix),
+        cmocka_unit_test(decode_tables),     cmocka_unit_test(row_decodes),
+        cmocka_unit_test(round_trips),       cmocka_unit_test(edges),
+        cmocka_unit_test(vectors_and_stats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -106,6 +106,47 @@ static int fp8_token_reference(const float *x, const float *row) {
  * 127] and truncated toward zero (rn: rounded to nearest even); row must
  * read back as that exactly.
  * Returns the row's values flushed to zero. */
+static int int8_token_reference(const float *x, const float *row, int rn);
+
+/* Row x rotated as int4-token's write rotates it (kvd_rht, which
+ * unit_codecs holds to the Hadamard matrix), in BF16: y. */
+static void int4_rotated(const float *x, float *y) {
+    memcpy(y, x, sizeof(float) * HD);
+    kvd_rht(y, HD, 0);
+    kvd_round_bf16(y, HD);
+}
+
+/* int4-token by its definition (vLLM's int4_per_token_head) on the rotated
+ * row y: the scale (hi - lo) / 15, the zero point round(-lo / s), each code
+ * round(y / s + z) (the product and sum exact in double, rounded once to
+ * float as a fused multiply-add is), halves away from zero, clamped to
+ * 0-15; row (read back and rotated again by the caller) must be (code - z)
+ * s', s' the scale with its four low bits cleared, to within the two
+ * rotations' rounding. Returns the row's values flushed to zero. */
+static int int4_token_reference(const float *x, const float *row) {
+    float y[HD], lo = INFINITY, hi = -INFINITY;
+    int4_rotated(x, y);
+    for (int i = 0; i < HD; i++) lo = y[i] < lo ? y[i] : lo, hi = y[i] > hi ? y[i] : hi;
+    const float s = (hi - lo) / 15.0f > 1e-6f ? (hi - lo) / 15.0f : 1e-6f, inv = 1.0f / s;
+    const float zf = -lo / s;
+    const int z0 = zf >= 0 ? (int)(zf + 0.5f) : (int)(zf - 0.5f), z = z0 < 0    ? 0
+                                                                      : z0 > 15 ? 15
+                                                                                : z0;
+    uint32_t bits;
+    memcpy(&bits, &s, 4);
+    bits &= ~15u;
+    float st;
+    memcpy(&st, &bits, 4);
+    int ftz = 0;
+    for (int i = 0; i < HD; i++) {
+        const float v = (float)((double)y[i] * inv + z);
+        const int r = v >= 0 ? (int)(v + 0.5f) : (int)(v - 0.5f), q = r < 0 ? 0 : r > 15 ? 15 : r;
+        assert_true(fabsf(row[i] - (float)(q - z) * st) <= 1e-5f * (hi - lo));
+        ftz += q == z && y[i] != 0;
+    }
+    return ftz;
+}
+
 static int int8_token_reference(const float *x, const float *row, int rn) {
     float a = 0.0f;
     for (int i = 0; i < HD; i++) a = fabsf(x[i]) > a ? fabsf(x[i]) : a;
@@ -145,6 +186,14 @@ static void modes(void **st) {
             float vs = kvd_kv_mode_scaled(mode) ? sc.v[h] : 1.0f;
             if (mode == KVD_KV_NVFP4_CAL) ks /= 6.0f, vs /= 6.0f; /* FP8's scale over E2M1's 6 */
             kvd_kv_row(&view, 0, c.seqs[s].blocks, 0, h, row);
+            if (mode == KVD_KV_INT4_TOKEN) { /* read back in the model's basis: rotated again */
+                kvd_rht(row, HD, 0);
+                ksub += (uint64_t)int4_token_reference(k + h * HD, row);
+                kvd_kv_row(&view, 1, c.seqs[s].blocks, 0, h, row);
+                kvd_rht(row, HD, 0);
+                sub += (uint64_t)int4_token_reference(v + h * HD, row);
+                continue;
+            }
             if (mode == KVD_KV_INT8_TOKEN || mode == KVD_KV_INT8_TOKEN_RN) {
                 const int rn = mode == KVD_KV_INT8_TOKEN_RN;
                 ksub += (uint64_t)int8_token_reference(k + h * HD, row, rn);
@@ -201,6 +250,14 @@ static void modes(void **st) {
             assert_int_equal(c.v_stats[0].flushed, sub);
             assert_int_equal(c.k_stats[0].subnormal + c.v_stats[0].subnormal, 0);
             assert_true(ksub > 0); /* the key outliers leave the rest a few steps */
+        }
+        if (mode == KVD_KV_INT4_TOKEN) { /* sub and ksub count flushed values */
+            assert_int_equal(c.k_stats[0].flushed, ksub);
+            assert_int_equal(c.v_stats[0].flushed, sub);
+            assert_int_equal(c.k_stats[0].subnormal + c.v_stats[0].subnormal, 0);
+            /* the rotation spreads the key outliers over the row: its codes
+             * use the whole grid, and few values flush */
+            assert_true(ksub < KVH * HD / 4);
         }
         if (mode == KVD_KV_FP8_TOKEN) { /* the outliers fit, and V keeps its precision */
             assert_int_equal(c.k_stats[0].saturated, 0);
@@ -261,7 +318,7 @@ static void pool_layout(void **st) {
                     memcpy(got + HD, c.k[1] + base + (size_t)BS * HD + 4 * slot, 4);
                     float s1, s2;
                     memcpy(&s1, want + HD, 4);
-                    s2 = kvd_pool_row_scale(c.k[1] + base, BS, HD, (int)slot);
+                    s2 = kvd_pool_row_scale(fmt, c.k[1] + base, BS, HD, (int)slot);
                     assert_true(s1 == s2 && s1 > 0.0f);
                 }
                 assert_memory_equal(got, want, rb);
@@ -285,10 +342,17 @@ static void attention_shape(int NH, int D) {
     fill(q, NH * D, 77, 1.0f);
     for (int mi = 0; mi < KVD_KV_N_MODES; mi++) {
         kvd_kvcache c;
+        const int i4 = kvd_kv_mode_fmt((kvd_kv_mode)mi) == KVD_FMT_I4T;
         if (kvd_kv_mode_fmt((kvd_kv_mode)mi) == KVD_FMT_NVFP4 && D % 16) { /* refused */
             assert_int_equal(
                 kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, D, BS, 2 * T, &sc, 1, err), -1);
             assert_non_null(strstr(err, "not a multiple of NVFP4's 16-value groups"));
+            continue;
+        }
+        if (i4 && (D & (D - 1))) { /* refused: the rotation takes powers of two */
+            assert_int_equal(
+                kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, D, BS, 2 * T, &sc, 1, err), -1);
+            assert_non_null(strstr(err, "int4-token: head_dim 40 is not a power of two"));
             continue;
         }
         assert_int_equal(kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, D, BS, 2 * T, &sc, 1, err),
@@ -311,29 +375,45 @@ static void attention_shape(int NH, int D) {
         assert_true(kvd_attn_work_bytes(NH, D, T, 3) <= sizeof work);
         kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, out3, probs3, work, 3);
         kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, out, probs, work, 1);
+        /* (int4-token's output is rounded to BF16: a sum's last bit may move
+         * it a BF16 step) */
+        const float rel = i4 ? 0x1p-7f : 1e-5f;
         for (int i = 0; i < NH * D; i++)
-            assert_true(fabsf(out3[i] - out[i]) <= 1e-6f + 1e-5f * fabsf(out[i]));
+            assert_true(fabsf(out3[i] - out[i]) <= 1e-6f + rel * fabsf(out[i]));
         for (int i = 0; i < NH * T; i++)
             assert_true(fabsf(probs3[i] - probs[i]) <= 1e-7f + 1e-5f * probs[i]);
         for (int hq = 0; hq < NH; hq++) {
             int h = hq / (NH / KH);
             double sc_[T], mx = -INFINITY, sum = 0, acc[64] = {0};
+            /* int4-token in the rotated basis: the query rotated and rounded
+             * to BF16, the rows rotated again, the scale over D */
+            float qh[64];
+            memcpy(qh, q + hq * D, sizeof(float) * (size_t)D);
+            if (i4) kvd_rht(qh, (size_t)D, 0), kvd_round_bf16(qh, (size_t)D);
             for (int t = 0; t < T; t++) {
                 kvd_kv_row(&view, 0, c.seqs[s].blocks, t, h, row);
+                if (i4) kvd_rht(row, (size_t)D, 0);
                 double d = 0;
-                for (int i = 0; i < D; i++) d += (double)q[hq * D + i] * row[i];
-                sc_[t] = d * sm;
+                for (int i = 0; i < D; i++) d += (double)qh[i] * row[i];
+                sc_[t] = d * sm / (i4 ? D : 1);
                 mx = sc_[t] > mx ? sc_[t] : mx;
             }
             for (int t = 0; t < T; t++) sum += (sc_[t] = exp(sc_[t] - mx));
             for (int t = 0; t < T; t++) {
                 assert_true(fabs(probs[hq * T + t] - sc_[t] / sum) <= 1e-6 + 1e-5 * sc_[t] / sum);
                 kvd_kv_row(&view, 1, c.seqs[s].blocks, t, h, row);
+                if (i4) kvd_rht(row, (size_t)D, 0);
                 for (int i = 0; i < D; i++) acc[i] += sc_[t] / sum * row[i];
+            }
+            if (i4) { /* rotated back, over D */
+                float back[64];
+                for (int i = 0; i < D; i++) back[i] = (float)acc[i];
+                kvd_rht(back, (size_t)D, 1);
+                for (int i = 0; i < D; i++) acc[i] = back[i] / D;
             }
             /* fp32 accumulation over 300 terms: 1e-5 relative is generous */
             for (int i = 0; i < D; i++)
-                assert_true(fabs(out[hq * D + i] - acc[i]) <= 1e-6 + 1e-5 * fabs(acc[i]) * 10);
+                assert_true(fabs(out[hq * D + i] - acc[i]) <= 1e-6 + rel * fabs(acc[i]) * 10);
         }
         kvd_kvcache_free(&c);
     }
@@ -554,7 +634,7 @@ static void nosat_nan(void **st) {
 /* Two kernels' outputs and distributions of one query: the same but for the
  * order of the sums (~1e-6 here; a misplaced dimension or row gives O(1)) */
 static int paths_agree(const float *o1, const float *o2, const float *p1, const float *p2, int NH,
-                       int D, int T) {
+                       int D, int T, double out_tol) {
     double num = 0, den = 0;
     for (int i = 0; i < NH * D; i++) {
         num += (double)(o1[i] - o2[i]) * (o1[i] - o2[i]);
@@ -565,7 +645,7 @@ static int paths_agree(const float *o1, const float *o2, const float *p1, const 
         double r = fabs(p1[i] - p2[i]) / (1e-6 + p2[i]);
         worst = r > worst ? r : worst;
     }
-    return den > 0 && sqrt(num / den) < 1e-5 && worst < 2e-5;
+    return den > 0 && sqrt(num / den) < out_tol && worst < 2e-5;
 }
 
 /* The vector kernels (their own order of the dimensions, sixteen dot
@@ -605,15 +685,18 @@ static void attention_paths(void **st) {
             }
             kvd_kv_view view = kvd_kvcache_view(&c, 0);
             float sm = 1.0f / sqrtf((float)D);
+            /* int4-token's output is rounded to BF16: where the sums' last
+             * bits differ, a value moves a BF16 step */
+            const double tol = c.fmt == KVD_FMT_I4T ? 2e-3 : 1e-5;
             view.portable = KVD_ATTN_NO_AMX; /* the AVX-512 kernels, where AMX is taken */
             kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, o2, p2, work, 2);
             view.portable = 0;
             kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, o1, p1, work, 2);
             /* the CPU's kernels (AMX at 8 and 16 heads a KV head) against the AVX-512 ones */
-            assert_true(paths_agree(o1, o2, p1, p2, NH, D, T));
+            assert_true(paths_agree(o1, o2, p1, p2, NH, D, T, tol));
             view.portable = 1;
             kvd_attn_paged(&view, c.seqs[s].blocks, T, q, NH, sm, o2, p2, work, 2);
-            assert_true(paths_agree(o1, o2, p1, p2, NH, D, T));
+            assert_true(paths_agree(o1, o2, p1, p2, NH, D, T, tol));
             kvd_kvcache_free(&c);
         }
         free(k), free(v), free(q), free(o1), free(o2), free(p1), free(p2), free(work);
