@@ -240,7 +240,7 @@ int kvd_cmd_forward(int argc, char **argv) {
     printf("trace: %d synthetic tokens, seed %llu\n", T, (unsigned long long)seed);
 
     int nf = kvd_config_n_full(c), kvh = c->num_key_value_heads, V = c->vocab_size;
-    kvd_kv_mode_require_fit(cmd, want, c->head_dim, &co.be);
+    kvd_kv_mode_require_fit(cmd, want, c->head_dim);
     kvd_kv_scales sc = {0}, am = {0}, ck = {0};
     kvd_model_opts_ckpt_scales(&mo, cmd, c, &ck, want);
     int need_cal = 0;

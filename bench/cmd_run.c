@@ -1244,7 +1244,7 @@ int kvd_cmd_run(int argc, char **argv) {
         run_mode[o.modes[i]] = 1;
         need_cal |= kvd_kv_mode_cal((kvd_kv_mode)o.modes[i]);
     }
-    kvd_kv_mode_require_fit(cmd, run_mode, c->head_dim, &o.be); /* before any cell runs */
+    kvd_kv_mode_require_fit(cmd, run_mode, c->head_dim); /* before any cell runs */
     kvd_kv_scales sc = {0}, am = {0};
     kvd_kv_scales ck = {0};
     kvd_model_opts_ckpt_scales(&o.mo, cmd, c, &ck, run_mode);

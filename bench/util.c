@@ -319,11 +319,7 @@ void kvd_model_opts_ckpt_scales(const kvd_model_opts *o, const char *cmd, const 
     }
 }
 
-void kvd_kv_mode_require_fit(const char *cmd, const int *run, int head_dim, const kvd_backend *be) {
-    if (be->ops != &kvd_engine_cpu && run[KVD_KV_INT4_TOKEN])
-        kvd_die(KVD_EXIT_USAGE, cmd,
-                "--kv int4-token: the CUDA back end does not read INT4 caches yet; run it with "
-                "--backend cpu");
+void kvd_kv_mode_require_fit(const char *cmd, const int *run, int head_dim) {
     for (int m = 0; m < KVD_KV_N_MODES; m++)
         if (run[m] && !kvd_kv_mode_fits((kvd_kv_mode)m, head_dim))
             kvd_die(KVD_EXIT_USAGE, cmd, "--kv %s: the model's %s",

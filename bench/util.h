@@ -51,9 +51,8 @@ void kvd_model_opts_ckpt_scales(const kvd_model_opts *o, const char *cmd, const 
                                 kvd_kv_scales *s, const int *run);
 /* Exit 2 naming the first mode run (flags as above) that cannot cache rows
  * of head_dim values (NVFP4 without whole groups of 16, int4-token without
- * a power of two), or that the back end does not run (int4-token on the
- * device). */
-void kvd_kv_mode_require_fit(const char *cmd, const int *run, int head_dim, const kvd_backend *be);
+ * a power of two). */
+void kvd_kv_mode_require_fit(const char *cmd, const int *run, int head_dim);
 
 void kvd_model_opts_init(kvd_model_opts *o);
 /* Consume a model flag if `flag` is one; returns 1 when consumed. */

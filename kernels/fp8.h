@@ -236,6 +236,43 @@ int kvd_i4t_zero(uint32_t bits);
  * (set: -1). */
 void kvd_rht(float *x, size_t n, int inverse);
 float kvd_rht_sign(size_t i);
+/* The signs as bits (bit i % 32 of w[i / 32] set: -1): MT19937 (the
+ * reference generator's initialisation and tempering) seeded with
+ * KVD_I4T_SEED, bit 23 of each output. Here, for the device code's host
+ * side too. */
+typedef struct {
+    uint32_t w[KVD_RHT_MAX / 32];
+} kvd_rht_bits;
+static inline void kvd_rht_sign_bits(kvd_rht_bits *b) {
+    enum { N = 624, M = 397 };
+    uint32_t mt[N];
+    mt[0] = KVD_I4T_SEED;
+    for (uint32_t i = 1; i < N; i++) mt[i] = 1812433253u * (mt[i - 1] ^ (mt[i - 1] >> 30)) + i;
+    int at = N;
+    for (int k = 0; k < KVD_RHT_MAX; k++) {
+        if (k % 32 == 0) b->w[k / 32] = 0;
+        if (at == N) {
+            for (int i = 0; i < N; i++) {
+                const uint32_t y = (mt[i] & 0x80000000u) | (mt[(i + 1) % N] & 0x7fffffffu);
+                mt[i] = mt[(i + M) % N] ^ (y >> 1) ^ (y & 1u ? 0x9908b0dfu : 0u);
+            }
+            at = 0;
+        }
+        uint32_t y = mt[at++];
+        y ^= y >> 11;
+        y ^= (y << 7) & 0x9d2c5680u;
+        y ^= (y << 15) & 0xefc60000u;
+        y ^= y >> 18;
+        b->w[k / 32] |= (y >> 23 & 1u) << (k % 32);
+    }
+}
+/* Attention's rotations of int4-token, on rows of heads vectors of hd
+ * values (src and dst rows src_stride and dst_stride floats apart; dst may
+ * be src): forward, each vector kvd_rht'd and rounded to BF16 (the query);
+ * inverse, kvd_rht's inverse over hd, rounded to BF16 (the output). The
+ * CPU twin of kvd_cudaop_rht. */
+void kvd_rht_rows(const float *src, float *dst, int rows, size_t src_stride, size_t dst_stride,
+                  int heads, int hd, int inverse);
 
 /* One cache row of n values in format fmt (a kvd_fmt), as the caches of
  * both back ends write it: E4M3 and E5M2 as cvt(x / scale), saturating or

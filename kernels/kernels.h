@@ -185,6 +185,14 @@ static inline int kvd_attn_parts(int n_ctx, int block_size) {
 }
 void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
                     int n_heads, float sm_scale, float *out, float *probs, void *work, int n_parts);
+/* int4-token (I4T) caches: kvd_attn_paged rotates q as the rows were
+ * (kvd_rht_rows, in BF16), divides sm_scale by head_dim and rotates the
+ * output back. kvd_attn_paged_rotated is the attention in the rotated
+ * basis alone, q taken as given (the device kernels' twin: their callers
+ * rotate); for every other format the two are one. */
+void kvd_attn_paged_rotated(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
+                            int n_heads, float sm_scale, float *out, float *probs, void *work,
+                            int n_parts);
 /* Which kernels kvd_attn_paged takes where the view does not ask for
  * others: "AMX" (the AVX-512 ones, with AMX-BF16 tiles for the products at
  * 8 or 16 query heads a KV head, on an x86-64 CPU with AMX-BF16 and

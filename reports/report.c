@@ -1691,6 +1691,9 @@ static void mode_notes(kvd_buf *b, const kvd_run *runs, int n, const char *lead,
                         "vLLM's int4_per_token_head cache does: attention rotates the query the "
                         "same way and its output back, each rounded to BF16. The rotation "
                         "spreads the key outlier channels over every dimension.");
+        if (runs_have(runs, n, is_int4, 1))
+            kvd_buf_puts(b, " On the device it decodes and prefills on kvdrift's FP32-core "
+                            "attention kernels: its speeds there are kvdrift's, not an engine's.");
         kvd_buf_puts(b, tail);
     }
     if (nvfp4_decode_fp32(runs, n)) {

@@ -115,6 +115,10 @@ struct kvd_cuda_model {
     float *attn_scratch;
     size_t attn_scratch_floats;
     float *d_qfp8; /* FP8 attention over the shadow: this model's queries in E4M3 */
+    /* int4-token (an I4T cache, the shadow's): the queries rotated as the
+     * cache's rows are, [max_rows][heads][head_dim]: this model's own, and
+     * the isolated view's over the shadow (NULL where neither is I4T) */
+    float *d_qrot, *d_qrot_iso;
     unsigned long long *nonfinite;
     /* the cache, and the shadow cache with its host bookkeeping (NULL: none) */
     int kv_heads, head_dim;
@@ -722,6 +726,7 @@ static kvd_cuda_model *rank_new(const kvd_weights *w, const kvd_cuda_model *peer
     m->kv_heads = (int)kvh;
     m->head_dim = (int)hd;
     if (dev_kv_init(m, &m->kc, kv)) goto oom;
+    if (kv->fmt == KVD_FMT_I4T) DBUF(m->d_qrot, R * nh * hd);
     DBUF(m->nonfinite, 2 * (size_t)c->num_hidden_layers + 2);
     m->attn_scratch_floats = kvd_cuda_attn_scratch_floats(kv->n_blocks * kv->block_size,
                                                           c->num_attention_heads, c->head_dim);
@@ -873,7 +878,10 @@ static int rank_shadow(kvd_cuda_model *m, kvd_kvcache *shadow, char *err) {
                 snprintf(err, KVD_ERR_LEN, "device model: uploading the shadow's scales failed");
             return -1;
         }
-    } else if (dev_kv_init(m, &m->sc, shadow)) {
+    } else if (dev_kv_init(m, &m->sc, shadow) ||
+               (shadow->fmt == KVD_FMT_I4T &&
+                !(m->d_qrot_iso = dalloc(&m->mem, sizeof(float) * (size_t)m->max_rows *
+                                                      m->c.num_attention_heads * m->head_dim)))) {
         snprintf(err, KVD_ERR_LEN,
                  "device model: out of device memory for a %lld-block shadow cache",
                  (long long)shadow->n_blocks);
@@ -1161,23 +1169,34 @@ static int group_attention(kvd_cuda_model *m, kvd_cuda_model *om, dev_kv *kc, in
     /* the row indices and contexts are om's, [2][om's max_rows] (a reference
      * may hold more rows than the model comparing with it) */
     const int nhl = m->c.num_attention_heads, hd = m->head_dim, R = om->max_rows;
-    const float sm_scale = 1.0f / sqrtf((float)hd);
+    const int i4 = kc->fmt == KVD_FMT_I4T; /* q rotated by the caller (i4t_query) */
+    const float sm_scale = 1.0f / sqrtf((float)hd) / (i4 ? (float)hd : 1.0f);
     const size_t no = (size_t)nhl * hd;
+    float *outs = om->d_outs + ((size_t)s0 * 3 + slot) * no;
     kvd_kv_view view = dev_kv_view(m, kc, al);
     const int32_t *tab = kc->btab + (size_t)seq * kc->n_blocks;
     int rc = kvd_cuda_attn_probs_rows_dev(&view, tab, n, om->d_rowidx + s0, om->d_rowidx + R + s0,
                                           max_ctx, q, no, nhl, sm_scale, probs, (size_t)max_ctx);
-    if (!kvd_cuda_attn_decode_rows_dev(&view, tab, n, om->d_rowidx + s0, om->d_rowidx + R + s0,
-                                       max_ctx, q, no, nhl, sm_scale,
-                                       om->d_outs + ((size_t)s0 * 3 + slot) * no, 3 * no,
-                                       om->attn_scratch, om->attn_scratch_floats))
-        return rc;
-    for (int k = 0; k < n; k++) { /* where the rows' launch cannot take them */
-        const int i = h_sel[s0 + k], n_ctx = h_sel[R + s0 + k];
-        rc |= decode_row(&view, tab, n_ctx, q + (size_t)i * no, nhl, sm_scale,
-                         om->d_outs + ((size_t)(s0 + k) * 3 + slot) * no, om->attn_scratch);
-    }
+    if (kvd_cuda_attn_decode_rows_dev(&view, tab, n, om->d_rowidx + s0, om->d_rowidx + R + s0,
+                                      max_ctx, q, no, nhl, sm_scale, outs, 3 * no, om->attn_scratch,
+                                      om->attn_scratch_floats))
+        for (int k = 0; k < n; k++) { /* where the rows' launch cannot take them */
+            const int i = h_sel[s0 + k], n_ctx = h_sel[R + s0 + k];
+            rc |= decode_row(&view, tab, n_ctx, q + (size_t)i * no, nhl, sm_scale,
+                             outs + (size_t)k * 3 * no, om->attn_scratch);
+        }
+    if (i4) kvd_cudaop_rht(outs, outs, n, 3 * no, 3 * no, nhl, hd, 1);
     return rc;
+}
+
+/* The query rows int4-token's attention reads over a cache of format fmt:
+ * q itself, or over an I4T cache q's rows rotated into buf (kvd_rht_rows'
+ * forward, in BF16) */
+static const float *i4t_query(kvd_fmt fmt, const float *q, float *buf, int rows, int nh, int hd) {
+    if (fmt != KVD_FMT_I4T) return q;
+    const size_t no = (size_t)nh * hd;
+    kvd_cudaop_rht(q, buf, rows, no, no, nh, hd, 0);
+    return buf;
 }
 
 /* The attn_cmp hook, for the rows want_attn accepts: each view's two
@@ -1235,6 +1254,14 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
                                               m->sc.qscale + (size_t)al * nhl);
             qiso = m->d_qfp8;
         }
+        /* over I4T caches, the queries rotated (this model's own were, for
+         * its attention: attention_in) */
+        const float *qown = m->kc.fmt == KVD_FMT_I4T ? m->d_qrot : m->qh;
+        if (iso) qiso = i4t_query(m->sc.fmt, qiso, m->d_qrot_iso, rows, nhl, hd);
+        const float *qref = prop
+                                ? i4t_query(rm->kc.fmt, rm->d_held + (size_t)al * rm->max_rows * no,
+                                            rm->d_qrot, rows, nhl, hd)
+                                : NULL;
         for (int s0 = 0, s1; s0 < n && !rc; s0 = s1) {
             /* a group: consecutive sampled rows of one sequence (and one of the
              * reference's) */
@@ -1248,11 +1275,10 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
             int gmax = 0;
             for (int k = s0; k < s1; k++) gmax = ctx[k] > gmax ? ctx[k] : gmax;
             const size_t st = (size_t)gmax;
-            rc |= group_attention(m, m, &m->kc, al, seq, s0, gn, gmax, m->qh, sel, m->d_probs, 0);
+            rc |= group_attention(m, m, &m->kc, al, seq, s0, gn, gmax, qown, sel, m->d_probs, 0);
             if (prop) {
-                rc |= group_attention(rm, m, &rm->kc, al, rseq, s0, gn, gmax,
-                                      rm->d_held + (size_t)al * rm->max_rows * no, sel, m->d_rprobs,
-                                      2);
+                rc |= group_attention(rm, m, &rm->kc, al, rseq, s0, gn, gmax, qref, sel,
+                                      m->d_rprobs, 2);
                 rc |= kvd_cuda_attn_compare_rows_dev(
                     m->d_rprobs, m->d_probs, nhl, gn, m->d_rowidx + R + s0, st,
                     m->d_kl + ro + (size_t)s0 * nhl, m->d_top + 2 * ro + (size_t)s0 * nhl,
@@ -1311,7 +1337,8 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
     const dev_layer *d = &m->wt->L[l];
     const int H = c->hidden_size, hd = c->head_dim, nh = c->num_attention_heads;
     const int kvh = c->num_key_value_heads, rot = kvd_rot_dim(c), al = m->attn_index[l];
-    const float eps = (float)c->rms_norm_eps, sm_scale = 1.0f / sqrtf((float)hd);
+    const float eps = (float)c->rms_norm_eps;
+    float sm_scale = 1.0f / sqrtf((float)hd);
     const kvd_lin_out qkv[3] = {{d->q_proj, m->qg, nh * hd * 2},
                                 {d->k_proj, m->kb, kvh * hd},
                                 {d->v_proj, m->vb, kvh * hd}};
@@ -1345,6 +1372,11 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
     kvd_kv_view view = dev_kv_view(m, &m->kc, al);
     if (view.q_scale) /* FP8 attention: the query in E4M3 for every kernel below */
         kvd_cuda_attn_fp8_query_dev(m->qh, m->qh, rows, (size_t)nh * hd, nh, hd, view.q_scale);
+    /* int4-token: the query rotated as the cache's rows are, the softmax
+     * scale over the rotation's gain (the output is rotated back below) */
+    const int i4 = view.fmt == KVD_FMT_I4T;
+    const float *qh = i4t_query(view.fmt, m->qh, m->d_qrot, rows, nh, hd);
+    if (i4) sm_scale /= (float)hd;
     /* the one-token entries in one launch where the kernel allows it (the
      * rest one by one); prefill entries one by one */
     int max_ctx = 0;
@@ -1353,16 +1385,16 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
             max_ctx = m->h_pos[m->h_row0[s]] + 1;
     const int batched = max_ctx > 0 && kvd_cuda_attn_decode_batch_dev(
                                            &view, m->kc.btab, m->kc.n_blocks, m->seqs, m->row0,
-                                           m->ntok, m->pos, b->n, max_ctx, m->qh, nh, sm_scale,
-                                           m->att, m->attn_scratch, m->attn_scratch_floats) == 0;
+                                           m->ntok, m->pos, b->n, max_ctx, qh, nh, sm_scale, m->att,
+                                           m->attn_scratch, m->attn_scratch_floats) == 0;
     for (int s = 0; s < b->n; s++) {
         int r0 = m->h_row0[s], nt = b->n_tok[s], seq = b->seq[s];
         const int32_t *tab = m->kc.btab + (size_t)seq * m->kc.n_blocks;
         if (nt == 1 && !batched) {
-            decode_row(&view, tab, m->h_pos[r0] + 1, m->qh + (size_t)r0 * nh * hd, nh, sm_scale,
+            decode_row(&view, tab, m->h_pos[r0] + 1, qh + (size_t)r0 * nh * hd, nh, sm_scale,
                        m->att + (size_t)r0 * nh * hd, m->attn_scratch);
         } else if (nt > 1 && kvd_cuda_attn_prefill_dev(&view, tab, m->h_pos[r0], nt,
-                                                       m->qh + (size_t)r0 * nh * hd, nh, sm_scale,
+                                                       qh + (size_t)r0 * nh * hd, nh, sm_scale,
                                                        m->att + (size_t)r0 * nh * hd,
                                                        m->attn_scratch, m->attn_scratch_floats)) {
             /* what no prefill kernel takes, row by row: FP8 weights the
@@ -1370,7 +1402,7 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
              * cache with a group of query heads the FP32 tiles have no build
              * for */
             for (int r = r0; r < r0 + nt; r++) {
-                const float *q = m->qh + (size_t)r * nh * hd;
+                const float *q = qh + (size_t)r * nh * hd;
                 float *o = m->att + (size_t)r * nh * hd;
                 if (view.p_fp8)
                     kvd_cuda_attn_fp8_dev(&view, tab, m->h_pos[r] + 1, q, nh, sm_scale, o,
@@ -1380,6 +1412,8 @@ static void attention_in(kvd_cuda_model *m, int l, const kvd_batch *b, int rows)
             }
         }
     }
+    if (i4) /* back from the rotated basis, over head_dim, in BF16 */
+        kvd_cudaop_rht(m->att, m->att, rows, (size_t)nh * hd, (size_t)nh * hd, nh, hd, 1);
 }
 
 /* the output gate and o_proj: this rank's part of the sum */

@@ -258,23 +258,27 @@ static inline float sum8(const vec8 *v) {
            (((*v)[2] + (*v)[6]) + ((*v)[3] + (*v)[7]));
 }
 
-/* TP rows from t0 of a block decoded into rows; past nt, zeros */
-static void decode_tile(kvd_fmt fmt, const uint8_t *p, int t0, int nt, int hd, float (*rows)[hd]) {
+/* TP rows from t0 of a block decoded into rows (less the rows' zero points
+ * zf, I4T's, where given); past nt, zeros */
+static void decode_tile(kvd_fmt fmt, const uint8_t *p, int t0, int nt, int hd, const float *zf,
+                        float (*rows)[hd]) {
     const size_t rb = kvd_pool_code_stride(fmt, hd);
     for (int i = 0; i < TP; i++) {
-        if (t0 + i < nt)
+        if (t0 + i < nt) {
             decode_row(fmt, p + (size_t)(t0 + i) * rb, hd, rows[i]);
-        else
+            for (int d = 0; zf && d < hd; d++) rows[i][d] -= zf[t0 + i];
+        } else {
             memset(rows[i], 0, sizeof(float) * (size_t)hd);
+        }
     }
 }
 
 static void scores_portable(const uint8_t *kp, int nt, const float *q, int G, int hd, kvd_fmt fmt,
-                            float kmul, float *s, size_t stride) {
+                            const float *zf, float kmul, float *s, size_t stride) {
     float rows[TP][hd];
     const int d8 = hd / 8 * 8;
     for (int t0 = 0; t0 < nt; t0 += TP) {
-        decode_tile(fmt, kp, t0, nt, hd, rows);
+        decode_tile(fmt, kp, t0, nt, hd, zf, rows);
         for (int j = 0; j < G; j++) {
             const float *qj = q + (size_t)j * hd;
             vec8 acc[TP] = {{0}};
@@ -296,11 +300,11 @@ static void scores_portable(const uint8_t *kp, int nt, const float *q, int G, in
 }
 
 static void pv_portable(const uint8_t *vp, int nt, const float *p, size_t stride, int G, int hd,
-                        kvd_fmt fmt, float *acc) {
+                        kvd_fmt fmt, const float *zf, float *acc) {
     float rows[TP][hd];
     const int d8 = hd / 8 * 8;
     for (int t0 = 0; t0 < nt; t0 += TP) {
-        decode_tile(fmt, vp, t0, nt, hd, rows);
+        decode_tile(fmt, vp, t0, nt, hd, zf, rows);
         for (int j = 0; j < G; j++) {
             float w[TP]; /* zero weights under the zero rows past nt */
             for (int i = 0; i < TP; i++) w[i] = t0 + i < nt ? p[(size_t)j * stride + t0 + i] : 0.0f;
@@ -427,13 +431,21 @@ KVD_VEC_FN static inline __m512 sum16(const __m512 *v) {
     return _mm512_permutexvar_ps(tr, r);
 }
 
+/* f (load64's four vectors) less z: an I4T row's codes less its zero
+ * point, exact */
+KVD_VEC_FN static inline void less_zero(__m512 *f, float z) {
+    const __m512 zz = _mm512_set1_ps(z);
+    for (int u = 0; u < 4; u++) f[u] = _mm512_sub_ps(f[u], zz);
+}
+
 /* G fixed at compile time, so the accumulators live in registers: scores
  * take 16 / G rows at a time (sixteen dot products, summed together), P.V
- * 16 / G vectors of 16 dimensions (at most four, one chunk) per pass. */
+ * 16 / G vectors of 16 dimensions (at most four, one chunk) per pass. zf:
+ * the rows' zero points (I4T), taken off their codes, or NULL. */
 #define KVD_DEFINE_BLOCK_KERNELS(G)                                                                \
     KVD_VEC_FN static void scores_g##G(const uint8_t *kp, int nt, const float *qk, int hd,         \
-                                       size_t rb, int codes, const fp8_tables *T, float kmul,      \
-                                       float *s, size_t stride, const uint8_t *pf) {               \
+                                       size_t rb, int codes, const fp8_tables *T, const float *zf, \
+                                       float kmul, float *s, size_t stride, const uint8_t *pf) {   \
         enum { TG = 16 / (G) };                                                                    \
         const size_t pshare = TG * rb / (size_t)(hd / 64);                                         \
         for (int t = 0; t < nt; t += TG) {                                                         \
@@ -449,6 +461,7 @@ KVD_VEC_FN static inline __m512 sum16(const __m512 *v) {
                 _Pragma("GCC unroll 16") for (int tt = 0; tt < TG; tt++) {                         \
                     __m512 f[4];                                                                   \
                     load64(codes, row[tt], c, T, f);                                               \
+                    if (zf) less_zero(f, zf[t + tt < nt ? t + tt : t]);                            \
                     _Pragma("GCC unroll 16") for (int j = 0; j < (G); j++) {                       \
                         const float *qj = qk + (size_t)j * hd + c;                                 \
                         __m512 x = acc[tt * (G) + j];                                              \
@@ -466,8 +479,8 @@ KVD_VEC_FN static inline __m512 sum16(const __m512 *v) {
         }                                                                                          \
     }                                                                                              \
     KVD_VEC_FN static void pv_g##G(const uint8_t *vp, int nt, const float *p, size_t stride,       \
-                                   int hd, size_t rb, int codes, const fp8_tables *T, float *out,  \
-                                   const uint8_t *pf) {                                            \
+                                   int hd, size_t rb, int codes, const fp8_tables *T,              \
+                                   const float *zf, float *out, const uint8_t *pf) {               \
         enum { U = (G) >= 4 ? 16 / (G) : 4 };                                                      \
         const size_t pshare = rb / (size_t)(hd / 64);                                              \
         for (int c = 0; c < hd; c += 64)                                                           \
@@ -483,6 +496,7 @@ KVD_VEC_FN static inline __m512 sum16(const __m512 *v) {
                                     codes ? rb : pshare);                                          \
                     __m512 f[4];                                                                   \
                     load64(codes, vp + (size_t)t * rb, c, T, f);                                   \
+                    if (zf) less_zero(f, zf[t]);                                                   \
                     for (int j = 0; j < (G); j++) {                                                \
                         __m512 pj = _mm512_set1_ps(p[(size_t)j * stride + t]);                     \
                         for (int u = 0; u < U; u++)                                                \
@@ -1010,8 +1024,8 @@ KVD_VEC_FN static void pv_nvfp4(const uint8_t *vp, int nt, const float *p, size_
 #endif
 
 static void scores_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *kp, int nt,
-                         const float *q, int G, float kmul, float *s, size_t stride,
-                         const uint8_t *pf, const void *amx, int kv_head) {
+                         const float *q, int G, const float *zf, float kmul, float *s,
+                         size_t stride, const uint8_t *pf, const void *amx, int kv_head) {
 #ifdef KVD_VEC
     if (rp->amx) {
         const int hd = kv->head_dim;
@@ -1026,19 +1040,19 @@ static void scores_block(const kvd_kv_view *kv, const read_path *rp, const uint8
     if (rp->vec) {
         int hd = kv->head_dim, codes = rp->codes;
         const size_t rb = kvd_pool_code_stride(kv->fmt, hd);
-#define KVD_SCORES(g) scores_g##g(kp, nt, q, hd, rb, codes, &rp->T, kmul, s, stride, pf)
+#define KVD_SCORES(g) scores_g##g(kp, nt, q, hd, rb, codes, &rp->T, zf, kmul, s, stride, pf)
         KVD_DISPATCH(KVD_SCORES)
 #undef KVD_SCORES
     }
 #endif
     (void)rp, (void)pf, (void)amx, (void)kv_head;
-    scores_portable(kp, nt, q, G, kv->head_dim, kv->fmt, kmul, s, stride);
+    scores_portable(kp, nt, q, G, kv->head_dim, kv->fmt, zf, kmul, s, stride);
 }
 
 /* (AMX: out is the KV head's split outputs, amx_out_rows(G) rows) */
 static void pv_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *vp, int nt,
-                     const float *p, size_t stride, int G, float *out, const uint8_t *pf,
-                     const void *amx) {
+                     const float *p, size_t stride, int G, const float *zf, float *out,
+                     const uint8_t *pf, const void *amx) {
 #ifdef KVD_VEC
     if (rp->amx) {
         const int hd = kv->head_dim;
@@ -1053,13 +1067,13 @@ static void pv_block(const kvd_kv_view *kv, const read_path *rp, const uint8_t *
     if (rp->vec) {
         int hd = kv->head_dim, codes = rp->codes;
         const size_t rb = kvd_pool_code_stride(kv->fmt, hd);
-#define KVD_PV(g) pv_g##g(vp, nt, p, stride, hd, rb, codes, &rp->T, out, pf)
+#define KVD_PV(g) pv_g##g(vp, nt, p, stride, hd, rb, codes, &rp->T, zf, out, pf)
         KVD_DISPATCH(KVD_PV)
 #undef KVD_PV
     }
 #endif
     (void)rp, (void)pf, (void)amx;
-    pv_portable(vp, nt, p, stride, G, kv->head_dim, kv->fmt, out);
+    pv_portable(vp, nt, p, stride, G, kv->head_dim, kv->fmt, zf, out);
 }
 
 #ifdef KVD_VEC
@@ -1135,36 +1149,39 @@ static double exp_sum(float *x, int n, float m) {
 
 /* out[j * ostride + t] = p[j * stride + t] times the scale row t of the
  * first nt row-scaled rows (E4M3T, I8T, I4T) of segment seg (bs rows)
- * carries, for G query heads (out may be p). I4T's rows read their codes
- * 0-15 less their zero point z_t: with qz, the scores p are the dot
- * products with the codes and lose qz[j] z_t first (qz[j]: query head j's
- * values' sum, times the scores' multiplier); with zw, the weights out are
- * the value rows' and zw[j] gains their sum times z_t, which the caller
- * takes off every dimension of the head's output. */
+ * carries, for G query heads (out may be p). */
 static void row_scales(const uint8_t *seg, kvd_fmt fmt, int bs, int nt, int hd, const float *p,
-                       size_t stride, int G, float *out, size_t ostride, const float *qz,
-                       float *zw) {
-    float rs[nt], z[nt]; /* the segment's scales lie side by side */
+                       size_t stride, int G, float *out, size_t ostride) {
+    float rs[nt]; /* the segment's scales lie side by side */
     memcpy(rs, seg_scales(seg, fmt, bs, hd), sizeof rs);
-    if (fmt == KVD_FMT_I4T)
+    if (fmt == KVD_FMT_I4T) /* less the zero point's bits */
         for (int t = 0; t < nt; t++) {
             uint32_t bits;
             memcpy(&bits, &rs[t], sizeof bits);
-            rs[t] = kvd_i4t_scale(bits), z[t] = (float)kvd_i4t_zero(bits);
+            rs[t] = kvd_i4t_scale(bits);
         }
     for (int j = 0; j < G; j++) { /* a head at a time, its rows side by side: it vectorizes */
         const float *pj = p + (size_t)j * stride;
         float *oj = out + (size_t)j * ostride;
-        if (qz)
-            for (int t = 0; t < nt; t++) oj[t] = (pj[t] - qz[j] * z[t]) * rs[t];
-        else
-            for (int t = 0; t < nt; t++) oj[t] = pj[t] * rs[t];
-        if (zw) {
-            float sum = 0.0f;
-            for (int t = 0; t < nt; t++) sum += oj[t] * z[t];
-            zw[j] += sum;
-        }
+        for (int t = 0; t < nt; t++) oj[t] = pj[t] * rs[t];
     }
+}
+
+/* The zero points of the first nt rows of an I4T segment (bs rows), as
+ * floats; NULL for every other format. The kernels take them off the rows'
+ * codes, exactly, where the engine's kernel takes Sum(q) z off each dot
+ * product of the raw codes (and Sum(p) z off the output), whose FP32
+ * cancellation would stand between the back ends. */
+static const float *zero_points(const uint8_t *seg, kvd_fmt fmt, int bs, int nt, int hd,
+                                float *zf) {
+    if (fmt != KVD_FMT_I4T) return NULL;
+    const uint8_t *sc = seg_scales(seg, fmt, bs, hd);
+    for (int t = 0; t < nt; t++) {
+        uint32_t bits;
+        memcpy(&bits, sc + 4 * (size_t)t, sizeof bits);
+        zf[t] = (float)kvd_i4t_zero(bits);
+    }
+    return zf;
 }
 
 /* A part's scores: blocks [b0, b1) of the context, all heads, into s
@@ -1173,8 +1190,8 @@ static void row_scales(const uint8_t *seg, kvd_fmt fmt, int bs, int nt, int hd, 
  * read next: the next block, at the end of the keys the first block's
  * values. */
 static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_t *blocks,
-                        int n_ctx, int b0, int b1, const float *q, const float *qsum, int n_heads,
-                        float sm_scale, float *s, float *m, void *amx_buf) {
+                        int n_ctx, int b0, int b1, const float *q, int n_heads, float sm_scale,
+                        float *s, float *m, void *amx_buf) {
     const int hd = kv->head_dim, bs = kv->block_size, kvh = kv->kv_heads, G = n_heads / kvh;
     const int t_begin = b0 * bs, t_end = b1 * bs < n_ctx ? b1 * bs : n_ctx;
     const void *amx = NULL;
@@ -1188,18 +1205,15 @@ static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
         for (int h = 0; h < kvh; h++) {
             const uint8_t *kp = head_base(kv, kv->k, blocks[b], h);
-            float *sh = s + (size_t)h * G * n_ctx + t0;
-            const float kmul = sm_scale * kv->k_scale[h];
-            scores_block(kv, rp, kp, nt, q + (size_t)h * G * hd, G, kmul, sh, (size_t)n_ctx,
+            float *sh = s + (size_t)h * G * n_ctx + t0, zbuf[bs];
+            scores_block(kv, rp, kp, nt, q + (size_t)h * G * hd, G,
+                         zero_points(kp, kv->fmt, bs, nt, hd, zbuf), sm_scale * kv->k_scale[h], sh,
+                         (size_t)n_ctx,
                          b + 1 < b1 ? head_base(kv, kv->k, blocks[b + 1], h)
                                     : head_base(kv, kv->v, blocks[b0], h),
                          amx, h);
-            float qz[G];
-            if (qsum)
-                for (int j = 0; j < G; j++) qz[j] = qsum[h * G + j] * kmul;
             if (kvd_fmt_row_scaled(kv->fmt)) /* each key row's own scale */
-                row_scales(kp, kv->fmt, bs, nt, hd, sh, (size_t)n_ctx, G, sh, (size_t)n_ctx,
-                           qsum ? qz : NULL, NULL);
+                row_scales(kp, kv->fmt, bs, nt, hd, sh, (size_t)n_ctx, G, sh, (size_t)n_ctx);
         }
     }
 #ifdef KVD_VEC
@@ -1290,11 +1304,9 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
     (void)amx_buf;
 #endif
     /* a block's FP8 weights, or its weights times each value row's own
-     * scale (E4M3T, I8T, I4T), [G][nt]; I4T's weights times its rows' zero
-     * points, summed by query head */
-    const int own = kv->p_fp8 || kvd_fmt_row_scaled(kv->fmt), i4 = kv->fmt == KVD_FMT_I4T;
-    float block_w[own ? G * bs : 1], zw[i4 ? n_heads : 1];
-    memset(zw, 0, sizeof zw);
+     * scale (E4M3T, I8T, I4T), [G][nt]; I4T's rows' zero points */
+    const int own = kv->p_fp8 || kvd_fmt_row_scaled(kv->fmt);
+    float block_w[own ? G * bs : 1], zbuf[bs];
     for (int b = b0; b < b1; b++) {
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
         for (int h = 0; h < kvh; h++) {
@@ -1305,11 +1317,11 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
                 round_weights(p, stride, G, nt, block_w);
                 p = block_w, stride = (size_t)nt;
             } else if (kvd_fmt_row_scaled(kv->fmt)) {
-                row_scales(vp, kv->fmt, bs, nt, hd, p, stride, G, block_w, (size_t)nt, NULL,
-                           i4 ? zw + (size_t)h * G : NULL);
+                row_scales(vp, kv->fmt, bs, nt, hd, p, stride, G, block_w, (size_t)nt);
                 p = block_w, stride = (size_t)nt;
             }
-            pv_block(kv, rp, vp, nt, p, stride, G, acc + (size_t)h * acc_head,
+            pv_block(kv, rp, vp, nt, p, stride, G, zero_points(vp, kv->fmt, bs, nt, hd, zbuf),
+                     acc + (size_t)h * acc_head,
                      b + 1 < b1    ? head_base(kv, kv->v, blocks[b + 1], h)
                      : b1 < nb_all ? head_base(kv, kv->k, blocks[b1], h)
                                    : NULL,
@@ -1322,9 +1334,6 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
         amx_sum_parts(acc, kvh, G, hd, out);
     }
 #endif
-    if (i4) /* the values' zero points, off every dimension */
-        for (int j = 0; j < n_heads; j++)
-            for (int k = 0; k < hd; k++) out[(size_t)j * hd + k] -= zw[j];
 }
 
 void kvd_fp8_query(const float *q, float *out, int rows, size_t row_stride, int n_heads,
@@ -1351,8 +1360,7 @@ void kvd_absmax_heads(const float *x, int rows, size_t row_stride, size_t head_s
 }
 
 /* Work: the parts' sums, maxima and outputs, the query in kernel order, the
- * rotated query (I4T) and its sums by head, the scores when the caller does
- * not want them; then for the AMX kernels the
+ * rotated query (I4T), the scores when the caller does not want them; then for the AMX kernels the
  * query's split (at most 6 head_dim words a query head: amx_query), 64-byte
  * aligned, and each part's buffers. One layout for kvd_attn_work_bytes and
  * kvd_attn_paged: its size, and with w its pointers into base. */
@@ -1369,7 +1377,7 @@ static size_t attn_layout(uint8_t *base, int n_heads, int hd, int n_ctx, int n_p
     const size_t p = (size_t)n_parts, nh = (size_t)n_heads, q = nh * (size_t)hd;
     const size_t at_m = sizeof(double) * p * nh, at_pout = at_m + sizeof(float) * p * nh;
     const size_t at_qk = at_pout + sizeof(float) * p * q, at_qr = at_qk + sizeof(float) * q;
-    const size_t at_s = at_qr + sizeof(float) * (q + nh);
+    const size_t at_s = at_qr + sizeof(float) * q;
     const size_t at_amx = at_s + sizeof(float) * nh * (size_t)n_ctx,
                  part = amx_work_bytes(n_heads, hd);
     if (w) {
@@ -1395,9 +1403,9 @@ const char *kvd_attn_kernels(void) {
     return amx_on ? "AMX" : vec_on ? "AVX-512" : "portable";
 }
 
-void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
-                    int n_heads, float sm_scale, float *out, float *probs, void *work,
-                    int n_parts) {
+void kvd_attn_paged_rotated(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
+                            int n_heads, float sm_scale, float *out, float *probs, void *work,
+                            int n_parts) {
     const int hd = kv->head_dim, bs = kv->block_size, kvh = kv->kv_heads, G = n_heads / kvh;
     const int nb = (n_ctx + bs - 1) / bs;
     read_path rp;
@@ -1408,22 +1416,6 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
     attn_layout(work, n_heads, hd, n_ctx, n_parts, &w);
     double *l = w.l;
     float *m = w.m, *pout = w.pout, *qk = w.qk, *s = probs ? probs : w.s;
-    /* I4T: the query rotated as the cache's rows are (rounded to BF16), the
-     * softmax scale over the rotation's gain, and each head's sum for the
-     * keys' zero points */
-    const int i4 = kv->fmt == KVD_FMT_I4T;
-    float *qsum = i4 ? w.qr + (size_t)n_heads * hd : NULL;
-    if (i4) {
-        memcpy(w.qr, q, sizeof(float) * (size_t)n_heads * hd);
-        for (int j = 0; j < n_heads; j++) {
-            float *qj = w.qr + (size_t)j * hd, sum = 0.0f;
-            kvd_rht(qj, (size_t)hd, 0);
-            kvd_round_bf16(qj, (size_t)hd);
-            for (int k = 0; k < hd; k++) sum += qj[k];
-            qsum[j] = sum;
-        }
-        q = w.qr, sm_scale /= (float)hd;
-    }
     uint16_t *qt = w.qt;
     uint8_t *amx_parts = w.amx;
     const size_t amx_part = w.amx_part;
@@ -1443,7 +1435,7 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
 #pragma omp parallel for schedule(static) if (used > 1)
         for (int p = 0; p < used; p++) {
             int b0 = p * per, b1 = b0 + per < nb ? b0 + per : nb;
-            part_scores(kv, &rp, blocks, n_ctx, b0, b1, qk, qsum, n_heads, sm_scale, s,
+            part_scores(kv, &rp, blocks, n_ctx, b0, b1, qk, n_heads, sm_scale, s,
                         m + (size_t)p * n_heads, amx_parts + (size_t)p * amx_part);
             part_weigh(kv, &rp, blocks, n_ctx, b0, b1, n_heads, s, pout + (size_t)p * n_heads * hd,
                        m + (size_t)p * n_heads, l + (size_t)p * n_heads,
@@ -1455,7 +1447,7 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
 #pragma omp parallel for schedule(static) if (used > 1)
         for (int p = 0; p < used; p++) {
             int b0 = p * per, b1 = b0 + per < nb ? b0 + per : nb;
-            part_scores(kv, &rp, blocks, n_ctx, b0, b1, qk, qsum, n_heads, sm_scale, s,
+            part_scores(kv, &rp, blocks, n_ctx, b0, b1, qk, n_heads, sm_scale, s,
                         m + (size_t)p * n_heads, amx_parts + (size_t)p * amx_part);
         }
         for (int j = 0; j < n_heads; j++) {
@@ -1491,11 +1483,6 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
                 acc += (double)w[p] * pout[((size_t)p * n_heads + j) * hd + k];
             o[dim[k]] = (float)(acc / L) * vmul;
         }
-        if (i4) { /* rotated back, over the rotation's gain, in BF16 as the engine's */
-            kvd_rht(o, (size_t)hd, 1);
-            for (int k = 0; k < hd; k++) o[k] /= (float)hd;
-            kvd_round_bf16(o, (size_t)hd);
-        }
         if (probs) {
             for (int p = 0; p < used; p++) {
                 int t0 = p * per * bs, t1 = (p + 1) * per * bs < n_ctx ? (p + 1) * per * bs : n_ctx;
@@ -1504,4 +1491,23 @@ void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, con
             }
         }
     }
+}
+
+void kvd_attn_paged(const kvd_kv_view *kv, const int32_t *blocks, int n_ctx, const float *q,
+                    int n_heads, float sm_scale, float *out, float *probs, void *work,
+                    int n_parts) {
+    if (kv->fmt != KVD_FMT_I4T) {
+        kvd_attn_paged_rotated(kv, blocks, n_ctx, q, n_heads, sm_scale, out, probs, work, n_parts);
+        return;
+    }
+    /* the query rotated as the cache's rows are (in BF16), the softmax scale
+     * over the rotation's gain; the output rotated back, over it, in BF16,
+     * as the engine's */
+    const int hd = kv->head_dim;
+    attn_work w;
+    attn_layout(work, n_heads, hd, n_ctx, n_parts < 1 ? 1 : n_parts, &w);
+    kvd_rht_rows(q, w.qr, 1, 0, 0, n_heads, hd, 0);
+    kvd_attn_paged_rotated(kv, blocks, n_ctx, w.qr, n_heads, sm_scale / (float)hd, out, probs, work,
+                           n_parts);
+    kvd_rht_rows(out, out, 1, 0, 0, n_heads, hd, 1);
 }

@@ -270,37 +270,33 @@ void kvd_quant_i8t_rn(const float *x, uint8_t *out, size_t n, kvd_qstats *st) {
     quant_i8t(x, out, n, 1, st);
 }
 
-/* The rotation's signs: MT19937 (the reference generator's initialisation
- * and tempering) seeded with KVD_I4T_SEED, bit 23 of each output. */
+/* The rotation's signs as floats (kvd_rht_sign_bits). */
 static float rht_signs[KVD_RHT_MAX];
 static pthread_once_t rht_once = PTHREAD_ONCE_INIT;
 
 static void build_rht_signs(void) {
-    enum { N = 624, M = 397 };
-    uint32_t mt[N];
-    mt[0] = KVD_I4T_SEED;
-    for (uint32_t i = 1; i < N; i++) mt[i] = 1812433253u * (mt[i - 1] ^ (mt[i - 1] >> 30)) + i;
-    int at = N;
-    for (int k = 0; k < KVD_RHT_MAX; k++) {
-        if (at == N) {
-            for (int i = 0; i < N; i++) {
-                const uint32_t y = (mt[i] & 0x80000000u) | (mt[(i + 1) % N] & 0x7fffffffu);
-                mt[i] = mt[(i + M) % N] ^ (y >> 1) ^ (y & 1u ? 0x9908b0dfu : 0u);
-            }
-            at = 0;
-        }
-        uint32_t y = mt[at++];
-        y ^= y >> 11;
-        y ^= (y << 7) & 0x9d2c5680u;
-        y ^= (y << 15) & 0xefc60000u;
-        y ^= y >> 18;
-        rht_signs[k] = (y >> 23 & 1u) ? -1.0f : 1.0f;
-    }
+    kvd_rht_bits b;
+    kvd_rht_sign_bits(&b);
+    for (int k = 0; k < KVD_RHT_MAX; k++)
+        rht_signs[k] = b.w[k / 32] >> (k % 32) & 1u ? -1.0f : 1.0f;
 }
 
 float kvd_rht_sign(size_t i) {
     pthread_once(&rht_once, build_rht_signs);
     return rht_signs[i];
+}
+
+void kvd_rht_rows(const float *src, float *dst, int rows, size_t src_stride, size_t dst_stride,
+                  int heads, int hd, int inverse) {
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < heads; h++) {
+            float *y = dst + (size_t)r * dst_stride + (size_t)h * hd;
+            memmove(y, src + (size_t)r * src_stride + (size_t)h * hd, sizeof(float) * (size_t)hd);
+            kvd_rht(y, (size_t)hd, inverse);
+            if (inverse)
+                for (int k = 0; k < hd; k++) y[k] /= (float)hd;
+            kvd_round_bf16(y, (size_t)hd);
+        }
 }
 
 void kvd_rht(float *x, size_t n, int inverse) {

@@ -54,23 +54,42 @@ __device__ inline float scale_bytes(const unsigned char *p) {
                            (unsigned)p[3] << 24);
 }
 
-// the scale of the row at (blk, head, slot) of a pool: its own in an E4M3T
-// or I8T cache (fp8.h: after its block's codes), 1 in every other (whose
-// scales are per head)
+// a row-scaled row's scale word (its scale; I4T's with the zero point in
+// its four low bits), at (seg, slot) of a pool
+__device__ inline float scale_word(const view &kv, const unsigned char *pool, size_t seg,
+                                   int slot) {
+    return scale_bytes(pool + kvd_scaled_scale_at(kvd_fmt_code_bytes(kv.fmt, kv.head_dim),
+                                                  kv.block_size, seg, slot));
+}
+
+// the scale of the row at (blk, head, slot) of a pool: its own in an E4M3T,
+// I8T or I4T cache (fp8.h: after its block's codes; I4T's zero point's bits
+// cleared), 1 in every other (whose scales are per head)
 __device__ inline float row_scale(const view &kv, const unsigned char *pool, int blk, int head,
                                   int slot) {
     if (!kvd_fmt_row_scaled(kv.fmt)) return 1.0f;
-    const size_t seg = (size_t)blk * kv.kv_heads + head;
-    return scale_bytes(pool + kvd_scaled_scale_at(kv.head_dim, kv.block_size, seg, slot));
+    const float w = scale_word(kv, pool, (size_t)blk * kv.kv_heads + head, slot);
+    return kv.fmt == KVD_FMT_I4T ? __uint_as_float(__float_as_uint(w) & ~15u) : w;
+}
+
+// value d of the I4T row at (seg, slot): its code less the row's zero point
+// (exact), unscaled
+__device__ inline float i4t_val(const view &kv, const unsigned char *pool, size_t seg, int slot,
+                                int d) {
+    const unsigned byte =
+        pool[kvd_scaled_codes_at((size_t)kv.head_dim / 2, kv.block_size, seg, slot) + d / 2];
+    const unsigned z = __float_as_uint(scale_word(kv, pool, seg, slot)) & 15u;
+    return (float)(int)((d & 1 ? byte >> 4 : byte & 15u) - z);
 }
 
 // value d of the row at (blk, head, slot), times its group's block scale
-// (NVFP4) but not its row's scale (E4M3T, I8T: row_scale)
+// (NVFP4) but not its row's scale (E4M3T, I8T, I4T: row_scale)
 __device__ inline float load_val(const view &kv, const unsigned char *pool, int blk, int head,
                                  int slot, int d) {
     const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
     if (kv.fmt == KVD_FMT_NVFP4)
         return nvfp4_val(pool + r * (kv.head_dim / 2 + kv.head_dim / 16), kv.head_dim, d);
+    if (kv.fmt == KVD_FMT_I4T) return i4t_val(kv, pool, (size_t)blk * kv.kv_heads + head, slot, d);
     if (kvd_fmt_row_scaled(kv.fmt)) {
         const size_t seg = (size_t)blk * kv.kv_heads + head;
         const unsigned char c =
@@ -179,6 +198,12 @@ __device__ inline float load_row(const view &kv, const unsigned char *pool, int 
                                  int slot, int lane, float *x) {
     const size_t r = ((size_t)blk * kv.kv_heads + head) * kv.block_size + slot;
     size_t idx = r * kv.head_dim + lane * PER;
+    if (kv.fmt == KVD_FMT_I4T) {
+        const size_t seg = (size_t)blk * kv.kv_heads + head;
+#pragma unroll
+        for (int i = 0; i < PER; i++) x[i] = i4t_val(kv, pool, seg, slot, lane * PER + i);
+        return row_scale(kv, pool, blk, head, slot);
+    }
     if (kvd_fmt_row_scaled(kv.fmt)) {
         const size_t seg = (size_t)blk * kv.kv_heads + head;
         const unsigned char *p =

@@ -309,6 +309,10 @@ void kvd_cudaop_output_gate(float *att, const float *qg, int rows, int nh, int h
 void kvd_cudaop_add_norm(float *x, const float *y, int rows, int n, unsigned long long *first,
                          int check_sum, float *out, const float *w, float eps, int one_plus);
 void kvd_cudaop_swiglu(float *g, const float *u, size_t n);
+/* int4-token's rotations of rows of heads vectors of hd values, the twin
+ * of kvd_rht_rows (fp8.h): forward (the query) or inverse (the output) */
+void kvd_cudaop_rht(const float *src, float *dst, int rows, size_t src_stride, size_t dst_stride,
+                    int heads, int hd, int inverse);
 void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads, int head_dim,
                          void *pool, int n_tok, const int32_t *slot, const float *x,
                          const float *scale, unsigned long long *stats, unsigned int *absmax);

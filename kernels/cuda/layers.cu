@@ -19,6 +19,7 @@
 
 #include "cuda_kernels.h"
 #include "device_math.cuh"
+#include "rht.cuh"
 
 namespace {
 
@@ -234,6 +235,71 @@ __global__ void kv_write_k(write_args a) {
         if (ns) atomicAdd(&a.stats[1], (unsigned long long)ns);
         if (nf) atomicAdd(&a.stats[2], (unsigned long long)nf);
         if (nu) atomicAdd(&a.stats[3], (unsigned long long)nu);
+    }
+}
+
+// (int)(v + 0.5) or (int)(v - 0.5) by v's sign in FP32, v first clamped to
+// [-1, 16] (a NaN to -1): the CPU's round_away (kvd_quant_i4t)
+__device__ inline int i4t_round(float v) {
+    v = fminf(fmaxf(v, -1.0f), 16.0f);
+    return v >= 0.0f ? (int)__fadd_rn(v, 0.5f) : (int)__fsub_rn(v, 0.5f);
+}
+
+// the block's least and largest of v (a NaN passed over, as fminf and
+// fmaxf do on the CPU) in every thread; blockDim.x a multiple of 32, every
+// thread taking part
+__device__ inline void block_minmax(float v, float *lo, float *hi) {
+    __shared__ float wlo[32];
+    __shared__ float whi[32];
+    float a = v, b = v;
+    for (int o = 16; o > 0; o /= 2) {
+        a = fminf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        b = fmaxf(b, __shfl_xor_sync(0xffffffffu, b, o));
+    }
+    if (threadIdx.x % 32 == 0) wlo[threadIdx.x / 32] = a, whi[threadIdx.x / 32] = b;
+    __syncthreads();
+    a = INFINITY, b = -INFINITY;
+    for (int w = 0; w < (int)blockDim.x / 32; w++) a = fminf(a, wlo[w]), b = fmaxf(b, whi[w]);
+    *lo = a, *hi = b;
+}
+
+// int4-token's write (kvd_quant_i4t): one block a (token, head), one thread
+// a value (head_dim a power of two from 32 to 1024): the row rotated in
+// shared memory, rounded to BF16, its grid, codes and scale word; the
+// counters as kv_write_k keeps them
+__global__ void kv_write_i4t_k(write_args a, kvd_rht_bits b) {
+    __shared__ float y[1024];
+    const int t = blockIdx.x / a.kv_heads, h = blockIdx.x % a.kv_heads, d = threadIdx.x;
+    const int hd = a.head_dim;
+    const float x = a.x[((size_t)t * a.kv_heads + h) * hd + d];
+    atomicMax(&a.absmax[h], __float_as_uint(fabsf(x)));
+    y[d] = x;
+    __syncthreads();
+    block_rht(y, hd, false, b);
+    const float v = __bfloat162float(__float2bfloat16_rn(y[d]));
+    float lo, hi;
+    block_minmax(v, &lo, &hi);
+    const float s = fmaxf(__fdiv_rn(__fsub_rn(hi, lo), KVD_I4T_MAX), KVD_E4M3T_MIN_SCALE);
+    const float inv = __fdiv_rn(1.0f, s);
+    const int z = min(max(i4t_round(__fdiv_rn(-lo, s)), 0), 15);
+    const int r = i4t_round(fmaf(v, inv, (float)z)), q = min(max(r, 0), 15);
+    const int64_t slot = a.slot[t], blk = slot / a.block_size, off = slot % a.block_size;
+    const size_t seg = (size_t)(blk * a.kv_heads + h), nc = (size_t)hd / 2;
+    const int hi_q = __shfl_down_sync(0xffffffffu, q, 1);
+    if ((d & 1) == 0)
+        a.pool[kvd_scaled_codes_at(nc, a.block_size, seg, (int)off) + d / 2] =
+            (unsigned char)(q | hi_q << 4);
+    if (d == 0) { // the scale word's bytes, little-endian, as the CPU's memcpy leaves them
+        unsigned char *rsp = a.pool + kvd_scaled_scale_at(nc, a.block_size, seg, (int)off);
+        const unsigned bits = (__float_as_uint(s) & ~15u) | (unsigned)z;
+        for (int i = 0; i < 4; i++) rsp[i] = (unsigned char)(bits >> (8 * i));
+    }
+    const unsigned ns = __popc(__ballot_sync(0xffffffffu, r != q)),
+                   nf = __popc(__ballot_sync(0xffffffffu, q == z && v != 0.0f));
+    if (d % 32 == 0) {
+        atomicAdd(&a.stats[0], 32ull);
+        if (ns) atomicAdd(&a.stats[1], (unsigned long long)ns);
+        if (nf) atomicAdd(&a.stats[2], (unsigned long long)nf);
     }
 }
 
@@ -580,7 +646,10 @@ extern "C" void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, i
     write_args a = {
         fmt,   saturate, block_size, kv_heads, head_dim, slot, x, scale, (unsigned char *)pool,
         stats, absmax};
-    kv_write_k<<<n_tok * kv_heads, (head_dim + 31) / 32 * 32>>>(a);
+    if (fmt == KVD_FMT_I4T) // (head_dim a power of two: kvd_kv_mode_fits; at most 1024)
+        kv_write_i4t_k<<<n_tok * kv_heads, head_dim>>>(a, rht_bits());
+    else
+        kv_write_k<<<n_tok * kv_heads, (head_dim + 31) / 32 * 32>>>(a);
 }
 
 // one block a (row, head), the absmax of its head_dim values into the head's

@@ -15,6 +15,7 @@
 
 #include "cuda_kernels.h"
 #include "device_math.cuh"
+#include "rht.cuh"
 
 // ---- memory ----
 extern "C" void *kvd_cuda_alloc(size_t n) {
@@ -654,6 +655,27 @@ extern "C" void kvd_cudaop_embed(const void *E, const int32_t *tok, float *x, in
 extern "C" void kvd_cudaop_split_query(const float *qg, float *qh, int rows, int nh, int hd) {
     size_t n = (size_t)rows * nh * hd;
     split_query_k<<<blocks_for(n, 256), 256>>>(qg, qh, nh, hd, n);
+}
+// one block a (row, head) vector, rotated in shared memory as
+// kvd_rht_rows does on the CPU: forward, rounded to BF16; inverse, over hd,
+// rounded to BF16 (src may be dst: the vector is read whole first)
+__global__ void rht_rows_k(const float *src, float *dst, int heads, int hd, size_t ss, size_t ds,
+                           int inverse, kvd_rht_bits b) {
+    extern __shared__ float y[];
+    const int r = blockIdx.x / heads, h = blockIdx.x % heads;
+    const float *x = src + (size_t)r * ss + (size_t)h * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) y[i] = x[i];
+    __syncthreads();
+    block_rht(y, hd, inverse != 0, b);
+    float *o = dst + (size_t)r * ds + (size_t)h * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x)
+        o[i] = __bfloat162float(__float2bfloat16_rn(inverse ? __fdiv_rn(y[i], (float)hd) : y[i]));
+}
+extern "C" void kvd_cudaop_rht(const float *src, float *dst, int rows, size_t src_stride,
+                               size_t dst_stride, int heads, int hd, int inverse) {
+    if (rows <= 0) return;
+    rht_rows_k<<<(unsigned)(rows * heads), 128, sizeof(float) * (size_t)hd>>>(
+        src, dst, heads, hd, src_stride, dst_stride, inverse, rht_bits());
 }
 extern "C" void kvd_cudaop_output_gate(float *att, const float *qg, int rows, int nh, int hd) {
     size_t n = (size_t)rows * nh * hd;

@@ -156,6 +156,10 @@ void kvd_cudaop_add_norm(float *x, const float *y, int rows, int n, unsigned lon
 void kvd_cudaop_swiglu(float *g, const float *u, size_t n) {
     kvd_swiglu(g, u, n);
 }
+void kvd_cudaop_rht(const float *src, float *dst, int rows, size_t src_stride, size_t dst_stride,
+                    int heads, int hd, int inverse) {
+    kvd_rht_rows(src, dst, rows, src_stride, dst_stride, heads, hd, inverse);
+}
 /* one token at a time through the CPU quantizers, the counters as the
  * device keeps them */
 void kvd_cudaop_kv_write(kvd_fmt fmt, int saturate, int block_size, int kv_heads, int head_dim,
@@ -343,8 +347,8 @@ int kvd_cuda_attn_decode_dev(const kvd_kv_view *dv, const int32_t *blocks, int n
                              const float *q, int n_heads, float sm_scale, float *out,
                              float *scratch) {
     const kvd_kv_view v = as_given(dv);
-    kvd_attn_paged(&v, blocks, n_ctx, q, n_heads, sm_scale, out, NULL, scratch,
-                   kvd_attn_parts(n_ctx, dv->block_size));
+    kvd_attn_paged_rotated(&v, blocks, n_ctx, q, n_heads, sm_scale, out, NULL, scratch,
+                           kvd_attn_parts(n_ctx, dv->block_size));
     return 0;
 }
 int kvd_cuda_attn_fp8_query_dev(const float *q, float *out, int rows, size_t stride, int n_heads,
@@ -355,8 +359,8 @@ int kvd_cuda_attn_fp8_query_dev(const float *q, float *out, int rows, size_t str
 int kvd_cuda_attn_fp8_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
                           int n_heads, float sm_scale, float *out, float *scratch) {
     const kvd_kv_view v = as_given(dv);
-    kvd_attn_paged(&v, blocks, n_ctx, q, n_heads, sm_scale, out, NULL, scratch,
-                   kvd_attn_parts(n_ctx, dv->block_size));
+    kvd_attn_paged_rotated(&v, blocks, n_ctx, q, n_heads, sm_scale, out, NULL, scratch,
+                           kvd_attn_parts(n_ctx, dv->block_size));
     return 0;
 }
 void kvd_cudaop_absmax_heads(const float *x, int rows, int heads, int head_dim,
@@ -377,9 +381,9 @@ int kvd_cuda_attn_decode_batch_dev(const kvd_kv_view *dv, const int32_t *btab, i
     for (int z = 0; z < n; z++) {
         if (ntok[z] != 1) continue;
         const int r = row0[z], n_ctx = pos[r] + 1;
-        kvd_attn_paged(&v, btab + (size_t)seqs[z] * btab_stride, n_ctx, q + r * stride, n_heads,
-                       sm_scale, out + r * stride, NULL, scratch,
-                       kvd_attn_parts(n_ctx, dv->block_size));
+        kvd_attn_paged_rotated(&v, btab + (size_t)seqs[z] * btab_stride, n_ctx, q + r * stride,
+                               n_heads, sm_scale, out + r * stride, NULL, scratch,
+                               kvd_attn_parts(n_ctx, dv->block_size));
     }
     return 0;
 }
@@ -390,9 +394,9 @@ int kvd_cuda_attn_decode_rows_dev(const kvd_kv_view *dv, const int32_t *blocks, 
     (void)max_ctx, (void)scratch_floats;
     const kvd_kv_view v = as_given(dv);
     for (int k = 0; k < n; k++)
-        kvd_attn_paged(&v, blocks, n_ctx[k], q + (size_t)qrow[k] * q_stride, n_heads, sm_scale,
-                       out + (size_t)k * out_stride, NULL, scratch,
-                       kvd_attn_parts(n_ctx[k], dv->block_size));
+        kvd_attn_paged_rotated(&v, blocks, n_ctx[k], q + (size_t)qrow[k] * q_stride, n_heads,
+                               sm_scale, out + (size_t)k * out_stride, NULL, scratch,
+                               kvd_attn_parts(n_ctx[k], dv->block_size));
     return 0;
 }
 int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_ctx, const float *q,
@@ -401,7 +405,7 @@ int kvd_cuda_attn_probs_dev(const kvd_kv_view *dv, const int32_t *blocks, int n_
     void *work = malloc(kvd_attn_work_bytes(n_heads, dv->head_dim, n_ctx, parts));
     float *out = malloc(sizeof(float) * (size_t)n_heads * dv->head_dim);
     const kvd_kv_view v = as_given(dv);
-    kvd_attn_paged(&v, blocks, n_ctx, q, n_heads, sm_scale, out, probs, work, parts);
+    kvd_attn_paged_rotated(&v, blocks, n_ctx, q, n_heads, sm_scale, out, probs, work, parts);
     free(work), free(out);
     return 0;
 }
@@ -450,9 +454,9 @@ int kvd_cuda_attn_prefill_dev(const kvd_kv_view *dv, const int32_t *blocks, int 
     void *work = malloc(kvd_attn_work_bytes(n_heads, dv->head_dim, pos0 + n_q, 32));
     const kvd_kv_view v = as_given(dv);
     for (int r = 0; r < n_q; r++)
-        kvd_attn_paged(&v, blocks, pos0 + r + 1, q + (size_t)r * n_heads * dv->head_dim, n_heads,
-                       sm_scale, out + (size_t)r * n_heads * dv->head_dim, NULL, work,
-                       kvd_attn_parts(pos0 + r + 1, dv->block_size));
+        kvd_attn_paged_rotated(&v, blocks, pos0 + r + 1, q + (size_t)r * n_heads * dv->head_dim,
+                               n_heads, sm_scale, out + (size_t)r * n_heads * dv->head_dim, NULL,
+                               work, kvd_attn_parts(pos0 + r + 1, dv->block_size));
     free(work);
     return 0;
 }

@@ -1495,7 +1495,6 @@ static void kv_write(void) {
     for (int mi = 0; mi < KVD_KV_N_MODES; mi++)
         for (int sat = 0; sat <= 1; sat++) {
             kvd_kvcache c;
-            if (mi == KVD_KV_INT4_TOKEN) continue; /* the CPU's alone, so far */
             if (kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, HD, BS, 4 * T, &sc, sat, err)) {
                 CHECK(0, "cache init: %s\n", err);
                 continue;
@@ -1534,6 +1533,42 @@ static void kv_write(void) {
         }
     kvd_kv_scales_free(&sc);
     free(k), free(v);
+}
+
+/* int4-token's rotations (kvd_cudaop_rht) against kvd_rht_rows, bit for
+ * bit: the query's (forward, rows at a stride into a packed copy) and the
+ * output's (inverse, in place), at head_dim 64, 128 and 256; every sum is
+ * the butterfly's in the CPU's order. */
+static void rht_rows(void) {
+    static const int hds[3] = {64, 128, 256};
+    enum { R = 5, NH = 6 };
+    for (int hi = 0; hi < 3; hi++) {
+        const int hd = hds[hi];
+        const size_t no = (size_t)NH * hd, ss = no + 8, n = (size_t)R * ss;
+        float *x = malloc(sizeof(float) * n), *cf = malloc(sizeof(float) * R * no),
+              *gf = malloc(sizeof(float) * R * no), *ci = malloc(sizeof(float) * n),
+              *gi = malloc(sizeof(float) * n);
+        uint64_t key = kvd_rng_key((uint64_t)hd, "gpu.rht");
+        for (size_t i = 0; i < n; i++) x[i] = 3.0f * kvd_rng_normal(key, i);
+        kvd_rht_rows(x, cf, R, ss, no, NH, hd, 0);
+        memcpy(ci, x, sizeof(float) * n);
+        kvd_rht_rows(ci, ci, R, ss, ss, NH, hd, 1);
+        float *dx = kvd_cuda_alloc(sizeof(float) * n), *dq = kvd_cuda_alloc(sizeof(float) * R * no);
+        CHECK(dx && dq && !kvd_cuda_upload(dx, x, sizeof(float) * n), "rht: upload failed\n");
+        kvd_cudaop_rht(dx, dq, R, ss, no, NH, hd, 0);
+        kvd_cudaop_rht(dx, dx, R, ss, ss, NH, hd, 1);
+        CHECK(!kvd_cuda_download(gf, dq, sizeof(float) * R * no) &&
+                  !kvd_cuda_download(gi, dx, sizeof(float) * n),
+              "rht: download failed\n");
+        size_t df = 0, di = 0;
+        for (size_t i = 0; i < (size_t)R * no; i++) df += memcmp(&gf[i], &cf[i], 4) != 0;
+        for (size_t i = 0; i < n; i++) di += memcmp(&gi[i], &ci[i], 4) != 0;
+        CHECK(df == 0 && di == 0,
+              "rht at head_dim %d: %zu forward and %zu inverse values differ from the CPU's\n", hd,
+              df, di);
+        kvd_cuda_free(dx), kvd_cuda_free(dq);
+        free(x), free(cf), free(gf), free(ci), free(gi);
+    }
 }
 
 /* The gated delta rule over 64 steps of 16 heads at the real head dims;
@@ -1743,7 +1778,7 @@ static void prefill(void) {
         fill(q, (size_t)NQ * NH * D, "gpu.prefill.q", 1.0f);
         for (int mi = 0; mi < KVD_KV_N_MODES; mi++) {
             kvd_kvcache c;
-            if (kvd_kv_mode_ckpt((kvd_kv_mode)mi) || mi == KVD_KV_INT4_TOKEN ||
+            if (kvd_kv_mode_ckpt((kvd_kv_mode)mi) ||
                 (quick && mi != KVD_KV_BF16 && mi != KVD_KV_FP8_CAL))
                 continue;
             if (kvd_kvcache_init(&c, (kvd_kv_mode)mi, 1, KH, D, BS, 4 * T, &sc, 1, err)) {
@@ -1768,6 +1803,15 @@ static void prefill(void) {
             }
             kvd_kv_view view = kvd_kvcache_view(&c, 0);
             float sm = 1.0f / sqrtf((float)D);
+            /* int4-token: the device's kernels take the query rotated (by
+             * kvd_rht_rows, kvd_cudaop_rht's twin) and the scale over D, and
+             * give the output in the rotated basis, rotated back here */
+            const int i4 = c.fmt == KVD_FMT_I4T;
+            float *qk = q;
+            if (i4) {
+                qk = malloc(sizeof(float) * NQ * NH * D);
+                kvd_rht_rows(q, qk, NQ, (size_t)NH * D, (size_t)NH * D, NH, D, 0);
+            }
             for (int ci = 0; ci < 2; ci++) {
                 const int p0 = chunks[ci][0], nq = chunks[ci][1];
                 for (int r = 0; r < nq; r++)
@@ -1787,8 +1831,10 @@ static void prefill(void) {
                         (quick && (ver == 5 || (ver == 4 && D == 256))))
                         continue;
                     for (size_t i = 0; i < (size_t)NQ * NH * D; i++) og[i] = 7.0f;
-                    int rc = kvd_cuda_attn_prefill_v(&view, c.n_blocks, c.seqs[s].blocks, p0, nq, q,
-                                                     NH, sm, og, ver);
+                    int rc = kvd_cuda_attn_prefill_v(&view, c.n_blocks, c.seqs[s].blocks, p0, nq,
+                                                     qk, NH, i4 ? sm / (float)D : sm, og, ver);
+                    if (i4 && rc == 0)
+                        kvd_rht_rows(og, og, nq, (size_t)NH * D, (size_t)NH * D, NH, D, 1);
                     if (ver == 1 && !v1_ok) {
                         CHECK(rc == -1, "prefill v1 took a group of %d\n", G);
                         continue;
@@ -1805,7 +1851,9 @@ static void prefill(void) {
                                           (size_t)NH * D);
                         worst = worst_of(worst, e);
                     }
-                    CHECK(worst < 1e-4,
+                    /* (int4-token's output is rounded to BF16 on both sides:
+                     * a last bit of the sums moves a value a BF16 step) */
+                    CHECK(worst < (i4 ? 4e-3 : 1e-4),
                           "prefill v%d mode %d heads %d dim %d pos0 %d: worst row rel L2 %g\n", ver,
                           mi, NH, D, p0, worst);
                     if (getenv("KVD_TEST_VERBOSE"))
@@ -1835,6 +1883,7 @@ static void prefill(void) {
                 CHECK(rc == -1 && !touched, "prefill took version 6 (rc %d, %zu written)\n", rc,
                       touched);
             }
+            if (i4) free(qk);
             kvd_kvcache_free(&c);
         }
         free(k), free(v), free(q), free(oc), free(og), free(o2), free(o3), free(work);
@@ -2055,6 +2104,7 @@ int main(void) {
                     {"moe_grouped", moe_grouped},
                     {"dense", dense},
                     {"kv_write", kv_write},
+                    {"rht_rows", rht_rows},
                     {"prefill", prefill},
                     {"compare", compare},
                     {"compare_rows", compare_rows},

@@ -7,7 +7,7 @@ for MODES (comma-separated; by default bf16, fp8-cal, fp8-unscaled,
 nvfp4-cal, nvfp4-unscaled, fp8-token, int8-token, int8-token-rn and
 int4-token).
 Checks, per mode:
-  - logits: relative L2 error against the reference below 1e-3, 1e-2 for
+  - logits: relative L2 error against the reference below 1e-3, 2e-3 for
     int4-token (for the quantized modes the reference's attention reads the
     C's stored codes, so a code flipped at a rounding midpoint does not
     propagate);
@@ -71,10 +71,9 @@ def main():
         e = rel_l2(logits_c, logits_r)
         # int4-token rounds the rotated query and the attention's output to
         # BF16, where a last float32 bit of either computation can take the
-        # neighbouring value, and takes its zero points off float32 dot
-        # products (as the engine's kernel does) where the reference sums in
-        # float64: 1e-2, against the 0.23 the mode itself moves tiny's logits
-        tol = 1e-2 if i4 else 1e-3
+        # neighbouring value: 2e-3, against the 0.23 the mode itself moves
+        # tiny's logits
+        tol = 2e-3 if i4 else 1e-3
         check(e < tol, f"{mode}: logits over {T} tokens, relative L2 {e:.2e} < {tol:g}")
         for al, (k_r, v_r, kc_r, vc_r) in enumerate(caches):
             for which, x_r, codes_r in (("k", k_r, kc_r), ("v", v_r, vc_r)):
