@@ -323,7 +323,8 @@ static void pv_portable(const uint8_t *vp, int nt, const float *p, size_t stride
 }
 
 /* What a read path's rows hold: BF16 words, byte codes (FP8, through the
- * byte-permute tables; INT8, sign-extended), or NVFP4 groups. */
+ * byte-permute tables; INT8, sign-extended), NVFP4 groups, or INT4 nibbles
+ * (widened; each row's zero point taken off after). */
 enum { CODES_BF16 = 0, CODES_FP8 = 1, CODES_INT8 = 2, CODES_NVFP4 = 3, CODES_INT4 = 4 };
 
 #ifdef KVD_VEC
