@@ -12,7 +12,7 @@ set -u
 bin="$1" generic="$2" models="${3:-tiny small}"
 . "$(dirname "$0")/lib.sh"
 
-kv=bf16,fp8-cal,fp8-e5m2,nvfp4-cal,fp8-token,int8-token
+kv=bf16,fp8-cal,fp8-e5m2,nvfp4-cal,fp8-token,int8-token,int4-token
 for model in $models; do
   n=64
   [ $model = small ] && n=24
