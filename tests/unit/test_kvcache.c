@@ -101,13 +101,6 @@ static int fp8_token_reference(const float *x, const float *row) {
     return sub;
 }
 
-/* int8-token by its definition (vLLM's int8_per_token_head): the row's own
- * scale max(absmax / 127, 1e-6), x times its reciprocal clamped to [-128,
- * 127] and truncated toward zero (rn: rounded to nearest even); row must
- * read back as that exactly.
- * Returns the row's values flushed to zero. */
-static int int8_token_reference(const float *x, const float *row, int rn);
-
 /* Row x rotated as int4-token's write rotates it (kvd_rht, which
  * unit_codecs holds to the Hadamard matrix), in BF16: y. */
 static void int4_rotated(const float *x, float *y) {
@@ -147,6 +140,11 @@ static int int4_token_reference(const float *x, const float *row) {
     return ftz;
 }
 
+/* int8-token by its definition (vLLM's int8_per_token_head): the row's own
+ * scale max(absmax / 127, 1e-6), x times its reciprocal clamped to [-128,
+ * 127] and truncated toward zero (rn: rounded to nearest even); row must
+ * read back as that exactly.
+ * Returns the row's values flushed to zero. */
 static int int8_token_reference(const float *x, const float *row, int rn) {
     float a = 0.0f;
     for (int i = 0; i < HD; i++) a = fabsf(x[i]) > a ? fabsf(x[i]) : a;
