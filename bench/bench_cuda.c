@@ -556,24 +556,29 @@ int kvd_bench_cuda(int reps, int smoke) {
     printf("decode attention, 32/2 heads x 256, L2 flushed before each rep (v1: plain kernels; "
            "v2: split over the context,\nFP32 cores; v3: tensor cores, what the model runs; "
            "nvfp4: E2M1 codes under E4M3 block\nscales, decoded into FP16 by v3; e4m3t and i8t: "
-           "fp8-token's and int8-token's rows, a scale each):\n"
+           "fp8-token's and int8-token's rows, a scale each;\ni4t: int4-token's, v2 "
+           "only):\n"
            "%8s %-6s %4s %10s %10s %8s %8s\n",
            "context", "cache", "ver", "time_us", "read_GB_s", "of_copy", "vs_bf16");
     const int *ctxs = sz->ctx;
-    const char *fn[6] = {"bf16", "e4m3", "e5m2", "nvfp4", "e4m3t", "i8t"};
+    const char *fn[8] = {"bf16", "e4m3", "e5m2", "nvfp4", "e4m3t", "i8t", "i8t-rn", "i4t"};
     /* v3's time by context and format: FP8 attention's table, the targets
-     * and the per-token rows' speed beside E4M3's */
-    double v3[2][6] = {{0}};
+     * and the per-token rows' speed beside E4M3's; v2's too, for INT4 (no
+     * tensor cores) beside E4M3 on the same FP32 cores */
+    double v3[2][8] = {{0}}, v2[2][8] = {{0}};
     for (int ver = 1; ver <= 3; ver++)
         for (int ci = 0; ci < 2; ci++) {
             double tb = 0;
-            for (int f = 0; f < 6; f++) {
+            for (int f = 0; f < 8; f++) {
+                if (f == KVD_FMT_I8T_RN) continue; /* I8T's rows, written otherwise */
                 if (ver == 3 && !kvd_fmt_decode_tc(f, 256)) continue;
+                if (ver == 1 && f == KVD_FMT_I4T) continue; /* v2 is what reads it */
                 double t = kvd_cuda_bench_attn(f, ctxs[ci], 32, 2, 256, reps, ver, 0);
                 fail |= t <= 0;
                 const double bytes = cache_bytes(ctxs[ci], f);
                 if (f == 0) tb = t;
                 if (ver == 3) v3[ci][f] = t;
+                if (ver == 2) v2[ci][f] = t;
                 printf("%8d %-6s %4d %10.1f %10.1f %7.1f%% %7.2fx\n", ctxs[ci], fn[f], ver, t * 1e6,
                        bytes / t / 1e9, 100 * bytes / t / bw, tb / t);
             }
@@ -758,5 +763,9 @@ int kvd_bench_cuda(int reps, int smoke) {
             printf("  (no target) decode attention v3, %3dK: the %s cache %.2fx the E4M3 cache's "
                    "speed\n",
                    ctxs[1] / 1024, fn[f], v3[1][KVD_FMT_E4M3] / v3[1][f]);
+    if (v2[1][KVD_FMT_E4M3] > 0 && v2[1][KVD_FMT_I4T] > 0)
+        printf("  (no target) decode attention v2, %3dK: the i4t cache %.2fx the E4M3 cache's "
+               "speed, both on the FP32 cores\n",
+               ctxs[1] / 1024, v2[1][KVD_FMT_E4M3] / v2[1][KVD_FMT_I4T]);
     return fail;
 }

@@ -24,6 +24,10 @@ for f in nvfp4 e4m3t i8t; do
 done
 n=$(grep -cE "^  \(no target\) decode attention v3, +[0-9]+K: the (nvfp4|e4m3t|i8t) cache [0-9.]+x the E4M3 cache's speed$" "$work/smoke.log")
 [ "$n" = 3 ] && ok || bad "kvd_gpu_bench smoke: $n NVFP4 and per-token v3 lines beside the targets, expected 3"
+n=$(grep -cE "^ +[0-9]+ i4t +2 +[0-9.]+ " "$work/smoke.log")
+[ "$n" = 2 ] && ok || bad "kvd_gpu_bench smoke: $n i4t decode rows (v2 at two contexts), expected 2"
+grep -qE "^  \(no target\) decode attention v2, +[0-9]+K: the i4t cache [0-9.]+x the E4M3 cache's speed, both on the FP32 cores$" "$work/smoke.log" && ok ||
+  bad "kvd_gpu_bench smoke: no i4t line beside E4M3's v2"
 for f in e4m3t nvfp4; do
   n=$(grep -cE "^ +[0-9]+ +[0-9]+ $f +2 +[0-9.]+ " "$work/smoke.log")
   [ "$n" = 4 ] && ok || bad "kvd_gpu_bench smoke: $n $f prefill rows (v2, four chunks), expected 4"
