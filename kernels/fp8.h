@@ -276,13 +276,14 @@ void kvd_rht_rows(const float *src, float *dst, int rows, size_t src_stride, siz
 
 /* One cache row of n values in format fmt (a kvd_fmt), as the caches of
  * both back ends write it: E4M3 and E5M2 as cvt(x / scale), saturating or
- * not; NVFP4 under the global scale; E4M3T and I8T under their own (scale
- * and saturate unused); BF16 rounded (both unused). The row takes
+ * not; NVFP4 under the global scale; E4M3T, I8T and I4T under their own
+ * (scale and saturate unused); BF16 rounded (both unused). The row takes
  * kvd_fmt_row_bytes(fmt, n) bytes. stats may be NULL; BF16 counts its
  * values there and nothing else. */
 void kvd_quant_row(int fmt, const float *x, uint8_t *out, size_t n, float scale, int saturate,
                    kvd_qstats *stats);
-/* The scale a row of n codes carries (E4M3T, I8T). */
+/* The scale a row of n codes carries (E4M3T, I8T; an I4T row's word, after
+ * its n / 2 bytes of codes, reads through kvd_i4t_scale and kvd_i4t_zero). */
 float kvd_row_scale(const uint8_t *row, size_t n);
 void kvd_dequant_e4m3(const uint8_t *v, float *out, size_t n, float scale);
 void kvd_dequant_e5m2(const uint8_t *v, float *out, size_t n, float scale);
