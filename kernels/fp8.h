@@ -185,6 +185,18 @@ KVD_FMT_FN size_t kvd_scaled_scale_at(size_t n, int bs, size_t seg, int slot) {
  * approximate division; kvdrift's divisions are IEEE. */
 #define KVD_I4T_SEED 0x9E3779B9u
 #define KVD_I4T_MAX 15.0f
+/* An I4T row's scale word, for both back ends: the float bits of s with
+ * the zero point z in their four low bits (kvd_i4t_word), read back as the
+ * bits of s' (kvd_i4t_scale_bits) and z (kvd_i4t_zero). */
+KVD_FMT_FN uint32_t kvd_i4t_word(uint32_t scale_bits, int z) {
+    return (scale_bits & ~15u) | (uint32_t)z;
+}
+KVD_FMT_FN uint32_t kvd_i4t_scale_bits(uint32_t word) {
+    return word & ~15u;
+}
+KVD_FMT_FN int kvd_i4t_zero(uint32_t word) {
+    return (int)(word & 15u);
+}
 /* The largest row kvd_rht takes (a power of two). */
 #define KVD_RHT_MAX 4096
 
@@ -221,12 +233,10 @@ void kvd_dequant_i8t(const uint8_t *row, float *out, size_t n, float scale);
  * rotated values the clamp moved (a code past 15 or under 0: only where
  * the zero point's rounding shifts the grid), flushed non-zero rotated
  * values read back as zero (code = z). dequant gives the rotated values
- * (y's), times scale; kvd_i4t_scale and kvd_i4t_zero a stored row's s' and
- * z. */
+ * (y's), times scale; kvd_i4t_scale a stored row's s' from its word. */
 void kvd_quant_i4t(const float *x, uint8_t *out, size_t n, kvd_qstats *stats);
 void kvd_dequant_i4t(const uint8_t *row, float *out, size_t n, float scale);
-float kvd_i4t_scale(uint32_t bits);
-int kvd_i4t_zero(uint32_t bits);
+float kvd_i4t_scale(uint32_t word);
 /* The randomized Hadamard transform of n values in place (n a power of two,
  * at most KVD_RHT_MAX): forward x = H (d * x), inverse x = d * (H x), in FP32
  * by the butterfly (at stride h = 1, 2, 4, ...: a + b, a - b), unnormalized:

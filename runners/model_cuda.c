@@ -1255,9 +1255,13 @@ static int attn_hook(kvd_cuda_model *m0, int al, int rows, char *err) {
             qiso = m->d_qfp8;
         }
         /* over I4T caches, the queries rotated (this model's own were, for
-         * its attention: attention_in) */
+         * its attention: attention_in; the isolated view without a
+         * reference reads those same rows) */
         const float *qown = m->kc.fmt == KVD_FMT_I4T ? m->d_qrot : m->qh;
-        if (iso) qiso = i4t_query(m->sc.fmt, qiso, m->d_qrot_iso, rows, nhl, hd);
+        if (iso && qiso == m->qh && m->sc.fmt == m->kc.fmt)
+            qiso = qown;
+        else if (iso)
+            qiso = i4t_query(m->sc.fmt, qiso, m->d_qrot_iso, rows, nhl, hd);
         const float *qref = prop
                                 ? i4t_query(rm->kc.fmt, rm->d_held + (size_t)al * rm->max_rows * no,
                                             rm->d_qrot, rows, nhl, hd)

@@ -64,17 +64,27 @@ void kvd_pool_get_row(kvd_fmt f, const uint8_t *pool, int bs, int head_dim, size
                4);
 }
 
-/* The scale words of a row-scaled segment's rows, side by side. */
-static inline const uint8_t *seg_scales(const uint8_t *seg, kvd_fmt f, int bs, int head_dim) {
-    return seg + kvd_scaled_scale_at(kvd_fmt_code_bytes(f, (size_t)head_dim), bs, 0, 0);
+/* The scale words of nt rows from slot t0 of a row-scaled segment seg (bs
+ * rows; their words lie side by side after the codes): each row's scale
+ * into rs, and an I4T row's with its zero point's bits cleared, that zero
+ * point into zf. Returns zf for I4T, else NULL (zf untouched). */
+static const float *row_words(const uint8_t *seg, kvd_fmt f, int bs, int head_dim, int t0, int nt,
+                              float *rs, float *zf) {
+    const uint8_t *w =
+        seg + kvd_scaled_scale_at(kvd_fmt_code_bytes(f, (size_t)head_dim), bs, 0, t0);
+    memcpy(rs, w, sizeof(float) * (size_t)nt);
+    if (f != KVD_FMT_I4T) return NULL;
+    for (int t = 0; t < nt; t++) {
+        uint32_t word;
+        memcpy(&word, &rs[t], sizeof word);
+        rs[t] = kvd_i4t_scale(word), zf[t] = (float)kvd_i4t_zero(word);
+    }
+    return zf;
 }
 
 float kvd_pool_row_scale(kvd_fmt f, const uint8_t *seg, int bs, int head_dim, int slot) {
-    uint32_t bits;
-    memcpy(&bits, seg_scales(seg, f, bs, head_dim) + 4 * (size_t)slot, sizeof bits);
-    if (f == KVD_FMT_I4T) return kvd_i4t_scale(bits);
-    float s;
-    memcpy(&s, &bits, sizeof s);
+    float s, z;
+    row_words(seg, f, bs, head_dim, slot, 1, &s, &z);
     return s;
 }
 
@@ -212,14 +222,10 @@ void kvd_kv_row(const kvd_kv_view *kv, int which_v, const int32_t *blocks, int p
     const uint8_t *seg = head_base(kv, which_v ? kv->v : kv->k, blocks[pos / bs], head);
     const int hd = kv->head_dim;
     decode_row(kv->fmt, seg + (size_t)(pos % bs) * kvd_pool_code_stride(kv->fmt, hd), hd, out);
-    if (kv->fmt == KVD_FMT_I4T) {
-        uint32_t bits;
-        memcpy(&bits, seg_scales(seg, kv->fmt, bs, hd) + 4 * (size_t)(pos % bs), sizeof bits);
-        const float z = (float)kvd_i4t_zero(bits);
-        for (int i = 0; i < hd; i++) out[i] -= z;
-    }
-    if (kvd_fmt_row_scaled(kv->fmt)) {
-        const float rs = kvd_pool_row_scale(kv->fmt, seg, bs, hd, pos % bs);
+    if (kvd_fmt_row_scaled(kv->fmt)) { /* the row's own scale (I4T: its zero point first) */
+        float rs, z;
+        if (row_words(seg, kv->fmt, bs, hd, pos % bs, 1, &rs, &z))
+            for (int i = 0; i < hd; i++) out[i] -= z;
         for (int i = 0; i < hd; i++) out[i] *= rs;
     }
     float s = which_v ? kv->v_scale[head] : kv->k_scale[head];
@@ -1148,41 +1154,15 @@ static double exp_sum(float *x, int n, float m) {
     return sum;
 }
 
-/* out[j * ostride + t] = p[j * stride + t] times the scale row t of the
- * first nt row-scaled rows (E4M3T, I8T, I4T) of segment seg (bs rows)
- * carries, for G query heads (out may be p). */
-static void row_scales(const uint8_t *seg, kvd_fmt fmt, int bs, int nt, int hd, const float *p,
-                       size_t stride, int G, float *out, size_t ostride) {
-    float rs[nt]; /* the segment's scales lie side by side */
-    memcpy(rs, seg_scales(seg, fmt, bs, hd), sizeof rs);
-    if (fmt == KVD_FMT_I4T) /* less the zero point's bits */
-        for (int t = 0; t < nt; t++) {
-            uint32_t bits;
-            memcpy(&bits, &rs[t], sizeof bits);
-            rs[t] = kvd_i4t_scale(bits);
-        }
+/* out[j * ostride + t] = p[j * stride + t] * rs[t], the nt rows' own
+ * scales (row_words), for G query heads (out may be p). */
+static void row_scales(const float *rs, int nt, const float *p, size_t stride, int G, float *out,
+                       size_t ostride) {
     for (int j = 0; j < G; j++) { /* a head at a time, its rows side by side: it vectorizes */
         const float *pj = p + (size_t)j * stride;
         float *oj = out + (size_t)j * ostride;
         for (int t = 0; t < nt; t++) oj[t] = pj[t] * rs[t];
     }
-}
-
-/* The zero points of the first nt rows of an I4T segment (bs rows), as
- * floats; NULL for every other format. The kernels take them off the rows'
- * codes, exactly, where the engine's kernel takes Sum(q) z off each dot
- * product of the raw codes (and Sum(p) z off the output), whose FP32
- * cancellation would stand between the back ends. */
-static const float *zero_points(const uint8_t *seg, kvd_fmt fmt, int bs, int nt, int hd,
-                                float *zf) {
-    if (fmt != KVD_FMT_I4T) return NULL;
-    const uint8_t *sc = seg_scales(seg, fmt, bs, hd);
-    for (int t = 0; t < nt; t++) {
-        uint32_t bits;
-        memcpy(&bits, sc + 4 * (size_t)t, sizeof bits);
-        zf[t] = (float)kvd_i4t_zero(bits);
-    }
-    return zf;
 }
 
 /* A part's scores: blocks [b0, b1) of the context, all heads, into s
@@ -1195,6 +1175,8 @@ static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_
                         float *s, float *m, void *amx_buf) {
     const int hd = kv->head_dim, bs = kv->block_size, kvh = kv->kv_heads, G = n_heads / kvh;
     const int t_begin = b0 * bs, t_end = b1 * bs < n_ctx ? b1 * bs : n_ctx;
+    const int own = kvd_fmt_row_scaled(kv->fmt);
+    float rs[own ? bs : 1], zbuf[own ? bs : 1];
     const void *amx = NULL;
 #ifdef KVD_VEC
     amx_work aw;
@@ -1206,15 +1188,19 @@ static void part_scores(const kvd_kv_view *kv, const read_path *rp, const int32_
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
         for (int h = 0; h < kvh; h++) {
             const uint8_t *kp = head_base(kv, kv->k, blocks[b], h);
-            float *sh = s + (size_t)h * G * n_ctx + t0, zbuf[bs];
-            scores_block(kv, rp, kp, nt, q + (size_t)h * G * hd, G,
-                         zero_points(kp, kv->fmt, bs, nt, hd, zbuf), sm_scale * kv->k_scale[h], sh,
-                         (size_t)n_ctx,
+            float *sh = s + (size_t)h * G * n_ctx + t0;
+            /* each key row's own scale, and (I4T) zero point, which the
+             * kernels take off its codes, exactly, where the engine's kernel
+             * takes Sum(q) z off each dot product of the raw codes: that
+             * subtraction's FP32 cancellation would stand between the back
+             * ends */
+            const float *zf = own ? row_words(kp, kv->fmt, bs, hd, 0, nt, rs, zbuf) : NULL;
+            scores_block(kv, rp, kp, nt, q + (size_t)h * G * hd, G, zf, sm_scale * kv->k_scale[h],
+                         sh, (size_t)n_ctx,
                          b + 1 < b1 ? head_base(kv, kv->k, blocks[b + 1], h)
                                     : head_base(kv, kv->v, blocks[b0], h),
                          amx, h);
-            if (kvd_fmt_row_scaled(kv->fmt)) /* each key row's own scale */
-                row_scales(kp, kv->fmt, bs, nt, hd, sh, (size_t)n_ctx, G, sh, (size_t)n_ctx);
+            if (own) row_scales(rs, nt, sh, (size_t)n_ctx, G, sh, (size_t)n_ctx);
         }
     }
 #ifdef KVD_VEC
@@ -1305,9 +1291,10 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
     (void)amx_buf;
 #endif
     /* a block's FP8 weights, or its weights times each value row's own
-     * scale (E4M3T, I8T, I4T), [G][nt]; I4T's rows' zero points */
-    const int own = kv->p_fp8 || kvd_fmt_row_scaled(kv->fmt);
-    float block_w[own ? G * bs : 1], zbuf[bs];
+     * scale (E4M3T, I8T, I4T), [G][nt]; the rows' own scales and (I4T)
+     * zero points */
+    const int rscaled = kvd_fmt_row_scaled(kv->fmt), own = kv->p_fp8 || rscaled;
+    float block_w[own ? G * bs : 1], rs[rscaled ? bs : 1], zbuf[rscaled ? bs : 1];
     for (int b = b0; b < b1; b++) {
         int t0 = b * bs, nt = n_ctx - t0 < bs ? n_ctx - t0 : bs;
         for (int h = 0; h < kvh; h++) {
@@ -1317,12 +1304,14 @@ static void part_weigh(const kvd_kv_view *kv, const read_path *rp, const int32_t
             if (kv->p_fp8) {
                 round_weights(p, stride, G, nt, block_w);
                 p = block_w, stride = (size_t)nt;
-            } else if (kvd_fmt_row_scaled(kv->fmt)) {
-                row_scales(vp, kv->fmt, bs, nt, hd, p, stride, G, block_w, (size_t)nt);
+            }
+            const float *zf = NULL;
+            if (rscaled) {
+                zf = row_words(vp, kv->fmt, bs, hd, 0, nt, rs, zbuf);
+                row_scales(rs, nt, p, stride, G, block_w, (size_t)nt);
                 p = block_w, stride = (size_t)nt;
             }
-            pv_block(kv, rp, vp, nt, p, stride, G, zero_points(vp, kv->fmt, bs, nt, hd, zbuf),
-                     acc + (size_t)h * acc_head,
+            pv_block(kv, rp, vp, nt, p, stride, G, zf, acc + (size_t)h * acc_head,
                      b + 1 < b1    ? head_base(kv, kv->v, blocks[b + 1], h)
                      : b1 < nb_all ? head_base(kv, kv->k, blocks[b1], h)
                                    : NULL,

@@ -321,12 +321,8 @@ static inline int round_away(float v) {
     return v >= 0.0f ? (int)(v + 0.5f) : (int)(v - 0.5f);
 }
 
-float kvd_i4t_scale(uint32_t bits) {
-    return u2f(bits & ~15u);
-}
-
-int kvd_i4t_zero(uint32_t bits) {
-    return (int)(bits & 15u);
+float kvd_i4t_scale(uint32_t word) {
+    return u2f(kvd_i4t_scale_bits(word));
 }
 
 void kvd_quant_i4t(const float *x, uint8_t *out, size_t n, kvd_qstats *st) {
@@ -348,7 +344,7 @@ void kvd_quant_i4t(const float *x, uint8_t *out, size_t n, kvd_qstats *st) {
         else
             out[i / 2] |= (uint8_t)(q << 4);
     }
-    const uint32_t bits = (f2u(s) & ~15u) | (uint32_t)z;
+    const uint32_t bits = kvd_i4t_word(f2u(s), z);
     memcpy(out + n / 2, &bits, sizeof bits);
     if (st) {
         st->n += n;

@@ -69,7 +69,7 @@ __device__ inline float row_scale(const view &kv, const unsigned char *pool, int
                                   int slot) {
     if (!kvd_fmt_row_scaled(kv.fmt)) return 1.0f;
     const float w = scale_word(kv, pool, (size_t)blk * kv.kv_heads + head, slot);
-    return kv.fmt == KVD_FMT_I4T ? __uint_as_float(__float_as_uint(w) & ~15u) : w;
+    return kv.fmt == KVD_FMT_I4T ? __uint_as_float(kvd_i4t_scale_bits(__float_as_uint(w))) : w;
 }
 
 // value d of the I4T row at (seg, slot): its code less the row's zero point
@@ -78,8 +78,8 @@ __device__ inline float i4t_val(const view &kv, const unsigned char *pool, size_
                                 int d) {
     const unsigned byte =
         pool[kvd_scaled_codes_at((size_t)kv.head_dim / 2, kv.block_size, seg, slot) + d / 2];
-    const unsigned z = __float_as_uint(scale_word(kv, pool, seg, slot)) & 15u;
-    return (float)(int)((d & 1 ? byte >> 4 : byte & 15u) - z);
+    const int z = kvd_i4t_zero(__float_as_uint(scale_word(kv, pool, seg, slot)));
+    return (float)((int)(d & 1 ? byte >> 4 : byte & 15u) - z);
 }
 
 // value d of the row at (blk, head, slot), times its group's block scale

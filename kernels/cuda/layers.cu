@@ -291,7 +291,7 @@ __global__ void kv_write_i4t_k(write_args a, kvd_rht_bits b) {
             (unsigned char)(q | hi_q << 4);
     if (d == 0) { // the scale word's bytes, little-endian, as the CPU's memcpy leaves them
         unsigned char *rsp = a.pool + kvd_scaled_scale_at(nc, a.block_size, seg, (int)off);
-        const unsigned bits = (__float_as_uint(s) & ~15u) | (unsigned)z;
+        const unsigned bits = kvd_i4t_word(__float_as_uint(s), z);
         for (int i = 0; i < 4; i++) rsp[i] = (unsigned char)(bits >> (8 * i));
     }
     const unsigned ns = __popc(__ballot_sync(0xffffffffu, r != q)),
